@@ -1,0 +1,22 @@
+// The `shoal` command line: each subcommand lives in its own file and registers itself here.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <functional>
+#include <vector>
+
+namespace shoal::cli {
+
+/// A registered subcommand: its CLI11 node and what runs when it is chosen (returns exit code).
+struct Command {
+  CLI::App* app = nullptr;
+  std::function<int()> run;
+};
+
+void add_train_command(CLI::App& root, std::vector<Command>& commands);   // cmd_train.cpp
+void add_run_command(CLI::App& root, std::vector<Command>& commands);     // cmd_run.cpp
+void add_bench_command(CLI::App& root, std::vector<Command>& commands);   // cmd_bench.cpp
+void add_ckpt_command(CLI::App& root, std::vector<Command>& commands);    // cmd_ckpt.cpp
+
+}  // namespace shoal::cli

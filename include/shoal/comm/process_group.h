@@ -1,0 +1,173 @@
+// ProcessGroup: the collective and point-to-point operations every backend provides.
+//
+// Shoal's own interface (no c10d type appears here), the counterpart of torch.distributed's
+// ProcessGroup. Every call is asynchronous and returns a Work; every call has a finite time-out.
+// The public methods check their arguments, number the operation (sequence numbers are per group
+// and equal on every rank for the same collective) and hand it to the backend's run_* method, so
+// each backend sees only valid, contiguous, dense tensors.
+//
+// Collectives must be issued in the same order on every rank of the group (as with
+// torch.distributed). Thread safety: one thread issues a group's operations at a time; Work
+// handles may be waited on from any thread.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "shoal/comm/types.h"
+#include "shoal/comm/work.h"
+
+namespace shoal::comm {
+
+struct AllreduceOptions {
+  ReduceOp op = ReduceOp::kSum;
+  Milliseconds timeout = kGroupTimeout;
+};
+
+struct BroadcastOptions {
+  int root = 0;
+  Milliseconds timeout = kGroupTimeout;
+};
+
+struct ReduceOptions {
+  int root = 0;
+  ReduceOp op = ReduceOp::kSum;
+  Milliseconds timeout = kGroupTimeout;
+};
+
+struct AllgatherOptions {
+  Milliseconds timeout = kGroupTimeout;
+};
+
+struct ReduceScatterOptions {
+  ReduceOp op = ReduceOp::kSum;
+  Milliseconds timeout = kGroupTimeout;
+};
+
+struct GatherOptions {
+  int root = 0;
+  Milliseconds timeout = kGroupTimeout;
+};
+
+struct ScatterOptions {
+  int root = 0;
+  Milliseconds timeout = kGroupTimeout;
+};
+
+struct SendRecvOptions {
+  int tag = 0;
+  Milliseconds timeout = kGroupTimeout;
+};
+
+struct BarrierOptions {
+  Milliseconds timeout = kGroupTimeout;
+};
+
+/// What a backend is told about each operation, for its own bookkeeping and error messages.
+struct OpContext {
+  const char* name = "";      ///< "allreduce", "broadcast", ...
+  uint64_t sequence = 0;      ///< per-group sequence number, equal on every rank
+  Milliseconds timeout{0};    ///< resolved time-out (never kGroupTimeout)
+  std::string description;    ///< "allreduce #12 (4.0 MB float32, sum)"
+  std::string prefix;         ///< "[rank 1/4] allreduce #12 (4.0 MB float32, sum)"
+};
+
+class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
+ public:
+  virtual ~ProcessGroup() = default;
+  ProcessGroup(const ProcessGroup&) = delete;
+  ProcessGroup& operator=(const ProcessGroup&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  /// The group's default time-out for every operation.
+  Milliseconds timeout() const { return timeout_; }
+  /// "gloo", "shm", "mpi", "nccl", "hierarchical".
+  virtual std::string backend_name() const = 0;
+  /// Number of operations issued so far (the last sequence number).
+  uint64_t sequence_number() const { return sequence_.load(); }
+
+  /// Reduces `tensor` across ranks in place; every rank gets the result.
+  std::shared_ptr<Work> allreduce(at::Tensor& tensor, const AllreduceOptions& options = {});
+  /// Copies root's `tensor` into every other rank's `tensor`.
+  std::shared_ptr<Work> broadcast(at::Tensor& tensor, const BroadcastOptions& options = {});
+  /// Reduces into root's `tensor`; other ranks' tensors are left in an unspecified state.
+  std::shared_ptr<Work> reduce(at::Tensor& tensor, const ReduceOptions& options = {});
+  /// outputs[i] receives rank i's `input`; `outputs` holds size() tensors shaped like `input`.
+  std::shared_ptr<Work> allgather(std::vector<at::Tensor>& outputs, const at::Tensor& input,
+                                  const AllgatherOptions& options = {});
+  /// Reduces inputs[i] across ranks into rank i's `output`.
+  std::shared_ptr<Work> reduce_scatter(at::Tensor& output, std::vector<at::Tensor>& inputs,
+                                       const ReduceScatterOptions& options = {});
+  /// At root, outputs[i] receives rank i's `input`; `outputs` is ignored (may be empty) elsewhere.
+  std::shared_ptr<Work> gather(std::vector<at::Tensor>& outputs, const at::Tensor& input,
+                               const GatherOptions& options = {});
+  /// Rank i's `output` receives root's inputs[i]; `inputs` is ignored (may be empty) elsewhere.
+  std::shared_ptr<Work> scatter(at::Tensor& output, std::vector<at::Tensor>& inputs,
+                                const ScatterOptions& options = {});
+  /// Sends `tensor` to rank `dst`; matched by a recv with the same tag on `dst`.
+  std::shared_ptr<Work> send(const at::Tensor& tensor, int dst, const SendRecvOptions& options = {});
+  /// Receives into `tensor` from rank `src`.
+  std::shared_ptr<Work> recv(at::Tensor& tensor, int src, const SendRecvOptions& options = {});
+  /// Returns once every rank has entered the barrier.
+  std::shared_ptr<Work> barrier(const BarrierOptions& options = {});
+
+  /// A group over `ranks` (ranks of this group, ascending). Every rank of this group must call it
+  /// with the same list, in the same order as other collectives; ranks not in the list get null.
+  std::shared_ptr<ProcessGroup> new_group(const std::vector<int>& ranks);
+
+  /// Makes every pending and later operation fail at once with `reason` (after a peer died).
+  virtual void abort(const std::string& reason) {}
+
+  /// "[rank 1/4]".
+  std::string rank_prefix() const;
+
+ protected:
+  ProcessGroup(int rank, int size, Milliseconds timeout);
+
+  virtual std::shared_ptr<Work> run_allreduce(at::Tensor& tensor, ReduceOp op,
+                                              const OpContext& ctx) = 0;
+  virtual std::shared_ptr<Work> run_broadcast(at::Tensor& tensor, int root,
+                                              const OpContext& ctx) = 0;
+  virtual std::shared_ptr<Work> run_reduce(at::Tensor& tensor, int root, ReduceOp op,
+                                           const OpContext& ctx) = 0;
+  virtual std::shared_ptr<Work> run_allgather(std::vector<at::Tensor>& outputs,
+                                              const at::Tensor& input, const OpContext& ctx) = 0;
+  virtual std::shared_ptr<Work> run_reduce_scatter(at::Tensor& output,
+                                                   std::vector<at::Tensor>& inputs, ReduceOp op,
+                                                   const OpContext& ctx) = 0;
+  virtual std::shared_ptr<Work> run_gather(std::vector<at::Tensor>& outputs,
+                                           const at::Tensor& input, int root,
+                                           const OpContext& ctx) = 0;
+  virtual std::shared_ptr<Work> run_scatter(at::Tensor& output, std::vector<at::Tensor>& inputs,
+                                            int root, const OpContext& ctx) = 0;
+  virtual std::shared_ptr<Work> run_send(const at::Tensor& tensor, int dst, int tag,
+                                         const OpContext& ctx) = 0;
+  virtual std::shared_ptr<Work> run_recv(at::Tensor& tensor, int src, int tag,
+                                         const OpContext& ctx) = 0;
+  virtual std::shared_ptr<Work> run_barrier(const OpContext& ctx) = 0;
+  /// Builds the sub-group; `ranks` is validated, and this rank is in it (`group_rank` its rank there).
+  /// `group_id` is equal on every member and unique within this group (for store key prefixes).
+  virtual std::shared_ptr<ProcessGroup> run_new_group(const std::vector<int>& ranks, int group_rank,
+                                                      uint64_t group_id) = 0;
+
+  /// Numbers an operation and describes it; public methods call it before run_*.
+  OpContext make_context(const char* name, Milliseconds timeout, const std::string& detail);
+
+ private:
+  int rank_;
+  int size_;
+  Milliseconds timeout_;
+  std::atomic<uint64_t> sequence_{0};
+  uint64_t groups_created_ = 0;
+};
+
+/// "4.0 MB float32" for error messages and descriptions.
+std::string describe_tensor(const at::Tensor& tensor);
+
+}  // namespace shoal::comm

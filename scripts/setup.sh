@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Installs, with apt-get, the Debian 12 packages Shoal needs, when they are missing.
+# Idempotent and quiet when everything is already there.
+set -euo pipefail
+
+PACKAGES=(
+  cmake ninja-build g++ make ccache pkg-config
+  libtorch-dev            # LibTorch 1.13: tensors, autograd, nn, c10d (Gloo)
+  libgloo-dev             # Gloo headers used through c10d
+  libopenblas0-pthread    # fast BLAS; the reference libblas3 is ~15x slower
+  libopenmpi-dev openmpi-bin
+  libzmq3-dev cppzmq-dev  # parameter-server transport
+  zlib1g-dev
+  libgtest-dev libgmock-dev libbenchmark-dev
+  libcli11-dev
+  dataset-fashion-mnist   # real Fashion-MNIST, gzipped IDX files
+  python3-torch           # PyTorch 1.13: numerical oracle and performance peer
+  procps                  # ps/pgrep used by process tests
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  exit 0
+fi
+
+echo "setup: installing missing packages: ${missing[*]}"
+if [ "$(id -u)" -ne 0 ]; then
+  if command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then
+    SUDO=sudo
+  else
+    echo "setup: error: packages missing (${missing[*]}) and this is not root;" >&2
+    echo "setup: run as root, or: sudo apt-get install ${missing[*]}" >&2
+    exit 1
+  fi
+else
+  SUDO=
+fi
+
+export DEBIAN_FRONTEND=noninteractive
+if ! $SUDO apt-get update -qq; then
+  echo "setup: error: 'apt-get update' failed (no network or no Debian mirror reachable)." >&2
+  echo "setup: install by hand: apt-get install ${missing[*]}" >&2
+  exit 1
+fi
+if ! $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/tmp/shoal-setup-apt.log 2>&1; then
+  echo "setup: error: 'apt-get install' failed; see /tmp/shoal-setup-apt.log" >&2
+  tail -n 20 /tmp/shoal-setup-apt.log >&2
+  exit 1
+fi
+echo "setup: done"

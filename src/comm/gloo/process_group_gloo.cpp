@@ -1,0 +1,233 @@
+#include "comm/gloo/process_group_gloo.h"
+
+#include <ATen/ATen.h>
+
+#include "comm/peer_directory.h"
+#include "compat/gloo_group.h"
+#include "shoal/error.h"
+
+namespace shoal::comm {
+namespace {
+
+// How long a failed operation waits for the other ranks to report the same failure, so that the
+// silent one can be named. Short: the error must arrive within about the time-out.
+constexpr Milliseconds kDiagnoseBudget{2000};
+
+// Wraps a c10d handle: waits with a deadline, runs the finishing step (copy-back, division) once,
+// and turns c10d's errors into Shoal's.
+class GlooWork : public Work {
+ public:
+  GlooWork(const OpContext& ctx, std::unique_ptr<compat::NativeWork> native,
+           std::shared_ptr<PeerDirectory> peers, std::function<void()> on_success)
+      : Work(ctx.sequence, ctx.description),
+        prefix_(ctx.prefix),
+        timeout_(ctx.timeout),
+        native_(std::move(native)),
+        peers_(std::move(peers)),
+        on_success_(std::move(on_success)) {}
+
+  bool is_completed() override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return finished_ || native_->is_completed();
+  }
+
+  void wait(Milliseconds timeout) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!finished_) finish(timeout == kGroupTimeout ? timeout_ : timeout);
+    if (error_) std::rethrow_exception(error_);
+  }
+
+  std::exception_ptr exception() override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return error_;
+  }
+
+ private:
+  void finish(Milliseconds timeout) {
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      if (!native_->wait(timeout)) {
+        const std::string blamed = peers_ ? peers_->diagnose(sequence_number(), kDiagnoseBudget) : "";
+        SHOAL_THROW(TimeoutError, prefix_, " timed out after ", timeout.count(), " ms",
+                    blamed.empty() ? "" : " waiting for ", blamed);
+      }
+      if (on_success_) on_success_();
+      finished_ = true;
+    } catch (const shoal::TimeoutError&) {
+      error_ = std::current_exception();
+      finished_ = true;
+    } catch (const std::exception& e) {
+      const auto elapsed = std::chrono::duration_cast<Milliseconds>(
+          std::chrono::steady_clock::now() - start);
+      std::string cause = e.what();
+      cause = cause.substr(0, cause.find('\n'));
+      const bool timed_out = cause.find("imed out") != std::string::npos ||
+                             cause.find("imeout") != std::string::npos;
+      const std::string blamed = peers_ ? peers_->diagnose(sequence_number(), kDiagnoseBudget) : "";
+      const std::string message = detail::str_cat(
+          prefix_, timed_out ? " timed out" : " failed", " after ", elapsed.count(), " ms",
+          blamed.empty() ? "" : " waiting for ", blamed, ": ", cause);
+      try {
+        if (timed_out) SHOAL_THROW(TimeoutError, message);
+        SHOAL_THROW(PeerError, message);
+      } catch (...) {
+        error_ = std::current_exception();
+      }
+      finished_ = true;
+    }
+  }
+
+  std::mutex mutex_;
+  std::string prefix_;
+  Milliseconds timeout_;
+  std::unique_ptr<compat::NativeWork> native_;
+  std::shared_ptr<PeerDirectory> peers_;
+  std::function<void()> on_success_;
+  bool finished_ = false;
+  std::exception_ptr error_;
+};
+
+// A tensor Gloo can reduce: the tensor itself, or a float32 copy of a bfloat16 one.
+at::Tensor native_view(const at::Tensor& tensor) {
+  return compat::GlooGroup::supports_dtype(tensor.scalar_type()) ? tensor
+                                                                  : tensor.to(at::kFloat);
+}
+
+ReduceOp native_op(ReduceOp op) { return op == ReduceOp::kAvg ? ReduceOp::kSum : op; }
+
+}  // namespace
+
+ProcessGroupGloo::ProcessGroupGloo(std::shared_ptr<Store> store, int rank, int size,
+                                   Milliseconds timeout, GlooOptions options)
+    : ProcessGroup(rank, size, timeout), store_(std::move(store)), options_(std::move(options)) {
+  peers_ = std::make_shared<PeerDirectory>(store_, "shoal/gloo", rank, size);
+  try {
+    gloo_ = std::make_unique<compat::GlooGroup>(make_prefix_store("shoal/gloo/ctx", store_), rank,
+                                                size, timeout, options_.hostname,
+                                                options_.interface);
+  } catch (const shoal::Error& e) {
+    SHOAL_THROW(TimeoutError, rank_prefix(), " gloo: could not connect to every rank within ",
+                timeout.count(), " ms: ", e.what());
+  } catch (const std::exception& e) {
+    std::string cause = e.what();
+    SHOAL_THROW(PeerError, rank_prefix(), " gloo: could not connect to every rank: ",
+                cause.substr(0, cause.find('\n')));
+  }
+}
+
+ProcessGroupGloo::~ProcessGroupGloo() = default;
+
+std::shared_ptr<Work> ProcessGroupGloo::run_allreduce(at::Tensor& tensor, ReduceOp op,
+                                                      const OpContext& ctx) {
+  at::Tensor work = native_view(tensor);
+  auto native = gloo_->allreduce(work, native_op(op), ctx.timeout);
+  const int n = size();
+  return std::make_shared<GlooWork>(ctx, std::move(native), peers_, [=]() mutable {
+    if (op == ReduceOp::kAvg) {
+      if (work.is_floating_point()) {
+        work.div_(n);
+      } else {
+        work.floor_divide_(n);
+      }
+    }
+    if (!work.is_same(tensor)) tensor.copy_(work);
+  });
+}
+
+std::shared_ptr<Work> ProcessGroupGloo::run_broadcast(at::Tensor& tensor, int root,
+                                                      const OpContext& ctx) {
+  at::Tensor work = native_view(tensor);
+  auto native = gloo_->broadcast(work, root, ctx.timeout);
+  return std::make_shared<GlooWork>(ctx, std::move(native), peers_, [=]() mutable {
+    if (!work.is_same(tensor)) tensor.copy_(work);
+  });
+}
+
+std::shared_ptr<Work> ProcessGroupGloo::run_reduce(at::Tensor& tensor, int root, ReduceOp op,
+                                                   const OpContext& ctx) {
+  at::Tensor work = native_view(tensor);
+  auto native = gloo_->reduce(work, root, native_op(op), ctx.timeout);
+  const int n = size();
+  const bool is_root = rank() == root;
+  return std::make_shared<GlooWork>(ctx, std::move(native), peers_, [=]() mutable {
+    if (!is_root) return;
+    if (op == ReduceOp::kAvg) {
+      if (work.is_floating_point()) {
+        work.div_(n);
+      } else {
+        work.floor_divide_(n);
+      }
+    }
+    if (!work.is_same(tensor)) tensor.copy_(work);
+  });
+}
+
+std::shared_ptr<Work> ProcessGroupGloo::run_allgather(std::vector<at::Tensor>& outputs,
+                                                      const at::Tensor& input,
+                                                      const OpContext& ctx) {
+  auto native = gloo_->allgather(outputs, input, ctx.timeout);
+  return std::make_shared<GlooWork>(ctx, std::move(native), peers_, nullptr);
+}
+
+std::shared_ptr<Work> ProcessGroupGloo::run_reduce_scatter(at::Tensor& output,
+                                                           std::vector<at::Tensor>& inputs,
+                                                           ReduceOp op, const OpContext& ctx) {
+  // Gloo has no reduce_scatter: reduce all blocks, keep this rank's. Costs size() times the
+  // traffic of a real one; the shm backend has the efficient version.
+  std::vector<at::Tensor> flat_inputs;
+  for (const auto& input : inputs) flat_inputs.push_back(input.reshape({-1}));
+  at::Tensor flat = native_view(at::cat(flat_inputs));
+  auto native = gloo_->allreduce(flat, native_op(op), ctx.timeout);
+  const int n = size();
+  const int64_t block = output.numel();
+  const int64_t offset = block * rank();
+  return std::make_shared<GlooWork>(ctx, std::move(native), peers_, [=]() mutable {
+    at::Tensor mine = flat.narrow(0, offset, block);
+    if (op == ReduceOp::kAvg) {
+      mine = mine.is_floating_point() ? mine / n : mine.floor_divide(n);
+    }
+    output.copy_(mine.view(output.sizes()));
+  });
+}
+
+std::shared_ptr<Work> ProcessGroupGloo::run_gather(std::vector<at::Tensor>& outputs,
+                                                   const at::Tensor& input, int root,
+                                                   const OpContext& ctx) {
+  std::vector<at::Tensor> none;
+  auto native = gloo_->gather(rank() == root ? outputs : none, input, root, ctx.timeout);
+  return std::make_shared<GlooWork>(ctx, std::move(native), peers_, nullptr);
+}
+
+std::shared_ptr<Work> ProcessGroupGloo::run_scatter(at::Tensor& output,
+                                                    std::vector<at::Tensor>& inputs, int root,
+                                                    const OpContext& ctx) {
+  std::vector<at::Tensor> none;
+  auto native = gloo_->scatter(output, rank() == root ? inputs : none, root, ctx.timeout);
+  return std::make_shared<GlooWork>(ctx, std::move(native), peers_, nullptr);
+}
+
+std::shared_ptr<Work> ProcessGroupGloo::run_send(const at::Tensor& tensor, int dst, int tag,
+                                                 const OpContext& ctx) {
+  auto native = gloo_->send(tensor, dst, tag);
+  return std::make_shared<GlooWork>(ctx, std::move(native), peers_, nullptr);
+}
+
+std::shared_ptr<Work> ProcessGroupGloo::run_recv(at::Tensor& tensor, int src, int tag,
+                                                 const OpContext& ctx) {
+  auto native = gloo_->recv(tensor, src, tag);
+  return std::make_shared<GlooWork>(ctx, std::move(native), peers_, nullptr);
+}
+
+std::shared_ptr<Work> ProcessGroupGloo::run_barrier(const OpContext& ctx) {
+  auto native = gloo_->barrier(ctx.timeout);
+  return std::make_shared<GlooWork>(ctx, std::move(native), peers_, nullptr);
+}
+
+std::shared_ptr<ProcessGroup> ProcessGroupGloo::run_new_group(const std::vector<int>& ranks,
+                                                              int group_rank, uint64_t group_id) {
+  auto sub_store = make_prefix_store("shoal/gloo/group" + std::to_string(group_id), store_);
+  return std::make_shared<ProcessGroupGloo>(sub_store, group_rank, static_cast<int>(ranks.size()),
+                                            timeout(), options_);
+}
+
+}  // namespace shoal::comm

@@ -1,0 +1,246 @@
+#include "shoal/comm/init.h"
+
+#include <cstdlib>
+#include <sstream>
+
+#include "comm/backends.h"
+#include "comm/gloo/process_group_gloo.h"
+#include "comm/peer_directory.h"
+#include "shoal/error.h"
+
+namespace shoal::comm {
+namespace {
+
+const char* env(const char* name) {
+  const char* value = std::getenv(name);
+  return (value != nullptr && *value != '\0') ? value : nullptr;
+}
+
+int env_int(const char* name, int fallback) {
+  const char* value = env(name);
+  if (value == nullptr) return fallback;
+  char* end = nullptr;
+  long parsed = std::strtol(value, &end, 10);
+  SHOAL_CHECK_T(InvalidArgument, end != value && *end == '\0' && parsed >= 0 && parsed < (1 << 30),
+                "environment variable ", name, "='", value, "' is not a non-negative integer");
+  return static_cast<int>(parsed);
+}
+
+bool is_loopback(const std::string& host) {
+  return host == "localhost" || host.rfind("127.", 0) == 0 || host == "::1";
+}
+
+}  // namespace
+
+RankInfo detect_rank_info(const InitOptions& options) {
+  RankInfo info;
+  if (env("RANK") != nullptr || env("WORLD_SIZE") != nullptr) {
+    info.source = "torchrun";
+    info.rank = env_int("RANK", 0);
+    info.world_size = env_int("WORLD_SIZE", 1);
+    info.local_rank = env_int("LOCAL_RANK", info.rank);
+    info.local_world_size = env_int("LOCAL_WORLD_SIZE", info.world_size);
+  } else if (env("OMPI_COMM_WORLD_RANK") != nullptr) {
+    info.source = "openmpi";
+    info.rank = env_int("OMPI_COMM_WORLD_RANK", 0);
+    info.world_size = env_int("OMPI_COMM_WORLD_SIZE", 1);
+    info.local_rank = env_int("OMPI_COMM_WORLD_LOCAL_RANK", 0);
+    info.local_world_size = env_int("OMPI_COMM_WORLD_LOCAL_SIZE", info.world_size);
+  } else if (env("SLURM_PROCID") != nullptr) {
+    info.source = "slurm";
+    info.rank = env_int("SLURM_PROCID", 0);
+    info.world_size = env_int("SLURM_NTASKS", 1);
+    info.local_rank = env_int("SLURM_LOCALID", 0);
+    info.local_world_size = env_int("SLURM_NTASKS_PER_NODE", env_int("SLURM_TASKS_PER_NODE", 1));
+  }
+  if (options.rank >= 0 || options.world_size >= 0) {
+    info.source = "options";
+    if (options.rank >= 0) info.rank = options.rank;
+    if (options.world_size >= 0) info.world_size = options.world_size;
+    if (options.world_size >= 0 && env("LOCAL_WORLD_SIZE") == nullptr) {
+      info.local_rank = info.rank;
+      info.local_world_size = info.world_size;
+    }
+  }
+  if (const char* addr = env("MASTER_ADDR")) info.master_addr = addr;
+  info.master_port = env_int("MASTER_PORT", info.master_port);
+
+  SHOAL_CHECK_T(InvalidArgument, info.world_size >= 1, "world size is ", info.world_size,
+                " (from ", info.source, "); it must be at least 1");
+  SHOAL_CHECK_T(InvalidArgument, info.rank < info.world_size, "rank ", info.rank,
+                " is not below the world size ", info.world_size, " (from ", info.source,
+                "); ranks are 0..", info.world_size - 1);
+  SHOAL_CHECK_T(InvalidArgument, info.local_rank < std::max(1, info.local_world_size),
+                "local rank ", info.local_rank, " is not below the local world size ",
+                info.local_world_size, " (from ", info.source, ")");
+  return info;
+}
+
+bool is_backend_available(const std::string& backend) {
+  if (backend == "gloo" || backend == "shm" || backend == "hierarchical") return true;
+  if (backend == "mpi") return SHOAL_HAVE_MPI;
+  if (backend == "nccl") return SHOAL_HAVE_NCCL;
+  return false;
+}
+
+namespace {
+
+std::shared_ptr<ProcessGroup> create_backend(const std::string& name, const BackendArgs& args) {
+  if (name == "gloo") return create_gloo_backend(args);
+  if (name == "shm") return create_shm_backend(args);
+  if (name == "hierarchical") return create_hierarchical_backend(args);
+  if (name == "mpi") {
+#if SHOAL_HAVE_MPI
+    return create_mpi_backend(args);
+#else
+    SHOAL_THROW(InvalidArgument,
+                "the mpi backend is not built in: OpenMPI was not found when Shoal was built; "
+                "install libopenmpi-dev and rebuild, or use --backend gloo");
+#endif
+  }
+  if (name == "nccl") {
+#if SHOAL_HAVE_NCCL
+    return create_nccl_backend(args);
+#else
+    SHOAL_THROW(InvalidArgument,
+                "the nccl backend is not built in: this Shoal was built against a LibTorch "
+                "without CUDA; build against a CUDA LibTorch (-DCMAKE_PREFIX_PATH=<torch>/share/"
+                "cmake), or use --backend shm or gloo for CPU tensors");
+#endif
+  }
+  SHOAL_THROW(InvalidArgument, "unknown backend '", name,
+              "'; choose one of auto, shm, gloo, mpi, nccl, hierarchical");
+}
+
+// Checks that the ranks that met agree on the job, and that every rank came.
+void check_membership(Store& store, const RankInfo& info, Milliseconds timeout) {
+  const std::string me = std::to_string(info.rank);
+  const int64_t claims = store.add("shoal/init/claim/" + me, 1);
+  SHOAL_CHECK_T(InvalidArgument, claims == 1, "[rank ", info.rank, "/", info.world_size,
+                "] two processes claim rank ", info.rank,
+                "; give every process its own RANK (a stale file store from an earlier job "
+                "causes this too: delete it)");
+  store.set_string("shoal/init/world_size/" + me, std::to_string(info.world_size));
+  store.set_string("shoal/init/host/" + me, local_hostname());
+
+  std::vector<int> missing;
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (int r = 0; r < info.world_size; ++r) {
+    auto left = std::chrono::duration_cast<Milliseconds>(deadline - std::chrono::steady_clock::now());
+    try {
+      store.wait({"shoal/init/world_size/" + std::to_string(r)}, std::max(left, Milliseconds(1)));
+    } catch (const TimeoutError&) {
+      missing.push_back(r);
+    }
+  }
+  if (!missing.empty()) {
+    std::ostringstream list;
+    for (size_t i = 0; i < missing.size(); ++i) list << (i ? ", " : "") << missing[i];
+    SHOAL_THROW(TimeoutError, "[rank ", info.rank, "/", info.world_size, "] rendezvous: rank",
+                missing.size() > 1 ? "s " : " ", list.str(), " did not join within ",
+                timeout.count(), " ms (are they started, with the same MASTER_ADDR/MASTER_PORT "
+                "and WORLD_SIZE?)");
+  }
+  for (int r = 0; r < info.world_size; ++r) {
+    const std::string theirs = store.get_string("shoal/init/world_size/" + std::to_string(r));
+    SHOAL_CHECK_T(InvalidArgument, theirs == std::to_string(info.world_size), "[rank ", info.rank,
+                  "/", info.world_size, "] rank ", r, " was started with world size ", theirs,
+                  " but this rank with ", info.world_size,
+                  "; start every rank with the same WORLD_SIZE");
+  }
+}
+
+}  // namespace
+
+std::shared_ptr<ProcessGroup> new_process_group(const std::string& backend,
+                                                std::shared_ptr<Store> store, int rank,
+                                                int world_size, Milliseconds timeout) {
+  BackendArgs args;
+  args.store = std::move(store);
+  args.rank = rank;
+  args.size = world_size;
+  args.timeout = timeout;
+  args.info.rank = rank;
+  args.info.world_size = world_size;
+  args.info.local_rank = rank;
+  args.info.local_world_size = world_size;
+  args.info.source = "options";
+  return create_backend(backend == "auto" ? "gloo" : backend, args);
+}
+
+std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options) {
+  RankInfo info = detect_rank_info(options);
+  const Milliseconds timeout =
+      options.timeout == kGroupTimeout ? timeout_from_env(kDefaultTimeout) : options.timeout;
+
+  std::string backend = options.backend;
+  if (backend == "auto") {
+    if (const char* chosen = env("SHOAL_BACKEND")) backend = chosen;
+  }
+  if (backend == "auto") {
+    const bool one_host = info.local_world_size >= info.world_size;
+    if (info.source == "openmpi" && env("MASTER_ADDR") == nullptr && SHOAL_HAVE_MPI) {
+      backend = "mpi";  // started by mpirun with nothing else to meet through
+    } else {
+      // TODO(shm issue): "shm" on one host, "hierarchical" across hosts, once those land.
+      backend = one_host ? "gloo" : "gloo";
+    }
+  }
+
+  BackendArgs args;
+  args.rank = info.rank;
+  args.size = info.world_size;
+  args.timeout = timeout;
+  args.info = info;
+  if (backend == "mpi") return create_backend(backend, args);
+
+  std::shared_ptr<Store> store;
+  const std::string& method = options.init_method;
+  if (method == "env://" || method.empty()) {
+    if (info.world_size == 1) {
+      store = make_hash_store(timeout);
+    } else {
+      const bool multi_host = info.local_world_size < info.world_size;
+      SHOAL_CHECK_T(InvalidArgument, !(multi_host && is_loopback(info.master_addr)),
+                    "MASTER_ADDR=", info.master_addr, " is a loopback address but the job spans ",
+                    "several hosts (LOCAL_WORLD_SIZE ", info.local_world_size, " < WORLD_SIZE ",
+                    info.world_size, "); set MASTER_ADDR to rank 0's address on the network");
+      store = make_tcp_store(info.master_addr, info.master_port, info.world_size, info.rank == 0,
+                             timeout);
+    }
+  } else if (method.rfind("tcp://", 0) == 0) {
+    const std::string hostport = method.substr(6);
+    const auto colon = hostport.rfind(':');
+    SHOAL_CHECK_T(InvalidArgument, colon != std::string::npos && colon + 1 < hostport.size(),
+                  "init method '", method, "' has no port; write tcp://HOST:PORT");
+    info.master_addr = hostport.substr(0, colon);
+    char* end = nullptr;
+    const long port = std::strtol(hostport.c_str() + colon + 1, &end, 10);
+    SHOAL_CHECK_T(InvalidArgument, *end == '\0' && port > 0 && port < 65536, "init method '",
+                  method, "' has an invalid port; write tcp://HOST:PORT with PORT in 1..65535");
+    info.master_port = static_cast<int>(port);
+    args.info = info;
+    store = make_tcp_store(info.master_addr, info.master_port, info.world_size, info.rank == 0,
+                           timeout);
+  } else if (method.rfind("file://", 0) == 0) {
+    store = make_file_store(method.substr(7), info.world_size, timeout);
+  } else {
+    SHOAL_THROW(InvalidArgument, "init method '", method,
+                "' is not understood; use env://, tcp://HOST:PORT or file:///PATH");
+  }
+
+  check_membership(*store, info, timeout);
+  args.store = make_prefix_store("shoal/pg", store);
+  return create_backend(backend, args);
+}
+
+std::shared_ptr<ProcessGroup> create_gloo_backend(const BackendArgs& args) {
+  GlooOptions options;
+  const bool one_host = args.info.local_world_size >= args.info.world_size;
+  if (const char* iface = std::getenv("GLOO_SOCKET_IFNAME")) options.interface = iface;
+  options.hostname = one_host ? "127.0.0.1" : local_hostname();
+  return std::make_shared<ProcessGroupGloo>(args.store, args.rank, args.size, args.timeout,
+                                            options);
+}
+
+}  // namespace shoal::comm

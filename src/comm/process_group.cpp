@@ -1,0 +1,238 @@
+#include "shoal/comm/process_group.h"
+
+#include <ATen/ATen.h>
+
+#include <cstdio>
+
+#include "shoal/error.h"
+
+namespace shoal::comm {
+namespace {
+
+bool is_supported_dtype(at::ScalarType type) {
+  switch (type) {
+    case at::kFloat:
+    case at::kDouble:
+    case at::kHalf:
+    case at::kBFloat16:
+    case at::kInt:
+    case at::kLong:
+    case at::kByte:
+    case at::kChar:
+      return true;
+    default:
+      return false;
+  }
+}
+
+}  // namespace
+
+std::string describe_tensor(const at::Tensor& tensor) {
+  if (!tensor.defined()) return "undefined tensor";
+  const double bytes = static_cast<double>(tensor.numel()) * tensor.element_size();
+  char size[32];
+  if (bytes >= 1e6) {
+    std::snprintf(size, sizeof size, "%.1f MB", bytes / 1e6);
+  } else if (bytes >= 1e3) {
+    std::snprintf(size, sizeof size, "%.1f kB", bytes / 1e3);
+  } else {
+    std::snprintf(size, sizeof size, "%.0f B", bytes);
+  }
+  return detail::str_cat(size, " ", c10::toString(tensor.scalar_type()));
+}
+
+ProcessGroup::ProcessGroup(int rank, int size, Milliseconds timeout)
+    : rank_(rank), size_(size), timeout_(timeout) {
+  SHOAL_CHECK_T(InvalidArgument, size >= 1, "world size must be at least 1, got ", size);
+  SHOAL_CHECK_T(InvalidArgument, rank >= 0 && rank < size, "rank ", rank,
+                " is out of range for world size ", size, "; ranks are 0..", size - 1);
+  SHOAL_CHECK_T(InvalidArgument, timeout.count() > 0, "time-out must be positive, got ",
+                timeout.count(), " ms");
+}
+
+std::string ProcessGroup::rank_prefix() const {
+  return detail::str_cat("[rank ", rank_, "/", size_, "]");
+}
+
+OpContext ProcessGroup::make_context(const char* name, Milliseconds timeout,
+                                     const std::string& detail) {
+  OpContext ctx;
+  ctx.name = name;
+  ctx.sequence = ++sequence_;
+  ctx.timeout = timeout == kGroupTimeout ? timeout_ : timeout;
+  SHOAL_CHECK_T(InvalidArgument, ctx.timeout.count() > 0, name, ": time-out must be positive, got ",
+                ctx.timeout.count(), " ms");
+  ctx.description = detail::str_cat(name, " #", ctx.sequence, detail.empty() ? "" : " (", detail,
+                                    detail.empty() ? "" : ")");
+  ctx.prefix = detail::str_cat(rank_prefix(), " ", ctx.description);
+  return ctx;
+}
+
+namespace {
+
+void check_tensor(const ProcessGroup& pg, const char* op, const at::Tensor& tensor,
+                  const char* what = "tensor") {
+  SHOAL_CHECK_T(InvalidArgument, tensor.defined(), pg.rank_prefix(), " ", op, ": the ", what,
+                " is undefined; pass an allocated tensor");
+  SHOAL_CHECK_T(InvalidArgument, tensor.layout() == at::kStrided, pg.rank_prefix(), " ", op,
+                ": the ", what, " is sparse; only dense tensors can be communicated");
+  SHOAL_CHECK_T(InvalidArgument, is_supported_dtype(tensor.scalar_type()), pg.rank_prefix(), " ",
+                op, ": dtype ", c10::toString(tensor.scalar_type()),
+                " is not supported; use float32, float64, float16, bfloat16, int32, int64, "
+                "uint8 or int8");
+  SHOAL_CHECK_T(InvalidArgument, tensor.is_contiguous(), pg.rank_prefix(), " ", op, ": the ",
+                what, " (sizes ", tensor.sizes(), ", strides ", tensor.strides(),
+                ") is not contiguous; call .contiguous() first and copy the result back");
+}
+
+void check_rank(const ProcessGroup& pg, const char* op, int peer, const char* role) {
+  SHOAL_CHECK_T(InvalidArgument, peer >= 0 && peer < pg.size(), pg.rank_prefix(), " ", op, ": ",
+                role, " rank ", peer, " is out of range; ranks are 0..", pg.size() - 1);
+}
+
+void check_list(const ProcessGroup& pg, const char* op, const std::vector<at::Tensor>& list,
+                const at::Tensor& like, const char* what) {
+  SHOAL_CHECK_T(InvalidArgument, static_cast<int>(list.size()) == pg.size(), pg.rank_prefix(), " ",
+                op, ": ", what, " must hold one tensor per rank (", pg.size(), "), got ",
+                list.size());
+  for (size_t i = 0; i < list.size(); ++i) {
+    check_tensor(pg, op, list[i], what);
+    SHOAL_CHECK_T(InvalidArgument,
+                  list[i].sizes() == like.sizes() && list[i].scalar_type() == like.scalar_type(),
+                  pg.rank_prefix(), " ", op, ": ", what, "[", i, "] is ", list[i].sizes(), " ",
+                  c10::toString(list[i].scalar_type()), " but must match ", like.sizes(), " ",
+                  c10::toString(like.scalar_type()));
+  }
+}
+
+}  // namespace
+
+std::shared_ptr<Work> ProcessGroup::allreduce(at::Tensor& tensor,
+                                              const AllreduceOptions& options) {
+  check_tensor(*this, "allreduce", tensor);
+  auto ctx = make_context("allreduce", options.timeout,
+                          describe_tensor(tensor) + ", " + to_string(options.op));
+  // Nothing to move: every rank has the same (empty) shape in a correct program.
+  if (tensor.numel() == 0) return make_completed_work(ctx.sequence, ctx.description);
+  return run_allreduce(tensor, options.op, ctx);
+}
+
+std::shared_ptr<Work> ProcessGroup::broadcast(at::Tensor& tensor,
+                                              const BroadcastOptions& options) {
+  check_tensor(*this, "broadcast", tensor);
+  check_rank(*this, "broadcast", options.root, "root");
+  auto ctx = make_context("broadcast", options.timeout,
+                          describe_tensor(tensor) + ", root " + std::to_string(options.root));
+  // Nothing to move: every rank has the same (empty) shape in a correct program.
+  if (tensor.numel() == 0) return make_completed_work(ctx.sequence, ctx.description);
+  return run_broadcast(tensor, options.root, ctx);
+}
+
+std::shared_ptr<Work> ProcessGroup::reduce(at::Tensor& tensor, const ReduceOptions& options) {
+  check_tensor(*this, "reduce", tensor);
+  check_rank(*this, "reduce", options.root, "root");
+  auto ctx = make_context("reduce", options.timeout,
+                          describe_tensor(tensor) + ", " + to_string(options.op) + ", root " +
+                              std::to_string(options.root));
+  // Nothing to move: every rank has the same (empty) shape in a correct program.
+  if (tensor.numel() == 0) return make_completed_work(ctx.sequence, ctx.description);
+  return run_reduce(tensor, options.root, options.op, ctx);
+}
+
+std::shared_ptr<Work> ProcessGroup::allgather(std::vector<at::Tensor>& outputs,
+                                              const at::Tensor& input,
+                                              const AllgatherOptions& options) {
+  check_tensor(*this, "allgather", input, "input");
+  check_list(*this, "allgather", outputs, input, "outputs");
+  auto ctx = make_context("allgather", options.timeout, describe_tensor(input));
+  // Nothing to move: every rank has the same (empty) shape in a correct program.
+  if (input.numel() == 0) return make_completed_work(ctx.sequence, ctx.description);
+  return run_allgather(outputs, input, ctx);
+}
+
+std::shared_ptr<Work> ProcessGroup::reduce_scatter(at::Tensor& output,
+                                                   std::vector<at::Tensor>& inputs,
+                                                   const ReduceScatterOptions& options) {
+  check_tensor(*this, "reduce_scatter", output, "output");
+  check_list(*this, "reduce_scatter", inputs, output, "inputs");
+  auto ctx = make_context("reduce_scatter", options.timeout,
+                          describe_tensor(output) + ", " + to_string(options.op));
+  // Nothing to move: every rank has the same (empty) shape in a correct program.
+  if (output.numel() == 0) return make_completed_work(ctx.sequence, ctx.description);
+  return run_reduce_scatter(output, inputs, options.op, ctx);
+}
+
+std::shared_ptr<Work> ProcessGroup::gather(std::vector<at::Tensor>& outputs,
+                                           const at::Tensor& input, const GatherOptions& options) {
+  check_tensor(*this, "gather", input, "input");
+  check_rank(*this, "gather", options.root, "root");
+  if (rank_ == options.root) check_list(*this, "gather", outputs, input, "outputs");
+  auto ctx = make_context("gather", options.timeout,
+                          describe_tensor(input) + ", root " + std::to_string(options.root));
+  // Nothing to move: every rank has the same (empty) shape in a correct program.
+  if (input.numel() == 0) return make_completed_work(ctx.sequence, ctx.description);
+  return run_gather(outputs, input, options.root, ctx);
+}
+
+std::shared_ptr<Work> ProcessGroup::scatter(at::Tensor& output, std::vector<at::Tensor>& inputs,
+                                            const ScatterOptions& options) {
+  check_tensor(*this, "scatter", output, "output");
+  check_rank(*this, "scatter", options.root, "root");
+  if (rank_ == options.root) check_list(*this, "scatter", inputs, output, "inputs");
+  auto ctx = make_context("scatter", options.timeout,
+                          describe_tensor(output) + ", root " + std::to_string(options.root));
+  // Nothing to move: every rank has the same (empty) shape in a correct program.
+  if (output.numel() == 0) return make_completed_work(ctx.sequence, ctx.description);
+  return run_scatter(output, inputs, options.root, ctx);
+}
+
+std::shared_ptr<Work> ProcessGroup::send(const at::Tensor& tensor, int dst,
+                                         const SendRecvOptions& options) {
+  check_tensor(*this, "send", tensor);
+  check_rank(*this, "send", dst, "destination");
+  SHOAL_CHECK_T(InvalidArgument, dst != rank_, rank_prefix(), " send: cannot send to itself");
+  // Point-to-point operations are numbered too, but only the pair involved sees them, so their
+  // numbers are not comparable across the group.
+  auto ctx = make_context("send", options.timeout,
+                          describe_tensor(tensor) + " to rank " + std::to_string(dst) + ", tag " +
+                              std::to_string(options.tag));
+  // Nothing to move: every rank has the same (empty) shape in a correct program.
+  if (tensor.numel() == 0) return make_completed_work(ctx.sequence, ctx.description);
+  return run_send(tensor, dst, options.tag, ctx);
+}
+
+std::shared_ptr<Work> ProcessGroup::recv(at::Tensor& tensor, int src,
+                                         const SendRecvOptions& options) {
+  check_tensor(*this, "recv", tensor);
+  check_rank(*this, "recv", src, "source");
+  SHOAL_CHECK_T(InvalidArgument, src != rank_, rank_prefix(), " recv: cannot receive from itself");
+  auto ctx = make_context("recv", options.timeout,
+                          describe_tensor(tensor) + " from rank " + std::to_string(src) +
+                              ", tag " + std::to_string(options.tag));
+  // Nothing to move: every rank has the same (empty) shape in a correct program.
+  if (tensor.numel() == 0) return make_completed_work(ctx.sequence, ctx.description);
+  return run_recv(tensor, src, options.tag, ctx);
+}
+
+std::shared_ptr<Work> ProcessGroup::barrier(const BarrierOptions& options) {
+  auto ctx = make_context("barrier", options.timeout, "");
+  return run_barrier(ctx);
+}
+
+std::shared_ptr<ProcessGroup> ProcessGroup::new_group(const std::vector<int>& ranks) {
+  SHOAL_CHECK_T(InvalidArgument, !ranks.empty(), rank_prefix(), " new_group: the rank list is empty");
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    check_rank(*this, "new_group", ranks[i], "member");
+    SHOAL_CHECK_T(InvalidArgument, i == 0 || ranks[i] > ranks[i - 1], rank_prefix(),
+                  " new_group: ranks must be ascending and distinct");
+  }
+  const uint64_t group_id = ++groups_created_;
+  auto it = std::find(ranks.begin(), ranks.end(), rank_);
+  if (it == ranks.end()) return nullptr;
+  auto group = run_new_group(ranks, static_cast<int>(it - ranks.begin()), group_id);
+  // Every member must have finished connecting before any of them may use or drop the group.
+  group->barrier()->wait();
+  return group;
+}
+
+}  // namespace shoal::comm

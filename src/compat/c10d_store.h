@@ -1,0 +1,20 @@
+// Stores built on c10d's HashStore, FileStore and TCPStore (private to the library).
+//
+// The only code outside compat/ sees is shoal::comm::Store; backends built on c10d (Gloo, NCCL) get
+// the c10d store back through the adapter in c10d_store.cpp, which also wraps a user's own Store.
+//
+// Thread safety: as c10d's stores, every method may be called concurrently.
+#pragma once
+
+#include <memory>
+
+#include "shoal/comm/store.h"
+
+namespace shoal::compat {
+
+/// A c10d view of any Shoal store (the original c10d store when it was made by a factory here).
+/// Returned as an opaque shared pointer holding an intrusive_ptr<c10d::Store>.
+struct C10dStoreRef;
+std::shared_ptr<C10dStoreRef> to_c10d_store(const std::shared_ptr<comm::Store>& store);
+
+}  // namespace shoal::compat
