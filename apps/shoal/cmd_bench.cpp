@@ -1,16 +1,13 @@
-// Placeholder: `shoal bench` arrives with its issue.
-#include <cstdio>
-
+// `shoal bench ...`: benchmarks that print a table, or JSON lines with --json.
 #include "commands.h"
 
 namespace shoal::cli {
 
 void add_bench_command(CLI::App& root, std::vector<Command>& commands) {
-  auto* app = root.add_subcommand("bench", "(not available yet)");
-  commands.push_back({app, [] {
-                        std::fprintf(stderr, "shoal bench: not available yet\n");
-                        return 2;
-                      }});
+  auto* bench = root.add_subcommand("bench", "Benchmarks (ratios measured side by side in one run)");
+  bench->require_subcommand(1);
+  add_bench_allreduce_command(*bench, commands);
+  add_bench_ddp_command(*bench, commands);
 }
 
 }  // namespace shoal::cli
