@@ -1,0 +1,34 @@
+// The classic two-convolution CNN of PyTorch's MNIST example, without dropout (deterministic).
+//
+//   conv1 1->32 k3, relu, conv2 32->64 k3, relu, maxpool 2, flatten, fc1 9216->128, relu,
+//   fc2 128->10
+//
+// Submodules are registered in the order, and under the names, of the equivalent PyTorch module
+// (conv1, conv2, fc1, fc2), so parameters are "conv1.weight", "conv1.bias", ... and a state dict
+// moves between this and Python unchanged; constructed right after torch.manual_seed(s) in both,
+// the initial weights are equal too.
+//
+// Thread safety: that of torch::nn::Module (see model.h).
+#pragma once
+
+#include <torch/nn/modules/conv.h>
+#include <torch/nn/modules/linear.h>
+
+#include "shoal/models/model.h"
+
+namespace shoal::models {
+
+/// conv(1,32,3)-relu-conv(32,64,3)-relu-maxpool(2)-fc(9216,128)-relu-fc(128,10).
+class Cnn : public Model {
+ public:
+  Cnn();
+  /// [B,1,28,28] -> logits [B,10].
+  at::Tensor forward(at::Tensor input) override;
+
+  torch::nn::Conv2d conv1{nullptr};
+  torch::nn::Conv2d conv2{nullptr};
+  torch::nn::Linear fc1{nullptr};
+  torch::nn::Linear fc2{nullptr};
+};
+
+}  // namespace shoal::models

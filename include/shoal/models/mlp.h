@@ -1,0 +1,28 @@
+// A multilayer perceptron 784-1024-1024-10 with ReLU: few FLOPs per byte of parameters, so it is
+// the model that stresses gradient communication most (3.8 M parameters, 15 MB of gradients).
+//
+// Submodules are registered as fc1, fc2, fc3, in the order of the equivalent PyTorch module, so
+// parameter names are "fc1.weight", "fc1.bias", ...
+//
+// Thread safety: that of torch::nn::Module (see model.h).
+#pragma once
+
+#include <torch/nn/modules/linear.h>
+
+#include "shoal/models/model.h"
+
+namespace shoal::models {
+
+/// flatten-fc(784,1024)-relu-fc(1024,1024)-relu-fc(1024,10).
+class Mlp : public Model {
+ public:
+  Mlp();
+  /// [B,1,28,28] (or [B,784]) -> logits [B,10].
+  at::Tensor forward(at::Tensor input) override;
+
+  torch::nn::Linear fc1{nullptr};
+  torch::nn::Linear fc2{nullptr};
+  torch::nn::Linear fc3{nullptr};
+};
+
+}  // namespace shoal::models

@@ -1,0 +1,23 @@
+// The common interface of Shoal's built-in models: a torch::nn::Module with a virtual forward.
+//
+// LibTorch modules have no common forward (each declares its own), so code that trains "a model
+// chosen by name" needs one. Built-in models map an image batch [B,1,28,28] to logits [B,10].
+//
+// Thread safety: as for any torch::nn::Module, not safe for concurrent mutation; concurrent
+// forward passes without autograd on a module nobody modifies are fine.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <torch/nn/module.h>
+
+namespace shoal::models {
+
+/// A module with one tensor in and one tensor out (logits), trainable by the built-in trainer.
+class Model : public torch::nn::Module {
+ public:
+  using torch::nn::Module::Module;
+  /// Maps inputs [B, ...] to logits [B, num_classes].
+  virtual at::Tensor forward(at::Tensor input) = 0;
+};
+
+}  // namespace shoal::models

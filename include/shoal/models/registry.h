@@ -1,0 +1,25 @@
+// Built-in models by name ("cnn", "mlp"), for the CLI, tests and benchmarks.
+//
+// Thread safety: list_models() may be called from any thread. create() re-seeds LibTorch's global
+// CPU generator while it builds the model (and restores its state afterwards), so it must not run
+// concurrently with anything else that draws random numbers from that generator.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "shoal/models/model.h"
+
+namespace shoal::models {
+
+/// A new model `name`, its parameters initialised exactly as LibTorch (and PyTorch) initialise
+/// them right after manual_seed(seed). Throws shoal::InvalidArgument for an unknown name; the
+/// message lists the known ones.
+std::shared_ptr<Model> create(const std::string& name, uint64_t seed = 0);
+
+/// The names create() accepts, sorted.
+std::vector<std::string> list_models();
+
+}  // namespace shoal::models

@@ -1,0 +1,49 @@
+// Where a training strategy plugs into the built-in trainer: how the model is wrapped, which
+// samples this process trains on in each epoch, and how numbers are summed across processes.
+//
+// SingleProcess (the default) trains one model on all samples, shuffled per epoch exactly as
+// PyTorch's DistributedSampler with one replica does (randperm with a generator seeded with
+// seed + epoch). A data-parallel strategy overrides prepare() to wrap the model (broadcast the
+// initial weights, hook gradient averaging), epoch_indices() to hand each rank its shard, and
+// all_reduce_sum() so that metrics cover every rank.
+//
+// Thread safety: a strategy belongs to one trainer and is called from its thread only.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace shoal::train {
+
+struct TrainState;
+
+/// The hooks a distribution strategy implements; the defaults are single-process training.
+class Strategy {
+ public:
+  virtual ~Strategy() = default;
+
+  /// Called once before the first step. Sets state.forward to what the forward pass goes through
+  /// (the default: the model itself; DDP: its wrapper).
+  virtual void prepare(TrainState& state);
+
+  /// The training-sample indices ([k] int64) this process visits in `epoch` (0-based), in order.
+  virtual at::Tensor epoch_indices(int64_t dataset_size, int64_t epoch, uint64_t seed);
+
+  /// Sums `values` element-wise across processes, in place (identity in one process).
+  virtual void all_reduce_sum(std::vector<double>& values) {}
+
+  /// This process's rank and the number of processes; only rank 0 reports progress and metrics.
+  virtual int rank() const { return 0; }
+  virtual int world_size() const { return 1; }
+};
+
+/// Plain single-process training: the defaults of Strategy.
+class SingleProcess : public Strategy {};
+
+/// randperm(size) drawn from a generator seeded with seed + epoch: the permutation PyTorch's
+/// DistributedSampler(shuffle=True, seed=seed) produces after set_epoch(epoch).
+at::Tensor shuffled_indices(int64_t size, uint64_t seed, int64_t epoch);
+
+}  // namespace shoal::train

@@ -1,0 +1,36 @@
+// Reading IDX files (the MNIST family's format), gzipped or not, with checks that turn every kind
+// of damage into a shoal::DataError whose message starts with the file's path.
+//
+// IDX layout (big-endian): a 4-byte magic number whose low byte is the number of dimensions and
+// whose third byte is the element type (0x08 = unsigned byte), one 4-byte size per dimension, then
+// the elements. Image files have magic 2051 (0x00000803, 3 dims), label files 2049 (0x00000801).
+//
+// Thread safety: free functions without shared state.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace shoal::data::detail {
+
+/// The magic number of an IDX file of unsigned-byte images [N, rows, cols].
+constexpr uint32_t kIdxImagesMagic = 2051;
+/// The magic number of an IDX file of unsigned-byte labels [N].
+constexpr uint32_t kIdxLabelsMagic = 2049;
+
+/// The whole decompressed content of `path` (plain files are read as they are).
+/// Throws DataError when the file is missing, unreadable or its gzip stream is cut or corrupt.
+std::vector<uint8_t> read_gzip_file(const std::string& path);
+
+/// Images [N, rows, cols] uint8 from an IDX image file; checks magic, header and size, and that
+/// rows x cols equals the expected dimensions.
+at::Tensor read_idx_images(const std::string& path, int64_t expected_rows, int64_t expected_cols);
+
+/// Labels [N] int64 from an IDX label file; checks magic, header, size and that every label is
+/// in [0, num_classes).
+at::Tensor read_idx_labels(const std::string& path, int64_t num_classes);
+
+}  // namespace shoal::data::detail

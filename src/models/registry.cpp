@@ -1,0 +1,67 @@
+#include "shoal/models/registry.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <functional>
+#include <map>
+
+#include "shoal/error.h"
+#include "shoal/models/cnn.h"
+#include "shoal/models/mlp.h"
+
+namespace shoal::models {
+namespace {
+
+using Factory = std::function<std::shared_ptr<Model>()>;
+
+const std::map<std::string, Factory>& factories() {
+  static const std::map<std::string, Factory> kFactories = {
+      {"cnn", [] { return std::make_shared<Cnn>(); }},
+      {"mlp", [] { return std::make_shared<Mlp>(); }},
+  };
+  return kFactories;
+}
+
+// Seeds the global CPU generator for the lifetime of the guard and puts its state back after:
+// LibTorch's modules initialise their parameters from that generator, and create() should not
+// change what the caller's own code draws next.
+class SeedGuard {
+ public:
+  explicit SeedGuard(uint64_t seed) : generator_(at::detail::getDefaultCPUGenerator()) {
+    std::lock_guard<std::mutex> lock(generator_.mutex());
+    saved_ = generator_.get_state();
+    generator_.set_current_seed(seed);
+  }
+  ~SeedGuard() {
+    std::lock_guard<std::mutex> lock(generator_.mutex());
+    generator_.set_state(saved_);
+  }
+  SeedGuard(const SeedGuard&) = delete;
+  SeedGuard& operator=(const SeedGuard&) = delete;
+
+ private:
+  at::Generator generator_;
+  at::Tensor saved_;
+};
+
+}  // namespace
+
+std::shared_ptr<Model> create(const std::string& name, uint64_t seed) {
+  const auto& known = factories();
+  const auto it = known.find(name);
+  if (it == known.end()) {
+    std::string names;
+    for (const auto& entry : known) names += (names.empty() ? "" : ", ") + entry.first;
+    SHOAL_THROW(InvalidArgument, "unknown model '", name, "'; known models: ", names);
+  }
+  SeedGuard guard(seed);
+  return it->second();
+}
+
+std::vector<std::string> list_models() {
+  std::vector<std::string> names;
+  for (const auto& entry : factories()) names.push_back(entry.first);
+  return names;
+}
+
+}  // namespace shoal::models

@@ -1,0 +1,25 @@
+#include "shoal/train/train_options.h"
+
+#include "shoal/error.h"
+
+namespace shoal::train {
+
+void TrainOptions::validate() const {
+  SHOAL_CHECK_T(InvalidArgument, !model.empty(), "no model given; pass a model name such as cnn");
+  SHOAL_CHECK_T(InvalidArgument, epochs >= 1, "epochs must be at least 1, got ", epochs);
+  SHOAL_CHECK_T(InvalidArgument, batch_size >= 1, "batch size must be at least 1, got ",
+                batch_size);
+  SHOAL_CHECK_T(InvalidArgument, lr > 0, "learning rate must be positive, got ", lr);
+  SHOAL_CHECK_T(InvalidArgument, momentum >= 0 && momentum < 1,
+                "momentum must be in [0, 1), got ", momentum);
+  SHOAL_CHECK_T(InvalidArgument, threads >= 0, "threads must be >= 0 (0 = LibTorch's default), got ",
+                threads);
+  SHOAL_CHECK_T(InvalidArgument, log_interval >= 0,
+                "log interval must be >= 0 (0 = no step logs), got ", log_interval);
+  SHOAL_CHECK_T(InvalidArgument, eval_batch_size >= 1, "evaluation batch size must be at least 1, got ",
+                eval_batch_size);
+  SHOAL_CHECK_T(InvalidArgument, train_limit >= 0, "train limit must be >= 0 (0 = all), got ",
+                train_limit);
+}
+
+}  // namespace shoal::train
