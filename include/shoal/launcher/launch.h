@@ -1,0 +1,78 @@
+// The launcher: starts the processes of a distributed job on this node (torchrun's counterpart).
+//
+// `shoal run` is a thin command line over launch(); programs that want to re-launch themselves as
+// N ranks (`shoal train --nproc-per-node N`, `shoal bench allreduce`) call launch() directly.
+//
+// Each worker is started with fork+exec in a process group of its own and receives the torchrun
+// environment (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, GROUP_WORLD_SIZE,
+// ROLE_NAME, ROLE_RANK, ROLE_WORLD_SIZE, MASTER_ADDR, MASTER_PORT), so init_process_group()'s env://
+// rendezvous finds the others. SIGINT/SIGTERM sent to the launcher are forwarded to every worker.
+// When a worker fails, the others get SIGTERM and, after the grace period, SIGKILL; launch()
+// returns the failing worker's exit status (128 + signal number for a signal).
+//
+// The job is described as a list of roles (only "worker" today; a parameter server's "server"
+// role later) and one attempt runs the whole worker set, so that a restart loop around it
+// (`--max-restarts`) can be added without changing the interface.
+//
+// Thread safety: launch() installs SIGINT/SIGTERM/SIGCHLD handlers for its duration and restores
+// the previous ones afterwards; only one launch() may run in a process at a time (a second one
+// throws InvalidArgument).
+#pragma once
+
+#include <chrono>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace shoal::launcher {
+
+/// One kind of process of the job and how many of it run on each node.
+struct RoleSpec {
+  /// "worker" (the only role supported today).
+  std::string name = "worker";
+  /// Processes of this role on each node.
+  int nproc_per_node = 1;
+  /// The program and its arguments; the program is looked up on PATH when it has no '/'.
+  std::vector<std::string> command;
+  /// Extra environment variables for this role's processes (applied after the torchrun ones).
+  std::vector<std::pair<std::string, std::string>> env;
+};
+
+struct LaunchOptions {
+  /// Number of nodes of the job, and this node's index among them (torchrun's GROUP_RANK).
+  int nnodes = 1;
+  int node_rank = 0;
+  /// Where rank 0 listens for the rendezvous. A loopback address is refused when nnodes > 1.
+  std::string master_addr = "127.0.0.1";
+  /// 0 picks a free port (single-node jobs only: other nodes could not know it).
+  int master_port = 29500;
+  /// What to start; today exactly one role, "worker".
+  std::vector<RoleSpec> roles;
+  /// Prefix every output line of a worker with "[rank N] " (stdout and stderr kept apart).
+  bool prefix_output = true;
+  /// After a worker failed (or a signal was forwarded), how long the others get to exit after
+  /// SIGTERM before they are killed.
+  std::chrono::milliseconds grace_period{5000};
+  /// Names the launcher in its own messages on stderr ("shoal run: rank 2 ... exited ...").
+  std::string log_name = "shoal run";
+  /// Print the launcher's notes (OMP_NUM_THREADS); the failure summary is printed regardless.
+  bool verbose = true;
+
+  /// The common case: `nproc_per_node` workers running `command` on one node.
+  static LaunchOptions workers(int nproc_per_node, std::vector<std::string> command);
+};
+
+/// Starts the job's processes on this node, waits for them and returns the job's exit status:
+/// 0 when every worker exited 0, else the first failing worker's status (128 + signal number when
+/// it was killed by a signal), or 128 + signal number when the launcher itself was interrupted.
+/// Throws InvalidArgument for options that cannot work (with what to do instead) and Error when a
+/// worker cannot be started (the workers already started are stopped first).
+int launch(const LaunchOptions& options);
+
+/// A TCP port that was free on every interface a moment ago (bound to port 0 and released).
+int pick_free_port();
+
+/// True for "localhost", 127.0.0.0/8, ::1, and names that resolve only to loopback addresses.
+bool is_loopback_address(const std::string& host);
+
+}  // namespace shoal::launcher

@@ -1,0 +1,236 @@
+// launch(): checks the options, decides each worker's identity and environment, and runs one
+// WorkerGroup attempt. (A restart loop goes around the attempt, here, when `--max-restarts` comes.)
+#include "shoal/launcher/launch.h"
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+
+#include "launcher/signal_relay.h"
+#include "launcher/worker_group.h"
+#include "shoal/error.h"
+
+extern char** environ;
+
+namespace shoal::launcher {
+namespace {
+
+// Why 65536: a sanity bound on one node; far above any machine's core or GPU count.
+constexpr int kMaxProcessesPerNode = 65536;
+
+void validate(const LaunchOptions& options) {
+  SHOAL_CHECK_T(InvalidArgument, !options.roles.empty(), "nothing to launch: give a program to run");
+  for (const RoleSpec& role : options.roles) {
+    SHOAL_CHECK_T(InvalidArgument, role.name == "worker", "role '", role.name,
+                  "' is not supported yet; only 'worker' processes can be launched");
+    SHOAL_CHECK_T(InvalidArgument,
+                  role.nproc_per_node >= 1 && role.nproc_per_node <= kMaxProcessesPerNode,
+                  "--nproc-per-node ", role.nproc_per_node, " is out of range; give 1 to ",
+                  kMaxProcessesPerNode);
+    SHOAL_CHECK_T(InvalidArgument, !role.command.empty() && !role.command[0].empty(),
+                  "no program given; write: shoal run --nproc-per-node N PROGRAM [ARGS...]");
+  }
+  SHOAL_CHECK_T(InvalidArgument, options.roles.size() == 1,
+                "only one role can be launched today");
+  SHOAL_CHECK_T(InvalidArgument, options.nnodes >= 1, "--nnodes ", options.nnodes,
+                " must be at least 1");
+  SHOAL_CHECK_T(InvalidArgument, options.node_rank >= 0 && options.node_rank < options.nnodes,
+                "--node-rank ", options.node_rank, " must be in 0..", options.nnodes - 1,
+                " (--nnodes ", options.nnodes, ")");
+  SHOAL_CHECK_T(InvalidArgument, options.master_port >= 0 && options.master_port <= 65535,
+                "--master-port ", options.master_port, " is not a TCP port (1..65535, or 0 for a "
+                "free one on a single node)");
+  SHOAL_CHECK_T(InvalidArgument, options.grace_period.count() >= 0,
+                "--grace-period must not be negative");
+  if (options.nnodes > 1) {
+    SHOAL_CHECK_T(InvalidArgument, options.master_port != 0,
+                  "--master-port 0 (a free port) works on a single node only: with --nnodes ",
+                  options.nnodes, " every node must be told the same port; pick one, e.g. "
+                  "--master-port 29500");
+    SHOAL_CHECK_T(InvalidArgument, !is_loopback_address(options.master_addr),
+                  "--master-addr ", options.master_addr, " is a loopback address, but the job "
+                  "spans ", options.nnodes, " nodes: the other nodes cannot reach it; give node "
+                  "0's address on the network (e.g. --master-addr 10.0.0.1)");
+  }
+}
+
+// The program to exec: as given when it names a path, else the first match on PATH.
+std::string resolve_program(const std::string& program) {
+  if (program.find('/') != std::string::npos) return program;
+  const char* path = std::getenv("PATH");
+  std::string dirs = path != nullptr ? path : "/usr/local/bin:/usr/bin:/bin";
+  size_t start = 0;
+  while (start <= dirs.size()) {
+    size_t end = dirs.find(':', start);
+    if (end == std::string::npos) end = dirs.size();
+    const std::string dir = end > start ? dirs.substr(start, end - start) : ".";
+    const std::string candidate = dir + "/" + program;
+    if (::access(candidate.c_str(), X_OK) == 0) return candidate;
+    start = end + 1;
+  }
+  SHOAL_THROW(InvalidArgument, "cannot find program '", program, "' on PATH; give its path");
+}
+
+std::vector<WorkerSpec> plan_workers(const LaunchOptions& options, int master_port) {
+  // The launcher's own environment, then the job's variables on top.
+  std::map<std::string, std::string> base;
+  for (char** var = environ; var != nullptr && *var != nullptr; ++var) {
+    const char* eq = std::strchr(*var, '=');
+    if (eq != nullptr) base[std::string(*var, static_cast<size_t>(eq - *var))] = eq + 1;
+  }
+  const RoleSpec& role = options.roles.front();
+  const std::string program = resolve_program(role.command.front());
+  const int local_size = role.nproc_per_node;
+  const int world_size = options.nnodes * local_size;
+
+  std::vector<WorkerSpec> specs;
+  for (int local_rank = 0; local_rank < local_size; ++local_rank) {
+    const int rank = options.node_rank * local_size + local_rank;
+    auto env = base;
+    env["RANK"] = std::to_string(rank);
+    env["LOCAL_RANK"] = std::to_string(local_rank);
+    env["WORLD_SIZE"] = std::to_string(world_size);
+    env["LOCAL_WORLD_SIZE"] = std::to_string(local_size);
+    env["GROUP_RANK"] = std::to_string(options.node_rank);
+    env["GROUP_WORLD_SIZE"] = std::to_string(options.nnodes);
+    env["ROLE_NAME"] = role.name;
+    env["ROLE_RANK"] = std::to_string(rank);
+    env["ROLE_WORLD_SIZE"] = std::to_string(world_size);
+    env["MASTER_ADDR"] = options.master_addr;
+    env["MASTER_PORT"] = std::to_string(master_port);
+    env["TORCHELASTIC_RESTART_COUNT"] = "0";
+    env["TORCHELASTIC_MAX_RESTARTS"] = "0";
+    if (base.count("OMP_NUM_THREADS") == 0) env["OMP_NUM_THREADS"] = "1";
+    for (const auto& [name, value] : role.env) env[name] = value;
+
+    WorkerSpec spec;
+    spec.role = role.name;
+    spec.rank = rank;
+    spec.label = "rank " + std::to_string(rank);
+    spec.program = program;
+    spec.argv = role.command;
+    for (const auto& [name, value] : env) spec.env.push_back(name + "=" + value);
+    specs.push_back(std::move(spec));
+  }
+  return specs;
+}
+
+void say(const LaunchOptions& options, const std::string& line) {
+  std::fprintf(stderr, "%s: %s\n", options.log_name.c_str(), line.c_str());
+  std::fflush(stderr);
+}
+
+std::string plural(int n, const char* noun) {
+  return std::to_string(n) + " " + noun + (n == 1 ? "" : "s");
+}
+
+void report(const LaunchOptions& options, const GroupResult& result,
+            const WorkerGroupOptions& group_options) {
+  const double grace_s = group_options.grace_period.count() / 1000.0;
+  char grace[32];
+  std::snprintf(grace, sizeof(grace), "%g", grace_s);
+  std::string line;
+  switch (result.outcome) {
+    case GroupResult::Outcome::kSucceeded:
+      return;
+    case GroupResult::Outcome::kWorkerFailed:
+      line = result.failed_label + " (pid " + std::to_string(result.failed_pid) + ") " +
+             result.failed_status.describe() + "; " +
+             (result.stopped == 0   ? std::string("no other worker was running")
+              : result.stopped == 1 ? std::string("stopped the other worker")
+                                    : "stopped the other " + plural(result.stopped, "worker"));
+      break;
+    case GroupResult::Outcome::kInterrupted:
+      line = "received " + signal_name(result.interrupt_signal) + "; forwarded it to " +
+             plural(result.stopped, "worker");
+      break;
+  }
+  if (result.killed > 0) {
+    line += " (" + std::to_string(result.killed) + " still running after the " + grace +
+            " s grace period: killed)";
+  }
+  if (result.unreaped > 0) {
+    line += "; " + plural(result.unreaped, "worker") + " did not die even after SIGKILL";
+  }
+  say(options, line);
+}
+
+}  // namespace
+
+LaunchOptions LaunchOptions::workers(int nproc_per_node, std::vector<std::string> command) {
+  LaunchOptions options;
+  RoleSpec role;
+  role.nproc_per_node = nproc_per_node;
+  role.command = std::move(command);
+  options.roles.push_back(std::move(role));
+  return options;
+}
+
+int pick_free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  SHOAL_CHECK(fd >= 0, "cannot pick a free port: socket: ", std::strerror(errno));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_ANY);
+  addr.sin_port = 0;
+  socklen_t length = sizeof(addr);
+  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+                  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &length) == 0;
+  const int error = errno;
+  ::close(fd);
+  SHOAL_CHECK(ok, "cannot pick a free port: ", std::strerror(error),
+              "; give one with --master-port");
+  return ntohs(addr.sin_port);
+}
+
+bool is_loopback_address(const std::string& host) {
+  if (host == "localhost" || host.rfind("127.", 0) == 0 || host == "::1") return true;
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (::getaddrinfo(host.c_str(), nullptr, &hints, &found) != 0 || found == nullptr) return false;
+  bool all_loopback = true;
+  for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
+    if (a->ai_family == AF_INET) {
+      const auto* in = reinterpret_cast<const sockaddr_in*>(a->ai_addr);
+      all_loopback &= (ntohl(in->sin_addr.s_addr) >> 24) == 127;
+    } else if (a->ai_family == AF_INET6) {
+      const auto* in6 = reinterpret_cast<const sockaddr_in6*>(a->ai_addr);
+      all_loopback &= IN6_IS_ADDR_LOOPBACK(&in6->sin6_addr) != 0;
+    }
+  }
+  ::freeaddrinfo(found);
+  return all_loopback;
+}
+
+int launch(const LaunchOptions& options) {
+  validate(options);
+  const int master_port = options.master_port != 0 ? options.master_port : pick_free_port();
+  std::vector<WorkerSpec> specs = plan_workers(options, master_port);
+
+  const int local_size = options.roles.front().nproc_per_node;
+  if (options.verbose && local_size > 1 && std::getenv("OMP_NUM_THREADS") == nullptr) {
+    say(options, "setting OMP_NUM_THREADS=1 for each worker so that " + std::to_string(local_size) +
+                     " workers do not oversubscribe the cores; set OMP_NUM_THREADS to choose");
+  }
+
+  WorkerGroupOptions group_options;
+  group_options.prefix_output = options.prefix_output;
+  group_options.grace_period = options.grace_period;
+  SignalRelay relay;
+  WorkerGroup group(std::move(specs), group_options);
+  const GroupResult result = group.run(relay);
+  report(options, result, group_options);
+  return result.exit_code;
+}
+
+}  // namespace shoal::launcher

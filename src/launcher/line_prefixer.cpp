@@ -1,0 +1,69 @@
+#include "launcher/line_prefixer.h"
+
+#include <poll.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+namespace shoal::launcher {
+
+void write_all(int fd, const char* data, size_t size) {
+  while (size > 0) {
+    const ssize_t n = ::write(fd, data, size);
+    if (n > 0) {
+      data += n;
+      size -= static_cast<size_t>(n);
+    } else if (n < 0 && errno == EINTR) {
+      continue;
+    } else if (n < 0 && errno == EAGAIN) {
+      // A non-blocking output: wait (bounded) until it drains, then retry.
+      pollfd pfd{fd, POLLOUT, 0};
+      if (::poll(&pfd, 1, 1000) <= 0) return;
+    } else {
+      return;  // EPIPE, EBADF...: nobody is reading; drop the output
+    }
+  }
+}
+
+LinePrefixer::LinePrefixer(std::string prefix, int out_fd)
+    : prefix_(std::move(prefix)), out_fd_(out_fd) {}
+
+void LinePrefixer::feed(const char* data, size_t size) {
+  while (size > 0) {
+    const void* newline = std::memchr(data, '\n', size);
+    if (newline == nullptr) {
+      pending_.append(data, size);
+      if (pending_.size() >= kMaxLineBytes) {
+        write_line(pending_.data(), pending_.size(), /*add_newline=*/true);
+        pending_.clear();
+      }
+      return;
+    }
+    const size_t length = static_cast<const char*>(newline) - data + 1;
+    if (pending_.empty()) {
+      write_line(data, length, false);
+    } else {
+      pending_.append(data, length);
+      write_line(pending_.data(), pending_.size(), false);
+      pending_.clear();
+    }
+    data += length;
+    size -= length;
+  }
+}
+
+void LinePrefixer::flush() {
+  if (pending_.empty()) return;
+  write_line(pending_.data(), pending_.size(), /*add_newline=*/true);
+  pending_.clear();
+}
+
+void LinePrefixer::write_line(const char* data, size_t size, bool add_newline) {
+  line_.assign(prefix_);
+  line_.append(data, size);
+  if (add_newline) line_.push_back('\n');
+  write_all(out_fd_, line_.data(), line_.size());
+}
+
+}  // namespace shoal::launcher

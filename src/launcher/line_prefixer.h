@@ -1,0 +1,42 @@
+// LinePrefixer: copies a worker's output stream to one of the launcher's, a whole line at a time,
+// each line preceded by a label ("[rank 3] ").
+//
+// Each line (prefix included) goes out in a single write() loop from the launcher's one thread,
+// so lines of different workers never interleave mid-line. A line longer than kMaxLineBytes is
+// cut there (memory stays bounded when a worker prints without newlines).
+//
+// Thread safety: not thread-safe; the launcher's monitoring loop owns it.
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+namespace shoal::launcher {
+
+class LinePrefixer {
+ public:
+  /// Why 1 MiB: far above any sensible log line, small enough to hold for hundreds of workers.
+  static constexpr size_t kMaxLineBytes = size_t{1} << 20;
+
+  /// Writes to `out_fd` (not owned); `prefix` is empty for no prefix.
+  LinePrefixer(std::string prefix, int out_fd);
+
+  /// Takes `size` more bytes of the stream; writes out every line completed by them.
+  void feed(const char* data, size_t size);
+  /// Writes out an unfinished last line, ending it with a newline.
+  void flush();
+
+ private:
+  void write_line(const char* data, size_t size, bool add_newline);
+
+  std::string prefix_;
+  int out_fd_;
+  std::string pending_;  ///< the unfinished line so far
+  std::string line_;     ///< scratch buffer: prefix + line
+};
+
+/// Writes all of `size` bytes, retrying on EINTR/EAGAIN; gives up silently when the reader has
+/// gone (EPIPE): the launcher keeps supervising its workers when nobody reads its output.
+void write_all(int fd, const char* data, size_t size);
+
+}  // namespace shoal::launcher

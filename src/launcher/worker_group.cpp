@@ -1,0 +1,152 @@
+#include "launcher/worker_group.h"
+
+#include <poll.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+
+#include "launcher/line_prefixer.h"
+#include "launcher/signal_relay.h"
+#include "shoal/error.h"
+
+namespace shoal::launcher {
+
+using Clock = std::chrono::steady_clock;
+
+WorkerGroup::WorkerGroup(std::vector<WorkerSpec> specs, WorkerGroupOptions options)
+    : specs_(std::move(specs)), options_(options) {}
+
+WorkerGroup::~WorkerGroup() { stop_now(); }
+
+int WorkerGroup::count_running() const {
+  return static_cast<int>(std::count_if(workers_.begin(), workers_.end(),
+                                        [](const auto& w) { return w->running(); }));
+}
+
+void WorkerGroup::signal_all(int signal) {
+  for (auto& worker : workers_) worker->signal_group(signal);
+}
+
+void WorkerGroup::begin_stop(int signal, Clock::time_point now) {
+  stopping_ = true;
+  kill_at_ = now + options_.grace_period;
+  signal_all(signal);
+}
+
+// Kills whatever is left and reaps it (bounded): the group leaves no process and no zombie.
+void WorkerGroup::stop_now() {
+  if (count_running() > 0) signal_all(SIGKILL);
+  workers_.clear();  // each WorkerProcess kills and reaps its own, bounded
+}
+
+void WorkerGroup::read_output(int max_rounds) {
+  char buffer[65536];
+  for (size_t i = 0; i < workers_.size(); ++i) {
+    WorkerProcess& worker = *workers_[i];
+    for (int stream = 0; stream < 2; ++stream) {
+      const int fd = stream == 0 ? worker.stdout_fd() : worker.stderr_fd();
+      if (fd < 0) continue;
+      LinePrefixer& prefixer = *prefixers_[2 * i + stream];
+      // Bounded rounds: one chatty worker cannot starve the loop (signals, the others' output).
+      for (int round = 0; round < max_rounds; ++round) {
+        const ssize_t n = ::read(fd, buffer, sizeof(buffer));
+        if (n > 0) {
+          prefixer.feed(buffer, static_cast<size_t>(n));
+          continue;
+        }
+        if (n < 0 && errno == EINTR) continue;
+        if (n == 0 || (n < 0 && errno != EAGAIN)) {  // end of stream
+          prefixer.flush();
+          stream == 0 ? worker.close_stdout() : worker.close_stderr();
+        }
+        break;
+      }
+    }
+  }
+}
+
+void WorkerGroup::reap(GroupResult& result, Clock::time_point now) {
+  for (auto& worker : workers_) {
+    if (!worker->running() || !worker->poll_exit()) continue;
+    if (stopping_ || worker->status().ok()) continue;
+    // The first failure: stop the others.
+    result.outcome = GroupResult::Outcome::kWorkerFailed;
+    result.failed_label = worker->spec().label;
+    result.failed_pid = worker->pid();
+    result.failed_status = worker->status();
+    result.exit_code = worker->status().shell_code();
+    result.stopped = count_running();
+    begin_stop(SIGTERM, now);
+  }
+}
+
+GroupResult WorkerGroup::run(SignalRelay& relay) {
+  GroupResult result;
+  for (auto& spec : specs_) {
+    const std::string prefix = options_.prefix_output ? "[" + spec.label + "] " : "";
+    prefixers_.push_back(std::make_unique<LinePrefixer>(prefix, STDOUT_FILENO));
+    prefixers_.push_back(std::make_unique<LinePrefixer>(prefix, STDERR_FILENO));
+    workers_.push_back(std::make_unique<WorkerProcess>(spec, options_.prefix_output));
+  }
+  try {
+    for (auto& worker : workers_) worker->start();
+  } catch (...) {
+    stop_now();
+    throw;
+  }
+
+  while (count_running() > 0) {
+    auto now = Clock::now();
+    auto wait = kPollInterval;
+    if (stopping_ && !killed_) {
+      wait = std::min(wait, std::max(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                         kill_at_ - now),
+                                     std::chrono::milliseconds(0)));
+    }
+    std::vector<pollfd> fds{{relay.fd(), POLLIN, 0}};
+    for (auto& worker : workers_) {
+      for (int fd : {worker->stdout_fd(), worker->stderr_fd()}) {
+        if (fd >= 0) fds.push_back({fd, POLLIN, 0});
+      }
+    }
+    ::poll(fds.data(), fds.size(), static_cast<int>(wait.count()));
+    now = Clock::now();
+
+    for (int signal : relay.drain()) {
+      if (signal == SIGCHLD) continue;  // reaped below
+      if (!stopping_) {
+        result.outcome = GroupResult::Outcome::kInterrupted;
+        result.interrupt_signal = signal;
+        result.exit_code = 128 + signal;
+        result.stopped = count_running();
+        begin_stop(signal, now);  // forward the signal itself: the workers may handle it
+      } else if (!killed_) {
+        kill_at_ = now;  // a second signal: no more grace
+      }
+    }
+    read_output(/*max_rounds=*/16);
+    reap(result, now);
+
+    if (stopping_ && !killed_ && now >= kill_at_ && count_running() > 0) {
+      result.killed = count_running();
+      killed_ = true;
+      give_up_at_ = now + kReapTimeout;
+      signal_all(SIGKILL);
+    }
+    if (killed_ && now >= give_up_at_) {
+      result.unreaped = count_running();
+      break;
+    }
+  }
+  // What the workers wrote just before they ended; a descendant that keeps a pipe open does not
+  // hold the launcher up (non-blocking reads, bounded rounds).
+  read_output(/*max_rounds=*/64);
+  for (auto& prefixer : prefixers_) prefixer->flush();
+  if (stopping_) signal_all(SIGKILL);  // leftovers in the workers' process groups
+  stop_now();
+  return result;
+}
+
+}  // namespace shoal::launcher

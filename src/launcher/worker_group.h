@@ -1,0 +1,86 @@
+// WorkerGroup: one attempt at running the job's workers on this node — start them all, copy their
+// output, forward signals, and stop them all when one fails.
+//
+// One WorkerGroup is one attempt; a restart loop (`--max-restarts`) creates a fresh group per
+// attempt around it, and roles are just more WorkerSpecs in the list.
+//
+// Thread safety: not thread-safe; run() is called once, from one thread.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "launcher/exit_status.h"
+#include "launcher/worker_process.h"
+#include "launcher/worker_spec.h"
+
+namespace shoal::launcher {
+
+class SignalRelay;
+
+struct WorkerGroupOptions {
+  bool prefix_output = true;
+  /// Between SIGTERM and SIGKILL when the group is being stopped.
+  std::chrono::milliseconds grace_period{5000};
+};
+
+/// How an attempt ended.
+struct GroupResult {
+  enum class Outcome {
+    kSucceeded,     ///< every worker exited 0
+    kWorkerFailed,  ///< a worker failed; the others were stopped
+    kInterrupted,   ///< the launcher received SIGINT/SIGTERM and forwarded it
+  };
+  Outcome outcome = Outcome::kSucceeded;
+  /// The launcher's exit status for this outcome (0, the worker's status, 128 + signal).
+  int exit_code = 0;
+  /// kWorkerFailed: the first worker seen failing.
+  std::string failed_label;
+  pid_t failed_pid = -1;
+  ExitStatus failed_status;
+  /// kInterrupted: the signal received.
+  int interrupt_signal = 0;
+  /// Workers still running when the failure or the signal came (those the launcher stopped).
+  int stopped = 0;
+  /// Of those, how many had to be killed after the grace period.
+  int killed = 0;
+  /// Workers that could not be reaped even after SIGKILL (uninterruptible); normally 0.
+  int unreaped = 0;
+};
+
+class WorkerGroup {
+ public:
+  /// Why 5 s: SIGKILL ends a process at once unless it is stuck in the kernel; past this the
+  /// launcher reports the worker instead of waiting forever.
+  static constexpr std::chrono::milliseconds kReapTimeout{5000};
+  /// Why 200 ms: SIGCHLD wakes the loop at once; this only bounds a lost wake-up.
+  static constexpr std::chrono::milliseconds kPollInterval{200};
+
+  WorkerGroup(std::vector<WorkerSpec> specs, WorkerGroupOptions options);
+  ~WorkerGroup();
+
+  /// Starts every worker, supervises them until all have ended, and says how it went.
+  /// Throws Error when a worker cannot be started (those already started are stopped first).
+  GroupResult run(SignalRelay& relay);
+
+ private:
+  int count_running() const;
+  void signal_all(int signal);
+  void begin_stop(int signal, std::chrono::steady_clock::time_point now);
+  void read_output(int max_rounds);
+  void reap(GroupResult& result, std::chrono::steady_clock::time_point now);
+  void stop_now();
+
+  std::vector<WorkerSpec> specs_;
+  WorkerGroupOptions options_;
+  std::vector<std::unique_ptr<WorkerProcess>> workers_;
+  std::vector<std::unique_ptr<class LinePrefixer>> prefixers_;  // stdout, stderr per worker
+  bool stopping_ = false;
+  bool killed_ = false;
+  std::chrono::steady_clock::time_point kill_at_;
+  std::chrono::steady_clock::time_point give_up_at_;
+};
+
+}  // namespace shoal::launcher

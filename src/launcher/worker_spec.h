@@ -1,0 +1,20 @@
+// WorkerSpec: everything needed to start one worker process, decided before any is started.
+//
+// Thread safety: a plain value.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace shoal::launcher {
+
+struct WorkerSpec {
+  std::string role = "worker";
+  int rank = 0;                    ///< global rank (RANK)
+  std::string label;               ///< "rank 3": names the worker in prefixes and messages
+  std::string program;             ///< resolved path of the program
+  std::vector<std::string> argv;   ///< argv[0] is the program as the user wrote it
+  std::vector<std::string> env;    ///< complete environment, "NAME=value"
+};
+
+}  // namespace shoal::launcher

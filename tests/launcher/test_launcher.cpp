@@ -1,0 +1,440 @@
+// `shoal run` end to end: the built binary runs small worker scripts written here, and a C++
+// rank that meets the others through env:// and allreduces. Checks the torchrun environment,
+// exit-status propagation, teardown (no process left behind), signal forwarding, the free-port
+// choice, the multi-node loopback refusal and the rank prefix on output lines.
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "testing/multi_rank.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+using shoal::testing::Milliseconds;
+
+std::string shoal_binary() {
+  const char* dir = std::getenv("SHOAL_BINARY_DIR");
+  if (dir == nullptr) shoal::testing::skip_program("SHOAL_BINARY_DIR is not set (run under ctest)");
+  return std::string(dir) + "/apps/shoal/shoal";
+}
+
+std::string read_file(const fs::path& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+std::vector<std::string> lines_of(const std::string& text) {
+  std::vector<std::string> lines;
+  std::stringstream s(text);
+  for (std::string line; std::getline(s, line);) lines.push_back(line);
+  return lines;
+}
+
+// True when `pid` no longer runs (gone, or a zombie waiting for whoever adopted it).
+bool is_gone(pid_t pid) {
+  if (::kill(pid, 0) != 0) return errno == ESRCH;
+  const std::string stat = read_file("/proc/" + std::to_string(pid) + "/stat");
+  const auto paren = stat.rfind(')');
+  return paren != std::string::npos && paren + 2 < stat.size() && stat[paren + 2] == 'Z';
+}
+
+bool wait_for_files(const std::vector<fs::path>& paths, Milliseconds timeout) {
+  const auto until = Clock::now() + timeout;
+  while (Clock::now() < until) {
+    bool all = true;
+    for (const auto& p : paths) all = all && fs::exists(p);
+    if (all) return true;
+    std::this_thread::sleep_for(Milliseconds(20));
+  }
+  return false;
+}
+
+struct RunResult {
+  int code = -1;    // exit status, or -1 when killed by a signal
+  int signal = 0;
+  std::string out;
+  std::string err;
+  double seconds = 0;
+  double ended_at = 0;  // wall-clock time of the exit, seconds since the epoch (as `date +%s.%N`)
+};
+
+double wall_clock_now() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+// `shoal ARGS...` as a child with captured stdout/stderr; killed if it outlives the deadline.
+class ShoalProcess {
+ public:
+  explicit ShoalProcess(const std::vector<std::string>& args,
+                        const std::map<std::string, std::string>& env = {}) {
+    int out[2], err[2];
+    EXPECT_EQ(::pipe(out), 0);
+    EXPECT_EQ(::pipe(err), 0);
+    std::vector<std::string> argv_storage{shoal_binary()};
+    argv_storage.insert(argv_storage.end(), args.begin(), args.end());
+    std::vector<char*> argv;
+    for (auto& a : argv_storage) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    start_ = Clock::now();
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      for (const auto& [name, value] : env) {
+        if (value.empty()) {
+          ::unsetenv(name.c_str());
+        } else {
+          ::setenv(name.c_str(), value.c_str(), 1);
+        }
+      }
+      ::dup2(out[1], 1);
+      ::dup2(err[1], 2);
+      ::close(out[0]);
+      ::close(err[0]);
+      ::execv(argv[0], argv.data());
+      ::_exit(126);
+    }
+    ::close(out[1]);
+    ::close(err[1]);
+    out_fd_ = out[0];
+    err_fd_ = err[0];
+  }
+  ~ShoalProcess() {
+    if (!reaped_) {
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, nullptr, 0);
+    }
+    if (out_fd_ >= 0) ::close(out_fd_);
+    if (err_fd_ >= 0) ::close(err_fd_);
+  }
+  pid_t pid() const { return pid_; }
+
+  RunResult wait(Milliseconds deadline = Milliseconds(30'000)) {
+    RunResult result;
+    const auto until = start_ + deadline;
+    Clock::time_point exited_at{};
+    while (true) {
+      if (!reaped_) {
+        int status = 0;
+        if (::waitpid(pid_, &status, WNOHANG) == pid_) {
+          reaped_ = true;
+          exited_at = Clock::now();
+          result.ended_at = wall_clock_now();
+          result.seconds = std::chrono::duration<double>(exited_at - start_).count();
+          if (WIFEXITED(status)) result.code = WEXITSTATUS(status);
+          if (WIFSIGNALED(status)) result.signal = WTERMSIG(status);
+        } else if (Clock::now() > until) {
+          ADD_FAILURE() << "shoal did not exit within " << deadline.count() << " ms; killed";
+          ::kill(pid_, SIGKILL);
+        }
+      }
+      // Done when it exited and its output ended (or a leftover holds the pipe for a second).
+      if (reaped_ && ((out_fd_ < 0 && err_fd_ < 0) || Clock::now() - exited_at > Milliseconds(1000))) {
+        break;
+      }
+      std::vector<pollfd> fds;
+      if (out_fd_ >= 0) fds.push_back({out_fd_, POLLIN, 0});
+      if (err_fd_ >= 0) fds.push_back({err_fd_, POLLIN, 0});
+      ::poll(fds.data(), fds.size(), 20);
+      drain(out_fd_, result.out);
+      drain(err_fd_, result.err);
+    }
+    return result;
+  }
+
+ private:
+  static void drain(int& fd, std::string& into) {
+    if (fd < 0) return;
+    pollfd p{fd, POLLIN, 0};
+    while (::poll(&p, 1, 0) > 0) {
+      char buffer[65536];
+      const ssize_t n = ::read(fd, buffer, sizeof(buffer));
+      if (n <= 0) {
+        ::close(fd);
+        fd = -1;
+        return;
+      }
+      into.append(buffer, static_cast<size_t>(n));
+    }
+  }
+
+  pid_t pid_ = -1;
+  int out_fd_ = -1;
+  int err_fd_ = -1;
+  bool reaped_ = false;
+  Clock::time_point start_;
+};
+
+RunResult run_shoal(const std::vector<std::string>& args,
+                    const std::map<std::string, std::string>& env = {},
+                    Milliseconds deadline = Milliseconds(30'000)) {
+  ShoalProcess process(args, env);
+  return process.wait(deadline);
+}
+
+class Launcher : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = shoal::testing::temp_path("launcher");
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  // A bash worker script; DIR in it is this test's folder.
+  std::string script(const std::string& name, const std::string& body) {
+    const fs::path path = dir_ / name;
+    std::ofstream(path) << "#!/bin/bash\nDIR='" << dir_.string() << "'\n" << body << "\n";
+    fs::permissions(path, fs::perms::owner_all);
+    return path.string();
+  }
+  pid_t read_pid(const std::string& name) {
+    return static_cast<pid_t>(std::stol(read_file(dir_ / name)));
+  }
+
+  fs::path dir_;
+};
+
+std::string env_line(const std::string& text, const std::string& name) {
+  for (const auto& line : lines_of(text)) {
+    if (line.rfind(name + "=", 0) == 0) return line.substr(name.size() + 1);
+  }
+  return "<unset>";
+}
+
+TEST_F(Launcher, SetsTheTorchrunEnvironmentForEachRank) {
+  const auto worker = script("env.sh", "env > \"$DIR/env.$RANK\"");
+  const auto result = run_shoal({"run", "--nproc-per-node", "3", "--master-port", "23456", worker},
+                                {{"OMP_NUM_THREADS", ""}});
+  ASSERT_EQ(result.code, 0) << result.err;
+  EXPECT_NE(result.err.find("OMP_NUM_THREADS=1"), std::string::npos) << "the note is missing";
+  for (int rank = 0; rank < 3; ++rank) {
+    const std::string env = read_file(dir_ / ("env." + std::to_string(rank)));
+    EXPECT_EQ(env_line(env, "RANK"), std::to_string(rank));
+    EXPECT_EQ(env_line(env, "LOCAL_RANK"), std::to_string(rank));
+    EXPECT_EQ(env_line(env, "WORLD_SIZE"), "3");
+    EXPECT_EQ(env_line(env, "LOCAL_WORLD_SIZE"), "3");
+    EXPECT_EQ(env_line(env, "GROUP_RANK"), "0");
+    EXPECT_EQ(env_line(env, "MASTER_ADDR"), "127.0.0.1");
+    EXPECT_EQ(env_line(env, "MASTER_PORT"), "23456");
+    EXPECT_EQ(env_line(env, "OMP_NUM_THREADS"), "1");
+  }
+}
+
+TEST_F(Launcher, SecondNodeGetsTheLaterRanksAndKeepsTheUsersOmpSetting) {
+  const auto worker = script("env.sh", "env > \"$DIR/env.$LOCAL_RANK\"");
+  // No worker connects anywhere here, so a documentation address will do as node 0's.
+  const auto result =
+      run_shoal({"run", "--nnodes", "2", "--node-rank", "1", "--nproc-per-node", "2",
+                 "--master-addr", "192.0.2.10", "--master-port", "29999", worker},
+                {{"OMP_NUM_THREADS", "4"}});
+  ASSERT_EQ(result.code, 0) << result.err;
+  for (int local = 0; local < 2; ++local) {
+    const std::string env = read_file(dir_ / ("env." + std::to_string(local)));
+    EXPECT_EQ(env_line(env, "RANK"), std::to_string(2 + local));
+    EXPECT_EQ(env_line(env, "LOCAL_RANK"), std::to_string(local));
+    EXPECT_EQ(env_line(env, "WORLD_SIZE"), "4");
+    EXPECT_EQ(env_line(env, "LOCAL_WORLD_SIZE"), "2");
+    EXPECT_EQ(env_line(env, "GROUP_RANK"), "1");
+    EXPECT_EQ(env_line(env, "MASTER_ADDR"), "192.0.2.10");
+    EXPECT_EQ(env_line(env, "OMP_NUM_THREADS"), "4");
+  }
+}
+
+TEST_F(Launcher, FailingRankStopsTheOthersAndItsStatusIsReturned) {
+  // Rank 1 fails once everyone runs; the others would sleep for a minute.
+  const auto worker = script("fail.sh", R"(
+echo $$ > "$DIR/pid.$RANK"
+sleep 60 &
+echo $! > "$DIR/child.$RANK"
+if [ "$RANK" = 1 ]; then
+  while [ ! -e "$DIR/pid.0" ] || [ ! -e "$DIR/pid.2" ]; do sleep 0.02; done
+  date +%s.%N > "$DIR/failed_at"
+  exit 3
+fi
+wait)");
+  const auto result = run_shoal({"run", "--nproc-per-node", "3", worker});
+  EXPECT_EQ(result.code, 3) << result.err;
+  // The others die on SIGTERM at once: far below the 5 s grace period and the 60 s sleep.
+  // (Timed from the failure, not the start: loading LibTorch takes seconds on a busy machine.)
+  EXPECT_LT(result.ended_at - std::stod(read_file(dir_ / "failed_at")), 3.0);
+  const pid_t failed = read_pid("pid.1");
+  EXPECT_NE(result.err.find("shoal run: rank 1 (pid " + std::to_string(failed) +
+                            ") exited with status 3; stopped the other 2 workers"),
+            std::string::npos)
+      << result.err;
+  for (const char* name : {"pid.0", "pid.1", "pid.2", "child.0", "child.1", "child.2"}) {
+    EXPECT_TRUE(is_gone(read_pid(name))) << name << " is still running";
+  }
+}
+
+TEST_F(Launcher, WorkerKilledBySignalGives128PlusSignal) {
+  const auto worker = script("kill.sh", R"(
+if [ "$RANK" = 0 ]; then kill -KILL $$; fi
+sleep 60)");
+  const auto result = run_shoal({"run", "--nproc-per-node", "2", worker});
+  EXPECT_EQ(result.code, 128 + SIGKILL) << result.err;
+  EXPECT_NE(result.err.find("rank 0 (pid "), std::string::npos) << result.err;
+  EXPECT_NE(result.err.find("was killed by signal 9 (SIGKILL); stopped the other worker"),
+            std::string::npos)
+      << result.err;
+}
+
+TEST_F(Launcher, WorkerIgnoringSigtermIsKilledAfterTheGracePeriod) {
+  const auto worker = script("stubborn.sh", R"(
+echo $$ > "$DIR/pid.$RANK"
+if [ "$RANK" = 1 ]; then
+  while [ ! -e "$DIR/trapped.0" ]; do sleep 0.02; done
+  date +%s.%N > "$DIR/failed_at"
+  exit 5
+fi
+trap '' TERM
+touch "$DIR/trapped.0"
+while true; do sleep 0.05; done)");
+  const auto result = run_shoal({"run", "--nproc-per-node", "2", "--grace-period", "1", worker});
+  EXPECT_EQ(result.code, 5) << result.err;
+  const double teardown = result.ended_at - std::stod(read_file(dir_ / "failed_at"));
+  EXPECT_GE(teardown, 0.95) << "SIGKILL came before the grace period ended";
+  EXPECT_LT(teardown, 4.0);
+  EXPECT_NE(result.err.find("1 still running after the 1 s grace period: killed"),
+            std::string::npos)
+      << result.err;
+  EXPECT_TRUE(is_gone(read_pid("pid.0")));
+}
+
+TEST_F(Launcher, ForwardsSigtermToEveryWorker) {
+  const auto worker = script("trap.sh", R"(
+trap 'echo $RANK > "$DIR/term.$RANK"; exit 0' TERM
+touch "$DIR/ready.$RANK"
+while true; do sleep 0.05; done)");
+  ShoalProcess shoal({"run", "--nproc-per-node", "3", worker});
+  ASSERT_TRUE(wait_for_files({dir_ / "ready.0", dir_ / "ready.1", dir_ / "ready.2"},
+                             Milliseconds(10'000)));
+  ::kill(shoal.pid(), SIGTERM);
+  const auto result = shoal.wait();
+  EXPECT_EQ(result.code, 128 + SIGTERM) << result.err;
+  for (int rank = 0; rank < 3; ++rank) {
+    EXPECT_EQ(read_file(dir_ / ("term." + std::to_string(rank))), std::to_string(rank) + "\n")
+        << "rank " << rank << " did not receive SIGTERM";
+  }
+  EXPECT_NE(result.err.find("received SIGTERM; forwarded it to 3 workers"), std::string::npos)
+      << result.err;
+}
+
+TEST_F(Launcher, MasterPortZeroPicksOneBindablePortForAll) {
+  // Rank 0 binds the port it was given (as the TCP store will); every rank reports it.
+  const auto worker = script("port.sh", R"(
+echo "$MASTER_PORT" > "$DIR/port.$RANK"
+if [ "$RANK" = 0 ]; then
+  /usr/bin/python3 -c 'import os, socket; s = socket.socket(); s.bind(("", int(os.environ["MASTER_PORT"])))' || exit 9
+fi)");
+  const auto result = run_shoal({"run", "--nproc-per-node", "3", "--master-port", "0", worker});
+  ASSERT_EQ(result.code, 0) << "rank 0 could not bind the chosen port: " << result.err;
+  std::set<std::string> ports;
+  for (int rank = 0; rank < 3; ++rank) ports.insert(read_file(dir_ / ("port." + std::to_string(rank))));
+  ASSERT_EQ(ports.size(), 1u) << "ranks were given different ports";
+  const int port = std::stoi(*ports.begin());
+  EXPECT_GT(port, 0);
+  EXPECT_LT(port, 65536);
+}
+
+TEST_F(Launcher, RefusesLoopbackMasterAndFreePortAcrossNodes) {
+  const auto worker = script("never.sh", "touch \"$DIR/started\"");
+  for (const char* addr : {"127.0.0.1", "localhost"}) {
+    const auto result = run_shoal({"run", "--nnodes", "2", "--node-rank", "0", "--nproc-per-node",
+                                   "1", "--master-addr", addr, worker});
+    EXPECT_EQ(result.code, 1) << addr;
+    EXPECT_NE(result.err.find("loopback"), std::string::npos) << result.err;
+  }
+  const auto zero = run_shoal({"run", "--nnodes", "2", "--master-addr", "192.0.2.10",
+                               "--master-port", "0", worker});
+  EXPECT_EQ(zero.code, 1);
+  EXPECT_NE(zero.err.find("single node only"), std::string::npos) << zero.err;
+  EXPECT_FALSE(fs::exists(dir_ / "started")) << "a worker was started despite the refusal";
+}
+
+TEST_F(Launcher, PrefixesEveryLineWithItsRankAndKeepsStreamsApart) {
+  // Long lines written in pieces (bash's printf of a 3000-character line) from 3 workers at once:
+  // each must come out whole, after its own prefix, on the stream it was written to.
+  const auto worker = script("talk.sh", R"(
+line=$(printf "$RANK%.0s" $(seq 3000))
+for i in $(seq 40); do
+  echo "$line"
+  echo "err $RANK $i" >&2
+done
+printf "no newline $RANK")");
+  const auto result = run_shoal({"run", "--nproc-per-node", "3", worker});
+  ASSERT_EQ(result.code, 0) << result.err;
+  std::map<int, int> long_lines;
+  int tails = 0;
+  for (const auto& line : lines_of(result.out)) {
+    ASSERT_EQ(line.rfind("[rank ", 0), 0u) << "unprefixed stdout line: " << line.substr(0, 80);
+    const int rank = line[6] - '0';
+    const std::string body = line.substr(9);
+    if (body.rfind("no newline", 0) == 0) {
+      EXPECT_EQ(body, "no newline " + std::to_string(rank));
+      ++tails;
+      continue;
+    }
+    EXPECT_EQ(body, std::string(3000, static_cast<char>('0' + rank))) << "a line was cut or mixed";
+    ++long_lines[rank];
+  }
+  EXPECT_EQ(tails, 3);
+  for (int rank = 0; rank < 3; ++rank) EXPECT_EQ(long_lines[rank], 40) << "rank " << rank;
+  int err_lines = 0;
+  for (const auto& line : lines_of(result.err)) {
+    if (line.rfind("shoal run:", 0) == 0) continue;
+    ASSERT_EQ(line.rfind("[rank ", 0), 0u) << line;
+    EXPECT_EQ(line.substr(9, 4), "err ");
+    EXPECT_EQ(line.substr(13, 1), line.substr(6, 1)) << "stderr line under another rank's prefix";
+    ++err_lines;
+  }
+  EXPECT_EQ(err_lines, 120);
+
+  const auto plain = run_shoal({"run", "--nproc-per-node", "2", "--no-prefix", "--", "bash", "-c",
+                                "echo \"plain $RANK\""});
+  ASSERT_EQ(plain.code, 0);
+  auto lines = lines_of(plain.out);
+  std::sort(lines.begin(), lines.end());
+  EXPECT_EQ(lines, (std::vector<std::string>{"plain 0", "plain 1"}));
+}
+
+TEST_F(Launcher, ProgramThatCannotRunIsReported) {
+  const auto result = run_shoal({"run", "--nproc-per-node", "2", "no-such-program-shoal"});
+  EXPECT_EQ(result.code, 1);
+  EXPECT_NE(result.err.find("cannot find program 'no-such-program-shoal'"), std::string::npos)
+      << result.err;
+}
+
+TEST_F(Launcher, TwoRanksMeetThroughEnvAndAllreduce) {
+  const std::string worker =
+      std::string(std::getenv("SHOAL_BINARY_DIR")) + "/tests/launcher/launcher_allreduce_worker";
+  ASSERT_TRUE(fs::exists(worker)) << worker << " is not built";
+  const auto result = run_shoal({"run", "--nproc-per-node", "2", "--master-port", "0", worker},
+                                {}, Milliseconds(60'000));
+  ASSERT_EQ(result.code, 0) << result.out << result.err;
+  auto lines = lines_of(result.out);
+  std::sort(lines.begin(), lines.end());
+  EXPECT_EQ(lines, (std::vector<std::string>{"[rank 0] rank 0/2 sum ok", "[rank 1] rank 1/2 sum ok"}));
+}
+
+}  // namespace
