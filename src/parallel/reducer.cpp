@@ -2,6 +2,8 @@
 
 #include <torch/torch.h>
 
+#include <c10/util/strides.h>
+
 #include <iomanip>
 #include <map>
 #include <sstream>
@@ -116,7 +118,11 @@ void Reducer::build_buckets(const std::vector<size_t>& order) {
     for (size_t slot = 0; slot < bucket.variables.size(); ++slot) {
       const size_t index = bucket.variables[slot];
       auto& param = params_[index];
-      auto view = bucket.contents.narrow(0, offset, param.numel()).view(param.sizes());
+      // Aliases the bucket's storage without being an autograd view: LibTorch's
+      // Optimizer::zero_grad() calls detach_() on every gradient, which views refuse.
+      auto view = torch::empty({0}, bucket.contents.options())
+                      .set_(bucket.contents.storage(), offset, param.sizes(),
+                            c10::contiguous_strides(param.sizes()));
       offset += param.numel();
       if (options_.gradient_as_bucket_view && param.grad().defined()) {
         view.copy_(param.grad());
