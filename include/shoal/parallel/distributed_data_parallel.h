@@ -1,0 +1,229 @@
+// DistributedDataParallel: data-parallel training over a ProcessGroup, the C++ counterpart of
+// torch.nn.parallel.DistributedDataParallel (which LibTorch's C++ frontend does not have).
+//
+//   auto ddp = shoal::parallel::DistributedDataParallel(net, pg);  // checks, broadcasts rank 0's state
+//   auto loss = torch::nll_loss(ddp.forward(x), y);                // or net->forward + prepare_for_backward
+//   loss.backward();                                                // gradients averaged across ranks
+//   optimizer.step();
+//
+// Construction checks that every rank has the same parameters (names, shapes, dtypes) and copies
+// rank 0's parameters and buffers to every rank. During backward, a hook on each parameter's
+// gradient accumulator copies the gradient into its bucket; a full bucket is reduced
+// asynchronously (through the communication hook) while backward goes on; when backward ends,
+// DDP waits for every bucket and writes the averaged gradients back as the parameters' `.grad`.
+// Buckets hold parameters in reverse registration order (a small first bucket, then
+// bucket_cap_mb each) and are rebuilt once from the order gradients arrived in the first
+// iteration, as PyTorch does.
+//
+// Collectives DDP issues (in this order, identical on every rank): [join flag] [bucket rebuild,
+// second step only] [buffer broadcast] before forward; bucket reductions and [unused-parameter
+// map] during/after backward. Every rank must run the same number of forward/backward steps,
+// except inside a join() scope.
+//
+// Thread safety: one thread drives a DDP instance (forward, backward, optimizer step). Several
+// instances (one per rank) may run on different threads of one process.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
+
+#include <memory>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "shoal/comm/process_group.h"
+#include "shoal/parallel/grad_bucket.h"
+
+namespace shoal::parallel {
+
+class Reducer;
+
+/// PyTorch's DistributedDataParallel arguments, with PyTorch's defaults.
+struct DistributedDataParallelOptions {
+  /// Size of every bucket after the first (MiB). 25 is PyTorch's default: large enough that the
+  /// per-collective latency is amortised, small enough that reduction starts early in backward.
+  double bucket_cap_mb = 25.0;
+  /// Size of the first bucket (MiB). Small (PyTorch's 1 MiB) so that the first reduction starts as
+  /// soon as the last layers' gradients are ready.
+  double first_bucket_cap_mb = 1.0;
+  /// Walk the autograd graph after each forward to find parameters that will get no gradient, and
+  /// mark them ready so reduction completes. Needed when some parameters are unused on some steps.
+  bool find_unused_parameters = false;
+  /// Copy rank 0's buffers (BatchNorm running statistics) to every rank before each forward.
+  bool broadcast_buffers = true;
+  /// Make each parameter's `.grad` a view into its bucket: no copy in or out, less peak memory.
+  bool gradient_as_bucket_view = false;
+};
+
+/// What the reducer measured, for benchmarks (seconds summed over iterations).
+struct ReducerStats {
+  uint64_t iterations = 0;          ///< synchronised backward passes
+  double wait_seconds = 0;          ///< time blocked at the end of backward waiting for buckets
+  double backward_seconds = 0;      ///< from the first gradient hook to the end of backward
+  std::vector<int64_t> bucket_bytes;  ///< current bucket sizes, in reduction order
+};
+
+class DistributedDataParallelBase;
+
+/// While alive, backward passes accumulate gradients locally without communicating (PyTorch's
+/// `with ddp.no_sync():`); the first synchronised backward after it reduces the accumulated sum.
+class NoSyncGuard {
+ public:
+  explicit NoSyncGuard(Reducer* reducer);
+  NoSyncGuard(NoSyncGuard&& other) noexcept;
+  NoSyncGuard(const NoSyncGuard&) = delete;
+  NoSyncGuard& operator=(const NoSyncGuard&) = delete;
+  NoSyncGuard& operator=(NoSyncGuard&&) = delete;
+  ~NoSyncGuard();
+
+ private:
+  Reducer* reducer_;
+  bool previous_ = true;
+};
+
+/// Training with uneven inputs (PyTorch's Join / `with ddp.join():`): inside the scope, each step
+/// starts with an allreduce of an "I still have data" flag. A rank whose data ran out calls
+/// finish() (or leaves the scope), and shadows the other ranks' steps — taking part in their
+/// collectives with zero gradients — until every rank has finished. Gradients are averaged over
+/// the full world size (PyTorch's divide_by_initial_world_size). Every step inside the scope must
+/// be synchronised (no no_sync()).
+class Join {
+ public:
+  explicit Join(DistributedDataParallelBase* ddp);
+  Join(Join&& other) noexcept;
+  Join(const Join&) = delete;
+  Join& operator=(const Join&) = delete;
+  Join& operator=(Join&&) = delete;
+  /// Calls finish() unless it ran or an exception is unwinding the stack.
+  ~Join() noexcept(false);
+  /// Shadows the other ranks until all of them have finished. Returns the number of steps shadowed.
+  int64_t finish();
+
+ private:
+  DistributedDataParallelBase* ddp_;
+  bool finished_ = false;
+};
+
+/// The type-independent part of DistributedDataParallel (see the file comment).
+class DistributedDataParallelBase {
+ public:
+  DistributedDataParallelBase(std::shared_ptr<torch::nn::Module> module,
+                              std::shared_ptr<comm::ProcessGroup> group,
+                              DistributedDataParallelOptions options = {});
+  virtual ~DistributedDataParallelBase();
+  DistributedDataParallelBase(const DistributedDataParallelBase&) = delete;
+  DistributedDataParallelBase& operator=(const DistributedDataParallelBase&) = delete;
+
+  /// Runs what DDP does before each forward: the join flag, the one-time bucket rebuild, and the
+  /// buffer broadcast. forward() calls it; call it yourself when you call the module directly.
+  void prepare_for_forward();
+  /// Tells DDP the forward's outputs. Needed with find_unused_parameters (walks their graph);
+  /// harmless otherwise. forward() calls it.
+  void prepare_for_backward(const at::Tensor& output);
+  void prepare_for_backward(const std::vector<at::Tensor>& outputs);
+
+  /// Backward passes inside the guard's lifetime accumulate gradients without communicating.
+  NoSyncGuard no_sync();
+  /// Starts a join scope for uneven inputs (see Join).
+  Join join();
+
+  /// Replaces the default allreduce-and-average with `hook` (PyTorch's register_comm_hook).
+  /// Call before the first backward.
+  void register_comm_hook(CommHook hook);
+
+  /// The wrapped module's parameters and buffers, with the module's own names (no "module." prefix:
+  /// a checkpoint of ddp and of the module are interchangeable).
+  torch::OrderedDict<std::string, at::Tensor> named_parameters() const;
+  torch::OrderedDict<std::string, at::Tensor> named_buffers() const;
+  std::vector<at::Tensor> parameters() const;
+
+  const std::shared_ptr<comm::ProcessGroup>& process_group() const { return group_; }
+  const DistributedDataParallelOptions& options() const { return options_; }
+  ReducerStats stats() const;
+
+ protected:
+  /// forward() returned something other than tensors: fine unless find_unused_parameters is set.
+  void prepare_for_backward_opaque();
+
+  std::shared_ptr<torch::nn::Module> base_module_;
+
+ private:
+  friend class Join;
+  void broadcast_buffers();
+  /// One shadow step of a joined rank; false once no rank has data any more.
+  bool shadow_step();
+  /// Allreduces the join flag; returns how many ranks still have data.
+  int64_t allreduce_join_flag(bool has_data);
+
+  std::shared_ptr<comm::ProcessGroup> group_;
+  DistributedDataParallelOptions options_;
+  std::unique_ptr<Reducer> reducer_;
+  bool join_active_ = false;
+  bool forward_prepared_ = false;
+  int64_t steps_ = 0;
+};
+
+/// DistributedDataParallel over a module of type ModuleType (deduced from a shared_ptr or a
+/// module holder such as `Net` from TORCH_MODULE(Net)).
+template <typename ModuleType = torch::nn::Module>
+class DistributedDataParallel : public DistributedDataParallelBase {
+ public:
+  DistributedDataParallel(std::shared_ptr<ModuleType> module,
+                          std::shared_ptr<comm::ProcessGroup> group,
+                          DistributedDataParallelOptions options = {})
+      : DistributedDataParallelBase(module, std::move(group), options), module_(std::move(module)) {}
+
+  DistributedDataParallel(torch::nn::ModuleHolder<ModuleType> module,
+                          std::shared_ptr<comm::ProcessGroup> group,
+                          DistributedDataParallelOptions options = {})
+      : DistributedDataParallel(module.ptr(), std::move(group), options) {}
+
+  /// The wrapped module (whose state is what you checkpoint).
+  const std::shared_ptr<ModuleType>& module() const { return module_; }
+
+  /// prepare_for_forward(), the module's forward, prepare_for_backward(output).
+  template <typename... Args>
+  auto forward(Args&&... args) {
+    prepare_for_forward();
+    auto output = module_->forward(std::forward<Args>(args)...);
+    using Output = std::decay_t<decltype(output)>;
+    if constexpr (std::is_same_v<Output, at::Tensor> ||
+                  std::is_same_v<Output, std::vector<at::Tensor>>) {
+      prepare_for_backward(output);
+    } else {
+      prepare_for_backward_opaque();
+    }
+    return output;
+  }
+
+  template <typename... Args>
+  auto operator()(Args&&... args) {
+    return forward(std::forward<Args>(args)...);
+  }
+
+ private:
+  std::shared_ptr<ModuleType> module_;
+};
+
+template <typename M>
+DistributedDataParallel(std::shared_ptr<M>, std::shared_ptr<comm::ProcessGroup>)
+    -> DistributedDataParallel<M>;
+template <typename M>
+DistributedDataParallel(std::shared_ptr<M>, std::shared_ptr<comm::ProcessGroup>,
+                        DistributedDataParallelOptions) -> DistributedDataParallel<M>;
+template <typename M>
+DistributedDataParallel(torch::nn::ModuleHolder<M>, std::shared_ptr<comm::ProcessGroup>)
+    -> DistributedDataParallel<M>;
+template <typename M>
+DistributedDataParallel(torch::nn::ModuleHolder<M>, std::shared_ptr<comm::ProcessGroup>,
+                        DistributedDataParallelOptions) -> DistributedDataParallel<M>;
+
+}  // namespace shoal::parallel
+
+namespace shoal {
+using parallel::DistributedDataParallel;
+using parallel::DistributedDataParallelOptions;
+}  // namespace shoal

@@ -1,0 +1,61 @@
+// GradBucket and CommHook: what a communication hook of DistributedDataParallel sees and returns
+// (PyTorch's torch.distributed.GradBucket and DistributedDataParallel.register_comm_hook).
+//
+// A hook receives one bucket of flattened gradients as soon as every gradient in it is ready and
+// returns the pending communication. Contract: once the returned Work's wait() returns, buffer()
+// holds the gradients every rank is to apply — already averaged (the default hook divides by the
+// world size before summing). Hooks run on the thread executing backward, one bucket at a time,
+// buckets in the same order on every rank.
+//
+// Thread safety: a GradBucket is valid only during the hook call and until its Work completed.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "shoal/comm/work.h"
+
+namespace shoal::parallel {
+
+class GradBucket {
+ public:
+  GradBucket(size_t index, bool is_last, at::Tensor buffer, std::vector<at::Tensor> gradients,
+             std::vector<at::Tensor> parameters)
+      : index_(index),
+        is_last_(is_last),
+        buffer_(std::move(buffer)),
+        gradients_(std::move(gradients)),
+        parameters_(std::move(parameters)) {}
+
+  /// Position of the bucket (0 is reduced first, and holds the last registered parameters).
+  size_t index() const { return index_; }
+  /// True for the last bucket of the iteration.
+  bool is_last() const { return is_last_; }
+  /// The flat gradients of every parameter of the bucket; the hook reduces it in place.
+  at::Tensor& buffer() { return buffer_; }
+  /// Views into buffer() shaped like each parameter.
+  const std::vector<at::Tensor>& gradients() const { return gradients_; }
+  /// The bucket's parameters, in the order of their slices in buffer().
+  const std::vector<at::Tensor>& parameters() const { return parameters_; }
+
+ private:
+  size_t index_;
+  bool is_last_;
+  at::Tensor buffer_;
+  std::vector<at::Tensor> gradients_;
+  std::vector<at::Tensor> parameters_;
+};
+
+/// A communication hook: starts reducing the bucket, returns the pending work (see the contract
+/// above). Capture the process group and any state in the function object.
+using CommHook = std::function<std::shared_ptr<comm::Work>(GradBucket& bucket)>;
+
+/// A Work that runs `then` (once, on the waiting thread) after `work` completed successfully:
+/// how a hook decompresses or post-processes a bucket after the collective.
+std::shared_ptr<comm::Work> then(std::shared_ptr<comm::Work> work, std::function<void()> then);
+
+}  // namespace shoal::parallel

@@ -1,0 +1,82 @@
+// LibTorch 1.13 implementation of compat/autograd_hooks.h. In LibTorch 2.x, post hooks on
+// AccumulateGrad are replaced by post-accumulate-grad hooks (Tensor::register_post_accumulate_grad_hook)
+// and FunctionPostHook's signature changed: this is the one file to adapt.
+#include "compat/autograd_hooks.h"
+
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include <unordered_set>
+
+namespace shoal::compat {
+namespace {
+
+using torch::autograd::Node;
+using torch::autograd::variable_list;
+
+class PostHook : public torch::autograd::FunctionPostHook {
+ public:
+  explicit PostHook(std::function<void()> fn) : fn_(std::move(fn)) {}
+  variable_list operator()(const variable_list& outputs, const variable_list& /*inputs*/) override {
+    fn_();
+    return outputs;
+  }
+
+ private:
+  std::function<void()> fn_;
+};
+
+class AccumulatorHook : public GradAccumulatedHook {
+ public:
+  AccumulatorHook(std::shared_ptr<Node> node, std::function<void()> fn) : node_(std::move(node)) {
+    key_ = node_->add_post_hook(std::make_unique<PostHook>(std::move(fn)));
+  }
+  ~AccumulatorHook() override { node_->del_post_hook(key_); }
+  const void* accumulator() const override { return node_.get(); }
+
+ private:
+  std::shared_ptr<Node> node_;
+  uintptr_t key_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<GradAccumulatedHook> add_grad_accumulated_hook(const at::Tensor& param,
+                                                               std::function<void()> fn) {
+  auto node = torch::autograd::impl::grad_accumulator(param);
+  TORCH_CHECK(node, "add_grad_accumulated_hook: the tensor is not a leaf that requires grad");
+  return std::make_unique<AccumulatorHook>(std::move(node), std::move(fn));
+}
+
+void queue_backward_callback(std::function<void()> fn) {
+  torch::autograd::Engine::get_default_engine().queue_callback(std::move(fn));
+}
+
+std::vector<bool> reachable_parameters(const std::vector<at::Tensor>& outputs,
+                                       const std::vector<const GradAccumulatedHook*>& hooks) {
+  std::unordered_set<const Node*> seen;
+  std::vector<Node*> stack;
+  for (const auto& out : outputs) {
+    if (!out.defined() || !out.requires_grad()) continue;
+    // A leaf output's own accumulator is reached through grad_accumulator, not grad_fn.
+    auto fn = out.grad_fn() ? out.grad_fn() : torch::autograd::impl::try_get_grad_accumulator(out);
+    if (fn && seen.insert(fn.get()).second) stack.push_back(fn.get());
+  }
+  while (!stack.empty()) {
+    Node* node = stack.back();
+    stack.pop_back();
+    for (const auto& edge : node->next_edges()) {
+      Node* next = edge.function.get();
+      if (next != nullptr && seen.insert(next).second) stack.push_back(next);
+    }
+  }
+  std::vector<bool> reachable(hooks.size());
+  for (size_t i = 0; i < hooks.size(); ++i) {
+    reachable[i] = seen.count(static_cast<const Node*>(hooks[i]->accumulator())) > 0;
+  }
+  return reachable;
+}
+
+}  // namespace shoal::compat

@@ -1,0 +1,299 @@
+#include "shoal/parallel/distributed_data_parallel.h"
+
+#include <torch/torch.h>
+
+#include <map>
+#include <sstream>
+
+#include "parallel/reducer.h"
+#include "shoal/error.h"
+
+namespace shoal::parallel {
+namespace {
+
+// Room for one parameter's description when ranks disagree ("name\tshape\tdtype").
+constexpr int64_t kDescriptionBytes = 512;
+
+std::string shape_of(const at::Tensor& t) {
+  std::ostringstream out;
+  out << t.sizes();
+  return out.str();
+}
+
+std::string describe(const std::string& name, const at::Tensor& t) {
+  return name + "\t" + shape_of(t) + "\t" + std::string(c10::toString(t.scalar_type())) + "\t" +
+         (t.requires_grad() ? "grad" : "nograd");
+}
+
+// FNV-1a: the same value in every process of the same program, unlike std::hash's contract.
+int64_t fnv1a(const std::string& text, uint64_t hash = 1469598103934665603ull) {
+  for (unsigned char c : text) {
+    hash ^= c;
+    hash *= 1099511628211ull;
+  }
+  return static_cast<int64_t>(hash >> 1);
+}
+
+std::vector<at::Tensor> allgather(comm::ProcessGroup& group, const at::Tensor& input) {
+  std::vector<at::Tensor> outputs;
+  for (int r = 0; r < group.size(); ++r) outputs.push_back(torch::empty_like(input));
+  group.allgather(outputs, input)->wait();
+  return outputs;
+}
+
+std::vector<std::string> split_tabs(const std::string& text) {
+  std::vector<std::string> parts;
+  std::istringstream in(text);
+  std::string part;
+  while (std::getline(in, part, '\t')) parts.push_back(part);
+  parts.resize(4);
+  return parts;
+}
+
+// Checks that every rank holds the same parameters; on a mismatch every rank throws the same
+// message naming the first parameter that differs and how.
+void verify_same_parameters(comm::ProcessGroup& group,
+                            const torch::OrderedDict<std::string, at::Tensor>& named) {
+  std::vector<std::string> descriptions;
+  uint64_t hash = 1469598103934665603ull;
+  for (const auto& item : named) {
+    descriptions.push_back(describe(item.key(), item.value()));
+    hash = static_cast<uint64_t>(fnv1a(descriptions.back(), hash));
+  }
+  auto summary = torch::tensor({static_cast<int64_t>(hash), static_cast<int64_t>(named.size())},
+                               torch::kLong);
+  auto summaries = allgather(group, summary);
+  int64_t max_count = 0;
+  bool same = true;
+  for (const auto& s : summaries) {
+    same = same && torch::equal(s, summaries[0]);
+    max_count = std::max(max_count, s[1].item<int64_t>());
+  }
+  if (same) return;
+
+  // Find the first parameter index whose description differs on some rank.
+  auto hashes = torch::full({max_count}, -1, torch::kLong);
+  for (size_t i = 0; i < descriptions.size(); ++i) hashes[i] = fnv1a(descriptions[i]);
+  auto all_hashes = allgather(group, hashes);
+  int64_t index = 0;
+  int other = 1;
+  for (; index < max_count; ++index) {
+    bool found = false;
+    for (int r = 1; r < group.size() && !found; ++r) {
+      if (all_hashes[r][index].item<int64_t>() != all_hashes[0][index].item<int64_t>()) {
+        other = r;
+        found = true;
+      }
+    }
+    if (found) break;
+  }
+  auto text = torch::zeros({kDescriptionBytes}, torch::kByte);
+  if (index < static_cast<int64_t>(descriptions.size())) {
+    const auto& d = descriptions[index];
+    std::memcpy(text.data_ptr(), d.data(), std::min<size_t>(d.size(), kDescriptionBytes - 1));
+  }
+  auto texts = allgather(group, text);
+  auto read = [&](int r) {
+    return split_tabs(std::string(static_cast<const char*>(texts[r].data_ptr())));
+  };
+  auto a = read(0), b = read(other);
+  std::ostringstream why;
+  why << group.rank_prefix() << " DistributedDataParallel: the model differs between ranks: ";
+  if (a[0].empty() || b[0].empty()) {
+    why << "rank 0 has " << summaries[0][1].item<int64_t>() << " parameters but rank " << other
+        << " has " << summaries[other][1].item<int64_t>();
+  } else if (a[0] != b[0]) {
+    why << "parameter #" << index << " is '" << a[0] << "' on rank 0 but '" << b[0] << "' on rank "
+        << other;
+  } else if (a[1] != b[1]) {
+    why << "parameter '" << a[0] << "' has shape " << a[1] << " on rank 0 but " << b[1]
+        << " on rank " << other;
+  } else if (a[2] != b[2]) {
+    why << "parameter '" << a[0] << "' has dtype " << a[2] << " on rank 0 but " << b[2]
+        << " on rank " << other;
+  } else {
+    why << "parameter '" << a[0] << "' requires grad on one of rank 0 and rank " << other
+        << " but not on the other";
+  }
+  why << "; every rank must construct the same model";
+  throw InvalidArgument(why.str());
+}
+
+// Broadcasts rank 0's tensors to every rank, one collective per dtype.
+void broadcast_coalesced(comm::ProcessGroup& group, const std::vector<at::Tensor>& tensors) {
+  torch::NoGradGuard no_grad;
+  std::map<at::ScalarType, std::vector<at::Tensor>> by_type;
+  for (const auto& t : tensors) {
+    if (t.defined() && t.numel() > 0) by_type[t.scalar_type()].push_back(t);
+  }
+  for (auto& [type, list] : by_type) {
+    std::vector<at::Tensor> flat;
+    for (const auto& t : list) flat.push_back(t.reshape({-1}));
+    auto buffer = torch::cat(flat);
+    group.broadcast(buffer, {0})->wait();
+    int64_t offset = 0;
+    for (auto& t : list) {
+      t.copy_(buffer.narrow(0, offset, t.numel()).view(t.sizes()));
+      offset += t.numel();
+    }
+  }
+}
+
+}  // namespace
+
+// ---- NoSyncGuard -------------------------------------------------------------------------------
+
+NoSyncGuard::NoSyncGuard(Reducer* reducer) : reducer_(reducer) {
+  previous_ = reducer_->grad_sync();
+  reducer_->set_grad_sync(false);
+}
+
+NoSyncGuard::NoSyncGuard(NoSyncGuard&& other) noexcept
+    : reducer_(other.reducer_), previous_(other.previous_) {
+  other.reducer_ = nullptr;
+}
+
+NoSyncGuard::~NoSyncGuard() {
+  if (reducer_ != nullptr) reducer_->set_grad_sync(previous_);
+}
+
+// ---- Join --------------------------------------------------------------------------------------
+
+Join::Join(DistributedDataParallelBase* ddp) : ddp_(ddp) {
+  SHOAL_CHECK_T(InvalidArgument, !ddp_->join_active_,
+                "DistributedDataParallel::join(): a join scope is already open");
+  ddp_->join_active_ = true;
+}
+
+Join::Join(Join&& other) noexcept : ddp_(other.ddp_), finished_(other.finished_) {
+  other.finished_ = true;
+}
+
+Join::~Join() noexcept(false) {
+  if (finished_) return;
+  if (std::uncaught_exceptions() > 0) {
+    ddp_->join_active_ = false;
+    return;
+  }
+  finish();
+}
+
+int64_t Join::finish() {
+  SHOAL_CHECK(!finished_, "Join::finish() called twice");
+  finished_ = true;
+  int64_t shadowed = 0;
+  try {
+    while (ddp_->shadow_step()) ++shadowed;
+  } catch (...) {
+    ddp_->join_active_ = false;
+    throw;
+  }
+  ddp_->join_active_ = false;
+  return shadowed;
+}
+
+// ---- DistributedDataParallelBase ---------------------------------------------------------------
+
+DistributedDataParallelBase::DistributedDataParallelBase(std::shared_ptr<torch::nn::Module> module,
+                                                         std::shared_ptr<comm::ProcessGroup> group,
+                                                         DistributedDataParallelOptions options)
+    : base_module_(std::move(module)), group_(std::move(group)), options_(options) {
+  SHOAL_CHECK_T(InvalidArgument, base_module_ != nullptr,
+                "DistributedDataParallel: the module is null");
+  SHOAL_CHECK_T(InvalidArgument, group_ != nullptr,
+                "DistributedDataParallel: the process group is null");
+  auto named = base_module_->named_parameters(/*recurse=*/true);
+  verify_same_parameters(*group_, named);
+  {
+    std::vector<at::Tensor> state = base_module_->parameters(true);
+    for (auto& b : base_module_->buffers(true)) state.push_back(b);
+    broadcast_coalesced(*group_, state);
+  }
+  std::vector<at::Tensor> params;
+  std::vector<std::string> names;
+  for (const auto& item : named) {
+    if (!item.value().requires_grad()) continue;
+    params.push_back(item.value());
+    names.push_back(item.key());
+  }
+  SHOAL_CHECK_T(InvalidArgument, !params.empty(),
+                "DistributedDataParallel: the module has no parameter that requires grad");
+  reducer_ = std::make_unique<Reducer>(std::move(params), std::move(names), group_, options_);
+}
+
+DistributedDataParallelBase::~DistributedDataParallelBase() = default;
+
+void DistributedDataParallelBase::prepare_for_forward() {
+  if (forward_prepared_) return;  // prepare_for_forward() followed by forward()
+  forward_prepared_ = true;
+  if (join_active_) allreduce_join_flag(true);
+  if (steps_ == 1) reducer_->rebuild_buckets();
+  ++steps_;
+  if (options_.broadcast_buffers) broadcast_buffers();
+}
+
+void DistributedDataParallelBase::prepare_for_backward(const at::Tensor& output) {
+  prepare_for_backward(std::vector<at::Tensor>{output});
+}
+
+void DistributedDataParallelBase::prepare_for_backward(const std::vector<at::Tensor>& outputs) {
+  if (!forward_prepared_) prepare_for_forward();
+  forward_prepared_ = false;
+  if (torch::GradMode::is_enabled() && reducer_->grad_sync()) {
+    reducer_->prepare_for_backward(outputs);
+  }
+}
+
+void DistributedDataParallelBase::prepare_for_backward_opaque() {
+  SHOAL_CHECK_T(InvalidArgument, !options_.find_unused_parameters,
+                "DistributedDataParallel: with find_unused_parameters the forward must return a "
+                "tensor or a vector of tensors; otherwise call the module yourself and pass its "
+                "output tensors to ddp.prepare_for_backward(...)");
+  prepare_for_backward(std::vector<at::Tensor>{});
+}
+
+void DistributedDataParallelBase::broadcast_buffers() {
+  auto buffers = base_module_->buffers(true);
+  if (buffers.empty() || group_->size() == 1) return;
+  broadcast_coalesced(*group_, buffers);
+}
+
+int64_t DistributedDataParallelBase::allreduce_join_flag(bool has_data) {
+  auto flag = torch::full({1}, has_data ? 1 : 0, torch::kInt);
+  group_->allreduce(flag)->wait();
+  return flag.item<int>();
+}
+
+bool DistributedDataParallelBase::shadow_step() {
+  if (allreduce_join_flag(false) == 0) return false;
+  // Mirror exactly the collectives of an active rank's step (see the header comment).
+  if (steps_ == 1) reducer_->rebuild_buckets();
+  ++steps_;
+  if (options_.broadcast_buffers) broadcast_buffers();
+  reducer_->shadow_backward();
+  return true;
+}
+
+NoSyncGuard DistributedDataParallelBase::no_sync() { return NoSyncGuard(reducer_.get()); }
+
+Join DistributedDataParallelBase::join() { return Join(this); }
+
+void DistributedDataParallelBase::register_comm_hook(CommHook hook) {
+  reducer_->set_comm_hook(std::move(hook));
+}
+
+torch::OrderedDict<std::string, at::Tensor> DistributedDataParallelBase::named_parameters() const {
+  return base_module_->named_parameters(true);
+}
+
+torch::OrderedDict<std::string, at::Tensor> DistributedDataParallelBase::named_buffers() const {
+  return base_module_->named_buffers(true);
+}
+
+std::vector<at::Tensor> DistributedDataParallelBase::parameters() const {
+  return base_module_->parameters(true);
+}
+
+ReducerStats DistributedDataParallelBase::stats() const { return reducer_->stats(); }
+
+}  // namespace shoal::parallel

@@ -1,0 +1,352 @@
+#include "parallel/reducer.h"
+
+#include <torch/torch.h>
+
+#include <c10/util/strides.h>
+
+#include <iomanip>
+#include <map>
+#include <sstream>
+
+#include "shoal/error.h"
+#include "shoal/parallel/comm_hooks.h"
+
+namespace shoal::parallel {
+namespace {
+
+constexpr double kMiB = 1024.0 * 1024.0;
+
+std::string format_mb(int64_t bytes) {
+  std::ostringstream out;
+  out << std::fixed << std::setprecision(1) << bytes / 1e6 << " MB";
+  return out.str();
+}
+
+// Rethrows `error` as the same Shoal error type with `context` in front of its message.
+[[noreturn]] void rethrow_with_context(std::exception_ptr error, const std::string& context) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const TimeoutError& e) {
+    throw TimeoutError(context + e.what(), e.location());
+  } catch (const PeerError& e) {
+    throw PeerError(context + e.what(), e.location());
+  } catch (const Error& e) {
+    throw Error(context + e.what(), e.location());
+  } catch (const std::exception& e) {
+    throw Error(context + e.what());
+  }
+}
+
+}  // namespace
+
+Reducer::Reducer(std::vector<at::Tensor> parameters, std::vector<std::string> names,
+                 std::shared_ptr<comm::ProcessGroup> group,
+                 const DistributedDataParallelOptions& options)
+    : params_(std::move(parameters)),
+      names_(std::move(names)),
+      group_(std::move(group)),
+      options_(options),
+      hook_(allreduce_hook(group_)) {
+  SHOAL_CHECK_T(InvalidArgument, options_.bucket_cap_mb > 0 && options_.first_bucket_cap_mb > 0,
+                "DistributedDataParallel: bucket_cap_mb and first_bucket_cap_mb must be positive");
+  ready_.assign(params_.size(), 0);
+  locally_used_.assign(params_.size(), 0);
+  // Gradients arrive roughly in reverse registration order, so the first buckets hold the last
+  // parameters and can be reduced while backward still computes the earlier layers' gradients.
+  std::vector<size_t> order(params_.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = order.size() - 1 - i;
+  build_buckets(order);
+  hooks_.reserve(params_.size());
+  for (size_t i = 0; i < params_.size(); ++i) {
+    hooks_.push_back(compat::add_grad_accumulated_hook(params_[i], [this, i] { autograd_hook(i); }));
+  }
+  // find_unused_parameters changes which parameters arrive each iteration, so the arrival order
+  // of one iteration says little (PyTorch rebuilds only without it, too).
+  if (options_.find_unused_parameters) rebuilt_ = true;
+}
+
+Reducer::~Reducer() = default;
+
+void Reducer::set_comm_hook(CommHook hook) {
+  SHOAL_CHECK_T(InvalidArgument, hook != nullptr, "register_comm_hook: the hook is empty");
+  SHOAL_CHECK_T(InvalidArgument, stats_.iterations == 0 && !in_backward_,
+                "register_comm_hook must be called before the first backward pass");
+  hook_ = std::move(hook);
+}
+
+void Reducer::build_buckets(const std::vector<size_t>& order) {
+  torch::NoGradGuard no_grad;
+  struct Open {
+    std::vector<size_t> variables;
+    int64_t bytes = 0;
+    bool first = true;
+  };
+  std::map<at::ScalarType, Open> open;  // one bucket being filled per dtype
+  std::vector<std::vector<size_t>> assignment;
+  for (size_t index : order) {
+    const auto& p = params_[index];
+    Open& bucket = open[p.scalar_type()];
+    bucket.variables.push_back(index);
+    bucket.bytes += p.numel() * static_cast<int64_t>(p.element_size());
+    const double cap_mb = bucket.first ? options_.first_bucket_cap_mb : options_.bucket_cap_mb;
+    if (bucket.bytes >= static_cast<int64_t>(cap_mb * kMiB)) {
+      assignment.push_back(std::move(bucket.variables));
+      bucket.variables.clear();
+      bucket.bytes = 0;
+      bucket.first = false;
+    }
+  }
+  for (auto& [dtype, bucket] : open) {
+    if (!bucket.variables.empty()) assignment.push_back(std::move(bucket.variables));
+  }
+  // Reduce buckets in the order their first gradient is expected.
+  std::vector<size_t> position(params_.size());
+  for (size_t i = 0; i < order.size(); ++i) position[order[i]] = i;
+  std::stable_sort(assignment.begin(), assignment.end(),
+                   [&](const auto& a, const auto& b) { return position[a[0]] < position[b[0]]; });
+
+  std::vector<Bucket> buckets(assignment.size());
+  locator_.assign(params_.size(), {0, 0});
+  for (size_t b = 0; b < assignment.size(); ++b) {
+    Bucket& bucket = buckets[b];
+    bucket.variables = assignment[b];
+    int64_t numel = 0;
+    for (size_t index : bucket.variables) numel += params_[index].numel();
+    const auto& first = params_[bucket.variables[0]];
+    bucket.contents = torch::zeros({numel}, first.options().requires_grad(false));
+    int64_t offset = 0;
+    for (size_t slot = 0; slot < bucket.variables.size(); ++slot) {
+      const size_t index = bucket.variables[slot];
+      auto& param = params_[index];
+      // Aliases the bucket's storage without being an autograd view: LibTorch's
+      // Optimizer::zero_grad() calls detach_() on every gradient, which views refuse.
+      auto view = torch::empty({0}, bucket.contents.options())
+                      .set_(bucket.contents.storage(), offset, param.sizes(),
+                            c10::contiguous_strides(param.sizes()));
+      offset += param.numel();
+      if (options_.gradient_as_bucket_view && param.grad().defined()) {
+        view.copy_(param.grad());
+        param.mutable_grad() = view;
+      }
+      bucket.views.push_back(view);
+      locator_[index] = {b, slot};
+    }
+  }
+  buckets_ = std::move(buckets);
+}
+
+void Reducer::rebuild_buckets() {
+  if (rebuilt_) return;
+  rebuilt_ = true;
+  // Every rank adopts rank 0's order, so the buckets stay identical everywhere. The first element
+  // says whether rank 0 saw every gradient arrive (otherwise the buckets stay as they are).
+  const int64_t n = static_cast<int64_t>(params_.size());
+  auto message = torch::zeros({n + 1}, torch::kLong);
+  if (static_cast<int64_t>(arrival_order_.size()) == n) {
+    message[0] = 1;
+    for (int64_t i = 0; i < n; ++i) message[i + 1] = static_cast<int64_t>(arrival_order_[i]);
+  }
+  group_->broadcast(message, {0})->wait();
+  if (message[0].item<int64_t>() != 1) return;
+  std::vector<size_t> order(n);
+  auto accessor = message.accessor<int64_t, 1>();
+  for (int64_t i = 0; i < n; ++i) order[i] = static_cast<size_t>(accessor[i + 1]);
+  build_buckets(order);
+}
+
+void Reducer::prepare_for_backward(const std::vector<at::Tensor>& outputs) {
+  if (!options_.find_unused_parameters) return;
+  std::vector<const compat::GradAccumulatedHook*> hooks;
+  for (const auto& h : hooks_) hooks.push_back(h.get());
+  auto reachable = compat::reachable_parameters(outputs, hooks);
+  unused_.clear();
+  for (size_t i = 0; i < reachable.size(); ++i) {
+    if (!reachable[i]) unused_.push_back(i);
+  }
+  unused_known_ = true;
+}
+
+void Reducer::autograd_hook(size_t index) {
+  if (recording_order_) {
+    arrival_order_.push_back(index);
+    if (arrival_order_.size() == params_.size()) recording_order_ = false;
+  }
+  if (!grad_sync_) return;
+  if (!in_backward_) begin_backward();
+  mark_ready(index, /*used=*/true);
+}
+
+void Reducer::begin_backward() {
+  in_backward_ = true;
+  backward_start_ = std::chrono::steady_clock::now();
+  recording_order_ = false;  // only the first backward's order counts
+  if (arrival_order_.size() != params_.size()) arrival_order_.clear();
+  std::fill(ready_.begin(), ready_.end(), 0);
+  std::fill(locally_used_.begin(), locally_used_.end(), 0);
+  for (auto& bucket : buckets_) {
+    bucket.pending = bucket.variables.size();
+    bucket.work.reset();
+  }
+  next_bucket_ = 0;
+  compat::queue_backward_callback([this] { finalize_backward(); });
+  if (options_.find_unused_parameters) {
+    SHOAL_CHECK_T(InvalidArgument, unused_known_, group_->rank_prefix(),
+                  " DistributedDataParallel: find_unused_parameters is set but this backward pass "
+                  "was not prepared; call ddp.forward(...) or ddp.prepare_for_backward(output) after "
+                  "the forward pass");
+    unused_known_ = false;
+    for (size_t index : unused_) mark_ready(index, /*used=*/false);
+  }
+}
+
+void Reducer::mark_ready(size_t index, bool used) {
+  torch::NoGradGuard no_grad;
+  SHOAL_CHECK(!ready_[index], group_->rank_prefix(), " DistributedDataParallel: parameter '",
+              names_[index], "' received its gradient twice in one backward pass (used by two "
+              "forward passes before one backward, or by a reentrant backward); this is not "
+              "supported with gradient synchronisation (use no_sync() for all but the last)");
+  ready_[index] = 1;
+  locally_used_[index] = used ? 1 : 0;
+  auto [b, slot] = locator_[index];
+  Bucket& bucket = buckets_[b];
+  auto& view = bucket.views[slot];
+  auto& param = params_[index];
+  const auto& grad = param.grad();
+  if (!used || !grad.defined()) {
+    view.zero_();
+  } else if (!grad.is_alias_of(view)) {
+    view.copy_(grad);
+    if (options_.gradient_as_bucket_view) param.mutable_grad() = view;
+  }
+  if (--bucket.pending == 0) launch_ready_buckets();
+}
+
+void Reducer::launch_ready_buckets() {
+  // Buckets are launched strictly in order so every rank issues the same sequence of collectives.
+  while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].pending == 0) {
+    buckets_[next_bucket_].work = launch(next_bucket_);
+    ++next_bucket_;
+  }
+}
+
+std::shared_ptr<comm::Work> Reducer::launch(size_t bucket_index) {
+  Bucket& bucket = buckets_[bucket_index];
+  std::vector<at::Tensor> params;
+  for (size_t index : bucket.variables) params.push_back(params_[index]);
+  GradBucket grad_bucket(bucket_index, bucket_index + 1 == buckets_.size(), bucket.contents,
+                         bucket.views, std::move(params));
+  try {
+    auto work = hook_(grad_bucket);
+    SHOAL_CHECK(work != nullptr, "the communication hook returned no Work");
+    return work;
+  } catch (...) {
+    rethrow_with_context(std::current_exception(),
+                         group_->rank_prefix() + " DistributedDataParallel: starting the reduction of " +
+                             describe_bucket(bucket_index) + " failed: ");
+  }
+}
+
+std::string Reducer::describe_bucket(size_t bucket_index) const {
+  const Bucket& bucket = buckets_[bucket_index];
+  return "bucket " + std::to_string(bucket_index) + " (" +
+         format_mb(bucket.contents.numel() * static_cast<int64_t>(bucket.contents.element_size())) +
+         ", " + std::to_string(bucket.variables.size()) + " parameters)";
+}
+
+void Reducer::wait_bucket(size_t bucket_index) {
+  try {
+    buckets_[bucket_index].work->wait();
+  } catch (...) {
+    rethrow_with_context(std::current_exception(),
+                         group_->rank_prefix() + " DistributedDataParallel: allreduce of " +
+                             describe_bucket(bucket_index) + " failed: ");
+  }
+}
+
+void Reducer::finalize_backward() {
+  torch::NoGradGuard no_grad;
+  in_backward_ = false;
+  const auto wait_start = std::chrono::steady_clock::now();
+  if (next_bucket_ < buckets_.size()) {
+    // Some gradients never arrived: wait for what was launched (the other ranks launched it too),
+    // then explain, as PyTorch does, instead of leaving the other ranks hanging.
+    std::vector<std::string> missing;
+    for (size_t i = 0; i < params_.size(); ++i) {
+      if (!ready_[i]) missing.push_back("'" + names_[i] + "'");
+    }
+    for (size_t b = 0; b < next_bucket_; ++b) {
+      try {
+        buckets_[b].work->wait();
+      } catch (...) {
+      }
+    }
+    std::ostringstream list;
+    for (size_t i = 0; i < missing.size() && i < 10; ++i) list << (i ? ", " : "") << missing[i];
+    if (missing.size() > 10) list << ", ... (" << missing.size() - 10 << " more)";
+    SHOAL_THROW(Error, group_->rank_prefix(), " DistributedDataParallel: ", missing.size(),
+                " parameter(s) received no gradient in this backward pass, so their buckets were "
+                "never reduced: ", list.str(), ". This happens when parameters are not used to "
+                "compute the loss on this step (construct DistributedDataParallel with "
+                "find_unused_parameters = true, and make sure the forward's output is passed to "
+                "ddp.forward or ddp.prepare_for_backward), or when the outputs of a forward are "
+                "not all used in the loss. Every rank must compute gradients for the same "
+                "parameters.");
+  }
+  at::Tensor used_map;
+  std::shared_ptr<comm::Work> used_work;
+  if (options_.find_unused_parameters) {
+    used_map = torch::empty({static_cast<int64_t>(params_.size())}, torch::kInt);
+    auto acc = used_map.accessor<int, 1>();
+    for (size_t i = 0; i < params_.size(); ++i) acc[i] = locally_used_[i];
+    used_work = group_->allreduce(used_map);
+  }
+  for (size_t b = 0; b < buckets_.size(); ++b) wait_bucket(b);
+  if (used_work) used_work->wait();
+  const auto wait_end = std::chrono::steady_clock::now();
+
+  for (size_t index = 0; index < params_.size(); ++index) {
+    if (used_map.defined() && used_map[index].item<int>() == 0) continue;  // unused everywhere
+    auto [b, slot] = locator_[index];
+    auto& view = buckets_[b].views[slot];
+    auto& param = params_[index];
+    auto& grad = param.mutable_grad();
+    if (options_.gradient_as_bucket_view) {
+      if (!grad.defined() || !grad.is_alias_of(view)) grad = view;
+    } else if (grad.defined()) {
+      grad.copy_(view);
+    } else {
+      grad = view.clone();
+    }
+  }
+  stats_.iterations += 1;
+  stats_.wait_seconds += std::chrono::duration<double>(wait_end - wait_start).count();
+  stats_.backward_seconds += std::chrono::duration<double>(wait_end - backward_start_).count();
+}
+
+void Reducer::shadow_backward() {
+  torch::NoGradGuard no_grad;
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    buckets_[b].contents.zero_();
+    buckets_[b].work = launch(b);
+  }
+  std::shared_ptr<comm::Work> used_work;
+  at::Tensor used_map;
+  if (options_.find_unused_parameters) {
+    used_map = torch::zeros({static_cast<int64_t>(params_.size())}, torch::kInt);
+    used_work = group_->allreduce(used_map);
+  }
+  for (size_t b = 0; b < buckets_.size(); ++b) wait_bucket(b);
+  if (used_work) used_work->wait();
+}
+
+ReducerStats Reducer::stats() const {
+  ReducerStats stats = stats_;
+  stats.bucket_bytes.clear();
+  for (const auto& bucket : buckets_) {
+    stats.bucket_bytes.push_back(bucket.contents.numel() *
+                                 static_cast<int64_t>(bucket.contents.element_size()));
+  }
+  return stats;
+}
+
+}  // namespace shoal::parallel

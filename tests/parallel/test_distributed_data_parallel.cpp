@@ -1,0 +1,438 @@
+// DistributedDataParallel on threads-as-ranks (Gloo over an in-memory store): N ranks with batch b
+// train exactly like one process with batch N*b; bucketing, no_sync, gradient_as_bucket_view,
+// unused parameters, buffers, join, comm hooks and error messages.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <atomic>
+#include <set>
+
+#include "shoal/comm/init.h"
+#include "shoal/error.h"
+#include "shoal/parallel/comm_hooks.h"
+#include "shoal/parallel/distributed_data_parallel.h"
+#include "test_models.h"
+#include "testing/multi_rank.h"
+
+namespace shoal::parallel {
+namespace {
+
+using shoal::testing::clone_all;
+using shoal::testing::make_batch;
+using shoal::testing::max_relative_difference;
+using shoal::testing::SmallCnn;
+using shoal::testing::SmallMlp;
+using Milliseconds = std::chrono::milliseconds;
+
+constexpr Milliseconds kTimeout{60'000};
+
+// Runs fn(rank, group) on `world` threads, each with its own Gloo group.
+void with_groups(int world,
+                 const std::function<void(int, std::shared_ptr<comm::ProcessGroup>)>& fn) {
+  torch::set_num_threads(1);
+  auto store = comm::make_hash_store(kTimeout);
+  shoal::testing::run_threads(world, [&](int rank) {
+    auto group = comm::new_process_group("gloo", store, rank, world, kTimeout);
+    fn(rank, group);
+  });
+}
+
+// Bucket caps small enough to split these small models into several buckets.
+DistributedDataParallelOptions small_buckets() {
+  DistributedDataParallelOptions options;
+  options.first_bucket_cap_mb = 0.0005;  // ~500 bytes
+  options.bucket_cap_mb = 0.004;         // ~4 KB
+  return options;
+}
+
+struct Spec {
+  std::string model;
+  int world;
+  int accumulate = 1;  // micro-batches per step; all but the last under no_sync()
+  bool bucket_view = false;
+};
+
+std::string spec_name(const ::testing::TestParamInfo<Spec>& info) {
+  const Spec& s = info.param;
+  return s.model + "_w" + std::to_string(s.world) + (s.accumulate > 1 ? "_nosync" : "") +
+         (s.bucket_view ? "_view" : "");
+}
+
+constexpr int kSteps = 50;
+constexpr int64_t kBatchPerRank = 4;
+
+template <typename Holder>
+void check_equivalence(const Spec& spec) {
+  std::vector<Holder> models;
+  for (int r = 0; r < spec.world; ++r) {
+    torch::manual_seed(100 + r);  // different on every rank: DDP must broadcast rank 0's
+    models.emplace_back();
+  }
+  Holder reference;
+  {
+    torch::NoGradGuard no_grad;
+    auto src = models[0]->parameters();
+    auto dst = reference->parameters();
+    for (size_t i = 0; i < src.size(); ++i) dst[i].copy_(src[i]);
+  }
+  const int64_t global_batch = kBatchPerRank * spec.world;
+  auto sgd = torch::optim::SGDOptions(0.05).momentum(0.9);
+
+  // One process, the whole batch.
+  {
+    torch::optim::SGD optimizer(reference->parameters(), sgd);
+    for (int step = 0; step < kSteps; ++step) {
+      optimizer.zero_grad();
+      for (int micro = 0; micro < spec.accumulate; ++micro) {
+        auto [x, y] = make_batch(spec.model, step * spec.accumulate + micro, global_batch);
+        torch::nll_loss(reference->forward(x), y).backward();
+      }
+      optimizer.step();
+    }
+  }
+
+  std::vector<std::vector<torch::Tensor>> results(spec.world);
+  std::vector<size_t> bucket_counts(spec.world);
+  with_groups(spec.world, [&](int rank, std::shared_ptr<comm::ProcessGroup> group) {
+    auto options = small_buckets();
+    options.gradient_as_bucket_view = spec.bucket_view;
+    DistributedDataParallel ddp(models[rank], group, options);
+    torch::optim::SGD optimizer(ddp.module()->parameters(), sgd);
+    for (int step = 0; step < kSteps; ++step) {
+      optimizer.zero_grad();
+      for (int micro = 0; micro < spec.accumulate; ++micro) {
+        auto [x, y] = make_batch(spec.model, step * spec.accumulate + micro, global_batch);
+        auto xr = x.narrow(0, rank * kBatchPerRank, kBatchPerRank);
+        auto yr = y.narrow(0, rank * kBatchPerRank, kBatchPerRank);
+        if (micro + 1 < spec.accumulate) {
+          auto guard = ddp.no_sync();
+          torch::nll_loss(ddp.forward(xr), yr).backward();
+        } else {
+          torch::nll_loss(ddp.forward(xr), yr).backward();
+        }
+      }
+      optimizer.step();
+    }
+    if (spec.bucket_view) {
+      // Gradients live in the buckets: fewer distinct storages than parameters.
+      std::set<const void*> storages;
+      for (const auto& p : ddp.module()->parameters()) storages.insert(p.grad().storage().data());
+      EXPECT_EQ(storages.size(), ddp.stats().bucket_bytes.size());
+    }
+    results[rank] = clone_all(ddp.module()->parameters());
+    bucket_counts[rank] = ddp.stats().bucket_bytes.size();
+  });
+
+  EXPECT_GE(bucket_counts[0], 3u) << "the test should exercise several buckets";
+  const auto expected = reference->parameters();
+  for (int r = 0; r < spec.world; ++r) {
+    EXPECT_LE(max_relative_difference(results[r], clone_all(expected)), 1e-5) << "rank " << r;
+    for (size_t i = 0; i < results[r].size(); ++i) {
+      EXPECT_TRUE(torch::equal(results[r][i], results[0][i])) << "ranks 0 and " << r << " differ";
+    }
+  }
+}
+
+class Equivalence : public ::testing::TestWithParam<Spec> {};
+
+TEST_P(Equivalence, MatchesSingleProcessLargeBatch) {
+  const Spec spec = GetParam();
+  if (spec.model == "cnn") {
+    check_equivalence<SmallCnn>(spec);
+  } else {
+    check_equivalence<SmallMlp>(spec);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Ddp, Equivalence,
+    ::testing::Values(Spec{"cnn", 2}, Spec{"mlp", 2}, Spec{"cnn", 3}, Spec{"mlp", 3},
+                      Spec{"cnn", 2, 2}, Spec{"mlp", 3, 2}, Spec{"cnn", 2, 1, true},
+                      Spec{"mlp", 3, 2, true}),
+    spec_name);
+
+// ---- unused parameters ---------------------------------------------------------------------------
+
+struct BranchyImpl : torch::nn::Module {
+  BranchyImpl()
+      : trunk(register_module("trunk", torch::nn::Linear(6, 8))),
+        branch(register_module("branch", torch::nn::Linear(8, 8))),
+        head(register_module("head", torch::nn::Linear(8, 3))) {}
+  torch::Tensor forward(torch::Tensor x, bool use_branch) {
+    x = torch::relu(trunk(x));
+    if (use_branch) x = torch::relu(branch(x));
+    return head(x);
+  }
+  torch::nn::Linear trunk, branch, head;
+};
+TORCH_MODULE(Branchy);
+
+TEST(DdpUnused, FindUnusedParametersTrainsLikeOneProcess) {
+  constexpr int kWorld = 2;
+  constexpr int kBranchySteps = 12;
+  std::vector<Branchy> models;
+  for (int r = 0; r < kWorld; ++r) {
+    torch::manual_seed(7 + r);
+    models.emplace_back();
+  }
+  Branchy reference;
+  {
+    torch::NoGradGuard no_grad;
+    auto src = models[0]->parameters();
+    auto dst = reference->parameters();
+    for (size_t i = 0; i < src.size(); ++i) dst[i].copy_(src[i]);
+  }
+  auto batch = [](int step) {
+    auto g = at::make_generator<at::CPUGeneratorImpl>(50 + step);
+    return std::make_pair(torch::randn({8, 6}, g), torch::randn({8, 3}, g));
+  };
+  torch::optim::SGD ref_opt(reference->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  for (int step = 0; step < kBranchySteps; ++step) {
+    ref_opt.zero_grad();
+    auto [x, y] = batch(step);
+    torch::mse_loss(reference->forward(x, step % 3 != 0), y).backward();
+    ref_opt.step();
+  }
+  std::vector<std::vector<torch::Tensor>> results(kWorld);
+  with_groups(kWorld, [&](int rank, std::shared_ptr<comm::ProcessGroup> group) {
+    auto options = small_buckets();
+    options.find_unused_parameters = true;
+    DistributedDataParallel ddp(models[rank], group, options);
+    torch::optim::SGD opt(ddp.module()->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+    for (int step = 0; step < kBranchySteps; ++step) {
+      opt.zero_grad();
+      auto [x, y] = batch(step);
+      torch::mse_loss(ddp.forward(x.narrow(0, rank * 4, 4), step % 3 != 0),
+                      y.narrow(0, rank * 4, 4))
+          .backward();
+      opt.step();
+    }
+    results[rank] = clone_all(ddp.module()->parameters());
+  });
+  for (int r = 0; r < kWorld; ++r) {
+    EXPECT_LE(max_relative_difference(results[r], clone_all(reference->parameters())), 1e-5);
+  }
+}
+
+TEST(DdpUnused, WithoutTheFlagAnUnusedParameterIsAClearErrorNotAHang) {
+  with_groups(2, [&](int rank, std::shared_ptr<comm::ProcessGroup> group) {
+    torch::manual_seed(3);
+    Branchy model;
+    DistributedDataParallel ddp(model, group, small_buckets());
+    auto x = torch::randn({4, 6});
+    try {
+      ddp.forward(x, /*use_branch=*/false).sum().backward();
+      ADD_FAILURE() << "expected an error";
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("'branch.weight'"), std::string::npos) << what;
+      EXPECT_NE(what.find("'branch.bias'"), std::string::npos) << what;
+      EXPECT_NE(what.find("find_unused_parameters"), std::string::npos) << what;
+    }
+    // The next, complete step works again.
+    ddp.forward(x, /*use_branch=*/true).sum().backward();
+  });
+}
+
+// ---- buffers -------------------------------------------------------------------------------------
+
+struct WithBatchNormImpl : torch::nn::Module {
+  WithBatchNormImpl()
+      : fc(register_module("fc", torch::nn::Linear(5, 6))),
+        bn(register_module("bn", torch::nn::BatchNorm1d(6))) {}
+  torch::Tensor forward(torch::Tensor x) { return bn(fc(x)); }
+  torch::nn::Linear fc;
+  torch::nn::BatchNorm1d bn;
+};
+TORCH_MODULE(WithBatchNorm);
+
+TEST(DdpBuffers, BroadcastBuffersKeepsRankZerosRunningStatistics) {
+  std::vector<std::vector<torch::Tensor>> buffers(2);
+  with_groups(2, [&](int rank, std::shared_ptr<comm::ProcessGroup> group) {
+    WithBatchNorm model;
+    DistributedDataParallel ddp(model, group);
+    torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.1));
+    for (int step = 0; step < 3; ++step) {
+      opt.zero_grad();
+      auto x = torch::randn({4, 5}) * (rank + 1) + rank;  // different statistics on every rank
+      ddp.forward(x).pow(2).mean().backward();
+      opt.step();
+    }
+    auto local = clone_all(model->buffers());
+    ddp.prepare_for_forward();  // what the next forward starts with
+    buffers[rank] = clone_all(model->buffers());
+    if (rank == 0) {
+      for (size_t i = 0; i < local.size(); ++i) EXPECT_TRUE(torch::equal(local[i], buffers[0][i]));
+    } else {
+      EXPECT_FALSE(torch::equal(local[0], buffers[rank][0])) << "rank 1's own stats should differ";
+    }
+  });
+  for (size_t i = 0; i < buffers[0].size(); ++i) {
+    EXPECT_TRUE(torch::equal(buffers[0][i], buffers[1][i])) << "buffer " << i;
+  }
+}
+
+// ---- join ----------------------------------------------------------------------------------------
+
+TEST(DdpJoin, UnevenInputsFinishWithTheExpectedGradients) {
+  constexpr int kWorld = 3;
+  const int batches[kWorld] = {5, 2, 0};  // rank 2 has no data at all
+  std::vector<SmallMlp> models;
+  for (int r = 0; r < kWorld; ++r) {
+    torch::manual_seed(11 + r);
+    models.emplace_back();
+  }
+  SmallMlp reference;
+  {
+    torch::NoGradGuard no_grad;
+    auto src = models[0]->parameters();
+    auto dst = reference->parameters();
+    for (size_t i = 0; i < src.size(); ++i) dst[i].copy_(src[i]);
+  }
+  // Expected: each step averages the active ranks' gradients over the full world size.
+  torch::optim::SGD ref_opt(reference->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  for (int step = 0; step < 5; ++step) {
+    ref_opt.zero_grad();
+    auto [x, y] = make_batch("mlp", step, kBatchPerRank * kWorld);
+    for (int r = 0; r < kWorld; ++r) {
+      if (step >= batches[r]) continue;
+      auto xr = x.narrow(0, r * kBatchPerRank, kBatchPerRank);
+      auto yr = y.narrow(0, r * kBatchPerRank, kBatchPerRank);
+      (torch::nll_loss(reference->forward(xr), yr) / kWorld).backward();
+    }
+    ref_opt.step();
+  }
+  std::vector<std::vector<torch::Tensor>> results(kWorld);
+  std::vector<int64_t> shadowed(kWorld);
+  with_groups(kWorld, [&](int rank, std::shared_ptr<comm::ProcessGroup> group) {
+    DistributedDataParallel ddp(models[rank], group, small_buckets());
+    torch::optim::SGD opt(ddp.module()->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+    auto join = ddp.join();
+    for (int step = 0; step < batches[rank]; ++step) {
+      opt.zero_grad();
+      auto [x, y] = make_batch("mlp", step, kBatchPerRank * kWorld);
+      auto xr = x.narrow(0, rank * kBatchPerRank, kBatchPerRank);
+      auto yr = y.narrow(0, rank * kBatchPerRank, kBatchPerRank);
+      torch::nll_loss(ddp.forward(xr), yr).backward();
+      opt.step();
+    }
+    shadowed[rank] = join.finish();
+    results[rank] = clone_all(ddp.module()->parameters());
+  });
+  EXPECT_EQ(shadowed[0], 0);
+  EXPECT_EQ(shadowed[1], 3);
+  EXPECT_EQ(shadowed[2], 5);
+  EXPECT_LE(max_relative_difference(results[0], clone_all(reference->parameters())), 1e-5);
+}
+
+// ---- communication hooks -------------------------------------------------------------------------
+
+std::vector<torch::Tensor> train_with_hook(const std::string& which, std::atomic<int>* calls,
+                                           size_t* buckets) {
+  constexpr int kWorld = 2;
+  torch::manual_seed(5);  // the same initial model for every hook
+  std::vector<SmallMlp> models(kWorld);
+  std::vector<torch::Tensor> result;
+  with_groups(kWorld, [&](int rank, std::shared_ptr<comm::ProcessGroup> group) {
+    DistributedDataParallel ddp(models[rank], group, small_buckets());
+    if (which == "fp16") ddp.register_comm_hook(fp16_compress_hook(group));
+    if (which == "bf16") ddp.register_comm_hook(bf16_compress_hook(group));
+    if (which == "custom") {
+      auto inner = allreduce_hook(group);
+      ddp.register_comm_hook([inner, calls](GradBucket& bucket) {
+        ++*calls;
+        return inner(bucket);
+      });
+    }
+    torch::optim::SGD opt(ddp.module()->parameters(), torch::optim::SGDOptions(0.05));
+    for (int step = 0; step < 10; ++step) {
+      opt.zero_grad();
+      auto [x, y] = make_batch("mlp", step, 2 * kBatchPerRank);
+      torch::nll_loss(ddp.forward(x.narrow(0, rank * kBatchPerRank, kBatchPerRank)),
+                      y.narrow(0, rank * kBatchPerRank, kBatchPerRank))
+          .backward();
+      opt.step();
+    }
+    if (rank == 0) {
+      result = clone_all(ddp.module()->parameters());
+      if (buckets) *buckets = ddp.stats().bucket_bytes.size();
+    }
+  });
+  return result;
+}
+
+TEST(DdpCommHooks, CompressionStaysCloseAndCustomHooksRunOncePerBucket) {
+  std::atomic<int> calls{0};
+  size_t buckets = 0;
+  auto fp32 = train_with_hook("default", nullptr, nullptr);
+  auto fp16 = train_with_hook("fp16", nullptr, nullptr);
+  auto bf16 = train_with_hook("bf16", nullptr, nullptr);
+  auto custom = train_with_hook("custom", &calls, &buckets);
+  EXPECT_LE(max_relative_difference(fp16, fp32), 5e-3);
+  EXPECT_LE(max_relative_difference(bf16, fp32), 3e-2);
+  EXPECT_GT(max_relative_difference(bf16, fp32), 0) << "bf16 compression should round";
+  EXPECT_EQ(max_relative_difference(custom, fp32), 0);
+  EXPECT_EQ(calls.load(), static_cast<int>(2 * 10 * buckets));  // 2 ranks x 10 steps x buckets
+}
+
+// A Work that fails like a broken connection.
+class FailedWork : public comm::Work {
+ public:
+  FailedWork() : comm::Work(0, "allreduce") {}
+  bool is_completed() override { return true; }
+  void wait(comm::Milliseconds) override {
+    throw PeerError("peer rank 1 closed the connection");
+  }
+  std::exception_ptr exception() override { return nullptr; }
+};
+
+TEST(DdpErrors, AFailedReductionNamesTheBucket) {
+  with_groups(2, [&](int rank, std::shared_ptr<comm::ProcessGroup> group) {
+    SmallMlp model;
+    DistributedDataParallel ddp(model, group, small_buckets());
+    ddp.register_comm_hook([](GradBucket&) { return std::make_shared<FailedWork>(); });
+    auto x = torch::randn({2, 20});
+    try {
+      ddp.forward(x).sum().backward();
+      ADD_FAILURE() << "expected an error";
+    } catch (const PeerError& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("allreduce of bucket 0 ("), std::string::npos) << what;
+      EXPECT_NE(what.find("closed the connection"), std::string::npos) << what;
+    }
+  });
+}
+
+TEST(DdpErrors, DifferentModelsAreNamedAtConstruction) {
+  struct NetImpl : torch::nn::Module {
+    explicit NetImpl(int hidden)
+        : fc1(register_module("fc1", torch::nn::Linear(9, hidden))),
+          fc2(register_module("fc2", torch::nn::Linear(hidden, 2))) {}
+    torch::nn::Linear fc1, fc2;
+  };
+  with_groups(2, [&](int rank, std::shared_ptr<comm::ProcessGroup> group) {
+    auto net = std::make_shared<NetImpl>(rank == 0 ? 16 : 8);
+    try {
+      DistributedDataParallel ddp(net, group);
+      ADD_FAILURE() << "expected an error";
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find(
+                    "parameter 'fc1.weight' has shape [16, 9] on rank 0 but [8, 9] on rank 1"),
+                std::string::npos)
+          << e.what();
+    }
+  });
+}
+
+TEST(DdpState, NamesAreTheModulesOwn) {
+  with_groups(1, [&](int, std::shared_ptr<comm::ProcessGroup> group) {
+    SmallCnn model;
+    DistributedDataParallel ddp(model, group);
+    EXPECT_EQ(ddp.named_parameters().keys(), model->named_parameters().keys());
+    EXPECT_EQ(ddp.named_parameters().keys()[0], "conv1.weight");
+    EXPECT_EQ(ddp.module().get(), model.ptr().get());
+  });
+}
+
+}  // namespace
+}  // namespace shoal::parallel

@@ -1,0 +1,148 @@
+// DistributedSampler: PyTorch's semantics (cover, pad, drop_last, set_epoch), and the very same
+// index lists as Python's torch.utils.data.DistributedSampler (Debian's python3-torch).
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cstdio>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include "shoal/data/distributed_sampler.h"
+#include "shoal/error.h"
+
+namespace shoal::data {
+namespace {
+
+std::vector<std::vector<size_t>> all_ranks(size_t n, int replicas, DistributedSamplerOptions o,
+                                           uint64_t epoch = 0) {
+  std::vector<std::vector<size_t>> out;
+  for (int r = 0; r < replicas; ++r) {
+    DistributedSampler sampler(n, r, replicas, o);
+    sampler.set_epoch(epoch);
+    out.push_back(sampler.indices());
+    EXPECT_EQ(out.back().size(), sampler.size());
+  }
+  return out;
+}
+
+TEST(DistributedSampler, PartitionsCoverTheDatasetAndPadFromTheStart) {
+  for (size_t n : {0, 1, 7, 10, 12}) {
+    for (int replicas : {1, 2, 3, 4}) {
+      for (bool shuffle : {false, true}) {
+        DistributedSamplerOptions o;
+        o.shuffle = shuffle;
+        auto parts = all_ranks(n, replicas, o);
+        const size_t per_rank = (n + replicas - 1) / replicas;
+        std::map<size_t, int> seen;
+        for (const auto& p : parts) {
+          ASSERT_EQ(p.size(), per_rank);
+          for (size_t i : p) ++seen[i];
+        }
+        ASSERT_EQ(seen.size(), n) << "n=" << n << " replicas=" << replicas;
+        size_t repeats = 0;
+        for (auto& [index, count] : seen) repeats += count - 1;
+        EXPECT_EQ(repeats, per_rank * replicas - n);
+        if (!shuffle && n > 0 && per_rank * replicas > n) {
+          // Padding repeats the first indices: the last rank's last index wraps around to 0.
+          EXPECT_EQ(parts[(n % replicas)][per_rank - 1], 0u);
+        }
+      }
+    }
+  }
+}
+
+TEST(DistributedSampler, DropLastDropsTheTail) {
+  DistributedSamplerOptions o;
+  o.drop_last = true;
+  o.shuffle = false;
+  auto parts = all_ranks(10, 3, o);
+  for (const auto& p : parts) EXPECT_EQ(p.size(), 3u);
+  std::set<size_t> seen;
+  for (const auto& p : parts) seen.insert(p.begin(), p.end());
+  EXPECT_EQ(seen.size(), 9u);
+  EXPECT_EQ(seen.count(9), 0u);
+  EXPECT_EQ(all_ranks(2, 3, o)[0].size(), 0u);
+}
+
+TEST(DistributedSampler, SetEpochChangesTheOrderDeterministically) {
+  DistributedSampler a(100, 0, 2), b(100, 0, 2);
+  auto first = a.indices();
+  EXPECT_EQ(first, b.indices());
+  a.set_epoch(1);
+  EXPECT_NE(first, a.indices());
+  b.set_epoch(1);
+  EXPECT_EQ(a.indices(), b.indices());
+  std::vector<size_t> sorted = first;
+  std::sort(sorted.begin(), sorted.end());
+  EXPECT_NE(sorted, first);
+}
+
+TEST(DistributedSampler, WorksAsATorchDataSampler) {
+  DistributedSampler sampler(10, 1, 2, false);
+  auto batch = sampler.next(3);
+  ASSERT_TRUE(batch.has_value());
+  EXPECT_EQ(*batch, (std::vector<size_t>{1, 3, 5}));
+  EXPECT_EQ(*sampler.next(3), (std::vector<size_t>{7, 9}));
+  EXPECT_FALSE(sampler.next(3).has_value());
+  sampler.reset();
+  EXPECT_EQ(sampler.next(10)->size(), 5u);
+  EXPECT_THROW(DistributedSampler(10, 2, 2), InvalidArgument);
+}
+
+std::string run_python(const std::string& script) {
+  std::string command = "/usr/bin/python3 -c '" + script + "' 2>/dev/null";
+  FILE* pipe = popen(command.c_str(), "r");
+  if (pipe == nullptr) return "";
+  std::string out;
+  char buffer[4096];
+  while (size_t n = fread(buffer, 1, sizeof buffer, pipe)) out.append(buffer, n);
+  const int status = pclose(pipe);
+  return status == 0 ? out : "";
+}
+
+TEST(DistributedSampler, EqualsPythonsDistributedSampler) {
+  struct Case {
+    size_t n;
+    int replicas;
+    bool shuffle;
+    uint64_t seed;
+    bool drop_last;
+    uint64_t epoch;
+  };
+  const std::vector<Case> cases = {{10, 3, true, 4, false, 2},   {10, 3, true, 0, true, 0},
+                                   {1000, 4, true, 17, false, 5}, {7, 2, false, 0, false, 0},
+                                   {5, 8, true, 1, false, 3},     {60000, 3, true, 0, false, 1}};
+  std::ostringstream script;
+  script << "import torch\nfrom torch.utils.data import DistributedSampler\n";
+  for (const auto& c : cases) {
+    for (int r = 0; r < c.replicas; ++r) {
+      script << "s = DistributedSampler(range(" << c.n << "), num_replicas=" << c.replicas
+             << ", rank=" << r << ", shuffle=" << (c.shuffle ? "True" : "False")
+             << ", seed=" << c.seed << ", drop_last=" << (c.drop_last ? "True" : "False")
+             << ")\ns.set_epoch(" << c.epoch << ")\nprint(\" \".join(map(str, s)))\n";
+    }
+  }
+  const std::string out = run_python(script.str());
+  if (out.empty()) GTEST_SKIP() << "/usr/bin/python3 with torch is not available";
+  std::istringstream lines(out);
+  for (const auto& c : cases) {
+    for (int r = 0; r < c.replicas; ++r) {
+      std::string line;
+      ASSERT_TRUE(std::getline(lines, line));
+      DistributedSamplerOptions o;
+      o.shuffle = c.shuffle;
+      o.seed = c.seed;
+      o.drop_last = c.drop_last;
+      DistributedSampler sampler(c.n, r, c.replicas, o);
+      sampler.set_epoch(c.epoch);
+      std::ostringstream mine;
+      auto indices = sampler.indices();
+      for (size_t i = 0; i < indices.size(); ++i) mine << (i ? " " : "") << indices[i];
+      ASSERT_EQ(mine.str(), line) << "n=" << c.n << " replicas=" << c.replicas << " rank=" << r;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace shoal::data
