@@ -165,7 +165,8 @@ std::shared_ptr<ProcessGroup> new_process_group(const std::string& backend,
   args.info.local_rank = rank;
   args.info.local_world_size = world_size;
   args.info.source = "options";
-  return create_backend(backend == "auto" ? "gloo" : backend, args);
+  // new_process_group's ranks all run on this host (threads or local processes): shm.
+  return create_backend(backend == "auto" ? "shm" : backend, args);
 }
 
 std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options) {
@@ -182,8 +183,8 @@ std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options) {
     if (info.source == "openmpi" && env("MASTER_ADDR") == nullptr && SHOAL_HAVE_MPI) {
       backend = "mpi";  // started by mpirun with nothing else to meet through
     } else {
-      // TODO(shm issue): "shm" on one host, "hierarchical" across hosts, once those land.
-      backend = one_host ? "gloo" : "gloo";
+      // Shared memory on one host; across hosts, shared memory inside each and Gloo between them.
+      backend = one_host ? "shm" : "hierarchical";
     }
   }
 

@@ -178,7 +178,7 @@ TEST_P(Collectives, SubGroup) {
 
 std::vector<Case> cases() {
   std::vector<Case> out;
-  for (const std::string backend : {"gloo"}) {
+  for (const std::string backend : {"gloo", "shm", "hierarchical"}) {
     for (int w = 1; w <= 4; ++w) {
       for (int64_t numel : {0, 1, 1001, 1 << 20}) out.push_back({backend, w, numel});
     }

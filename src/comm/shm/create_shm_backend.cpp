@@ -1,15 +1,11 @@
-// Placeholder until the shared-memory backend lands (issue: shm and hierarchical backends).
+// The shm backend's entry point for init_process_group and new_process_group.
 #include "comm/backends.h"
-#include "shoal/error.h"
+#include "comm/shm/process_group_shm.h"
 
 namespace shoal::comm {
 
-std::shared_ptr<ProcessGroup> create_shm_backend(const BackendArgs&) {
-  SHOAL_THROW(InvalidArgument, "the shm backend is not available yet; use --backend gloo");
-}
-
-std::shared_ptr<ProcessGroup> create_hierarchical_backend(const BackendArgs&) {
-  SHOAL_THROW(InvalidArgument, "the hierarchical backend is not available yet; use --backend gloo");
+std::shared_ptr<ProcessGroup> create_shm_backend(const BackendArgs& args) {
+  return shm::make_shm_group(args.store, args.rank, args.size, args.timeout);
 }
 
 }  // namespace shoal::comm

@@ -1,0 +1,730 @@
+#include "comm/shm/process_group_shm.h"
+
+#include <sched.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <new>
+#include <random>
+#include <sstream>
+#include <thread>
+
+#include "comm/peer_directory.h"
+#include "comm/shm/op_queue.h"
+#include "comm/shm/reduce_kernels.h"
+#include "shoal/error.h"
+
+namespace shoal::comm::shm {
+
+// ---- the segment's shared structures -----------------------------------------------------------
+
+constexpr uint64_t kMagic = 0x6d68735f6c616f73ULL;  // "shoal_shm"
+constexpr size_t kReasonBytes = 384;
+
+struct SegmentHeader {
+  std::atomic<uint64_t> magic;
+  uint64_t size;
+  uint64_t chunk_bytes;
+  std::atomic<int32_t> attached;    // ranks that have mapped the segment
+  std::atomic<int32_t> abort_rank;  // 1 + the first rank that aborted the group, 0: none
+};
+
+struct alignas(64) RankControl {
+  std::atomic<uint64_t> posted;  // rounds posted; the only hot word, alone on its cache line
+  char pad0[56];
+  std::atomic<int32_t> pid;
+  std::atomic<int32_t> op_code;        // index in kOpNames of the collective being run
+  std::atomic<uint64_t> op_sequence;   // and its sequence number (diagnostics only)
+  char pad1[48];
+  char abort_reason[kReasonBytes];     // written before abort_rank names this rank
+};
+
+struct PieceInfo {
+  int64_t tag;
+  uint64_t message_bytes;
+};
+
+struct Channel {
+  alignas(64) std::atomic<uint64_t> sent;      // pieces published by the sender
+  alignas(64) std::atomic<uint64_t> consumed;  // pieces consumed by the receiver
+  alignas(64) PieceInfo info[2];
+};
+constexpr size_t kChannelHeaderBytes = 256;
+static_assert(sizeof(Channel) <= kChannelHeaderBytes, "channel header grew");
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+const char* const kOpNames[] = {"?",       "allreduce", "broadcast", "reduce", "allgather",
+                                "reduce_scatter", "gather", "scatter", "barrier"};
+
+int op_code(const char* name) {
+  for (int i = 1; i < static_cast<int>(sizeof kOpNames / sizeof kOpNames[0]); ++i) {
+    if (std::strcmp(kOpNames[i], name) == 0) return i;
+  }
+  return 0;
+}
+
+// Waiting: spin, then yield, then sleep.
+// Spin 20 us: a peer that is running reaches the same point within a few microseconds (a 4 KiB
+// op takes ~2 us), so spinning catches the common case at cache-line latency; past that the peer
+// is probably descheduled (2 cores, shared), and spinning longer only steals its core.
+constexpr auto kSpinTime = std::chrono::microseconds(20);
+// Then sched_yield for 2 ms: hands the core to a peer queued on it while still reacting within a
+// scheduler tick; then sleep 100 us per check, which costs nothing on long waits (a slow rank
+// computing its backward pass) and adds at most 100 us to them.
+constexpr auto kYieldTime = std::chrono::milliseconds(2);
+constexpr auto kSleepTime = std::chrono::microseconds(100);
+// How often a slow wait looks at peers' pids, the abort flag and the deadline: /proc reads cost
+// ~10 us, so every 5 ms is cheap and still reports a dead peer at once on a human scale.
+constexpr auto kCheckInterval = std::chrono::milliseconds(5);
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+bool process_is_gone(int pid) {
+  if (pid <= 0 || pid == getpid()) return false;
+  if (kill(pid, 0) != 0 && errno == ESRCH) return true;
+  // A killed process whose parent has not reaped it yet still answers kill(); it is a zombie.
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(stat, line)) return true;
+  const auto close = line.rfind(')');
+  return close != std::string::npos && close + 2 < line.size() && line[close + 2] == 'Z';
+}
+
+size_t round_up(size_t value, size_t to) { return (value + to - 1) / to * to; }
+
+size_t env_bytes(const char* name, size_t fallback) {
+  const char* value = std::getenv(name);
+  if (value == nullptr || *value == '\0') return fallback;
+  char* end = nullptr;
+  const unsigned long long parsed = std::strtoull(value, &end, 10);
+  SHOAL_CHECK_T(InvalidArgument, end != value && *end == '\0' && parsed >= 4096 &&
+                                     parsed <= (64ull << 20),
+                name, "='", value, "' must be a byte count between 4096 and 67108864");
+  return static_cast<size_t>(parsed);
+}
+
+std::string unique_segment_name() {
+  std::random_device device;
+  std::ostringstream name;
+  name << "/shoal-" << getpid() << "-" << std::hex << device() << device();
+  return name.str();
+}
+
+}  // namespace
+
+// ---- construction ------------------------------------------------------------------------------
+
+ProcessGroupShm::ProcessGroupShm(std::shared_ptr<Store> store, std::string scope, int rank,
+                                 int size, Milliseconds timeout, ShmOptions options)
+    : ProcessGroup(rank, size, timeout),
+      store_(std::move(store)),
+      scope_(std::move(scope)),
+      options_(options),
+      sent_pieces_(size, 0),
+      received_pieces_(size, 0),
+      sources_(size, nullptr) {
+  SHOAL_CHECK_T(InvalidArgument, size <= kMaxSources, rank_prefix(), " shm: ", size,
+                " ranks on one host is more than the ", kMaxSources, " the shm backend supports");
+  options_.chunk_bytes = round_up(env_bytes("SHOAL_SHM_CHUNK_BYTES", options_.chunk_bytes), 4096);
+  const auto deadline = Clock::now() + timeout;
+
+  // Every rank must be on this host: a rank elsewhere would fail to open the segment, less clearly.
+  const std::string host = local_hostname();
+  store_->set_string(scope_ + "/host/" + std::to_string(rank), host);
+  for (int r = 0; r < size; ++r) {
+    const std::string theirs = store_->get_string(scope_ + "/host/" + std::to_string(r));
+    SHOAL_CHECK_T(InvalidArgument, theirs == host, rank_prefix(), " shm: rank ", r, " runs on ",
+                  theirs, " but this rank on ", host,
+                  "; the shm backend needs every rank on one host (use --backend hierarchical or "
+                  "gloo across hosts)");
+  }
+
+  // Layout (see the header comment); page-aligned regions.
+  const size_t header_bytes = 4096;
+  const size_t control_bytes = round_up(size * sizeof(RankControl), 4096);
+  const size_t slot_bytes = 2 * options_.chunk_bytes;
+  // Point-to-point buffers shrink as the pairs multiply: ~4 MiB of channels in all.
+  channel_buffer_bytes_ =
+      std::clamp<size_t>(round_up((4u << 20) / (size * size), 4096), 4096, 256u << 10);
+  channel_stride_ = kChannelHeaderBytes + 2 * channel_buffer_bytes_;
+  const size_t channels_bytes = size > 1 ? round_up(size * size * channel_stride_, 4096) : 0;
+  const size_t total = header_bytes + control_bytes + size * slot_bytes + channels_bytes;
+
+  const std::string key = scope_ + "/segment";
+  if (rank == 0) {
+    segment_ = SharedSegment::create(unique_segment_name(), total);
+    auto* base = static_cast<uint8_t*>(segment_.data());
+    header_ = new (base) SegmentHeader{};
+    header_->size = size;
+    header_->chunk_bytes = options_.chunk_bytes;
+    for (int r = 0; r < size; ++r) new (base + header_bytes + r * sizeof(RankControl)) RankControl{};
+    for (int i = 0; i < size * size && size > 1; ++i) {
+      new (base + header_bytes + control_bytes + size * slot_bytes + i * channel_stride_) Channel{};
+    }
+    header_->magic.store(kMagic, std::memory_order_release);
+    store_->set_string(key, segment_.name() + " " + std::to_string(total));
+  } else {
+    std::istringstream in(store_->get_string(key));
+    std::string name;
+    size_t bytes = 0;
+    in >> name >> bytes;
+    SHOAL_CHECK(bytes == total, rank_prefix(), " shm: rank 0 laid out ", bytes,
+                " bytes but this rank expects ", total,
+                "; start every rank with the same Shoal build and SHOAL_SHM_CHUNK_BYTES");
+    segment_ = SharedSegment::open(name, total);
+    header_ = static_cast<SegmentHeader*>(segment_.data());
+    SHOAL_CHECK(header_->magic.load(std::memory_order_acquire) == kMagic &&
+                    header_->size == static_cast<uint64_t>(size),
+                rank_prefix(), " shm: segment ", name, " is not this group's");
+  }
+  auto* base = static_cast<uint8_t*>(segment_.data());
+  controls_ = reinterpret_cast<RankControl*>(base + header_bytes);
+  slots_ = base + header_bytes + control_bytes;
+  channels_ = slots_ + size * slot_bytes;
+
+  controls_[rank].pid.store(static_cast<int32_t>(getpid()), std::memory_order_relaxed);
+  if (header_->attached.fetch_add(1, std::memory_order_acq_rel) + 1 == size) {
+    // The last rank to map it removes the name: from now on a crash cannot leak the segment.
+    segment_.unlink();
+  }
+  // Every rank waits for the others to map it, so the name is gone once construction returns.
+  while (header_->attached.load(std::memory_order_acquire) < size) {
+    if (Clock::now() > deadline) {
+      segment_.unlink();
+      SHOAL_THROW(TimeoutError, rank_prefix(), " shm: only ",
+                  header_->attached.load(), " of ", size, " ranks mapped segment ",
+                  segment_.name(), " within ", timeout.count(),
+                  " ms; are all ranks started and alive?");
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  segment_.unlink();  // idempotent; the creator's copy of the name is gone too
+  collectives_ = std::make_unique<OpQueue>("shm collectives");
+}
+
+ProcessGroupShm::~ProcessGroupShm() {
+  // Queued operations finish (or fail at their deadline) before the memory goes away.
+  collectives_.reset();
+  sends_.reset();
+  recvs_.reset();
+}
+
+std::shared_ptr<ProcessGroup> make_shm_group(std::shared_ptr<Store> store, int rank, int size,
+                                             Milliseconds timeout) {
+  return std::make_shared<ProcessGroupShm>(std::move(store), "shm", rank, size, timeout);
+}
+
+std::shared_ptr<ProcessGroup> ProcessGroupShm::run_new_group(const std::vector<int>& ranks,
+                                                             int group_rank, uint64_t group_id) {
+  return std::make_shared<ProcessGroupShm>(store_, scope_ + "/g" + std::to_string(group_id),
+                                           group_rank, static_cast<int>(ranks.size()), timeout(),
+                                           options_);
+}
+
+// ---- failure -----------------------------------------------------------------------------------
+
+void ProcessGroupShm::abort(const std::string& reason) {
+  {
+    std::lock_guard<std::mutex> lock(abort_mutex_);
+    if (aborted_.load()) return;
+    abort_reason_ = reason;
+    aborted_.store(true);
+  }
+  if (header_ == nullptr) return;
+  auto& mine = controls_[rank()];
+  std::strncpy(mine.abort_reason, reason.c_str(), kReasonBytes - 1);
+  mine.abort_reason[kReasonBytes - 1] = '\0';
+  int32_t none = 0;
+  header_->abort_rank.compare_exchange_strong(none, rank() + 1, std::memory_order_acq_rel);
+}
+
+void ProcessGroupShm::check_not_aborted(const OpContext& ctx) {
+  if (aborted_.load(std::memory_order_acquire)) {
+    std::lock_guard<std::mutex> lock(abort_mutex_);
+    SHOAL_THROW(PeerError, ctx.prefix, " cannot run: the group was aborted after an earlier "
+                "failure: ", abort_reason_);
+  }
+  const int32_t culprit = header_->abort_rank.load(std::memory_order_acquire);
+  if (culprit != 0) {
+    const std::string reason = controls_[culprit - 1].abort_reason;
+    abort(reason);
+    SHOAL_THROW(PeerError, ctx.prefix, " cannot run: rank ", culprit - 1,
+                " aborted the group: ", reason);
+  }
+}
+
+void ProcessGroupShm::fail_waiting(int peer, const Running& op, const char* why) {
+  const auto waited =
+      std::chrono::duration_cast<Milliseconds>(Clock::now() - op.start).count();
+  const int pid = controls_[peer].pid.load(std::memory_order_relaxed);
+  const std::string who = detail::str_cat("rank ", peer, " (pid ", pid, ")");
+  std::string message;
+  bool timeout = false;
+  if (std::strcmp(why, "exited") == 0) {
+    message = detail::str_cat(op.ctx->prefix, " failed after ", waited, " ms waiting for ", who,
+                              ": the process has exited");
+  } else if (std::strcmp(why, "aborted") == 0) {
+    const int32_t culprit = header_->abort_rank.load(std::memory_order_acquire);
+    std::string reason;
+    if (culprit > 0) {
+      reason = controls_[culprit - 1].abort_reason;
+    } else {
+      std::lock_guard<std::mutex> lock(abort_mutex_);
+      reason = abort_reason_;
+    }
+    message = detail::str_cat(op.ctx->prefix, " failed after ", waited, " ms waiting for ", who,
+                              ": ", culprit > 0 ? detail::str_cat("rank ", culprit - 1,
+                                                                  " aborted the group: ")
+                                                : "the group was aborted: ",
+                              reason);
+  } else {
+    timeout = true;
+    const uint64_t their_seq = controls_[peer].op_sequence.load(std::memory_order_relaxed);
+    const int their_op = controls_[peer].op_code.load(std::memory_order_relaxed);
+    const std::string where =
+        their_seq == 0 ? std::string("has not started any collective")
+                       : detail::str_cat("was last seen in ", kOpNames[their_op], " #", their_seq);
+    message = detail::str_cat(op.ctx->prefix, " timed out after ", waited, " ms waiting for ",
+                              who, ", which ", where);
+  }
+  abort(message);
+  if (timeout) SHOAL_THROW(TimeoutError, message);
+  SHOAL_THROW(PeerError, message);
+}
+
+template <class Ready>
+void ProcessGroupShm::wait_until(int peer, const Running& op, Ready ready) {
+  if (ready()) return;
+  const auto begin = Clock::now();
+  do {  // spin (see kSpinTime)
+    for (int i = 0; i < 64; ++i) {
+      cpu_relax();
+      if (ready()) return;
+    }
+  } while (Clock::now() - begin < kSpinTime);
+  auto next_check = Clock::now();
+  for (;;) {
+    if (ready()) return;
+    const auto now = Clock::now();
+    if (now >= next_check) {
+      next_check = now + kCheckInterval;
+      if (aborted_.load(std::memory_order_acquire) ||
+          header_->abort_rank.load(std::memory_order_acquire) != 0) {
+        fail_waiting(peer, op, "aborted");
+      }
+      if (process_is_gone(controls_[peer].pid.load(std::memory_order_relaxed))) {
+        if (ready()) return;  // it finished its part before exiting
+        fail_waiting(peer, op, "exited");
+      }
+      if (now >= op.deadline) fail_waiting(peer, op, "timeout");
+    }
+    if (now - begin < kYieldTime) {
+      sched_yield();
+    } else {
+      std::this_thread::sleep_for(kSleepTime);
+    }
+  }
+}
+
+// ---- rounds ------------------------------------------------------------------------------------
+
+uint8_t* ProcessGroupShm::my_buffer(uint64_t round) const {
+  return slots_ + (static_cast<size_t>(rank()) * 2 + round % 2) * options_.chunk_bytes;
+}
+
+const uint8_t* ProcessGroupShm::peer_buffer(int peer, uint64_t round) const {
+  return slots_ + (static_cast<size_t>(peer) * 2 + round % 2) * options_.chunk_bytes;
+}
+
+uint8_t* ProcessGroupShm::begin_write(const Running& op) {
+  // Buffer round_ % 2 last held round round_ - 2, which every peer has finished reading once it
+  // has posted round round_ - 1.
+  if (peers_posted_min_ < round_) wait_all_posted(round_, op);
+  return my_buffer(round_);
+}
+
+void ProcessGroupShm::post() {
+  ++round_;
+  controls_[rank()].posted.store(round_, std::memory_order_release);
+}
+
+void ProcessGroupShm::wait_posted(int peer, uint64_t value, const Running& op) {
+  const auto& posted = controls_[peer].posted;
+  wait_until(peer, op, [&] { return posted.load(std::memory_order_acquire) >= value; });
+}
+
+void ProcessGroupShm::wait_all_posted(uint64_t value, const Running& op) {
+  if (peers_posted_min_ >= value) return;
+  for (int peer = 0; peer < size(); ++peer) {
+    if (peer != rank()) wait_posted(peer, value, op);
+  }
+  peers_posted_min_ = value;
+}
+
+// ---- operation plumbing ------------------------------------------------------------------------
+
+void ProcessGroupShm::execute(const OpContext& ctx,
+                              const std::function<void(const Running&)>& body) {
+  const auto start = Clock::now();
+  Running running{&ctx, start, start + ctx.timeout};
+  check_not_aborted(ctx);
+  body(running);
+}
+
+std::shared_ptr<Work> ProcessGroupShm::submit(const OpContext& ctx, Lane lane, size_t bytes,
+                                              std::function<void(const Running&)> body) {
+  // The Work's own wait limit is a safety net behind the operation's deadline, which starts when
+  // the operation starts (possibly behind others in the queue) and produces the better message.
+  auto work = std::make_shared<ShmWork>(ctx.sequence, ctx.description, ctx.prefix,
+                                        ctx.timeout * 2 + Milliseconds(1000));
+  if (lane == Lane::kCollective) {
+    const int code = op_code(ctx.name);
+    body = [this, code, seq = ctx.sequence, inner = std::move(body)](const Running& r) {
+      controls_[rank()].op_code.store(code, std::memory_order_relaxed);
+      controls_[rank()].op_sequence.store(seq, std::memory_order_relaxed);
+      inner(r);
+    };
+  }
+  auto task = [this, work, ctx, body = std::move(body)] {
+    try {
+      execute(ctx, body);
+      work->finish();
+    } catch (...) {
+      work->finish(std::current_exception());
+    }
+  };
+  if (lane == Lane::kCollective) {
+    // Small collectives run on the calling thread when nothing is queued before them: no hand-off
+    // to the worker, whose wake-up would cost more than the operation.
+    if (bytes <= options_.direct_bytes && collectives_->idle()) {
+      task();
+    } else {
+      collectives_->enqueue(std::move(task));
+    }
+  } else if (lane == Lane::kSend) {
+    if (!sends_) sends_ = std::make_unique<OpQueue>("shm sends");
+    sends_->enqueue(std::move(task));
+  } else {
+    if (!recvs_) recvs_ = std::make_unique<OpQueue>("shm receives");
+    recvs_->enqueue(std::move(task));
+  }
+  return work;
+}
+
+// ---- collectives -------------------------------------------------------------------------------
+
+void ProcessGroupShm::allreduce_direct(at::Tensor& tensor, ReduceOp op, int root,
+                                       const Running& r) {
+  const size_t bytes = tensor.nbytes();
+  auto* data = static_cast<uint8_t*>(tensor.data_ptr());
+  const uint64_t k = round_;
+  std::memcpy(begin_write(r), data, bytes);
+  post();
+  if (root >= 0 && root != rank()) return;
+  wait_all_posted(k + 1, r);
+  for (int s = 0; s < size(); ++s) sources_[s] = s == rank() ? data : peer_buffer(s, k);
+  ReduceArgs args;
+  args.dst = data;
+  args.src = sources_.data();
+  args.num_src = size();
+  args.count = tensor.numel();
+  args.dtype = tensor.scalar_type();
+  args.op = op;
+  args.divisor = size();
+  reduce_sources(args);
+}
+
+void ProcessGroupShm::allreduce_chunked(at::Tensor& tensor, ReduceOp op, int root,
+                                        const Running& r) {
+  const int n = size();
+  const int me = rank();
+  const size_t esz = tensor.element_size();
+  const size_t total = tensor.numel();
+  const size_t chunk = options_.chunk_bytes / esz;
+  const size_t align = 64 / esz;  // shares start on cache lines: no false sharing between ranks
+  auto* data = static_cast<uint8_t*>(tensor.data_ptr());
+  for (size_t start = 0; start < total; start += chunk) {
+    const size_t m = std::min(chunk, total - start);
+    const size_t share = round_up((m + n - 1) / n, align);
+    auto lo = [&](int s) { return std::min(s * share, m); };
+    auto hi = [&](int s) { return std::min((s + 1) * share, m); };
+    uint8_t* base = data + start * esz;
+
+    // Round A: publish the parts of this chunk that the other ranks reduce.
+    const uint64_t ka = round_;
+    uint8_t* mine = begin_write(r);
+    for (int s = 0; s < n; ++s) {
+      if (s != me) std::memcpy(mine + lo(s) * esz, base + lo(s) * esz, (hi(s) - lo(s)) * esz);
+    }
+    post();
+    wait_all_posted(ka + 1, r);
+
+    // Round B: reduce this rank's share from its tensor and the peers' buffers.
+    const uint64_t kb = round_;
+    uint8_t* reduced = begin_write(r);
+    const size_t my_lo = lo(me), my_count = hi(me) - lo(me);
+    if (my_count > 0) {
+      for (int s = 0; s < n; ++s) {
+        sources_[s] = s == me ? base + my_lo * esz : peer_buffer(s, ka) + my_lo * esz;
+      }
+      ReduceArgs args;
+      if (root < 0) {  // allreduce: into the tensor, and published for the others
+        args.dst = base + my_lo * esz;
+        args.dst2 = reduced + my_lo * esz;
+      } else if (root == me) {
+        args.dst = base + my_lo * esz;
+      } else {  // reduce: published for the root only; this rank's tensor is left alone
+        args.dst = reduced + my_lo * esz;
+      }
+      args.src = sources_.data();
+      args.num_src = n;
+      args.count = my_count;
+      args.dtype = tensor.scalar_type();
+      args.op = op;
+      args.divisor = n;
+      reduce_sources(args);
+    }
+    post();
+    if (root >= 0 && root != me) continue;
+    wait_all_posted(kb + 1, r);
+    for (int s = 0; s < n; ++s) {
+      if (s != me) {
+        std::memcpy(base + lo(s) * esz, peer_buffer(s, kb) + lo(s) * esz,
+                    (hi(s) - lo(s)) * esz);
+      }
+    }
+  }
+}
+
+void ProcessGroupShm::do_reduce(at::Tensor& tensor, ReduceOp op, int root, const Running& r) {
+  if (tensor.nbytes() <= options_.direct_bytes) {
+    allreduce_direct(tensor, op, root, r);
+  } else {
+    allreduce_chunked(tensor, op, root, r);
+  }
+}
+
+std::shared_ptr<Work> ProcessGroupShm::run_allreduce(at::Tensor& tensor, ReduceOp op,
+                                                     const OpContext& ctx) {
+  return submit(ctx, Lane::kCollective, tensor.nbytes(),
+                [this, tensor, op](const Running& r) mutable { do_reduce(tensor, op, -1, r); });
+}
+
+std::shared_ptr<Work> ProcessGroupShm::run_reduce(at::Tensor& tensor, int root, ReduceOp op,
+                                                  const OpContext& ctx) {
+  return submit(ctx, Lane::kCollective, tensor.nbytes(),
+                [this, tensor, op, root](const Running& r) mutable {
+                  do_reduce(tensor, op, root, r);
+                });
+}
+
+std::shared_ptr<Work> ProcessGroupShm::run_broadcast(at::Tensor& tensor, int root,
+                                                     const OpContext& ctx) {
+  return submit(ctx, Lane::kCollective, tensor.nbytes(), [this, tensor, root](const Running& r) {
+    auto* data = static_cast<uint8_t*>(tensor.data_ptr());
+    const size_t bytes = tensor.nbytes();
+    for (size_t off = 0; off < bytes; off += options_.chunk_bytes) {
+      const size_t len = std::min(options_.chunk_bytes, bytes - off);
+      const uint64_t k = round_;
+      if (rank() == root) {
+        std::memcpy(begin_write(r), data + off, len);
+        post();
+      } else {
+        post();
+        wait_posted(root, k + 1, r);
+        std::memcpy(data + off, peer_buffer(root, k), len);
+      }
+    }
+  });
+}
+
+std::shared_ptr<Work> ProcessGroupShm::run_allgather(std::vector<at::Tensor>& outputs,
+                                                     const at::Tensor& input,
+                                                     const OpContext& ctx) {
+  return submit(ctx, Lane::kCollective, input.nbytes() * size(),
+                [this, outputs, input](const Running& r) {
+                  const auto* in = static_cast<const uint8_t*>(input.data_ptr());
+                  const size_t bytes = input.nbytes();
+                  for (size_t off = 0; off < bytes; off += options_.chunk_bytes) {
+                    const size_t len = std::min(options_.chunk_bytes, bytes - off);
+                    const uint64_t k = round_;
+                    std::memcpy(begin_write(r), in + off, len);
+                    post();
+                    wait_all_posted(k + 1, r);
+                    for (int s = 0; s < size(); ++s) {
+                      auto* out = static_cast<uint8_t*>(outputs[s].data_ptr()) + off;
+                      std::memcpy(out, s == rank() ? in + off : peer_buffer(s, k), len);
+                    }
+                  }
+                });
+}
+
+std::shared_ptr<Work> ProcessGroupShm::run_gather(std::vector<at::Tensor>& outputs,
+                                                  const at::Tensor& input, int root,
+                                                  const OpContext& ctx) {
+  return submit(ctx, Lane::kCollective, input.nbytes() * size(),
+                [this, outputs, input, root](const Running& r) {
+                  const auto* in = static_cast<const uint8_t*>(input.data_ptr());
+                  const size_t bytes = input.nbytes();
+                  for (size_t off = 0; off < bytes; off += options_.chunk_bytes) {
+                    const size_t len = std::min(options_.chunk_bytes, bytes - off);
+                    const uint64_t k = round_;
+                    if (rank() != root) {
+                      std::memcpy(begin_write(r), in + off, len);
+                      post();
+                      continue;
+                    }
+                    post();
+                    wait_all_posted(k + 1, r);
+                    for (int s = 0; s < size(); ++s) {
+                      auto* out = static_cast<uint8_t*>(outputs[s].data_ptr()) + off;
+                      std::memcpy(out, s == rank() ? in + off : peer_buffer(s, k), len);
+                    }
+                  }
+                });
+}
+
+std::shared_ptr<Work> ProcessGroupShm::run_scatter(at::Tensor& output,
+                                                   std::vector<at::Tensor>& inputs, int root,
+                                                   const OpContext& ctx) {
+  return submit(
+      ctx, Lane::kCollective, output.nbytes() * size(),
+      [this, output, inputs, root](const Running& r) {
+        auto* out = static_cast<uint8_t*>(output.data_ptr());
+        const size_t bytes = output.nbytes();
+        // Each round carries one piece per rank, cache-line aligned.
+        const size_t piece = options_.chunk_bytes / size() / 64 * 64;
+        for (size_t off = 0; off < bytes; off += piece) {
+          const size_t len = std::min(piece, bytes - off);
+          const uint64_t k = round_;
+          if (rank() == root) {
+            uint8_t* mine = begin_write(r);
+            for (int s = 0; s < size(); ++s) {
+              const auto* in = static_cast<const uint8_t*>(inputs[s].data_ptr()) + off;
+              std::memcpy(s == rank() ? out + off : mine + s * piece, in, len);
+            }
+            post();
+          } else {
+            post();
+            wait_posted(root, k + 1, r);
+            std::memcpy(out + off, peer_buffer(root, k) + rank() * piece, len);
+          }
+        }
+      });
+}
+
+std::shared_ptr<Work> ProcessGroupShm::run_reduce_scatter(at::Tensor& output,
+                                                          std::vector<at::Tensor>& inputs,
+                                                          ReduceOp op, const OpContext& ctx) {
+  return submit(
+      ctx, Lane::kCollective, output.nbytes() * size(),
+      [this, output, inputs, op](const Running& r) {
+        const size_t esz = output.element_size();
+        const size_t total = output.numel();
+        const size_t piece = options_.chunk_bytes / size() / 64 * 64 / esz;  // elements
+        auto* out = static_cast<uint8_t*>(output.data_ptr());
+        for (size_t start = 0; start < total; start += piece) {
+          const size_t m = std::min(piece, total - start);
+          const uint64_t k = round_;
+          uint8_t* mine = begin_write(r);
+          for (int s = 0; s < size(); ++s) {
+            if (s == rank()) continue;
+            const auto* in = static_cast<const uint8_t*>(inputs[s].data_ptr()) + start * esz;
+            std::memcpy(mine + s * piece * esz, in, m * esz);
+          }
+          post();
+          wait_all_posted(k + 1, r);
+          for (int s = 0; s < size(); ++s) {
+            sources_[s] = s == rank()
+                              ? static_cast<const uint8_t*>(inputs[s].data_ptr()) + start * esz
+                              : peer_buffer(s, k) + rank() * piece * esz;
+          }
+          ReduceArgs args;
+          args.dst = out + start * esz;
+          args.src = sources_.data();
+          args.num_src = size();
+          args.count = m;
+          args.dtype = output.scalar_type();
+          args.op = op;
+          args.divisor = size();
+          reduce_sources(args);
+        }
+      });
+}
+
+std::shared_ptr<Work> ProcessGroupShm::run_barrier(const OpContext& ctx) {
+  return submit(ctx, Lane::kCollective, 0, [this](const Running& r) {
+    post();
+    wait_all_posted(round_, r);
+  });
+}
+
+// ---- point to point ----------------------------------------------------------------------------
+
+Channel& ProcessGroupShm::channel(int src, int dst) const {
+  return *reinterpret_cast<Channel*>(channels_ + (static_cast<size_t>(src) * size() + dst) *
+                                                     channel_stride_);
+}
+
+std::shared_ptr<Work> ProcessGroupShm::run_send(const at::Tensor& tensor, int dst, int tag,
+                                                const OpContext& ctx) {
+  return submit(ctx, Lane::kSend, tensor.nbytes(), [this, tensor, dst, tag](const Running& r) {
+    Channel& ch = channel(rank(), dst);
+    auto* buffers = reinterpret_cast<uint8_t*>(&ch) + kChannelHeaderBytes;
+    const auto* data = static_cast<const uint8_t*>(tensor.data_ptr());
+    const size_t bytes = tensor.nbytes();
+    for (size_t off = 0; off < bytes; off += channel_buffer_bytes_) {
+      const uint64_t p = sent_pieces_[dst];
+      // Buffer p % 2 is free once the receiver has consumed piece p - 2.
+      if (p >= 2) {
+        wait_until(dst, r, [&] { return ch.consumed.load(std::memory_order_acquire) >= p - 1; });
+      }
+      ch.info[p % 2] = PieceInfo{tag, bytes};
+      std::memcpy(buffers + (p % 2) * channel_buffer_bytes_, data + off,
+                  std::min(channel_buffer_bytes_, bytes - off));
+      ch.sent.store(p + 1, std::memory_order_release);
+      sent_pieces_[dst] = p + 1;
+    }
+  });
+}
+
+std::shared_ptr<Work> ProcessGroupShm::run_recv(at::Tensor& tensor, int src, int tag,
+                                                const OpContext& ctx) {
+  return submit(ctx, Lane::kRecv, tensor.nbytes(), [this, tensor, src, tag](const Running& r) {
+    Channel& ch = channel(src, rank());
+    const auto* buffers = reinterpret_cast<const uint8_t*>(&ch) + kChannelHeaderBytes;
+    auto* data = static_cast<uint8_t*>(tensor.data_ptr());
+    const size_t bytes = tensor.nbytes();
+    for (size_t off = 0; off < bytes; off += channel_buffer_bytes_) {
+      const uint64_t p = received_pieces_[src];
+      wait_until(src, r, [&] { return ch.sent.load(std::memory_order_acquire) >= p + 1; });
+      const PieceInfo info = ch.info[p % 2];
+      if (info.tag != tag || info.message_bytes != bytes) {
+        const std::string message = detail::str_cat(
+            r.ctx->prefix, ": rank ", src, " sent ", info.message_bytes, " bytes with tag ",
+            info.tag, " but this rank expects ", bytes, " bytes with tag ", tag,
+            "; sends and receives between two ranks must match in order, size and tag");
+        abort(message);
+        SHOAL_THROW(InvalidArgument, message);
+      }
+      std::memcpy(data + off, buffers + (p % 2) * channel_buffer_bytes_,
+                  std::min(channel_buffer_bytes_, bytes - off));
+      ch.consumed.store(p + 1, std::memory_order_release);
+      received_pieces_[src] = p + 1;
+    }
+  });
+}
+
+}  // namespace shoal::comm::shm

@@ -1,0 +1,151 @@
+// ProcessGroupShm: collectives between the ranks of one host through a shared-memory segment.
+//
+// Layout of the segment (created by rank 0, name exchanged through the store, unlinked as soon as
+// every rank has mapped it):
+//   header | one control block per rank | per rank: two data buffers of chunk_bytes |
+//   per ordered pair (src, dst): a point-to-point channel with two buffers
+// Each rank owns its control block's `posted` counter, the number of rounds it has completed.
+// A collective is a sequence of rounds; in round k a rank writes into its buffer k % 2, then
+// publishes posted = k + 1 (release), and reads a peer's round-k data once the peer's counter is
+// at least k + 1 (acquire). Counters only grow, so round k's flag is never mistaken for another
+// round's. A rank finishes reading the round-k data of its peers before it posts round k + 1, so
+// a rank may overwrite buffer k % 2 in round k + 2 once every peer has posted round k + 1.
+//
+// Allreduce: up to kDirectBytes, every rank copies its tensor into its buffer and every rank
+// reduces all buffers (one round, the least latency). Above, per chunk: each rank copies the
+// shares of the other ranks into its buffer, reduces its own share from its tensor and the peers'
+// buffers straight into its tensor and its second buffer, and then copies the other shares from
+// the peers' second buffers (reduce-scatter + allgather, two rounds per chunk).
+//
+// Operations run in issue order on a per-group worker thread (small ones inline on the caller's
+// thread when nothing is queued); sends and receives on threads of their own, so that a ring of
+// blocking sends cannot deadlock. Every wait spins briefly, then yields, then sleeps, and has a
+// deadline; a dead peer (its pid is gone) or a rank that aborted the group fails it at once.
+//
+// Thread safety: as ProcessGroup.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/shm/shared_segment.h"
+#include "shoal/comm/process_group.h"
+#include "shoal/comm/store.h"
+
+namespace shoal::comm::shm {
+
+class OpQueue;
+struct SegmentHeader;
+struct RankControl;
+struct Channel;
+
+struct ShmOptions {
+  /// Bytes per rank per round of a large operation. 256 KiB: a round touches the chunk of the
+  /// tensor plus the same amount of the peers' buffers, which together stay within a Zen/Skylake
+  /// core's 512 KiB-1 MiB L2, while the ~1 us of flag exchange per round stays under 5 % of the
+  /// ~25 us a round takes at 10 GB/s. SHOAL_SHM_CHUNK_BYTES overrides it (benchmarks).
+  size_t chunk_bytes = 256 << 10;
+  /// Largest allreduce done in one round by every rank reducing every buffer. Up to this size the
+  /// saved second round is worth more than the (n-1)/n of redundant reduction work.
+  size_t direct_bytes = 32 << 10;
+};
+
+class ProcessGroupShm : public ProcessGroup {
+ public:
+  /// Meets the other ranks through `store` (keys under `scope`) and maps the segment.
+  ProcessGroupShm(std::shared_ptr<Store> store, std::string scope, int rank, int size,
+                  Milliseconds timeout, ShmOptions options = {});
+  ~ProcessGroupShm() override;
+
+  std::string backend_name() const override { return "shm"; }
+  void abort(const std::string& reason) override;
+
+ protected:
+  std::shared_ptr<Work> run_allreduce(at::Tensor& tensor, ReduceOp op,
+                                      const OpContext& ctx) override;
+  std::shared_ptr<Work> run_broadcast(at::Tensor& tensor, int root, const OpContext& ctx) override;
+  std::shared_ptr<Work> run_reduce(at::Tensor& tensor, int root, ReduceOp op,
+                                   const OpContext& ctx) override;
+  std::shared_ptr<Work> run_allgather(std::vector<at::Tensor>& outputs, const at::Tensor& input,
+                                      const OpContext& ctx) override;
+  std::shared_ptr<Work> run_reduce_scatter(at::Tensor& output, std::vector<at::Tensor>& inputs,
+                                           ReduceOp op, const OpContext& ctx) override;
+  std::shared_ptr<Work> run_gather(std::vector<at::Tensor>& outputs, const at::Tensor& input,
+                                   int root, const OpContext& ctx) override;
+  std::shared_ptr<Work> run_scatter(at::Tensor& output, std::vector<at::Tensor>& inputs, int root,
+                                    const OpContext& ctx) override;
+  std::shared_ptr<Work> run_send(const at::Tensor& tensor, int dst, int tag,
+                                 const OpContext& ctx) override;
+  std::shared_ptr<Work> run_recv(at::Tensor& tensor, int src, int tag,
+                                 const OpContext& ctx) override;
+  std::shared_ptr<Work> run_barrier(const OpContext& ctx) override;
+  std::shared_ptr<ProcessGroup> run_new_group(const std::vector<int>& ranks, int group_rank,
+                                              uint64_t group_id) override;
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  enum class Lane { kCollective, kSend, kRecv };
+
+  // What the executing operation is, for waits and their error messages.
+  struct Running {
+    const OpContext* ctx;
+    Clock::time_point start;
+    Clock::time_point deadline;
+  };
+
+  std::shared_ptr<Work> submit(const OpContext& ctx, Lane lane, size_t bytes,
+                               std::function<void(const Running&)> body);
+  void execute(const OpContext& ctx, const std::function<void(const Running&)>& body);
+
+  // Rounds (see the header comment).
+  uint8_t* my_buffer(uint64_t round) const;
+  const uint8_t* peer_buffer(int peer, uint64_t round) const;
+  uint8_t* begin_write(const Running& op);  // waits until buffer round_ % 2 is free
+  void post();
+  void wait_posted(int peer, uint64_t value, const Running& op);
+  void wait_all_posted(uint64_t value, const Running& op);
+
+  template <class Ready>
+  void wait_until(int peer, const Running& op, Ready ready);
+  [[noreturn]] void fail_waiting(int peer, const Running& op, const char* why);
+  void check_not_aborted(const OpContext& ctx);
+
+  void allreduce_direct(at::Tensor& tensor, ReduceOp op, int root, const Running& r);
+  void allreduce_chunked(at::Tensor& tensor, ReduceOp op, int root, const Running& r);
+  void do_reduce(at::Tensor& tensor, ReduceOp op, int root, const Running& r);
+
+  Channel& channel(int src, int dst) const;
+
+  std::shared_ptr<Store> store_;
+  std::string scope_;
+  ShmOptions options_;
+  SharedSegment segment_;
+  SegmentHeader* header_ = nullptr;
+  RankControl* controls_ = nullptr;
+  uint8_t* slots_ = nullptr;
+  uint8_t* channels_ = nullptr;
+  size_t channel_buffer_bytes_ = 0;
+  size_t channel_stride_ = 0;
+
+  uint64_t round_ = 0;             // rounds this rank has posted (collective lane only)
+  uint64_t peers_posted_min_ = 0;  // every peer is known to have posted at least this many
+  std::vector<uint64_t> sent_pieces_;      // per destination (send lane only)
+  std::vector<uint64_t> received_pieces_;  // per source (recv lane only)
+  std::vector<const void*> sources_;       // scratch for reductions (collective lane only)
+
+  std::atomic<bool> aborted_{false};
+  std::mutex abort_mutex_;
+  std::string abort_reason_;
+
+  std::unique_ptr<OpQueue> collectives_;
+  std::unique_ptr<OpQueue> sends_;
+  std::unique_ptr<OpQueue> recvs_;
+};
+
+/// The Store-scoped constructor used by init_process_group and new_process_group.
+std::shared_ptr<ProcessGroup> make_shm_group(std::shared_ptr<Store> store, int rank, int size,
+                                             Milliseconds timeout);
+
+}  // namespace shoal::comm::shm

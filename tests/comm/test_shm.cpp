@@ -1,0 +1,235 @@
+// The shm backend beyond the shared collective tests: ranks as processes, dead and late peers,
+// nothing left in /dev/shm, large and chunk-straddling messages, float16/bfloat16 accuracy, and
+// the hierarchical backend over two pretended hosts.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <torch/torch.h>
+
+#include <chrono>
+#include <filesystem>
+#include <set>
+#include <thread>
+
+#include "comm/hierarchical/process_group_hierarchical.h"
+#include "shoal/comm/init.h"
+#include "shoal/error.h"
+#include "testing/multi_rank.h"
+
+namespace shoal::comm {
+namespace {
+
+using shoal::testing::run_processes;
+using shoal::testing::run_threads;
+
+// The backend's default chunk (ShmOptions::chunk_bytes) in float32 elements.
+constexpr int64_t kChunkFloats = (256 << 10) / 4;
+
+std::string messages(const std::vector<shoal::testing::ProcessResult>& results) {
+  std::string out;
+  for (const auto& r : results) {
+    out += "rank " + std::to_string(r.rank) + ": exit " + std::to_string(r.exit_code) +
+           " signal " + std::to_string(r.signal) + " " + r.error + "\n";
+  }
+  return out;
+}
+
+// Rank r's deterministic input: small integers, exact in every dtype tested.
+torch::Tensor input(int rank, int64_t numel, torch::Dtype dtype = torch::kFloat) {
+  return (torch::arange(numel, torch::kLong).remainder(7) + rank).to(dtype);
+}
+
+torch::Tensor expected_sum(int world, int64_t numel, torch::Dtype dtype = torch::kFloat) {
+  auto sum = torch::zeros({numel}, torch::kLong);
+  for (int r = 0; r < world; ++r) sum += input(r, numel, torch::kLong);
+  return sum.to(dtype);
+}
+
+TEST(ShmProcesses, CollectivesAcrossProcesses) {
+  for (int world = 2; world <= 4; ++world) {
+    auto results = run_processes(world, [world](int rank, const std::string& path) {
+      auto store = make_file_store(path, world, Milliseconds(20'000));
+      auto pg = new_process_group("shm", store, rank, world, Milliseconds(20'000));
+      SHOAL_CHECK(pg->backend_name() == "shm", "backend is ", pg->backend_name());
+      for (int64_t numel : {int64_t{1}, int64_t{1001}, 3 * kChunkFloats + 5}) {
+        auto t = input(rank, numel);
+        pg->allreduce(t)->wait();
+        SHOAL_CHECK(torch::equal(t, expected_sum(world, numel)), "allreduce of ", numel);
+        auto b = input(rank, numel);
+        pg->broadcast(b, {world - 1})->wait();
+        SHOAL_CHECK(torch::equal(b, input(world - 1, numel)), "broadcast of ", numel);
+      }
+      pg->barrier()->wait();
+    });
+    for (const auto& r : results) EXPECT_TRUE(r.ok()) << "world " << world << "\n" << messages(results);
+  }
+}
+
+// Creator pids of shoal segments in /dev/shm ("shoal-<pid>-<random>").
+std::set<std::string> shm_entries() {
+  std::set<std::string> out;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator("/dev/shm", ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("shoal-", 0) == 0) out.insert(name);
+  }
+  return out;
+}
+
+bool creator_alive(const std::string& entry) {
+  const int pid = std::atoi(entry.c_str() + 6);
+  return pid > 0 && kill(pid, 0) == 0;
+}
+
+TEST(ShmFaults, KilledRankIsNamedAndNothingLeaks) {
+  const auto before = shm_entries();
+  const Milliseconds timeout(4'000);
+  auto results = run_processes(3, [&](int rank, const std::string& path) {
+    auto store = make_file_store(path, 3, timeout);
+    auto pg = new_process_group("shm", store, rank, 3, timeout);
+    auto t = torch::ones({1 << 20});
+    pg->allreduce(t)->wait();  // everyone is up and has mapped the segment
+    if (rank == 1) raise(SIGKILL);
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    pg->allreduce(t)->wait();
+  });
+  ASSERT_EQ(results[1].signal, SIGKILL) << messages(results);
+  for (int rank : {0, 2}) {
+    const auto& r = results[rank];
+    EXPECT_FALSE(r.ok()) << messages(results);
+    EXPECT_NE(r.error.find("rank 1 (pid"), std::string::npos) << r.error;
+    EXPECT_NE(r.error.find("allreduce #"), std::string::npos) << r.error;
+    EXPECT_LT(r.seconds, 2.0 * timeout.count() / 1000.0) << r.error;
+  }
+  // A segment left behind would belong to a job whose creator is gone.
+  for (const auto& entry : shm_entries()) {
+    if (before.count(entry) == 0) EXPECT_TRUE(creator_alive(entry)) << "leaked /dev/shm/" << entry;
+  }
+}
+
+TEST(ShmFaults, LateRankTimesOutNamingIt) {
+  auto store = make_hash_store(Milliseconds(10'000));
+  std::vector<std::string> errors(2);
+  const auto start = std::chrono::steady_clock::now();
+  run_threads(2, [&](int rank) {
+    auto pg = new_process_group("shm", store, rank, 2, Milliseconds(10'000));
+    if (rank == 1) std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+    auto t = torch::ones({100});
+    try {
+      pg->allreduce(t, {ReduceOp::kSum, Milliseconds(300)})->wait();
+    } catch (const Error& e) {
+      errors[rank] = e.what();
+    }
+  });
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_NE(errors[0].find("[rank 0/2] allreduce #1"), std::string::npos) << errors[0];
+  EXPECT_NE(errors[0].find("timed out after"), std::string::npos) << errors[0];
+  EXPECT_NE(errors[0].find("waiting for rank 1"), std::string::npos) << errors[0];
+  // The late rank learns at once that the group is gone, and why.
+  EXPECT_NE(errors[1].find("rank 0 aborted the group"), std::string::npos) << errors[1];
+  EXPECT_LT(seconds, 5.0);
+}
+
+TEST(ShmLarge, SixtyFourMebibytes) {
+  auto store = make_hash_store();
+  const int64_t numel = (64 << 20) / 4;
+  run_threads(2, [&](int rank) {
+    auto pg = new_process_group("shm", store, rank, 2);
+    auto t = input(rank, numel);
+    pg->allreduce(t)->wait();
+    ASSERT_TRUE(torch::equal(t, expected_sum(2, numel)));
+  });
+}
+
+TEST(ShmChunks, SizesAroundChunkBoundaries) {
+  auto store = make_hash_store();
+  run_threads(3, [&](int rank) {
+    auto pg = new_process_group("shm", store, rank, 3);
+    for (int64_t numel : {kChunkFloats - 1, kChunkFloats + 1, 2 * kChunkFloats, 5 * kChunkFloats + 3}) {
+      for (auto dtype : {torch::kFloat, torch::kLong, torch::kHalf, torch::kByte}) {
+        auto t = input(rank, numel, dtype);
+        pg->allreduce(t)->wait();
+        ASSERT_TRUE(torch::equal(t, expected_sum(3, numel, dtype))) << numel << " " << dtype;
+        auto m = input(rank, numel, dtype);
+        pg->allreduce(m, {ReduceOp::kMax})->wait();
+        ASSERT_TRUE(torch::equal(m, input(2, numel, dtype))) << numel << " " << dtype;
+        std::vector<torch::Tensor> outs;
+        for (int r = 0; r < 3; ++r) outs.push_back(torch::empty({numel}, dtype));
+        pg->allgather(outs, input(rank, numel, dtype))->wait();
+        for (int r = 0; r < 3; ++r) ASSERT_TRUE(torch::equal(outs[r], input(r, numel, dtype)));
+        std::vector<torch::Tensor> ins;
+        for (int r = 0; r < 3; ++r) ins.push_back(input(rank + r, numel, dtype));
+        auto out = torch::empty({numel}, dtype);
+        pg->reduce_scatter(out, ins)->wait();
+        auto want = (input(rank, numel, torch::kLong) * 3 + 3).to(dtype);  // ranks 0,1,2 + rank
+        ASSERT_TRUE(torch::equal(out, want)) << numel << " " << dtype;
+      }
+    }
+  });
+}
+
+TEST(ShmAccuracy, HalfAndBFloat16AgainstFloat64) {
+  auto store = make_hash_store();
+  const int world = 4;
+  for (int64_t numel : {int64_t{1000}, 3 * kChunkFloats + 11}) {
+    for (auto dtype : {torch::kHalf, torch::kBFloat16}) {
+      std::vector<torch::Tensor> results(world), inputs(world);
+      for (int r = 0; r < world; ++r) {
+        torch::manual_seed(100 + r);
+        inputs[r] = torch::randn({numel}).to(dtype);
+      }
+      run_threads(world, [&](int rank) {
+        auto pg = new_process_group("shm", store, rank, world);
+        auto t = inputs[rank].clone();
+        pg->allreduce(t)->wait();
+        results[rank] = t;
+      });
+      auto reference = torch::zeros({numel}, torch::kDouble);
+      for (const auto& x : inputs) reference += x.to(torch::kDouble);
+      // Accumulated in float32 and rounded once: within half a unit in the last place.
+      const double eps = dtype == torch::kHalf ? std::ldexp(1.0, -10) : std::ldexp(1.0, -7);
+      const auto error = (results[0].to(torch::kDouble) - reference).abs();
+      const auto bound = reference.abs() * (eps / 2) * 1.0001 + 1e-5;
+      EXPECT_TRUE(torch::all(error <= bound).item<bool>())
+          << c10::toString(dtype) << " numel " << numel << " max error "
+          << error.max().item<double>();
+      for (int r = 1; r < world; ++r) {
+        EXPECT_TRUE(torch::equal(results[r], results[0])) << "rank " << r << " differs";
+      }
+    }
+  }
+}
+
+TEST(ShmAuto, NewProcessGroupAutoIsShm) {
+  auto store = make_hash_store();
+  auto pg = new_process_group("auto", store, 0, 1);
+  EXPECT_EQ(pg->backend_name(), "shm");
+}
+
+TEST(Hierarchical, TwoPretendHostsOfTwoRanks) {
+  auto results = run_processes(4, [](int rank, const std::string& path) {
+    setenv("SHOAL_HOSTNAME", rank < 2 ? "host-a" : "host-b", 1);
+    auto store = make_file_store(path, 4, Milliseconds(20'000));
+    auto pg = new_process_group("hierarchical", store, rank, 4, Milliseconds(20'000));
+    auto* hier = dynamic_cast<ProcessGroupHierarchical*>(pg.get());
+    SHOAL_CHECK(hier != nullptr && hier->num_hosts() == 2, "expected 2 hosts");
+    for (int64_t numel : {int64_t{1}, int64_t{1001}, int64_t{300'000}}) {
+      auto t = input(rank, numel);
+      pg->allreduce(t)->wait();
+      SHOAL_CHECK(torch::equal(t, expected_sum(4, numel)), "allreduce sum of ", numel);
+      auto a = torch::full({numel}, 2.0 * (rank + 1), torch::kDouble);
+      pg->allreduce(a, {ReduceOp::kAvg})->wait();
+      SHOAL_CHECK(torch::allclose(a, torch::full({numel}, 5.0, torch::kDouble)), "avg");
+      auto m = input(rank, numel, torch::kInt);
+      pg->allreduce(m, {ReduceOp::kMin})->wait();
+      SHOAL_CHECK(torch::equal(m, input(0, numel, torch::kInt)), "min");
+    }
+    auto b = input(rank, 77);
+    pg->broadcast(b, {3})->wait();
+    SHOAL_CHECK(torch::equal(b, input(3, 77)), "broadcast");
+  });
+  for (const auto& r : results) EXPECT_TRUE(r.ok()) << messages(results);
+}
+
+}  // namespace
+}  // namespace shoal::comm
