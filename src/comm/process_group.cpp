@@ -3,6 +3,8 @@
 #include <ATen/ATen.h>
 
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 
 #include "shoal/error.h"
 
@@ -25,11 +27,16 @@ bool is_supported_dtype(at::ScalarType type) {
   }
 }
 
-}  // namespace
+// SHOAL_CHECK_COLLECTIVES: 1 forces the checks on, 0 off, unset leaves the backend's default.
+int collective_checks_from_env() {
+  const char* raw = std::getenv("SHOAL_CHECK_COLLECTIVES");
+  if (raw == nullptr || *raw == '\0') return -1;
+  if (std::strcmp(raw, "0") == 0 || std::strcmp(raw, "false") == 0) return 0;
+  if (std::strcmp(raw, "1") == 0 || std::strcmp(raw, "true") == 0) return 1;
+  SHOAL_THROW(InvalidArgument, "SHOAL_CHECK_COLLECTIVES='", raw, "' must be 0 or 1");
+}
 
-std::string describe_tensor(const at::Tensor& tensor) {
-  if (!tensor.defined()) return "undefined tensor";
-  const double bytes = static_cast<double>(tensor.numel()) * tensor.element_size();
+std::string describe_size(double bytes) {
   char size[32];
   if (bytes >= 1e6) {
     std::snprintf(size, sizeof size, "%.1f MB", bytes / 1e6);
@@ -38,7 +45,15 @@ std::string describe_tensor(const at::Tensor& tensor) {
   } else {
     std::snprintf(size, sizeof size, "%.0f B", bytes);
   }
-  return detail::str_cat(size, " ", c10::toString(tensor.scalar_type()));
+  return size;
+}
+
+}  // namespace
+
+std::string describe_tensor(const at::Tensor& tensor) {
+  if (!tensor.defined()) return "undefined tensor";
+  const double bytes = static_cast<double>(tensor.numel()) * tensor.element_size();
+  return detail::str_cat(describe_size(bytes), " ", c10::toString(tensor.scalar_type()));
 }
 
 ProcessGroup::ProcessGroup(int rank, int size, Milliseconds timeout)
@@ -48,6 +63,11 @@ ProcessGroup::ProcessGroup(int rank, int size, Milliseconds timeout)
                 " is out of range for world size ", size, "; ranks are 0..", size - 1);
   SHOAL_CHECK_T(InvalidArgument, timeout.count() > 0, "time-out must be positive, got ",
                 timeout.count(), " ms");
+  check_collectives_ = collective_checks_from_env() == 1;
+}
+
+void ProcessGroup::enable_collective_checks_by_default() {
+  check_collectives_ = collective_checks_from_env() != 0;
 }
 
 std::string ProcessGroup::rank_prefix() const {
@@ -107,11 +127,105 @@ void check_list(const ProcessGroup& pg, const char* op, const std::vector<at::Te
 
 }  // namespace
 
+namespace {
+
+// The collectives a fingerprint can name, by code (the index).
+constexpr const char* kCollectiveNames[] = {"allreduce", "broadcast", "reduce",  "allgather",
+                                            "reduce_scatter", "gather", "scatter", "barrier"};
+constexpr int kCollectiveCount = sizeof kCollectiveNames / sizeof kCollectiveNames[0];
+
+// What every rank must agree on for one collective (the sequence number is shown, not compared:
+// point-to-point operations are numbered too, and only the pair involved sees them).
+struct Fingerprint {
+  enum Field { kOp, kSequence, kNumel, kDtype, kRoot, kReduceOp, kFields };
+  int64_t field[kFields] = {0, 0, 0, -1, -1, -1};
+
+  bool same_collective(const Fingerprint& other) const {
+    for (int f : {kOp, kNumel, kDtype, kRoot, kReduceOp}) {
+      if (field[f] != other.field[f]) return false;
+    }
+    return true;
+  }
+
+  // "broadcast #7 (8.0 kB float32, root 0)", as OpContext::description reads.
+  std::string describe() const {
+    const int64_t op = field[kOp];
+    if (op < 0 || op >= kCollectiveCount) return "an unknown operation";
+    std::string text = detail::str_cat(kCollectiveNames[op], " #", field[kSequence]);
+    if (field[kDtype] < 0) return text;
+    const auto dtype = static_cast<at::ScalarType>(field[kDtype]);
+    text += " (" + describe_size(static_cast<double>(field[kNumel]) * c10::elementSize(dtype)) +
+            " " + c10::toString(dtype);
+    if (field[kReduceOp] >= 0) {
+      text += std::string(", ") + to_string(static_cast<ReduceOp>(field[kReduceOp]));
+    }
+    if (field[kRoot] >= 0) text += ", root " + std::to_string(field[kRoot]);
+    return text + ")";
+  }
+};
+
+int collective_code(const char* name) {
+  for (int i = 0; i < kCollectiveCount; ++i) {
+    if (std::strcmp(kCollectiveNames[i], name) == 0) return i;
+  }
+  return -1;
+}
+
+std::shared_ptr<Work> failed_work(const OpContext& ctx, std::exception_ptr error) {
+  auto work = std::make_shared<PromiseWork>(ctx.sequence, ctx.description, ctx.prefix, ctx.timeout);
+  work->finish_with_error(std::move(error));
+  return work;
+}
+
+}  // namespace
+
+std::shared_ptr<Work> ProcessGroup::check_same_collective(const OpContext& ctx,
+                                                          const at::Tensor* tensor, int root,
+                                                          int reduce_op) {
+  if (!check_collectives_ || size_ == 1) return nullptr;
+  Fingerprint mine;
+  mine.field[Fingerprint::kOp] = collective_code(ctx.name);
+  mine.field[Fingerprint::kSequence] = static_cast<int64_t>(ctx.sequence);
+  if (tensor != nullptr) {
+    mine.field[Fingerprint::kNumel] = tensor->numel();
+    mine.field[Fingerprint::kDtype] = static_cast<int64_t>(tensor->scalar_type());
+  }
+  mine.field[Fingerprint::kRoot] = root;
+  mine.field[Fingerprint::kReduceOp] = reduce_op;
+
+  at::Tensor input = at::empty({Fingerprint::kFields}, at::kLong);
+  std::memcpy(input.data_ptr<int64_t>(), mine.field, sizeof mine.field);
+  std::vector<at::Tensor> all;
+  for (int r = 0; r < size_; ++r) all.push_back(at::empty({Fingerprint::kFields}, at::kLong));
+  try {
+    // Under the collective's own context, so that a rank that never comes is reported as this
+    // collective timing out, naming that rank.
+    run_allgather(all, input, ctx)->wait();
+  } catch (...) {
+    return failed_work(ctx, std::current_exception());
+  }
+  for (int r = 0; r < size_; ++r) {
+    Fingerprint theirs;
+    std::memcpy(theirs.field, all[r].data_ptr<int64_t>(), sizeof theirs.field);
+    if (!theirs.same_collective(mine)) {
+      const std::string message = detail::str_cat(
+          ctx.prefix, " does not match rank ", r, "'s ", theirs.describe(),
+          ": every rank must issue the same collectives in the same order");
+      abort(message);
+      return failed_work(ctx, std::make_exception_ptr(PeerError(message)));
+    }
+  }
+  return nullptr;
+}
+
 std::shared_ptr<Work> ProcessGroup::allreduce(at::Tensor& tensor,
                                               const AllreduceOptions& options) {
   check_tensor(*this, "allreduce", tensor);
   auto ctx = make_context("allreduce", options.timeout,
                           describe_tensor(tensor) + ", " + to_string(options.op));
+  if (auto failed = check_same_collective(ctx, &tensor, -1, static_cast<int>(options.op))) {
+    return failed;
+  }
   // Nothing to move: every rank has the same (empty) shape in a correct program.
   if (tensor.numel() == 0) return make_completed_work(ctx.sequence, ctx.description);
   return run_allreduce(tensor, options.op, ctx);
@@ -123,6 +237,7 @@ std::shared_ptr<Work> ProcessGroup::broadcast(at::Tensor& tensor,
   check_rank(*this, "broadcast", options.root, "root");
   auto ctx = make_context("broadcast", options.timeout,
                           describe_tensor(tensor) + ", root " + std::to_string(options.root));
+  if (auto failed = check_same_collective(ctx, &tensor, options.root, -1)) return failed;
   // Nothing to move: every rank has the same (empty) shape in a correct program.
   if (tensor.numel() == 0) return make_completed_work(ctx.sequence, ctx.description);
   return run_broadcast(tensor, options.root, ctx);
@@ -134,6 +249,10 @@ std::shared_ptr<Work> ProcessGroup::reduce(at::Tensor& tensor, const ReduceOptio
   auto ctx = make_context("reduce", options.timeout,
                           describe_tensor(tensor) + ", " + to_string(options.op) + ", root " +
                               std::to_string(options.root));
+  if (auto failed = check_same_collective(ctx, &tensor, options.root,
+                                          static_cast<int>(options.op))) {
+    return failed;
+  }
   // Nothing to move: every rank has the same (empty) shape in a correct program.
   if (tensor.numel() == 0) return make_completed_work(ctx.sequence, ctx.description);
   return run_reduce(tensor, options.root, options.op, ctx);
@@ -145,6 +264,7 @@ std::shared_ptr<Work> ProcessGroup::allgather(std::vector<at::Tensor>& outputs,
   check_tensor(*this, "allgather", input, "input");
   check_list(*this, "allgather", outputs, input, "outputs");
   auto ctx = make_context("allgather", options.timeout, describe_tensor(input));
+  if (auto failed = check_same_collective(ctx, &input, -1, -1)) return failed;
   // Nothing to move: every rank has the same (empty) shape in a correct program.
   if (input.numel() == 0) return make_completed_work(ctx.sequence, ctx.description);
   return run_allgather(outputs, input, ctx);
@@ -157,6 +277,9 @@ std::shared_ptr<Work> ProcessGroup::reduce_scatter(at::Tensor& output,
   check_list(*this, "reduce_scatter", inputs, output, "inputs");
   auto ctx = make_context("reduce_scatter", options.timeout,
                           describe_tensor(output) + ", " + to_string(options.op));
+  if (auto failed = check_same_collective(ctx, &output, -1, static_cast<int>(options.op))) {
+    return failed;
+  }
   // Nothing to move: every rank has the same (empty) shape in a correct program.
   if (output.numel() == 0) return make_completed_work(ctx.sequence, ctx.description);
   return run_reduce_scatter(output, inputs, options.op, ctx);
@@ -169,6 +292,7 @@ std::shared_ptr<Work> ProcessGroup::gather(std::vector<at::Tensor>& outputs,
   if (rank_ == options.root) check_list(*this, "gather", outputs, input, "outputs");
   auto ctx = make_context("gather", options.timeout,
                           describe_tensor(input) + ", root " + std::to_string(options.root));
+  if (auto failed = check_same_collective(ctx, &input, options.root, -1)) return failed;
   // Nothing to move: every rank has the same (empty) shape in a correct program.
   if (input.numel() == 0) return make_completed_work(ctx.sequence, ctx.description);
   return run_gather(outputs, input, options.root, ctx);
@@ -181,6 +305,7 @@ std::shared_ptr<Work> ProcessGroup::scatter(at::Tensor& output, std::vector<at::
   if (rank_ == options.root) check_list(*this, "scatter", inputs, output, "inputs");
   auto ctx = make_context("scatter", options.timeout,
                           describe_tensor(output) + ", root " + std::to_string(options.root));
+  if (auto failed = check_same_collective(ctx, &output, options.root, -1)) return failed;
   // Nothing to move: every rank has the same (empty) shape in a correct program.
   if (output.numel() == 0) return make_completed_work(ctx.sequence, ctx.description);
   return run_scatter(output, inputs, options.root, ctx);
@@ -216,6 +341,7 @@ std::shared_ptr<Work> ProcessGroup::recv(at::Tensor& tensor, int src,
 
 std::shared_ptr<Work> ProcessGroup::barrier(const BarrierOptions& options) {
   auto ctx = make_context("barrier", options.timeout, "");
+  if (auto failed = check_same_collective(ctx, nullptr, -1, -1)) return failed;
   return run_barrier(ctx);
 }
 

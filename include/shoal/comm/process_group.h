@@ -124,6 +124,14 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   /// Makes every pending and later operation fail at once with `reason` (after a peer died).
   virtual void abort(const std::string& reason) {}
 
+  /// Whether each collective first checks that every rank issues the same one (operation, element
+  /// count, dtype, root, reduce op), so that a mismatch fails with a clear PeerError on every rank
+  /// instead of garbage or a hang. Costs one small allgather per collective, waited for before
+  /// the collective starts. Backends choose the default (gloo and mpi: on);
+  /// SHOAL_CHECK_COLLECTIVES=0 or 1 overrides it. Every rank must use the same setting.
+  bool check_collectives() const { return check_collectives_; }
+  void set_check_collectives(bool on) { check_collectives_ = on; }
+
   /// "[rank 1/4]".
   std::string rank_prefix() const;
 
@@ -159,12 +167,21 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   /// Numbers an operation and describes it; public methods call it before run_*.
   OpContext make_context(const char* name, Milliseconds timeout, const std::string& detail);
 
+  /// For a backend's constructor: turns check_collectives() on unless SHOAL_CHECK_COLLECTIVES=0.
+  void enable_collective_checks_by_default();
+
  private:
   int rank_;
   int size_;
   Milliseconds timeout_;
   std::atomic<uint64_t> sequence_{0};
   uint64_t groups_created_ = 0;
+  bool check_collectives_ = false;
+
+  // Exchanges this collective's fingerprint with every rank; returns a failed Work when they
+  // disagree (or the exchange failed), null when the collective may run.
+  std::shared_ptr<Work> check_same_collective(const OpContext& ctx, const at::Tensor* tensor,
+                                              int root, int reduce_op);
 };
 
 /// "4.0 MB float32" for error messages and descriptions.
