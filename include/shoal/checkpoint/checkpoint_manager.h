@@ -1,0 +1,74 @@
+// CheckpointManager: numbered checkpoints in one folder, the last K kept, and resume.
+//
+// Files are "<dir>/checkpoint_000012.pt" (a sequence number, one more than the highest present)
+// plus "<dir>/latest", a one-line text file naming the newest complete checkpoint; both are written
+// atomically (see serialization.h), so a job killed while saving resumes from the previous one.
+//
+// In a distributed job pass the process group: rank 0 writes, and every rank returns from save()
+// only after the file is complete (rank 0 broadcasts the outcome, so a failed write throws on
+// every rank). Loading reads the file on every rank (the folder must be shared, or copied).
+//
+// Typical use in a training loop:
+//   CheckpointManager checkpoints(dir, /*keep_last=*/3);
+//   if (auto state = checkpoints.load_latest()) { restore(*state, model, &optimizer); ... }
+//   ...
+//   auto state = capture(model, &optimizer); state.epoch = e; state.step = s; ...
+//   checkpoints.save(state, pg.get());
+//
+// Thread safety: one thread per manager; one writer per folder.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "shoal/checkpoint/serialization.h"
+#include "shoal/checkpoint/training_state.h"
+
+namespace shoal::comm {
+class ProcessGroup;
+}
+
+namespace shoal::checkpoint {
+
+struct CheckpointManagerOptions {
+  /// Checkpoints kept; older ones are deleted after each save. 0 keeps all.
+  int keep_last = 3;
+  /// File names are "<prefix><6-digit number>.pt".
+  std::string prefix = "checkpoint_";
+};
+
+class CheckpointManager {
+ public:
+  /// Creates `dir` when it does not exist.
+  explicit CheckpointManager(std::string dir, CheckpointManagerOptions options = {});
+  CheckpointManager(std::string dir, int keep_last);
+
+  /// Writes the next checkpoint, updates `latest` and deletes the oldest beyond keep_last.
+  /// Returns the new file's path (on every rank). With `pg`, only rank 0 writes; all ranks wait.
+  std::string save(const TrainingState& state, comm::ProcessGroup* pg = nullptr);
+
+  /// The newest checkpoint, or nullopt when there is none. Throws CheckpointError when it exists
+  /// but cannot be read.
+  std::optional<TrainingState> load_latest(const LoadOptions& options = {}) const;
+
+  /// Path of the newest checkpoint, if any.
+  std::optional<std::string> latest_path() const;
+
+  /// The checkpoints present, oldest first.
+  std::vector<std::string> list() const;
+
+  const std::string& directory() const { return dir_; }
+
+ private:
+  std::string write(const TrainingState& state);
+
+  std::string dir_;
+  CheckpointManagerOptions options_;
+};
+
+/// The newest checkpoint in `dir` ("latest" when it names an existing file, else the highest
+/// numbered "checkpoint_N.pt"), or nullopt.
+std::optional<std::string> find_latest(const std::string& dir, const std::string& prefix = "checkpoint_");
+
+}  // namespace shoal::checkpoint

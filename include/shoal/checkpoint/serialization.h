@@ -1,0 +1,57 @@
+// Reading and writing files in PyTorch's own format (the zip archive of torch.save), so that
+// Python's torch.load reads what Shoal saves and Shoal reads what Python saves.
+//
+// Writing is atomic: a file is written under a temporary name in the same folder, fsync'ed,
+// renamed over the target and the folder fsync'ed, so a crash leaves either the old file or the
+// new one, never a mix. Each file carries a record "shoal_checksum" (CRC32 of every other record),
+// which torch.load ignores and Shoal checks when reading. Reading never runs code from the file:
+// only tensors, containers and plain values are accepted (see checkpoint/unpickler.h).
+// Every failure throws CheckpointError naming the file and what is wrong.
+//
+// Thread safety: functions are reentrant; do not write one path from two threads at once.
+#pragma once
+
+#include <ATen/core/ivalue.h>
+#include <c10/core/Device.h>
+
+#include <string>
+
+#include "shoal/checkpoint/state_dict.h"
+#include "shoal/checkpoint/training_state.h"
+
+namespace shoal::checkpoint {
+
+struct LoadOptions {
+  /// Where loaded tensors go. CPU by default: a file saved on a GPU never lands on the first GPU
+  /// unless asked for.
+  c10::Device map_location = c10::Device(c10::kCPU);
+};
+
+/// torch.save(object, path): dicts, lists, tuples, tensors, ints, floats, strings, bools, None.
+/// A Dict<string, Tensor> is written as collections.OrderedDict (a state dict).
+void save(const c10::IValue& object, const std::string& path);
+
+/// torch.load(path) restricted to tensors, containers and plain values. Dicts (also OrderedDicts)
+/// come back as generic dicts in file order.
+c10::IValue load(const std::string& path, const LoadOptions& options = {});
+
+/// Saves a state dict as Python's model.state_dict() would be saved.
+void save_state_dict(const StateDict& state, const std::string& path);
+
+/// Loads a state dict from a file holding one, or the model of a full checkpoint; a "module."
+/// prefix on every key is removed.
+StateDict load_state_dict_file(const std::string& path, const LoadOptions& options = {});
+
+/// Saves `state` as a dict Python can read (see to_ivalue()).
+void save_training_state(const TrainingState& state, const std::string& path);
+
+/// Loads a file written by save_training_state, or by Python (see training_state_from_ivalue()).
+TrainingState load_training_state(const std::string& path, const LoadOptions& options = {});
+
+/// A state dict from a loaded object (a bare state dict, or the 'model' of a checkpoint dict).
+StateDict state_dict_from_ivalue(const c10::IValue& object, const std::string& where);
+
+/// A Dict<string, Tensor> holding `state` (saved as an OrderedDict).
+c10::IValue state_dict_to_ivalue(const StateDict& state);
+
+}  // namespace shoal::checkpoint

@@ -1,0 +1,157 @@
+#include "shoal/checkpoint/checkpoint_manager.h"
+
+#include <dirent.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+
+#include "checkpoint/atomic_file.h"
+#include "shoal/comm/process_group.h"
+#include "shoal/error.h"
+
+namespace shoal::checkpoint {
+namespace {
+
+constexpr const char* kLatestFile = "latest";
+constexpr const char* kExtension = ".pt";
+
+/// Numbered checkpoints in `dir`, ascending by number.
+std::vector<std::pair<int64_t, std::string>> numbered(const std::string& dir, const std::string& prefix) {
+  std::vector<std::pair<int64_t, std::string>> out;
+  DIR* d = ::opendir(dir.c_str());
+  if (d == nullptr) return out;
+  while (dirent* entry = ::readdir(d)) {
+    const std::string name = entry->d_name;
+    const std::string ext = kExtension;
+    if (name.size() <= prefix.size() + ext.size() || name.compare(0, prefix.size(), prefix) != 0 ||
+        name.compare(name.size() - ext.size(), ext.size(), ext) != 0) {
+      continue;
+    }
+    const std::string digits = name.substr(prefix.size(), name.size() - prefix.size() - ext.size());
+    if (digits.empty() || !std::all_of(digits.begin(), digits.end(), ::isdigit)) continue;
+    out.emplace_back(std::stoll(digits), name);
+  }
+  ::closedir(d);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+bool is_file(const std::string& path) {
+  struct stat info {};
+  return ::stat(path.c_str(), &info) == 0 && S_ISREG(info.st_mode);
+}
+
+void make_directories(const std::string& dir) {
+  std::string partial;
+  for (size_t i = 0; i <= dir.size(); ++i) {
+    if (i == dir.size() || (dir[i] == '/' && i > 0)) {
+      partial = dir.substr(0, i);
+      if (::mkdir(partial.c_str(), 0755) != 0 && errno != EEXIST) {
+        SHOAL_THROW(CheckpointError, "cannot create the checkpoint folder ", partial, ": ", std::strerror(errno));
+      }
+    }
+  }
+}
+
+}  // namespace
+
+std::optional<std::string> find_latest(const std::string& dir, const std::string& prefix) {
+  std::ifstream pointer(dir + "/" + kLatestFile);
+  std::string name;
+  if (pointer && std::getline(pointer, name) && !name.empty() && name.find('/') == std::string::npos &&
+      is_file(dir + "/" + name)) {
+    return dir + "/" + name;
+  }
+  const auto files = numbered(dir, prefix);
+  if (files.empty()) return std::nullopt;
+  return dir + "/" + files.back().second;
+}
+
+CheckpointManager::CheckpointManager(std::string dir, CheckpointManagerOptions options)
+    : dir_(std::move(dir)), options_(std::move(options)) {
+  SHOAL_CHECK_T(InvalidArgument, !dir_.empty(), "the checkpoint folder must not be empty");
+  SHOAL_CHECK_T(InvalidArgument, options_.keep_last >= 0, "keep_last must be >= 0, got ", options_.keep_last);
+  while (dir_.size() > 1 && dir_.back() == '/') dir_.pop_back();
+}
+
+CheckpointManager::CheckpointManager(std::string dir, int keep_last)
+    : CheckpointManager(std::move(dir), CheckpointManagerOptions{keep_last}) {}
+
+std::vector<std::string> CheckpointManager::list() const {
+  std::vector<std::string> out;
+  for (const auto& [number, name] : numbered(dir_, options_.prefix)) out.push_back(dir_ + "/" + name);
+  return out;
+}
+
+std::optional<std::string> CheckpointManager::latest_path() const {
+  return find_latest(dir_, options_.prefix);
+}
+
+std::optional<TrainingState> CheckpointManager::load_latest(const LoadOptions& options) const {
+  const auto path = latest_path();
+  if (!path) return std::nullopt;
+  return load_training_state(*path, options);
+}
+
+std::string CheckpointManager::write(const TrainingState& state) {
+  make_directories(dir_);
+  const auto existing = numbered(dir_, options_.prefix);
+  const int64_t number = existing.empty() ? 0 : existing.back().first + 1;
+  char name[64];
+  std::snprintf(name, sizeof(name), "%06lld", static_cast<long long>(number));
+  const std::string file = options_.prefix + name + kExtension;
+  const std::string path = dir_ + "/" + file;
+
+  TrainingState copy = state;
+  if (copy.shoal_version.empty()) copy.shoal_version = version();
+  save_training_state(copy, path);
+  detail::write_file_atomically(dir_ + "/" + kLatestFile, file + "\n");
+
+  if (options_.keep_last > 0) {
+    auto all = numbered(dir_, options_.prefix);
+    const size_t keep = static_cast<size_t>(options_.keep_last);
+    for (size_t i = 0; i + keep < all.size(); ++i) {
+      if (all[i].second != file) ::unlink((dir_ + "/" + all[i].second).c_str());
+    }
+  }
+  return path;
+}
+
+std::string CheckpointManager::save(const TrainingState& state, comm::ProcessGroup* pg) {
+  if (pg == nullptr || pg->size() == 1) return write(state);
+  std::string path;
+  std::string error;
+  if (pg->rank() == 0) {
+    try {
+      path = write(state);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  }
+  // Rank 0 tells everyone whether the write succeeded, and which number it got; this also holds
+  // the other ranks until the file is complete.
+  at::Tensor outcome = at::zeros({2}, at::kLong);
+  if (pg->rank() == 0) {
+    outcome[0] = error.empty() ? 1 : 0;
+    if (error.empty()) {
+      const auto files = numbered(dir_, options_.prefix);
+      outcome[1] = files.empty() ? 0 : files.back().first;
+    }
+  }
+  pg->broadcast(outcome)->wait();
+  if (pg->rank() == 0) {
+    if (!error.empty()) SHOAL_THROW(CheckpointError, error);
+    return path;
+  }
+  SHOAL_CHECK_T(CheckpointError, outcome[0].item<int64_t>() == 1, pg->rank_prefix(),
+                " rank 0 failed to save the checkpoint in ", dir_, " (see rank 0's error)");
+  char name[64];
+  std::snprintf(name, sizeof(name), "%06lld", static_cast<long long>(outcome[1].item<int64_t>()));
+  return dir_ + "/" + options_.prefix + name + kExtension;
+}
+
+}  // namespace shoal::checkpoint

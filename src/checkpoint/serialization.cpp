@@ -1,0 +1,207 @@
+#include "shoal/checkpoint/serialization.h"
+
+#include <sys/stat.h>
+#include <zlib.h>
+
+#include <cstring>
+#include <fstream>
+#include <map>
+
+#include "checkpoint/atomic_file.h"
+#include "checkpoint/pickler.h"
+#include "checkpoint/unpickler.h"
+#include "compat/torch_archive.h"
+#include "shoal/error.h"
+
+namespace shoal::checkpoint {
+namespace {
+
+// Record holding "<name> <size> <crc32>" per line for every other record. torch.load ignores
+// records it does not know, and LibTorch's zip reader does not check the zip's own CRCs.
+constexpr const char* kChecksumRecord = "shoal_checksum";
+
+uint32_t crc32_of(const void* data, size_t size) {
+  // zlib's crc32 takes a 32-bit length: feed large records in 1 GiB pieces.
+  constexpr size_t kPiece = size_t{1} << 30;
+  uLong crc = ::crc32(0L, Z_NULL, 0);
+  const auto* p = static_cast<const Bytef*>(data);
+  while (size > 0) {
+    const size_t n = std::min(size, kPiece);
+    crc = ::crc32(crc, p, static_cast<uInt>(n));
+    p += n;
+    size -= n;
+  }
+  return static_cast<uint32_t>(crc);
+}
+
+std::string first_line(const char* text) {
+  std::string s(text);
+  const size_t nl = s.find('\n');
+  return nl == std::string::npos ? s : s.substr(0, nl);
+}
+
+struct Checksum {
+  size_t size = 0;
+  uint32_t crc = 0;
+};
+
+/// An opened archive whose records are checked against the saved checksums as they are read.
+class CheckedArchive {
+ public:
+  explicit CheckedArchive(const std::string& path) : path_(path) {
+    struct stat info {};
+    SHOAL_CHECK_T(CheckpointError, ::stat(path.c_str(), &info) == 0, path,
+                  ": cannot open the checkpoint: ", std::strerror(errno));
+    SHOAL_CHECK_T(CheckpointError, S_ISREG(info.st_mode), path, ": is not a regular file");
+    char magic[4] = {};
+    std::ifstream(path, std::ios::binary).read(magic, sizeof(magic));
+    SHOAL_CHECK_T(CheckpointError, static_cast<uint8_t>(magic[0]) != 0x80, path,
+                  ": is in the legacy torch.save format (PyTorch < 1.6); re-save it with a newer "
+                  "PyTorch (torch.save(torch.load(f), f))");
+    SHOAL_CHECK_T(CheckpointError, std::memcmp(magic, "PK\x03\x04", 4) == 0, path,
+                  ": is not a torch.save file (it does not start like a zip archive)");
+    try {
+      reader_ = std::make_unique<compat::TorchArchiveReader>(path);
+    } catch (const c10::Error& e) {
+      SHOAL_THROW(CheckpointError, path, ": is truncated or corrupt (", info.st_size,
+                  " bytes; the zip archive cannot be read: ", first_line(e.what_without_backtrace()), ")");
+    }
+    SHOAL_CHECK_T(CheckpointError, !reader_->has_record("constants.pkl"), path,
+                  ": is a TorchScript archive (torch.jit.save); Shoal loads torch.save files");
+    SHOAL_CHECK_T(CheckpointError, reader_->has_record("data.pkl"), path,
+                  ": is a zip archive without data.pkl: not a torch.save file");
+    if (reader_->has_record(kChecksumRecord)) {
+      std::istringstream lines(raw(kChecksumRecord));
+      std::string name;
+      Checksum sum;
+      while (lines >> name >> sum.size >> std::hex >> sum.crc >> std::dec) checksums_[name] = sum;
+    }
+    if (reader_->has_record("byteorder")) {
+      const std::string order = read("byteorder");
+      SHOAL_CHECK_T(CheckpointError, order == "little", path, ": was written on a ", order,
+                    "-endian machine; Shoal reads little-endian files only");
+    }
+  }
+
+  std::string read(const std::string& name) {
+    std::string data = raw(name);
+    auto it = checksums_.find(name);
+    if (it != checksums_.end()) {
+      SHOAL_CHECK_T(CheckpointError,
+                    data.size() == it->second.size && crc32_of(data.data(), data.size()) == it->second.crc,
+                    path_, ": record '", name, "' fails its checksum: the file is corrupt");
+    }
+    return data;
+  }
+
+  bool has(const std::string& name) const { return reader_->has_record(name); }
+
+ private:
+  std::string raw(const std::string& name) {
+    try {
+      return reader_->read(name);
+    } catch (const c10::Error& e) {
+      SHOAL_THROW(CheckpointError, path_, ": record '", name, "' cannot be read (truncated or corrupt: ",
+                  first_line(e.what_without_backtrace()), ")");
+    }
+  }
+
+  std::string path_;
+  std::unique_ptr<compat::TorchArchiveReader> reader_;
+  std::map<std::string, Checksum> checksums_;
+};
+
+}  // namespace
+
+void save(const c10::IValue& object, const std::string& path) {
+  detail::Pickler pickler;
+  const std::string pickle = pickler.dump(object);
+
+  detail::AtomicFile file(path);
+  std::string manifest;
+  try {
+    compat::TorchArchiveWriter writer(
+        [&file](const void* data, size_t size) { return file.append(data, size); });
+    auto put = [&](const std::string& name, const void* data, size_t size) {
+      writer.write(name, data, size);
+      manifest += name + " " + std::to_string(size) + " ";
+      char hex[16];
+      std::snprintf(hex, sizeof(hex), "%08x", crc32_of(data, size));
+      manifest += std::string(hex) + "\n";
+    };
+    put("data.pkl", pickle.data(), pickle.size());
+    put("byteorder", "little", 6);
+    for (size_t i = 0; i < pickler.tensors().size(); ++i) {
+      const at::Tensor& t = pickler.tensors()[i];
+      put("data/" + std::to_string(i), t.data_ptr(), t.nbytes());
+    }
+    writer.write(kChecksumRecord, manifest.data(), manifest.size());
+    writer.finish();
+  } catch (const c10::Error& e) {
+    SHOAL_THROW(CheckpointError, "cannot write ", path, ": ", first_line(e.what_without_backtrace()));
+  }
+  file.commit();
+}
+
+c10::IValue load(const std::string& path, const LoadOptions& options) {
+  CheckedArchive archive(path);
+  const std::string pickle = archive.read("data.pkl");
+  auto load_storage = [&](const std::string& key, c10::ScalarType dtype, int64_t numel) {
+    const std::string name = "data/" + key;
+    SHOAL_CHECK_T(CheckpointError, archive.has(name), path, ": storage record '", name,
+                  "' is missing: the file is corrupt");
+    const std::string bytes = archive.read(name);
+    at::Tensor storage = at::empty({numel}, at::TensorOptions().dtype(dtype));
+    SHOAL_CHECK_T(CheckpointError, bytes.size() >= storage.nbytes(), path, ": storage record '", name,
+                  "' holds ", bytes.size(), " bytes, ", storage.nbytes(), " expected: the file is corrupt");
+    std::memcpy(storage.data_ptr(), bytes.data(), storage.nbytes());
+    if (options.map_location.type() != c10::kCPU) storage = storage.to(options.map_location);
+    return storage;
+  };
+  detail::Unpickler unpickler(pickle, load_storage, path + ": data.pkl");
+  return unpickler.load();
+}
+
+c10::IValue state_dict_to_ivalue(const StateDict& state) {
+  c10::Dict<std::string, at::Tensor> dict;
+  for (const auto& item : state) dict.insert(item.key(), item.value());
+  return dict;
+}
+
+StateDict state_dict_from_ivalue(const c10::IValue& object, const std::string& where) {
+  SHOAL_CHECK_T(CheckpointError, object.isGenericDict(), where, ": holds a ", object.tagKind(),
+                " where a state dict (name -> tensor) was expected");
+  const auto dict = object.toGenericDict();
+  for (const char* key : {"model", "model_state_dict", "state_dict"}) {
+    auto it = dict.find(c10::IValue(std::string(key)));
+    if (it != dict.end() && it->value().isGenericDict()) return state_dict_from_ivalue(it->value(), where);
+  }
+  StateDict out;
+  for (const auto& item : dict) {
+    SHOAL_CHECK_T(CheckpointError, item.key().isString(), where,
+                  ": a state dict key is not a string");
+    SHOAL_CHECK_T(CheckpointError, item.value().isTensor(), where, ": state dict entry '",
+                  item.key().toStringRef(), "' is a ", item.value().tagKind(), ", not a tensor");
+    out.insert(item.key().toStringRef(), item.value().toTensor());
+  }
+  if (all_keys_have_prefix(out, kWrapperPrefix)) out = strip_prefix(out, kWrapperPrefix);
+  return out;
+}
+
+void save_state_dict(const StateDict& state, const std::string& path) {
+  save(state_dict_to_ivalue(state), path);
+}
+
+StateDict load_state_dict_file(const std::string& path, const LoadOptions& options) {
+  return state_dict_from_ivalue(load(path, options), path);
+}
+
+void save_training_state(const TrainingState& state, const std::string& path) {
+  save(to_ivalue(state), path);
+}
+
+TrainingState load_training_state(const std::string& path, const LoadOptions& options) {
+  return training_state_from_ivalue(load(path, options), path);
+}
+
+}  // namespace shoal::checkpoint

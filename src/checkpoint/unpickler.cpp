@@ -1,0 +1,451 @@
+#include "checkpoint/unpickler.h"
+
+#include <torch/custom_class.h>
+
+#include <cstring>
+#include <set>
+
+#include "checkpoint/pickle_opcodes.h"
+#include "checkpoint/storage_types.h"
+#include "shoal/error.h"
+
+namespace shoal::checkpoint::detail {
+
+// A reference to an allowed Python global (a class or function), kept on the stack as a capsule so
+// that it can sit inside tuples (persistent ids name storage classes this way).
+struct Unpickler::Global : torch::CustomClassHolder {
+  explicit Global(std::string n) : name(std::move(n)) {}
+  std::string name;  // "torch._utils._rebuild_tensor_v2"
+};
+
+namespace {
+
+// Functions a pickle may call through REDUCE, and classes it may name. Everything else is refused.
+const std::set<std::string> kCallable = {
+    "collections.OrderedDict",
+    "torch._utils._rebuild_tensor",
+    "torch._utils._rebuild_tensor_v2",
+    "torch._utils._rebuild_parameter",
+    "torch._utils._rebuild_parameter_with_state",
+    "torch._tensor._rebuild_from_type_v2",
+    "torch.Size",
+    "_codecs.encode",
+};
+const std::set<std::string> kTypes = {"torch.Tensor", "torch.nn.parameter.Parameter"};
+
+bool allowed_global(const std::string& name) {
+  return kCallable.count(name) > 0 || kTypes.count(name) > 0 || storage_dtype(name).has_value();
+}
+
+c10::IValue new_dict() {
+  return c10::impl::GenericDict(c10::AnyType::get(), c10::AnyType::get());
+}
+
+c10::IValue new_list() { return c10::impl::GenericList(c10::AnyType::get()); }
+
+std::vector<int64_t> int_tuple(const c10::IValue& value, const char* what) {
+  SHOAL_CHECK_T(CheckpointError, value.isTuple() || value.isList(), what, " is not a tuple");
+  std::vector<int64_t> out;
+  const auto elements = value.isTuple() ? value.toTupleRef().elements().vec() : value.toListRef().vec();
+  for (const auto& e : elements) {
+    SHOAL_CHECK_T(CheckpointError, e.isInt(), what, " holds a non-integer");
+    out.push_back(e.toInt());
+  }
+  return out;
+}
+
+}  // namespace
+
+Unpickler::Unpickler(std::string_view data, StorageLoader load_storage, std::string where)
+    : data_(data), load_storage_(std::move(load_storage)), where_(std::move(where)) {}
+
+void Unpickler::fail(const std::string& what) const {
+  SHOAL_THROW(CheckpointError, where_, ": ", what, " (at byte ", pos_, " of ", data_.size(), ")");
+}
+
+const char* Unpickler::take(size_t n) {
+  if (n > data_.size() - pos_) fail("the pickle ends early: the file is truncated or corrupt");
+  const char* p = data_.data() + pos_;
+  pos_ += n;
+  return p;
+}
+
+template <typename T>
+T Unpickler::take_le() {
+  T value;
+  std::memcpy(&value, take(sizeof(T)), sizeof(T));
+  return value;
+}
+
+std::string Unpickler::take_line() {
+  const size_t end = data_.find('\n', pos_);
+  if (end == std::string_view::npos) fail("the pickle ends inside a name: it is truncated or corrupt");
+  std::string line(data_.substr(pos_, end - pos_));
+  pos_ = end + 1;
+  return line;
+}
+
+c10::IValue Unpickler::pop() {
+  if (stack_.empty() || (!marks_.empty() && stack_.size() <= marks_.back())) {
+    fail("the pickle is corrupt (stack underflow)");
+  }
+  c10::IValue v = std::move(stack_.back());
+  stack_.pop_back();
+  return v;
+}
+
+c10::IValue& Unpickler::top() {
+  if (stack_.empty()) fail("the pickle is corrupt (stack underflow)");
+  return stack_.back();
+}
+
+std::vector<c10::IValue> Unpickler::pop_to_mark() {
+  if (marks_.empty() || marks_.back() > stack_.size()) fail("the pickle is corrupt (no MARK)");
+  const size_t mark = marks_.back();
+  marks_.pop_back();
+  std::vector<c10::IValue> items(std::make_move_iterator(stack_.begin() + mark),
+                                 std::make_move_iterator(stack_.end()));
+  stack_.resize(mark);
+  return items;
+}
+
+const Unpickler::Global* Unpickler::as_global(const c10::IValue& value) {
+  if (!value.isCapsule()) return nullptr;
+  auto capsule = value.toCapsule();
+  return dynamic_cast<const Global*>(capsule.get());
+}
+
+void Unpickler::push_global(const std::string& module, const std::string& name) {
+  const std::string full = module + "." + name;
+  if (!allowed_global(full)) {
+    fail("refers to '" + full +
+         "', which Shoal does not load: only tensors, containers and plain values are accepted");
+  }
+  stack_.push_back(c10::IValue::make_capsule(c10::make_intrusive<Global>(full)));
+}
+
+c10::IValue Unpickler::load() {
+  try {
+    while (true) {
+      const uint8_t opcode = static_cast<uint8_t>(*take(1));
+      switch (opcode) {
+        case op::kProto:
+          if (static_cast<uint8_t>(*take(1)) > 5) fail("pickle protocol newer than 5");
+          break;
+        case op::kFrame:
+          take(8);
+          break;
+        case op::kStop: {
+          c10::IValue result = pop();
+          return result;
+        }
+        case op::kMark:
+          marks_.push_back(stack_.size());
+          break;
+        case op::kPop:
+          pop();
+          break;
+        case op::kPopMark:
+          pop_to_mark();
+          break;
+        case op::kDup:
+          stack_.push_back(top());
+          break;
+        case op::kNone:
+          stack_.emplace_back();
+          break;
+        case op::kNewTrue:
+          stack_.emplace_back(true);
+          break;
+        case op::kNewFalse:
+          stack_.emplace_back(false);
+          break;
+        case op::kBinInt:
+          stack_.emplace_back(static_cast<int64_t>(take_le<int32_t>()));
+          break;
+        case op::kBinInt1:
+          stack_.emplace_back(static_cast<int64_t>(take_le<uint8_t>()));
+          break;
+        case op::kBinInt2:
+          stack_.emplace_back(static_cast<int64_t>(take_le<uint16_t>()));
+          break;
+        case op::kLong1:
+        case op::kLong4: {
+          const size_t n = opcode == op::kLong1 ? take_le<uint8_t>() : take_le<uint32_t>();
+          if (n > 8) fail("an integer wider than 64 bits");
+          const char* bytes = take(n);
+          uint64_t bits = 0;
+          for (size_t i = 0; i < n; ++i) bits |= static_cast<uint64_t>(static_cast<uint8_t>(bytes[i])) << (8 * i);
+          if (n > 0 && n < 8 && (static_cast<uint8_t>(bytes[n - 1]) & 0x80)) {
+            bits |= ~uint64_t{0} << (8 * n);  // sign-extend two's complement
+          }
+          stack_.emplace_back(static_cast<int64_t>(bits));
+          break;
+        }
+        case op::kBinFloat: {
+          const char* bytes = take(8);
+          uint64_t bits = 0;
+          for (int i = 0; i < 8; ++i) bits = (bits << 8) | static_cast<uint8_t>(bytes[i]);
+          double value;
+          std::memcpy(&value, &bits, sizeof(value));
+          stack_.emplace_back(value);
+          break;
+        }
+        case op::kBinUnicode:
+        case op::kBinString:
+        case op::kBinBytes: {
+          const size_t n = take_le<uint32_t>();
+          stack_.emplace_back(std::string(take(n), n));
+          break;
+        }
+        case op::kShortBinUnicode:
+        case op::kShortBinString:
+        case op::kShortBinBytes: {
+          const size_t n = take_le<uint8_t>();
+          stack_.emplace_back(std::string(take(n), n));
+          break;
+        }
+        case op::kBinUnicode8:
+        case op::kBinBytes8: {
+          const uint64_t n = take_le<uint64_t>();
+          if (n > data_.size()) fail("a string longer than the pickle");
+          stack_.emplace_back(std::string(take(n), n));
+          break;
+        }
+        case op::kEmptyDict:
+          stack_.push_back(new_dict());
+          break;
+        case op::kEmptyList:
+          stack_.push_back(new_list());
+          break;
+        case op::kEmptyTuple:
+          stack_.emplace_back(c10::ivalue::Tuple::create({}));
+          break;
+        case op::kTuple:
+          stack_.emplace_back(c10::ivalue::Tuple::create(pop_to_mark()));
+          break;
+        case op::kTuple1:
+        case op::kTuple2:
+        case op::kTuple3: {
+          const size_t n = opcode - op::kTuple1 + 1;
+          std::vector<c10::IValue> items(n);
+          for (size_t i = n; i-- > 0;) items[i] = pop();
+          stack_.emplace_back(c10::ivalue::Tuple::create(std::move(items)));
+          break;
+        }
+        case op::kList: {
+          auto list = new_list();
+          for (auto& item : pop_to_mark()) list.toList().push_back(std::move(item));
+          stack_.push_back(std::move(list));
+          break;
+        }
+        case op::kDict: {
+          auto items = pop_to_mark();
+          if (items.size() % 2 != 0) fail("a dict with an odd number of items");
+          auto dict = new_dict();
+          for (size_t i = 0; i < items.size(); i += 2) dict.toGenericDict().insert_or_assign(items[i], items[i + 1]);
+          stack_.push_back(std::move(dict));
+          break;
+        }
+        case op::kAppend: {
+          c10::IValue item = pop();
+          if (!top().isList()) fail("APPEND to something that is not a list");
+          top().toList().push_back(std::move(item));
+          break;
+        }
+        case op::kAppends: {
+          auto items = pop_to_mark();
+          if (!top().isList()) fail("APPENDS to something that is not a list");
+          auto list = top().toList();
+          for (auto& item : items) list.push_back(std::move(item));
+          break;
+        }
+        case op::kSetItem: {
+          c10::IValue value = pop();
+          c10::IValue key = pop();
+          if (!top().isGenericDict()) fail("SETITEM on something that is not a dict");
+          top().toGenericDict().insert_or_assign(std::move(key), std::move(value));
+          break;
+        }
+        case op::kSetItems: {
+          auto items = pop_to_mark();
+          if (items.size() % 2 != 0) fail("SETITEMS with an odd number of items");
+          if (!top().isGenericDict()) fail("SETITEMS on something that is not a dict");
+          auto dict = top().toGenericDict();
+          for (size_t i = 0; i < items.size(); i += 2) dict.insert_or_assign(items[i], items[i + 1]);
+          break;
+        }
+        case op::kBinPut:
+          memo_[take_le<uint8_t>()] = top();
+          break;
+        case op::kLongBinPut:
+          memo_[take_le<uint32_t>()] = top();
+          break;
+        case op::kMemoize:
+          memo_[memo_.size()] = top();
+          break;
+        case op::kBinGet:
+        case op::kLongBinGet: {
+          const uint64_t id = opcode == op::kBinGet ? take_le<uint8_t>() : take_le<uint32_t>();
+          auto it = memo_.find(id);
+          if (it == memo_.end()) fail("the pickle refers to memo entry " + std::to_string(id) + ", which it never stored");
+          stack_.push_back(it->second);
+          break;
+        }
+        case op::kGlobal: {
+          std::string module = take_line();
+          std::string name = take_line();
+          push_global(module, name);
+          break;
+        }
+        case op::kStackGlobal: {
+          c10::IValue name = pop();
+          c10::IValue module = pop();
+          if (!name.isString() || !module.isString()) fail("STACK_GLOBAL without two names");
+          push_global(module.toStringRef(), name.toStringRef());
+          break;
+        }
+        case op::kReduce:
+          reduce();
+          break;
+        case op::kBuild:
+          build();
+          break;
+        case op::kBinPersId:
+          persistent_load();
+          break;
+        default: {
+          char hex[8];
+          std::snprintf(hex, sizeof(hex), "0x%02x", opcode);
+          pos_ -= 1;
+          fail(std::string("pickle opcode ") + hex +
+               " is not one torch.save writes for tensors, containers and plain values; Shoal does not load it");
+        }
+      }
+    }
+  } catch (const CheckpointError&) {
+    throw;
+  } catch (const std::exception& e) {
+    fail(std::string("the pickle is corrupt: ") + e.what());
+  }
+}
+
+void Unpickler::reduce() {
+  c10::IValue args = pop();
+  c10::IValue callable = pop();
+  const Global* global = as_global(callable);
+  if (global == nullptr || kCallable.count(global->name) == 0) {
+    fail("REDUCE calls something that is not an allowed function");
+  }
+  if (!args.isTuple()) fail("REDUCE with arguments that are not a tuple");
+  stack_.push_back(call(global->name, args.toTupleRef().elements().vec()));
+}
+
+c10::IValue Unpickler::call(const std::string& function, std::vector<c10::IValue> args) {
+  if (function == "collections.OrderedDict") {
+    if (!args.empty()) fail("OrderedDict built from arguments is not supported");
+    return new_dict();
+  }
+  if (function == "torch._utils._rebuild_tensor_v2") return rebuild_tensor(args, 6);
+  if (function == "torch._utils._rebuild_tensor") return rebuild_tensor(args, 4);
+  if (function == "torch._utils._rebuild_parameter" ||
+      function == "torch._utils._rebuild_parameter_with_state") {
+    if (args.empty() || !args[0].isTensor()) fail("_rebuild_parameter without a tensor");
+    return args[0];  // Shoal's tensors carry no Parameter type; requires_grad is the model's
+  }
+  if (function == "torch._tensor._rebuild_from_type_v2") {
+    // (func, new_type, args, state): a tensor re-typed after rebuilding; only plain types.
+    if (args.size() != 4) fail("_rebuild_from_type_v2 with " + std::to_string(args.size()) + " arguments");
+    const Global* func = as_global(args[0]);
+    const Global* type = as_global(args[1]);
+    if (func == nullptr || type == nullptr || kCallable.count(func->name) == 0 || kTypes.count(type->name) == 0) {
+      fail("_rebuild_from_type_v2 of something that is not a plain tensor");
+    }
+    if (!args[2].isTuple()) fail("_rebuild_from_type_v2 with arguments that are not a tuple");
+    return call(func->name, args[2].toTupleRef().elements().vec());
+  }
+  if (function == "torch.Size") {
+    if (args.size() != 1) fail("torch.Size with " + std::to_string(args.size()) + " arguments");
+    int_tuple(args[0], "torch.Size");  // checks it holds integers
+    if (args[0].isTuple()) return args[0];
+    return c10::ivalue::Tuple::create(args[0].toListRef().vec());
+  }
+  if (function == "_codecs.encode") {
+    // Protocol 2 writes Python bytes as _codecs.encode(str, 'latin1'): undo the latin-1 decoding.
+    if (args.size() != 2 || !args[0].isString()) fail("_codecs.encode with unexpected arguments");
+    const std::string& text = args[0].toStringRef();
+    std::string bytes;
+    for (size_t i = 0; i < text.size(); ++i) {
+      const auto c = static_cast<uint8_t>(text[i]);
+      if (c < 0x80) {
+        bytes += static_cast<char>(c);
+      } else if ((c & 0xE0) == 0xC0 && i + 1 < text.size()) {
+        bytes += static_cast<char>(((c & 0x1F) << 6) | (static_cast<uint8_t>(text[++i]) & 0x3F));
+      } else {
+        fail("_codecs.encode of text that is not latin-1");
+      }
+    }
+    return bytes;
+  }
+  fail("'" + function + "' is not callable here");
+}
+
+c10::IValue Unpickler::rebuild_tensor(const std::vector<c10::IValue>& args, size_t required) {
+  if (args.size() < required) fail("a tensor rebuilt from too few arguments");
+  if (!args[0].isTensor()) fail("a tensor rebuilt from something that is not a storage");
+  if (!args[1].isInt()) fail("a tensor with a non-integer storage offset");
+  const at::Tensor& storage = args[0].toTensor();
+  const int64_t offset = args[1].toInt();
+  const auto size = int_tuple(args[2], "a tensor's size");
+  const auto stride = int_tuple(args[3], "a tensor's stride");
+  if (size.size() != stride.size()) fail("a tensor whose size and stride differ in length");
+  // Check the view stays inside its storage before making it: a corrupt file must not read
+  // outside the buffer.
+  int64_t last = offset;
+  bool empty = false;
+  for (size_t i = 0; i < size.size(); ++i) {
+    if (size[i] < 0 || stride[i] < 0) fail("a tensor with a negative size or stride");
+    if (size[i] == 0) empty = true;
+    last += (size[i] - 1) * stride[i];
+  }
+  if (offset < 0 || (!empty && last >= storage.numel())) {
+    fail("a tensor reaches past the end of its storage (" + std::to_string(storage.numel()) + " elements)");
+  }
+  return storage.as_strided(size, stride, offset);
+}
+
+void Unpickler::build() {
+  c10::IValue state = pop();
+  c10::IValue& target = top();
+  // OrderedDict state dicts carry `_metadata` (module versions), and tensors may carry Python
+  // attributes: neither matters to Shoal, so the state is dropped.
+  if (target.isGenericDict() || target.isTensor()) return;
+  fail("BUILD on something other than a dict or tensor");
+}
+
+void Unpickler::persistent_load() {
+  c10::IValue pid = pop();
+  if (!pid.isTuple()) fail("a persistent id that is not a tuple");
+  const auto& items = pid.toTupleRef().elements();
+  if (items.size() < 5 || !items[0].isString() || items[0].toStringRef() != "storage") {
+    fail("a persistent id that is not a tensor storage");
+  }
+  const Global* type = as_global(items[1]);
+  if (type == nullptr) fail("a storage without a storage class");
+  const auto dtype = storage_dtype(type->name);
+  if (!dtype) fail("'" + type->name + "' is not a storage class");
+  if (!items[2].isString() || !items[4].isInt()) fail("a storage with a malformed key or size");
+  const std::string& key = items[2].toStringRef();
+  const int64_t numel = items[4].toInt();
+  if (numel < 0) fail("a storage with a negative size");
+  auto it = storages_.find(key);
+  if (it == storages_.end()) {
+    it = storages_.emplace(key, load_storage_(key, *dtype, numel)).first;
+  } else if (it->second.scalar_type() != *dtype) {
+    // Two tensors viewing one storage as different dtypes (2.x untyped storages): not supported.
+    fail("storage " + key + " is used with two dtypes");
+  }
+  stack_.push_back(it->second);
+}
+
+}  // namespace shoal::checkpoint::detail
