@@ -115,7 +115,10 @@ void print_value(const std::string& name, const c10::IValue& v, int indent) {
     bool plain = items.size() <= kMaxInlineItems;
     for (const auto& item : items) plain = plain && is_plain(item);
     if (plain) {
-      std::cout << pad << name << ": " << v << "\n";
+      std::string text;
+      for (size_t i = 0; i < items.size(); ++i) text += (i ? ", " : "") + key_text(items[i]);
+      if (v.isTuple() && items.size() == 1) text += ",";
+      std::cout << pad << name << ": " << (v.isList() ? "[" : "(") << text << (v.isList() ? "]" : ")") << "\n";
       return;
     }
     std::cout << pad << name << ": " << (v.isList() ? "list" : "tuple") << " of " << items.size() << " items\n";
