@@ -4,6 +4,10 @@
 
 #include <filesystem>
 #include <fstream>
+#include <random>
+
+#include "checkpoint/pickler.h"
+#include "checkpoint/unpickler.h"
 
 #include "checkpoint_testing.h"
 #include "compat/torch_archive.h"
@@ -103,7 +107,7 @@ TEST_F(CheckpointFormat, CrossesToPythonAndBack) {
   ASSERT_EQ(shoal::testing::run_oracle("check_and_resave " + dir_ + " 2 3", &output), 0) << output;
 
   // Python's plain OrderedDict state dict, its full dict, and a DataParallel model's keys.
-  for (const char* file : {"py_sd.pt", "py_full.pt", "py_dp.pt"}) {
+  for (const char* file : {"py_sd.pt", "py_full.pt", "py_dp.pt", "py_sd_p4.pt"}) {
     EXPECT_EQ(compare_state_dicts(load_state_dict_file(path(file)), state.model), "") << file;
   }
   const TrainingState back = load_training_state(path("py_full.pt"));
@@ -113,6 +117,27 @@ TEST_F(CheckpointFormat, CrossesToPythonAndBack) {
   ASSERT_EQ(back.optimizer.state.size(), state.optimizer.state.size());
   for (const auto& [index, buffers] : state.optimizer.state) {
     EXPECT_TRUE(at::equal(back.optimizer.state.at(index).at("momentum_buffer"), buffers.at("momentum_buffer")));
+  }
+
+  for (const char* file : {"py_values.pt", "py_values_p5.pt"}) {
+    SCOPED_TRACE(file);
+    const auto values = load(path(file)).toGenericDict();
+    auto get = [&](const char* key) { return values.at(c10::IValue(std::string(key))); };
+    const at::Tensor a = get("a").toTensor();
+    EXPECT_TRUE(at::equal(a, at::arange(10, at::kDouble)));
+    const at::Tensor b = get("b").toTensor();
+    EXPECT_TRUE(at::equal(b, a.slice(0, 2, 5)));
+    EXPECT_EQ(b.storage().data(), a.storage().data());  // views still share their storage
+    EXPECT_TRUE(at::equal(get("c").toTensor(), a.view({2, 5}).t()));
+    const auto size = get("size").toTupleRef().elements();
+    ASSERT_EQ(size.size(), 2u);
+    EXPECT_EQ(size[0].toInt(), 2);
+    EXPECT_EQ(size[1].toInt(), 5);
+    EXPECT_EQ(get("bytes").toStringRef(), std::string("\x00\xff" "ab", 4));
+    EXPECT_EQ(get("betas").toTupleRef().elements()[1].toDouble(), 0.999);
+    EXPECT_EQ(get("neg").toInt(), -3);
+    EXPECT_EQ(get("big").toInt(), int64_t{1} << 40);
+    EXPECT_EQ(get("negbig").toInt(), -(int64_t{1} << 40));
   }
 
   // The DataParallel file loads straight into an unwrapped model.
@@ -191,6 +216,43 @@ TEST_F(CheckpointFormat, TruncatedAndCorruptFilesNameTheFile) {
 
   // The intact file still loads.
   EXPECT_EQ(compare_state_dicts(load_state_dict_file(path("good.pt")), state), "");
+}
+
+TEST_F(CheckpointFormat, DamagedPicklesFailCleanly) {
+  // Random byte changes in a real pickle either still load or throw CheckpointError: never a crash,
+  // a hang or another exception type.
+  StateDict state;
+  state.insert("a.weight", torch::ones({3, 4}));
+  state.insert("a.bias", torch::zeros({3}));
+  c10::impl::GenericDict dict(c10::StringType::get(), c10::AnyType::get());
+  dict.insert("model", state_dict_to_ivalue(state));
+  dict.insert("epoch", int64_t{3});
+  dict.insert("betas", c10::ivalue::Tuple::create({0.9, 0.999}));
+  detail::Pickler pickler;
+  const std::string pickle = pickler.dump(dict);
+  auto load_storage = [&](const std::string& key, c10::ScalarType dtype, int64_t numel) {
+    if (numel > 1000) SHOAL_THROW(CheckpointError, "storage too large");
+    return at::zeros({numel}, at::TensorOptions().dtype(dtype));
+  };
+  detail::Unpickler intact(pickle, load_storage, "test");
+  EXPECT_TRUE(intact.load().isGenericDict());
+
+  std::mt19937 random(12345);
+  int refused = 0;
+  for (int trial = 0; trial < 2000; ++trial) {
+    std::string damaged = pickle;
+    const int changes = 1 + trial % 3;
+    for (int c = 0; c < changes; ++c) {
+      damaged[random() % damaged.size()] = static_cast<char>(random() % 256);
+    }
+    if (trial % 7 == 0) damaged.resize(random() % damaged.size());
+    try {
+      detail::Unpickler(damaged, load_storage, "test").load();
+    } catch (const CheckpointError&) {
+      ++refused;
+    }
+  }
+  EXPECT_GT(refused, 100);
 }
 
 TEST_F(CheckpointFormat, StrictAndNonStrictLoading) {

@@ -54,6 +54,14 @@ def check_and_resave(d, epoch, step):
     torch.save({"model": m.state_dict(), "optimizer": opt.state_dict(), "epoch": epoch},
                os.path.join(d, "py_full.pt"))
     torch.save(nn.DataParallel(m).state_dict(), os.path.join(d, "py_dp.pt"))
+    # Newer pickle protocols (FRAME, MEMOIZE, STACK_GLOBAL, SHORT_BINUNICODE) as torch.save can be asked for.
+    torch.save(m.state_dict(), os.path.join(d, "py_sd_p4.pt"), pickle_protocol=4)
+    # Views sharing one storage, torch.Size, bytes and wide integers.
+    base = torch.arange(10, dtype=torch.float64)
+    values = {"a": base, "b": base[2:5], "c": base.view(2, 5).t(), "size": base.view(2, 5).shape,
+              "bytes": b"\x00\xffab", "betas": (0.9, 0.999), "neg": -3, "big": 2 ** 40, "negbig": -(2 ** 40)}
+    torch.save(values, os.path.join(d, "py_values.pt"))
+    torch.save(values, os.path.join(d, "py_values_p5.pt"), pickle_protocol=5)
 
     # Adam state written by Python, two steps taken.
     torch.manual_seed(3)
