@@ -5,6 +5,8 @@
 
 #include <csignal>
 #include <filesystem>
+#include <fstream>
+#include <iostream>
 #include <random>
 
 #include "checkpoint_testing.h"
@@ -145,6 +147,12 @@ TEST_F(CheckpointResume, KilledWriterLeavesALoadableCheckpoint) {
     std::this_thread::sleep_for(std::chrono::milliseconds(std::uniform_int_distribution<>(0, 400)(random)));
     writer.kill(SIGKILL);
     ASSERT_TRUE(writer.wait(shoal::testing::Milliseconds(10'000)));
+    for (const auto& entry : std::filesystem::directory_iterator(dir_)) {
+      if (entry.path().filename().string().find(".tmp.") != std::string::npos) {
+        std::cout << "round " << round << ": the writer was killed in the middle of a save ("
+                  << entry.path().filename().string() << " left behind)\n";
+      }
+    }
 
     const auto latest = CheckpointManager(dir_, 2).load_latest();
     ASSERT_TRUE(latest.has_value());
@@ -177,6 +185,35 @@ TEST_F(CheckpointResume, DistributedSaveWritesOnceAndWaits) {
   EXPECT_EQ(paths[1], paths[0]);
   EXPECT_EQ(paths[2], paths[0]);
   EXPECT_EQ(CheckpointManager(dir_, 3).list().size(), 1u);  // written once
+
+  // When rank 0 cannot write, every rank throws instead of waiting or carrying on.
+  const std::string blocked = dir_ + "/not-a-folder";
+  std::ofstream(blocked) << "x";
+  std::vector<std::string> errors(kWorld);
+  auto store2 = comm::make_hash_store();
+  shoal::testing::run_threads(kWorld, [&](int rank) {
+    auto pg = comm::new_process_group("gloo", store2, rank, kWorld, comm::Milliseconds(60'000));
+    CheckpointManager manager(blocked + "/sub", 3);
+    TrainingState state;
+    state.model.insert("w", torch::zeros({1}));
+    try {
+      manager.save(state, pg.get());
+    } catch (const CheckpointError& e) {
+      errors[rank] = e.what();
+    }
+  });
+  EXPECT_NE(errors[0].find("cannot create the checkpoint folder"), std::string::npos) << errors[0];
+  for (int rank = 1; rank < kWorld; ++rank) {
+    EXPECT_NE(errors[rank].find("rank 0 failed to save the checkpoint"), std::string::npos) << errors[rank];
+  }
+}
+
+TEST(SamplerState, SkipIsWorldSizeIndependent) {
+  SamplerState sampler;
+  sampler.samples_seen = 96;  // e.g. 4 ranks x 3 batches of 8
+  EXPECT_EQ(samples_to_skip_per_rank(sampler, 4), 24);
+  EXPECT_EQ(samples_to_skip_per_rank(sampler, 2), 48);
+  EXPECT_EQ(samples_to_skip_per_rank(sampler, 3), 32);
 }
 
 std::string run(const std::string& command) {
