@@ -1,16 +1,218 @@
-// Placeholder: `shoal ckpt` arrives with its issue.
+// `shoal ckpt inspect FILE` and `shoal ckpt convert IN OUT`: look into torch.save files (Shoal's or
+// Python's) and turn Shoal checkpoints into plain state dicts for Python.
+#include <sys/stat.h>
+
 #include <cstdio>
+#include <cstdlib>
+#include <iostream>
+#include <memory>
+#include <sstream>
+#include <string>
 
 #include "commands.h"
+#include "shoal/checkpoint/serialization.h"
+#include "shoal/checkpoint/state_dict.h"
+#include "shoal/error.h"
 
 namespace shoal::cli {
+namespace {
+
+namespace ckpt = shoal::checkpoint;
+
+// Lists of plain values longer than this are summarised rather than printed in full.
+constexpr size_t kMaxInlineItems = 16;
+
+std::string human_bytes(double bytes) {
+  const char* units[] = {"B", "KB", "MB", "GB", "TB"};
+  int unit = 0;
+  while (bytes >= 1024 && unit < 4) {
+    bytes /= 1024;
+    ++unit;
+  }
+  char text[32];
+  std::snprintf(text, sizeof(text), unit == 0 ? "%.0f %s" : "%.1f %s", bytes, units[unit]);
+  return text;
+}
+
+/// PyTorch's Python name of a dtype ("float32"), as a Python user reads it.
+const char* dtype_name(c10::ScalarType type) {
+  switch (type) {
+    case c10::ScalarType::Float: return "float32";
+    case c10::ScalarType::Double: return "float64";
+    case c10::ScalarType::Half: return "float16";
+    case c10::ScalarType::BFloat16: return "bfloat16";
+    case c10::ScalarType::Long: return "int64";
+    case c10::ScalarType::Int: return "int32";
+    case c10::ScalarType::Short: return "int16";
+    case c10::ScalarType::Char: return "int8";
+    case c10::ScalarType::Byte: return "uint8";
+    case c10::ScalarType::Bool: return "bool";
+    case c10::ScalarType::ComplexFloat: return "complex64";
+    case c10::ScalarType::ComplexDouble: return "complex128";
+    default: return c10::toString(type);
+  }
+}
+
+/// The shortest text that reads back as the same double (Python's repr).
+std::string double_text(double value) {
+  char text[32];
+  for (int precision = 1; precision <= 17; ++precision) {
+    std::snprintf(text, sizeof(text), "%.*g", precision, value);
+    if (std::strtod(text, nullptr) == value) break;
+  }
+  std::string out = text;
+  if (out.find_first_of(".eni") == std::string::npos) out += ".0";
+  return out;
+}
+
+std::string describe(const at::Tensor& t) {
+  std::ostringstream out;
+  out << "[";
+  for (int64_t i = 0; i < t.dim(); ++i) out << (i ? ", " : "") << t.size(i);
+  out << "] " << dtype_name(t.scalar_type()) << " " << human_bytes(static_cast<double>(t.nbytes()));
+  return out.str();
+}
+
+std::string key_text(const c10::IValue& key) {
+  if (key.isString()) return key.toStringRef();
+  if (key.isDouble()) return double_text(key.toDouble());
+  std::ostringstream out;
+  out << key;
+  return out.str();
+}
+
+bool is_plain(const c10::IValue& v) {
+  return v.isNone() || v.isBool() || v.isInt() || v.isDouble() || v.isString();
+}
+
+void print_value(const std::string& name, const c10::IValue& v, int indent) {
+  const std::string pad(indent * 2, ' ');
+  if (v.isTensor()) {
+    std::cout << pad << name << ": " << describe(v.toTensor()) << "\n";
+  } else if (v.isGenericDict()) {
+    const auto dict = v.toGenericDict();
+    int64_t tensors = 0;
+    int64_t bytes = 0;
+    for (const auto& item : dict) {
+      if (item.value().isTensor()) {
+        ++tensors;
+        bytes += static_cast<int64_t>(item.value().toTensor().nbytes());
+      }
+    }
+    std::cout << pad << name << ": dict of " << dict.size() << " entries";
+    if (tensors > 0) std::cout << " (" << tensors << " tensors, " << human_bytes(static_cast<double>(bytes)) << ")";
+    std::cout << "\n";
+    const bool string_map = name == "config";
+    for (const auto& item : dict) {
+      if (string_map && is_plain(item.value())) {
+        std::cout << pad << "  " << key_text(item.key()) << " = " << key_text(item.value()) << "\n";
+      } else {
+        print_value(key_text(item.key()), item.value(), indent + 1);
+      }
+    }
+  } else if (v.isList() || v.isTuple()) {
+    const auto items = v.isList() ? v.toListRef().vec() : v.toTupleRef().elements().vec();
+    bool plain = items.size() <= kMaxInlineItems;
+    for (const auto& item : items) plain = plain && is_plain(item);
+    if (plain) {
+      std::string text;
+      for (size_t i = 0; i < items.size(); ++i) text += (i ? ", " : "") + key_text(items[i]);
+      if (v.isTuple() && items.size() == 1) text += ",";
+      std::cout << pad << name << ": " << (v.isList() ? "[" : "(") << text << (v.isList() ? "]" : ")") << "\n";
+      return;
+    }
+    std::cout << pad << name << ": " << (v.isList() ? "list" : "tuple") << " of " << items.size() << " items\n";
+    for (size_t i = 0; i < items.size(); ++i) {
+      if (!is_plain(items[i]) || i < kMaxInlineItems) print_value("[" + std::to_string(i) + "]", items[i], indent + 1);
+    }
+  } else if (v.isString()) {
+    std::cout << pad << name << ": '" << v.toStringRef() << "'\n";
+  } else if (v.isDouble()) {
+    std::cout << pad << name << ": " << double_text(v.toDouble()) << "\n";
+  } else {
+    std::cout << pad << name << ": " << v << "\n";
+  }
+}
+
+int inspect(const std::string& file) {
+  const c10::IValue object = ckpt::load(file);
+  struct stat info {};
+  ::stat(file.c_str(), &info);
+  std::cout << "file: " << file << " (" << human_bytes(static_cast<double>(info.st_size)) << ")\n";
+  if (object.isGenericDict()) {
+    const auto dict = object.toGenericDict();
+    const bool checkpoint = dict.contains(std::string("model")) || dict.contains(std::string("model_state_dict")) ||
+                            dict.contains(std::string("state_dict"));
+    std::cout << "content: " << (checkpoint ? "training checkpoint" : "dict") << "\n";
+    // Metadata first, then the (possibly long) tensor dicts.
+    for (const auto& item : dict) {
+      if (!item.value().isGenericDict() && !item.value().isTensor()) print_value(key_text(item.key()), item.value(), 0);
+    }
+    for (const auto& item : dict) {
+      if (item.value().isGenericDict() || item.value().isTensor()) print_value(key_text(item.key()), item.value(), 0);
+    }
+  } else {
+    print_value("object", object, 0);
+  }
+  return 0;
+}
+
+struct ConvertOptions {
+  std::string input;
+  std::string output;
+  std::string strip_prefix;
+  std::string add_prefix;
+  bool model_only = false;
+};
+
+int convert(const ConvertOptions& o) {
+  const c10::IValue object = ckpt::load(o.input);
+  auto model = ckpt::state_dict_from_ivalue(object, o.input);
+  if (!o.strip_prefix.empty()) model = ckpt::strip_prefix(model, o.strip_prefix);
+  if (!o.add_prefix.empty()) model = ckpt::add_prefix(model, o.add_prefix);
+
+  c10::IValue result = ckpt::state_dict_to_ivalue(model);
+  if (!o.model_only && object.isGenericDict()) {
+    auto dict = object.toGenericDict();
+    for (const char* key : {"model", "model_state_dict", "state_dict"}) {
+      if (dict.contains(std::string(key))) {
+        dict.insert_or_assign(std::string(key), result);
+        result = dict;
+        break;
+      }
+    }
+  }
+  ckpt::save(result, o.output);
+  std::cout << "wrote " << o.output << ": " << model.size() << " tensors"
+            << (result.isGenericDict() && result.toGenericDict().size() != model.size() ? " and metadata" : "")
+            << "\n";
+  return 0;
+}
+
+}  // namespace
 
 void add_ckpt_command(CLI::App& root, std::vector<Command>& commands) {
-  auto* app = root.add_subcommand("ckpt", "(not available yet)");
-  commands.push_back({app, [] {
-                        std::fprintf(stderr, "shoal ckpt: not available yet\n");
-                        return 2;
-                      }});
+  auto* app = root.add_subcommand("ckpt", "Inspect and convert checkpoints (torch.save files)");
+  app->require_subcommand(1);
+
+  auto file = std::make_shared<std::string>();
+  auto* inspect_app = app->add_subcommand(
+      "inspect", "Print a checkpoint's keys, shapes, dtypes, sizes and metadata (epoch, step, config)");
+  inspect_app->add_option("FILE", *file, "a file written by Shoal or by torch.save")->required();
+  commands.push_back({inspect_app, [file] { return inspect(*file); }});
+
+  auto options = std::make_shared<ConvertOptions>();
+  auto* convert_app = app->add_subcommand(
+      "convert", "Rewrite a checkpoint, e.g. extract the model's state dict for Python's load_state_dict");
+  convert_app->add_option("IN", options->input, "the checkpoint to read")->required();
+  convert_app->add_option("OUT", options->output, "the file to write (torch.save format)")->required();
+  convert_app->add_option("--strip-prefix", options->strip_prefix,
+                          "remove this prefix from the model's keys (e.g. 'module.')");
+  convert_app->add_option("--add-prefix", options->add_prefix,
+                          "put this prefix in front of every model key (e.g. 'module.' for a DDP model)");
+  convert_app->add_flag("--model-only", options->model_only,
+                        "write only the model's state dict (what model.load_state_dict takes)");
+  commands.push_back({convert_app, [options] { return convert(*options); }});
 }
 
 }  // namespace shoal::cli

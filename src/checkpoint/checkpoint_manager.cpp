@@ -3,6 +3,7 @@
 #include <dirent.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <csignal>
 
 #include <algorithm>
 #include <cerrno>
@@ -57,6 +58,26 @@ void make_directories(const std::string& dir) {
   }
 }
 
+/// Removes temporary files ("<dir>/.<prefix>....tmp.<pid>") left by writers that died mid-save;
+/// files of a live process are left alone.
+void remove_stale_temporaries(const std::string& dir, const std::string& prefix) {
+  DIR* d = ::opendir(dir.c_str());
+  if (d == nullptr) return;
+  std::vector<std::string> stale;
+  const std::string start = "." + prefix;
+  while (dirent* entry = ::readdir(d)) {
+    const std::string name = entry->d_name;
+    const size_t tmp = name.rfind(".tmp.");
+    if (name.compare(0, start.size(), start) != 0 || tmp == std::string::npos) continue;
+    const std::string pid = name.substr(tmp + 5);
+    if (pid.empty() || !std::all_of(pid.begin(), pid.end(), ::isdigit)) continue;
+    const pid_t owner = static_cast<pid_t>(std::stoll(pid));
+    if (owner != ::getpid() && ::kill(owner, 0) != 0 && errno == ESRCH) stale.push_back(name);
+  }
+  ::closedir(d);
+  for (const auto& name : stale) ::unlink((dir + "/" + name).c_str());
+}
+
 }  // namespace
 
 std::optional<std::string> find_latest(const std::string& dir, const std::string& prefix) {
@@ -99,6 +120,7 @@ std::optional<TrainingState> CheckpointManager::load_latest(const LoadOptions& o
 
 std::string CheckpointManager::write(const TrainingState& state) {
   make_directories(dir_);
+  remove_stale_temporaries(dir_, options_.prefix);
   const auto existing = numbered(dir_, options_.prefix);
   const int64_t number = existing.empty() ? 0 : existing.back().first + 1;
   char name[64];

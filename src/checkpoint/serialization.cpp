@@ -151,9 +151,12 @@ c10::IValue load(const std::string& path, const LoadOptions& options) {
     SHOAL_CHECK_T(CheckpointError, archive.has(name), path, ": storage record '", name,
                   "' is missing: the file is corrupt");
     const std::string bytes = archive.read(name);
+    // Check the size before allocating: a corrupt element count must not allocate terabytes.
+    const size_t element_size = c10::elementSize(dtype);
+    SHOAL_CHECK_T(CheckpointError, static_cast<uint64_t>(numel) <= bytes.size() / element_size, path,
+                  ": storage record '", name, "' holds ", bytes.size(), " bytes, fewer than its ", numel,
+                  " elements of ", c10::toString(dtype), " need: the file is corrupt");
     at::Tensor storage = at::empty({numel}, at::TensorOptions().dtype(dtype));
-    SHOAL_CHECK_T(CheckpointError, bytes.size() >= storage.nbytes(), path, ": storage record '", name,
-                  "' holds ", bytes.size(), " bytes, ", storage.nbytes(), " expected: the file is corrupt");
     std::memcpy(storage.data_ptr(), bytes.data(), storage.nbytes());
     if (options.map_location.type() != c10::kCPU) storage = storage.to(options.map_location);
     return storage;

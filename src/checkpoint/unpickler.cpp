@@ -406,7 +406,11 @@ c10::IValue Unpickler::rebuild_tensor(const std::vector<c10::IValue>& args, size
   for (size_t i = 0; i < size.size(); ++i) {
     if (size[i] < 0 || stride[i] < 0) fail("a tensor with a negative size or stride");
     if (size[i] == 0) empty = true;
-    last += (size[i] - 1) * stride[i];
+    int64_t extent = 0;
+    if (size[i] > 0 && (__builtin_mul_overflow(size[i] - 1, stride[i], &extent) ||
+                        __builtin_add_overflow(last, extent, &last))) {
+      fail("a tensor whose size and stride overflow");
+    }
   }
   if (offset < 0 || (!empty && last >= storage.numel())) {
     fail("a tensor reaches past the end of its storage (" + std::to_string(storage.numel()) + " elements)");

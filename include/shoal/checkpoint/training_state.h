@@ -6,7 +6,7 @@
 // weights are saved without any wrapper prefix. A job resumed with another number of ranks
 // rebuilds its DistributedSampler for the new world size, calls set_epoch(sampler.epoch) and skips
 // the first sampler.samples_seen samples of the epoch's global order (samples_seen / world_size on
-// each rank); the learning-rate schedule follows `step`.
+// each rank, see samples_to_skip_per_rank()); the learning-rate schedule follows `step`.
 //
 // capture()/restore() move the state between a TrainingState and a live module + optimizer
 // (torch::optim::SGD, Adam, AdamW); the optimizer state mirrors Python's optimizer.state_dict()
@@ -50,6 +50,14 @@ struct SamplerState {
   int64_t samples_seen = 0;  ///< samples the whole job consumed in that epoch, all ranks together
   int64_t seed = 0;          ///< the sampler's shuffle seed
 };
+
+/// How many samples of the resumed epoch each rank skips when the job resumes with `world_size`
+/// ranks: every rank's DistributedSampler deals indices rank, rank + world_size, ..., so skipping
+/// samples_seen / world_size on each rank resumes the global order (at most world_size - 1 samples
+/// of the epoch are seen again when samples_seen is not a multiple of world_size).
+inline int64_t samples_to_skip_per_rank(const SamplerState& sampler, int64_t world_size) {
+  return world_size > 0 ? sampler.samples_seen / world_size : 0;
+}
 
 struct TrainingState {
   StateDict model;                             ///< weights and buffers, no wrapper prefix

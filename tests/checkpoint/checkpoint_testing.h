@@ -1,0 +1,28 @@
+// Helpers shared by the checkpoint tests: the small model both C++ and Python build, running the
+// PyTorch oracle script, and bit-for-bit comparison of state dicts.
+#pragma once
+
+#include <torch/nn/modules/container/sequential.h>
+
+#include <string>
+
+#include "shoal/checkpoint/state_dict.h"
+
+namespace shoal::testing {
+
+/// Linear(4, 8), BatchNorm1d(8), ReLU, Linear(8, 3): the same keys as torch_oracle.py's net().
+torch::nn::Sequential make_net();
+
+/// Skips the whole program (exit 77) when /usr/bin/python3 cannot import torch.
+void require_python_torch();
+
+/// Runs `/usr/bin/python3 torch_oracle.py ARGS`; returns its exit status and fills `output`.
+int run_oracle(const std::string& args, std::string* output = nullptr);
+
+/// "" when equal key by key, dtype and every bit; else what differs.
+std::string compare_state_dicts(const checkpoint::StateDict& a, const checkpoint::StateDict& b);
+
+/// A fresh empty folder.
+std::string temp_dir(const std::string& stem);
+
+}  // namespace shoal::testing

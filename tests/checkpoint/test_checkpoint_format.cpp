@@ -1,0 +1,309 @@
+// The file format: Shoal's files are torch.save files and the other way round, checked against
+// Debian's PyTorch; unsafe, truncated and corrupt files are refused with clear errors.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+#include "checkpoint/pickler.h"
+#include "checkpoint/unpickler.h"
+
+#include "checkpoint_testing.h"
+#include "compat/torch_archive.h"
+#include "shoal/checkpoint/serialization.h"
+#include "shoal/checkpoint/training_state.h"
+#include "shoal/error.h"
+
+namespace shoal::checkpoint {
+namespace {
+
+using shoal::testing::compare_state_dicts;
+using shoal::testing::make_net;
+
+class CheckpointFormat : public ::testing::Test {
+ protected:
+  void SetUp() override { dir_ = shoal::testing::temp_dir("ckpt-format"); }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+  std::string path(const std::string& name) const { return dir_ + "/" + name; }
+
+  /// Expects `fn` to throw CheckpointError whose message contains every one of `parts`.
+  template <typename Fn>
+  void expect_error(Fn fn, std::initializer_list<std::string> parts) {
+    try {
+      fn();
+      ADD_FAILURE() << "no CheckpointError";
+    } catch (const CheckpointError& e) {
+      for (const auto& part : parts) {
+        EXPECT_NE(std::string(e.what()).find(part), std::string::npos)
+            << "'" << part << "' not in: " << e.what();
+      }
+    }
+  }
+
+  std::string dir_;
+};
+
+TEST_F(CheckpointFormat, ValuesRoundTrip) {
+  c10::impl::GenericDict dict(c10::StringType::get(), c10::AnyType::get());
+  dict.insert("int", int64_t{-5});
+  dict.insert("big", int64_t{1} << 40);
+  dict.insert("negbig", -(int64_t{1} << 40));
+  dict.insert("u16", int64_t{40000});
+  dict.insert("float", 0.1);
+  dict.insert("true", true);
+  dict.insert("none", c10::IValue());
+  dict.insert("text", std::string("häfen"));
+  dict.insert("tuple", c10::ivalue::Tuple::create({int64_t{1}, 2.5}));
+  c10::impl::GenericList list(c10::AnyType::get());
+  for (int64_t i = 0; i < 2500; ++i) list.push_back(i);  // more than one APPENDS batch
+  dict.insert("list", list);
+  dict.insert("half", at::arange(6, at::kHalf).reshape({2, 3}));
+  dict.insert("view", at::arange(20, at::kDouble).reshape({4, 5}).t().slice(0, 1, 3));
+  dict.insert("scalar", at::scalar_tensor(3, at::kLong));
+  dict.insert("empty", at::empty({0, 3}));
+  dict.insert("bool", at::tensor({1, 0}).to(at::kBool));
+  save(dict, path("values.pt"));
+
+  const auto back = load(path("values.pt")).toGenericDict();
+  auto get = [&](const char* key) { return back.at(c10::IValue(std::string(key))); };
+  EXPECT_EQ(get("int").toInt(), -5);
+  EXPECT_EQ(get("big").toInt(), int64_t{1} << 40);
+  EXPECT_EQ(get("negbig").toInt(), -(int64_t{1} << 40));
+  EXPECT_EQ(get("u16").toInt(), 40000);
+  EXPECT_EQ(get("float").toDouble(), 0.1);
+  EXPECT_TRUE(get("true").toBool());
+  EXPECT_TRUE(get("none").isNone());
+  EXPECT_EQ(get("text").toStringRef(), "häfen");
+  EXPECT_EQ(get("tuple").toTupleRef().elements()[1].toDouble(), 2.5);
+  EXPECT_EQ(get("list").toListRef().size(), 2500u);
+  EXPECT_EQ(get("list").toListRef()[2499].toInt(), 2499);
+  for (const char* key : {"half", "view", "scalar", "empty", "bool"}) {
+    const at::Tensor expected = dict.at(std::string(key)).toTensor();
+    const at::Tensor actual = get(key).toTensor();
+    EXPECT_EQ(actual.scalar_type(), expected.scalar_type()) << key;
+    EXPECT_TRUE(actual.sizes() == expected.sizes() && at::equal(actual, expected)) << key;
+  }
+}
+
+TEST_F(CheckpointFormat, CrossesToPythonAndBack) {
+  shoal::testing::require_python_torch();
+  torch::manual_seed(0);
+  auto net = make_net();
+  torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+  for (int i = 0; i < 3; ++i) {
+    sgd.zero_grad();
+    net->forward(torch::randn({5, 4})).pow(2).mean().backward();
+    sgd.step();
+  }
+  TrainingState state = capture(*net, &sgd);
+  state.epoch = 2;
+  state.step = 3;
+  state.config["model"] = "mlp";
+  save_state_dict(state.model, path("shoal_sd.pt"));
+  save_training_state(state, path("shoal_full.pt"));
+
+  std::string output;
+  ASSERT_EQ(shoal::testing::run_oracle("check_and_resave " + dir_ + " 2 3", &output), 0) << output;
+
+  // Python's plain OrderedDict state dict, its full dict, and a DataParallel model's keys.
+  for (const char* file : {"py_sd.pt", "py_full.pt", "py_dp.pt", "py_sd_p4.pt"}) {
+    EXPECT_EQ(compare_state_dicts(load_state_dict_file(path(file)), state.model), "") << file;
+  }
+  const TrainingState back = load_training_state(path("py_full.pt"));
+  EXPECT_EQ(back.epoch, 2);
+  ASSERT_EQ(back.optimizer.param_groups.size(), 1u);
+  EXPECT_EQ(back.optimizer.param_groups[0].options.at("lr").toDouble(), 0.05);
+  ASSERT_EQ(back.optimizer.state.size(), state.optimizer.state.size());
+  for (const auto& [index, buffers] : state.optimizer.state) {
+    EXPECT_TRUE(at::equal(back.optimizer.state.at(index).at("momentum_buffer"), buffers.at("momentum_buffer")));
+  }
+
+  for (const char* file : {"py_values.pt", "py_values_p5.pt"}) {
+    SCOPED_TRACE(file);
+    const auto values = load(path(file)).toGenericDict();
+    auto get = [&](const char* key) { return values.at(c10::IValue(std::string(key))); };
+    const at::Tensor a = get("a").toTensor();
+    EXPECT_TRUE(at::equal(a, at::arange(10, at::kDouble)));
+    const at::Tensor b = get("b").toTensor();
+    EXPECT_TRUE(at::equal(b, a.slice(0, 2, 5)));
+    EXPECT_EQ(b.storage().data(), a.storage().data());  // views still share their storage
+    EXPECT_TRUE(at::equal(get("c").toTensor(), a.view({2, 5}).t()));
+    const auto size = get("size").toTupleRef().elements();
+    ASSERT_EQ(size.size(), 2u);
+    EXPECT_EQ(size[0].toInt(), 2);
+    EXPECT_EQ(size[1].toInt(), 5);
+    EXPECT_EQ(get("bytes").toStringRef(), std::string("\x00\xff" "ab", 4));
+    EXPECT_EQ(get("betas").toTupleRef().elements()[1].toDouble(), 0.999);
+    EXPECT_EQ(get("neg").toInt(), -3);
+    EXPECT_EQ(get("big").toInt(), int64_t{1} << 40);
+    EXPECT_EQ(get("negbig").toInt(), -(int64_t{1} << 40));
+  }
+
+  // The DataParallel file loads straight into an unwrapped model.
+  auto fresh = make_net();
+  load_state_dict(*fresh, load_state_dict_file(path("py_dp.pt")));
+  EXPECT_EQ(compare_state_dicts(shoal::checkpoint::state_dict(*fresh), state.model), "");
+
+  // Adam state written by Python loads into LibTorch's Adam.
+  const TrainingState adam_state = load_training_state(path("py_adam.pt"));
+  EXPECT_EQ(adam_state.epoch, 7);
+  torch::optim::Adam adam(fresh->parameters(), torch::optim::AdamOptions(0.5));
+  restore(adam_state, *fresh, &adam);
+  EXPECT_EQ(static_cast<torch::optim::AdamOptions&>(adam.param_groups()[0].options()).lr(), 0.01);
+  const auto& first = static_cast<torch::optim::AdamParamState&>(
+      *adam.state().begin()->second);
+  EXPECT_EQ(first.step(), 2);
+  EXPECT_TRUE(first.exp_avg().defined());
+
+  // A pickle that would run os.system in Python is refused, and nothing ran.
+  expect_error([&] { load(path("py_evil.pt")); },
+               {path("py_evil.pt"), "system'", "which Shoal does not load"});
+  EXPECT_FALSE(std::filesystem::exists(path("pwned")));
+}
+
+TEST_F(CheckpointFormat, RefusesGlobalsOutsideTheAllowList) {
+  // A hand-made archive whose pickle calls os.system('touch ...').
+  const std::string marker = path("pwned");
+  const std::string command = "touch " + marker;
+  std::string pickle = "\x80\x02" "cos\nsystem\n" "X";
+  const uint32_t n = command.size();
+  pickle.append(reinterpret_cast<const char*>(&n), 4);
+  pickle += command + "\x85R.";
+  {
+    std::ofstream out(path("evil.pt"), std::ios::binary);
+    compat::TorchArchiveWriter writer([&](const void* data, size_t size) {
+      out.write(static_cast<const char*>(data), size);
+      return size;
+    });
+    writer.write("data.pkl", pickle.data(), pickle.size());
+    writer.finish();
+  }
+  expect_error([&] { load(path("evil.pt")); },
+               {path("evil.pt"), "refers to 'os.system', which Shoal does not load: only tensors, "
+                                 "containers and plain values are accepted"});
+  EXPECT_FALSE(std::filesystem::exists(marker));
+}
+
+TEST_F(CheckpointFormat, TruncatedAndCorruptFilesNameTheFile) {
+  torch::manual_seed(0);
+  StateDict state;
+  state.insert("w", torch::randn({256, 1024}));  // 1 MiB: most of the file is this tensor
+  save_state_dict(state, path("good.pt"));
+  const auto size = std::filesystem::file_size(path("good.pt"));
+  std::string bytes(size, '\0');
+  std::ifstream(path("good.pt"), std::ios::binary).read(bytes.data(), size);
+
+  auto write = [&](const std::string& name, const std::string& content) {
+    std::ofstream(path(name), std::ios::binary) << content;
+    return path(name);
+  };
+  const std::string half = write("half.pt", bytes.substr(0, size / 2));
+  expect_error([&] { load(half); }, {half, "truncated or corrupt"});
+  const std::string tiny = write("tiny.pt", bytes.substr(0, 10));
+  expect_error([&] { load(tiny); }, {tiny, "truncated or corrupt"});
+  const std::string empty = write("empty.pt", "");
+  expect_error([&] { load(empty); }, {empty});
+
+  std::string flipped = bytes;
+  flipped[size / 2] ^= 0x40;
+  const std::string corrupt = write("corrupt.pt", flipped);
+  expect_error([&] { load(corrupt); }, {corrupt, "record 'data/0' fails its checksum"});
+
+  const std::string text = write("text.pt", "hello, this is not a checkpoint");
+  expect_error([&] { load(text); }, {text, "not a torch.save file"});
+  expect_error([&] { load(path("missing.pt")); }, {path("missing.pt"), "cannot open"});
+
+  // The intact file still loads.
+  EXPECT_EQ(compare_state_dicts(load_state_dict_file(path("good.pt")), state), "");
+}
+
+TEST_F(CheckpointFormat, DamagedPicklesFailCleanly) {
+  // Random byte changes in a real pickle either still load or throw CheckpointError: never a crash,
+  // a hang or another exception type.
+  StateDict state;
+  state.insert("a.weight", torch::ones({3, 4}));
+  state.insert("a.bias", torch::zeros({3}));
+  c10::impl::GenericDict dict(c10::StringType::get(), c10::AnyType::get());
+  dict.insert("model", state_dict_to_ivalue(state));
+  dict.insert("epoch", int64_t{3});
+  dict.insert("betas", c10::ivalue::Tuple::create({0.9, 0.999}));
+  detail::Pickler pickler;
+  const std::string pickle = pickler.dump(dict);
+  auto load_storage = [&](const std::string& key, c10::ScalarType dtype, int64_t numel) {
+    if (numel > 1000) SHOAL_THROW(CheckpointError, "storage too large");
+    return at::zeros({numel}, at::TensorOptions().dtype(dtype));
+  };
+  detail::Unpickler intact(pickle, load_storage, "test");
+  EXPECT_TRUE(intact.load().isGenericDict());
+
+  std::mt19937 random(12345);
+  int refused = 0;
+  for (int trial = 0; trial < 2000; ++trial) {
+    std::string damaged = pickle;
+    const int changes = 1 + trial % 3;
+    for (int c = 0; c < changes; ++c) {
+      damaged[random() % damaged.size()] = static_cast<char>(random() % 256);
+    }
+    if (trial % 7 == 0) damaged.resize(random() % damaged.size());
+    try {
+      detail::Unpickler(damaged, load_storage, "test").load();
+    } catch (const CheckpointError&) {
+      ++refused;
+    }
+  }
+  EXPECT_GT(refused, 100);
+}
+
+TEST_F(CheckpointFormat, StrictAndNonStrictLoading) {
+  auto net = make_net();
+  StateDict state = shoal::checkpoint::state_dict(*net);
+  StateDict changed;
+  for (const auto& item : state) {
+    if (item.key() != "3.bias") changed.insert(item.key(), item.value().clone());
+  }
+  changed.insert("extra.weight", torch::zeros({2}));
+
+  try {
+    load_state_dict(*net, changed, /*strict=*/true);
+    ADD_FAILURE() << "strict load accepted a missing and an unexpected key";
+  } catch (const CheckpointError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("Missing key(s) in state_dict: \"3.bias\""), std::string::npos) << what;
+    EXPECT_NE(what.find("Unexpected key(s) in state_dict: \"extra.weight\""), std::string::npos) << what;
+  }
+  changed["0.weight"].fill_(0.25);
+  const auto result = load_state_dict(*net, changed, /*strict=*/false);
+  EXPECT_EQ(result.missing_keys, std::vector<std::string>{"3.bias"});
+  EXPECT_EQ(result.unexpected_keys, std::vector<std::string>{"extra.weight"});
+  EXPECT_TRUE(at::equal(net->named_parameters()["0.weight"], torch::full({8, 4}, 0.25)));
+
+  // A shape mismatch is an error even when not strict, as in PyTorch.
+  changed["3.weight"] = torch::zeros({5, 8});
+  try {
+    load_state_dict(*net, changed, /*strict=*/false);
+    ADD_FAILURE() << "a shape mismatch was accepted";
+  } catch (const CheckpointError& e) {
+    EXPECT_NE(std::string(e.what()).find("size mismatch for 3.weight: copying a param with shape "
+                                         "[5, 8] from checkpoint, the shape in current model is [3, 8]"),
+              std::string::npos)
+        << e.what();
+  }
+
+  // A "module." prefix (DataParallel/DDP) on every key is removed.
+  auto other = make_net();
+  load_state_dict(*other, add_prefix(state, "module."));
+  EXPECT_EQ(compare_state_dicts(shoal::checkpoint::state_dict(*other), state), "");
+}
+
+TEST_F(CheckpointFormat, StateDictMatchesPythonOrder) {
+  auto net = make_net();
+  const auto keys = shoal::checkpoint::state_dict(*net).keys();
+  const std::vector<std::string> expected = {
+      "0.weight",        "0.bias",         "1.weight", "1.bias", "1.running_mean",
+      "1.running_var",   "1.num_batches_tracked", "3.weight", "3.bias"};
+  EXPECT_EQ(keys, expected);
+}
+
+}  // namespace
+}  // namespace shoal::checkpoint

@@ -1,0 +1,277 @@
+// Resuming: save → load → continue is bit-identical to training straight through; checkpoints are
+// written atomically (a writer killed at any moment leaves a loadable latest checkpoint); the last
+// K are kept; distributed saves are written by rank 0 only; the CLI inspects and converts.
+#include <gtest/gtest.h>
+
+#include <csignal>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <random>
+
+#include "checkpoint_testing.h"
+#include "shoal/checkpoint/checkpoint_manager.h"
+#include "shoal/comm/init.h"
+#include "shoal/comm/process_group.h"
+#include "shoal/comm/store.h"
+#include "shoal/error.h"
+#include "testing/multi_rank.h"
+
+namespace shoal::checkpoint {
+namespace {
+
+using shoal::testing::compare_state_dicts;
+using shoal::testing::make_net;
+
+class CheckpointResume : public ::testing::Test {
+ protected:
+  void SetUp() override { dir_ = shoal::testing::temp_dir("ckpt-resume"); }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+  std::string dir_;
+};
+
+/// `steps` optimizer steps on batches drawn from torch's default generator.
+void train(torch::nn::Sequential& net, torch::optim::Optimizer& optimizer, int steps) {
+  net->train();
+  for (int i = 0; i < steps; ++i) {
+    const auto x = torch::randn({16, 4});
+    const auto y = torch::randint(0, 3, {16});
+    optimizer.zero_grad();
+    torch::nn::functional::cross_entropy(net->forward(x), y).backward();
+    optimizer.step();
+  }
+}
+
+template <typename Optimizer, typename Options>
+void check_resume_is_bit_identical(const std::string& dir, const Options& options) {
+  constexpr int kBefore = 5;  // steps before the checkpoint
+  constexpr int kAfter = 4;   // steps after it
+
+  torch::manual_seed(7);
+  auto straight = make_net();
+  Optimizer straight_opt(straight->parameters(), options);
+  train(straight, straight_opt, kBefore + kAfter);
+
+  torch::manual_seed(7);
+  auto first = make_net();
+  Optimizer first_opt(first->parameters(), options);
+  train(first, first_opt, kBefore);
+  TrainingState state = capture(*first, &first_opt);
+  state.step = kBefore;
+  CheckpointManager manager(dir, 2);
+  manager.save(state);
+
+  // A fresh process would start from other weights and another generator state.
+  torch::manual_seed(999);
+  auto resumed = make_net();
+  Optimizer resumed_opt(resumed->parameters(), options);
+  auto loaded = manager.load_latest();
+  ASSERT_TRUE(loaded.has_value());
+  EXPECT_EQ(loaded->step, kBefore);
+  restore(*loaded, *resumed, &resumed_opt);
+  train(resumed, resumed_opt, kAfter);
+
+  EXPECT_EQ(compare_state_dicts(shoal::checkpoint::state_dict(*resumed),
+                                shoal::checkpoint::state_dict(*straight)),
+            "");
+}
+
+TEST_F(CheckpointResume, SgdMomentumResumesBitIdentically) {
+  check_resume_is_bit_identical<torch::optim::SGD>(
+      dir_, torch::optim::SGDOptions(0.1).momentum(0.9).weight_decay(1e-4));
+}
+
+TEST_F(CheckpointResume, NesterovResumesBitIdentically) {
+  check_resume_is_bit_identical<torch::optim::SGD>(
+      dir_, torch::optim::SGDOptions(0.1).momentum(0.9).nesterov(true));
+}
+
+TEST_F(CheckpointResume, AdamResumesBitIdentically) {
+  check_resume_is_bit_identical<torch::optim::Adam>(dir_, torch::optim::AdamOptions(0.01));
+}
+
+TEST_F(CheckpointResume, AdamWAmsgradResumesBitIdentically) {
+  check_resume_is_bit_identical<torch::optim::AdamW>(dir_, torch::optim::AdamWOptions(0.01).amsgrad(true));
+}
+
+TEST_F(CheckpointResume, KeepsLastK) {
+  CheckpointManager manager(dir_, 2);
+  EXPECT_FALSE(manager.load_latest().has_value());
+  TrainingState state;
+  state.model.insert("w", torch::zeros({3}));
+  for (int i = 0; i < 5; ++i) {
+    state.step = i * 10;
+    state.model["w"].fill_(i);
+    const std::string path = manager.save(state);
+    EXPECT_EQ(find_latest(dir_).value(), path);
+  }
+  const auto files = manager.list();
+  ASSERT_EQ(files.size(), 2u);
+  EXPECT_EQ(files[0], dir_ + "/checkpoint_000003.pt");
+  EXPECT_EQ(files[1], dir_ + "/checkpoint_000004.pt");
+  const auto latest = manager.load_latest();
+  ASSERT_TRUE(latest.has_value());
+  EXPECT_EQ(latest->step, 40);
+  EXPECT_TRUE(at::equal(latest->model["w"], torch::full({3}, 4.0)));
+  EXPECT_EQ(latest->shoal_version, "0.1.0");
+
+  // Without the pointer the highest number is found.
+  std::filesystem::remove(dir_ + "/latest");
+  EXPECT_EQ(find_latest(dir_).value(), dir_ + "/checkpoint_000004.pt");
+}
+
+TEST_F(CheckpointResume, KilledWriterLeavesALoadableCheckpoint) {
+  // Each checkpoint holds a large tensor filled with its own step, so a torn write would show.
+  constexpr int64_t kElements = 4 << 20;  // 16 MiB per file: a save takes long enough to be hit
+  std::mt19937 random(std::random_device{}());
+  for (int round = 0; round < 3; ++round) {
+    const int64_t start = round * 1000;
+    shoal::testing::ChildProcess writer([&] {
+      CheckpointManager manager(dir_, 2);
+      TrainingState state;
+      state.model.insert("w", torch::empty({kElements}));
+      for (int64_t step = start;; ++step) {
+        state.step = step;
+        state.model["w"].fill_(static_cast<float>(step));
+        manager.save(state);
+      }
+    });
+    // Wait for this round's first checkpoint, then kill the writer at a random moment.
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (true) {
+      auto latest = CheckpointManager(dir_, 2).load_latest();
+      if (latest && latest->step >= start) break;
+      ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "the writer saved nothing";
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(std::uniform_int_distribution<>(0, 400)(random)));
+    writer.kill(SIGKILL);
+    ASSERT_TRUE(writer.wait(shoal::testing::Milliseconds(10'000)));
+    for (const auto& entry : std::filesystem::directory_iterator(dir_)) {
+      if (entry.path().filename().string().find(".tmp.") != std::string::npos) {
+        std::cout << "round " << round << ": the writer was killed in the middle of a save ("
+                  << entry.path().filename().string() << " left behind)\n";
+      }
+    }
+
+    const auto latest = CheckpointManager(dir_, 2).load_latest();
+    ASSERT_TRUE(latest.has_value());
+    EXPECT_GE(latest->step, start);
+    EXPECT_TRUE(at::equal(latest->model["w"], torch::full({kElements}, static_cast<float>(latest->step))))
+        << "checkpoint of step " << latest->step << " is torn";
+    for (const auto& path : CheckpointManager(dir_, 2).list()) {
+      EXPECT_NO_THROW(load_training_state(path)) << path;
+    }
+  }
+}
+
+TEST_F(CheckpointResume, DistributedSaveWritesOnceAndWaits) {
+  constexpr int kWorld = 3;
+  auto store = comm::make_hash_store();
+  std::vector<std::string> paths(kWorld);
+  shoal::testing::run_threads(kWorld, [&](int rank) {
+    auto pg = comm::new_process_group("gloo", store, rank, kWorld, comm::Milliseconds(60'000));
+    CheckpointManager manager(dir_, 3);
+    TrainingState state;
+    state.model.insert("w", torch::full({4}, 1.5));
+    state.world_size = kWorld;
+    paths[rank] = manager.save(state, pg.get());
+    // Every rank may read the file as soon as save() returned.
+    const auto loaded = load_training_state(paths[rank]);
+    EXPECT_TRUE(at::equal(loaded.model["w"], state.model["w"]));
+    EXPECT_EQ(loaded.world_size, kWorld);
+  });
+  EXPECT_EQ(paths[0], dir_ + "/checkpoint_000000.pt");
+  EXPECT_EQ(paths[1], paths[0]);
+  EXPECT_EQ(paths[2], paths[0]);
+  EXPECT_EQ(CheckpointManager(dir_, 3).list().size(), 1u);  // written once
+
+  // When rank 0 cannot write, every rank throws instead of waiting or carrying on.
+  const std::string blocked = dir_ + "/not-a-folder";
+  std::ofstream(blocked) << "x";
+  std::vector<std::string> errors(kWorld);
+  auto store2 = comm::make_hash_store();
+  shoal::testing::run_threads(kWorld, [&](int rank) {
+    auto pg = comm::new_process_group("gloo", store2, rank, kWorld, comm::Milliseconds(60'000));
+    CheckpointManager manager(blocked + "/sub", 3);
+    TrainingState state;
+    state.model.insert("w", torch::zeros({1}));
+    try {
+      manager.save(state, pg.get());
+    } catch (const CheckpointError& e) {
+      errors[rank] = e.what();
+    }
+  });
+  EXPECT_NE(errors[0].find("cannot create the checkpoint folder"), std::string::npos) << errors[0];
+  for (int rank = 1; rank < kWorld; ++rank) {
+    EXPECT_NE(errors[rank].find("rank 0 failed to save the checkpoint"), std::string::npos) << errors[rank];
+  }
+}
+
+TEST(SamplerState, SkipIsWorldSizeIndependent) {
+  SamplerState sampler;
+  sampler.samples_seen = 96;  // e.g. 4 ranks x 3 batches of 8
+  EXPECT_EQ(samples_to_skip_per_rank(sampler, 4), 24);
+  EXPECT_EQ(samples_to_skip_per_rank(sampler, 2), 48);
+  EXPECT_EQ(samples_to_skip_per_rank(sampler, 3), 32);
+}
+
+std::string run(const std::string& command) {
+  FILE* pipe = ::popen((command + " 2>&1").c_str(), "r");
+  std::string text;
+  char buffer[4096];
+  while (size_t n = std::fread(buffer, 1, sizeof(buffer), pipe)) text.append(buffer, n);
+  const int status = ::pclose(pipe);
+  return std::to_string(WIFEXITED(status) ? WEXITSTATUS(status) : -1) + "\n" + text;
+}
+
+TEST_F(CheckpointResume, CliInspectsAndConverts) {
+  const char* binary_dir = std::getenv("SHOAL_BINARY_DIR");
+  const std::string shoal = std::string(binary_dir ? binary_dir : "build") + "/apps/shoal/shoal";
+  if (!std::filesystem::exists(shoal)) GTEST_SKIP() << shoal << " is not built";
+
+  torch::manual_seed(0);
+  auto net = make_net();
+  torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  train(net, sgd, 1);
+  TrainingState state = capture(*net, &sgd);
+  state.epoch = 4;
+  state.step = 321;
+  state.config["lr"] = "0.1";
+  const std::string file = dir_ + "/full.pt";
+  save_training_state(state, file);
+
+  const std::string inspect = run(shoal + " ckpt inspect " + file);
+  EXPECT_EQ(inspect.substr(0, 2), "0\n") << inspect;
+  for (const char* part : {"epoch: 4", "step: 321", "lr = 0.1", "0.weight", "[8, 4]", "float32",
+                           "momentum_buffer", "1.num_batches_tracked", "int64"}) {
+    EXPECT_NE(inspect.find(part), std::string::npos) << part << " not in:\n" << inspect;
+  }
+
+  const std::string out = dir_ + "/model.pt";
+  const std::string convert = run(shoal + " ckpt convert " + file + " " + out + " --model-only --add-prefix net.");
+  EXPECT_EQ(convert.substr(0, 2), "0\n") << convert;
+  const auto converted = load(out).toGenericDict();
+  EXPECT_EQ(converted.size(), state.model.size());
+  for (const auto& item : state.model) {
+    const auto it = converted.find(c10::IValue("net." + item.key()));
+    ASSERT_NE(it, converted.end()) << item.key();
+    EXPECT_TRUE(at::equal(it->value().toTensor(), item.value())) << item.key();
+  }
+  const std::string strip = dir_ + "/stripped.pt";
+  EXPECT_EQ(run(shoal + " ckpt convert " + out + " " + strip + " --strip-prefix net.").substr(0, 2), "0\n");
+  EXPECT_EQ(compare_state_dicts(load_state_dict_file(strip), state.model), "");
+
+  const std::string bad = run(shoal + " ckpt inspect " + dir_ + "/missing.pt");
+  EXPECT_EQ(bad.substr(0, 2), "1\n") << bad;
+  EXPECT_NE(bad.find("missing.pt"), std::string::npos) << bad;
+
+  // Python reads the converted file (when python3-torch is installed).
+  if (std::system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") == 0) {
+    std::string output;
+    EXPECT_EQ(shoal::testing::run_oracle("load_converted " + out + " net.", &output), 0) << output;
+  }
+}
+
+}  // namespace
+}  // namespace shoal::checkpoint
