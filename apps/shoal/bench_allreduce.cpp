@@ -339,7 +339,9 @@ int run_rank(const BenchArgs& args) {
         store = comm::make_tcp_store(info.master_addr, info.master_port, n, rank == 0,
                                      kBenchTimeout);
       }
-      pg = comm::new_process_group(backend, comm::make_prefix_store("bench/" + backend, store),
+      pg = comm::new_process_group(backend, comm::make_prefix_store(
+                                       "bench/" + std::to_string(contenders.size()) + "/" + backend,
+                                       store),
                                    rank, n, kBenchTimeout);
     }
     contenders.push_back(std::make_unique<ShoalContender>(pg));
@@ -365,7 +367,7 @@ int run_rank(const BenchArgs& args) {
       for (auto& c : contenders) {
         std::printf(" | %14s %10s %8s", (c->name() + " us").c_str(), "busbw GB/s", "%memcpy");
       }
-      if (contenders.size() > 1) std::printf(" | speed vs %s", contenders[0]->name().c_str());
+      if (contenders.size() > 1) std::printf(" | time / %s", contenders[0]->name().c_str());
       std::printf("\n");
     }
     std::fflush(stdout);
