@@ -57,6 +57,7 @@ struct BenchArgs {
   int warmup = 2;
   bool json = false;
   std::string torch_script;
+  std::string launcher = "auto";  // how ranks are started when none is around: shoal, mpirun
 };
 
 std::vector<std::string> split(const std::string& text, char sep) {
@@ -474,7 +475,10 @@ int run_bench(const BenchArgs& args) {
   if (std::find(backends.begin(), backends.end(), "torch_gloo") != backends.end()) {
     find_torch_script(args.torch_script);
   }
-  if (std::find(backends.begin(), backends.end(), "mpi") != backends.end()) {
+  const bool has_mpi = std::find(backends.begin(), backends.end(), "mpi") != backends.end();
+  SHOAL_CHECK_T(InvalidArgument, !(has_mpi && args.launcher == "shoal"),
+                "--backend mpi needs its ranks started by mpirun; drop --launcher shoal");
+  if (args.launcher == "mpirun" || (args.launcher == "auto" && has_mpi)) {
     return run_under_mpirun(args);
   }
   auto options = launcher::LaunchOptions::workers(args.nproc, rank_command(args));
@@ -515,6 +519,11 @@ void add_bench_allreduce_command(CLI::App& bench, std::vector<Command>& commands
   app->add_flag("--json", args->json, "one JSON object per line instead of a table");
   app->add_option("--torch-script", args->torch_script,
                   "path of bench/allreduce_torch.py (for torch_gloo)");
+  app->add_option("--launcher", args->launcher,
+                  "how to start the ranks when no launcher started this: auto (mpirun when "
+                  "--backend has mpi, else shoal's launcher), shoal, mpirun")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "shoal", "mpirun"}));
   commands.push_back({app, [args] { return run_bench(*args); }});
 }
 
