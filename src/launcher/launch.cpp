@@ -154,8 +154,10 @@ void report(const LaunchOptions& options, const GroupResult& result,
       break;
   }
   if (result.killed > 0) {
-    line += " (" + std::to_string(result.killed) + " still running after the " + grace +
-            " s grace period: killed)";
+    line += " (" + std::to_string(result.killed) + " still running " +
+            (result.second_signal ? std::string("at a second signal")
+                                  : "after the " + std::string(grace) + " s grace period") +
+            ": killed)";
   }
   if (result.unreaped > 0) {
     line += "; " + plural(result.unreaped, "worker") + " did not die even after SIGKILL";
