@@ -14,6 +14,7 @@ every rank and answers one JSON line; end of input stops every rank. Ranks 1..n-
 processes; rank 0 stays in this process so that it keeps stdin.
 """
 import argparse
+import datetime
 import json
 import multiprocessing
 import os
@@ -42,7 +43,7 @@ def init(rank, world_size, port):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world_size,
-                            timeout=__import__("datetime").timedelta(seconds=TIMEOUT_S))
+                            timeout=datetime.timedelta(seconds=TIMEOUT_S))
 
 
 class Buffers:
