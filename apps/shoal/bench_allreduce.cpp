@@ -9,8 +9,6 @@
 // Without a launcher around it (no RANK/OMPI_COMM_WORLD_RANK in the environment) the bench starts
 // its own ranks: through shoal::launcher::launch(), or through mpirun when --backend names mpi.
 #include <sys/wait.h>
-#include <fcntl.h>
-#include <poll.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -25,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "allreduce_contenders.h"
 #include "commands.h"
 #include "shoal/comm/init.h"
 #include "shoal/error.h"
@@ -86,30 +85,12 @@ int64_t parse_bytes(const std::string& text, const char* option) {
   return static_cast<int64_t>(value * static_cast<double>(scale)) / 4 * 4;  // whole floats
 }
 
-std::string format_bytes(int64_t bytes) {
-  char text[32];
-  if (bytes >= (int64_t{1} << 20) && bytes % (int64_t{1} << 20) == 0) {
-    std::snprintf(text, sizeof(text), "%lld MiB", static_cast<long long>(bytes >> 20));
-  } else if (bytes >= 1024 && bytes % 1024 == 0) {
-    std::snprintf(text, sizeof(text), "%lld KiB", static_cast<long long>(bytes >> 10));
-  } else {
-    std::snprintf(text, sizeof(text), "%lld B", static_cast<long long>(bytes));
-  }
-  return text;
-}
-
 double median(std::vector<double> values) {
   std::sort(values.begin(), values.end());
   const size_t n = values.size();
   return n % 2 == 1 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
 }
 
-std::string self_executable() {
-  std::error_code error;
-  auto path = std::filesystem::read_symlink("/proc/self/exe", error);
-  SHOAL_CHECK(!error, "cannot find this program's path (/proc/self/exe): ", error.message());
-  return path.string();
-}
 
 // bench/allreduce_torch.py: --torch-script, $SHOAL_SOURCE_DIR/bench, or next to the build tree.
 std::string find_torch_script(const std::string& given) {
@@ -119,7 +100,7 @@ std::string find_torch_script(const std::string& given) {
     candidates.push_back(std::filesystem::path(source) / "bench/allreduce_torch.py");
   }
   // <source>/build/apps/shoal/shoal -> <source>/bench/allreduce_torch.py
-  const auto exe = std::filesystem::path(self_executable());
+  const auto exe = std::filesystem::path(launcher::self_executable());
   candidates.push_back(exe.parent_path().parent_path().parent_path().parent_path() /
                        "bench/allreduce_torch.py");
   for (const auto& candidate : candidates) {
@@ -128,159 +109,6 @@ std::string find_torch_script(const std::string& given) {
   SHOAL_THROW(InvalidArgument, "cannot find bench/allreduce_torch.py for the torch_gloo contender; "
               "give it with --torch-script PATH (or set SHOAL_SOURCE_DIR)");
 }
-
-// ---- contenders --------------------------------------------------------------------------------
-
-/// One allreduce implementation in the race. measure() is called on every rank in the same order.
-class Contender {
- public:
-  virtual ~Contender() = default;
-  virtual std::string name() const = 0;
-  /// Runs `iterations` untimed allreduces of `bytes` (checking the result once).
-  virtual void warm_up(int64_t bytes, int iterations) = 0;
-  /// Seconds per allreduce of `bytes` over `iterations` (the slowest rank's; valid on rank 0).
-  virtual double measure(int64_t bytes, int iterations) = 0;
-};
-
-class ShoalContender : public Contender {
- public:
-  explicit ShoalContender(std::shared_ptr<comm::ProcessGroup> pg) : pg_(std::move(pg)) {}
-  std::string name() const override { return pg_->backend_name(); }
-
-  void warm_up(int64_t bytes, int iterations) override {
-    at::Tensor tensor = buffer(bytes);
-    // Rank r adds r + 1: every element must come back as n(n+1)/2 (exact in float32).
-    tensor.fill_(pg_->rank() + 1);
-    pg_->allreduce(tensor)->wait();
-    const int n = pg_->size();
-    SHOAL_CHECK(tensor.eq(n * (n + 1) / 2).all().item<bool>(), "backend ", name(),
-                " returned a wrong allreduce result for ", format_bytes(bytes),
-                "; its timings would mean nothing");
-    tensor.zero_();  // zeros stay zeros: no overflow, no denormals while timing
-    for (int i = 0; i < iterations; ++i) pg_->allreduce(tensor)->wait();
-  }
-
-  double measure(int64_t bytes, int iterations) override {
-    at::Tensor tensor = buffer(bytes);
-    pg_->barrier()->wait();
-    const auto start = Clock::now();
-    for (int i = 0; i < iterations; ++i) pg_->allreduce(tensor)->wait();
-    const double seconds = std::chrono::duration<double>(Clock::now() - start).count() / iterations;
-    at::Tensor slowest = torch::full({1}, seconds, torch::kDouble);
-    comm::AllreduceOptions max;
-    max.op = comm::ReduceOp::kMax;
-    pg_->allreduce(slowest, max)->wait();
-    return slowest.item<double>();
-  }
-
- private:
-  at::Tensor buffer(int64_t bytes) {
-    if (tensor_.numel() != bytes / 4) tensor_ = torch::zeros({bytes / 4}, torch::kFloat);
-    return tensor_;
-  }
-  std::shared_ptr<comm::ProcessGroup> pg_;
-  at::Tensor tensor_;
-};
-
-/// PyTorch's torch.distributed gloo in its own processes (bench/allreduce_torch.py --serve),
-/// driven by rank 0 over pipes; the other ranks of the bench wait meanwhile.
-class TorchContender : public Contender {
- public:
-  // Why 120 s: importing torch and meeting its peers can take a minute on a loaded machine.
-  static constexpr int kReplyTimeoutMs = 120'000;
-
-  TorchContender(int rank, int world_size, const std::string& script) : rank_(rank) {
-    if (rank_ != 0) return;
-    const std::string port = std::to_string(launcher::pick_free_port());
-    const std::string nproc = std::to_string(world_size);
-    std::vector<std::string> argv{"/usr/bin/python3", script, "--serve", "--nproc", nproc,
-                                  "--port", port};
-    int to_child[2], from_child[2];
-    SHOAL_CHECK(::pipe2(to_child, O_CLOEXEC) == 0 && ::pipe2(from_child, O_CLOEXEC) == 0,
-                "pipe: ", std::strerror(errno));
-    std::vector<char*> args;
-    for (auto& a : argv) args.push_back(a.data());
-    args.push_back(nullptr);
-    pid_ = ::fork();
-    SHOAL_CHECK(pid_ >= 0, "fork: ", std::strerror(errno));
-    if (pid_ == 0) {
-      ::dup2(to_child[0], 0);
-      ::dup2(from_child[1], 1);
-      ::signal(SIGPIPE, SIG_DFL);
-      ::execv(args[0], args.data());
-      ::_exit(127);
-    }
-    ::close(to_child[0]);
-    ::close(from_child[1]);
-    in_ = to_child[1];
-    out_ = from_child[0];
-    const std::string hello = read_line();
-    SHOAL_CHECK(hello == "ready", "bench/allreduce_torch.py did not start (said '", hello,
-                "'); run it alone to see why: /usr/bin/python3 ", script, " --nproc ", nproc);
-  }
-
-  ~TorchContender() override {
-    if (pid_ <= 0) return;
-    ::close(in_);  // EOF: the script stops its ranks and exits
-    ::close(out_);
-    for (int i = 0; i < 500; ++i) {  // up to 5 s, then kill: no zombie either way
-      if (::waitpid(pid_, nullptr, WNOHANG) == pid_) return;
-      ::usleep(10'000);
-    }
-    ::kill(pid_, SIGKILL);
-    ::waitpid(pid_, nullptr, 0);
-  }
-
-  std::string name() const override { return "torch_gloo"; }
-  void warm_up(int64_t bytes, int iterations) override { request(bytes, 0, iterations); }
-  double measure(int64_t bytes, int iterations) override {
-    return request(bytes, iterations, 0);
-  }
-
- private:
-  double request(int64_t bytes, int iterations, int warmup) {
-    if (rank_ != 0) return 0;
-    const std::string command = std::to_string(bytes) + " " + std::to_string(iterations) + " " +
-                                std::to_string(warmup) + "\n";
-    SHOAL_CHECK(::write(in_, command.data(), command.size()) ==
-                    static_cast<ssize_t>(command.size()),
-                "the PyTorch co-process (bench/allreduce_torch.py) has gone away");
-    const std::string reply = read_line();
-    const char* key = "\"latency_us\": ";
-    const auto at = reply.find(key);
-    SHOAL_CHECK(at != std::string::npos, "unexpected reply from bench/allreduce_torch.py: '",
-                reply, "'");
-    return std::strtod(reply.c_str() + at + std::strlen(key), nullptr) * 1e-6;
-  }
-
-  std::string read_line() {
-    std::string line;
-    const auto until = Clock::now() + Milliseconds(kReplyTimeoutMs);
-    while (true) {
-      const auto newline = pending_.find('\n');
-      if (newline != std::string::npos) {
-        line = pending_.substr(0, newline);
-        pending_.erase(0, newline + 1);
-        return line;
-      }
-      const auto left = std::chrono::duration_cast<Milliseconds>(until - Clock::now()).count();
-      SHOAL_CHECK_T(TimeoutError, left > 0, "bench/allreduce_torch.py did not answer within ",
-                    kReplyTimeoutMs, " ms");
-      pollfd pfd{out_, POLLIN, 0};
-      if (::poll(&pfd, 1, static_cast<int>(left)) <= 0) continue;
-      char buffer[4096];
-      const ssize_t n = ::read(out_, buffer, sizeof(buffer));
-      SHOAL_CHECK(n > 0, "bench/allreduce_torch.py exited early (its stderr above says why)");
-      pending_.append(buffer, static_cast<size_t>(n));
-    }
-  }
-
-  int rank_;
-  pid_t pid_ = -1;
-  int in_ = -1;
-  int out_ = -1;
-  std::string pending_;
-};
 
 // Seconds per memcpy of kMemcpyBytes on one thread: the median of `samples`.
 double measure_memcpy(int samples) {
@@ -419,7 +247,7 @@ int run_rank(const BenchArgs& args) {
 // ---- starting the ranks ------------------------------------------------------------------------
 
 std::vector<std::string> rank_command(const BenchArgs& args) {
-  std::vector<std::string> command{self_executable(), "bench", "allreduce",
+  std::vector<std::string> command{launcher::self_executable(), "bench", "allreduce",
                                    "--backend", args.backends,
                                    "--min-bytes", args.min_bytes,
                                    "--max-bytes", args.max_bytes,
@@ -452,7 +280,8 @@ int run_under_mpirun(const BenchArgs& args) {
     std::fprintf(stderr, "shoal bench allreduce: cannot run mpirun: %s\n", std::strerror(errno));
     ::_exit(127);
   }
-  // mpirun is in our process group: Ctrl-C reaches it, and it stops its ranks itself.
+  // mpirun is in our process group: Ctrl-C reaches it, and it stops its ranks itself. No time-out
+  // here: mpirun returns once its ranks have, and every wait of theirs is bounded (kBenchTimeout).
   int status = 0;
   while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
   }

@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <map>
 
 #include "launcher/signal_relay.h"
@@ -174,6 +175,13 @@ LaunchOptions LaunchOptions::workers(int nproc_per_node, std::vector<std::string
   role.command = std::move(command);
   options.roles.push_back(std::move(role));
   return options;
+}
+
+std::string self_executable() {
+  std::error_code error;
+  const auto path = std::filesystem::read_symlink("/proc/self/exe", error);
+  SHOAL_CHECK(!error, "cannot find this program's path (/proc/self/exe): ", error.message());
+  return path.string();
 }
 
 int pick_free_port() {
