@@ -1,16 +1,359 @@
-// Placeholder: `shoal bench allreduce` arrives with its issue.
-#include <cstdio>
+// `shoal bench allreduce`: latency and bus bandwidth of float32 allreduce per backend, for sizes
+// from 4 KiB to 64 MiB, next to this machine's one-thread memcpy bandwidth (the physical limit on
+// one node), all measured in one run.
+//
+// Contenders run interleaved (A B, B A, ... for each size: on a noisy machine drift hits every
+// contender alike) and each reports the median of its repeats. "torch_gloo" is PyTorch's own
+// torch.distributed gloo, run by bench/allreduce_torch.py as a co-process that rank 0 drives.
+//
+// Without a launcher around it (no RANK/OMPI_COMM_WORLD_RANK in the environment) the bench starts
+// its own ranks: through shoal::launcher::launch(), or through mpirun when --backend names mpi.
+#include <sys/wait.h>
+#include <signal.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "allreduce_contenders.h"
 #include "commands.h"
+#include "shoal/comm/init.h"
+#include "shoal/error.h"
+#include "shoal/launcher/launch.h"
 
 namespace shoal::cli {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using comm::Milliseconds;
+
+// Why 300 s: ranks wait in a barrier while rank 0 drives the PyTorch co-process (which imports
+// torch first) or measures memcpy; a busy machine can make that take minutes. Still finite.
+constexpr Milliseconds kBenchTimeout{300'000};
+// Why 64 MiB per repeat: long enough that timer and scheduling noise is small against it, short
+// enough that a sweep of 8 sizes x 5 repeats x a few backends takes seconds, not minutes.
+constexpr int64_t kBytesPerRepeat = int64_t{64} << 20;
+constexpr int kMinIters = 3;
+constexpr int kMaxIters = 200;
+// Why 64 MiB: well beyond the last-level cache, so memcpy measures memory, not cache.
+constexpr int64_t kMemcpyBytes = int64_t{64} << 20;
+
+struct BenchArgs {
+  std::string backends = "gloo";
+  int nproc = 2;
+  std::string min_bytes = "4KiB";
+  std::string max_bytes = "64MiB";
+  int iters = 0;  // 0: chosen per size (kBytesPerRepeat)
+  int repeats = 5;
+  int warmup = 2;
+  bool json = false;
+  std::string torch_script;
+  std::string launcher = "auto";  // how ranks are started when none is around: shoal, mpirun
+};
+
+std::vector<std::string> split(const std::string& text, char sep) {
+  std::vector<std::string> parts;
+  std::stringstream in(text);
+  for (std::string part; std::getline(in, part, sep);) {
+    if (!part.empty()) parts.push_back(part);
+  }
+  return parts;
+}
+
+// "4096", "4K", "4KiB", "64M", "64MiB", "1G": binary multiples.
+int64_t parse_bytes(const std::string& text, const char* option) {
+  char* end = nullptr;
+  const double value = std::strtod(text.c_str(), &end);
+  std::string unit(end);
+  for (auto& c : unit) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  int64_t scale = 0;
+  if (unit.empty() || unit == "b") scale = 1;
+  if (unit == "k" || unit == "kib" || unit == "kb") scale = int64_t{1} << 10;
+  if (unit == "m" || unit == "mib" || unit == "mb") scale = int64_t{1} << 20;
+  if (unit == "g" || unit == "gib" || unit == "gb") scale = int64_t{1} << 30;
+  SHOAL_CHECK_T(InvalidArgument, end != text.c_str() && scale > 0 && value * scale >= 4, option,
+                " '", text,
+                "' is not a size; write e.g. 4096, 4KiB or 64MiB (at least 4 bytes)");
+  return static_cast<int64_t>(value * static_cast<double>(scale)) / 4 * 4;  // whole floats
+}
+
+double median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  const size_t n = values.size();
+  return n % 2 == 1 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
+}
+
+
+// bench/allreduce_torch.py: --torch-script, $SHOAL_SOURCE_DIR/bench, or next to the build tree.
+std::string find_torch_script(const std::string& given) {
+  if (!given.empty()) return given;
+  std::vector<std::filesystem::path> candidates;
+  if (const char* source = std::getenv("SHOAL_SOURCE_DIR")) {
+    candidates.push_back(std::filesystem::path(source) / "bench/allreduce_torch.py");
+  }
+  // <source>/build/apps/shoal/shoal -> <source>/bench/allreduce_torch.py
+  const auto exe = std::filesystem::path(launcher::self_executable());
+  candidates.push_back(exe.parent_path().parent_path().parent_path().parent_path() /
+                       "bench/allreduce_torch.py");
+  for (const auto& candidate : candidates) {
+    if (std::filesystem::exists(candidate)) return candidate.string();
+  }
+  SHOAL_THROW(InvalidArgument, "cannot find bench/allreduce_torch.py for the torch_gloo contender; "
+              "give it with --torch-script PATH (or set SHOAL_SOURCE_DIR)");
+}
+
+// Seconds per memcpy of kMemcpyBytes on one thread: the median of `samples`.
+double measure_memcpy(int samples) {
+  std::vector<char> source(kMemcpyBytes, 1);
+  std::vector<char> target(kMemcpyBytes, 0);  // both touched: no page faults while timing
+  std::memcpy(target.data(), source.data(), kMemcpyBytes);
+  std::vector<double> times;
+  for (int s = 0; s < samples; ++s) {
+    const auto start = Clock::now();
+    std::memcpy(target.data(), source.data(), kMemcpyBytes);
+    times.push_back(std::chrono::duration<double>(Clock::now() - start).count());
+    source[s % kMemcpyBytes] = static_cast<char>(target[(s * 4099) % kMemcpyBytes] + 1);
+  }
+  return median(times);
+}
+
+// ---- one rank of the sweep ---------------------------------------------------------------------
+
+void print_json(const std::string& backend, int world_size, int64_t bytes, int iters, int repeats,
+                double seconds, double busbw) {
+  std::printf("{\"backend\": \"%s\", \"world_size\": %d, \"bytes\": %lld, \"iters\": %d, "
+              "\"repeats\": %d, \"latency_us\": %.3f, \"busbw_gbps\": %.4f}\n",
+              backend.c_str(), world_size, static_cast<long long>(bytes), iters, repeats,
+              seconds * 1e6, busbw);
+}
+
+int run_rank(const BenchArgs& args) {
+  const comm::RankInfo info = comm::detect_rank_info();
+  const int rank = info.rank;
+  const int n = info.world_size;
+  SHOAL_CHECK_T(InvalidArgument, n >= 2, "allreduce needs at least 2 ranks (world size is ", n,
+                "); give --nproc 2 or more");
+  const int64_t min_bytes = parse_bytes(args.min_bytes, "--min-bytes");
+  const int64_t max_bytes = parse_bytes(args.max_bytes, "--max-bytes");
+  SHOAL_CHECK_T(InvalidArgument, min_bytes <= max_bytes, "--min-bytes ", args.min_bytes,
+                " is above --max-bytes ", args.max_bytes);
+
+  // One store for every backend of the run; each backend gets its own key space.
+  std::shared_ptr<comm::Store> store;
+  std::vector<std::unique_ptr<Contender>> contenders;
+  for (const std::string& backend : split(args.backends, ',')) {
+    if (backend == "torch_gloo") {
+      contenders.push_back(
+          std::make_unique<TorchContender>(rank, n, find_torch_script(args.torch_script)));
+      continue;
+    }
+    SHOAL_CHECK_T(InvalidArgument, comm::is_backend_available(backend), "backend '", backend,
+                  "' is not built into this shoal; choose from gloo, shm, mpi, torch_gloo");
+    std::shared_ptr<comm::ProcessGroup> pg;
+    if (backend == "mpi") {
+      comm::InitOptions options;
+      options.backend = "mpi";
+      options.timeout = kBenchTimeout;
+      pg = comm::init_process_group(options);
+    } else {
+      if (!store) {
+        store = comm::make_tcp_store(info.master_addr, info.master_port, n, rank == 0,
+                                     kBenchTimeout);
+      }
+      pg = comm::new_process_group(backend, comm::make_prefix_store(
+                                       "bench/" + std::to_string(contenders.size()) + "/" + backend,
+                                       store),
+                                   rank, n, kBenchTimeout);
+    }
+    contenders.push_back(std::make_unique<ShoalContender>(pg));
+  }
+  SHOAL_CHECK_T(InvalidArgument, !contenders.empty(), "--backend names no backend");
+
+  std::vector<int64_t> sizes;
+  for (int64_t bytes = min_bytes; bytes <= max_bytes; bytes *= 4) sizes.push_back(bytes);
+
+  double memcpy_gbps = 0;
+  if (rank == 0) {
+    const int samples = std::max(args.repeats, 5);
+    const double seconds = measure_memcpy(samples);
+    const double gbps = kMemcpyBytes / seconds / 1e9;
+    memcpy_gbps = gbps;
+    if (args.json) {
+      print_json("memcpy", 1, kMemcpyBytes, 1, samples, seconds, gbps);
+    } else {
+      std::printf("shoal bench allreduce: float32 sum over %d ranks, median of %d repeats, "
+                  "contenders interleaved\n", n, args.repeats);
+      std::printf("memcpy (1 thread, %s): %.2f GB/s\n\n", format_bytes(kMemcpyBytes).c_str(), gbps);
+      std::printf("%10s %6s", "size", "iters");
+      for (auto& c : contenders) {
+        std::printf(" | %14s %10s %8s", (c->name() + " us").c_str(), "busbw GB/s", "%memcpy");
+      }
+      if (contenders.size() > 1) std::printf(" | time / %s", contenders[0]->name().c_str());
+      std::printf("\n");
+    }
+    std::fflush(stdout);
+  }
+
+  for (const int64_t bytes : sizes) {
+    const int iters = args.iters > 0
+                          ? args.iters
+                          : static_cast<int>(std::clamp<int64_t>(kBytesPerRepeat / bytes,
+                                                                  kMinIters, kMaxIters));
+    for (auto& c : contenders) c->warm_up(bytes, args.warmup);
+    std::vector<std::vector<double>> times(contenders.size());
+    for (int repeat = 0; repeat < args.repeats; ++repeat) {
+      // A B, then B A: no contender always runs right after the same other one.
+      for (size_t k = 0; k < contenders.size(); ++k) {
+        // While rank 0 works alone (memcpy, driving PyTorch) the other ranks wait in the next
+        // Shoal measurement's barrier.
+        const size_t i = repeat % 2 == 0 ? k : contenders.size() - 1 - k;
+        times[i].push_back(contenders[i]->measure(bytes, iters));
+      }
+    }
+    if (rank != 0) continue;
+    const double bus_factor = 2.0 * (n - 1) / n;
+    if (!args.json) std::printf("%10s %6d", format_bytes(bytes).c_str(), iters);
+    std::vector<double> medians;
+    for (size_t i = 0; i < contenders.size(); ++i) {
+      const double seconds = median(times[i]);
+      medians.push_back(seconds);
+      const double busbw = bytes * bus_factor / seconds / 1e9;
+      if (args.json) {
+        print_json(contenders[i]->name(), n, bytes, iters, args.repeats, seconds, busbw);
+      } else {
+        std::printf(" | %14.1f %10.3f %7.1f%%", seconds * 1e6, busbw, 100.0 * busbw / memcpy_gbps);
+      }
+    }
+    if (!args.json && contenders.size() > 1) {
+      std::printf(" |");
+      for (size_t i = 1; i < contenders.size(); ++i) {
+        std::printf(" %s %.2fx", contenders[i]->name().c_str(), medians[i] / medians[0]);
+      }
+    }
+    if (!args.json) std::printf("\n");
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
+// ---- starting the ranks ------------------------------------------------------------------------
+
+std::vector<std::string> rank_command(const BenchArgs& args) {
+  std::vector<std::string> command{launcher::self_executable(), "bench", "allreduce",
+                                   "--backend", args.backends,
+                                   "--min-bytes", args.min_bytes,
+                                   "--max-bytes", args.max_bytes,
+                                   "--iters", std::to_string(args.iters),
+                                   "--repeats", std::to_string(args.repeats),
+                                   "--warmup", std::to_string(args.warmup)};
+  if (args.json) command.push_back("--json");
+  if (!args.torch_script.empty()) {
+    command.push_back("--torch-script");
+    command.push_back(args.torch_script);
+  }
+  return command;
+}
+
+int run_under_mpirun(const BenchArgs& args) {
+  const std::string port = std::to_string(launcher::pick_free_port());
+  std::vector<std::string> argv{"mpirun", "--allow-run-as-root", "--oversubscribe", "-np",
+                                std::to_string(args.nproc), "-x", "MASTER_ADDR=127.0.0.1", "-x",
+                                "MASTER_PORT=" + port, "-x", "OMP_NUM_THREADS=1"};
+  for (auto& word : rank_command(args)) argv.push_back(word);
+  std::vector<char*> c_argv;
+  for (auto& a : argv) c_argv.push_back(a.data());
+  c_argv.push_back(nullptr);
+  std::fflush(stdout);
+  const pid_t pid = ::fork();
+  SHOAL_CHECK(pid >= 0, "fork: ", std::strerror(errno));
+  if (pid == 0) {
+    ::signal(SIGPIPE, SIG_DFL);
+    ::execvp(c_argv[0], c_argv.data());
+    std::fprintf(stderr, "shoal bench allreduce: cannot run mpirun: %s\n", std::strerror(errno));
+    ::_exit(127);
+  }
+  // mpirun is in our process group: Ctrl-C reaches it, and it stops its ranks itself. No time-out
+  // here: mpirun returns once its ranks have, and every wait of theirs is bounded (kBenchTimeout).
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+int run_bench(const BenchArgs& args) {
+  if (comm::detect_rank_info().source != "default") return run_rank(args);
+  const auto backends = split(args.backends, ',');
+  // Mistakes are reported once, here, rather than by every rank.
+  SHOAL_CHECK_T(InvalidArgument, args.nproc >= 2, "--nproc ", args.nproc, " must be at least 2");
+  SHOAL_CHECK_T(InvalidArgument,
+                parse_bytes(args.min_bytes, "--min-bytes") <= parse_bytes(args.max_bytes, "--max-bytes"),
+                "--min-bytes ", args.min_bytes, " is above --max-bytes ", args.max_bytes);
+  for (const std::string& backend : split(args.backends, ',')) {
+    SHOAL_CHECK_T(InvalidArgument, backend == "torch_gloo" || comm::is_backend_available(backend),
+                  "backend '", backend, "' is not built into this shoal; choose from gloo, shm, "
+                  "mpi, hierarchical, torch_gloo");
+  }
+  if (std::find(backends.begin(), backends.end(), "torch_gloo") != backends.end()) {
+    find_torch_script(args.torch_script);
+  }
+  const bool has_mpi = std::find(backends.begin(), backends.end(), "mpi") != backends.end();
+  SHOAL_CHECK_T(InvalidArgument, !(has_mpi && args.launcher == "shoal"),
+                "--backend mpi needs its ranks started by mpirun; drop --launcher shoal");
+  if (args.launcher == "mpirun" || (args.launcher == "auto" && has_mpi)) {
+    return run_under_mpirun(args);
+  }
+  auto options = launcher::LaunchOptions::workers(args.nproc, rank_command(args));
+  options.master_port = 0;
+  options.prefix_output = false;  // only rank 0 prints
+  options.verbose = false;
+  options.log_name = "shoal bench allreduce";
+  return launcher::launch(options);
+}
+
+}  // namespace
 
 void add_bench_allreduce_command(CLI::App& bench, std::vector<Command>& commands) {
-  auto* app = bench.add_subcommand("allreduce", "(not available yet)");
-  commands.push_back({app, [] {
-                        std::fprintf(stderr, "shoal bench allreduce: not available yet\n");
-                        return 2;
-                      }});
+  auto args = std::make_shared<BenchArgs>();
+  auto* app = bench.add_subcommand(
+      "allreduce",
+      "Latency and bus bandwidth (bytes x 2(n-1)/n / time) of float32 allreduce per backend,\n"
+      "next to one-thread memcpy bandwidth. Starts its own ranks unless started by shoal run or\n"
+      "mpirun. Several backends (--backend gloo,shm,torch_gloo) run interleaved, medians reported.");
+  app->add_option("--backend", args->backends,
+                  "comma-separated: gloo, shm, mpi, hierarchical, torch_gloo (PyTorch's gloo)")
+      ->capture_default_str();
+  app->add_option("--nproc", args->nproc, "ranks to start (when not started by a launcher)")
+      ->capture_default_str();
+  app->add_option("--min-bytes", args->min_bytes, "smallest message (4096, 4KiB, 1MiB...)")
+      ->capture_default_str();
+  app->add_option("--max-bytes", args->max_bytes, "largest message; sizes grow x4")
+      ->capture_default_str();
+  app->add_option("--iters", args->iters,
+                  "allreduces per timed repeat (0: about 64 MiB worth, 3..200)")
+      ->capture_default_str();
+  app->add_option("--repeats", args->repeats, "timed repeats per size; the median is reported")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1000));
+  app->add_option("--warmup", args->warmup, "untimed allreduces per size and backend first")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1000));
+  app->add_flag("--json", args->json, "one JSON object per line instead of a table");
+  app->add_option("--torch-script", args->torch_script,
+                  "path of bench/allreduce_torch.py (for torch_gloo)");
+  app->add_option("--launcher", args->launcher,
+                  "how to start the ranks when no launcher started this: auto (mpirun when "
+                  "--backend has mpi, else shoal's launcher), shoal, mpirun")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "shoal", "mpirun"}));
+  commands.push_back({app, [args] { return run_bench(*args); }});
 }
 
 }  // namespace shoal::cli

@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <map>
 
 #include "launcher/signal_relay.h"
@@ -154,8 +155,10 @@ void report(const LaunchOptions& options, const GroupResult& result,
       break;
   }
   if (result.killed > 0) {
-    line += " (" + std::to_string(result.killed) + " still running after the " + grace +
-            " s grace period: killed)";
+    line += " (" + std::to_string(result.killed) + " still running " +
+            (result.second_signal ? std::string("at a second signal")
+                                  : "after the " + std::string(grace) + " s grace period") +
+            ": killed)";
   }
   if (result.unreaped > 0) {
     line += "; " + plural(result.unreaped, "worker") + " did not die even after SIGKILL";
@@ -172,6 +175,13 @@ LaunchOptions LaunchOptions::workers(int nproc_per_node, std::vector<std::string
   role.command = std::move(command);
   options.roles.push_back(std::move(role));
   return options;
+}
+
+std::string self_executable() {
+  std::error_code error;
+  const auto path = std::filesystem::read_symlink("/proc/self/exe", error);
+  SHOAL_CHECK(!error, "cannot find this program's path (/proc/self/exe): ", error.message());
+  return path.string();
 }
 
 int pick_free_port() {

@@ -124,6 +124,7 @@ GroupResult WorkerGroup::run(SignalRelay& relay) {
         begin_stop(signal, now);  // forward the signal itself: the workers may handle it
       } else if (!killed_) {
         kill_at_ = now;  // a second signal: no more grace
+        result.second_signal = true;
       }
     }
     read_output(/*max_rounds=*/16);

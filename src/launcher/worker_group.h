@@ -44,8 +44,10 @@ struct GroupResult {
   int interrupt_signal = 0;
   /// Workers still running when the failure or the signal came (those the launcher stopped).
   int stopped = 0;
-  /// Of those, how many had to be killed after the grace period.
+  /// Of those, how many had to be killed after the grace period (or a second signal).
   int killed = 0;
+  /// A second SIGINT/SIGTERM cut the grace period short.
+  bool second_signal = false;
   /// Workers that could not be reaped even after SIGKILL (uninterruptible); normally 0.
   int unreaped = 0;
 };

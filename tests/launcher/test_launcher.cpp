@@ -14,6 +14,7 @@
 #include <sys/socket.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -435,6 +436,44 @@ TEST_F(Launcher, TwoRanksMeetThroughEnvAndAllreduce) {
   auto lines = lines_of(result.out);
   std::sort(lines.begin(), lines.end());
   EXPECT_EQ(lines, (std::vector<std::string>{"[rank 0] rank 0/2 sum ok", "[rank 1] rank 1/2 sum ok"}));
+}
+
+}  // namespace
+
+namespace {
+
+// The number after "key": in a one-line JSON object, or NaN.
+double json_number(const std::string& line, const std::string& key) {
+  const auto at = line.find("\"" + key + "\": ");
+  if (at == std::string::npos) return std::nan("");
+  return std::strtod(line.c_str() + at + key.size() + 4, nullptr);
+}
+
+// `shoal bench allreduce` started alone re-launches itself as 2 ranks through the launcher
+// library; its JSON lines carry the sizes asked for and a bus bandwidth that follows from latency.
+TEST(BenchAllreduce, StartsItsOwnRanksAndPrintsJsonLines) {
+  const auto result = run_shoal({"bench", "allreduce", "--backend", "gloo", "--json", "--min-bytes",
+                                 "4KiB", "--max-bytes", "16KiB", "--iters", "5", "--repeats", "1",
+                                 "--warmup", "1"},
+                                {}, Milliseconds(60'000));
+  ASSERT_EQ(result.code, 0) << result.err;
+  const auto lines = lines_of(result.out);
+  ASSERT_EQ(lines.size(), 3u) << result.out;
+  EXPECT_NE(lines[0].find("\"backend\": \"memcpy\""), std::string::npos) << lines[0];
+  EXPECT_GT(json_number(lines[0], "busbw_gbps"), 0);
+  const double sizes[] = {4096, 16384};
+  for (int i = 0; i < 2; ++i) {
+    const std::string& line = lines[1 + i];
+    EXPECT_NE(line.find("\"backend\": \"gloo\""), std::string::npos) << line;
+    EXPECT_EQ(json_number(line, "world_size"), 2);
+    EXPECT_EQ(json_number(line, "bytes"), sizes[i]);
+    const double latency_us = json_number(line, "latency_us");
+    ASSERT_GT(latency_us, 0) << line;
+    // busbw = bytes x 2(n-1)/n / time; n = 2: bytes / time.
+    EXPECT_NEAR(json_number(line, "busbw_gbps"), sizes[i] / (latency_us * 1e3),
+                sizes[i] / (latency_us * 1e3) * 0.01 + 1e-4)
+        << line;
+  }
 }
 
 }  // namespace

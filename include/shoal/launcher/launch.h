@@ -69,6 +69,10 @@ struct LaunchOptions {
 /// worker cannot be started (the workers already started are stopped first).
 int launch(const LaunchOptions& options);
 
+/// This program's own path (/proc/self/exe), for programs that re-launch themselves as N ranks:
+/// launch(LaunchOptions::workers(n, {self_executable(), args...})).
+std::string self_executable();
+
 /// A TCP port that was free on every interface a moment ago (bound to port 0 and released).
 int pick_free_port();
 

@@ -1,0 +1,157 @@
+#include "allreduce_contenders.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "shoal/error.h"
+#include "shoal/launcher/launch.h"
+
+namespace shoal::cli {
+
+using Clock = std::chrono::steady_clock;
+using comm::Milliseconds;
+
+std::string format_bytes(int64_t bytes) {
+  char text[32];
+  if (bytes >= (int64_t{1} << 20) && bytes % (int64_t{1} << 20) == 0) {
+    std::snprintf(text, sizeof(text), "%lld MiB", static_cast<long long>(bytes >> 20));
+  } else if (bytes >= 1024 && bytes % 1024 == 0) {
+    std::snprintf(text, sizeof(text), "%lld KiB", static_cast<long long>(bytes >> 10));
+  } else {
+    std::snprintf(text, sizeof(text), "%lld B", static_cast<long long>(bytes));
+  }
+  return text;
+}
+
+// ---- ShoalContender ----------------------------------------------------------------------------
+
+ShoalContender::ShoalContender(std::shared_ptr<comm::ProcessGroup> pg) : pg_(std::move(pg)) {}
+
+std::string ShoalContender::name() const { return pg_->backend_name(); }
+
+at::Tensor& ShoalContender::buffer(int64_t bytes) {
+  if (tensor_.numel() != bytes / 4) tensor_ = torch::zeros({bytes / 4}, torch::kFloat);
+  return tensor_;
+}
+
+void ShoalContender::warm_up(int64_t bytes, int iterations) {
+  at::Tensor& tensor = buffer(bytes);
+  // Rank r adds r + 1: every element must come back as n(n+1)/2 (exact in float32).
+  tensor.fill_(pg_->rank() + 1);
+  pg_->allreduce(tensor)->wait();
+  const int n = pg_->size();
+  SHOAL_CHECK(tensor.eq(n * (n + 1) / 2).all().item<bool>(), "backend ", name(),
+              " returned a wrong allreduce result for ", format_bytes(bytes),
+              "; its timings would mean nothing");
+  tensor.zero_();  // zeros stay zeros: no overflow, no denormals while timing
+  for (int i = 0; i < iterations; ++i) pg_->allreduce(tensor)->wait();
+}
+
+double ShoalContender::measure(int64_t bytes, int iterations) {
+  at::Tensor& tensor = buffer(bytes);
+  pg_->barrier()->wait();
+  const auto start = Clock::now();
+  for (int i = 0; i < iterations; ++i) pg_->allreduce(tensor)->wait();
+  const double seconds = std::chrono::duration<double>(Clock::now() - start).count() / iterations;
+  at::Tensor slowest = torch::full({1}, seconds, torch::kDouble);
+  comm::AllreduceOptions max;
+  max.op = comm::ReduceOp::kMax;
+  pg_->allreduce(slowest, max)->wait();
+  return slowest.item<double>();
+}
+
+// ---- TorchContender ----------------------------------------------------------------------------
+
+TorchContender::TorchContender(int rank, int world_size, const std::string& script) : rank_(rank) {
+  if (rank_ != 0) return;
+  const std::string port = std::to_string(launcher::pick_free_port());
+  const std::string nproc = std::to_string(world_size);
+  std::vector<std::string> argv{"/usr/bin/python3", script, "--serve", "--nproc", nproc,
+                                "--port", port};
+  int to_child[2], from_child[2];
+  SHOAL_CHECK(::pipe2(to_child, O_CLOEXEC) == 0 && ::pipe2(from_child, O_CLOEXEC) == 0,
+              "pipe: ", std::strerror(errno));
+  std::vector<char*> args;
+  for (auto& a : argv) args.push_back(a.data());
+  args.push_back(nullptr);
+  pid_ = ::fork();
+  SHOAL_CHECK(pid_ >= 0, "fork: ", std::strerror(errno));
+  if (pid_ == 0) {
+    ::dup2(to_child[0], 0);
+    ::dup2(from_child[1], 1);
+    ::signal(SIGPIPE, SIG_DFL);
+    ::execv(args[0], args.data());
+    ::_exit(127);
+  }
+  ::close(to_child[0]);
+  ::close(from_child[1]);
+  in_ = to_child[1];
+  out_ = from_child[0];
+  const std::string hello = read_line();
+  SHOAL_CHECK(hello == "ready", "bench/allreduce_torch.py did not start (said '", hello,
+              "'); run it alone to see why: /usr/bin/python3 ", script, " --nproc ", nproc);
+}
+
+TorchContender::~TorchContender() {
+  if (pid_ <= 0) return;
+  ::close(in_);  // end of input: the script stops its ranks and exits
+  ::close(out_);
+  for (int i = 0; i < 500; ++i) {  // up to 5 s, then kill: no zombie either way
+    if (::waitpid(pid_, nullptr, WNOHANG) == pid_) return;
+    ::usleep(10'000);
+  }
+  ::kill(pid_, SIGKILL);
+  ::waitpid(pid_, nullptr, 0);
+}
+
+void TorchContender::warm_up(int64_t bytes, int iterations) { request(bytes, 0, iterations); }
+
+double TorchContender::measure(int64_t bytes, int iterations) {
+  return request(bytes, iterations, 0);
+}
+
+double TorchContender::request(int64_t bytes, int iterations, int warmup) {
+  if (rank_ != 0) return 0;
+  const std::string command = std::to_string(bytes) + " " + std::to_string(iterations) + " " +
+                              std::to_string(warmup) + "\n";
+  SHOAL_CHECK(::write(in_, command.data(), command.size()) == static_cast<ssize_t>(command.size()),
+              "the PyTorch co-process (bench/allreduce_torch.py) has gone away");
+  const std::string reply = read_line();
+  const char* key = "\"latency_us\": ";
+  const auto at = reply.find(key);
+  SHOAL_CHECK(at != std::string::npos, "unexpected reply from bench/allreduce_torch.py: '", reply,
+              "'");
+  return std::strtod(reply.c_str() + at + std::strlen(key), nullptr) * 1e-6;
+}
+
+std::string TorchContender::read_line() {
+  const auto until = Clock::now() + Milliseconds(kReplyTimeoutMs);
+  while (true) {
+    const auto newline = pending_.find('\n');
+    if (newline != std::string::npos) {
+      std::string line = pending_.substr(0, newline);
+      pending_.erase(0, newline + 1);
+      return line;
+    }
+    const auto left = std::chrono::duration_cast<Milliseconds>(until - Clock::now()).count();
+    SHOAL_CHECK_T(TimeoutError, left > 0, "bench/allreduce_torch.py did not answer within ",
+                  kReplyTimeoutMs, " ms");
+    pollfd pfd{out_, POLLIN, 0};
+    if (::poll(&pfd, 1, static_cast<int>(left)) <= 0) continue;
+    char buffer[4096];
+    const ssize_t n = ::read(out_, buffer, sizeof(buffer));
+    SHOAL_CHECK(n > 0, "bench/allreduce_torch.py exited early (its stderr above says why)");
+    pending_.append(buffer, static_cast<size_t>(n));
+  }
+}
+
+}  // namespace shoal::cli

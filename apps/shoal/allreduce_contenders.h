@@ -1,0 +1,79 @@
+// The contenders of `shoal bench allreduce`: one per allreduce implementation in the race.
+//
+// Every rank of the bench holds the same list and calls warm_up()/measure() in the same order;
+// a contender whose work runs elsewhere (PyTorch's co-process) does it on rank 0 only, while the
+// other ranks wait in the next Shoal contender's barrier.
+//
+// Thread safety: not thread-safe; the bench's one thread drives them.
+#pragma once
+
+#include <sys/types.h>
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "shoal/comm/process_group.h"
+
+namespace shoal::cli {
+
+/// One allreduce implementation in the race.
+class Contender {
+ public:
+  virtual ~Contender() = default;
+  /// "gloo", "shm", "mpi", "torch_gloo"...
+  virtual std::string name() const = 0;
+  /// Runs `iterations` untimed float32 allreduces of `bytes`, checking the result once.
+  virtual void warm_up(int64_t bytes, int iterations) = 0;
+  /// Seconds per allreduce of `bytes`, timed over `iterations` after a barrier: the slowest
+  /// rank's time (valid on rank 0).
+  virtual double measure(int64_t bytes, int iterations) = 0;
+};
+
+/// A Shoal process group (any backend).
+class ShoalContender : public Contender {
+ public:
+  explicit ShoalContender(std::shared_ptr<comm::ProcessGroup> pg);
+  std::string name() const override;
+  void warm_up(int64_t bytes, int iterations) override;
+  double measure(int64_t bytes, int iterations) override;
+
+ private:
+  at::Tensor& buffer(int64_t bytes);
+  std::shared_ptr<comm::ProcessGroup> pg_;
+  at::Tensor tensor_;
+};
+
+/// PyTorch's torch.distributed gloo in processes of its own (bench/allreduce_torch.py --serve),
+/// which rank 0 starts and drives over pipes; killed and reaped on destruction.
+class TorchContender : public Contender {
+ public:
+  /// Why 120 s: importing torch and meeting its peers can take a minute on a loaded machine.
+  static constexpr int kReplyTimeoutMs = 120'000;
+
+  TorchContender(int rank, int world_size, const std::string& script);
+  ~TorchContender() override;
+  TorchContender(const TorchContender&) = delete;
+  TorchContender& operator=(const TorchContender&) = delete;
+
+  std::string name() const override { return "torch_gloo"; }
+  void warm_up(int64_t bytes, int iterations) override;
+  double measure(int64_t bytes, int iterations) override;
+
+ private:
+  double request(int64_t bytes, int iterations, int warmup);
+  std::string read_line();
+
+  int rank_;
+  pid_t pid_ = -1;
+  int in_ = -1;
+  int out_ = -1;
+  std::string pending_;
+};
+
+/// "4 KiB", "64 MiB", "100 B".
+std::string format_bytes(int64_t bytes);
+
+}  // namespace shoal::cli
