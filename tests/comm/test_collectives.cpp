@@ -43,7 +43,9 @@ std::vector<Case> cases() {
   std::vector<Case> out;
   for (const std::string backend : {"gloo"}) {
     for (int w = 1; w <= 4; ++w) {
-      for (size_t check = 0; check < all_checks().size(); ++check) out.push_back({backend, w, check});
+      for (size_t check = 0; check < all_checks().size(); ++check) {
+        out.push_back({backend, w, check});
+      }
     }
   }
   return out;

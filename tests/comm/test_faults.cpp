@@ -153,7 +153,7 @@ TEST(Mismatch, DifferentCollectivesAreReportedOnEveryRank) {
          auto t = torch::ones({10}, pg.rank() == 0 ? torch::kFloat : torch::kDouble);
          return pg.allreduce(t);
        },
-       "does not match rank 1's allreduce #1 (80 B Double, sum)"},
+       "does not match rank 1's allreduce #1 (80 B float64, sum)"},
       {"reduce op",
        [](ProcessGroup& pg) {
          auto t = torch::ones({10});

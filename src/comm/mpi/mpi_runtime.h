@@ -1,4 +1,4 @@
-// MpiRuntime: the one MPI library of this process (MPI_Init_thread once, MPI_Finalize once at exit).
+// MpiRuntime: the MPI library of this process (MPI_Init_thread once, MPI_Finalize once at exit).
 //
 // MPI's state is process-wide by definition, so this is the one place that holds process-wide
 // state in the MPI backend: whether Shoal initialized MPI (then it finalizes it at exit), the
