@@ -2,6 +2,7 @@
 
 #include <cstdlib>
 #include <sstream>
+#include <thread>
 
 #include "comm/backends.h"
 #include "comm/gloo/process_group_gloo.h"
@@ -24,6 +25,30 @@ int env_int(const char* name, int fallback) {
   SHOAL_CHECK_T(InvalidArgument, end != value && *end == '\0' && parsed >= 0 && parsed < (1 << 30),
                 "environment variable ", name, "='", value, "' is not a non-negative integer");
   return static_cast<int>(parsed);
+}
+
+// SLURM_TASKS_PER_NODE reads "2(x3),1": tasks on each node, in node order; returns node `node`'s.
+int slurm_tasks_on_node(const char* spec, int node) {
+  const std::string text(spec);
+  size_t pos = 0;
+  int index = 0;
+  while (pos < text.size()) {
+    size_t used = 0;
+    const int tasks = std::stoi(text.substr(pos), &used);
+    pos += used;
+    int repeat = 1;
+    if (pos < text.size() && text[pos] == '(') {
+      SHOAL_CHECK_T(InvalidArgument, text.compare(pos, 2, "(x") == 0,
+                    "SLURM_TASKS_PER_NODE='", text, "' is not understood");
+      pos += 2;
+      repeat = std::stoi(text.substr(pos), &used);
+      pos += used + 1;  // the number and ')'
+    }
+    if (node < index + repeat) return tasks;
+    index += repeat;
+    if (pos < text.size() && text[pos] == ',') ++pos;
+  }
+  SHOAL_THROW(InvalidArgument, "SLURM_TASKS_PER_NODE='", text, "' has no entry for node ", node);
 }
 
 bool is_loopback(const std::string& host) {
@@ -51,7 +76,17 @@ RankInfo detect_rank_info(const InitOptions& options) {
     info.rank = env_int("SLURM_PROCID", 0);
     info.world_size = env_int("SLURM_NTASKS", 1);
     info.local_rank = env_int("SLURM_LOCALID", 0);
-    info.local_world_size = env_int("SLURM_NTASKS_PER_NODE", env_int("SLURM_TASKS_PER_NODE", 1));
+    if (env("SLURM_NTASKS_PER_NODE") != nullptr) {
+      info.local_world_size = env_int("SLURM_NTASKS_PER_NODE", 1);
+    } else if (const char* spec = env("SLURM_TASKS_PER_NODE")) {
+      try {
+        info.local_world_size = slurm_tasks_on_node(spec, env_int("SLURM_NODEID", 0));
+      } catch (const std::logic_error&) {  // std::stoi on something that is not a number
+        SHOAL_THROW(InvalidArgument, "SLURM_TASKS_PER_NODE='", spec, "' is not understood");
+      }
+    } else {
+      info.local_world_size = 1;
+    }
   }
   if (options.rank >= 0 || options.world_size >= 0) {
     info.source = "options";
@@ -112,42 +147,52 @@ std::shared_ptr<ProcessGroup> create_backend(const std::string& name, const Back
               "'; choose one of auto, shm, gloo, mpi, nccl, hierarchical");
 }
 
-// Checks that the ranks that met agree on the job, and that every rank came.
+// Checks that the ranks that met agree on the job, and that every rank came. Polls rather than
+// waits, so that a disagreement (two processes claiming one rank, different world sizes) is
+// reported as soon as both sides have arrived, on both sides, instead of as a time-out.
 void check_membership(Store& store, const RankInfo& info, Milliseconds timeout) {
+  // Short enough not to slow start-up down, long enough not to load a file store.
+  constexpr Milliseconds kPollInterval{20};
   const std::string me = std::to_string(info.rank);
-  const int64_t claims = store.add("shoal/init/claim/" + me, 1);
-  SHOAL_CHECK_T(InvalidArgument, claims == 1, "[rank ", info.rank, "/", info.world_size,
-                "] two processes claim rank ", info.rank,
-                "; give every process its own RANK (a stale file store from an earlier job "
-                "causes this too: delete it)");
+  const std::string who = detail::str_cat("[rank ", info.rank, "/", info.world_size, "]");
+  const std::string claim_key = "shoal/init/claim/" + me;
+  auto check_single_claim = [&](int64_t claims) {
+    SHOAL_CHECK_T(InvalidArgument, claims == 1, who, " two processes claim rank ", info.rank,
+                  "; give every process its own RANK (a stale file store from an earlier job "
+                  "causes this too: delete it)");
+  };
+  check_single_claim(store.add(claim_key, 1));
   store.set_string("shoal/init/world_size/" + me, std::to_string(info.world_size));
   store.set_string("shoal/init/host/" + me, local_hostname());
 
+  std::vector<bool> seen(info.world_size, false);
   std::vector<int> missing;
   const auto deadline = std::chrono::steady_clock::now() + timeout;
-  for (int r = 0; r < info.world_size; ++r) {
-    auto left = std::chrono::duration_cast<Milliseconds>(deadline - std::chrono::steady_clock::now());
-    try {
-      store.wait({"shoal/init/world_size/" + std::to_string(r)}, std::max(left, Milliseconds(1)));
-    } catch (const TimeoutError&) {
-      missing.push_back(r);
+  while (true) {
+    check_single_claim(store.add(claim_key, 0));
+    missing.clear();
+    for (int r = 0; r < info.world_size; ++r) {
+      if (seen[r]) continue;
+      const std::string key = "shoal/init/world_size/" + std::to_string(r);
+      if (!store.check({key})) {
+        missing.push_back(r);
+        continue;
+      }
+      const std::string theirs = store.get_string(key);
+      SHOAL_CHECK_T(InvalidArgument, theirs == std::to_string(info.world_size), who, " rank ", r,
+                    " was started with world size ", theirs, " but this rank with ",
+                    info.world_size, "; start every rank with the same WORLD_SIZE");
+      seen[r] = true;
     }
+    if (missing.empty()) return;
+    if (std::chrono::steady_clock::now() >= deadline) break;
+    std::this_thread::sleep_for(kPollInterval);
   }
-  if (!missing.empty()) {
-    std::ostringstream list;
-    for (size_t i = 0; i < missing.size(); ++i) list << (i ? ", " : "") << missing[i];
-    SHOAL_THROW(TimeoutError, "[rank ", info.rank, "/", info.world_size, "] rendezvous: rank",
-                missing.size() > 1 ? "s " : " ", list.str(), " did not join within ",
-                timeout.count(), " ms (are they started, with the same MASTER_ADDR/MASTER_PORT "
-                "and WORLD_SIZE?)");
-  }
-  for (int r = 0; r < info.world_size; ++r) {
-    const std::string theirs = store.get_string("shoal/init/world_size/" + std::to_string(r));
-    SHOAL_CHECK_T(InvalidArgument, theirs == std::to_string(info.world_size), "[rank ", info.rank,
-                  "/", info.world_size, "] rank ", r, " was started with world size ", theirs,
-                  " but this rank with ", info.world_size,
-                  "; start every rank with the same WORLD_SIZE");
-  }
+  std::ostringstream list;
+  for (size_t i = 0; i < missing.size(); ++i) list << (i ? ", " : "") << missing[i];
+  SHOAL_THROW(TimeoutError, who, " rendezvous: rank", missing.size() > 1 ? "s " : " ", list.str(),
+              " did not join within ", timeout.count(),
+              " ms (are they started, with the same MASTER_ADDR/MASTER_PORT and WORLD_SIZE?)");
 }
 
 }  // namespace

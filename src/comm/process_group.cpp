@@ -36,6 +36,21 @@ int collective_checks_from_env() {
   SHOAL_THROW(InvalidArgument, "SHOAL_CHECK_COLLECTIVES='", raw, "' must be 0 or 1");
 }
 
+// PyTorch's Python names ("float32"), which users know, rather than c10's ("Float").
+const char* dtype_name(at::ScalarType type) {
+  switch (type) {
+    case at::kFloat: return "float32";
+    case at::kDouble: return "float64";
+    case at::kHalf: return "float16";
+    case at::kBFloat16: return "bfloat16";
+    case at::kInt: return "int32";
+    case at::kLong: return "int64";
+    case at::kByte: return "uint8";
+    case at::kChar: return "int8";
+    default: return c10::toString(type);
+  }
+}
+
 std::string describe_size(double bytes) {
   char size[32];
   if (bytes >= 1e6) {
@@ -53,7 +68,7 @@ std::string describe_size(double bytes) {
 std::string describe_tensor(const at::Tensor& tensor) {
   if (!tensor.defined()) return "undefined tensor";
   const double bytes = static_cast<double>(tensor.numel()) * tensor.element_size();
-  return detail::str_cat(describe_size(bytes), " ", c10::toString(tensor.scalar_type()));
+  return detail::str_cat(describe_size(bytes), " ", dtype_name(tensor.scalar_type()));
 }
 
 ProcessGroup::ProcessGroup(int rank, int size, Milliseconds timeout)
@@ -155,7 +170,7 @@ struct Fingerprint {
     if (field[kDtype] < 0) return text;
     const auto dtype = static_cast<at::ScalarType>(field[kDtype]);
     text += " (" + describe_size(static_cast<double>(field[kNumel]) * c10::elementSize(dtype)) +
-            " " + c10::toString(dtype);
+            " " + dtype_name(dtype);
     if (field[kReduceOp] >= 0) {
       text += std::string(", ") + to_string(static_cast<ReduceOp>(field[kReduceOp]));
     }

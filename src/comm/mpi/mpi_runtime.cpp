@@ -58,7 +58,9 @@ void MpiRuntime::note_abandoned_request() {
 std::string mpi_error_string(int code) {
   char text[MPI_MAX_ERROR_STRING] = {0};
   int length = 0;
-  if (MPI_Error_string(code, text, &length) != MPI_SUCCESS) return "MPI error " + std::to_string(code);
+  if (MPI_Error_string(code, text, &length) != MPI_SUCCESS) {
+    return "MPI error " + std::to_string(code);
+  }
   return std::string(text, length);
 }
 

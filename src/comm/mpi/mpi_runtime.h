@@ -1,4 +1,4 @@
-// MpiRuntime: the one MPI library of this process (MPI_Init_thread once, MPI_Finalize once at exit).
+// MpiRuntime: the MPI library of this process (MPI_Init_thread once, MPI_Finalize once at exit).
 //
 // MPI's state is process-wide by definition, so this is the one place that holds process-wide
 // state in the MPI backend: whether Shoal initialized MPI (then it finalizes it at exit), the
@@ -9,6 +9,13 @@
 // Thread safety: every method may be called from any thread.
 #pragma once
 
+// Only MPI's C API is used; its deprecated C++ bindings would need libmpi_cxx at link time.
+#ifndef OMPI_SKIP_MPICXX
+#define OMPI_SKIP_MPICXX 1
+#endif
+#ifndef MPICH_SKIP_MPICXX
+#define MPICH_SKIP_MPICXX 1
+#endif
 #include <mpi.h>
 
 #include <mutex>

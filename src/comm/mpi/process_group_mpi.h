@@ -13,6 +13,13 @@
 // Thread safety: as ProcessGroup.
 #pragma once
 
+// Only MPI's C API is used; its deprecated C++ bindings would need libmpi_cxx at link time.
+#ifndef OMPI_SKIP_MPICXX
+#define OMPI_SKIP_MPICXX 1
+#endif
+#ifndef MPICH_SKIP_MPICXX
+#define MPICH_SKIP_MPICXX 1
+#endif
 #include <mpi.h>
 
 #include <atomic>

@@ -1,0 +1,237 @@
+#include "collective_checks.h"
+
+#include <torch/torch.h>
+
+#include <sstream>
+#include <stdexcept>
+
+namespace shoal::comm::testing {
+namespace {
+
+const std::vector<torch::Dtype> kAllDtypes = {torch::kFloat, torch::kDouble, torch::kHalf,
+                                              torch::kBFloat16, torch::kInt, torch::kLong,
+                                              torch::kByte, torch::kChar};
+
+// Rank r's input: r + 1 + (i mod 7) * 0.5 in float64; exact in every floating dtype used here.
+torch::Tensor input(int rank, int64_t numel, torch::Dtype dtype = torch::kFloat) {
+  auto i = torch::arange(numel, torch::kDouble);
+  return (torch::fmod(i, 7) * 0.5 + (rank + 1)).to(dtype);
+}
+
+void expect(bool ok, const ProcessGroup& pg, const std::string& what) {
+  if (!ok) {
+    throw std::runtime_error(pg.rank_prefix() + " " + pg.backend_name() + ": " + what);
+  }
+}
+
+void expect_close(const ProcessGroup& pg, const torch::Tensor& got, const torch::Tensor& want,
+                  const std::string& what, double tolerance = 1e-6) {
+  expect(got.sizes() == want.sizes(), pg, what + ": wrong shape");
+  if (got.numel() == 0) return;
+  const auto a = got.to(torch::kDouble);
+  const auto b = want.to(torch::kDouble);
+  const double error = (a - b).abs().max().item<double>();
+  const double scale = std::max(1.0, b.abs().max().item<double>());
+  std::ostringstream detail;
+  detail << what << ": max error " << error << " (first got " << a.flatten()[0].item<double>()
+         << ", want " << b.flatten()[0].item<double>() << ")";
+  expect(error <= tolerance * scale, pg, detail.str());
+}
+
+torch::Tensor reduce_expected(ReduceOp op, int n, int64_t numel, int salt = 0) {
+  auto expected = input(salt, numel, torch::kDouble);
+  for (int r = 1; r < n; ++r) {
+    auto x = input(r + salt, numel, torch::kDouble);
+    if (op == ReduceOp::kSum || op == ReduceOp::kAvg) expected = expected + x;
+    if (op == ReduceOp::kMin) expected = torch::minimum(expected, x);
+    if (op == ReduceOp::kMax) expected = torch::maximum(expected, x);
+    if (op == ReduceOp::kProduct) expected = expected * x;
+  }
+  if (op == ReduceOp::kAvg) expected = expected / n;
+  return expected;
+}
+
+}  // namespace
+
+void check_allreduce_ops(ProcessGroup& pg, int64_t numel) {
+  for (auto op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMin, ReduceOp::kMax,
+                  ReduceOp::kProduct}) {
+    auto t = input(pg.rank(), numel, torch::kDouble);
+    pg.allreduce(t, {op})->wait();
+    expect_close(pg, t, reduce_expected(op, pg.size(), numel),
+                 std::string("allreduce ") + to_string(op), 1e-12);
+  }
+}
+
+void check_allreduce_dtypes(ProcessGroup& pg, int64_t numel) {
+  // Every dtype at up to 64 Ki elements: the large-count paths are covered in float32/float64 by
+  // the other checks, and 16-bit conversions of a million elements cost seconds on 2 cores.
+  numel = std::min<int64_t>(numel, 1 << 16);
+  const int n = pg.size();
+  for (auto dtype : kAllDtypes) {
+    const std::string name = c10::toString(dtype);
+    // Small integers: exact in every dtype (the sum over 4 ranks is at most 10, fits int8).
+    auto t = torch::full({numel}, pg.rank() + 1, torch::TensorOptions().dtype(dtype));
+    pg.allreduce(t)->wait();
+    expect(t.scalar_type() == dtype, pg, "allreduce changed the dtype of " + name);
+    expect_close(pg, t, torch::full({numel}, n * (n + 1) / 2.0, torch::kDouble),
+                 "allreduce sum " + name, 0);
+    auto m = torch::full({numel}, pg.rank() + 1, torch::TensorOptions().dtype(dtype));
+    pg.allreduce(m, {ReduceOp::kMax})->wait();
+    expect_close(pg, m, torch::full({numel}, static_cast<double>(n), torch::kDouble),
+                 "allreduce max " + name, 0);
+    auto a = torch::full({numel}, 2 * (pg.rank() + 1), torch::TensorOptions().dtype(dtype));
+    pg.allreduce(a, {ReduceOp::kAvg})->wait();
+    expect_close(pg, a, torch::full({numel}, static_cast<double>(n + 1), torch::kDouble),
+                 "allreduce avg " + name, 0);
+    // Byte-moving operations with the 16-bit and 8-bit types too.
+    auto b = input(pg.rank(), numel, dtype);
+    pg.broadcast(b, {n - 1})->wait();
+    expect_close(pg, b, input(n - 1, numel, dtype), "broadcast " + name, 0);
+  }
+}
+
+void check_broadcast(ProcessGroup& pg, int64_t numel) {
+  for (int root = 0; root < pg.size(); ++root) {
+    auto t = input(pg.rank(), numel);
+    pg.broadcast(t, {root})->wait();
+    expect_close(pg, t, input(root, numel), "broadcast from root " + std::to_string(root), 0);
+  }
+}
+
+void check_reduce(ProcessGroup& pg, int64_t numel) {
+  const int n = pg.size();
+  for (auto op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax}) {
+    const int root = static_cast<int>(op) % n;
+    auto t = input(pg.rank(), numel, torch::kDouble);
+    pg.reduce(t, {root, op})->wait();
+    if (pg.rank() == root) {
+      expect_close(pg, t, reduce_expected(op, n, numel),
+                   std::string("reduce ") + to_string(op) + " to root " + std::to_string(root),
+                   1e-12);
+    }
+  }
+  auto h = input(pg.rank(), numel, torch::kBFloat16);
+  pg.reduce(h, {0, ReduceOp::kSum})->wait();
+  if (pg.rank() == 0) {
+    expect_close(pg, h, reduce_expected(ReduceOp::kSum, n, numel), "reduce bfloat16", 1e-2);
+  }
+}
+
+void check_allgather(ProcessGroup& pg, int64_t numel) {
+  const int n = pg.size();
+  for (auto dtype : {torch::kFloat, torch::kHalf, torch::kLong}) {
+    std::vector<torch::Tensor> outputs;
+    for (int r = 0; r < n; ++r) outputs.push_back(torch::full({numel}, -1, dtype));
+    pg.allgather(outputs, input(pg.rank(), numel, dtype))->wait();
+    for (int r = 0; r < n; ++r) {
+      expect_close(pg, outputs[r], input(r, numel, dtype), "allgather from rank " +
+                                                               std::to_string(r), 0);
+    }
+  }
+}
+
+void check_gather(ProcessGroup& pg, int64_t numel) {
+  const int n = pg.size();
+  for (int root : {0, n - 1}) {
+    std::vector<torch::Tensor> gathered;
+    if (pg.rank() == root) {
+      for (int r = 0; r < n; ++r) gathered.push_back(torch::full({numel}, -1.0));
+    }
+    pg.gather(gathered, input(pg.rank(), numel), {root})->wait();
+    if (pg.rank() == root) {
+      for (int r = 0; r < n; ++r) {
+        expect_close(pg, gathered[r], input(r, numel), "gather from rank " + std::to_string(r), 0);
+      }
+    }
+  }
+}
+
+void check_scatter(ProcessGroup& pg, int64_t numel) {
+  const int n = pg.size();
+  for (int root : {0, n / 2}) {
+    std::vector<torch::Tensor> pieces;
+    if (pg.rank() == root) {
+      for (int r = 0; r < n; ++r) pieces.push_back(input(r * 10, numel));
+    }
+    auto out = torch::full({numel}, -1.0);
+    pg.scatter(out, pieces, {root})->wait();
+    expect_close(pg, out, input(pg.rank() * 10, numel),
+                 "scatter from root " + std::to_string(root), 0);
+  }
+}
+
+void check_reduce_scatter(ProcessGroup& pg, int64_t numel) {
+  const int n = pg.size();
+  for (auto op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMin}) {
+    std::vector<torch::Tensor> inputs;
+    for (int r = 0; r < n; ++r) inputs.push_back(input(pg.rank() + 7 * r, numel, torch::kDouble));
+    auto out = torch::full({numel}, -1.0, torch::kDouble);
+    pg.reduce_scatter(out, inputs, {op})->wait();
+    // Block r of every rank's input list lands, reduced, on rank r.
+    auto expected = input(7 * pg.rank(), numel, torch::kDouble);
+    for (int src = 1; src < n; ++src) {
+      auto x = input(src + 7 * pg.rank(), numel, torch::kDouble);
+      expected = op == ReduceOp::kMin ? torch::minimum(expected, x) : expected + x;
+    }
+    if (op == ReduceOp::kAvg) expected = expected / n;
+    expect_close(pg, out, expected, std::string("reduce_scatter ") + to_string(op), 1e-12);
+  }
+}
+
+void check_send_recv(ProcessGroup& pg, int64_t numel) {
+  const int n = pg.size();
+  if (n < 2) return;
+  const int next = (pg.rank() + 1) % n;
+  const int prev = (pg.rank() + n - 1) % n;
+  auto out = input(pg.rank(), numel);
+  auto in = torch::full({numel}, -1.0);
+  auto send = pg.send(out, next, {3});
+  auto recv = pg.recv(in, prev, {3});
+  send->wait();
+  recv->wait();
+  expect_close(pg, in, input(prev, numel), "recv from rank " + std::to_string(prev), 0);
+}
+
+void check_barrier(ProcessGroup& pg, int64_t) {
+  for (int i = 0; i < 3; ++i) pg.barrier()->wait();
+}
+
+void check_sub_group(ProcessGroup& pg, int64_t numel) {
+  std::vector<int> evens;
+  for (int r = 0; r < pg.size(); r += 2) evens.push_back(r);
+  auto sub = pg.new_group(evens);
+  expect((sub != nullptr) == (pg.rank() % 2 == 0), pg, "new_group membership");
+  if (sub) {
+    expect(sub->rank() == pg.rank() / 2 && sub->size() == static_cast<int>(evens.size()), pg,
+           "sub-group rank or size");
+    auto t = torch::full({numel}, pg.rank() + 1.0);
+    sub->allreduce(t)->wait();
+    double want = 0;
+    for (int r : evens) want += r + 1;
+    expect_close(pg, t, torch::full({numel}, want), "sub-group allreduce", 0);
+  }
+  // The parent stays usable, in step, after the sub-group's operations.
+  pg.barrier()->wait();
+}
+
+const std::vector<NamedCheck>& all_checks() {
+  static const std::vector<NamedCheck> checks = {
+      {"allreduce_ops", check_allreduce_ops}, {"allreduce_dtypes", check_allreduce_dtypes},
+      {"broadcast", check_broadcast},         {"reduce", check_reduce},
+      {"allgather", check_allgather},         {"gather", check_gather},
+      {"scatter", check_scatter},             {"reduce_scatter", check_reduce_scatter},
+      {"send_recv", check_send_recv},         {"barrier", check_barrier},
+      {"sub_group", check_sub_group},
+  };
+  return checks;
+}
+
+const std::vector<int64_t>& element_counts() {
+  // 0 and 1 are the edge cases; 1001 is odd and not a multiple of any chunk size; 2^20 floats
+  // (4 MB) is large enough to take every backend's pipelined/chunked path.
+  static const std::vector<int64_t> counts = {0, 1, 1001, 1 << 20};
+  return counts;
+}
+
+}  // namespace shoal::comm::testing

@@ -1,0 +1,141 @@
+// Every collective of the mpi backend under mpirun (world sizes 1-4, see CMakeLists.txt), with the
+// same checks as the thread and forked-process tests (collective_checks.h). Every rank runs every
+// test; only rank 0 prints. Exits 77 (skipped) when MPI is not built in or mpirun is absent.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cstdlib>
+#include <csignal>
+#include <cstring>
+#include <thread>
+
+#include "collective_checks.h"
+#include "shoal/comm/init.h"
+#include "shoal/error.h"
+#include "testing/multi_rank.h"
+
+namespace shoal::comm {
+namespace {
+
+using shoal::comm::testing::all_checks;
+using shoal::comm::testing::element_counts;
+
+// The world group, created once per process: MPI can be initialized only once.
+std::shared_ptr<ProcessGroup> g_world;
+
+class MpiCollectives : public ::testing::TestWithParam<size_t> {};
+
+TEST_P(MpiCollectives, EveryElementCount) {
+  for (int64_t numel : element_counts()) {
+    SCOPED_TRACE("numel " + std::to_string(numel));
+    all_checks()[GetParam()].fn(*g_world, numel);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Checks, MpiCollectives, ::testing::Range<size_t>(0, all_checks().size()),
+    [](const ::testing::TestParamInfo<size_t>& info) { return all_checks()[info.param].name; });
+
+TEST(MpiBackend, IsSelectedAndAgreesWithMpirun) {
+  EXPECT_EQ(g_world->backend_name(), "mpi");
+  if (const char* size = std::getenv("OMPI_COMM_WORLD_SIZE")) {
+    EXPECT_EQ(g_world->size(), std::atoi(size));
+    EXPECT_EQ(g_world->rank(), std::atoi(std::getenv("OMPI_COMM_WORLD_RANK")));
+  }
+}
+
+TEST(MpiBackend, CollectiveMismatchIsReported) {
+  if (g_world->size() < 2) GTEST_SKIP() << "needs two ranks";
+  auto group = g_world->new_group([&] {
+    std::vector<int> all;
+    for (int r = 0; r < g_world->size(); ++r) all.push_back(r);
+    return all;
+  }());
+  auto t = torch::ones({g_world->rank() == 1 ? 2048 : 1024});
+  try {
+    if (group->rank() == 1) {
+      group->broadcast(t, {0})->wait();
+    } else {
+      group->allreduce(t)->wait();
+    }
+    FAIL() << "expected a mismatch error";
+  } catch (const shoal::PeerError& e) {
+    EXPECT_NE(std::string(e.what()).find("every rank must issue the same collectives"),
+              std::string::npos)
+        << e.what();
+  }
+  // The group is aborted; later operations fail at once.
+  EXPECT_THROW(group->barrier()->wait(), shoal::PeerError);
+}
+
+// --fault=kill: rank 2 kills itself in an allreduce loop (OpenMPI then ends the job).
+// --fault=delay: rank 2 comes after the time-out; ranks 0 and 1 print FAULT-OK when their error
+// is a TimeoutError naming rank 2 within twice the time-out. Run by test_faults.
+int run_fault(const std::string& mode) {
+  constexpr Milliseconds kTimeout{3000};
+  InitOptions options;
+  options.backend = "mpi";
+  options.timeout = kTimeout;
+  auto pg = init_process_group(options);
+  auto t = torch::ones({1024});
+  pg->allreduce(t)->wait();
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    if (mode == "--fault=kill") {
+      for (int i = 0; i < 1'000'000; ++i) {
+        if (pg->rank() == 2 && i == 10) raise(SIGKILL);
+        pg->allreduce(t)->wait();
+      }
+    } else {
+      if (pg->rank() == 2) {
+        std::this_thread::sleep_for(kTimeout * 2);
+        pg->allreduce(t, {ReduceOp::kSum, Milliseconds(500)})->wait();
+        return 0;
+      }
+      pg->allreduce(t)->wait();
+    }
+  } catch (const shoal::Error& e) {
+    const double elapsed =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const std::string what = e.what();
+    const bool ok = dynamic_cast<const TimeoutError*>(&e) != nullptr &&
+                    what.find("waiting for rank 2") != std::string::npos &&
+                    elapsed <= 2.0 * kTimeout.count() / 1000.0;
+    std::printf("FAULT%s rank %d after %.2f s: %s\n", ok ? "-OK" : "", pg->rank(), elapsed,
+                what.c_str());
+    std::fflush(stdout);
+    return ok ? 0 : 1;
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace shoal::comm
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  for (int i = 1; i < argc; ++i) {
+    if (std::strncmp(argv[i], "--fault=", 8) == 0) {
+      if (!SHOAL_HAVE_MPI) shoal::testing::skip_program("the mpi backend is not built in");
+      torch::set_num_threads(1);
+      return shoal::comm::run_fault(argv[i]);
+    }
+    if (std::strcmp(argv[i], "--no-mpirun") == 0) {
+      shoal::testing::skip_program("mpirun was not found when the tests were configured");
+    }
+  }
+  if (!SHOAL_HAVE_MPI) shoal::testing::skip_program("the mpi backend is not built in");
+  torch::set_num_threads(1);
+  shoal::comm::InitOptions options;
+  // Under mpirun "auto" must pick mpi by itself; a lone process asks for it.
+  options.backend = std::getenv("OMPI_COMM_WORLD_RANK") != nullptr ? "auto" : "mpi";
+  options.timeout = shoal::comm::Milliseconds(30'000);
+  shoal::comm::g_world = shoal::comm::init_process_group(options);
+  if (shoal::comm::g_world->rank() != 0) {
+    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
+    delete listeners.Release(listeners.default_result_printer());
+  }
+  const int rc = RUN_ALL_TESTS();
+  shoal::comm::g_world.reset();
+  return rc;
+}

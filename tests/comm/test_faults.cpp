@@ -1,0 +1,330 @@
+// Fault injection across forked processes: a rank killed mid-loop, a rank that comes too late,
+// ranks that issue different collectives, and rendezvous mistakes. Every other rank must fail
+// fast with an error that names the rank at fault, and no process may be left behind. The mpi
+// variants start test_collectives_mpi under mpirun in its fault modes.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "shoal/comm/init.h"
+#include "shoal/error.h"
+#include "testing/multi_rank.h"
+
+namespace shoal::comm {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using shoal::testing::ProcessResult;
+
+// Short, so that the whole file runs in seconds; long enough for a loaded 2-core machine.
+constexpr Milliseconds kTimeout{3000};
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+void expect_all_reaped() {
+  errno = 0;
+  EXPECT_EQ(waitpid(-1, nullptr, WNOHANG), -1) << "a child process was left behind";
+  EXPECT_EQ(errno, ECHILD);
+}
+
+std::string describe(const ProcessResult& r) {
+  std::ostringstream out;
+  out << "rank " << r.rank << ": exit " << r.exit_code << ", signal " << r.signal << ", "
+      << r.seconds << " s, error: " << r.error;
+  return out.str();
+}
+
+std::shared_ptr<ProcessGroup> gloo_group(int rank, int size, const std::string& store_path) {
+  torch::set_num_threads(1);
+  auto store = make_file_store(store_path, size, Milliseconds(30'000));
+  return new_process_group("gloo", store, rank, size, kTimeout);
+}
+
+// Survivors throw unless they failed with an error naming `victim` within twice the time-out.
+void expect_named_failure(ProcessGroup& pg, const std::function<void()>& op,
+                          const std::string& victim) {
+  const auto start = Clock::now();
+  try {
+    op();
+  } catch (const shoal::Error& e) {
+    const double elapsed = seconds_since(start);
+    const std::string what = e.what();
+    if (what.find(victim) == std::string::npos) {
+      throw std::runtime_error("the error does not name " + victim + ": " + what);
+    }
+    if (elapsed > 2.0 * kTimeout.count() / 1000.0) {
+      throw std::runtime_error("the error came after " + std::to_string(elapsed) + " s: " + what);
+    }
+    std::printf("rank %d got, after %.2f s: %s\n", pg.rank(), elapsed, what.c_str());
+    return;
+  }
+  throw std::runtime_error("no error although " + victim + " is gone");
+}
+
+TEST(GlooFaults, KilledRankIsNamedByTheOthers) {
+  constexpr int kWorld = 3;
+  auto results = shoal::testing::run_processes(
+      kWorld,
+      [](int rank, const std::string& path) {
+        auto pg = gloo_group(rank, kWorld, path);
+        auto t = torch::ones({1024});
+        for (int i = 0; i < 10; ++i) pg->allreduce(t)->wait();
+        if (rank == 2) raise(SIGKILL);
+        expect_named_failure(*pg, [&] {
+          for (int i = 0; i < 1'000'000; ++i) pg->allreduce(t)->wait();
+        }, "rank 2");
+      },
+      Milliseconds(30'000));
+  ASSERT_EQ(results.size(), 3u);
+  EXPECT_EQ(results[2].signal, SIGKILL) << describe(results[2]);
+  EXPECT_TRUE(results[0].ok()) << describe(results[0]);
+  EXPECT_TRUE(results[1].ok()) << describe(results[1]);
+  expect_all_reaped();
+}
+
+TEST(GlooFaults, LateRankIsNamedInTheTimeout) {
+  constexpr int kWorld = 3;
+  auto results = shoal::testing::run_processes(
+      kWorld,
+      [](int rank, const std::string& path) {
+        auto pg = gloo_group(rank, kWorld, path);
+        auto t = torch::ones({1024});
+        pg->allreduce(t)->wait();
+        if (rank == 2) {
+          std::this_thread::sleep_for(kTimeout * 2);
+          try {
+            pg->allreduce(t, {ReduceOp::kSum, Milliseconds(500)})->wait();
+          } catch (const shoal::Error&) {
+            // Expected: the others gave up on it.
+          }
+          return;
+        }
+        expect_named_failure(*pg, [&] {
+          try {
+            pg->allreduce(t)->wait();
+          } catch (const shoal::TimeoutError&) {
+            throw;
+          } catch (const std::exception& e) {
+            throw std::runtime_error(std::string("not a TimeoutError: ") + e.what());
+          }
+        }, "rank 2");
+      },
+      Milliseconds(30'000));
+  for (const auto& r : results) EXPECT_TRUE(r.ok()) << describe(r);
+  expect_all_reaped();
+}
+
+// Ranks issue different collectives at the same point: every rank gets a clear PeerError.
+struct Mismatch {
+  const char* name;
+  std::function<std::shared_ptr<Work>(ProcessGroup&)> op;  // what each rank issues
+  const char* rank0_message;                                // what rank 0 must be told
+};
+
+TEST(Mismatch, DifferentCollectivesAreReportedOnEveryRank) {
+  const std::vector<Mismatch> cases = {
+      {"op",
+       [](ProcessGroup& pg) {
+         auto t = torch::ones({pg.rank() == 0 ? 1000 : 2000});
+         return pg.rank() == 0 ? pg.allreduce(t) : pg.broadcast(t, {0});
+       },
+       "[rank 0/2] allreduce #1 (4.0 kB float32, sum) does not match rank 1's broadcast #1 "
+       "(8.0 kB float32, root 0): every rank must issue the same collectives in the same order"},
+      {"numel",
+       [](ProcessGroup& pg) {
+         auto t = torch::ones({pg.rank() == 0 ? 10 : 11});
+         return pg.allreduce(t);
+       },
+       "does not match rank 1's allreduce #1 (44 B float32, sum)"},
+      {"dtype",
+       [](ProcessGroup& pg) {
+         auto t = torch::ones({10}, pg.rank() == 0 ? torch::kFloat : torch::kDouble);
+         return pg.allreduce(t);
+       },
+       "does not match rank 1's allreduce #1 (80 B float64, sum)"},
+      {"reduce op",
+       [](ProcessGroup& pg) {
+         auto t = torch::ones({10});
+         return pg.allreduce(t, {pg.rank() == 0 ? ReduceOp::kSum : ReduceOp::kMax});
+       },
+       "(40 B float32, max)"},
+      {"empty on one rank",
+       [](ProcessGroup& pg) {
+         auto t = torch::ones({pg.rank() == 0 ? 0 : 5});
+         return pg.allreduce(t);
+       },
+       "does not match rank 1's allreduce #1 (20 B float32, sum)"},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.name);
+    auto store = make_hash_store(Milliseconds(10'000));
+    std::vector<std::string> errors(2);
+    shoal::testing::run_threads(2, [&](int rank) {
+      auto pg = new_process_group("gloo", store, rank, 2, kTimeout);
+      try {
+        c.op(*pg)->wait();
+      } catch (const shoal::PeerError& e) {
+        errors[rank] = e.what();
+      }
+    });
+    EXPECT_NE(errors[0].find(c.rank0_message), std::string::npos) << errors[0];
+    EXPECT_NE(errors[1].find("[rank 1/2]"), std::string::npos) << errors[1];
+    EXPECT_NE(errors[1].find("does not match rank 0's"), std::string::npos) << errors[1];
+  }
+}
+
+TEST(Mismatch, ChecksCanBeTurnedOff) {
+  auto store = make_hash_store(Milliseconds(10'000));
+  shoal::testing::run_threads(2, [&](int rank) {
+    auto pg = new_process_group("gloo", store, rank, 2, kTimeout);
+    EXPECT_TRUE(pg->check_collectives());
+    pg->set_check_collectives(false);
+    auto t = torch::ones({16});
+    pg->allreduce(t)->wait();
+    EXPECT_TRUE(torch::all(t == 2).item<bool>());
+  });
+}
+
+// Rendezvous mistakes: clear InvalidArgument on every process, never a hang.
+std::vector<ProcessResult> rendezvous(const std::vector<std::pair<int, int>>& rank_and_size) {
+  const std::string path = shoal::testing::temp_path("rendezvous");
+  std::vector<std::unique_ptr<shoal::testing::ChildProcess>> children;
+  for (const auto& [rank, size] : rank_and_size) {
+    children.push_back(std::make_unique<shoal::testing::ChildProcess>([=] {
+      InitOptions options;
+      options.backend = "gloo";
+      options.init_method = "file://" + path;
+      options.rank = rank;
+      options.world_size = size;
+      options.timeout = kTimeout;
+      init_process_group(options);
+    }));
+  }
+  std::vector<ProcessResult> results;
+  for (size_t i = 0; i < children.size(); ++i) {
+    EXPECT_TRUE(children[i]->wait(kTimeout * 2)) << "process " << i << " hangs";
+    results.push_back(children[i]->result());
+    results.back().rank = rank_and_size[i].first;
+  }
+  children.clear();  // kills and reaps any left
+  std::remove(path.c_str());
+  return results;
+}
+
+TEST(Rendezvous, TwoProcessesClaimingOneRank) {
+  for (const auto& r : rendezvous({{0, 2}, {0, 2}})) {
+    EXPECT_NE(r.error.find("two processes claim rank 0"), std::string::npos) << describe(r);
+    EXPECT_LT(r.seconds, kTimeout.count() / 1000.0) << describe(r);
+  }
+  expect_all_reaped();
+}
+
+TEST(Rendezvous, WorldSizesThatDisagree) {
+  for (const auto& r : rendezvous({{0, 2}, {1, 3}})) {
+    EXPECT_NE(r.error.find("was started with world size"), std::string::npos) << describe(r);
+    EXPECT_LT(r.seconds, kTimeout.count() / 1000.0) << describe(r);
+  }
+  expect_all_reaped();
+}
+
+TEST(Rendezvous, RankOutOfRange) {
+  InitOptions options;
+  options.backend = "gloo";
+  options.init_method = "file://" + shoal::testing::temp_path("unused");
+  options.rank = 2;
+  options.world_size = 2;
+  try {
+    init_process_group(options);
+    FAIL() << "rank 2 of 2 was accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("rank 2 is not below the world size 2"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(Rendezvous, MissingRankTimesOutNamingIt) {
+  const auto results = rendezvous({{0, 3}, {1, 3}});
+  for (const auto& r : results) {
+    EXPECT_NE(r.error.find("rank 2 did not join"), std::string::npos) << describe(r);
+  }
+  expect_all_reaped();
+}
+
+// --- mpi: test_collectives_mpi --fault=... under mpirun ------------------------------------------
+
+// Runs mpirun -np `np` test_collectives_mpi `mode`; returns its result and output.
+ProcessResult run_mpi_fault(int np, const std::string& mode, std::string* output,
+                            Milliseconds limit) {
+  const char* bin = std::getenv("SHOAL_BINARY_DIR");
+  const std::string program = std::string(bin ? bin : ".") + "/tests/comm/test_collectives_mpi";
+  const std::string log = shoal::testing::temp_path("mpirun-log");
+  shoal::testing::ChildProcess mpirun([&] {
+    const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(fd, 1);
+    dup2(fd, 2);
+    setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
+    setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
+    const std::string n = std::to_string(np);
+    execlp("mpirun", "mpirun", "--oversubscribe", "--mca", "btl", "self,vader", "-np", n.c_str(),
+           program.c_str(), mode.c_str(), static_cast<char*>(nullptr));
+    std::_Exit(127);
+  });
+  if (!mpirun.wait(limit)) {
+    ADD_FAILURE() << "mpirun " << mode << " still runs after " << limit.count() << " ms";
+    mpirun.kill(SIGKILL);
+    mpirun.wait(Milliseconds(10'000));
+  }
+  std::ifstream in(log);
+  std::stringstream text;
+  text << in.rdbuf();
+  *output = text.str();
+  std::remove(log.c_str());
+  return mpirun.result();
+}
+
+void require_mpi() {
+  if (!is_backend_available("mpi")) GTEST_SKIP() << "the mpi backend is not built in";
+  if (std::system("command -v mpirun >/dev/null 2>&1") != 0) GTEST_SKIP() << "no mpirun";
+}
+
+// OpenMPI's runtime aborts the whole job when a rank dies: what is tested is that mpirun ends,
+// soon and with a failure status, rather than hanging.
+TEST(MpiFaults, KilledRankEndsTheJob) {
+  require_mpi();
+  if (::testing::Test::IsSkipped()) return;
+  std::string output;
+  const auto start = Clock::now();
+  const auto result = run_mpi_fault(3, "--fault=kill", &output, Milliseconds(30'000));
+  const double elapsed = seconds_since(start);
+  EXPECT_FALSE(result.ok()) << output;
+  EXPECT_LT(elapsed, 20.0) << output;
+  std::printf("mpirun ended after %.1f s with exit %d signal %d\n", elapsed, result.exit_code,
+              result.signal);
+  expect_all_reaped();
+}
+
+TEST(MpiFaults, LateRankIsNamedInTheTimeout) {
+  require_mpi();
+  if (::testing::Test::IsSkipped()) return;
+  std::string output;
+  run_mpi_fault(3, "--fault=delay", &output, Milliseconds(40'000));
+  EXPECT_NE(output.find("FAULT-OK rank 0"), std::string::npos) << output;
+  EXPECT_NE(output.find("FAULT-OK rank 1"), std::string::npos) << output;
+  expect_all_reaped();
+}
+
+}  // namespace
+}  // namespace shoal::comm
