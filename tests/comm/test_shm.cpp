@@ -169,7 +169,6 @@ TEST(ShmChunks, SizesAroundChunkBoundaries) {
 }
 
 TEST(ShmAccuracy, HalfAndBFloat16AgainstFloat64) {
-  auto store = make_hash_store();
   const int world = 4;
   for (int64_t numel : {int64_t{1000}, 3 * kChunkFloats + 11}) {
     for (auto dtype : {torch::kHalf, torch::kBFloat16}) {
@@ -178,6 +177,7 @@ TEST(ShmAccuracy, HalfAndBFloat16AgainstFloat64) {
         torch::manual_seed(100 + r);
         inputs[r] = torch::randn({numel}).to(dtype);
       }
+      auto store = make_hash_store();
       run_threads(world, [&](int rank) {
         auto pg = new_process_group("shm", store, rank, world);
         auto t = inputs[rank].clone();
