@@ -84,10 +84,11 @@ void run_rank(int rank, const Args& args, const std::string& store_path, int out
         for (int i = 0; i < 3; ++i) pg->allreduce(t)->wait();  // warm-up
         // Rank 0 sizes the loop to ~0.15 s and tells the others.
         auto iters = at::zeros({1}, at::kLong);
+        const auto calibrate = Clock::now();
+        pg->allreduce(t)->wait();
         if (rank == 0) {
-          const auto s = Clock::now();
-          pg->allreduce(t)->wait();
-          iters.fill_(std::clamp<int64_t>(static_cast<int64_t>(0.15 / seconds_since(s)), 3, 20000));
+          iters.fill_(std::clamp<int64_t>(static_cast<int64_t>(0.15 / seconds_since(calibrate)),
+                                          3, 20000));
         }
         control->broadcast(iters, {0})->wait();
         const int64_t n = iters.item<int64_t>();

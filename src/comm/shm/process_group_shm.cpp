@@ -138,6 +138,7 @@ ProcessGroupShm::ProcessGroupShm(std::shared_ptr<Store> store, std::string scope
   SHOAL_CHECK_T(InvalidArgument, size <= kMaxSources, rank_prefix(), " shm: ", size,
                 " ranks on one host is more than the ", kMaxSources, " the shm backend supports");
   options_.chunk_bytes = round_up(env_bytes("SHOAL_SHM_CHUNK_BYTES", options_.chunk_bytes), 4096);
+  options_.direct_bytes = std::min(options_.direct_bytes, options_.chunk_bytes);
   const auto deadline = Clock::now() + timeout;
 
   // Every rank must be on this host: a rank elsewhere would fail to open the segment, less clearly.
@@ -391,11 +392,30 @@ std::shared_ptr<Work> ProcessGroupShm::submit(const OpContext& ctx, Lane lane, s
                                         ctx.timeout * 2 + Milliseconds(1000));
   if (lane == Lane::kCollective) {
     const int code = op_code(ctx.name);
-    body = [this, code, seq = ctx.sequence, inner = std::move(body)](const Running& r) {
-      controls_[rank()].op_code.store(code, std::memory_order_relaxed);
-      controls_[rank()].op_sequence.store(seq, std::memory_order_relaxed);
-      inner(r);
-    };
+    // Small collectives run on the calling thread when nothing is queued before them: no hand-off
+    // to the worker, whose wake-up would cost more than the operation.
+    if (bytes <= options_.direct_bytes && collectives_->idle()) {
+      try {
+        controls_[rank()].op_code.store(code, std::memory_order_relaxed);
+        controls_[rank()].op_sequence.store(ctx.sequence, std::memory_order_relaxed);
+        execute(ctx, body);
+        work->finish();
+      } catch (...) {
+        work->finish(std::current_exception());
+      }
+      return work;
+    }
+    collectives_->enqueue([this, work, ctx, code, body = std::move(body)] {
+      try {
+        controls_[rank()].op_code.store(code, std::memory_order_relaxed);
+        controls_[rank()].op_sequence.store(ctx.sequence, std::memory_order_relaxed);
+        execute(ctx, body);
+        work->finish();
+      } catch (...) {
+        work->finish(std::current_exception());
+      }
+    });
+    return work;
   }
   auto task = [this, work, ctx, body = std::move(body)] {
     try {
@@ -405,15 +425,7 @@ std::shared_ptr<Work> ProcessGroupShm::submit(const OpContext& ctx, Lane lane, s
       work->finish(std::current_exception());
     }
   };
-  if (lane == Lane::kCollective) {
-    // Small collectives run on the calling thread when nothing is queued before them: no hand-off
-    // to the worker, whose wake-up would cost more than the operation.
-    if (bytes <= options_.direct_bytes && collectives_->idle()) {
-      task();
-    } else {
-      collectives_->enqueue(std::move(task));
-    }
-  } else if (lane == Lane::kSend) {
+  if (lane == Lane::kSend) {
     if (!sends_) sends_ = std::make_unique<OpQueue>("shm sends");
     sends_->enqueue(std::move(task));
   } else {
