@@ -138,6 +138,8 @@ ProcessGroupShm::ProcessGroupShm(std::shared_ptr<Store> store, std::string scope
   SHOAL_CHECK_T(InvalidArgument, size <= kMaxSources, rank_prefix(), " shm: ", size,
                 " ranks on one host is more than the ", kMaxSources, " the shm backend supports");
   options_.chunk_bytes = round_up(env_bytes("SHOAL_SHM_CHUNK_BYTES", options_.chunk_bytes), 4096);
+  // scatter and reduce_scatter put one cache-line-aligned piece per rank in a buffer.
+  options_.chunk_bytes = std::max(options_.chunk_bytes, round_up(64 * size, 4096));
   options_.direct_bytes = std::min(options_.direct_bytes, options_.chunk_bytes);
   const auto deadline = Clock::now() + timeout;
 
