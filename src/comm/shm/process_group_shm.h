@@ -50,6 +50,12 @@ struct ShmOptions {
   /// Largest allreduce done in one round by every rank reducing every buffer. Up to this size the
   /// saved second round is worth more than the (n-1)/n of redundant reduction work.
   size_t direct_bytes = 32 << 10;
+  /// The most a wait spins before it yields (the budget adapts below it). A running peer reaches the same point within a few
+  /// microseconds (a 4 KiB allreduce takes ~2 us), so 20 us of spinning catches the common case
+  /// at cache-line latency; past that the peer is probably descheduled (cores shared with compute
+  /// or other jobs) and spinning longer would only keep it off its core. SHOAL_SHM_SPIN_US
+  /// overrides it (benchmarks).
+  std::chrono::microseconds spin_time{20};
 };
 
 class ProcessGroupShm : public ProcessGroup {
@@ -134,6 +140,9 @@ class ProcessGroupShm : public ProcessGroup {
   std::vector<uint64_t> sent_pieces_;      // per destination (send lane only)
   std::vector<uint64_t> received_pieces_;  // per source (recv lane only)
   std::vector<const void*> sources_;       // scratch for reductions (collective lane only)
+
+  int64_t max_spin_ns_ = 0;
+  std::atomic<int64_t> spin_budget_ns_{0};  // adaptive, shared by the lanes (a hint only)
 
   std::atomic<bool> aborted_{false};
   std::mutex abort_mutex_;
