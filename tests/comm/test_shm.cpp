@@ -21,8 +21,16 @@ namespace {
 using shoal::testing::run_processes;
 using shoal::testing::run_threads;
 
-// The backend's default chunk (ShmOptions::chunk_bytes) in float32 elements.
-constexpr int64_t kChunkFloats = (256 << 10) / 4;
+// Tests that straddle chunk boundaries set a small chunk (SHOAL_SHM_CHUNK_BYTES), so that small
+// tensors span many chunks; this is it in float32 elements.
+constexpr int64_t kChunkFloats = (64 << 10) / 4;
+
+// Sets SHOAL_SHM_CHUNK_BYTES for the groups a test creates (threads share the environment).
+class SmallChunks {
+ public:
+  SmallChunks() { setenv("SHOAL_SHM_CHUNK_BYTES", "65536", 1); }
+  ~SmallChunks() { unsetenv("SHOAL_SHM_CHUNK_BYTES"); }
+};
 
 std::string messages(const std::vector<shoal::testing::ProcessResult>& results) {
   std::string out;
@@ -47,6 +55,7 @@ torch::Tensor expected_sum(int world, int64_t numel, torch::Dtype dtype = torch:
 TEST(ShmProcesses, CollectivesAcrossProcesses) {
   for (int world = 2; world <= 4; ++world) {
     auto results = run_processes(world, [world](int rank, const std::string& path) {
+      SmallChunks small;
       auto store = make_file_store(path, world, Milliseconds(20'000));
       auto pg = new_process_group("shm", store, rank, world, Milliseconds(20'000));
       SHOAL_CHECK(pg->backend_name() == "shm", "backend is ", pg->backend_name());
@@ -146,6 +155,7 @@ TEST(ShmLarge, SixtyFourMebibytes) {
 }
 
 TEST(ShmChunks, SizesAroundChunkBoundaries) {
+  SmallChunks small;
   auto store = make_hash_store();
   run_threads(3, [&](int rank) {
     auto pg = new_process_group("shm", store, rank, 3);
@@ -173,6 +183,7 @@ TEST(ShmChunks, SizesAroundChunkBoundaries) {
 }
 
 TEST(ShmAccuracy, HalfAndBFloat16AgainstFloat64) {
+  SmallChunks small;
   const int world = 4;
   for (int64_t numel : {int64_t{1000}, 3 * kChunkFloats + 11}) {
     for (auto dtype : {torch::kHalf, torch::kBFloat16}) {

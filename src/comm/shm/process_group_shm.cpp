@@ -133,6 +133,9 @@ ProcessGroupShm::ProcessGroupShm(std::shared_ptr<Store> store, std::string scope
       sources_(size, nullptr) {
   SHOAL_CHECK_T(InvalidArgument, size <= kMaxSources, rank_prefix(), " shm: ", size,
                 " ranks on one host is more than the ", kMaxSources, " the shm backend supports");
+  if (options_.chunk_bytes == 0) {
+    options_.chunk_bytes = std::clamp<size_t>((32u << 20) / (2 * size), 256u << 10, 1u << 20);
+  }
   options_.chunk_bytes = round_up(env_bytes("SHOAL_SHM_CHUNK_BYTES", options_.chunk_bytes), 4096);
   if (const char* spin = std::getenv("SHOAL_SHM_SPIN_US")) {
     options_.spin_time = std::chrono::microseconds(std::atoi(spin));

@@ -42,11 +42,14 @@ struct RankControl;
 struct Channel;
 
 struct ShmOptions {
-  /// Bytes per rank per round of a large operation. 256 KiB: a round touches the chunk of the
-  /// tensor plus the same amount of the peers' buffers, which together stay within a Zen/Skylake
-  /// core's 512 KiB-1 MiB L2, while the ~1 us of flag exchange per round stays under 5 % of the
-  /// ~25 us a round takes at 10 GB/s. SHOAL_SHM_CHUNK_BYTES overrides it (benchmarks).
-  size_t chunk_bytes = 256 << 10;
+  /// Bytes per rank per round of a large operation (0: chosen by the group size). 1 MiB up to
+  /// 16 ranks: a round's working set (the chunk of the tensor, the peers' parts of it) stays in
+  /// the L3 the ranks share, and each round costs a rendezvous, which on a busy machine means a
+  /// scheduling delay: measured on the shared 2-core test machine, 1 MiB chunks gave ~1.5x the
+  /// bandwidth of 256 KiB (L2-sized) ones and ~1.2x that of 4 MiB ones (docs/PERFORMANCE.md).
+  /// More ranks get smaller chunks (down to 256 KiB), keeping the segment near 32 MiB.
+  /// SHOAL_SHM_CHUNK_BYTES overrides it (benchmarks, tests).
+  size_t chunk_bytes = 0;
   /// Largest allreduce done in one round by every rank reducing every buffer. Up to this size the
   /// saved second round is worth more than the (n-1)/n of redundant reduction work.
   size_t direct_bytes = 32 << 10;
