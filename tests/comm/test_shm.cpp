@@ -21,8 +21,16 @@ namespace {
 using shoal::testing::run_processes;
 using shoal::testing::run_threads;
 
-// The backend's default chunk (ShmOptions::chunk_bytes) in float32 elements.
-constexpr int64_t kChunkFloats = (256 << 10) / 4;
+// Tests that straddle chunk boundaries set a small chunk (SHOAL_SHM_CHUNK_BYTES), so that small
+// tensors span many chunks; this is it in float32 elements.
+constexpr int64_t kChunkFloats = (64 << 10) / 4;
+
+// Sets SHOAL_SHM_CHUNK_BYTES for the groups a test creates (threads share the environment).
+class SmallChunks {
+ public:
+  SmallChunks() { setenv("SHOAL_SHM_CHUNK_BYTES", "65536", 1); }
+  ~SmallChunks() { unsetenv("SHOAL_SHM_CHUNK_BYTES"); }
+};
 
 std::string messages(const std::vector<shoal::testing::ProcessResult>& results) {
   std::string out;
@@ -47,6 +55,7 @@ torch::Tensor expected_sum(int world, int64_t numel, torch::Dtype dtype = torch:
 TEST(ShmProcesses, CollectivesAcrossProcesses) {
   for (int world = 2; world <= 4; ++world) {
     auto results = run_processes(world, [world](int rank, const std::string& path) {
+      SmallChunks small;
       auto store = make_file_store(path, world, Milliseconds(20'000));
       auto pg = new_process_group("shm", store, rank, world, Milliseconds(20'000));
       SHOAL_CHECK(pg->backend_name() == "shm", "backend is ", pg->backend_name());
@@ -99,6 +108,7 @@ TEST(ShmFaults, KilledRankIsNamedAndNothingLeaks) {
     EXPECT_NE(r.error.find("rank 1 (pid"), std::string::npos) << r.error;
     EXPECT_NE(r.error.find("allreduce #"), std::string::npos) << r.error;
     EXPECT_LT(r.seconds, 2.0 * timeout.count() / 1000.0) << r.error;
+    std::cout << "rank " << rank << " reported: " << r.error << "\n";
   }
   // A segment left behind would belong to a job whose creator is gone.
   for (const auto& entry : shm_entries()) {
@@ -128,20 +138,24 @@ TEST(ShmFaults, LateRankTimesOutNamingIt) {
   // The late rank learns at once that the group is gone, and why.
   EXPECT_NE(errors[1].find("rank 0 aborted the group"), std::string::npos) << errors[1];
   EXPECT_LT(seconds, 5.0);
+  std::cout << "rank 0 reported: " << errors[0] << "\nrank 1 reported: " << errors[1] << "\n";
 }
 
 TEST(ShmLarge, SixtyFourMebibytes) {
   auto store = make_hash_store();
   const int64_t numel = (64 << 20) / 4;
+  const auto base = torch::arange(numel, torch::kFloat).remainder_(7);  // exact in float32
+  const auto expected = base * 2 + 1;                                    // ranks add 0 and 1
   run_threads(2, [&](int rank) {
     auto pg = new_process_group("shm", store, rank, 2);
-    auto t = input(rank, numel);
+    auto t = base + rank;
     pg->allreduce(t)->wait();
-    ASSERT_TRUE(torch::equal(t, expected_sum(2, numel)));
+    ASSERT_TRUE(torch::equal(t, expected));
   });
 }
 
 TEST(ShmChunks, SizesAroundChunkBoundaries) {
+  SmallChunks small;
   auto store = make_hash_store();
   run_threads(3, [&](int rank) {
     auto pg = new_process_group("shm", store, rank, 3);
@@ -169,7 +183,7 @@ TEST(ShmChunks, SizesAroundChunkBoundaries) {
 }
 
 TEST(ShmAccuracy, HalfAndBFloat16AgainstFloat64) {
-  auto store = make_hash_store();
+  SmallChunks small;
   const int world = 4;
   for (int64_t numel : {int64_t{1000}, 3 * kChunkFloats + 11}) {
     for (auto dtype : {torch::kHalf, torch::kBFloat16}) {
@@ -178,6 +192,7 @@ TEST(ShmAccuracy, HalfAndBFloat16AgainstFloat64) {
         torch::manual_seed(100 + r);
         inputs[r] = torch::randn({numel}).to(dtype);
       }
+      auto store = make_hash_store();
       run_threads(world, [&](int rank) {
         auto pg = new_process_group("shm", store, rank, world);
         auto t = inputs[rank].clone();

@@ -69,11 +69,7 @@ int op_code(const char* name) {
   return 0;
 }
 
-// Waiting: spin, then yield, then sleep.
-// Spin 20 us: a peer that is running reaches the same point within a few microseconds (a 4 KiB
-// op takes ~2 us), so spinning catches the common case at cache-line latency; past that the peer
-// is probably descheduled (2 cores, shared), and spinning longer only steals its core.
-constexpr auto kSpinTime = std::chrono::microseconds(20);
+// Waiting: spin (ShmOptions::spin_time), then yield, then sleep.
 // Then sched_yield for 2 ms: hands the core to a peer queued on it while still reacting within a
 // scheduler tick; then sleep 100 us per check, which costs nothing on long waits (a slow rank
 // computing its backward pass) and adds at most 100 us to them.
@@ -137,7 +133,18 @@ ProcessGroupShm::ProcessGroupShm(std::shared_ptr<Store> store, std::string scope
       sources_(size, nullptr) {
   SHOAL_CHECK_T(InvalidArgument, size <= kMaxSources, rank_prefix(), " shm: ", size,
                 " ranks on one host is more than the ", kMaxSources, " the shm backend supports");
+  if (options_.chunk_bytes == 0) {
+    options_.chunk_bytes = std::clamp<size_t>((32u << 20) / (2 * size), 256u << 10, 1u << 20);
+  }
   options_.chunk_bytes = round_up(env_bytes("SHOAL_SHM_CHUNK_BYTES", options_.chunk_bytes), 4096);
+  if (const char* spin = std::getenv("SHOAL_SHM_SPIN_US")) {
+    options_.spin_time = std::chrono::microseconds(std::atoi(spin));
+  }
+  max_spin_ns_ = std::chrono::nanoseconds(options_.spin_time).count();
+  spin_budget_ns_.store(max_spin_ns_);
+  // scatter and reduce_scatter put one cache-line-aligned piece per rank in a buffer.
+  options_.chunk_bytes = std::max(options_.chunk_bytes, round_up(64 * size, 4096));
+  options_.direct_bytes = std::min(options_.direct_bytes, options_.chunk_bytes);
   const auto deadline = Clock::now() + timeout;
 
   // Every rank must be on this host: a rank elsewhere would fail to open the segment, less clearly.
@@ -308,12 +315,20 @@ template <class Ready>
 void ProcessGroupShm::wait_until(int peer, const Running& op, Ready ready) {
   if (ready()) return;
   const auto begin = Clock::now();
-  do {  // spin (see kSpinTime)
-    for (int i = 0; i < 64; ++i) {
+  // Spin for the adaptive budget (see ShmOptions::spin_time): a wait that ends while spinning
+  // doubles it, one that has to yield halves it, so a busy machine stops spinning on its own.
+  const auto budget = std::chrono::nanoseconds(spin_budget_ns_.load(std::memory_order_relaxed));
+  do {
+    for (int i = 0; i < 16; ++i) {
       cpu_relax();
-      if (ready()) return;
+      if (ready()) {
+        const int64_t grown = std::min<int64_t>(2 * budget.count() + 1000, max_spin_ns_);
+        spin_budget_ns_.store(grown, std::memory_order_relaxed);
+        return;
+      }
     }
-  } while (Clock::now() - begin < kSpinTime);
+  } while (Clock::now() - begin < budget);
+  spin_budget_ns_.store(budget.count() / 2, std::memory_order_relaxed);
   auto next_check = Clock::now();
   for (;;) {
     if (ready()) return;
@@ -391,11 +406,30 @@ std::shared_ptr<Work> ProcessGroupShm::submit(const OpContext& ctx, Lane lane, s
                                         ctx.timeout * 2 + Milliseconds(1000));
   if (lane == Lane::kCollective) {
     const int code = op_code(ctx.name);
-    body = [this, code, seq = ctx.sequence, inner = std::move(body)](const Running& r) {
-      controls_[rank()].op_code.store(code, std::memory_order_relaxed);
-      controls_[rank()].op_sequence.store(seq, std::memory_order_relaxed);
-      inner(r);
-    };
+    // Small collectives run on the calling thread when nothing is queued before them: no hand-off
+    // to the worker, whose wake-up would cost more than the operation.
+    if (bytes <= options_.direct_bytes && collectives_->idle()) {
+      try {
+        controls_[rank()].op_code.store(code, std::memory_order_relaxed);
+        controls_[rank()].op_sequence.store(ctx.sequence, std::memory_order_relaxed);
+        execute(ctx, body);
+        work->finish();
+      } catch (...) {
+        work->finish(std::current_exception());
+      }
+      return work;
+    }
+    collectives_->enqueue([this, work, ctx, code, body = std::move(body)] {
+      try {
+        controls_[rank()].op_code.store(code, std::memory_order_relaxed);
+        controls_[rank()].op_sequence.store(ctx.sequence, std::memory_order_relaxed);
+        execute(ctx, body);
+        work->finish();
+      } catch (...) {
+        work->finish(std::current_exception());
+      }
+    });
+    return work;
   }
   auto task = [this, work, ctx, body = std::move(body)] {
     try {
@@ -405,15 +439,7 @@ std::shared_ptr<Work> ProcessGroupShm::submit(const OpContext& ctx, Lane lane, s
       work->finish(std::current_exception());
     }
   };
-  if (lane == Lane::kCollective) {
-    // Small collectives run on the calling thread when nothing is queued before them: no hand-off
-    // to the worker, whose wake-up would cost more than the operation.
-    if (bytes <= options_.direct_bytes && collectives_->idle()) {
-      task();
-    } else {
-      collectives_->enqueue(std::move(task));
-    }
-  } else if (lane == Lane::kSend) {
+  if (lane == Lane::kSend) {
     if (!sends_) sends_ = std::make_unique<OpQueue>("shm sends");
     sends_->enqueue(std::move(task));
   } else {

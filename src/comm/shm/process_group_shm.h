@@ -42,14 +42,23 @@ struct RankControl;
 struct Channel;
 
 struct ShmOptions {
-  /// Bytes per rank per round of a large operation. 256 KiB: a round touches the chunk of the
-  /// tensor plus the same amount of the peers' buffers, which together stay within a Zen/Skylake
-  /// core's 512 KiB-1 MiB L2, while the ~1 us of flag exchange per round stays under 5 % of the
-  /// ~25 us a round takes at 10 GB/s. SHOAL_SHM_CHUNK_BYTES overrides it (benchmarks).
-  size_t chunk_bytes = 256 << 10;
+  /// Bytes per rank per round of a large operation (0: chosen by the group size). 1 MiB up to
+  /// 16 ranks: a round's working set (the chunk of the tensor, the peers' parts of it) stays in
+  /// the L3 the ranks share, and each round costs a rendezvous, which on a busy machine means a
+  /// scheduling delay: measured on the shared 2-core test machine, 1 MiB chunks gave ~1.5x the
+  /// bandwidth of 256 KiB (L2-sized) ones and ~1.2x that of 4 MiB ones (docs/PERFORMANCE.md).
+  /// More ranks get smaller chunks (down to 256 KiB), keeping the segment near 32 MiB.
+  /// SHOAL_SHM_CHUNK_BYTES overrides it (benchmarks, tests).
+  size_t chunk_bytes = 0;
   /// Largest allreduce done in one round by every rank reducing every buffer. Up to this size the
   /// saved second round is worth more than the (n-1)/n of redundant reduction work.
   size_t direct_bytes = 32 << 10;
+  /// The most a wait spins before it yields (the budget adapts below it). A running peer reaches the same point within a few
+  /// microseconds (a 4 KiB allreduce takes ~2 us), so 20 us of spinning catches the common case
+  /// at cache-line latency; past that the peer is probably descheduled (cores shared with compute
+  /// or other jobs) and spinning longer would only keep it off its core. SHOAL_SHM_SPIN_US
+  /// overrides it (benchmarks).
+  std::chrono::microseconds spin_time{20};
 };
 
 class ProcessGroupShm : public ProcessGroup {
@@ -134,6 +143,9 @@ class ProcessGroupShm : public ProcessGroup {
   std::vector<uint64_t> sent_pieces_;      // per destination (send lane only)
   std::vector<uint64_t> received_pieces_;  // per source (recv lane only)
   std::vector<const void*> sources_;       // scratch for reductions (collective lane only)
+
+  int64_t max_spin_ns_ = 0;
+  std::atomic<int64_t> spin_budget_ns_{0};  // adaptive, shared by the lanes (a hint only)
 
   std::atomic<bool> aborted_{false};
   std::mutex abort_mutex_;
