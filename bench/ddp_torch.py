@@ -1,0 +1,99 @@
+"""PyTorch's Python DistributedDataParallel on the models of `shoal bench ddp`: the peer Shoal's
+DDP is measured against, side by side (gloo, one thread per rank, synthetic data).
+
+usage: ddp_torch.py --model cnn|mlp --steps N --warmup W --batch B --world R --result FILE
+Writes one JSON object to FILE: samples_per_s (all ranks together), peak_rss_mb (largest rank).
+"""
+import argparse
+import json
+import os
+import resource
+import tempfile
+import time
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Cnn(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, 32, 3)
+        self.conv2 = nn.Conv2d(32, 64, 3)
+        self.fc1 = nn.Linear(9216, 128)
+        self.fc2 = nn.Linear(128, 10)
+
+    def forward(self, x):
+        x = F.relu(self.conv1(x))
+        x = F.relu(self.conv2(x))
+        x = F.max_pool2d(x, 2).flatten(1)
+        x = F.relu(self.fc1(x))
+        return F.log_softmax(self.fc2(x), 1)
+
+
+class Mlp(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(784, 1024)
+        self.fc2 = nn.Linear(1024, 1024)
+        self.fc3 = nn.Linear(1024, 10)
+
+    def forward(self, x):
+        x = F.relu(self.fc1(x.flatten(1)))
+        x = F.relu(self.fc2(x))
+        return F.log_softmax(self.fc3(x), 1)
+
+
+def worker(rank, args, init_file, out_dir):
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method="file://" + init_file, rank=rank,
+                            world_size=args.world)
+    torch.manual_seed(0)
+    model = Cnn() if args.model == "cnn" else Mlp()
+    ddp = nn.parallel.DistributedDataParallel(model)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
+    x = torch.randn(args.batch, 1, 28, 28)
+    y = torch.randint(0, 10, (args.batch,))
+
+    def step():
+        opt.zero_grad()
+        F.nll_loss(ddp(x), y).backward()
+        opt.step()
+
+    for _ in range(args.warmup):
+        step()
+    dist.barrier()
+    start = time.perf_counter()
+    for _ in range(args.steps):
+        step()
+    dist.barrier()
+    seconds = time.perf_counter() - start
+    rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+    with open(os.path.join(out_dir, "rank%d.json" % rank), "w") as f:
+        json.dump({"seconds": seconds, "peak_rss_mb": rss_mb}, f)
+    dist.destroy_process_group()
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model", default="cnn")
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--world", type=int, default=2)
+    parser.add_argument("--result", required=True)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        mp.spawn(worker, args=(args, os.path.join(tmp, "init"), tmp), nprocs=args.world, join=True)
+        ranks = [json.load(open(os.path.join(tmp, "rank%d.json" % r))) for r in range(args.world)]
+    seconds = max(r["seconds"] for r in ranks)
+    with open(args.result, "w") as f:
+        json.dump({"samples_per_s": args.world * args.batch * args.steps / seconds,
+                   "peak_rss_mb": max(r["peak_rss_mb"] for r in ranks)}, f)
+
+
+if __name__ == "__main__":
+    main()
