@@ -28,10 +28,12 @@ struct GzCloser {
 std::vector<int64_t> read_header(const std::string& path, const std::vector<uint8_t>& bytes,
                                  uint32_t expected_magic, int64_t num_dims, const char* what) {
   const size_t header_bytes = 4 + 4 * static_cast<size_t>(num_dims);
-  if (bytes.size() < header_bytes) {
+  const auto too_short = [&] {
     SHOAL_THROW(DataError, path, ": truncated: ", bytes.size(), " bytes, shorter than the ",
                 header_bytes, "-byte header of an IDX ", what, " file");
-  }
+  };
+  // The magic number first: a wrong file is a better diagnosis than a short header.
+  if (bytes.size() < 4) too_short();
   const uint32_t magic = read_be32(bytes.data());
   if (magic != expected_magic) {
     const char* hint = magic == kIdxLabelsMagic   ? " (that of a label file)"
@@ -40,6 +42,7 @@ std::vector<int64_t> read_header(const std::string& path, const std::vector<uint
     SHOAL_THROW(DataError, path, ": bad magic number ", magic, hint, ", expected ", expected_magic,
                 " for an IDX ", what, " file: wrong or corrupt file");
   }
+  if (bytes.size() < header_bytes) too_short();
   std::vector<int64_t> dims(num_dims);
   for (int64_t i = 0; i < num_dims; ++i) dims[i] = read_be32(bytes.data() + 4 + 4 * i);
   return dims;

@@ -1,0 +1,62 @@
+"""The PyTorch twins of Shoal's built-in models, for the oracle test.
+
+Usage: pytorch_models.py MODEL SEED OUT
+Builds MODEL right after torch.manual_seed(SEED) and writes to OUT, as little-endian float32:
+every parameter in registration order (flattened), then the logits for the fixed input
+linspace(-1, 1, 2*784) shaped [2,1,28,28]. A line per parameter, "name numel", goes to stdout.
+"""
+import sys
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Cnn(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, 32, 3)
+        self.conv2 = nn.Conv2d(32, 64, 3)
+        self.fc1 = nn.Linear(9216, 128)
+        self.fc2 = nn.Linear(128, 10)
+
+    def forward(self, x):
+        x = F.relu(self.conv1(x))
+        x = F.relu(self.conv2(x))
+        x = F.max_pool2d(x, 2)
+        x = torch.flatten(x, 1)
+        x = F.relu(self.fc1(x))
+        return self.fc2(x)
+
+
+class Mlp(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(784, 1024)
+        self.fc2 = nn.Linear(1024, 1024)
+        self.fc3 = nn.Linear(1024, 10)
+
+    def forward(self, x):
+        x = torch.flatten(x, 1)
+        x = F.relu(self.fc1(x))
+        x = F.relu(self.fc2(x))
+        return self.fc3(x)
+
+
+def main():
+    name, seed, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+    torch.set_num_threads(1)
+    torch.manual_seed(seed)
+    model = {"cnn": Cnn, "mlp": Mlp}[name]()
+    x = torch.linspace(-1, 1, 2 * 784).reshape(2, 1, 28, 28)
+    with torch.no_grad():
+        logits = model(x)
+    with open(out, "wb") as f:
+        for pname, p in model.named_parameters():
+            print(pname, p.numel())
+            f.write(p.detach().contiguous().numpy().astype("<f4").tobytes())
+        f.write(logits.numpy().astype("<f4").tobytes())
+
+
+if __name__ == "__main__":
+    main()

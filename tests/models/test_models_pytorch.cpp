@@ -1,0 +1,74 @@
+// Oracle: Python PyTorch (Debian's python3-torch), building the same model after
+// torch.manual_seed(seed), gets bit-identical initial weights, the same parameter order, and the
+// same logits (to float tolerance) as shoal::models::create(name, seed).
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "shoal/models/registry.h"
+#include "testing/multi_rank.h"
+
+namespace shoal::models {
+namespace {
+
+constexpr const char* kPython = "/usr/bin/python3";
+
+// Runs the Python twin; returns its stdout ("name numel" lines) and fills `values`.
+std::string run_python(const std::string& name, uint64_t seed, std::vector<float>& values) {
+  const char* source = std::getenv("SHOAL_SOURCE_DIR");
+  if (source == nullptr) shoal::testing::skip_program("SHOAL_SOURCE_DIR is not set (run through ctest)");
+  if (std::system((std::string(kPython) + " -c 'import torch' >/dev/null 2>&1").c_str()) != 0) {
+    shoal::testing::skip_program("python3-torch is not installed");
+  }
+  const std::string out = shoal::testing::temp_path("shoal-pytorch-model");
+  const std::string command = std::string(kPython) + " " + source + "/tests/models/pytorch_models.py " +
+                              name + " " + std::to_string(seed) + " " + out;
+  std::string listing;
+  FILE* pipe = ::popen(command.c_str(), "r");
+  EXPECT_NE(pipe, nullptr);
+  char line[256];
+  while (pipe != nullptr && std::fgets(line, sizeof line, pipe) != nullptr) listing += line;
+  EXPECT_EQ(pipe != nullptr ? ::pclose(pipe) : -1, 0) << command;
+  std::ifstream in(out, std::ios::binary | std::ios::ate);
+  const auto bytes = static_cast<size_t>(in.tellg());
+  in.seekg(0);
+  values.resize(bytes / sizeof(float));
+  in.read(reinterpret_cast<char*>(values.data()), static_cast<std::streamsize>(bytes));
+  std::filesystem::remove(out);
+  return listing;
+}
+
+void check(const std::string& name, uint64_t seed) {
+  std::vector<float> values;
+  const std::string listing = run_python(name, seed, values);
+  torch::set_num_threads(1);
+  auto model = create(name, seed);
+  std::ostringstream expected_listing;
+  size_t offset = 0;
+  for (const auto& item : model->named_parameters()) {
+    expected_listing << item.key() << " " << item.value().numel() << "\n";
+    const auto n = static_cast<size_t>(item.value().numel());
+    ASSERT_LE(offset + n, values.size());
+    const torch::Tensor theirs =
+        torch::from_blob(values.data() + offset, item.value().sizes(), torch::kFloat);
+    EXPECT_TRUE(torch::equal(item.value(), theirs)) << name << " " << item.key();
+    offset += n;
+  }
+  EXPECT_EQ(listing, expected_listing.str());
+  ASSERT_EQ(values.size(), offset + 20);
+  torch::NoGradGuard no_grad;
+  const torch::Tensor logits = model->forward(torch::linspace(-1, 1, 2 * 784).reshape({2, 1, 28, 28}));
+  const torch::Tensor theirs = torch::from_blob(values.data() + offset, {2, 10}, torch::kFloat);
+  EXPECT_TRUE(torch::allclose(logits, theirs, 1e-4, 1e-5)) << logits << theirs;
+}
+
+TEST(ModelsVsPyTorch, CnnInitMatches) { check("cnn", 42); }
+TEST(ModelsVsPyTorch, MlpInitMatches) { check("mlp", 7); }
+
+}  // namespace
+}  // namespace shoal::models

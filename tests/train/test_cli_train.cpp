@@ -1,0 +1,136 @@
+// `shoal train` as a user meets it: bad input gives one clear stderr line and a non-zero exit; a
+// small valid dataset trains end to end and prints the final accuracy and metrics.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "testing/idx_files.h"
+#include "testing/multi_rank.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+
+struct CliResult {
+  int exit_code = -1;
+  std::string out;
+  std::string err;
+};
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+std::string shoal_binary() {
+  const char* dir = std::getenv("SHOAL_BINARY_DIR");
+  if (dir == nullptr) shoal::testing::skip_program("SHOAL_BINARY_DIR is not set (run through ctest)");
+  const std::string path = std::string(dir) + "/apps/shoal/shoal";
+  if (!fs::exists(path)) shoal::testing::skip_program(path + " is not built");
+  return path;
+}
+
+// Runs `shoal train ARGS` with stdout and stderr captured separately.
+CliResult shoal_train(const std::string& args) {
+  const std::string out = shoal::testing::temp_path("shoal-cli-out");
+  const std::string err = shoal::testing::temp_path("shoal-cli-err");
+  const std::string command = shoal_binary() + " train " + args + " >" + out + " 2>" + err;
+  const int status = std::system(command.c_str());
+  CliResult run;
+  run.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  run.out = slurp(out);
+  run.err = slurp(err);
+  fs::remove(out);
+  fs::remove(err);
+  return run;
+}
+
+int count_lines(const std::string& text) {
+  return static_cast<int>(std::count(text.begin(), text.end(), '\n'));
+}
+
+TEST(CliTrain, TruncatedTrainImagesGiveOneLineNamingTheFile) {
+  if (!shoal::testing::have_real_fashion_mnist()) {
+    shoal::testing::skip_program("Fashion-MNIST is not installed (apt-get install dataset-fashion-mnist)");
+  }
+  const std::string dir = shoal::testing::make_temp_dir("shoal-cli-trunc");
+  const std::string real = shoal::testing::real_fashion_mnist_dir();
+  const std::string images = dir + "/train-images-idx3-ubyte.gz";
+  shoal::testing::write_gzip(
+      images, shoal::testing::read_gzip_prefix(real + "/train-images-idx3-ubyte.gz", 1000));
+  for (const char* name : {"train-labels-idx1-ubyte.gz", "t10k-images-idx3-ubyte.gz",
+                           "t10k-labels-idx1-ubyte.gz"}) {
+    fs::copy_file(real + "/" + name, dir + "/" + name);
+  }
+  const CliResult run = shoal_train("--data-dir " + dir + " --no-progress");
+  fs::remove_all(dir);
+  EXPECT_NE(run.exit_code, 0);
+  EXPECT_EQ(count_lines(run.err), 1) << run.err;
+  EXPECT_NE(run.err.find(images), std::string::npos) << run.err;
+  EXPECT_NE(run.err.find("truncated"), std::string::npos) << run.err;
+  EXPECT_NE(run.err.find("47040016"), std::string::npos) << run.err;
+}
+
+TEST(CliTrain, MissingDataDirIsOneLine) {
+  const CliResult run = shoal_train("--data-dir /nonexistent/fmnist --no-progress");
+  EXPECT_NE(run.exit_code, 0);
+  EXPECT_EQ(count_lines(run.err), 1) << run.err;
+  EXPECT_NE(run.err.find("/nonexistent/fmnist"), std::string::npos) << run.err;
+}
+
+TEST(CliTrain, UnknownModelIsOneLineListingKnownOnes) {
+  const CliResult run = shoal_train("--model resnet9000 --no-progress");
+  EXPECT_NE(run.exit_code, 0);
+  EXPECT_EQ(count_lines(run.err), 1) << run.err;
+  EXPECT_NE(run.err.find("resnet9000"), std::string::npos) << run.err;
+  EXPECT_NE(run.err.find("cnn"), std::string::npos) << run.err;
+}
+
+TEST(CliTrain, ZeroBatchSizeIsOneLine) {
+  const CliResult run = shoal_train("--batch-size 0 --no-progress");
+  EXPECT_NE(run.exit_code, 0);
+  EXPECT_EQ(count_lines(run.err), 1) << run.err;
+  EXPECT_NE(run.err.find("batch size"), std::string::npos) << run.err;
+}
+
+TEST(CliTrain, HelpDescribesTheOptions) {
+  const CliResult run = shoal_train("--help");
+  EXPECT_EQ(run.exit_code, 0);
+  for (const char* option : {"--model", "--epochs", "--batch-size", "--lr", "--momentum", "--seed",
+                             "--threads", "--data-dir", "--metrics", "--log-interval",
+                             "--no-progress"}) {
+    EXPECT_NE(run.out.find(option), std::string::npos) << option;
+  }
+}
+
+TEST(CliTrain, TrainsOnASmallDatasetAndReportsAccuracy) {
+  const std::string dir = shoal::testing::make_small_dataset_dir(256, 64);
+  const std::string metrics = dir + "/metrics.jsonl";
+  const CliResult run = shoal_train("--model mlp --epochs 2 --batch-size 32 --threads 1 --log-interval 4 "
+                              "--data-dir " + dir + " --metrics " + metrics);
+  const std::string written = slurp(metrics);
+  fs::remove_all(dir);
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  // The last stdout line is the result, with four decimals.
+  const size_t last = run.out.rfind("final test accuracy: ");
+  ASSERT_NE(last, std::string::npos) << run.out;
+  const double accuracy = std::stod(run.out.substr(last + 21));
+  EXPECT_GE(accuracy, 0.0);
+  EXPECT_LE(accuracy, 1.0);
+  EXPECT_EQ(run.out.find('\n', last), run.out.size() - 1);
+  EXPECT_NE(run.out.find("epoch 2/2"), std::string::npos) << run.out;
+  // stderr is not a terminal here: plain progress lines, no carriage returns.
+  EXPECT_NE(run.err.find("step 4/8"), std::string::npos) << run.err;
+  EXPECT_EQ(run.err.find('\r'), std::string::npos);
+  // 8 steps per epoch, a step line every 4: 2 per epoch, and one epoch line each.
+  EXPECT_EQ(count_lines(written), 6) << written;
+  EXPECT_NE(written.find("\"event\":\"epoch\",\"epoch\":2"), std::string::npos) << written;
+}
+
+}  // namespace

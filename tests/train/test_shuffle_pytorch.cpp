@@ -1,0 +1,48 @@
+// Oracle: shuffled_indices(n, seed, epoch) is the permutation PyTorch's DistributedSampler
+// (num_replicas=1, shuffle=True, seed=seed) yields after set_epoch(epoch), so a run's data order
+// can be reproduced in Python.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <sstream>
+
+#include "shoal/train/strategy.h"
+#include "testing/multi_rank.h"
+
+namespace {
+
+TEST(ShuffleVsPyTorch, MatchesDistributedSampler) {
+  if (std::system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") != 0) {
+    shoal::testing::skip_program("python3-torch is not installed");
+  }
+  const char* script =
+      "/usr/bin/python3 -c \""
+      "import torch.utils.data as d\n"
+      "for seed, epoch in ((0, 0), (0, 1), (123, 4)):\n"
+      "    s = d.DistributedSampler(range(1000), num_replicas=1, rank=0, shuffle=True, seed=seed)\n"
+      "    s.set_epoch(epoch)\n"
+      "    print(' '.join(map(str, list(s))))\n"
+      "\"";
+  FILE* pipe = ::popen(script, "r");
+  ASSERT_NE(pipe, nullptr);
+  std::string text;
+  char buffer[4096];
+  while (std::fgets(buffer, sizeof buffer, pipe) != nullptr) text += buffer;
+  ASSERT_EQ(::pclose(pipe), 0);
+  std::istringstream lines(text);
+  for (const auto& [seed, epoch] : {std::pair<uint64_t, int64_t>{0, 0}, {0, 1}, {123, 4}}) {
+    std::string line;
+    ASSERT_TRUE(std::getline(lines, line));
+    std::istringstream values(line);
+    std::vector<int64_t> theirs;
+    for (int64_t v; values >> v;) theirs.push_back(v);
+    const torch::Tensor ours = shoal::train::shuffled_indices(1000, seed, epoch);
+    ASSERT_EQ(static_cast<int64_t>(theirs.size()), ours.size(0));
+    EXPECT_TRUE(torch::equal(ours, torch::tensor(theirs, torch::kLong)))
+        << "seed " << seed << " epoch " << epoch;
+  }
+}
+
+}  // namespace

@@ -1,0 +1,86 @@
+// Oracle: Shoal's single-process trainer and the same loop in Python PyTorch (Debian's
+// python3-torch), from the same seed, data and order, end with the same parameters and losses.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "shoal/data/synthetic_dataset.h"
+#include "shoal/models/registry.h"
+#include "shoal/train/trainer.h"
+#include "testing/multi_rank.h"
+
+namespace shoal::train {
+namespace {
+
+void check_against_pytorch(const std::string& model_name, int64_t size, int64_t epochs,
+                           double lr) {
+  const char* source = std::getenv("SHOAL_SOURCE_DIR");
+  if (source == nullptr) shoal::testing::skip_program("SHOAL_SOURCE_DIR is not set (run through ctest)");
+  if (std::system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") != 0) {
+    shoal::testing::skip_program("python3-torch is not installed");
+  }
+  const uint64_t seed = 3, data_seed = 11;
+  const int64_t batch = 32;
+  const double momentum = 0.9;
+
+  torch::set_num_threads(1);
+  data::SyntheticOptions data_options;
+  data_options.size = size;
+  data_options.seed = data_seed;
+  const data::SyntheticDataset data(data_options);
+  TrainOptions options;
+  options.model = model_name;
+  options.seed = seed;
+  options.epochs = epochs;
+  options.batch_size = batch;
+  options.lr = lr;
+  options.momentum = momentum;
+  options.threads = 1;
+  options.progress = ProgressMode::kNone;
+  options.log_interval = 0;
+  auto model = models::create(model_name, seed);
+  Trainer trainer(options, model);
+  const TrainResult result = trainer.fit({data.images(), data.targets()}, TensorData{});
+
+  const std::string out = shoal::testing::temp_path("shoal-pytorch-train");
+  std::ostringstream command;
+  command << "/usr/bin/python3 " << source << "/tests/train/pytorch_train.py " << model_name << " "
+          << seed << " " << data_seed << " " << size << " " << epochs << " " << batch << " " << lr
+          << " " << momentum << " " << out;
+  FILE* pipe = ::popen(command.str().c_str(), "r");
+  ASSERT_NE(pipe, nullptr);
+  std::vector<double> losses;
+  char line[128];
+  while (std::fgets(line, sizeof line, pipe) != nullptr) losses.push_back(std::stod(line));
+  ASSERT_EQ(::pclose(pipe), 0) << command.str();
+
+  ASSERT_EQ(losses.size(), result.epochs.size());
+  for (size_t i = 0; i < losses.size(); ++i) {
+    EXPECT_NEAR(result.epochs[i].train_loss, losses[i], 1e-4 * std::abs(losses[i]))
+        << "epoch " << i + 1;
+  }
+  std::ifstream in(out, std::ios::binary);
+  for (const auto& item : model->named_parameters()) {
+    const torch::Tensor& ours = item.value();
+    std::vector<float> theirs(static_cast<size_t>(ours.numel()));
+    in.read(reinterpret_cast<char*>(theirs.data()),
+            static_cast<std::streamsize>(theirs.size() * sizeof(float)));
+    ASSERT_TRUE(in) << "python wrote fewer parameters than " << item.key();
+    const torch::Tensor expected = torch::from_blob(theirs.data(), ours.sizes(), torch::kFloat);
+    // Same arithmetic in the same order up to BLAS blocking: float-rounding agreement.
+    EXPECT_TRUE(torch::allclose(ours, expected, /*rtol=*/1e-4, /*atol=*/1e-5))
+        << item.key() << ": max difference " << (ours - expected).abs().max().item<double>();
+  }
+  std::filesystem::remove(out);
+}
+
+TEST(TrainerVsPyTorch, MlpTwoEpochsMatch) { check_against_pytorch("mlp", 256, 2, 0.01); }
+TEST(TrainerVsPyTorch, CnnOneEpochMatches) { check_against_pytorch("cnn", 64, 1, 0.01); }
+
+}  // namespace
+}  // namespace shoal::train
