@@ -20,6 +20,18 @@ void TrainOptions::validate() const {
                 eval_batch_size);
   SHOAL_CHECK_T(InvalidArgument, train_limit >= 0, "train limit must be >= 0 (0 = all), got ",
                 train_limit);
+  SHOAL_CHECK_T(InvalidArgument, test_limit >= 0, "test limit must be >= 0 (0 = all), got ",
+                test_limit);
+  SHOAL_CHECK_T(InvalidArgument, checkpoint_every >= 0,
+                "checkpoint interval must be >= 0 (0 = only after epochs), got ", checkpoint_every);
+  SHOAL_CHECK_T(InvalidArgument, checkpoint_keep >= 0,
+                "checkpoints to keep must be >= 0 (0 = all), got ", checkpoint_keep);
+  SHOAL_CHECK_T(InvalidArgument, !resume || !checkpoint_dir.empty(),
+                "--resume needs --checkpoint-dir DIR: the folder to resume from");
+  SHOAL_CHECK_T(InvalidArgument, checkpoint_every == 0 || !checkpoint_dir.empty(),
+                "--checkpoint-every needs --checkpoint-dir DIR: where to save");
+  SHOAL_CHECK_T(InvalidArgument, stop_after_steps >= 0, "stop-after-steps must be >= 0, got ",
+                stop_after_steps);
 }
 
 }  // namespace shoal::train

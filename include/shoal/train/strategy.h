@@ -15,6 +15,10 @@
 #include <cstdint>
 #include <vector>
 
+namespace shoal::comm {
+class ProcessGroup;
+}
+
 namespace shoal::train {
 
 struct TrainState;
@@ -37,6 +41,9 @@ class Strategy {
   /// This process's rank and the number of processes; only rank 0 reports progress and metrics.
   virtual int rank() const { return 0; }
   virtual int world_size() const { return 1; }
+
+  /// The process group checkpoints are saved through (rank 0 writes, all wait); null alone.
+  virtual comm::ProcessGroup* process_group() { return nullptr; }
 };
 
 /// Plain single-process training: the defaults of Strategy.

@@ -46,6 +46,20 @@ struct TrainOptions {
   int64_t eval_batch_size = 500;
   /// Use only the first N training samples (0 = all): quick runs and tests.
   int64_t train_limit = 0;
+  /// Use only the first N test samples (0 = all): quick runs and tests.
+  int64_t test_limit = 0;
+  /// When not empty, a checkpoint is saved here after every epoch (CheckpointManager layout).
+  std::string checkpoint_dir;
+  /// Also save a checkpoint every N optimizer steps (0 = only at the end of epochs).
+  int64_t checkpoint_every = 0;
+  /// Checkpoints kept in checkpoint_dir (older ones are deleted); 0 keeps all.
+  int checkpoint_keep = 3;
+  /// Continue from the newest checkpoint in checkpoint_dir (an error when there is none).
+  bool resume = false;
+  /// Tests: stop (as if interrupted) once this many optimizer steps were taken in all (0 = never).
+  int64_t stop_after_steps = 0;
+  /// Tests: when not empty, every rank saves its final weights to "<path>.rank<R>.pt".
+  std::string dump_parameters;
 
   /// Throws shoal::InvalidArgument naming the first option that cannot work.
   void validate() const;

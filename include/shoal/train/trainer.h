@@ -21,6 +21,7 @@
 #include <memory>
 #include <vector>
 
+#include "shoal/checkpoint/training_state.h"
 #include "shoal/models/model.h"
 #include "shoal/train/strategy.h"
 #include "shoal/train/train_options.h"
@@ -68,6 +69,8 @@ struct EpochResult {
 /// What a whole run achieved.
 struct TrainResult {
   std::vector<EpochResult> epochs;
+  /// True when options.stop_after_steps ended the run early (as an interruption would).
+  bool stopped = false;
   /// Test accuracy after the last epoch.
   double final_test_accuracy() const { return epochs.empty() ? 0 : epochs.back().test_accuracy; }
 };
@@ -94,15 +97,35 @@ class Trainer {
   /// `test` is empty). Reports progress and metrics as the options say.
   TrainResult fit(const TensorData& train, const TensorData& test);
 
+  /// Loads the newest checkpoint of options.checkpoint_dir into the model and optimizer and
+  /// continues from its epoch, step and sampler position: the interrupted epoch skips the samples
+  /// the job had already consumed (counted over all ranks, so the world size may differ from the
+  /// one that saved it; each rank skips samples_seen / world_size of its shard). Throws
+  /// CheckpointError when there is no checkpoint or it was made for another model.
+  /// Returns the checkpoint's path.
+  std::string resume();
+
   TrainState& state() { return state_; }
   const TrainOptions& options() const { return options_; }
 
  private:
   TrainOptions options_;
   std::unique_ptr<Strategy> strategy_;
+  /// Saves the current state (rank 0 writes; every rank calls). `samples_seen` counts the whole
+  /// job's samples of the current epoch.
+  void save_checkpoint(int64_t completed_epochs, int64_t samples_seen);
+
   TrainState state_;
   bool prepared_ = false;
+  /// Samples of the current epoch the job consumed before it was resumed (all ranks together).
+  int64_t resume_samples_seen_ = 0;
 };
+
+/// The newest checkpoint of options.checkpoint_dir, checked to be resumable by `options` (it
+/// exists and was made for options.model); its path goes to `path` when given. Throws
+/// CheckpointError with a one-line message otherwise.
+checkpoint::TrainingState load_resume_checkpoint(const TrainOptions& options,
+                                                 std::string* path = nullptr);
 
 /// `shoal train`: sets the thread count, builds options.model, loads Fashion-MNIST from
 /// options.data_dir and fits with `strategy` (SingleProcess when null). Throws InvalidArgument /

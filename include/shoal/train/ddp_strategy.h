@@ -1,0 +1,46 @@
+// DdpStrategy: data-parallel training for the built-in trainer, PyTorch's DDP recipe in C++.
+//
+// prepare() joins the job's process group (init_process_group, env:// by default: RANK,
+// WORLD_SIZE, MASTER_ADDR/PORT as set by `shoal run`, torchrun, mpirun or SLURM), wraps the model
+// in DistributedDataParallel (which copies rank 0's weights to every rank and averages gradients
+// during backward) and routes the trainer's forward through the wrapper. Each rank trains on its
+// DistributedSampler shard (seed + epoch shuffle, padded to equal shares), so with B samples per
+// rank and step the global batch is world_size x B, as in PyTorch.
+//
+// Thread safety: as Strategy; one instance per process, used from the trainer's thread.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "shoal/comm/init.h"
+#include "shoal/train/strategy.h"
+
+namespace shoal::parallel {
+class DistributedDataParallelBase;
+}
+
+namespace shoal::train {
+
+/// Data-parallel training over a process group (see the file comment).
+class DdpStrategy : public Strategy {
+ public:
+  /// Joins the process group now (so that rank() is known before the data is loaded).
+  explicit DdpStrategy(const comm::InitOptions& init = {});
+  /// Uses an existing process group (tests, or a group shared with other code).
+  explicit DdpStrategy(std::shared_ptr<comm::ProcessGroup> group);
+  ~DdpStrategy() override;
+
+  void prepare(TrainState& state) override;
+  at::Tensor epoch_indices(int64_t dataset_size, int64_t epoch, uint64_t seed) override;
+  void all_reduce_sum(std::vector<double>& values) override;
+  int rank() const override;
+  int world_size() const override;
+  comm::ProcessGroup* process_group() override { return group_.get(); }
+
+ private:
+  std::shared_ptr<comm::ProcessGroup> group_;
+  std::shared_ptr<parallel::DistributedDataParallelBase> ddp_;
+};
+
+}  // namespace shoal::train

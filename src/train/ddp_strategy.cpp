@@ -1,0 +1,51 @@
+#include "shoal/train/ddp_strategy.h"
+
+#include "shoal/data/distributed_sampler.h"
+#include "shoal/error.h"
+#include "shoal/models/model.h"
+#include "shoal/parallel/distributed_data_parallel.h"
+#include "shoal/train/trainer.h"
+
+namespace shoal::train {
+
+DdpStrategy::DdpStrategy(const comm::InitOptions& init)
+    : DdpStrategy(comm::init_process_group(init)) {}
+
+DdpStrategy::DdpStrategy(std::shared_ptr<comm::ProcessGroup> group) : group_(std::move(group)) {
+  SHOAL_CHECK_T(InvalidArgument, group_ != nullptr, "DdpStrategy: no process group given");
+}
+
+DdpStrategy::~DdpStrategy() = default;
+
+void DdpStrategy::prepare(TrainState& state) {
+  auto ddp = std::make_shared<parallel::DistributedDataParallel<models::Model>>(state.model, group_);
+  ddp_ = ddp;
+  state.forward = [ddp](const at::Tensor& input) { return ddp->forward(input); };
+}
+
+at::Tensor DdpStrategy::epoch_indices(int64_t dataset_size, int64_t epoch, uint64_t seed) {
+  data::DistributedSamplerOptions options;
+  options.shuffle = true;
+  options.seed = seed;
+  data::DistributedSampler sampler(static_cast<size_t>(dataset_size), rank(), world_size(),
+                                   options);
+  sampler.set_epoch(static_cast<uint64_t>(epoch));
+  const std::vector<size_t> indices = sampler.indices();
+  at::Tensor result = at::empty({static_cast<int64_t>(indices.size())}, at::kLong);
+  int64_t* out = result.data_ptr<int64_t>();
+  for (size_t i = 0; i < indices.size(); ++i) out[i] = static_cast<int64_t>(indices[i]);
+  return result;
+}
+
+void DdpStrategy::all_reduce_sum(std::vector<double>& values) {
+  if (values.empty()) return;
+  at::Tensor tensor = at::tensor(values, at::kDouble);
+  group_->allreduce(tensor)->wait();
+  const double* sums = tensor.data_ptr<double>();
+  for (size_t i = 0; i < values.size(); ++i) values[i] = sums[i];
+}
+
+int DdpStrategy::rank() const { return group_->rank(); }
+int DdpStrategy::world_size() const { return group_->size(); }
+
+}  // namespace shoal::train
