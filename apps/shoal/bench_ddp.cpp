@@ -5,9 +5,11 @@
 // shoal_ddp with gradient_as_bucket_view, pytorch_ddp; the report gives each mode's median over
 // the rounds (this machine is shared and noisy: interleaving spreads the noise over every mode).
 // Ranks are this program re-executed with hidden --worker options; every process uses one thread.
-// Also reported: peak RSS of each mode (largest rank), and the share of the communication time
-// that backward hid (1 - time waiting for buckets at the end of backward / time the same bucket
-// reductions take on their own).
+// Also reported: peak RSS of each mode (largest rank), and how much communication backward hid:
+// `overlap` = 1 - time waiting for buckets at the end of backward / time the same bucket
+// reductions take on their own (includes waiting for a slower peer, so a loaded machine drives it
+// to 0), and `hidden_bytes_fraction` = share of the bucket bytes whose reduction had already
+// completed when backward ended (insensitive to peer skew).
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -155,6 +157,8 @@ void run_worker_with(const BenchArgs& args) {
     result["seconds"] = std::chrono::duration<double>(Clock::now() - start).count();
     const auto after = ddp.stats();
     result["wait_per_step"] = (after.wait_seconds - before.wait_seconds) / args.steps;
+    result["hidden_fraction"] = (after.hidden_bytes - before.hidden_bytes) /
+                                std::max(after.reduced_bytes - before.reduced_bytes, 1.0);
     // The same bucket reductions on their own, launched back to back as backward launches them.
     std::vector<torch::Tensor> buckets;
     for (int64_t bytes : after.bucket_bytes) buckets.push_back(torch::zeros({bytes / 4}));
@@ -242,7 +246,7 @@ double median(std::vector<double> v) {
 }
 
 struct ModeSamples {
-  std::vector<double> samples_per_s, peak_rss_mb, overlap;
+  std::vector<double> samples_per_s, peak_rss_mb, overlap, hidden;
 };
 
 std::string json_number(double v) {
@@ -295,18 +299,20 @@ int run_bench(const BenchArgs& args) {
         commands.push_back(command);
       }
       SHOAL_CHECK(run_all(commands), "bench ddp: the Shoal DDP run failed");
-      double seconds = 0, rss = 0, overlap = 0;
+      double seconds = 0, rss = 0, overlap = 0, hidden = 0;
       for (int rank = 0; rank < args.world; ++rank) {
         auto r = read_result(dir + "/shoal" + std::to_string(rank));
         seconds = std::max(seconds, r["seconds"]);
         rss = std::max(rss, r["peak_rss_mb"]);
         if (rank == 0) {
           overlap = std::clamp(1.0 - r["wait_per_step"] / std::max(r["comm_per_step"], 1e-9), 0.0, 1.0);
+          hidden = r["hidden_fraction"];
         }
       }
       samples[key].samples_per_s.push_back(args.world * args.batch * args.steps / seconds);
       samples[key].peak_rss_mb.push_back(rss);
       samples[key].overlap.push_back(overlap);
+      samples[key].hidden.push_back(hidden);
     }
     if (have_torch) {
       const std::string result = dir + "/pytorch";
@@ -334,8 +340,8 @@ int run_bench(const BenchArgs& args) {
     std::printf("bench ddp: model %s, backend %s, %d ranks x batch %d, %d steps, median of %d rounds\n",
                 args.model.c_str(), args.backend.c_str(), args.world, args.batch, args.steps,
                 args.rounds);
-    std::printf("%-16s %12s %10s %11s %11s %8s\n", "mode", "samples/s", "peak MB", "efficiency",
-                "vs_pytorch", "overlap");
+    std::printf("%-16s %12s %10s %11s %11s %8s %8s\n", "mode", "samples/s", "peak MB",
+                "efficiency", "vs_pytorch", "overlap", "hidden");
   }
   for (const std::string mode : {"single", "shoal_ddp", "shoal_ddp_view", "pytorch_ddp"}) {
     if (samples.count(mode) == 0) continue;
@@ -345,22 +351,23 @@ int run_bench(const BenchArgs& args) {
     const double efficiency = ddp ? rate / (args.world * single) : std::nan("");
     const double vs = (mode == "shoal_ddp" || mode == "shoal_ddp_view") ? rate / pytorch : std::nan("");
     const double overlap = s.overlap.empty() ? std::nan("") : median(s.overlap);
+    const double hidden = s.hidden.empty() ? std::nan("") : median(s.hidden);
     const std::string json_mode = mode == "shoal_ddp_view" ? "shoal_ddp" : mode;
     if (args.json) {
       std::printf(
           "{\"mode\": \"%s\", \"model\": \"%s\", \"backend\": \"%s\", \"world_size\": %d, "
           "\"batch_per_rank\": %d, \"gradient_as_bucket_view\": %s, \"samples_per_s\": %s, "
           "\"peak_rss_mb\": %s, \"efficiency\": %s, \"vs_pytorch\": %s, \"overlap\": %s, "
-          "\"rounds\": %d}\n",
+          "\"hidden_bytes_fraction\": %s, \"rounds\": %d}\n",
           json_mode.c_str(), args.model.c_str(), mode == "pytorch_ddp" ? "gloo" : args.backend.c_str(),
           ddp ? args.world : 1, args.batch, mode == "shoal_ddp_view" ? "true" : "false",
           json_number(rate).c_str(), json_number(median(s.peak_rss_mb)).c_str(),
           json_number(efficiency).c_str(), json_number(vs).c_str(), json_number(overlap).c_str(),
-          args.rounds);
+          json_number(hidden).c_str(), args.rounds);
     } else {
-      std::printf("%-16s %12.1f %10.1f %11s %11s %8s\n", mode.c_str(), rate, median(s.peak_rss_mb),
-                  json_number(efficiency).c_str(), json_number(vs).c_str(),
-                  json_number(overlap).c_str());
+      std::printf("%-16s %12.1f %10.1f %11s %11s %8s %8s\n", mode.c_str(), rate,
+                  median(s.peak_rss_mb), json_number(efficiency).c_str(), json_number(vs).c_str(),
+                  json_number(overlap).c_str(), json_number(hidden).c_str());
     }
   }
   return 0;

@@ -300,6 +300,11 @@ void Reducer::finalize_backward() {
     for (size_t i = 0; i < params_.size(); ++i) acc[i] = locally_used_[i];
     used_work = group_->allreduce(used_map);
   }
+  for (const auto& bucket : buckets_) {
+    const double bytes = static_cast<double>(bucket.contents.numel() * bucket.contents.element_size());
+    stats_.reduced_bytes += bytes;
+    if (bucket.work->is_completed()) stats_.hidden_bytes += bytes;
+  }
   for (size_t b = 0; b < buckets_.size(); ++b) wait_bucket(b);
   if (used_work) used_work->wait();
   const auto wait_end = std::chrono::steady_clock::now();

@@ -63,6 +63,8 @@ struct ReducerStats {
   uint64_t iterations = 0;          ///< synchronised backward passes
   double wait_seconds = 0;          ///< time blocked at the end of backward waiting for buckets
   double backward_seconds = 0;      ///< from the first gradient hook to the end of backward
+  double reduced_bytes = 0;         ///< bytes of every bucket reduced
+  double hidden_bytes = 0;          ///< of which already reduced when backward ended (overlapped)
   std::vector<int64_t> bucket_bytes;  ///< current bucket sizes, in reduction order
 };
 
