@@ -65,6 +65,9 @@ ProcessGroupHierarchical::ProcessGroupHierarchical(std::shared_ptr<Store> store,
   flat_ = std::make_shared<ProcessGroupGloo>(make_prefix_store("hier/flat", store_), rank, size,
                                              timeout, gloo);
   queue_ = std::make_unique<shm::OpQueue>("hierarchical");
+  // No rank may use or drop its sub-groups before every rank has finished connecting all of
+  // them: a rank tearing down its Gloo groups early can strand a peer still connecting to it.
+  flat_->barrier({timeout})->wait();
 }
 
 ProcessGroupHierarchical::~ProcessGroupHierarchical() { queue_.reset(); }

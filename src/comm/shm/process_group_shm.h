@@ -11,11 +11,11 @@
 // round's. A rank finishes reading the round-k data of its peers before it posts round k + 1, so
 // a rank may overwrite buffer k % 2 in round k + 2 once every peer has posted round k + 1.
 //
-// Allreduce: up to kDirectBytes, every rank copies its tensor into its buffer and every rank
-// reduces all buffers (one round, the least latency). Above, per chunk: each rank copies the
-// shares of the other ranks into its buffer, reduces its own share from its tensor and the peers'
-// buffers straight into its tensor and its second buffer, and then copies the other shares from
-// the peers' second buffers (reduce-scatter + allgather, two rounds per chunk).
+// Allreduce: up to ShmOptions::direct_bytes, every rank copies its tensor into its buffer and
+// every rank reduces all buffers (one round, the least latency). Above, per chunk: each rank
+// copies the shares of the other ranks into its buffer, reduces its own share from its tensor and
+// the peers' buffers straight into its tensor and its second buffer, and then copies the other
+// shares from the peers' second buffers (reduce-scatter + allgather, two rounds per chunk).
 //
 // Operations run in issue order on a per-group worker thread (small ones inline on the caller's
 // thread when nothing is queued); sends and receives on threads of their own, so that a ring of
