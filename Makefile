@@ -20,9 +20,12 @@ configure: setup $(BUILD_DIR)/build.ninja
 build: configure
 	@cmake --build $(BUILD_DIR) -j $(JOBS)
 
-# The main job: distributed training of a CNN on the real Fashion-MNIST data.
+# The main job: DDP training of the CNN on the real Fashion-MNIST data, 2 local processes with
+# one intra-op thread each. Batch 64 per rank (global 128): measured cheapest per sample (32 costs
+# ~45% more CPU per sample, 128 no less than 64); lr 0.05 with momentum 0.9; 2 epochs reach >= 0.88.
+RUN_STRATEGY ?= --strategy ddp --nproc-per-node 2 --model cnn --epochs 2 --batch-size 64 --lr 0.05 --momentum 0.9
 run: build
-	@$(SHOAL) train --model cnn $(RUN_ARGS)
+	@$(SHOAL) train $(RUN_STRATEGY) $(RUN_ARGS)
 
 test: build
 	@cd $(BUILD_DIR) && ctest --output-on-failure -j $(CTEST_JOBS) $(CTEST_ARGS)

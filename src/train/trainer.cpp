@@ -296,7 +296,7 @@ TrainResult run_training(const TrainOptions& options, std::unique_ptr<Strategy> 
   Trainer trainer(options, std::move(model), std::move(strategy));
   if (options.resume) {
     const std::string path = trainer.resume();
-    if (reports && options.progress != ProgressMode::kNone) {
+    if (reports) {
       std::fprintf(stderr, "shoal train: resumed from %s (epoch %lld, step %lld)\n", path.c_str(),
                    static_cast<long long>(trainer.state().epoch + 1),
                    static_cast<long long>(trainer.state().step));

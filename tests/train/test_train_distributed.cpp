@@ -20,10 +20,10 @@ namespace fs = std::filesystem;
 using shoal::checkpoint::StateDict;
 using shoal::checkpoint::TrainingState;
 
-// 640 training images, batch 32: 20 steps per epoch alone, 10 per rank with two ranks; small
-// enough that each run takes seconds, large enough that two epochs clearly learn.
+// 320 training images, batch 32: 10 steps per epoch alone, 5 per rank with two ranks; small
+// enough that each run takes seconds, large enough that two epochs learn something.
 const std::string kCommon =
-    " train --model cnn --train-samples 640 --test-samples 200 --batch-size 32 --epochs 2"
+    " train --model cnn --train-samples 320 --test-samples 100 --batch-size 32 --epochs 2"
     " --lr 0.05 --momentum 0.9 --seed 3 --threads 1 --no-progress";
 
 struct Outcome {
@@ -96,20 +96,21 @@ TEST(TrainDistributed, SingleProcessResumeIsBitIdentical) {
   TempDir tmp;
   const Outcome whole = shoal(kCommon + " --checkpoint-dir " + tmp.sub("whole"));
   ASSERT_EQ(whole.status, 0) << whole.output;
-  // Checkpoints at steps 7, 14, 20 (epoch end), 21, 28; stopped at 30: resumes from step 28, in
-  // the middle of epoch 2, and trains steps 29 and 30 again.
-  const std::string cut = kCommon + " --checkpoint-dir " + tmp.sub("cut") + " --checkpoint-every 7";
-  const Outcome first = shoal(cut + " --stop-after-steps 30");
+  // Checkpoints at steps 3, 6, 9, 10 (epoch end), 12, 15; stopped at 16: resumes from step 15,
+  // in the middle of epoch 2, and trains step 16 again.
+  const std::string cut = kCommon + " --checkpoint-dir " + tmp.sub("cut") + " --checkpoint-every 3";
+  const Outcome first = shoal(cut + " --stop-after-steps 16");
   ASSERT_EQ(first.status, 0) << first.output;
-  EXPECT_EQ(latest(tmp.sub("cut")).step, 28);
+  EXPECT_EQ(latest(tmp.sub("cut")).step, 15);
+  EXPECT_EQ(latest(tmp.sub("cut")).sampler.samples_seen, 5 * 32);
   const Outcome second = shoal(cut + " --resume");
   ASSERT_EQ(second.status, 0) << second.output;
   EXPECT_NE(second.output.find("resumed from"), std::string::npos) << second.output;
 
   const TrainingState expected = latest(tmp.sub("whole"));
   const TrainingState resumed = latest(tmp.sub("cut"));
-  EXPECT_EQ(expected.step, 40);
-  EXPECT_EQ(resumed.step, 40);
+  EXPECT_EQ(expected.step, 20);
+  EXPECT_EQ(resumed.step, 20);
   EXPECT_EQ(resumed.epoch, 2);
   expect_bit_identical(expected.model, resumed.model);
   EXPECT_EQ(resumed.config.at("model"), "cnn");
@@ -123,7 +124,7 @@ TEST(TrainDistributed, DdpResumeIsBitIdenticalAndRanksAgree) {
                               " --dump-parameters " + tmp.sub("final"));
   ASSERT_EQ(whole.status, 0) << whole.output;
   const double accuracy = final_accuracy(whole.output);
-  EXPECT_GT(accuracy, 0.4) << whole.output;  // 10 classes: chance is 0.1
+  EXPECT_GT(accuracy, 0.2) << whole.output;  // 10 classes: chance is 0.1
   EXPECT_LE(accuracy, 1.0);
   // Both ranks end with the same weights, and rank 0's checkpoint holds them.
   const StateDict rank0 = shoal::checkpoint::load_state_dict_file(tmp.sub("final") + ".rank0.pt");
@@ -132,16 +133,17 @@ TEST(TrainDistributed, DdpResumeIsBitIdenticalAndRanksAgree) {
   const TrainingState expected = latest(tmp.sub("whole"));
   expect_bit_identical(expected.model, rank0);
   EXPECT_EQ(expected.world_size, 2);
-  EXPECT_EQ(expected.step, 20);  // 10 steps per rank and epoch
+  EXPECT_EQ(expected.step, 10);  // 5 steps per rank and epoch
 
-  // Checkpoints at steps 4, 8, 10 (epoch end), 12; stopped at 15; resumed from 12.
-  const std::string cut = ddp + " --checkpoint-dir " + tmp.sub("cut") + " --checkpoint-every 4";
-  const Outcome first = shoal(cut + " --stop-after-steps 15");
+  // Checkpoints at steps 2, 4, 5 (epoch end), 6, 8; stopped at 9; resumed from 8 (3 steps of
+  // epoch 2 on 2 ranks: 192 samples).
+  const std::string cut = ddp + " --checkpoint-dir " + tmp.sub("cut") + " --checkpoint-every 2";
+  const Outcome first = shoal(cut + " --stop-after-steps 9");
   ASSERT_EQ(first.status, 0) << first.output;
   const TrainingState partial = latest(tmp.sub("cut"));
-  EXPECT_EQ(partial.step, 12);
+  EXPECT_EQ(partial.step, 8);
   EXPECT_EQ(partial.sampler.epoch, 1);
-  EXPECT_EQ(partial.sampler.samples_seen, 2 * 2 * 32);
+  EXPECT_EQ(partial.sampler.samples_seen, 3 * 2 * 32);
   const Outcome second = shoal(cut + " --resume");
   ASSERT_EQ(second.status, 0) << second.output;
   expect_bit_identical(expected.model, latest(tmp.sub("cut")).model);
@@ -149,32 +151,33 @@ TEST(TrainDistributed, DdpResumeIsBitIdenticalAndRanksAgree) {
 
 TEST(TrainDistributed, ResumesAtAnotherWorldSize) {
   TempDir tmp;
-  // Two ranks stop after step 6 (checkpoint at step 4: 4 x 2 x 32 = 256 samples of epoch 1); one
-  // process resumes: (640 - 256) / 32 = 12 more steps in epoch 1, then 20 in epoch 2.
+  // Two ranks stop after step 3 (checkpoint at step 2: 2 x 2 x 32 = 128 samples of epoch 1); one
+  // process resumes: (320 - 128) / 32 = 6 more steps in epoch 1, then 10 in epoch 2.
   const std::string two = tmp.sub("two");
   ASSERT_EQ(shoal(kCommon + " --strategy ddp --nproc-per-node 2 --checkpoint-dir " + two +
-                  " --checkpoint-every 4 --stop-after-steps 6")
+                  " --checkpoint-every 2 --stop-after-steps 3")
                 .status,
             0);
+  EXPECT_EQ(latest(two).sampler.samples_seen, 128);
   const Outcome by_one = shoal(kCommon + " --checkpoint-dir " + two + " --resume");
   ASSERT_EQ(by_one.status, 0) << by_one.output;
-  EXPECT_GT(final_accuracy(by_one.output), 0.4) << by_one.output;
+  EXPECT_GT(final_accuracy(by_one.output), 0.2) << by_one.output;
   const TrainingState after_one = latest(two);
-  EXPECT_EQ(after_one.step, 4 + 12 + 20);
+  EXPECT_EQ(after_one.step, 2 + 6 + 10);
   EXPECT_EQ(after_one.world_size, 1);
 
-  // One process stops after step 7 (checkpoint at step 5: 160 samples); two ranks resume: each
-  // skips 80 of its 320, (320 - 80) / 32 -> 8 steps, then 10 in epoch 2.
+  // One process stops after step 4 (checkpoint at step 3: 96 samples); two ranks resume: each
+  // skips 48 of its 160, (160 - 48) / 32 -> 4 steps, then 5 in epoch 2.
   const std::string one = tmp.sub("one");
-  ASSERT_EQ(shoal(kCommon + " --checkpoint-dir " + one + " --checkpoint-every 5 --stop-after-steps 7")
+  ASSERT_EQ(shoal(kCommon + " --checkpoint-dir " + one + " --checkpoint-every 3 --stop-after-steps 4")
                 .status,
             0);
   const Outcome by_two =
       shoal(kCommon + " --strategy ddp --nproc-per-node 2 --checkpoint-dir " + one + " --resume");
   ASSERT_EQ(by_two.status, 0) << by_two.output;
-  EXPECT_GT(final_accuracy(by_two.output), 0.4) << by_two.output;
+  EXPECT_GT(final_accuracy(by_two.output), 0.2) << by_two.output;
   const TrainingState after_two = latest(one);
-  EXPECT_EQ(after_two.step, 5 + 8 + 10);
+  EXPECT_EQ(after_two.step, 3 + 4 + 5);
   EXPECT_EQ(after_two.world_size, 2);
   for (const auto& item : after_two.model) {
     EXPECT_TRUE(item.value().isfinite().all().item<bool>()) << item.key();
@@ -192,7 +195,9 @@ TEST(TrainDistributed, RefusesHopelessResume) {
                                                            << empty.output;
 
   const std::string dir = tmp.sub("cnn");
-  ASSERT_EQ(shoal(kCommon + " --epochs 1 --checkpoint-dir " + dir).status, 0);
+  ASSERT_EQ(shoal(" train --model cnn --train-samples 32 --test-samples 10 --no-progress"
+                  " --threads 1 --checkpoint-dir " + dir).status,
+            0);
   const Outcome other = shoal(
       " train --model mlp --train-samples 64 --test-samples 10 --no-progress --checkpoint-dir " +
       dir + " --resume");
