@@ -62,6 +62,8 @@ void add_train_command(CLI::App& root, std::vector<Command>& commands) {
       "Train a built-in model on Fashion-MNIST (SGD with momentum, cross-entropy), evaluating on\n"
       "the test set after every epoch, in one process or data-parallel over N processes\n"
       "(--strategy ddp). The defaults reach >= 0.85 test accuracy in one epoch.");
+  // A repeated option takes its last value, so that `make run RUN_ARGS="--epochs 2"` overrides.
+  app->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
 
   std::string models;
   for (const auto& name : models::list_models()) models += (models.empty() ? "" : ", ") + name;
