@@ -67,6 +67,8 @@ void add_train_command(CLI::App& root, std::vector<Command>& commands) {
       "The last stdout line is 'final test accuracy: A'. Progress goes to stderr: a live bar on\n"
       "a terminal, plain lines otherwise. Under --strategy ddp, --batch-size is per rank\n"
       "(the global batch is N x batch size, as in PyTorch DDP).");
+  // A repeated option takes its last value, so that `make run RUN_ARGS="--epochs 2"` overrides.
+  app->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
 
   std::string models;
   for (const auto& name : models::list_models()) models += (models.empty() ? "" : ", ") + name;
