@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "commands.h"
+#include "shoal/models/registry.h"
 #include "shoal/comm/init.h"
 #include "shoal/error.h"
 #include "shoal/parallel/distributed_data_parallel.h"
@@ -47,7 +48,7 @@ constexpr std::chrono::seconds kModeDeadline{600};
 
 struct BenchArgs {
   std::string model = "cnn";
-  std::string backend = "gloo";
+  std::string backend = "shm";
   int steps = 20;
   int warmup = 3;
   int rounds = 3;
@@ -62,39 +63,6 @@ struct BenchArgs {
   std::string result;
   bool bucket_view = false;
 };
-
-// The built-in models' architectures (the model registry's "cnn" and "mlp").
-struct CnnImpl : torch::nn::Module {
-  CnnImpl()
-      : conv1(register_module("conv1", torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 32, 3)))),
-        conv2(register_module("conv2", torch::nn::Conv2d(torch::nn::Conv2dOptions(32, 64, 3)))),
-        fc1(register_module("fc1", torch::nn::Linear(9216, 128))),
-        fc2(register_module("fc2", torch::nn::Linear(128, 10))) {}
-  torch::Tensor forward(torch::Tensor x) {
-    x = torch::relu(conv1(x));
-    x = torch::relu(conv2(x));
-    x = torch::max_pool2d(x, 2).flatten(1);
-    x = torch::relu(fc1(x));
-    return torch::log_softmax(fc2(x), 1);
-  }
-  torch::nn::Conv2d conv1, conv2;
-  torch::nn::Linear fc1, fc2;
-};
-TORCH_MODULE(Cnn);
-
-struct MlpImpl : torch::nn::Module {
-  MlpImpl()
-      : fc1(register_module("fc1", torch::nn::Linear(784, 1024))),
-        fc2(register_module("fc2", torch::nn::Linear(1024, 1024))),
-        fc3(register_module("fc3", torch::nn::Linear(1024, 10))) {}
-  torch::Tensor forward(torch::Tensor x) {
-    x = torch::relu(fc1(x.flatten(1)));
-    x = torch::relu(fc2(x));
-    return torch::log_softmax(fc3(x), 1);
-  }
-  torch::nn::Linear fc1, fc2, fc3;
-};
-TORCH_MODULE(Mlp);
 
 double peak_rss_mb() {
   rusage usage{};
@@ -117,11 +85,11 @@ std::map<std::string, double> read_result(const std::string& path) {
   return values;
 }
 
-template <typename Holder>
 void run_worker_with(const BenchArgs& args) {
   torch::set_num_threads(1);
   torch::manual_seed(0);
-  Holder model;
+  // The registry's models (the ones `shoal train` trains), so bench and trainer measure one thing.
+  std::shared_ptr<models::Model> model = models::create(args.model, 0);
   auto x = torch::randn({args.batch, 1, 28, 28});
   auto y = torch::randint(0, 10, {args.batch}, torch::kLong);
   torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
@@ -130,7 +98,7 @@ void run_worker_with(const BenchArgs& args) {
   if (args.worker == "single") {
     auto step = [&] {
       optimizer.zero_grad();
-      torch::nll_loss(model->forward(x), y).backward();
+      torch::cross_entropy_loss(model->forward(x), y).backward();
       optimizer.step();
     };
     for (int i = 0; i < args.warmup; ++i) step();
@@ -142,10 +110,10 @@ void run_worker_with(const BenchArgs& args) {
     auto group = comm::new_process_group(args.backend, store, args.rank, args.world);
     DistributedDataParallelOptions options;
     options.gradient_as_bucket_view = args.bucket_view;
-    DistributedDataParallel ddp(model, group, options);
+    DistributedDataParallel<models::Model> ddp(model, group, options);
     auto step = [&] {
       optimizer.zero_grad();
-      torch::nll_loss(ddp.forward(x), y).backward();
+      torch::cross_entropy_loss(ddp.forward(x), y).backward();
       optimizer.step();
     };
     for (int i = 0; i < args.warmup; ++i) step();
@@ -179,11 +147,7 @@ void run_worker_with(const BenchArgs& args) {
 }
 
 int run_worker(const BenchArgs& args) {
-  if (args.model == "cnn") {
-    run_worker_with<Cnn>(args);
-  } else {
-    run_worker_with<Mlp>(args);
-  }
+  run_worker_with(args);
   return 0;
 }
 

@@ -17,8 +17,6 @@ std::string local_hostname() {
   return name;
 }
 
-namespace {
-
 bool process_is_gone(int pid) {
   if (pid <= 0) return false;
   if (kill(pid, 0) != 0 && errno == ESRCH) return true;
@@ -29,8 +27,6 @@ bool process_is_gone(int pid) {
   const auto close = line.rfind(')');
   return close != std::string::npos && close + 2 < line.size() && line[close + 2] == 'Z';
 }
-
-}  // namespace
 
 PeerDirectory::PeerDirectory(std::shared_ptr<Store> store, std::string scope, int rank, int size)
     : store_(std::move(store)),

@@ -50,6 +50,9 @@ class PeerDirectory {
   bool store_unreachable_ = false;
 };
 
+/// True when process `pid` on this host has exited or is a zombie (killed, not yet reaped).
+bool process_is_gone(int pid);
+
 /// This machine's host name.
 std::string local_hostname();
 

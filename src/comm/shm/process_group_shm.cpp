@@ -87,16 +87,6 @@ inline void cpu_relax() {
 #endif
 }
 
-bool process_is_gone(int pid) {
-  if (pid <= 0 || pid == getpid()) return false;
-  if (kill(pid, 0) != 0 && errno == ESRCH) return true;
-  // A killed process whose parent has not reaped it yet still answers kill(); it is a zombie.
-  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-  std::string line;
-  if (!std::getline(stat, line)) return true;
-  const auto close = line.rfind(')');
-  return close != std::string::npos && close + 2 < line.size() && line[close + 2] == 'Z';
-}
 
 size_t round_up(size_t value, size_t to) { return (value + to - 1) / to * to; }
 
@@ -339,7 +329,8 @@ void ProcessGroupShm::wait_until(int peer, const Running& op, Ready ready) {
           header_->abort_rank.load(std::memory_order_acquire) != 0) {
         fail_waiting(peer, op, "aborted");
       }
-      if (process_is_gone(controls_[peer].pid.load(std::memory_order_relaxed))) {
+      if (const int pid = controls_[peer].pid.load(std::memory_order_relaxed);
+          pid != getpid() && process_is_gone(pid)) {
         if (ready()) return;  // it finished its part before exiting
         fail_waiting(peer, op, "exited");
       }
