@@ -8,6 +8,7 @@ import argparse
 import json
 import os
 import resource
+import sys
 import tempfile
 import time
 
@@ -18,33 +19,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 
-class Cnn(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.conv1 = nn.Conv2d(1, 32, 3)
-        self.conv2 = nn.Conv2d(32, 64, 3)
-        self.fc1 = nn.Linear(9216, 128)
-        self.fc2 = nn.Linear(128, 10)
-
-    def forward(self, x):
-        x = F.relu(self.conv1(x))
-        x = F.relu(self.conv2(x))
-        x = F.max_pool2d(x, 2).flatten(1)
-        x = F.relu(self.fc1(x))
-        return F.log_softmax(self.fc2(x), 1)
-
-
-class Mlp(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.fc1 = nn.Linear(784, 1024)
-        self.fc2 = nn.Linear(1024, 1024)
-        self.fc3 = nn.Linear(1024, 10)
-
-    def forward(self, x):
-        x = F.relu(self.fc1(x.flatten(1)))
-        x = F.relu(self.fc2(x))
-        return F.log_softmax(self.fc3(x), 1)
+# The Python twins of Shoal's model registry (the same ones the oracle tests compare against), so
+# that both sides of the benchmark train exactly the same architecture.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "models"))
+from pytorch_models import Cnn, Mlp  # noqa: E402
 
 
 def worker(rank, args, init_file, out_dir):
@@ -60,7 +38,7 @@ def worker(rank, args, init_file, out_dir):
 
     def step():
         opt.zero_grad()
-        F.nll_loss(ddp(x), y).backward()
+        F.cross_entropy(ddp(x), y).backward()
         opt.step()
 
     for _ in range(args.warmup):

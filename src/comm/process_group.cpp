@@ -208,10 +208,15 @@ std::shared_ptr<Work> ProcessGroup::check_same_collective(const OpContext& ctx,
   mine.field[Fingerprint::kRoot] = root;
   mine.field[Fingerprint::kReduceOp] = reduce_op;
 
-  at::Tensor input = at::empty({Fingerprint::kFields}, at::kLong);
+  if (!fingerprint_in_.defined()) {
+    fingerprint_in_ = at::empty({Fingerprint::kFields}, at::kLong);
+    for (int r = 0; r < size_; ++r) {
+      fingerprint_all_.push_back(at::empty({Fingerprint::kFields}, at::kLong));
+    }
+  }
+  at::Tensor& input = fingerprint_in_;
+  std::vector<at::Tensor>& all = fingerprint_all_;
   std::memcpy(input.data_ptr<int64_t>(), mine.field, sizeof mine.field);
-  std::vector<at::Tensor> all;
-  for (int r = 0; r < size_; ++r) all.push_back(at::empty({Fingerprint::kFields}, at::kLong));
   try {
     // Under the collective's own context, so that a rank that never comes is reported as this
     // collective timing out, naming that rank.

@@ -177,6 +177,10 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   std::atomic<uint64_t> sequence_{0};
   uint64_t groups_created_ = 0;
   bool check_collectives_ = false;
+  // Fingerprint buffers of the collective check, allocated once per group: the check runs before
+  // every collective, so it must not allocate per call.
+  at::Tensor fingerprint_in_;
+  std::vector<at::Tensor> fingerprint_all_;
 
   // Exchanges this collective's fingerprint with every rank; returns a failed Work when they
   // disagree (or the exchange failed), null when the collective may run.
