@@ -2,6 +2,7 @@
 DDP is measured against, side by side (gloo, one thread per rank, synthetic data).
 
 usage: ddp_torch.py --model cnn|mlp --steps N --warmup W --batch B --world R --result FILE
+                    [--gradient-as-bucket-view]
 Writes one JSON object to FILE: samples_per_s (all ranks together), peak_rss_mb (largest rank).
 """
 import argparse
@@ -31,7 +32,8 @@ def worker(rank, args, init_file, out_dir):
                             world_size=args.world)
     torch.manual_seed(0)
     model = Cnn() if args.model == "cnn" else Mlp()
-    ddp = nn.parallel.DistributedDataParallel(model)
+    ddp = nn.parallel.DistributedDataParallel(
+        model, gradient_as_bucket_view=args.gradient_as_bucket_view)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
     x = torch.randn(args.batch, 1, 28, 28)
     y = torch.randint(0, 10, (args.batch,))
@@ -63,6 +65,7 @@ def main():
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--world", type=int, default=2)
     parser.add_argument("--result", required=True)
+    parser.add_argument("--gradient-as-bucket-view", action="store_true")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         mp.spawn(worker, args=(args, os.path.join(tmp, "init"), tmp), nprocs=args.world, join=True)

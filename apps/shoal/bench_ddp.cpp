@@ -1,11 +1,15 @@
 // `shoal bench ddp`: training throughput of one process without DDP, Shoal's DDP and PyTorch's
 // Python DDP on the same model, batch and thread count, measured side by side.
 //
-// Each round runs, in this order, a fresh process for every mode: single, shoal_ddp,
-// shoal_ddp with gradient_as_bucket_view, pytorch_ddp; the report gives each mode's median over
-// the rounds (this machine is shared and noisy: interleaving spreads the noise over every mode).
+// Each round runs, in this order, fresh processes for every mode: `single` (one process, no DDP),
+// `independent` (world-size copies of `single` at once, no communication: what the machine allows
+// any data-parallel scheme, since the ranks share its caches and memory bandwidth), `shoal_ddp` for
+// every backend asked for, without and with gradient_as_bucket_view, and `pytorch_ddp` (gloo)
+// without and with gradient_as_bucket_view. The report gives each mode's median over the rounds
+// (this machine is shared and noisy: interleaving spreads the noise over every mode).
 // Ranks are this program re-executed with hidden --worker options; every process uses one thread.
-// Also reported: peak RSS of each mode (largest rank), and how much communication backward hid:
+// Also reported: peak RSS of each mode (largest rank) and its difference to `single`, the median
+// time of a step's phases on rank 0, and how much communication backward hid:
 // `overlap` = 1 - time waiting for buckets at the end of backward / time the same bucket
 // reductions take on their own (includes waiting for a slower peer, so a loaded machine drives it
 // to 0), and `hidden_bytes_fraction` = share of the bucket bytes whose reduction had already
@@ -31,6 +35,7 @@
 #include "shoal/models/registry.h"
 #include "shoal/comm/init.h"
 #include "shoal/error.h"
+#include "shoal/memory/cpu_allocator.h"
 #include "shoal/parallel/distributed_data_parallel.h"
 
 #ifndef SHOAL_SOURCE_DIR
@@ -48,12 +53,14 @@ constexpr std::chrono::seconds kModeDeadline{600};
 
 struct BenchArgs {
   std::string model = "cnn";
-  std::string backend = "shm";
+  std::vector<std::string> backends{"shm"};
   int steps = 20;
   int warmup = 3;
   int rounds = 3;
   int batch = 64;
   int world = 2;
+  double bucket_cap_mb = 0;        // 0: DDP's default
+  double first_bucket_cap_mb = 0;  // 0: DDP's default
   bool json = false;
   std::string torch_script = std::string(SHOAL_SOURCE_DIR) + "/bench/ddp_torch.py";
   // Hidden: what a re-executed worker is.
@@ -85,7 +92,35 @@ std::map<std::string, double> read_result(const std::string& path) {
   return values;
 }
 
+// Times the phases of training steps: zero_grad + forward + loss, backward, optimizer step.
+struct PhaseTimer {
+  double forward = 0, backward = 0, optimizer = 0;
+
+  template <class Forward, class Optimizer>
+  void step(Forward&& forward_loss, Optimizer& opt) {
+    const auto t0 = Clock::now();
+    opt.zero_grad();
+    auto loss = forward_loss();
+    const auto t1 = Clock::now();
+    loss.backward();
+    const auto t2 = Clock::now();
+    opt.step();
+    const auto t3 = Clock::now();
+    forward += std::chrono::duration<double>(t1 - t0).count();
+    backward += std::chrono::duration<double>(t2 - t1).count();
+    optimizer += std::chrono::duration<double>(t3 - t2).count();
+  }
+  void record(std::map<std::string, double>& result, int steps) const {
+    result["forward_ms"] = 1e3 * forward / steps;
+    result["backward_ms"] = 1e3 * backward / steps;
+    result["optimizer_ms"] = 1e3 * optimizer / steps;
+  }
+};
+
 void run_worker_with(const BenchArgs& args) {
+  // Every Shoal mode, the DDP-less ones too, with the allocator settings Shoal's DDP and Trainer
+  // use, so that the comparison measures DDP alone (SHOAL_TUNE_MALLOC=0 measures without them).
+  memory::tune_cpu_allocator();
   torch::set_num_threads(1);
   torch::manual_seed(0);
   // The registry's models (the ones `shoal train` trains), so bench and trainer measure one thing.
@@ -94,37 +129,38 @@ void run_worker_with(const BenchArgs& args) {
   auto y = torch::randint(0, 10, {args.batch}, torch::kLong);
   torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
   std::map<std::string, double> result;
+  double grad_bytes = 0;
+  for (const auto& p : model->parameters()) grad_bytes += p.numel() * p.element_size();
+  result["grad_mb"] = grad_bytes / 1e6;
 
   if (args.worker == "single") {
-    auto step = [&] {
-      optimizer.zero_grad();
-      torch::cross_entropy_loss(model->forward(x), y).backward();
-      optimizer.step();
-    };
-    for (int i = 0; i < args.warmup; ++i) step();
+    auto forward_loss = [&] { return torch::cross_entropy_loss(model->forward(x), y); };
+    PhaseTimer warm, timed;
+    for (int i = 0; i < args.warmup; ++i) warm.step(forward_loss, optimizer);
     const auto start = Clock::now();
-    for (int i = 0; i < args.steps; ++i) step();
+    for (int i = 0; i < args.steps; ++i) timed.step(forward_loss, optimizer);
     result["seconds"] = std::chrono::duration<double>(Clock::now() - start).count();
+    timed.record(result, args.steps);
   } else {
     auto store = comm::make_file_store(args.store, args.world);
-    auto group = comm::new_process_group(args.backend, store, args.rank, args.world);
+    auto group = comm::new_process_group(args.backends.at(0), store, args.rank, args.world);
     DistributedDataParallelOptions options;
     options.gradient_as_bucket_view = args.bucket_view;
+    if (args.bucket_cap_mb > 0) options.bucket_cap_mb = args.bucket_cap_mb;
+    if (args.first_bucket_cap_mb > 0) options.first_bucket_cap_mb = args.first_bucket_cap_mb;
     DistributedDataParallel<models::Model> ddp(model, group, options);
-    auto step = [&] {
-      optimizer.zero_grad();
-      torch::cross_entropy_loss(ddp.forward(x), y).backward();
-      optimizer.step();
-    };
-    for (int i = 0; i < args.warmup; ++i) step();
+    auto forward_loss = [&] { return torch::cross_entropy_loss(ddp.forward(x), y); };
+    PhaseTimer warm, timed;
+    for (int i = 0; i < args.warmup; ++i) warm.step(forward_loss, optimizer);
     group->barrier()->wait();
     const auto before = ddp.stats();
     const auto start = Clock::now();
-    for (int i = 0; i < args.steps; ++i) step();
+    for (int i = 0; i < args.steps; ++i) timed.step(forward_loss, optimizer);
     group->barrier()->wait();
     result["seconds"] = std::chrono::duration<double>(Clock::now() - start).count();
+    timed.record(result, args.steps);
     const auto after = ddp.stats();
-    result["wait_per_step"] = (after.wait_seconds - before.wait_seconds) / args.steps;
+    result["wait_ms"] = 1e3 * (after.wait_seconds - before.wait_seconds) / args.steps;
     result["hidden_fraction"] = (after.hidden_bytes - before.hidden_bytes) /
                                 std::max(after.reduced_bytes - before.reduced_bytes, 1.0);
     // The same bucket reductions on their own, launched back to back as backward launches them.
@@ -138,8 +174,8 @@ void run_worker_with(const BenchArgs& args) {
       for (auto& b : buckets) works.push_back(group->allreduce(b));
       for (auto& w : works) w->wait();
     }
-    result["comm_per_step"] =
-        std::chrono::duration<double>(Clock::now() - comm_start).count() / kCommRepeats;
+    result["comm_ms"] =
+        1e3 * std::chrono::duration<double>(Clock::now() - comm_start).count() / kCommRepeats;
     result["buckets"] = static_cast<double>(buckets.size());
   }
   result["peak_rss_mb"] = peak_rss_mb();
@@ -209,10 +245,6 @@ double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
-struct ModeSamples {
-  std::vector<double> samples_per_s, peak_rss_mb, overlap, hidden;
-};
-
 std::string json_number(double v) {
   if (!std::isfinite(v)) return "null";
   std::ostringstream out;
@@ -220,11 +252,100 @@ std::string json_number(double v) {
   return out.str();
 }
 
+// One line of the report: a mode with its options, and its samples over the rounds.
+struct Mode {
+  std::string name;     // single, independent, shoal_ddp, pytorch_ddp
+  std::string backend;  // empty for single and independent
+  bool bucket_view = false;
+  std::map<std::string, std::vector<double>> samples;  // field -> one value per round
+
+  std::string label() const {
+    std::string text = name;
+    if (!backend.empty()) text += " (" + backend + ")";
+    if (bucket_view) text += " view";
+    return text;
+  }
+  double get(const std::string& field) const {
+    auto it = samples.find(field);
+    return it == samples.end() ? std::nan("") : median(it->second);
+  }
+};
+
+// Runs one round of `mode`, adding its values to mode.samples.
+void run_mode(const BenchArgs& args, const std::string& exe, const std::string& dir, int round,
+              Mode& mode) {
+  auto common = [&](const std::string& worker, const std::string& backend) {
+    std::vector<std::string> command{exe, "bench", "ddp", "--model", args.model, "--backend",
+                                     backend.empty() ? "shm" : backend, "--steps",
+                                     std::to_string(args.steps), "--warmup",
+                                     std::to_string(args.warmup), "--batch",
+                                     std::to_string(args.batch), "--world",
+                                     std::to_string(args.world), "--bucket-cap-mb",
+                                     std::to_string(args.bucket_cap_mb), "--first-bucket-cap-mb",
+                                     std::to_string(args.first_bucket_cap_mb), "--worker", worker};
+    if (mode.bucket_view) command.push_back("--gradient-as-bucket-view");
+    return command;
+  };
+  auto& s = mode.samples;
+  if (mode.name == "pytorch_ddp") {
+    const std::string result = dir + "/pytorch";
+    std::vector<std::string> command{"/usr/bin/python3", args.torch_script, "--model", args.model,
+                                     "--steps", std::to_string(args.steps), "--warmup",
+                                     std::to_string(args.warmup), "--batch",
+                                     std::to_string(args.batch), "--world",
+                                     std::to_string(args.world), "--result", result};
+    if (mode.bucket_view) command.push_back("--gradient-as-bucket-view");
+    SHOAL_CHECK(run_all({command}), "bench ddp: the PyTorch DDP run failed (", args.torch_script, ")");
+    std::ifstream in(result);
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    for (const std::string field : {"samples_per_s", "peak_rss_mb"}) {
+      auto at = text.find("\"" + field + "\":");
+      SHOAL_CHECK(at != std::string::npos, "bench ddp: ", args.torch_script, " wrote no ", field);
+      s[field].push_back(std::stod(text.substr(at + field.size() + 3)));
+    }
+    return;
+  }
+  const bool ddp = mode.name == "shoal_ddp";
+  const int processes = mode.name == "single" ? 1 : args.world;
+  const std::string store = dir + "/store_" + std::to_string(round) + "_" + mode.name + "_" +
+                            mode.backend + (mode.bucket_view ? "_view" : "");
+  std::vector<std::vector<std::string>> commands;
+  for (int rank = 0; rank < processes; ++rank) {
+    auto command = common(ddp ? "shoal" : "single", mode.backend);
+    command.insert(command.end(), {"--rank", std::to_string(rank), "--store", store, "--result",
+                                   dir + "/rank" + std::to_string(rank)});
+    commands.push_back(command);
+  }
+  SHOAL_CHECK(run_all(commands), "bench ddp: the ", mode.label(), " run failed");
+  double seconds = 0, rss = 0;
+  for (int rank = 0; rank < processes; ++rank) {
+    auto r = read_result(dir + "/rank" + std::to_string(rank));
+    seconds = std::max(seconds, r["seconds"]);
+    rss = std::max(rss, r["peak_rss_mb"]);
+    if (rank != 0) continue;
+    for (const std::string field : {"forward_ms", "backward_ms", "optimizer_ms", "grad_mb"}) {
+      s[field].push_back(r[field]);
+    }
+    if (ddp) {
+      s["wait_ms"].push_back(r["wait_ms"]);
+      s["overlap"].push_back(std::clamp(1.0 - r["wait_ms"] / std::max(r["comm_ms"], 1e-9), 0.0, 1.0));
+      s["hidden_bytes_fraction"].push_back(r["hidden_fraction"]);
+      s["buckets"].push_back(r["buckets"]);
+    }
+  }
+  s["samples_per_s"].push_back(processes * args.batch * args.steps / seconds);
+  s["peak_rss_mb"].push_back(rss);
+}
+
 int run_bench(const BenchArgs& args) {
   SHOAL_CHECK_T(InvalidArgument, args.model == "cnn" || args.model == "mlp",
                 "bench ddp: --model must be cnn or mlp, not '", args.model, "'");
-  SHOAL_CHECK_T(InvalidArgument, comm::is_backend_available(args.backend), "bench ddp: backend '",
-                args.backend, "' is not built in");
+  SHOAL_CHECK_T(InvalidArgument, args.steps > 0 && args.rounds > 0 && args.batch > 0 && args.world >= 2,
+                "bench ddp: --steps, --rounds and --batch must be positive and --world at least 2");
+  for (const auto& backend : args.backends) {
+    SHOAL_CHECK_T(InvalidArgument, comm::is_backend_available(backend), "bench ddp: backend '",
+                  backend, "' is not built in (available: gloo, shm, and mpi where built)");
+  }
   const std::string exe = self_exe();
   const std::string dir = "/tmp/shoal_bench_ddp_" + std::to_string(getpid());
   SHOAL_CHECK(std::system(("mkdir -p " + dir).c_str()) == 0, "bench ddp: cannot create ", dir);
@@ -233,106 +354,84 @@ int run_bench(const BenchArgs& args) {
                   " >/dev/null 2>&1") == 0;
   if (!have_torch) std::fprintf(stderr, "bench ddp: /usr/bin/python3 has no torch; pytorch_ddp skipped\n");
 
-  auto common = [&](const std::string& worker) {
-    return std::vector<std::string>{exe, "bench", "ddp", "--model", args.model, "--backend",
-                                    args.backend, "--steps", std::to_string(args.steps),
-                                    "--warmup", std::to_string(args.warmup), "--batch",
-                                    std::to_string(args.batch), "--world",
-                                    std::to_string(args.world), "--worker", worker};
-  };
-  std::map<std::string, ModeSamples> samples;
+  std::vector<Mode> modes{{"single", ""}, {"independent", ""}};
+  for (const auto& backend : args.backends) {
+    modes.push_back({"shoal_ddp", backend, false});
+    modes.push_back({"shoal_ddp", backend, true});
+  }
+  if (have_torch) {
+    modes.push_back({"pytorch_ddp", "gloo", false});
+    modes.push_back({"pytorch_ddp", "gloo", true});
+  }
   for (int round = 0; round < args.rounds; ++round) {
-    {  // single
-      const std::string result = dir + "/single";
-      auto command = common("single");
-      command.insert(command.end(), {"--result", result});
-      SHOAL_CHECK(run_all({command}), "bench ddp: the single-process run failed");
-      auto r = read_result(result);
-      samples["single"].samples_per_s.push_back(args.batch * args.steps / r["seconds"]);
-      samples["single"].peak_rss_mb.push_back(r["peak_rss_mb"]);
-    }
-    for (bool view : {false, true}) {
-      const std::string key = view ? "shoal_ddp_view" : "shoal_ddp";
-      const std::string store = dir + "/store_" + std::to_string(round) + (view ? "v" : "");
-      std::vector<std::vector<std::string>> commands;
-      for (int rank = 0; rank < args.world; ++rank) {
-        auto command = common("shoal");
-        command.insert(command.end(), {"--rank", std::to_string(rank), "--store", store, "--result",
-                                       dir + "/shoal" + std::to_string(rank)});
-        if (view) command.push_back("--gradient-as-bucket-view");
-        commands.push_back(command);
-      }
-      SHOAL_CHECK(run_all(commands), "bench ddp: the Shoal DDP run failed");
-      double seconds = 0, rss = 0, overlap = 0, hidden = 0;
-      for (int rank = 0; rank < args.world; ++rank) {
-        auto r = read_result(dir + "/shoal" + std::to_string(rank));
-        seconds = std::max(seconds, r["seconds"]);
-        rss = std::max(rss, r["peak_rss_mb"]);
-        if (rank == 0) {
-          overlap = std::clamp(1.0 - r["wait_per_step"] / std::max(r["comm_per_step"], 1e-9), 0.0, 1.0);
-          hidden = r["hidden_fraction"];
-        }
-      }
-      samples[key].samples_per_s.push_back(args.world * args.batch * args.steps / seconds);
-      samples[key].peak_rss_mb.push_back(rss);
-      samples[key].overlap.push_back(overlap);
-      samples[key].hidden.push_back(hidden);
-    }
-    if (have_torch) {
-      const std::string result = dir + "/pytorch";
-      std::vector<std::string> command{"/usr/bin/python3", args.torch_script, "--model", args.model,
-                                       "--steps", std::to_string(args.steps), "--warmup",
-                                       std::to_string(args.warmup), "--batch",
-                                       std::to_string(args.batch), "--world",
-                                       std::to_string(args.world), "--result", result};
-      SHOAL_CHECK(run_all({command}), "bench ddp: the PyTorch DDP run failed (", args.torch_script, ")");
-      std::ifstream in(result);
-      std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-      auto field = [&](const std::string& name) {
-        auto at = text.find("\"" + name + "\":");
-        return at == std::string::npos ? std::nan("") : std::stod(text.substr(at + name.size() + 3));
-      };
-      samples["pytorch_ddp"].samples_per_s.push_back(field("samples_per_s"));
-      samples["pytorch_ddp"].peak_rss_mb.push_back(field("peak_rss_mb"));
-    }
+    for (auto& mode : modes) run_mode(args, exe, dir, round, mode);
   }
   std::system(("rm -rf " + dir).c_str());
 
-  const double single = median(samples["single"].samples_per_s);
-  const double pytorch = have_torch ? median(samples["pytorch_ddp"].samples_per_s) : std::nan("");
+  const Mode& single = modes[0];
+  const Mode& independent = modes[1];
+  auto pytorch_rate = [&](bool view) {
+    for (const auto& m : modes) {
+      if (m.name == "pytorch_ddp" && m.bucket_view == view) return m.get("samples_per_s");
+    }
+    return std::nan("");
+  };
   if (!args.json) {
-    std::printf("bench ddp: model %s, backend %s, %d ranks x batch %d, %d steps, median of %d rounds\n",
-                args.model.c_str(), args.backend.c_str(), args.world, args.batch, args.steps,
-                args.rounds);
-    std::printf("%-16s %12s %10s %11s %11s %8s %8s\n", "mode", "samples/s", "peak MB",
-                "efficiency", "vs_pytorch", "overlap", "hidden");
+    std::printf("bench ddp: model %s, %d ranks x batch %d, %d steps, median of %d rounds\n",
+                args.model.c_str(), args.world, args.batch, args.steps, args.rounds);
+    std::printf("%-24s %10s %8s %8s %7s %7s %7s %7s %7s %7s %7s %7s\n", "mode", "samples/s",
+                "peak MB", "+MB", "effic.", "of_ceil", "vs_pt", "fwd ms", "bwd ms", "opt ms",
+                "wait ms", "hidden");
   }
-  for (const std::string mode : {"single", "shoal_ddp", "shoal_ddp_view", "pytorch_ddp"}) {
-    if (samples.count(mode) == 0) continue;
-    const auto& s = samples[mode];
-    const double rate = median(s.samples_per_s);
-    const bool ddp = mode != "single";
-    const double efficiency = ddp ? rate / (args.world * single) : std::nan("");
-    const double vs = (mode == "shoal_ddp" || mode == "shoal_ddp_view") ? rate / pytorch : std::nan("");
-    const double overlap = s.overlap.empty() ? std::nan("") : median(s.overlap);
-    const double hidden = s.hidden.empty() ? std::nan("") : median(s.hidden);
-    const std::string json_mode = mode == "shoal_ddp_view" ? "shoal_ddp" : mode;
+  for (const auto& mode : modes) {
+    const double rate = mode.get("samples_per_s");
+    const bool parallel = mode.name != "single";
+    const double efficiency = parallel ? rate / (args.world * single.get("samples_per_s")) : std::nan("");
+    const bool ddp = mode.name == "shoal_ddp" || mode.name == "pytorch_ddp";
+    const double of_ceiling = ddp ? rate / independent.get("samples_per_s") : std::nan("");
+    const double vs = mode.name == "shoal_ddp" ? rate / pytorch_rate(mode.bucket_view) : std::nan("");
+    const double extra_mb = mode.get("peak_rss_mb") - single.get("peak_rss_mb");
     if (args.json) {
       std::printf(
-          "{\"mode\": \"%s\", \"model\": \"%s\", \"backend\": \"%s\", \"world_size\": %d, "
+          "{\"mode\": \"%s\", \"model\": \"%s\", \"backend\": %s, \"world_size\": %d, "
           "\"batch_per_rank\": %d, \"gradient_as_bucket_view\": %s, \"samples_per_s\": %s, "
-          "\"peak_rss_mb\": %s, \"efficiency\": %s, \"vs_pytorch\": %s, \"overlap\": %s, "
-          "\"hidden_bytes_fraction\": %s, \"rounds\": %d}\n",
-          json_mode.c_str(), args.model.c_str(), mode == "pytorch_ddp" ? "gloo" : args.backend.c_str(),
-          ddp ? args.world : 1, args.batch, mode == "shoal_ddp_view" ? "true" : "false",
-          json_number(rate).c_str(), json_number(median(s.peak_rss_mb)).c_str(),
-          json_number(efficiency).c_str(), json_number(vs).c_str(), json_number(overlap).c_str(),
-          json_number(hidden).c_str(), args.rounds);
+          "\"peak_rss_mb\": %s, \"extra_rss_mb\": %s, \"grad_mb\": %s, \"efficiency\": %s, "
+          "\"of_ceiling\": %s, \"vs_pytorch\": %s, \"forward_ms\": %s, \"backward_ms\": %s, "
+          "\"optimizer_ms\": %s, \"wait_ms\": %s, \"overlap\": %s, \"hidden_bytes_fraction\": %s, "
+          "\"buckets\": %s, \"rounds\": %d}\n",
+          mode.name.c_str(), args.model.c_str(),
+          mode.backend.empty() ? "null" : ("\"" + mode.backend + "\"").c_str(),
+          mode.name == "single" ? 1 : args.world, args.batch, mode.bucket_view ? "true" : "false",
+          json_number(rate).c_str(), json_number(mode.get("peak_rss_mb")).c_str(),
+          json_number(extra_mb).c_str(), json_number(single.get("grad_mb")).c_str(),
+          json_number(efficiency).c_str(), json_number(of_ceiling).c_str(),
+          json_number(vs).c_str(), json_number(mode.get("forward_ms")).c_str(),
+          json_number(mode.get("backward_ms")).c_str(), json_number(mode.get("optimizer_ms")).c_str(),
+          json_number(mode.get("wait_ms")).c_str(), json_number(mode.get("overlap")).c_str(),
+          json_number(mode.get("hidden_bytes_fraction")).c_str(),
+          json_number(mode.get("buckets")).c_str(), args.rounds);
     } else {
-      std::printf("%-16s %12.1f %10.1f %11s %11s %8s %8s\n", mode.c_str(), rate,
-                  median(s.peak_rss_mb), json_number(efficiency).c_str(), json_number(vs).c_str(),
-                  json_number(overlap).c_str(), json_number(hidden).c_str());
+      auto cell = [](double v, const char* format) {
+        if (!std::isfinite(v)) return std::string("-");
+        char text[32];
+        std::snprintf(text, sizeof text, format, v);
+        return std::string(text);
+      };
+      std::printf("%-24s %10.1f %8.1f %8s %7s %7s %7s %7s %7s %7s %7s %7s\n", mode.label().c_str(),
+                  rate, mode.get("peak_rss_mb"), cell(extra_mb, "%+.1f").c_str(),
+                  cell(efficiency, "%.2f").c_str(), cell(of_ceiling, "%.2f").c_str(),
+                  cell(vs, "%.2f").c_str(), cell(mode.get("forward_ms"), "%.2f").c_str(),
+                  cell(mode.get("backward_ms"), "%.2f").c_str(),
+                  cell(mode.get("optimizer_ms"), "%.2f").c_str(),
+                  cell(mode.get("wait_ms"), "%.2f").c_str(),
+                  cell(mode.get("hidden_bytes_fraction"), "%.2f").c_str());
     }
+  }
+  if (!args.json) {
+    std::printf("efficiency = samples/s / (%d x single); of_ceil = samples/s / independent (%d "
+                "processes without communication); vs_pt = Shoal / PyTorch DDP with the same "
+                "gradient_as_bucket_view; +MB = peak RSS - single's; gradients: %.1f MB\n",
+                args.world, args.world, single.get("grad_mb"));
   }
   return 0;
 }
@@ -344,7 +443,9 @@ void add_bench_ddp_command(CLI::App& bench, std::vector<Command>& commands) {
   auto* app = bench.add_subcommand(
       "ddp", "DDP throughput: one process vs Shoal DDP vs PyTorch's Python DDP, side by side");
   app->add_option("--model", args->model, "cnn or mlp")->capture_default_str();
-  app->add_option("--backend", args->backend, "process group backend for Shoal's DDP (gloo, shm)")
+  app->add_option("--backend", args->backends,
+                  "process group backends for Shoal's DDP, each measured (e.g. shm,gloo)")
+      ->delimiter(',')
       ->capture_default_str();
   app->add_option("--steps", args->steps, "timed steps per run")->capture_default_str();
   app->add_option("--warmup", args->warmup, "untimed steps first")->capture_default_str();
@@ -352,6 +453,11 @@ void add_bench_ddp_command(CLI::App& bench, std::vector<Command>& commands) {
       ->capture_default_str();
   app->add_option("--batch", args->batch, "batch per rank")->capture_default_str();
   app->add_option("--world", args->world, "ranks of the DDP runs")->capture_default_str();
+  app->add_option("--bucket-cap-mb", args->bucket_cap_mb, "DDP bucket_cap_mb (0: DDP's default)")
+      ->capture_default_str();
+  app->add_option("--first-bucket-cap-mb", args->first_bucket_cap_mb,
+                  "DDP first_bucket_cap_mb (0: DDP's default)")
+      ->capture_default_str();
   app->add_flag("--json", args->json, "one JSON object per line");
   app->add_option("--torch-script", args->torch_script, "PyTorch peer script")->capture_default_str();
   // Hidden options of re-executed workers.

@@ -60,9 +60,12 @@ std::shared_ptr<comm::Work> then(std::shared_ptr<comm::Work> work, std::function
 CommHook allreduce_hook(std::shared_ptr<comm::ProcessGroup> group) {
   SHOAL_CHECK_T(InvalidArgument, group != nullptr, "allreduce_hook: the process group is null");
   return [group](GradBucket& bucket) {
-    torch::NoGradGuard no_grad;
-    bucket.buffer().div_(group->size());
-    return group->allreduce(bucket.buffer());
+    // Averaging inside the collective: the shm backend divides in the same pass that sums (one
+    // pass over the bucket fewer on the training thread than dividing first, as PyTorch does);
+    // other backends divide the summed result. float32 gradients do not overflow either way.
+    comm::AllreduceOptions options;
+    options.op = comm::ReduceOp::kAvg;
+    return group->allreduce(bucket.buffer(), options);
   };
 }
 

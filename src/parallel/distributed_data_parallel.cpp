@@ -7,6 +7,7 @@
 
 #include "parallel/reducer.h"
 #include "shoal/error.h"
+#include "shoal/memory/cpu_allocator.h"
 
 namespace shoal::parallel {
 namespace {
@@ -202,6 +203,7 @@ DistributedDataParallelBase::DistributedDataParallelBase(std::shared_ptr<torch::
                 "DistributedDataParallel: the module is null");
   SHOAL_CHECK_T(InvalidArgument, group_ != nullptr,
                 "DistributedDataParallel: the process group is null");
+  if (options_.tune_cpu_allocator) memory::tune_cpu_allocator();
   auto named = base_module_->named_parameters(/*recurse=*/true);
   verify_same_parameters(*group_, named);
   {

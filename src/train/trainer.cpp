@@ -10,6 +10,7 @@
 #include "shoal/checkpoint/training_state.h"
 #include "shoal/data/fashion_mnist.h"
 #include "shoal/error.h"
+#include "shoal/memory/cpu_allocator.h"
 #include "shoal/models/registry.h"
 #include "shoal/train/metrics_writer.h"
 #include "shoal/train/progress.h"
@@ -78,6 +79,7 @@ Trainer::Trainer(TrainOptions options, std::shared_ptr<models::Model> model,
     : options_(std::move(options)), strategy_(std::move(strategy)) {
   options_.validate();
   SHOAL_CHECK_T(InvalidArgument, model != nullptr, "Trainer: no model given");
+  memory::tune_cpu_allocator();  // steps reuse freed memory instead of faulting it in again
   if (!strategy_) strategy_ = std::make_unique<SingleProcess>();
   state_.model = std::move(model);
   state_.optimizer = std::make_unique<torch::optim::SGD>(

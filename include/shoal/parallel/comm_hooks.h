@@ -12,7 +12,7 @@
 
 namespace shoal::parallel {
 
-/// Averages the bucket: divides by the world size, then sums across ranks (DDP's default).
+/// Averages the bucket across ranks with an allreduce of ReduceOp::kAvg (DDP's default).
 CommHook allreduce_hook(std::shared_ptr<comm::ProcessGroup> group);
 
 /// Casts the bucket to float16, averages it across ranks, and casts the result back.

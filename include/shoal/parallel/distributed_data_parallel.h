@@ -56,6 +56,10 @@ struct DistributedDataParallelOptions {
   bool broadcast_buffers = true;
   /// Make each parameter's `.grad` a view into its bucket: no copy in or out, less peak memory.
   bool gradient_as_bucket_view = false;
+  /// Keep freed CPU memory for reuse (shoal::memory::tune_cpu_allocator): without it, glibc gives
+  /// large freed blocks back and every step faults them in again, at a rate that differs from rank
+  /// to rank, so the fastest rank waits at each reduction. A process-wide setting.
+  bool tune_cpu_allocator = true;
 };
 
 /// What the reducer measured, for benchmarks (seconds summed over iterations).

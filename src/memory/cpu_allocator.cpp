@@ -1,0 +1,47 @@
+#include "shoal/memory/cpu_allocator.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
+
+namespace shoal::memory {
+namespace {
+
+#if defined(__GLIBC__)
+// glibc's upper bound for M_MMAP_THRESHOLD on 64-bit systems (4 MiB * sizeof(long)); blocks
+// above it are mmap'ed whatever is set.
+constexpr int kMmapThreshold = 32 << 20;
+// Free memory at the top of the heap kept rather than returned to the system.
+constexpr int kTrimThreshold = 1 << 30;
+// Extra heap grown at once, so that a step's first large allocations do not each move the break.
+constexpr int kTopPad = 64 << 20;
+
+bool user_set(const char* name) { return std::getenv(name) != nullptr; }
+
+bool apply() {
+  if (const char* opt = std::getenv("SHOAL_TUNE_MALLOC"); opt && std::strcmp(opt, "0") == 0) {
+    return false;
+  }
+  bool ok = true;
+  // Each setting is left alone when the user chose it through glibc's own variables.
+  if (!user_set("MALLOC_MMAP_THRESHOLD_")) ok = mallopt(M_MMAP_THRESHOLD, kMmapThreshold) == 1 && ok;
+  if (!user_set("MALLOC_TRIM_THRESHOLD_")) ok = mallopt(M_TRIM_THRESHOLD, kTrimThreshold) == 1 && ok;
+  if (!user_set("MALLOC_TOP_PAD_")) ok = mallopt(M_TOP_PAD, kTopPad) == 1 && ok;
+  return ok;
+}
+#else
+bool apply() { return false; }
+#endif
+
+}  // namespace
+
+bool tune_cpu_allocator() {
+  static const bool applied = apply();
+  return applied;
+}
+
+}  // namespace shoal::memory
