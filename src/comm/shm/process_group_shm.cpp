@@ -634,6 +634,11 @@ at::Tensor ProcessGroupShm::run_empty_symmetric(int64_t numel, at::ScalarType dt
                                                 const OpContext& ctx) {
   const auto options = torch::TensorOptions().dtype(dtype);
   const size_t bytes = static_cast<size_t>(numel) * c10::elementSize(dtype);
+  // SHOAL_SHM_SYMMETRIC=0 turns symmetric memory off (for comparisons; every rank must agree,
+  // which the allreduce checks).
+  if (const char* env = std::getenv("SHOAL_SHM_SYMMETRIC"); env && std::strcmp(env, "0") == 0) {
+    return torch::empty({numel}, options);
+  }
   auto region = std::make_shared<SymmetricRegion>();
   region->id = ++symmetric_allocations_;
   region->slot_bytes = round_up(std::max<size_t>(bytes, 1), 4096);
