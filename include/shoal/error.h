@@ -10,6 +10,8 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <string_view>
+#include <type_traits>
 #include <utility>
 
 namespace shoal {
@@ -58,11 +60,30 @@ class DataError : public Error {
 
 namespace detail {
 
+// Appends one piece. Strings and integers are appended directly: every collective describes
+// itself with str_cat, and a std::ostringstream (locale, stream state) costs more than a small
+// shm collective's whole latency share; anything else goes through a stream.
+inline void append_piece(std::string& out, const std::string& piece) { out += piece; }
+inline void append_piece(std::string& out, const char* piece) { out += piece; }
+inline void append_piece(std::string& out, char piece) { out += piece; }
+template <typename T>
+void append_piece(std::string& out, const T& piece) {
+  if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+    out += std::to_string(piece);
+  } else if constexpr (std::is_convertible_v<const T&, std::string_view>) {
+    out += std::string_view(piece);
+  } else {
+    std::ostringstream stream;
+    stream << piece;
+    out += stream.str();
+  }
+}
+
 template <typename... Args>
 std::string str_cat(Args&&... args) {
-  std::ostringstream out;
-  (out << ... << std::forward<Args>(args));
-  return out.str();
+  std::string out;
+  (append_piece(out, std::forward<Args>(args)), ...);
+  return out;
 }
 
 template <typename E>
