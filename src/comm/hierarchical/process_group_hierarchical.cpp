@@ -350,7 +350,9 @@ void ProcessGroupHierarchical::reduce_scatter_tree(at::Tensor& output,
     // moves twice a true reduce_scatter's bytes, but once per host instead of once per rank.
     leaders_->allreduce(all, {stage_op(op), timeout})->wait();
     std::vector<at::Tensor> views;
-    for (int r : host_ranks_[my_host_]) views.push_back(all.narrow(0, r * n, n).view(output.sizes()));
+    for (int r : host_ranks_[my_host_]) {
+      views.push_back(all.narrow(0, r * n, n).view(output.sizes()));
+    }
     if (local_size_ > 1) {
       local_->scatter(output, views, {0, timeout})->wait();
     } else {
