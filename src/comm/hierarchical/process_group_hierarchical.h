@@ -13,9 +13,12 @@
 //                   the result to the root over shm when the root is not the leader
 //   allgather       shm gather onto the leader, Gloo allgather of the host blocks between leaders
 //                   (every block padded to the largest host), shm broadcast of all blocks
-//   gather          as allgather, with a Gloo gather onto the root's leader, then to the root
-//   scatter         the root passes its inputs to its leader, Gloo scatter of host blocks, shm
-//                   scatter inside every host
+//   gather          shm gather onto the leader, each leader sends its host's part to the root's
+//                   leader (exact sizes, point-to-point), which passes all to the root over shm
+//   scatter         the reverse of gather: root to its leader, each host's part to its leader,
+//                   shm scatter inside every host
+// gather and scatter move as many bytes between hosts as flat ones (every rank's part is distinct),
+// but in one message per host instead of one per rank.
 //   reduce_scatter  shm reduce of every block onto the leader, Gloo allreduce between leaders
 //                   (Gloo has no reduce_scatter), shm scatter of this host's blocks
 //   barrier         shm barrier, Gloo barrier between leaders, shm barrier
@@ -82,11 +85,16 @@ class ProcessGroupHierarchical : public ProcessGroup {
   std::shared_ptr<Work> submit(const OpContext& ctx, std::function<void()> body);
 
   bool is_leader() const { return leaders_ != nullptr; }
-  // Offset in elements of rank r's block in a buffer of host blocks padded to the largest host
-  // (host h's local rank i at block h * max_local_size_ + i), blocks of `numel` elements.
+  // Offset in elements of rank r's `numel` elements in a buffer of host blocks padded to the
+  // largest host (host h's local rank i at h * max_local_size_ + i), as Gloo's allgather needs.
   int64_t padded_offset(int r, int64_t numel) const;
-  // On a leader: one view per local rank into this host's block of `buffer` (`local_block`, of
-  // max_local_size_ blocks), shaped like `like`.
+  // The same in a buffer of the hosts' blocks without padding (host h's local rank i at
+  // host_first_[h] + i).
+  int64_t packed_offset(int r, int64_t numel) const;
+  // Copies rank r's part of packed `blocks` into outputs[r], for every rank.
+  void unpack(const at::Tensor& blocks, std::vector<at::Tensor>& outputs) const;
+  // One view per local rank into `local_block` (this host's ranks' parts, in local rank order),
+  // each shaped like `like`.
   std::vector<at::Tensor> local_views(const at::Tensor& local_block, const at::Tensor& like) const;
 
   // The collectives' stages, run on the worker thread.
@@ -112,6 +120,7 @@ class ProcessGroupHierarchical : public ProcessGroup {
   std::vector<int> host_of_;                  // per rank: its host's number
   std::vector<int> local_rank_of_;            // per rank: its rank in its host's local group
   std::vector<std::vector<int>> host_ranks_;  // per host: its ranks, by local rank
+  std::vector<int> host_first_;               // per host: ranks of the hosts before it
   std::string layout_;  // "local group = ranks 2,3 on host-b; leaders = ranks 0,2", for errors
   std::shared_ptr<ProcessGroup> local_;    // shm, the ranks of this host
   std::shared_ptr<ProcessGroup> leaders_;  // gloo, one rank per host; null on non-leaders
