@@ -212,7 +212,9 @@ int main(int argc, char** argv) {
         std::map<std::string, std::string> host_of_inode;
         for (int r = 0; r < np; ++r) {
           std::stringstream inodes(store->get_string("traffic/inodes/" + std::to_string(r)));
-          for (std::string inode; std::getline(inodes, inode, ',');) host_of_inode[inode] = hosts[r];
+          for (std::string inode; std::getline(inodes, inode, ',');) {
+            host_of_inode[inode] = hosts[r];
+          }
         }
         measure(*flat, *hier, s, host_of_inode);
       },

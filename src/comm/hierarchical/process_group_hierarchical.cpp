@@ -20,7 +20,8 @@ namespace {
 // issues them in order.
 constexpr int kLocalTag = 0;
 
-// Tag of the point-to-point messages between leaders (gather and scatter): likewise any value,
+// Tag of the point-to-point messages between leaders (gather, scatter, allgather between uneven
+// hosts): likewise any value,
 // since the user's point-to-point operations go to another group.
 constexpr int kLeaderTag = 0;
 
@@ -85,7 +86,7 @@ ProcessGroupHierarchical::ProcessGroupHierarchical(std::shared_ptr<Store> store,
   std::vector<int> leader_ranks;
   int first = 0;
   for (const auto& ranks : host_ranks_) {
-    max_local_size_ = std::max(max_local_size_, static_cast<int>(ranks.size()));
+    even_hosts_ &= ranks.size() == host_ranks_[0].size();
     host_first_.push_back(first);
     first += static_cast<int>(ranks.size());
     leader_ranks.push_back(ranks[0]);
@@ -149,10 +150,6 @@ std::shared_ptr<Work> ProcessGroupHierarchical::submit(const OpContext& ctx,
     }
   });
   return work;
-}
-
-int64_t ProcessGroupHierarchical::padded_offset(int r, int64_t numel) const {
-  return (static_cast<int64_t>(host_of_[r]) * max_local_size_ + local_rank_of_[r]) * numel;
 }
 
 int64_t ProcessGroupHierarchical::packed_offset(int r, int64_t numel) const {
@@ -237,30 +234,44 @@ void ProcessGroupHierarchical::allgather_tree(std::vector<at::Tensor>& outputs,
     return;
   }
   const int64_t n = input.numel();
-  const int64_t host_block = max_local_size_ * n;
-  // Every host's block, padded to the largest host (Gloo's allgather takes equal blocks).
-  at::Tensor blocks = at::empty({num_hosts_ * host_block}, input.options());
-  if (is_leader()) {
-    at::Tensor mine = at::empty({host_block}, input.options());
+  at::Tensor blocks = at::empty({size() * n}, input.options());  // every host's part (packed)
+  if (!is_leader()) {
+    std::vector<at::Tensor> none;
+    local_->gather(none, input, {0, timeout})->wait();
+  } else {
+    at::Tensor mine = at::empty({local_size_ * n}, input.options());
     std::vector<at::Tensor> views = local_views(mine, input);
     if (local_size_ > 1) {
       local_->gather(views, input, {0, timeout})->wait();
     } else {
       views[0].copy_(input);
     }
-    std::vector<at::Tensor> host_blocks;
+    std::vector<at::Tensor> parts;
     for (int h = 0; h < num_hosts_; ++h) {
-      host_blocks.push_back(as_bytes(blocks.narrow(0, h * host_block, host_block)));
+      const int64_t count = static_cast<int64_t>(host_ranks_[h].size()) * n;
+      parts.push_back(as_bytes(blocks.narrow(0, host_first_[h] * n, count)));
     }
-    leaders_->allgather(host_blocks, as_bytes(mine), {timeout})->wait();
-  } else {
-    std::vector<at::Tensor> none;
-    local_->gather(none, input, {0, timeout})->wait();
+    if (even_hosts_) {
+      leaders_->allgather(parts, as_bytes(mine), {timeout})->wait();
+    } else {
+      // Gloo's allgather takes equal parts; padding the smaller hosts' would send their padding
+      // too (3 + 1 ranks: as many bytes as a flat allgather). Each leader sends its exact part
+      // to every other leader instead: the bytes of a ring, in one step.
+      std::vector<std::shared_ptr<Work>> transfers;
+      for (int h = 0; h < num_hosts_; ++h) {
+        if (h != my_host_) transfers.push_back(leaders_->recv(parts[h], h, {kLeaderTag, timeout}));
+      }
+      for (int h = 0; h < num_hosts_; ++h) {
+        if (h != my_host_) {
+          transfers.push_back(leaders_->send(as_bytes(mine), h, {kLeaderTag, timeout}));
+        }
+      }
+      blocks.narrow(0, host_first_[my_host_] * n, local_size_ * n).copy_(mine);
+      for (auto& work : transfers) work->wait();
+    }
   }
   if (local_size_ > 1) local_->broadcast(blocks, {0, timeout})->wait();
-  for (int r = 0; r < size(); ++r) {
-    outputs[r].copy_(blocks.narrow(0, padded_offset(r, n), n).view(outputs[r].sizes()));
-  }
+  unpack(blocks, outputs);
 }
 
 void ProcessGroupHierarchical::gather_tree(std::vector<at::Tensor>& outputs,

@@ -11,8 +11,8 @@
 //                   leader, shm broadcast from the leader on every other host
 //   reduce          shm reduce onto the leader, Gloo reduce onto the root's leader, which passes
 //                   the result to the root over shm when the root is not the leader
-//   allgather       shm gather onto the leader, Gloo allgather of the host blocks between leaders
-//                   (every block padded to the largest host), shm broadcast of all blocks
+//   allgather       shm gather onto the leader, Gloo allgather of the host parts between leaders
+//                   (point-to-point between uneven hosts, see allgather_tree), shm broadcast
 //   gather          shm gather onto the leader, each leader sends its host's part to the root's
 //                   leader (exact sizes, point-to-point), which passes all to the root over shm
 //   scatter         the reverse of gather: root to its leader, each host's part to its leader,
@@ -85,11 +85,8 @@ class ProcessGroupHierarchical : public ProcessGroup {
   std::shared_ptr<Work> submit(const OpContext& ctx, std::function<void()> body);
 
   bool is_leader() const { return leaders_ != nullptr; }
-  // Offset in elements of rank r's `numel` elements in a buffer of host blocks padded to the
-  // largest host (host h's local rank i at h * max_local_size_ + i), as Gloo's allgather needs.
-  int64_t padded_offset(int r, int64_t numel) const;
-  // The same in a buffer of the hosts' blocks without padding (host h's local rank i at
-  // host_first_[h] + i).
+  // Offset in elements of rank r's `numel` elements in a buffer of every host's part, host after
+  // host, each in local rank order (host h's local rank i at host_first_[h] + i).
   int64_t packed_offset(int r, int64_t numel) const;
   // Copies rank r's part of packed `blocks` into outputs[r], for every rank.
   void unpack(const at::Tensor& blocks, std::vector<at::Tensor>& outputs) const;
@@ -116,7 +113,7 @@ class ProcessGroupHierarchical : public ProcessGroup {
   int my_host_ = 0;
   int local_rank_ = 0;
   int local_size_ = 1;
-  int max_local_size_ = 1;
+  bool even_hosts_ = true;  // every host has as many ranks
   std::vector<int> host_of_;                  // per rank: its host's number
   std::vector<int> local_rank_of_;            // per rank: its rank in its host's local group
   std::vector<std::vector<int>> host_ranks_;  // per host: its ranks, by local rank
