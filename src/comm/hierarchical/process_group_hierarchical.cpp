@@ -2,6 +2,8 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <map>
 
@@ -21,8 +23,7 @@ namespace {
 constexpr int kLocalTag = 0;
 
 // Tag of the point-to-point messages between leaders (gather, scatter, allgather between uneven
-// hosts): likewise any value,
-// since the user's point-to-point operations go to another group.
+// hosts): likewise any value, since the user's point-to-point operations go to another group.
 constexpr int kLeaderTag = 0;
 
 // The host name used for grouping: SHOAL_HOSTNAME (tests pretend to be several hosts), or the
@@ -46,6 +47,16 @@ void divide_sum(at::Tensor& tensor, int n) {
 // The bytes of a contiguous tensor: what Gloo moves for operations that do not reduce, in every
 // dtype (c10d's Gloo moves no bfloat16) and without a conversion.
 at::Tensor as_bytes(const at::Tensor& tensor) { return tensor.reshape({-1}).view(at::kByte); }
+
+// Waits for transfers that run at the same time, all within one `timeout`.
+void wait_all(const std::vector<std::shared_ptr<Work>>& works, Milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (const auto& work : works) {
+    const auto left = std::chrono::duration_cast<Milliseconds>(deadline -
+                                                               std::chrono::steady_clock::now());
+    work->wait(std::max(left, Milliseconds(1)));
+  }
+}
 
 std::string join_ranks(const std::vector<int>& ranks) {
   std::string out;
@@ -267,7 +278,7 @@ void ProcessGroupHierarchical::allgather_tree(std::vector<at::Tensor>& outputs,
         }
       }
       blocks.narrow(0, host_first_[my_host_] * n, local_size_ * n).copy_(mine);
-      for (auto& work : transfers) work->wait();
+      wait_all(transfers, timeout);
     }
   }
   if (local_size_ > 1) local_->broadcast(blocks, {0, timeout})->wait();
@@ -323,7 +334,7 @@ void ProcessGroupHierarchical::gather_tree(std::vector<at::Tensor>& outputs,
     parts.push_back(as_bytes(blocks.narrow(0, host_first_[h] * n, count)));
     receives.push_back(leaders_->recv(parts.back(), h, {kLeaderTag, timeout}));
   }
-  for (auto& work : receives) work->wait();
+  wait_all(receives, timeout);
   if (rank() == root) {
     unpack(blocks, outputs);
   } else {
@@ -368,7 +379,7 @@ void ProcessGroupHierarchical::scatter_tree(at::Tensor& output, std::vector<at::
       sends.push_back(leaders_->send(as_bytes(blocks.narrow(0, host_first_[h] * n, count)), h,
                                      {kLeaderTag, timeout}));
     }
-    for (auto& work : sends) work->wait();
+    wait_all(sends, timeout);
     mine = blocks.narrow(0, host_first_[my_host_] * n, local_size_ * n);
   } else {
     mine = at::empty({local_size_ * n}, output.options());
