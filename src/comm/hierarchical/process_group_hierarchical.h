@@ -5,7 +5,7 @@
 // in the order of their lowest rank; a host's leader is its lowest rank; a rank's local rank is
 // its position among its host's ranks. Ranks of one host need not be consecutive.
 //
-// Every collective moves one copy of the data per host across the network, not one per rank:
+// Only the leaders talk over the network, each carrying its whole host's share:
 //   allreduce       shm reduce onto the leader, Gloo allreduce between leaders, shm broadcast
 //   broadcast       shm broadcast from the root on its host, Gloo broadcast from the root's
 //                   leader, shm broadcast from the leader on every other host
@@ -17,11 +17,12 @@
 //                   leader (exact sizes, point-to-point), which passes all to the root over shm
 //   scatter         the reverse of gather: root to its leader, each host's part to its leader,
 //                   shm scatter inside every host
-// gather and scatter move as many bytes between hosts as flat ones (every rank's part is distinct),
-// but in one message per host instead of one per rank.
 //   reduce_scatter  shm reduce of every block onto the leader, Gloo allreduce between leaders
 //                   (Gloo has no reduce_scatter), shm scatter of this host's blocks
 //   barrier         shm barrier, Gloo barrier between leaders, shm barrier
+// The reductions, broadcast and allgather send fewer bytes between hosts than a flat Gloo group
+// (tests/comm/hier_traffic measures it); gather and scatter as many (every rank's part is
+// distinct), but in one message per host instead of one per rank.
 // avg sums up the tree and divides once at the end, so integer averages truncate once, exactly.
 // With a single host every collective is the shm group's own. Point-to-point operations use a
 // flat Gloo group of every rank.
