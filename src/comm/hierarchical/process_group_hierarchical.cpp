@@ -22,10 +22,6 @@ namespace {
 // issues them in order.
 constexpr int kLocalTag = 0;
 
-// Tag of the point-to-point messages between leaders (gather, scatter, allgather between uneven
-// hosts): likewise any value, since the user's point-to-point operations go to another group.
-constexpr int kLeaderTag = 0;
-
 // The host name used for grouping: SHOAL_HOSTNAME (tests pretend to be several hosts), or the
 // machine's.
 std::string grouping_hostname() {
@@ -48,7 +44,7 @@ void divide_sum(at::Tensor& tensor, int n) {
 // dtype (c10d's Gloo moves no bfloat16) and without a conversion.
 at::Tensor as_bytes(const at::Tensor& tensor) { return tensor.reshape({-1}).view(at::kByte); }
 
-// Waits for transfers that run at the same time, all within one `timeout`.
+// Waits for operations that run at the same time, all within one `timeout`.
 void wait_all(const std::vector<std::shared_ptr<Work>>& works, Milliseconds timeout) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   for (const auto& work : works) {
@@ -98,6 +94,7 @@ ProcessGroupHierarchical::ProcessGroupHierarchical(std::shared_ptr<Store> store,
   int first = 0;
   for (const auto& ranks : host_ranks_) {
     even_hosts_ &= ranks.size() == host_ranks_[0].size();
+    max_local_size_ = std::max(max_local_size_, static_cast<int>(ranks.size()));
     host_first_.push_back(first);
     first += static_cast<int>(ranks.size());
     leader_ranks.push_back(ranks[0]);
@@ -161,6 +158,10 @@ std::shared_ptr<Work> ProcessGroupHierarchical::submit(const OpContext& ctx,
     }
   });
   return work;
+}
+
+int64_t ProcessGroupHierarchical::padded_offset(int r, int64_t numel) const {
+  return (static_cast<int64_t>(host_of_[r]) * max_local_size_ + local_rank_of_[r]) * numel;
 }
 
 int64_t ProcessGroupHierarchical::packed_offset(int r, int64_t numel) const {
@@ -265,20 +266,15 @@ void ProcessGroupHierarchical::allgather_tree(std::vector<at::Tensor>& outputs,
     if (even_hosts_) {
       leaders_->allgather(parts, as_bytes(mine), {timeout})->wait();
     } else {
-      // Gloo's allgather takes equal parts; padding the smaller hosts' would send their padding
-      // too (3 + 1 ranks: as many bytes as a flat allgather). Each leader sends its exact part
-      // to every other leader instead: the bytes of a ring, in one step.
-      std::vector<std::shared_ptr<Work>> transfers;
-      for (int h = 0; h < num_hosts_; ++h) {
-        if (h != my_host_) transfers.push_back(leaders_->recv(parts[h], h, {kLeaderTag, timeout}));
-      }
-      for (int h = 0; h < num_hosts_; ++h) {
-        if (h != my_host_) {
-          transfers.push_back(leaders_->send(as_bytes(mine), h, {kLeaderTag, timeout}));
-        }
-      }
+      // Gloo's allgather takes equal parts, and padding the smaller hosts' would send the
+      // padding too (3 + 1 ranks: as many bytes as a flat allgather). One broadcast per host
+      // from its leader moves the exact parts, as many bytes as a ring, issued back to back.
       blocks.narrow(0, host_first_[my_host_] * n, local_size_ * n).copy_(mine);
-      wait_all(transfers, timeout);
+      std::vector<std::shared_ptr<Work>> broadcasts;
+      for (int h = 0; h < num_hosts_; ++h) {
+        broadcasts.push_back(leaders_->broadcast(parts[h], {h, timeout}));
+      }
+      wait_all(broadcasts, timeout);
     }
   }
   if (local_size_ > 1) local_->broadcast(blocks, {0, timeout})->wait();
@@ -294,51 +290,40 @@ void ProcessGroupHierarchical::gather_tree(std::vector<at::Tensor>& outputs,
   }
   const int root_host = host_of_[root];
   const int64_t n = input.numel();
-  if (!is_leader()) {
+  const int64_t host_block = max_local_size_ * n;
+  // On the root's leader, then on the root: every host's part, padded to the largest host (Gloo's
+  // gather takes equal parts; no padding when the hosts are even).
+  at::Tensor blocks;
+  if (my_host_ == root_host && (is_leader() || rank() == root)) {
+    blocks = at::empty({num_hosts_ * host_block}, input.options());
+  }
+  if (is_leader()) {
+    at::Tensor mine = at::empty({host_block}, input.options());
+    std::vector<at::Tensor> views = local_views(mine, input);
+    if (local_size_ > 1) {
+      local_->gather(views, input, {0, timeout})->wait();
+    } else {
+      views[0].copy_(input);
+    }
+    std::vector<at::Tensor> host_blocks;
+    if (my_host_ == root_host) {
+      for (int h = 0; h < num_hosts_; ++h) {
+        host_blocks.push_back(as_bytes(blocks.narrow(0, h * host_block, host_block)));
+      }
+    }
+    leaders_->gather(host_blocks, as_bytes(mine), {root_host, timeout})->wait();
+    if (my_host_ == root_host && rank() != root) {
+      local_->send(blocks, local_rank_of_[root], {kLocalTag, timeout})->wait();
+    }
+  } else {
     std::vector<at::Tensor> none;
     local_->gather(none, input, {0, timeout})->wait();
-    if (rank() == root) {
-      at::Tensor blocks = at::empty({size() * n}, input.options());
-      local_->recv(blocks, 0, {kLocalTag, timeout})->wait();
-      unpack(blocks, outputs);
-    }
-    return;
+    if (rank() == root) local_->recv(blocks, 0, {kLocalTag, timeout})->wait();
   }
-  // This host's ranks' inputs, in local rank order: on the root's host, straight into its part of
-  // every host's blocks.
-  at::Tensor blocks;
-  at::Tensor mine;
-  if (my_host_ == root_host) {
-    blocks = at::empty({size() * n}, input.options());
-    mine = blocks.narrow(0, host_first_[my_host_] * n, local_size_ * n);
-  } else {
-    mine = at::empty({local_size_ * n}, input.options());
-  }
-  std::vector<at::Tensor> views = local_views(mine, input);
-  if (local_size_ > 1) {
-    local_->gather(views, input, {0, timeout})->wait();
-  } else {
-    views[0].copy_(input);
-  }
-  // Point-to-point between the leaders rather than Gloo's gather, which takes equal blocks:
-  // each host sends exactly its ranks' inputs, however uneven the hosts.
-  if (my_host_ != root_host) {
-    leaders_->send(as_bytes(mine), root_host, {kLeaderTag, timeout})->wait();
-    return;
-  }
-  std::vector<at::Tensor> parts;
-  std::vector<std::shared_ptr<Work>> receives;
-  for (int h = 0; h < num_hosts_; ++h) {
-    if (h == my_host_) continue;
-    const int64_t count = static_cast<int64_t>(host_ranks_[h].size()) * n;
-    parts.push_back(as_bytes(blocks.narrow(0, host_first_[h] * n, count)));
-    receives.push_back(leaders_->recv(parts.back(), h, {kLeaderTag, timeout}));
-  }
-  wait_all(receives, timeout);
   if (rank() == root) {
-    unpack(blocks, outputs);
-  } else {
-    local_->send(blocks, local_rank_of_[root], {kLocalTag, timeout})->wait();
+    for (int r = 0; r < size(); ++r) {
+      outputs[r].copy_(blocks.narrow(0, padded_offset(r, n), n).view(outputs[r].sizes()));
+    }
   }
 }
 
@@ -350,13 +335,14 @@ void ProcessGroupHierarchical::scatter_tree(at::Tensor& output, std::vector<at::
   }
   const int root_host = host_of_[root];
   const int64_t n = output.numel();
-  // On the root and its leader: the inputs, grouped by host (host_first_), each host's in local
-  // rank order.
+  const int64_t host_block = max_local_size_ * n;
+  // On the root and its leader: the inputs as host parts, padded to the largest host (as in
+  // gather_tree).
   at::Tensor blocks;
   if (rank() == root) {
-    blocks = at::empty({size() * n}, output.options());
+    blocks = at::empty({num_hosts_ * host_block}, output.options());
     for (int r = 0; r < size(); ++r) {
-      blocks.narrow(0, packed_offset(r, n), n).copy_(inputs[r].reshape({-1}));
+      blocks.narrow(0, padded_offset(r, n), n).copy_(inputs[r].reshape({-1}));
     }
     if (!is_leader()) local_->send(blocks, 0, {kLocalTag, timeout})->wait();
   }
@@ -365,27 +351,19 @@ void ProcessGroupHierarchical::scatter_tree(at::Tensor& output, std::vector<at::
     local_->scatter(output, none, {0, timeout})->wait();
     return;
   }
-  at::Tensor mine;
-  if (my_host_ == root_host) {
-    if (rank() != root) {
-      blocks = at::empty({size() * n}, output.options());
-      local_->recv(blocks, local_rank_of_[root], {kLocalTag, timeout})->wait();
-    }
-    // Point-to-point, exactly each host's part (see gather_tree).
-    std::vector<std::shared_ptr<Work>> sends;
-    for (int h = 0; h < num_hosts_; ++h) {
-      if (h == my_host_) continue;
-      const int64_t count = static_cast<int64_t>(host_ranks_[h].size()) * n;
-      sends.push_back(leaders_->send(as_bytes(blocks.narrow(0, host_first_[h] * n, count)), h,
-                                     {kLeaderTag, timeout}));
-    }
-    wait_all(sends, timeout);
-    mine = blocks.narrow(0, host_first_[my_host_] * n, local_size_ * n);
-  } else {
-    mine = at::empty({local_size_ * n}, output.options());
-    at::Tensor mine_bytes = as_bytes(mine);
-    leaders_->recv(mine_bytes, root_host, {kLeaderTag, timeout})->wait();
+  if (my_host_ == root_host && rank() != root) {
+    blocks = at::empty({num_hosts_ * host_block}, output.options());
+    local_->recv(blocks, local_rank_of_[root], {kLocalTag, timeout})->wait();
   }
+  std::vector<at::Tensor> host_blocks;
+  if (my_host_ == root_host) {
+    for (int h = 0; h < num_hosts_; ++h) {
+      host_blocks.push_back(as_bytes(blocks.narrow(0, h * host_block, host_block)));
+    }
+  }
+  at::Tensor mine = at::empty({host_block}, output.options());
+  at::Tensor mine_bytes = as_bytes(mine);
+  leaders_->scatter(mine_bytes, host_blocks, {root_host, timeout})->wait();
   std::vector<at::Tensor> views = local_views(mine, output);
   if (local_size_ > 1) {
     local_->scatter(output, views, {0, timeout})->wait();

@@ -12,17 +12,20 @@
 //   reduce          shm reduce onto the leader, Gloo reduce onto the root's leader, which passes
 //                   the result to the root over shm when the root is not the leader
 //   allgather       shm gather onto the leader, Gloo allgather of the host parts between leaders
-//                   (point-to-point between uneven hosts, see allgather_tree), shm broadcast
-//   gather          shm gather onto the leader, each leader sends its host's part to the root's
-//                   leader (exact sizes, point-to-point), which passes all to the root over shm
-//   scatter         the reverse of gather: root to its leader, each host's part to its leader,
+//                   (one Gloo broadcast per host between uneven hosts), shm broadcast
+//   gather          shm gather onto the leader, Gloo gather of the host parts onto the root's
+//                   leader, which passes them to the root over shm when the root is not the leader
+//   scatter         the reverse of gather: root to its leader, Gloo scatter of the host parts,
 //                   shm scatter inside every host
 //   reduce_scatter  shm reduce of every block onto the leader, Gloo allreduce between leaders
 //                   (Gloo has no reduce_scatter), shm scatter of this host's blocks
 //   barrier         shm barrier, Gloo barrier between leaders, shm barrier
 // The reductions, broadcast and allgather send fewer bytes between hosts than a flat Gloo group
-// (tests/comm/hier_traffic measures it); gather and scatter as many (every rank's part is
-// distinct), but in one message per host instead of one per rank.
+// (tests/comm/hier_traffic measures it); gather and scatter as many when the hosts are even (every
+// rank's part is distinct), but in one message per host instead of one per rank; between uneven
+// hosts Gloo's equal parts make them carry the smaller hosts' padding too.
+// The leaders use only collectives on their Gloo group (no point-to-point), so that its operation
+// numbers stay equal on every leader and a failure report can name the leader that is missing.
 // avg sums up the tree and divides once at the end, so integer averages truncate once, exactly.
 // With a single host every collective is the shm group's own. Point-to-point operations use a
 // flat Gloo group of every rank.
@@ -89,6 +92,9 @@ class ProcessGroupHierarchical : public ProcessGroup {
   // Offset in elements of rank r's `numel` elements in a buffer of every host's part, host after
   // host, each in local rank order (host h's local rank i at host_first_[h] + i).
   int64_t packed_offset(int r, int64_t numel) const;
+  // The same with every host's part padded to the largest host's (host h's local rank i at
+  // h * max_local_size_ + i), as Gloo's gather and scatter need. Equal when the hosts are even.
+  int64_t padded_offset(int r, int64_t numel) const;
   // Copies rank r's part of packed `blocks` into outputs[r], for every rank.
   void unpack(const at::Tensor& blocks, std::vector<at::Tensor>& outputs) const;
   // One view per local rank into `local_block` (this host's ranks' parts, in local rank order),
@@ -115,6 +121,7 @@ class ProcessGroupHierarchical : public ProcessGroup {
   int local_rank_ = 0;
   int local_size_ = 1;
   bool even_hosts_ = true;  // every host has as many ranks
+  int max_local_size_ = 1;
   std::vector<int> host_of_;                  // per rank: its host's number
   std::vector<int> local_rank_of_;            // per rank: its rank in its host's local group
   std::vector<std::vector<int>> host_ranks_;  // per host: its ranks, by local rank
