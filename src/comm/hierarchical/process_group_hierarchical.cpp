@@ -187,8 +187,10 @@ std::vector<at::Tensor> ProcessGroupHierarchical::local_views(const at::Tensor& 
 }
 
 // ---- the collectives' stages (worker thread) ---------------------------------------------------
-// Every rank of a host issues the same operations on the local group, in the same order; the
-// leaders the same operations on the leader group. A host of one rank skips its local stages.
+// Every rank of a host issues the same collectives on the local group, in the same order, and
+// the leaders the same collectives on the leader group; beyond that, only a leader and a root
+// that is not the leader exchange a message over the local group. A host of one rank skips its
+// local stages.
 
 void ProcessGroupHierarchical::allreduce_tree(at::Tensor& tensor, ReduceOp op,
                                               Milliseconds timeout) {
