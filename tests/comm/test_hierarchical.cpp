@@ -191,7 +191,9 @@ INSTANTIATE_TEST_SUITE_P(Hosts, HierarchicalLayouts, ::testing::Range<size_t>(0,
 // its local rank learns from its leader's abort; nobody waits much past the time-out.
 TEST(HierarchicalFaults, KilledRankFailsEveryoneNamingTheOperation) {
   const Layout& layout = layouts()[0];
-  const Milliseconds timeout(3'000);
+  // Long enough that rank 0's Gloo failure (reported after up to 2 s of naming the culprit)
+  // reaches rank 1 before rank 1's own wait would time out.
+  const Milliseconds timeout(6'000);
   auto results = run_processes(4, [&](int rank, const std::string& path) {
     auto pg = join(layout, rank, path, timeout);
     std::vector<torch::Tensor> all;
@@ -209,6 +211,11 @@ TEST(HierarchicalFaults, KilledRankFailsEveryoneNamingTheOperation) {
     EXPECT_LT(r.seconds, 2.0 * timeout.count() / 1000.0) << r.error;
     std::cout << "rank " << rank << " reported: " << r.error << "\n";
   }
+  // Rank 3's leader sees its process gone; rank 1 hears of the failure from its leader's abort.
+  const std::string& leader_b = results[2].error;
+  const std::string& member_a = results[1].error;
+  EXPECT_NE(leader_b.find("the process has exited"), std::string::npos) << leader_b;
+  EXPECT_NE(member_a.find("rank 0 aborted the group"), std::string::npos) << member_a;
 }
 
 }  // namespace
