@@ -34,12 +34,22 @@ std::string format_bytes(int64_t bytes) {
 
 // ---- ShoalContender ----------------------------------------------------------------------------
 
-ShoalContender::ShoalContender(std::shared_ptr<comm::ProcessGroup> pg) : pg_(std::move(pg)) {}
+ShoalContender::ShoalContender(std::shared_ptr<comm::ProcessGroup> pg, bool symmetric)
+    : pg_(std::move(pg)), symmetric_(symmetric) {}
 
-std::string ShoalContender::name() const { return pg_->backend_name(); }
+std::string ShoalContender::name() const {
+  return pg_->backend_name() + (symmetric_ ? "_symmetric" : "");
+}
 
 at::Tensor& ShoalContender::buffer(int64_t bytes) {
-  if (tensor_.numel() != bytes / 4) tensor_ = torch::zeros({bytes / 4}, torch::kFloat);
+  // Sizes change on every rank at the same call, so empty_symmetric (a collective) lines up.
+  if (tensor_.numel() != bytes / 4) {
+    tensor_ = at::Tensor();  // the old one's memory first
+    tensor_ = symmetric_ ? pg_->empty_symmetric(bytes / 4, torch::kFloat).zero_()
+                         : torch::zeros({bytes / 4}, torch::kFloat);
+    SHOAL_CHECK(!symmetric_ || pg_->is_symmetric(tensor_), name(), ": no symmetric memory for ",
+                format_bytes(bytes), " (is /dev/shm large enough?)");
+  }
   return tensor_;
 }
 

@@ -32,10 +32,11 @@ class Contender {
   virtual double measure(int64_t bytes, int iterations) = 0;
 };
 
-/// A Shoal process group (any backend).
+/// A Shoal process group (any backend), on ordinary tensors or (`symmetric`) on tensors from
+/// its empty_symmetric(), named "<backend>_symmetric".
 class ShoalContender : public Contender {
  public:
-  explicit ShoalContender(std::shared_ptr<comm::ProcessGroup> pg);
+  explicit ShoalContender(std::shared_ptr<comm::ProcessGroup> pg, bool symmetric = false);
   std::string name() const override;
   void warm_up(int64_t bytes, int iterations) override;
   double measure(int64_t bytes, int iterations) override;
@@ -43,6 +44,7 @@ class ShoalContender : public Contender {
  private:
   at::Tensor& buffer(int64_t bytes);
   std::shared_ptr<comm::ProcessGroup> pg_;
+  bool symmetric_;
   at::Tensor tensor_;
 };
 

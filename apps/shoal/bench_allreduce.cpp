@@ -5,6 +5,8 @@
 // Contenders run interleaved (A B, B A, ... for each size: on a noisy machine drift hits every
 // contender alike) and each reports the median of its repeats. "torch_gloo" is PyTorch's own
 // torch.distributed gloo, run by bench/allreduce_torch.py as a co-process that rank 0 drives.
+// "shm_symmetric" is the shm backend on tensors from empty_symmetric() (reduced in place across
+// the ranks' copies, as DDP's buckets are).
 //
 // Without a launcher around it (no RANK/OMPI_COMM_WORLD_RANK in the environment) the bench starts
 // its own ranks: through shoal::launcher::launch(), or through mpirun when --backend names mpi.
@@ -155,8 +157,11 @@ int run_rank(const BenchArgs& args) {
           std::make_unique<TorchContender>(rank, n, find_torch_script(args.torch_script)));
       continue;
     }
-    SHOAL_CHECK_T(InvalidArgument, comm::is_backend_available(backend), "backend '", backend,
-                  "' is not built into this shoal; choose from gloo, shm, mpi, torch_gloo");
+    const bool symmetric = backend == "shm_symmetric";
+    const std::string group_backend = symmetric ? "shm" : backend;
+    SHOAL_CHECK_T(InvalidArgument, comm::is_backend_available(group_backend), "backend '", backend,
+                  "' is not built into this shoal; choose from gloo, shm, shm_symmetric, mpi, "
+                  "torch_gloo");
     std::shared_ptr<comm::ProcessGroup> pg;
     if (backend == "mpi") {
       comm::InitOptions options;
@@ -168,12 +173,12 @@ int run_rank(const BenchArgs& args) {
         store = comm::make_tcp_store(info.master_addr, info.master_port, n, rank == 0,
                                      kBenchTimeout);
       }
-      pg = comm::new_process_group(backend, comm::make_prefix_store(
+      pg = comm::new_process_group(group_backend, comm::make_prefix_store(
                                        "bench/" + std::to_string(contenders.size()) + "/" + backend,
                                        store),
                                    rank, n, kBenchTimeout);
     }
-    contenders.push_back(std::make_unique<ShoalContender>(pg));
+    contenders.push_back(std::make_unique<ShoalContender>(pg, symmetric));
   }
   SHOAL_CHECK_T(InvalidArgument, !contenders.empty(), "--backend names no backend");
 
@@ -297,9 +302,10 @@ int run_bench(const BenchArgs& args) {
                 parse_bytes(args.min_bytes, "--min-bytes") <= parse_bytes(args.max_bytes, "--max-bytes"),
                 "--min-bytes ", args.min_bytes, " is above --max-bytes ", args.max_bytes);
   for (const std::string& backend : split(args.backends, ',')) {
-    SHOAL_CHECK_T(InvalidArgument, backend == "torch_gloo" || comm::is_backend_available(backend),
+    SHOAL_CHECK_T(InvalidArgument, backend == "torch_gloo" || backend == "shm_symmetric" ||
+                                       comm::is_backend_available(backend),
                   "backend '", backend, "' is not built into this shoal; choose from gloo, shm, "
-                  "mpi, hierarchical, torch_gloo");
+                  "shm_symmetric, mpi, hierarchical, torch_gloo");
   }
   if (std::find(backends.begin(), backends.end(), "torch_gloo") != backends.end()) {
     find_torch_script(args.torch_script);

@@ -365,6 +365,19 @@ std::shared_ptr<Work> ProcessGroup::barrier(const BarrierOptions& options) {
   return run_barrier(ctx);
 }
 
+at::Tensor ProcessGroup::empty_symmetric(int64_t numel, at::ScalarType dtype, Milliseconds timeout) {
+  SHOAL_CHECK_T(InvalidArgument, numel >= 0, rank_prefix(), " empty_symmetric: numel is ", numel,
+                "; it must be 0 or more");
+  auto ctx = make_context("empty_symmetric", timeout,
+                          std::to_string(numel) + " x " + c10::toString(dtype));
+  return run_empty_symmetric(numel, dtype, ctx);
+}
+
+at::Tensor ProcessGroup::run_empty_symmetric(int64_t numel, at::ScalarType dtype,
+                                             const OpContext& ctx) {
+  return torch::empty({numel}, torch::TensorOptions().dtype(dtype));
+}
+
 std::shared_ptr<ProcessGroup> ProcessGroup::new_group(const std::vector<int>& ranks) {
   SHOAL_CHECK_T(InvalidArgument, !ranks.empty(), rank_prefix(), " new_group: the rank list is empty");
   for (size_t i = 0; i < ranks.size(); ++i) {

@@ -113,7 +113,14 @@ void Reducer::build_buckets(const std::vector<size_t>& order) {
     int64_t numel = 0;
     for (size_t index : bucket.variables) numel += params_[index].numel();
     const auto& first = params_[bucket.variables[0]];
-    bucket.contents = torch::zeros({numel}, first.options().requires_grad(false));
+    // CPU buckets live in the group's symmetric memory where it has some (shm): their
+    // allreduce then works in place across the ranks' buckets instead of copying through
+    // staging buffers. Every rank builds the same buckets in the same order, as the call needs.
+    if (first.device().is_cpu()) {
+      bucket.contents = group_->empty_symmetric(numel, first.scalar_type()).zero_();
+    } else {
+      bucket.contents = torch::zeros({numel}, first.options().requires_grad(false));
+    }
     int64_t offset = 0;
     for (size_t slot = 0; slot < bucket.variables.size(); ++slot) {
       const size_t index = bucket.variables[slot];

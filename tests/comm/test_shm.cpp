@@ -3,6 +3,7 @@
 // the hierarchical backend over two pretended hosts.
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <unistd.h>
 #include <torch/torch.h>
 
 #include <chrono>
@@ -213,6 +214,89 @@ TEST(ShmAccuracy, HalfAndBFloat16AgainstFloat64) {
       }
     }
   }
+}
+
+// ---- symmetric memory (empty_symmetric) ---------------------------------------------------------
+
+// Fills `t` (a symmetric tensor) with rank r's input and allreduces it in place, against the
+// expected sums, across real processes; ordinary tensors in between must keep working.
+TEST(ShmSymmetric, AllreduceInPlaceAcrossProcesses) {
+  for (int world : {2, 3}) {
+    auto results = run_processes(world, [world](int rank, const std::string& path) {
+      auto store = make_file_store(path, world, Milliseconds(20'000));
+      auto pg = new_process_group("shm", store, rank, world, Milliseconds(20'000));
+      for (int64_t numel : {int64_t{1}, int64_t{1001}, int64_t{(1 << 18) + 3}}) {
+        for (auto dtype : {torch::kFloat, torch::kLong, torch::kHalf}) {
+          auto a = pg->empty_symmetric(numel, dtype);
+          auto b = pg->empty_symmetric(numel, dtype);
+          SHOAL_CHECK(pg->is_symmetric(a) && pg->is_symmetric(b), "not symmetric");
+          SHOAL_CHECK(!pg->is_symmetric(torch::zeros({numel}, dtype)), "ordinary is symmetric");
+          for (int iteration = 0; iteration < 3; ++iteration) {
+            a.copy_(input(rank + iteration, numel, dtype));
+            b.copy_(input(rank, numel, dtype));
+            auto plain = input(rank, numel, dtype);
+            // Queued back to back: in order, each in its own region.
+            auto wa = pg->allreduce(a);
+            auto wp = pg->allreduce(plain);
+            auto wb = pg->allreduce(b, {ReduceOp::kMax});
+            wa->wait();
+            wp->wait();
+            wb->wait();
+            auto want = (expected_sum(world, numel, torch::kLong) + world * iteration).to(dtype);
+            SHOAL_CHECK(torch::equal(a, want), "symmetric sum wrong: ", numel, " ", dtype);
+            SHOAL_CHECK(torch::equal(plain, expected_sum(world, numel, dtype)), "plain sum wrong");
+            SHOAL_CHECK(torch::equal(b, input(world - 1, numel, dtype)), "symmetric max wrong");
+          }
+          if (dtype == torch::kFloat) {
+            a.copy_(input(rank, numel, dtype));
+            pg->allreduce(a, {ReduceOp::kAvg})->wait();
+            SHOAL_CHECK(torch::allclose(a, expected_sum(world, numel, torch::kDouble)
+                                               .div(world).to(dtype)),
+                        "symmetric avg wrong");
+          }
+        }
+      }
+    });
+    for (const auto& r : results) ASSERT_EQ(r.exit_code, 0) << messages(results);
+  }
+}
+
+TEST(ShmSymmetric, RanksThatDisagreeAboutTheTensorFailClearly) {
+  auto store = make_hash_store();
+  std::vector<std::string> errors(2);
+  run_threads(2, [&](int rank) {
+    auto pg = new_process_group("shm", store, rank, 2, Milliseconds(10'000));
+    auto symmetric = pg->empty_symmetric(4096, torch::kFloat).fill_(1);
+    auto ordinary = torch::ones({4096});
+    try {
+      pg->allreduce(rank == 0 ? symmetric : ordinary)->wait();
+    } catch (const Error& e) {
+      errors[rank] = e.what();
+    }
+  });
+  EXPECT_NE(errors[0].find("rank 1 passed an ordinary tensor"), std::string::npos) << errors[0];
+  EXPECT_FALSE(errors[1].empty()) << "rank 1 must fail too, not hang or succeed";
+}
+
+TEST(ShmSymmetric, OtherBackendsGiveOrdinaryTensorsAndNothingLeaks) {
+  auto store = make_hash_store();
+  run_threads(2, [&](int rank) {
+    auto gloo = new_process_group("gloo", store, rank, 2);
+    auto t = gloo->empty_symmetric(100, torch::kFloat).fill_(rank + 1);
+    EXPECT_FALSE(gloo->is_symmetric(t));
+    gloo->allreduce(t)->wait();
+    EXPECT_TRUE(torch::equal(t, torch::full({100}, 3.0f)));
+  });
+  const std::string mine = "shoal-" + std::to_string(getpid()) + "-";
+  run_threads(2, [&](int rank) {
+    auto pg = new_process_group("shm", store, rank, 2);
+    auto t = pg->empty_symmetric(1 << 20, torch::kFloat);
+    EXPECT_EQ(pg->empty_symmetric(0, torch::kFloat).numel(), 0);
+    EXPECT_THROW(pg->empty_symmetric(-1, torch::kFloat), InvalidArgument);
+    for (const auto& entry : shm_entries()) {
+      EXPECT_NE(entry.rfind(mine, 0), 0u) << "/dev/shm/" << entry << " outlived its allocation";
+    }
+  });
 }
 
 TEST(ShmAuto, NewProcessGroupAutoIsShm) {

@@ -26,13 +26,14 @@ using Milliseconds = std::chrono::milliseconds;
 
 constexpr Milliseconds kTimeout{60'000};
 
-// Runs fn(rank, group) on `world` threads, each with its own Gloo group.
+// Runs fn(rank, group) on `world` threads, each with its own group of `backend`.
 void with_groups(int world,
-                 const std::function<void(int, std::shared_ptr<comm::ProcessGroup>)>& fn) {
+                 const std::function<void(int, std::shared_ptr<comm::ProcessGroup>)>& fn,
+                 const std::string& backend = "gloo") {
   torch::set_num_threads(1);
   auto store = comm::make_hash_store(kTimeout);
   shoal::testing::run_threads(world, [&](int rank) {
-    auto group = comm::new_process_group("gloo", store, rank, world, kTimeout);
+    auto group = comm::new_process_group(backend, store, rank, world, kTimeout);
     fn(rank, group);
   });
 }
@@ -50,12 +51,13 @@ struct Spec {
   int world;
   int accumulate = 1;  // micro-batches per step; all but the last under no_sync()
   bool bucket_view = false;
+  std::string backend = "gloo";  // shm: the buckets are symmetric memory, reduced in place
 };
 
 std::string spec_name(const ::testing::TestParamInfo<Spec>& info) {
   const Spec& s = info.param;
   return s.model + "_w" + std::to_string(s.world) + (s.accumulate > 1 ? "_nosync" : "") +
-         (s.bucket_view ? "_view" : "");
+         (s.bucket_view ? "_view" : "") + "_" + s.backend;
 }
 
 constexpr int kSteps = 50;
@@ -119,9 +121,13 @@ void check_equivalence(const Spec& spec) {
       for (const auto& p : ddp.module()->parameters()) storages.insert(p.grad().storage().data());
       EXPECT_EQ(storages.size(), ddp.stats().bucket_bytes.size());
     }
+    for (const auto& p : ddp.module()->parameters()) {
+      // On shm the buckets (and with views the gradients) are the group's symmetric memory.
+      EXPECT_EQ(group->is_symmetric(p.grad()), spec.backend == "shm" && spec.bucket_view);
+    }
     results[rank] = clone_all(ddp.module()->parameters());
     bucket_counts[rank] = ddp.stats().bucket_bytes.size();
-  });
+  }, spec.backend);
 
   EXPECT_GE(bucket_counts[0], 3u) << "the test should exercise several buckets";
   const auto expected = reference->parameters();
@@ -148,7 +154,8 @@ INSTANTIATE_TEST_SUITE_P(
     Ddp, Equivalence,
     ::testing::Values(Spec{"cnn", 2}, Spec{"mlp", 2}, Spec{"cnn", 3}, Spec{"mlp", 3},
                       Spec{"cnn", 2, 2}, Spec{"mlp", 3, 2}, Spec{"cnn", 2, 1, true},
-                      Spec{"mlp", 3, 2, true}),
+                      Spec{"mlp", 3, 2, true}, Spec{"cnn", 2, 1, false, "shm"},
+                      Spec{"mlp", 2, 2, true, "shm"}, Spec{"mlp", 3, 1, true, "shm"}),
     spec_name);
 
 // ---- unused parameters ---------------------------------------------------------------------------

@@ -117,6 +117,19 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   /// Returns once every rank has entered the barrier.
   std::shared_ptr<Work> barrier(const BarrierOptions& options = {});
 
+  /// An uninitialised 1-D tensor of `numel` elements of `dtype` in memory that every rank of the
+  /// group maps (what PyTorch calls symmetric memory): collectives on it can read and write the
+  /// peers' copies in place instead of staging them. On the shm backend, an allreduce of such a
+  /// tensor touches half the bytes of an ordinary one and synchronises twice in all instead of
+  /// twice per chunk. A collective call: every rank calls it with the same arguments, in the same
+  /// order as the group's other collectives, and passes the same (whole) tensor to the collectives
+  /// that use it. Backends without such memory, and shm when /dev/shm has no room, return an
+  /// ordinary CPU tensor (is_symmetric() says which). The memory lives as long as the tensor.
+  at::Tensor empty_symmetric(int64_t numel, at::ScalarType dtype,
+                             Milliseconds timeout = kGroupTimeout);
+  /// Whether `tensor` lies in memory from this group's empty_symmetric().
+  virtual bool is_symmetric(const at::Tensor& tensor) const { return false; }
+
   /// A group over `ranks` (ranks of this group, ascending). Every rank of this group must call it
   /// with the same list, in the same order as other collectives; ranks not in the list get null.
   std::shared_ptr<ProcessGroup> new_group(const std::vector<int>& ranks);
@@ -159,6 +172,9 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   virtual std::shared_ptr<Work> run_recv(at::Tensor& tensor, int src, int tag,
                                          const OpContext& ctx) = 0;
   virtual std::shared_ptr<Work> run_barrier(const OpContext& ctx) = 0;
+  /// Allocates for empty_symmetric() (a collective; numel and dtype are validated). The default:
+  /// an ordinary tensor.
+  virtual at::Tensor run_empty_symmetric(int64_t numel, at::ScalarType dtype, const OpContext& ctx);
   /// Builds the sub-group; `ranks` is validated, and this rank is in it (`group_rank` its rank there).
   /// `group_id` is equal on every member and unique within this group (for store key prefixes).
   virtual std::shared_ptr<ProcessGroup> run_new_group(const std::vector<int>& ranks, int group_rank,

@@ -4,6 +4,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -38,7 +39,13 @@ struct alignas(64) RankControl {
   std::atomic<int32_t> pid;
   std::atomic<int32_t> op_code;        // index in kOpNames of the collective being run
   std::atomic<uint64_t> op_sequence;   // and its sequence number (diagnostics only)
-  char pad1[48];
+  // Which symmetric tensor the allreduce whose first round is k runs on, in symmetric_ref[k % 2]:
+  // (region id << 40 | byte offset) + 1, or 0 for an ordinary tensor. Set before that first post,
+  // so that ranks that disagree about the path find out before any of them touches another's
+  // memory; two of them because a rank may start its next operation before a slow peer has read
+  // this one's (it cannot get two rounds ahead).
+  std::atomic<uint64_t> symmetric_ref[2];
+  char pad1[32];
   char abort_reason[kReasonBytes];     // written before abort_rank names this rank
 };
 
@@ -54,6 +61,15 @@ struct Channel {
 };
 constexpr size_t kChannelHeaderBytes = 256;
 static_assert(sizeof(Channel) <= kChannelHeaderBytes, "channel header grew");
+static_assert(sizeof(RankControl) == 128 + kReasonBytes, "rank control block changed size");
+
+// The memory of one empty_symmetric() call: one slot per rank, each rank's tensor is its slot.
+struct ProcessGroupShm::SymmetricRegion {
+  SharedSegment segment;
+  uint64_t id = 0;
+  size_t slot_bytes = 0;
+  uint8_t* slot(int r) const { return static_cast<uint8_t*>(segment.data()) + r * slot_bytes; }
+};
 
 namespace {
 
@@ -448,9 +464,11 @@ void ProcessGroupShm::allreduce_direct(at::Tensor& tensor, ReduceOp op, int root
   auto* data = static_cast<uint8_t*>(tensor.data_ptr());
   const uint64_t k = round_;
   std::memcpy(begin_write(r), data, bytes);
+  publish_tensor_kind(0);
   post();
   if (root >= 0 && root != rank()) return;
   wait_all_posted(k + 1, r);
+  if (root < 0) check_same_tensor_kind(0, k, r);
   for (int s = 0; s < size(); ++s) sources_[s] = s == rank() ? data : peer_buffer(s, k);
   ReduceArgs args;
   args.dst = data;
@@ -485,8 +503,10 @@ void ProcessGroupShm::allreduce_chunked(at::Tensor& tensor, ReduceOp op, int roo
     for (int s = 0; s < n; ++s) {
       if (s != me) std::memcpy(mine + lo(s) * esz, base + lo(s) * esz, (hi(s) - lo(s)) * esz);
     }
+    if (start == 0) publish_tensor_kind(0);
     post();
     wait_all_posted(ka + 1, r);
+    if (start == 0 && root < 0) check_same_tensor_kind(0, ka, r);
 
     // Round B: reduce this rank's share from its tensor and the peers' buffers.
     const uint64_t kb = round_;
@@ -525,7 +545,163 @@ void ProcessGroupShm::allreduce_chunked(at::Tensor& tensor, ReduceOp op, int roo
   }
 }
 
+void ProcessGroupShm::publish_tensor_kind(uint64_t ref) {
+  controls_[rank()].symmetric_ref[round_ % 2].store(ref, std::memory_order_relaxed);
+}
+
+void ProcessGroupShm::check_same_tensor_kind(uint64_t ref, uint64_t round, const Running& r) {
+  for (int s = 0; s < size(); ++s) {
+    if (s == rank()) continue;
+    const uint64_t theirs = controls_[s].symmetric_ref[round % 2].load(std::memory_order_relaxed);
+    if (theirs == ref) continue;
+    const char* what = theirs == 0 ? "an ordinary tensor" : "a tensor from empty_symmetric()";
+    const char* ours = ref == 0 ? "an ordinary tensor" : "a tensor from empty_symmetric()";
+    const std::string message = detail::str_cat(
+        r.ctx->prefix, ": rank ", s, " passed ", what,
+        theirs != 0 && ref != 0 ? " (another one, or part of one)" : "", " where this rank passed ",
+        ours, "; every rank must pass its own copy of the same symmetric tensor, whole, or "
+        "every rank an ordinary one");
+    abort(message);
+    SHOAL_THROW(PeerError, message);
+  }
+}
+
+void ProcessGroupShm::allreduce_symmetric(at::Tensor& tensor, ReduceOp op,
+                                          const SymmetricRegion& region, size_t offset,
+                                          const Running& r) {
+  const int n = size();
+  const int me = rank();
+  // Round A: this rank's tensor holds its contribution, at this place in this region.
+  const uint64_t ref = (region.id << 40 | offset) + 1;
+  const uint64_t ka = round_;
+  begin_write(r);  // no buffer is written, but symmetric_ref[ka % 2] must be free
+  publish_tensor_kind(ref);
+  post();
+  wait_all_posted(ka + 1, r);
+  check_same_tensor_kind(ref, ka, r);
+  // Reduce this rank's share of every rank's tensor, and write the result into all of them.
+  const size_t esz = tensor.element_size();
+  const size_t total = tensor.numel();
+  const size_t align = 64 / esz;
+  const size_t share = round_up((total + n - 1) / n, align);
+  const size_t lo = std::min(me * share, total), hi = std::min((me + 1) * share, total);
+  if (hi > lo) {
+    const size_t at = offset + lo * esz;
+    for (int s = 0; s < n; ++s) sources_[s] = region.slot(s) + at;
+    ReduceArgs args;
+    args.dst = region.slot(me) + at;
+    args.dst2 = n == 2 ? region.slot(1 - me) + at : nullptr;
+    args.src = sources_.data();
+    args.num_src = n;
+    args.count = hi - lo;
+    args.dtype = tensor.scalar_type();
+    args.op = op;
+    args.divisor = n;
+    reduce_sources(args);
+    for (int s = 0; s < n && n > 2; ++s) {
+      if (s != me) std::memcpy(region.slot(s) + at, region.slot(me) + at, (hi - lo) * esz);
+    }
+  }
+  // Round B: every share is everywhere; no peer touches this rank's tensor after it.
+  const uint64_t kb = round_;
+  post();
+  wait_all_posted(kb + 1, r);
+}
+
+std::shared_ptr<ProcessGroupShm::SymmetricRegion> ProcessGroupShm::find_symmetric(
+    const at::Tensor& tensor, size_t* offset) const {
+  if (!tensor.is_contiguous() || tensor.nbytes() == 0) return nullptr;
+  const auto* begin = static_cast<const uint8_t*>(tensor.data_ptr());
+  std::lock_guard<std::mutex> lock(symmetric_mutex_);
+  for (const auto& weak : symmetric_) {
+    auto region = weak.lock();
+    if (!region) continue;
+    const uint8_t* mine = region->slot(rank());
+    if (begin >= mine && begin + tensor.nbytes() <= mine + region->slot_bytes) {
+      *offset = static_cast<size_t>(begin - mine);
+      return region;
+    }
+  }
+  return nullptr;
+}
+
+bool ProcessGroupShm::is_symmetric(const at::Tensor& tensor) const {
+  size_t offset = 0;
+  return find_symmetric(tensor, &offset) != nullptr;
+}
+
+at::Tensor ProcessGroupShm::run_empty_symmetric(int64_t numel, at::ScalarType dtype,
+                                                const OpContext& ctx) {
+  const auto options = torch::TensorOptions().dtype(dtype);
+  const size_t bytes = static_cast<size_t>(numel) * c10::elementSize(dtype);
+  // SHOAL_SHM_SYMMETRIC=0 turns symmetric memory off (for comparisons; every rank must agree,
+  // which the allreduce checks).
+  if (const char* env = std::getenv("SHOAL_SHM_SYMMETRIC"); env && std::strcmp(env, "0") == 0) {
+    return torch::empty({numel}, options);
+  }
+  auto region = std::make_shared<SymmetricRegion>();
+  region->id = ++symmetric_allocations_;
+  region->slot_bytes = round_up(std::max<size_t>(bytes, 1), 4096);
+  const size_t total = region->slot_bytes * size();
+  // Rank 0 creates the segment; every rank maps it and says whether it could; all use it only if
+  // all could (otherwise all fall back to ordinary tensors, so the ranks stay consistent).
+  const std::string key = scope_ + "/symmetric/" + std::to_string(region->id);
+  std::string failure;
+  if (rank() == 0) {
+    try {
+      region->segment = SharedSegment::create(unique_segment_name(), total);
+      store_->set_string(key, region->segment.name());
+    } catch (const Error& e) {
+      failure = e.what();
+      store_->set_string(key, "");
+    }
+  } else {
+    const std::string name = store_->get_string(key);
+    if (name.empty()) {
+      failure = "rank 0 could not create it";
+    } else {
+      try {
+        region->segment = SharedSegment::open(name, total);
+      } catch (const Error& e) {
+        failure = e.what();
+      }
+    }
+  }
+  store_->set_string(key + "/ok/" + std::to_string(rank()), failure.empty() ? "1" : "0");
+  bool everyone = true;
+  for (int r = 0; r < size(); ++r) {
+    everyone = store_->get_string(key + "/ok/" + std::to_string(r)) == "1" && everyone;
+  }
+  region->segment.unlink();  // every rank has mapped it, or none will use it
+  if (!everyone) {
+    if (!warned_no_symmetric_.exchange(true)) {
+      std::fprintf(stderr, "%s: shared memory for a symmetric tensor of %zu bytes is not "
+                   "available (%s); using ordinary memory (collectives on it copy through the "
+                   "group's buffers)\n", ctx.prefix.c_str(), bytes,
+                   failure.empty() ? "another rank could not map it" : failure.c_str());
+    }
+    return torch::empty({numel}, options);
+  }
+  {
+    std::lock_guard<std::mutex> lock(symmetric_mutex_);
+    symmetric_.erase(std::remove_if(symmetric_.begin(), symmetric_.end(),
+                                    [](const auto& weak) { return weak.expired(); }),
+                     symmetric_.end());
+    symmetric_.push_back(region);
+  }
+  // The tensor owns the mapping: the memory lives exactly as long as the tensor (and its views).
+  return torch::from_blob(region->slot(rank()), {numel}, [region](void*) mutable { region.reset(); },
+                          options);
+}
+
 void ProcessGroupShm::do_reduce(at::Tensor& tensor, ReduceOp op, int root, const Running& r) {
+  size_t offset = 0;
+  if (root < 0) {
+    if (auto region = find_symmetric(tensor, &offset)) {
+      allreduce_symmetric(tensor, op, *region, offset, r);
+      return;
+    }
+  }
   if (tensor.nbytes() <= options_.direct_bytes) {
     allreduce_direct(tensor, op, root, r);
   } else {

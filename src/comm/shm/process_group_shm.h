@@ -70,8 +70,11 @@ class ProcessGroupShm : public ProcessGroup {
 
   std::string backend_name() const override { return "shm"; }
   void abort(const std::string& reason) override;
+  bool is_symmetric(const at::Tensor& tensor) const override;
 
  protected:
+  at::Tensor run_empty_symmetric(int64_t numel, at::ScalarType dtype,
+                                 const OpContext& ctx) override;
   std::shared_ptr<Work> run_allreduce(at::Tensor& tensor, ReduceOp op,
                                       const OpContext& ctx) override;
   std::shared_ptr<Work> run_broadcast(at::Tensor& tensor, int root, const OpContext& ctx) override;
@@ -125,6 +128,18 @@ class ProcessGroupShm : public ProcessGroup {
   void allreduce_chunked(at::Tensor& tensor, ReduceOp op, int root, const Running& r);
   void do_reduce(at::Tensor& tensor, ReduceOp op, int root, const Running& r);
 
+  // Symmetric memory (empty_symmetric): allreduce in place across the ranks' slots.
+  struct SymmetricRegion;
+  void allreduce_symmetric(at::Tensor& tensor, ReduceOp op, const SymmetricRegion& region,
+                           size_t offset, const Running& r);
+  // An allreduce's tensor kind (0: ordinary; else which symmetric tensor), published with its
+  // first round (call after begin_write, before post); then, once that round `round` is posted
+  // by all, fail (and abort the group) unless every peer published the same.
+  void publish_tensor_kind(uint64_t ref);
+  void check_same_tensor_kind(uint64_t ref, uint64_t round, const Running& r);
+  // The live region `tensor` lies in (its byte offset in this rank's slot), or null.
+  std::shared_ptr<SymmetricRegion> find_symmetric(const at::Tensor& tensor, size_t* offset) const;
+
   Channel& channel(int src, int dst) const;
 
   std::shared_ptr<Store> store_;
@@ -150,6 +165,11 @@ class ProcessGroupShm : public ProcessGroup {
   std::atomic<bool> aborted_{false};
   std::mutex abort_mutex_;
   std::string abort_reason_;
+
+  mutable std::mutex symmetric_mutex_;
+  std::vector<std::weak_ptr<SymmetricRegion>> symmetric_;  // allocated by this group, maybe freed
+  uint64_t symmetric_allocations_ = 0;                       // calling thread only
+  std::atomic<bool> warned_no_symmetric_{false};
 
   std::unique_ptr<OpQueue> collectives_;
   std::unique_ptr<OpQueue> sends_;
