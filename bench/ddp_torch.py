@@ -3,7 +3,8 @@ DDP is measured against, side by side (gloo, one thread per rank, synthetic data
 
 usage: ddp_torch.py --model cnn|mlp --steps N --warmup W --batch B --world R --result FILE
                     [--gradient-as-bucket-view]
-Writes one JSON object to FILE: samples_per_s (all ranks together), peak_rss_mb (largest rank).
+Writes one JSON object to FILE: samples_per_s (all ranks together), peak_rss_mb and pss_mb (largest
+rank; PSS after the timed steps).
 """
 import argparse
 import json
@@ -52,8 +53,13 @@ def worker(rank, args, init_file, out_dir):
     dist.barrier()
     seconds = time.perf_counter() - start
     rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+    pss_mb = float("nan")
+    with open("/proc/self/smaps_rollup") as f:
+        for line in f:
+            if line.startswith("Pss:"):
+                pss_mb = int(line.split()[1]) / 1024.0
     with open(os.path.join(out_dir, "rank%d.json" % rank), "w") as f:
-        json.dump({"seconds": seconds, "peak_rss_mb": rss_mb}, f)
+        json.dump({"seconds": seconds, "peak_rss_mb": rss_mb, "pss_mb": pss_mb}, f)
     dist.destroy_process_group()
 
 
@@ -73,7 +79,8 @@ def main():
     seconds = max(r["seconds"] for r in ranks)
     with open(args.result, "w") as f:
         json.dump({"samples_per_s": args.world * args.batch * args.steps / seconds,
-                   "peak_rss_mb": max(r["peak_rss_mb"] for r in ranks)}, f)
+                   "peak_rss_mb": max(r["peak_rss_mb"] for r in ranks),
+                   "pss_mb": max(r["pss_mb"] for r in ranks)}, f)
 
 
 if __name__ == "__main__":

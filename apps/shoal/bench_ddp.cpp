@@ -77,6 +77,19 @@ double peak_rss_mb() {
   return usage.ru_maxrss / 1024.0;  // Linux reports kilobytes
 }
 
+// Proportional set size now: shared pages (the shm segment, symmetric buckets) counted once
+// across the processes that map them, where RSS counts them in full in each.
+double pss_mb() {
+  std::ifstream in("/proc/self/smaps_rollup");
+  std::string key;
+  double kb = 0;
+  while (in >> key) {
+    if (key == "Pss:" && in >> kb) return kb / 1024.0;
+    in.ignore(1 << 10, '\n');
+  }
+  return std::nan("");
+}
+
 void write_result(const std::string& path, const std::map<std::string, double>& values) {
   std::ofstream out(path);
   for (const auto& [key, value] : values) out << key << " " << value << "\n";
@@ -141,6 +154,7 @@ void run_worker_with(const BenchArgs& args) {
     for (int i = 0; i < args.steps; ++i) timed.step(forward_loss, optimizer);
     result["seconds"] = std::chrono::duration<double>(Clock::now() - start).count();
     timed.record(result, args.steps);
+    result["pss_mb"] = pss_mb();
   } else {
     auto store = comm::make_file_store(args.store, args.world);
     auto group = comm::new_process_group(args.backends.at(0), store, args.rank, args.world);
@@ -159,6 +173,7 @@ void run_worker_with(const BenchArgs& args) {
     group->barrier()->wait();
     result["seconds"] = std::chrono::duration<double>(Clock::now() - start).count();
     timed.record(result, args.steps);
+    result["pss_mb"] = pss_mb();
     const auto after = ddp.stats();
     result["wait_ms"] = 1e3 * (after.wait_seconds - before.wait_seconds) / args.steps;
     result["hidden_fraction"] = (after.hidden_bytes - before.hidden_bytes) /
@@ -298,7 +313,7 @@ void run_mode(const BenchArgs& args, const std::string& exe, const std::string& 
     SHOAL_CHECK(run_all({command}), "bench ddp: the PyTorch DDP run failed (", args.torch_script, ")");
     std::ifstream in(result);
     std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    for (const std::string field : {"samples_per_s", "peak_rss_mb"}) {
+    for (const std::string field : {"samples_per_s", "peak_rss_mb", "pss_mb"}) {
       auto at = text.find("\"" + field + "\":");
       SHOAL_CHECK(at != std::string::npos, "bench ddp: ", args.torch_script, " wrote no ", field);
       s[field].push_back(std::stod(text.substr(at + field.size() + 3)));
@@ -317,11 +332,12 @@ void run_mode(const BenchArgs& args, const std::string& exe, const std::string& 
     commands.push_back(command);
   }
   SHOAL_CHECK(run_all(commands), "bench ddp: the ", mode.label(), " run failed");
-  double seconds = 0, rss = 0;
+  double seconds = 0, rss = 0, pss = 0;
   for (int rank = 0; rank < processes; ++rank) {
     auto r = read_result(dir + "/rank" + std::to_string(rank));
     seconds = std::max(seconds, r["seconds"]);
     rss = std::max(rss, r["peak_rss_mb"]);
+    pss = std::max(pss, r["pss_mb"]);
     if (rank != 0) continue;
     for (const std::string field : {"forward_ms", "backward_ms", "optimizer_ms", "grad_mb"}) {
       s[field].push_back(r[field]);
@@ -335,6 +351,7 @@ void run_mode(const BenchArgs& args, const std::string& exe, const std::string& 
   }
   s["samples_per_s"].push_back(processes * args.batch * args.steps / seconds);
   s["peak_rss_mb"].push_back(rss);
+  s["pss_mb"].push_back(pss);
 }
 
 int run_bench(const BenchArgs& args) {
@@ -379,8 +396,8 @@ int run_bench(const BenchArgs& args) {
   if (!args.json) {
     std::printf("bench ddp: model %s, %d ranks x batch %d, %d steps, median of %d rounds\n",
                 args.model.c_str(), args.world, args.batch, args.steps, args.rounds);
-    std::printf("%-24s %10s %8s %8s %7s %7s %7s %7s %7s %7s %7s %7s\n", "mode", "samples/s",
-                "peak MB", "+MB", "effic.", "of_ceil", "vs_pt", "fwd ms", "bwd ms", "opt ms",
+    std::printf("%-24s %10s %8s %8s %7s %7s %7s %7s %7s %7s %7s %7s %7s\n", "mode", "samples/s",
+                "peak MB", "+MB", "+PSS MB", "effic.", "of_ceil", "vs_pt", "fwd ms", "bwd ms", "opt ms",
                 "wait ms", "hidden");
   }
   for (const auto& mode : modes) {
@@ -391,11 +408,15 @@ int run_bench(const BenchArgs& args) {
     const double of_ceiling = ddp ? rate / independent.get("samples_per_s") : std::nan("");
     const double vs = mode.name == "shoal_ddp" ? rate / pytorch_rate(mode.bucket_view) : std::nan("");
     const double extra_mb = mode.get("peak_rss_mb") - single.get("peak_rss_mb");
+    // Against `independent`: the same number of processes sharing the same library pages.
+    const double extra_pss =
+        parallel ? mode.get("pss_mb") - independent.get("pss_mb") : std::nan("");
     if (args.json) {
       std::printf(
           "{\"mode\": \"%s\", \"model\": \"%s\", \"backend\": %s, \"world_size\": %d, "
           "\"batch_per_rank\": %d, \"gradient_as_bucket_view\": %s, \"samples_per_s\": %s, "
-          "\"peak_rss_mb\": %s, \"extra_rss_mb\": %s, \"grad_mb\": %s, \"efficiency\": %s, "
+          "\"peak_rss_mb\": %s, \"extra_rss_mb\": %s, \"pss_mb\": %s, \"extra_pss_mb\": %s, "
+          "\"grad_mb\": %s, \"efficiency\": %s, "
           "\"of_ceiling\": %s, \"vs_pytorch\": %s, \"forward_ms\": %s, \"backward_ms\": %s, "
           "\"optimizer_ms\": %s, \"wait_ms\": %s, \"overlap\": %s, \"hidden_bytes_fraction\": %s, "
           "\"buckets\": %s, \"rounds\": %d}\n",
@@ -403,7 +424,8 @@ int run_bench(const BenchArgs& args) {
           mode.backend.empty() ? "null" : ("\"" + mode.backend + "\"").c_str(),
           mode.name == "single" ? 1 : args.world, args.batch, mode.bucket_view ? "true" : "false",
           json_number(rate).c_str(), json_number(mode.get("peak_rss_mb")).c_str(),
-          json_number(extra_mb).c_str(), json_number(single.get("grad_mb")).c_str(),
+          json_number(extra_mb).c_str(), json_number(mode.get("pss_mb")).c_str(),
+          json_number(extra_pss).c_str(), json_number(single.get("grad_mb")).c_str(),
           json_number(efficiency).c_str(), json_number(of_ceiling).c_str(),
           json_number(vs).c_str(), json_number(mode.get("forward_ms")).c_str(),
           json_number(mode.get("backward_ms")).c_str(), json_number(mode.get("optimizer_ms")).c_str(),
@@ -417,8 +439,9 @@ int run_bench(const BenchArgs& args) {
         std::snprintf(text, sizeof text, format, v);
         return std::string(text);
       };
-      std::printf("%-24s %10.1f %8.1f %8s %7s %7s %7s %7s %7s %7s %7s %7s\n", mode.label().c_str(),
-                  rate, mode.get("peak_rss_mb"), cell(extra_mb, "%+.1f").c_str(),
+      std::printf("%-24s %10.1f %8.1f %8s %7s %7s %7s %7s %7s %7s %7s %7s %7s\n",
+                  mode.label().c_str(), rate, mode.get("peak_rss_mb"),
+                  cell(extra_mb, "%+.1f").c_str(), cell(extra_pss, "%+.1f").c_str(),
                   cell(efficiency, "%.2f").c_str(), cell(of_ceiling, "%.2f").c_str(),
                   cell(vs, "%.2f").c_str(), cell(mode.get("forward_ms"), "%.2f").c_str(),
                   cell(mode.get("backward_ms"), "%.2f").c_str(),
@@ -430,7 +453,9 @@ int run_bench(const BenchArgs& args) {
   if (!args.json) {
     std::printf("efficiency = samples/s / (%d x single); of_ceil = samples/s / independent (%d "
                 "processes without communication); vs_pt = Shoal / PyTorch DDP with the same "
-                "gradient_as_bucket_view; +MB = peak RSS - single's; gradients: %.1f MB\n",
+                "gradient_as_bucket_view; +MB = peak RSS - single's (shared memory counted in full by every "
+                "rank); +PSS MB = proportional set size after the timed steps - independent's (shared "
+                "memory split between the ranks that map it); gradients: %.1f MB\n",
                 args.world, args.world, single.get("grad_mb"));
   }
   return 0;

@@ -221,10 +221,11 @@ TEST(ShmAccuracy, HalfAndBFloat16AgainstFloat64) {
 // Fills `t` (a symmetric tensor) with rank r's input and allreduces it in place, against the
 // expected sums, across real processes; ordinary tensors in between must keep working.
 TEST(ShmSymmetric, AllreduceInPlaceAcrossProcesses) {
-  for (int world : {2, 3}) {
-    auto results = run_processes(world, [world](int rank, const std::string& path) {
+  // hierarchical on one host hands symmetric memory to its shm group.
+  for (auto [backend, world] : {std::pair<const char*, int>{"shm", 2}, {"shm", 3}, {"hierarchical", 2}}) {
+    auto results = run_processes(world, [world, backend](int rank, const std::string& path) {
       auto store = make_file_store(path, world, Milliseconds(20'000));
-      auto pg = new_process_group("shm", store, rank, world, Milliseconds(20'000));
+      auto pg = new_process_group(backend, store, rank, world, Milliseconds(20'000));
       for (int64_t numel : {int64_t{1}, int64_t{1001}, int64_t{(1 << 18) + 3}}) {
         for (auto dtype : {torch::kFloat, torch::kLong, torch::kHalf}) {
           auto a = pg->empty_symmetric(numel, dtype);
@@ -257,7 +258,7 @@ TEST(ShmSymmetric, AllreduceInPlaceAcrossProcesses) {
         }
       }
     });
-    for (const auto& r : results) ASSERT_EQ(r.exit_code, 0) << messages(results);
+    for (const auto& r : results) ASSERT_EQ(r.exit_code, 0) << backend << "\n" << messages(results);
   }
 }
 

@@ -122,6 +122,17 @@ ProcessGroupHierarchical::ProcessGroupHierarchical(std::shared_ptr<Store> store,
 
 ProcessGroupHierarchical::~ProcessGroupHierarchical() { queue_.reset(); }
 
+bool ProcessGroupHierarchical::is_symmetric(const at::Tensor& tensor) const {
+  return num_hosts_ == 1 && local_->is_symmetric(tensor);
+}
+
+at::Tensor ProcessGroupHierarchical::run_empty_symmetric(int64_t numel, at::ScalarType dtype,
+                                                         const OpContext& ctx) {
+  // Across hosts the leaders' stage copies anyway, so only one host gains from shared memory.
+  if (num_hosts_ == 1) return local_->empty_symmetric(numel, dtype, ctx.timeout);
+  return ProcessGroup::run_empty_symmetric(numel, dtype, ctx);
+}
+
 void ProcessGroupHierarchical::abort(const std::string& reason) {
   local_->abort(reason);
   if (leaders_) leaders_->abort(reason);

@@ -58,11 +58,15 @@ class ProcessGroupHierarchical : public ProcessGroup {
 
   std::string backend_name() const override { return "hierarchical"; }
   void abort(const std::string& reason) override;
+  /// On one host, symmetric tensors are the shm group's (its allreduce works in place on them).
+  bool is_symmetric(const at::Tensor& tensor) const override;
 
   /// Number of hosts the ranks were grouped into (for tests and logs).
   int num_hosts() const { return num_hosts_; }
 
  protected:
+  at::Tensor run_empty_symmetric(int64_t numel, at::ScalarType dtype,
+                                 const OpContext& ctx) override;
   std::shared_ptr<Work> run_allreduce(at::Tensor& tensor, ReduceOp op,
                                       const OpContext& ctx) override;
   std::shared_ptr<Work> run_broadcast(at::Tensor& tensor, int root, const OpContext& ctx) override;
