@@ -15,6 +15,14 @@
 #include "shoal/error.h"
 #include "shoal/launcher/launch.h"
 
+#if SHOAL_HAVE_MPI
+// The C API only: OpenMPI's header would otherwise pull in its C++ bindings (a library Shoal
+// does not link).
+#define OMPI_SKIP_MPICXX 1
+#define MPICH_SKIP_MPICXX 1
+#include <mpi.h>
+#endif
+
 namespace shoal::cli {
 
 using Clock = std::chrono::steady_clock;
@@ -76,6 +84,46 @@ double ShoalContender::measure(int64_t bytes, int iterations) {
   comm::AllreduceOptions max;
   max.op = comm::ReduceOp::kMax;
   pg_->allreduce(slowest, max)->wait();
+  return slowest.item<double>();
+}
+
+// ---- OpenMpiContender --------------------------------------------------------------------------
+
+OpenMpiContender::OpenMpiContender(std::shared_ptr<comm::ProcessGroup> keep_alive)
+    : mpi_(std::move(keep_alive)) {
+  SHOAL_CHECK_T(InvalidArgument, SHOAL_HAVE_MPI, "the openmpi contender needs Shoal built with MPI");
+}
+
+void OpenMpiContender::allreduce(at::Tensor& tensor, bool max) {
+#if SHOAL_HAVE_MPI
+  const int rc = MPI_Allreduce(MPI_IN_PLACE, tensor.data_ptr(), static_cast<int>(tensor.numel()),
+                               tensor.scalar_type() == at::kDouble ? MPI_DOUBLE : MPI_FLOAT,
+                               max ? MPI_MAX : MPI_SUM, MPI_COMM_WORLD);
+  SHOAL_CHECK(rc == MPI_SUCCESS, "openmpi: MPI_Allreduce failed with code ", rc);
+#endif
+}
+
+void OpenMpiContender::warm_up(int64_t bytes, int iterations) {
+  if (tensor_.numel() != bytes / 4) tensor_ = torch::zeros({bytes / 4}, torch::kFloat);
+  tensor_.fill_(mpi_->rank() + 1);
+  allreduce(tensor_, false);
+  const int n = mpi_->size();
+  SHOAL_CHECK(tensor_.eq(n * (n + 1) / 2).all().item<bool>(),
+              "openmpi returned a wrong allreduce result for ", format_bytes(bytes));
+  tensor_.zero_();
+  for (int i = 0; i < iterations; ++i) allreduce(tensor_, false);
+}
+
+double OpenMpiContender::measure(int64_t bytes, int iterations) {
+  if (tensor_.numel() != bytes / 4) tensor_ = torch::zeros({bytes / 4}, torch::kFloat);
+#if SHOAL_HAVE_MPI
+  MPI_Barrier(MPI_COMM_WORLD);
+#endif
+  const auto start = Clock::now();
+  for (int i = 0; i < iterations; ++i) allreduce(tensor_, false);
+  at::Tensor slowest = torch::full({1}, std::chrono::duration<double>(Clock::now() - start).count() /
+                                           iterations, torch::kDouble);
+  allreduce(slowest, true);
   return slowest.item<double>();
 }
 

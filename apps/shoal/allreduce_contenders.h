@@ -48,6 +48,22 @@ class ShoalContender : public Contender {
   at::Tensor tensor_;
 };
 
+/// OpenMPI itself: MPI_Allreduce in place on MPI_COMM_WORLD, blocking, with nothing of Shoal's
+/// around it (no worker thread, no checks). `keep_alive` is the Shoal mpi group whose creation
+/// initialised MPI. Only where Shoal is built with MPI.
+class OpenMpiContender : public Contender {
+ public:
+  explicit OpenMpiContender(std::shared_ptr<comm::ProcessGroup> keep_alive);
+  std::string name() const override { return "openmpi"; }
+  void warm_up(int64_t bytes, int iterations) override;
+  double measure(int64_t bytes, int iterations) override;
+
+ private:
+  void allreduce(at::Tensor& tensor, bool max);
+  std::shared_ptr<comm::ProcessGroup> mpi_;
+  at::Tensor tensor_;
+};
+
 /// PyTorch's torch.distributed gloo in processes of its own (bench/allreduce_torch.py --serve),
 /// which rank 0 starts and drives over pipes; killed and reaped on destruction.
 class TorchContender : public Contender {

@@ -5,7 +5,8 @@
 // Contenders run interleaved (A B, B A, ... for each size: on a noisy machine drift hits every
 // contender alike) and each reports the median of its repeats. "torch_gloo" is PyTorch's own
 // torch.distributed gloo, run by bench/allreduce_torch.py as a co-process that rank 0 drives.
-// "shm_symmetric" is the shm backend on tensors from empty_symmetric() (reduced in place across
+// "openmpi" is MPI_Allreduce itself (Shoal's "mpi" backend adds a worker thread and the collective
+// checks around it). "shm_symmetric" is the shm backend on tensors from empty_symmetric() (reduced in place across
 // the ranks' copies, as DDP's buckets are).
 //
 // Without a launcher around it (no RANK/OMPI_COMM_WORLD_RANK in the environment) the bench starts
@@ -158,12 +159,13 @@ int run_rank(const BenchArgs& args) {
       continue;
     }
     const bool symmetric = backend == "shm_symmetric";
-    const std::string group_backend = symmetric ? "shm" : backend;
+    const bool openmpi = backend == "openmpi";
+    const std::string group_backend = symmetric ? "shm" : openmpi ? "mpi" : backend;
     SHOAL_CHECK_T(InvalidArgument, comm::is_backend_available(group_backend), "backend '", backend,
                   "' is not built into this shoal; choose from gloo, shm, shm_symmetric, mpi, "
-                  "torch_gloo");
+                  "openmpi, torch_gloo");
     std::shared_ptr<comm::ProcessGroup> pg;
-    if (backend == "mpi") {
+    if (group_backend == "mpi") {
       comm::InitOptions options;
       options.backend = "mpi";
       options.timeout = kBenchTimeout;
@@ -178,7 +180,11 @@ int run_rank(const BenchArgs& args) {
                                        store),
                                    rank, n, kBenchTimeout);
     }
-    contenders.push_back(std::make_unique<ShoalContender>(pg, symmetric));
+    if (openmpi) {
+      contenders.push_back(std::make_unique<OpenMpiContender>(pg));
+    } else {
+      contenders.push_back(std::make_unique<ShoalContender>(pg, symmetric));
+    }
   }
   SHOAL_CHECK_T(InvalidArgument, !contenders.empty(), "--backend names no backend");
 
@@ -303,14 +309,15 @@ int run_bench(const BenchArgs& args) {
                 "--min-bytes ", args.min_bytes, " is above --max-bytes ", args.max_bytes);
   for (const std::string& backend : split(args.backends, ',')) {
     SHOAL_CHECK_T(InvalidArgument, backend == "torch_gloo" || backend == "shm_symmetric" ||
-                                       comm::is_backend_available(backend),
+                                       comm::is_backend_available(backend == "openmpi" ? "mpi" : backend),
                   "backend '", backend, "' is not built into this shoal; choose from gloo, shm, "
-                  "shm_symmetric, mpi, hierarchical, torch_gloo");
+                  "shm_symmetric, mpi, openmpi, hierarchical, torch_gloo");
   }
   if (std::find(backends.begin(), backends.end(), "torch_gloo") != backends.end()) {
     find_torch_script(args.torch_script);
   }
-  const bool has_mpi = std::find(backends.begin(), backends.end(), "mpi") != backends.end();
+  const bool has_mpi = std::find(backends.begin(), backends.end(), "mpi") != backends.end() ||
+                       std::find(backends.begin(), backends.end(), "openmpi") != backends.end();
   SHOAL_CHECK_T(InvalidArgument, !(has_mpi && args.launcher == "shoal"),
                 "--backend mpi needs its ranks started by mpirun; drop --launcher shoal");
   if (args.launcher == "mpirun" || (args.launcher == "auto" && has_mpi)) {
