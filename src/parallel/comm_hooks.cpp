@@ -41,7 +41,9 @@ CommHook compress_hook(std::shared_ptr<comm::ProcessGroup> group, at::ScalarType
     torch::NoGradGuard no_grad;
     // Divide before the sum (as PyTorch does) so that the reduced half-precision values stay in range.
     auto compressed = bucket.buffer().to(wire_type).div_(group->size());
-    auto work = group->allreduce(compressed);
+    comm::AllreduceOptions options;
+    options.check = false;  // identical on every rank by construction, as in allreduce_hook
+    auto work = group->allreduce(compressed, options);
     at::Tensor buffer = bucket.buffer();
     return then(std::move(work), [buffer, compressed]() mutable {
       torch::NoGradGuard no_grad;
@@ -65,6 +67,10 @@ CommHook allreduce_hook(std::shared_ptr<comm::ProcessGroup> group) {
     // other backends divide the summed result. float32 gradients do not overflow either way.
     comm::AllreduceOptions options;
     options.op = comm::ReduceOp::kAvg;
+    // The buckets are the same on every rank by construction (DDP verified the parameters and
+    // every rank builds the same buckets), so the per-collective check would only add a blocking
+    // round trip before each bucket's reduction.
+    options.check = false;
     return group->allreduce(bucket.buffer(), options);
   };
 }

@@ -27,6 +27,10 @@ namespace shoal::comm {
 struct AllreduceOptions {
   ReduceOp op = ReduceOp::kSum;
   Milliseconds timeout = kGroupTimeout;
+  /// false: skip the collective check (check_collectives()) for this call, for callers whose
+  /// collectives are identical on every rank by construction (DDP's buckets, verified once when
+  /// DDP is built). Every rank must pass the same value.
+  bool check = true;
 };
 
 struct BroadcastOptions {
