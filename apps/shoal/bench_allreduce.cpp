@@ -24,6 +24,7 @@
 #include <memory>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "allreduce_contenders.h"
@@ -291,10 +292,26 @@ int run_under_mpirun(const BenchArgs& args) {
     std::fprintf(stderr, "shoal bench allreduce: cannot run mpirun: %s\n", std::strerror(errno));
     ::_exit(127);
   }
-  // mpirun is in our process group: Ctrl-C reaches it, and it stops its ranks itself. No time-out
-  // here: mpirun returns once its ranks have, and every wait of theirs is bounded (kBenchTimeout).
+  // mpirun is in our process group: Ctrl-C reaches it, and it stops its ranks itself. Every wait
+  // of the ranks is bounded (kBenchTimeout), so mpirun returns; should it not (a wedged mpirun),
+  // it is stopped after kMpirunDeadline, far beyond a whole sweep (about a minute).
+  constexpr auto kMpirunDeadline = std::chrono::minutes(30);
+  const auto deadline = std::chrono::steady_clock::now() + kMpirunDeadline;
   int status = 0;
-  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  for (;;) {
+    const pid_t done = ::waitpid(pid, &status, WNOHANG);
+    if (done == pid) break;
+    SHOAL_CHECK(done == 0 || errno == EINTR, "waiting for mpirun: ", std::strerror(errno));
+    if (std::chrono::steady_clock::now() > deadline) {
+      ::kill(pid, SIGTERM);  // mpirun forwards it to its ranks
+      std::this_thread::sleep_for(std::chrono::seconds(10));
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, &status, 0);
+      SHOAL_THROW(TimeoutError, "shoal bench allreduce: mpirun (pid ", pid, ") ran past ",
+                  kMpirunDeadline.count(), " minutes and was stopped; its ranks' output above "
+                  "says where they were");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }

@@ -452,28 +452,59 @@ double json_number(const std::string& line, const std::string& key) {
 // `shoal bench allreduce` started alone re-launches itself as 2 ranks through the launcher
 // library; its JSON lines carry the sizes asked for and a bus bandwidth that follows from latency.
 TEST(BenchAllreduce, StartsItsOwnRanksAndPrintsJsonLines) {
-  const auto result = run_shoal({"bench", "allreduce", "--backend", "gloo", "--json", "--min-bytes",
+  const auto result = run_shoal({"bench", "allreduce", "--backend", "gloo,shm_symmetric", "--json", "--min-bytes",
                                  "4KiB", "--max-bytes", "16KiB", "--iters", "5", "--repeats", "1",
                                  "--warmup", "1"},
                                 {}, Milliseconds(60'000));
   ASSERT_EQ(result.code, 0) << result.err;
   const auto lines = lines_of(result.out);
-  ASSERT_EQ(lines.size(), 3u) << result.out;
+  ASSERT_EQ(lines.size(), 5u) << result.out;
   EXPECT_NE(lines[0].find("\"backend\": \"memcpy\""), std::string::npos) << lines[0];
   EXPECT_GT(json_number(lines[0], "busbw_gbps"), 0);
   const double sizes[] = {4096, 16384};
-  for (int i = 0; i < 2; ++i) {
+  for (int i = 0; i < 4; ++i) {  // per size: gloo, then shm on symmetric tensors
     const std::string& line = lines[1 + i];
-    EXPECT_NE(line.find("\"backend\": \"gloo\""), std::string::npos) << line;
+    const char* backend = i % 2 == 0 ? "\"backend\": \"gloo\"" : "\"backend\": \"shm_symmetric\"";
+    EXPECT_NE(line.find(backend), std::string::npos) << line;
     EXPECT_EQ(json_number(line, "world_size"), 2);
-    EXPECT_EQ(json_number(line, "bytes"), sizes[i]);
+    EXPECT_EQ(json_number(line, "bytes"), sizes[i / 2]);
     const double latency_us = json_number(line, "latency_us");
     ASSERT_GT(latency_us, 0) << line;
     // busbw = bytes x 2(n-1)/n / time; n = 2: bytes / time.
-    EXPECT_NEAR(json_number(line, "busbw_gbps"), sizes[i] / (latency_us * 1e3),
-                sizes[i] / (latency_us * 1e3) * 0.01 + 1e-4)
+    EXPECT_NEAR(json_number(line, "busbw_gbps"), sizes[i / 2] / (latency_us * 1e3),
+                sizes[i / 2] / (latency_us * 1e3) * 0.01 + 1e-4)
         << line;
   }
+}
+
+// `shoal bench ddp --json`: one line per mode, with the fields the DDP issue asks for, and ratios
+// that follow from the rates on the lines (the PyTorch modes only where /usr/bin/python3 has torch).
+TEST(BenchDdp, ReportsEveryModeAsJsonLines) {
+  const auto result = run_shoal({"bench", "ddp", "--model", "mlp", "--steps", "2", "--warmup", "1",
+                                 "--rounds", "1", "--backend", "shm", "--json"},
+                                {}, Milliseconds(240'000));
+  ASSERT_EQ(result.code, 0) << result.err;
+  const auto lines = lines_of(result.out);
+  ASSERT_GE(lines.size(), 4u) << result.out;
+  const std::vector<std::string> modes{"single", "independent", "shoal_ddp", "shoal_ddp",
+                                       "pytorch_ddp", "pytorch_ddp"};
+  const double single = json_number(lines[0], "samples_per_s");
+  ASSERT_GT(single, 0) << lines[0];
+  for (size_t i = 0; i < lines.size(); ++i) {
+    const std::string& line = lines[i];
+    ASSERT_LT(i, modes.size()) << line;
+    EXPECT_NE(line.find("\"mode\": \"" + modes[i] + "\""), std::string::npos) << line;
+    EXPECT_NE(line.find("\"model\": \"mlp\""), std::string::npos) << line;
+    EXPECT_GT(json_number(line, "samples_per_s"), 0) << line;
+    EXPECT_GT(json_number(line, "peak_rss_mb"), 50) << line;  // LibTorch alone is more
+    if (i > 0) {
+      EXPECT_NEAR(json_number(line, "efficiency"), json_number(line, "samples_per_s") / (2 * single),
+                  1e-3 * json_number(line, "efficiency"))
+          << line;
+    }
+  }
+  EXPECT_NE(lines[3].find("\"gradient_as_bucket_view\": true"), std::string::npos) << lines[3];
+  EXPECT_GT(json_number(lines[2], "buckets"), 0) << lines[2];
 }
 
 }  // namespace
