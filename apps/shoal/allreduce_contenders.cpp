@@ -61,70 +61,60 @@ at::Tensor& ShoalContender::buffer(int64_t bytes) {
   return tensor_;
 }
 
+void ShoalContender::allreduce(at::Tensor& tensor, comm::ReduceOp op) {
+  comm::AllreduceOptions options;
+  options.op = op;
+  pg_->allreduce(tensor, options)->wait();
+}
+
+void ShoalContender::barrier() { pg_->barrier()->wait(); }
+
 void ShoalContender::warm_up(int64_t bytes, int iterations) {
   at::Tensor& tensor = buffer(bytes);
   // Rank r adds r + 1: every element must come back as n(n+1)/2 (exact in float32).
   tensor.fill_(pg_->rank() + 1);
-  pg_->allreduce(tensor)->wait();
+  allreduce(tensor, comm::ReduceOp::kSum);
   const int n = pg_->size();
-  SHOAL_CHECK(tensor.eq(n * (n + 1) / 2).all().item<bool>(), "backend ", name(),
-              " returned a wrong allreduce result for ", format_bytes(bytes),
-              "; its timings would mean nothing");
+  SHOAL_CHECK(tensor.eq(n * (n + 1) / 2).all().item<bool>(), "[rank ", pg_->rank(), "/", n,
+              "] backend ", name(), " returned a wrong allreduce result for ",
+              format_bytes(bytes), "; its timings would mean nothing");
   tensor.zero_();  // zeros stay zeros: no overflow, no denormals while timing
-  for (int i = 0; i < iterations; ++i) pg_->allreduce(tensor)->wait();
+  for (int i = 0; i < iterations; ++i) allreduce(tensor, comm::ReduceOp::kSum);
 }
 
 double ShoalContender::measure(int64_t bytes, int iterations) {
   at::Tensor& tensor = buffer(bytes);
-  pg_->barrier()->wait();
+  barrier();
   const auto start = Clock::now();
-  for (int i = 0; i < iterations; ++i) pg_->allreduce(tensor)->wait();
+  for (int i = 0; i < iterations; ++i) allreduce(tensor, comm::ReduceOp::kSum);
   const double seconds = std::chrono::duration<double>(Clock::now() - start).count() / iterations;
   at::Tensor slowest = torch::full({1}, seconds, torch::kDouble);
-  comm::AllreduceOptions max;
-  max.op = comm::ReduceOp::kMax;
-  pg_->allreduce(slowest, max)->wait();
+  allreduce(slowest, comm::ReduceOp::kMax);
   return slowest.item<double>();
 }
 
 // ---- OpenMpiContender --------------------------------------------------------------------------
 
 OpenMpiContender::OpenMpiContender(std::shared_ptr<comm::ProcessGroup> keep_alive)
-    : mpi_(std::move(keep_alive)) {
+    : ShoalContender(std::move(keep_alive)) {
   SHOAL_CHECK_T(InvalidArgument, SHOAL_HAVE_MPI, "the openmpi contender needs Shoal built with MPI");
 }
 
-void OpenMpiContender::allreduce(at::Tensor& tensor, bool max) {
+void OpenMpiContender::allreduce(at::Tensor& tensor, comm::ReduceOp op) {
 #if SHOAL_HAVE_MPI
   const int rc = MPI_Allreduce(MPI_IN_PLACE, tensor.data_ptr(), static_cast<int>(tensor.numel()),
                                tensor.scalar_type() == at::kDouble ? MPI_DOUBLE : MPI_FLOAT,
-                               max ? MPI_MAX : MPI_SUM, MPI_COMM_WORLD);
-  SHOAL_CHECK(rc == MPI_SUCCESS, "openmpi: MPI_Allreduce failed with code ", rc);
+                               op == comm::ReduceOp::kMax ? MPI_MAX : MPI_SUM, MPI_COMM_WORLD);
+  SHOAL_CHECK(rc == MPI_SUCCESS, "[rank ", group().rank(), "/", group().size(), "] openmpi: "
+              "MPI_Allreduce of ", tensor.numel(), " elements failed with MPI error ", rc,
+              "; rerun with --backend mpi for Shoal's checks and time-outs");
 #endif
 }
 
-void OpenMpiContender::warm_up(int64_t bytes, int iterations) {
-  if (tensor_.numel() != bytes / 4) tensor_ = torch::zeros({bytes / 4}, torch::kFloat);
-  tensor_.fill_(mpi_->rank() + 1);
-  allreduce(tensor_, false);
-  const int n = mpi_->size();
-  SHOAL_CHECK(tensor_.eq(n * (n + 1) / 2).all().item<bool>(),
-              "openmpi returned a wrong allreduce result for ", format_bytes(bytes));
-  tensor_.zero_();
-  for (int i = 0; i < iterations; ++i) allreduce(tensor_, false);
-}
-
-double OpenMpiContender::measure(int64_t bytes, int iterations) {
-  if (tensor_.numel() != bytes / 4) tensor_ = torch::zeros({bytes / 4}, torch::kFloat);
+void OpenMpiContender::barrier() {
 #if SHOAL_HAVE_MPI
   MPI_Barrier(MPI_COMM_WORLD);
 #endif
-  const auto start = Clock::now();
-  for (int i = 0; i < iterations; ++i) allreduce(tensor_, false);
-  at::Tensor slowest = torch::full({1}, std::chrono::duration<double>(Clock::now() - start).count() /
-                                           iterations, torch::kDouble);
-  allreduce(slowest, true);
-  return slowest.item<double>();
 }
 
 // ---- TorchContender ----------------------------------------------------------------------------

@@ -41,6 +41,12 @@ class ShoalContender : public Contender {
   void warm_up(int64_t bytes, int iterations) override;
   double measure(int64_t bytes, int iterations) override;
 
+ protected:
+  /// One blocking allreduce and one barrier: what warm_up() and measure() time.
+  virtual void allreduce(at::Tensor& tensor, comm::ReduceOp op);
+  virtual void barrier();
+  const comm::ProcessGroup& group() const { return *pg_; }
+
  private:
   at::Tensor& buffer(int64_t bytes);
   std::shared_ptr<comm::ProcessGroup> pg_;
@@ -49,19 +55,16 @@ class ShoalContender : public Contender {
 };
 
 /// OpenMPI itself: MPI_Allreduce in place on MPI_COMM_WORLD, blocking, with nothing of Shoal's
-/// around it (no worker thread, no checks). `keep_alive` is the Shoal mpi group whose creation
-/// initialised MPI. Only where Shoal is built with MPI.
-class OpenMpiContender : public Contender {
+/// around it (no worker thread, no checks); the same timing loop as ShoalContender. `keep_alive`
+/// is the Shoal mpi group whose creation initialised MPI. Only where Shoal is built with MPI.
+class OpenMpiContender : public ShoalContender {
  public:
   explicit OpenMpiContender(std::shared_ptr<comm::ProcessGroup> keep_alive);
   std::string name() const override { return "openmpi"; }
-  void warm_up(int64_t bytes, int iterations) override;
-  double measure(int64_t bytes, int iterations) override;
 
- private:
-  void allreduce(at::Tensor& tensor, bool max);
-  std::shared_ptr<comm::ProcessGroup> mpi_;
-  at::Tensor tensor_;
+ protected:
+  void allreduce(at::Tensor& tensor, comm::ReduceOp op) override;
+  void barrier() override;
 };
 
 /// PyTorch's torch.distributed gloo in processes of its own (bench/allreduce_torch.py --serve),

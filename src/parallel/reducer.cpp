@@ -138,6 +138,10 @@ void Reducer::build_buckets(const std::vector<size_t>& order) {
       bucket.views.push_back(view);
       locator_[index] = {b, slot};
     }
+    std::vector<at::Tensor> params;
+    for (size_t index : bucket.variables) params.push_back(params_[index]);
+    bucket.hook_view = std::make_unique<GradBucket>(b, b + 1 == assignment.size(), bucket.contents,
+                                                    bucket.views, std::move(params));
   }
   buckets_ = std::move(buckets);
 }
@@ -238,12 +242,9 @@ void Reducer::launch_ready_buckets() {
 
 std::shared_ptr<comm::Work> Reducer::launch(size_t bucket_index) {
   Bucket& bucket = buckets_[bucket_index];
-  std::vector<at::Tensor> params;
-  for (size_t index : bucket.variables) params.push_back(params_[index]);
-  GradBucket grad_bucket(bucket_index, bucket_index + 1 == buckets_.size(), bucket.contents,
-                         bucket.views, std::move(params));
+  bucket.hook_view->buffer() = bucket.contents;  // in case last iteration's hook reassigned it
   try {
-    auto work = hook_(grad_bucket);
+    auto work = hook_(*bucket.hook_view);
     SHOAL_CHECK(work != nullptr, "the communication hook returned no Work");
     return work;
   } catch (...) {
@@ -316,8 +317,9 @@ void Reducer::finalize_backward() {
   if (used_work) used_work->wait();
   const auto wait_end = std::chrono::steady_clock::now();
 
+  const int* used_everywhere = used_map.defined() ? used_map.data_ptr<int>() : nullptr;
   for (size_t index = 0; index < params_.size(); ++index) {
-    if (used_map.defined() && used_map[index].item<int>() == 0) continue;  // unused everywhere
+    if (used_everywhere != nullptr && used_everywhere[index] == 0) continue;  // unused everywhere
     auto [b, slot] = locator_[index];
     auto& view = buckets_[b].views[slot];
     auto& param = params_[index];

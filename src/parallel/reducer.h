@@ -51,6 +51,9 @@ class Reducer {
     std::vector<at::Tensor> views;       // slices of contents shaped like the parameters
     size_t pending = 0;                  // gradients still missing this iteration
     std::shared_ptr<comm::Work> work;    // the reduction in flight
+    // What the communication hook sees, built with the bucket: launching a reduction from the
+    // backward hook then allocates nothing.
+    std::unique_ptr<GradBucket> hook_view;
   };
 
   void build_buckets(const std::vector<size_t>& order);

@@ -3,11 +3,12 @@
 //
 // A hook receives one bucket of flattened gradients as soon as every gradient in it is ready and
 // returns the pending communication. Contract: once the returned Work's wait() returns, buffer()
-// holds the gradients every rank is to apply — already averaged (the default hook divides by the
-// world size before summing). Hooks run on the thread executing backward, one bucket at a time,
+// holds the gradients every rank is to apply — already averaged (the default hook allreduces with
+// ReduceOp::kAvg). Hooks run on the thread executing backward, one bucket at a time,
 // buckets in the same order on every rank.
 //
-// Thread safety: a GradBucket is valid only during the hook call and until its Work completed.
+// Thread safety: DDP builds one GradBucket per bucket when it lays the buckets out and passes the
+// same object every iteration; a hook may use it until its Work completed.
 #pragma once
 
 #include <ATen/core/Tensor.h>
