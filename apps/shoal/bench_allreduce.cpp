@@ -276,7 +276,12 @@ std::vector<std::string> rank_command(const BenchArgs& args) {
 
 int run_under_mpirun(const BenchArgs& args) {
   const std::string port = std::to_string(launcher::pick_free_port());
-  std::vector<std::string> argv{"mpirun", "--allow-run-as-root", "--oversubscribe", "-np",
+  // --bind-to none: mpirun binds each rank to one CPU by default, and everything the rank starts
+  // inherits that: Shoal's worker threads would share one CPU with the rank's main thread, and
+  // PyTorch's two ranks (started by rank 0) would share rank 0's CPU. Every contender runs under
+  // the scheduling a `shoal run` job gets, so the comparison is fair.
+  std::vector<std::string> argv{"mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to",
+                                "none", "-np",
                                 std::to_string(args.nproc), "-x", "MASTER_ADDR=127.0.0.1", "-x",
                                 "MASTER_PORT=" + port, "-x", "OMP_NUM_THREADS=1"};
   for (auto& word : rank_command(args)) argv.push_back(word);
