@@ -3,9 +3,11 @@ DDP is measured against, side by side (gloo, one thread per rank, synthetic data
 
 usage: ddp_torch.py --model cnn|mlp --steps N --warmup W --batch B --world R --result FILE
                     [--gradient-as-bucket-view]
-Writes one JSON object to FILE: samples_per_s (all ranks together), peak_rss_mb and pss_mb (largest
-rank; PSS after the timed steps).
+Writes one JSON object to FILE: samples_per_s (all ranks together), peak_rss_mb, pss_mb (PSS after
+the timed steps) and live_mb (heap in use at the end of forward and of backward, the larger, over
+two more steps), each of the largest rank; MB = MiB.
 """
+import ctypes
 import argparse
 import json
 import os
@@ -27,6 +29,21 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from pytorch_models import Cnn, Mlp  # noqa: E402
 
 
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in
+                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
+                 "fordblks", "keepcost")]
+
+
+def heap_bytes_in_use():
+    """glibc's mallinfo2 over all arenas: heap blocks in use plus mmap'ed blocks (the same figure as
+    shoal::memory::heap_bytes_in_use, which Shoal's side of the benchmark reports)."""
+    libc = ctypes.CDLL("libc.so.6")
+    libc.mallinfo2.restype = _MallInfo2
+    info = libc.mallinfo2()
+    return info.uordblks + info.hblkhd
+
+
 def worker(rank, args, init_file, out_dir):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method="file://" + init_file, rank=rank,
@@ -39,9 +56,14 @@ def worker(rank, args, init_file, out_dir):
     x = torch.randn(args.batch, 1, 28, 28)
     y = torch.randint(0, 10, (args.batch,))
 
-    def step():
+    def step(samples=None):
         opt.zero_grad()
-        F.cross_entropy(ddp(x), y).backward()
+        loss = F.cross_entropy(ddp(x), y)
+        if samples is not None:
+            samples.append(heap_bytes_in_use())
+        loss.backward()
+        if samples is not None:
+            samples.append(heap_bytes_in_use())
         opt.step()
 
     for _ in range(args.warmup):
@@ -58,8 +80,13 @@ def worker(rank, args, init_file, out_dir):
         for line in f:
             if line.startswith("Pss:"):
                 pss_mb = int(line.split()[1]) / 1024.0
+    samples = []
+    for _ in range(2):
+        step(samples)
+    live_mb = max(samples) / 1048576.0
     with open(os.path.join(out_dir, "rank%d.json" % rank), "w") as f:
-        json.dump({"seconds": seconds, "peak_rss_mb": rss_mb, "pss_mb": pss_mb}, f)
+        json.dump({"seconds": seconds, "peak_rss_mb": rss_mb, "pss_mb": pss_mb, "live_mb": live_mb},
+                  f)
     dist.destroy_process_group()
 
 
@@ -80,7 +107,8 @@ def main():
     with open(args.result, "w") as f:
         json.dump({"samples_per_s": args.world * args.batch * args.steps / seconds,
                    "peak_rss_mb": max(r["peak_rss_mb"] for r in ranks),
-                   "pss_mb": max(r["pss_mb"] for r in ranks)}, f)
+                   "pss_mb": max(r["pss_mb"] for r in ranks),
+                   "live_mb": max(r["live_mb"] for r in ranks)}, f)
 
 
 if __name__ == "__main__":

@@ -90,6 +90,25 @@ double pss_mb() {
   return std::nan("");
 }
 
+// Proportional set size of the POSIX shared memory this process maps (the shm group's buffers and
+// symmetric gradient buckets): memory outside the C library's heap, split between the ranks.
+double shared_memory_pss_mb() {
+  std::ifstream in("/proc/self/smaps");
+  std::string line;
+  bool shm = false;
+  double kb = 0;
+  while (std::getline(in, line)) {
+    if (line.empty()) continue;
+    if (std::isxdigit(static_cast<unsigned char>(line[0])) && line.find('-') != std::string::npos &&
+        line.find(' ') > line.find('-')) {  // a mapping's header line: "start-end perms ... path"
+      shm = line.find(" /dev/shm/") != std::string::npos;
+    } else if (shm && line.compare(0, 4, "Pss:") == 0) {
+      kb += std::stod(line.substr(4));
+    }
+  }
+  return kb / 1024.0;
+}
+
 void write_result(const std::string& path, const std::map<std::string, double>& values) {
   std::ofstream out(path);
   for (const auto& [key, value] : values) out << key << " " << value << "\n";
@@ -105,9 +124,14 @@ std::map<std::string, double> read_result(const std::string& path) {
   return values;
 }
 
-// Times the phases of training steps: zero_grad + forward + loss, backward, optimizer step.
+// Times the phases of training steps: zero_grad + forward + loss, backward, optimizer step; and
+// with `sample_memory` (steps run after the timed ones), the largest heap in use at the end of
+// forward (activations held for backward) and of backward (gradients): live memory, steady from
+// run to run where peak RSS also counts whatever freed memory the allocator happens to keep.
 struct PhaseTimer {
   double forward = 0, backward = 0, optimizer = 0;
+  bool sample_memory = false;
+  long long peak_heap_bytes = 0;
 
   template <class Forward, class Optimizer>
   void step(Forward&& forward_loss, Optimizer& opt) {
@@ -115,7 +139,9 @@ struct PhaseTimer {
     opt.zero_grad();
     auto loss = forward_loss();
     const auto t1 = Clock::now();
+    if (sample_memory) peak_heap_bytes = std::max(peak_heap_bytes, memory::heap_bytes_in_use());
     loss.backward();
+    if (sample_memory) peak_heap_bytes = std::max(peak_heap_bytes, memory::heap_bytes_in_use());
     const auto t2 = Clock::now();
     opt.step();
     const auto t3 = Clock::now();
@@ -129,6 +155,16 @@ struct PhaseTimer {
     result["optimizer_ms"] = 1e3 * optimizer / steps;
   }
 };
+
+// Live memory of a training loop: two more steps sampling the heap, plus this rank's share of
+// shared memory.
+template <class Forward, class Optimizer>
+double live_memory_mb(Forward&& forward_loss, Optimizer& opt) {
+  PhaseTimer sampler;
+  sampler.sample_memory = true;
+  for (int i = 0; i < 2; ++i) sampler.step(forward_loss, opt);
+  return sampler.peak_heap_bytes / 1048576.0 + shared_memory_pss_mb();
+}
 
 void run_worker_with(const BenchArgs& args) {
   // Every Shoal mode, the DDP-less ones too, with the allocator settings Shoal's DDP and Trainer
@@ -144,7 +180,7 @@ void run_worker_with(const BenchArgs& args) {
   std::map<std::string, double> result;
   double grad_bytes = 0;
   for (const auto& p : model->parameters()) grad_bytes += p.numel() * p.element_size();
-  result["grad_mb"] = grad_bytes / 1e6;
+  result["grad_mb"] = grad_bytes / 1048576.0;
 
   if (args.worker == "single") {
     auto forward_loss = [&] { return torch::cross_entropy_loss(model->forward(x), y); };
@@ -155,6 +191,7 @@ void run_worker_with(const BenchArgs& args) {
     result["seconds"] = std::chrono::duration<double>(Clock::now() - start).count();
     timed.record(result, args.steps);
     result["pss_mb"] = pss_mb();
+    result["live_mb"] = live_memory_mb(forward_loss, optimizer);
   } else {
     auto store = comm::make_file_store(args.store, args.world);
     auto group = comm::new_process_group(args.backends.at(0), store, args.rank, args.world);
@@ -177,6 +214,7 @@ void run_worker_with(const BenchArgs& args) {
     result["pss_mb"] = pss_mb();
     result["peak_rss_mb"] = peak_rss_mb();
     const auto after = ddp.stats();
+    result["live_mb"] = live_memory_mb(forward_loss, optimizer);
     result["wait_ms"] = 1e3 * (after.wait_seconds - before.wait_seconds) / args.steps;
     result["hidden_fraction"] = (after.hidden_bytes - before.hidden_bytes) /
                                 std::max(after.reduced_bytes - before.reduced_bytes, 1.0);
@@ -315,7 +353,7 @@ void run_mode(const BenchArgs& args, const std::string& exe, const std::string& 
     SHOAL_CHECK(run_all({command}), "bench ddp: the PyTorch DDP run failed (", args.torch_script, ")");
     std::ifstream in(result);
     std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    for (const std::string field : {"samples_per_s", "peak_rss_mb", "pss_mb"}) {
+    for (const std::string field : {"samples_per_s", "peak_rss_mb", "pss_mb", "live_mb"}) {
       auto at = text.find("\"" + field + "\":");
       SHOAL_CHECK(at != std::string::npos, "bench ddp: ", args.torch_script, " wrote no ", field);
       s[field].push_back(std::stod(text.substr(at + field.size() + 3)));
@@ -334,12 +372,13 @@ void run_mode(const BenchArgs& args, const std::string& exe, const std::string& 
     commands.push_back(command);
   }
   SHOAL_CHECK(run_all(commands), "bench ddp: the ", mode.label(), " run failed");
-  double seconds = 0, rss = 0, pss = 0;
+  double seconds = 0, rss = 0, pss = 0, live = 0;
   for (int rank = 0; rank < processes; ++rank) {
     auto r = read_result(dir + "/rank" + std::to_string(rank));
     seconds = std::max(seconds, r["seconds"]);
     rss = std::max(rss, r["peak_rss_mb"]);
     pss = std::max(pss, r["pss_mb"]);
+    live = std::max(live, r["live_mb"]);
     if (rank != 0) continue;
     for (const std::string field : {"forward_ms", "backward_ms", "optimizer_ms", "grad_mb"}) {
       s[field].push_back(r[field]);
@@ -354,6 +393,7 @@ void run_mode(const BenchArgs& args, const std::string& exe, const std::string& 
   s["samples_per_s"].push_back(processes * args.batch * args.steps / seconds);
   s["peak_rss_mb"].push_back(rss);
   s["pss_mb"].push_back(pss);
+  s["live_mb"].push_back(live);
 }
 
 int run_bench(const BenchArgs& args) {
@@ -399,7 +439,7 @@ int run_bench(const BenchArgs& args) {
     std::printf("bench ddp: model %s, %d ranks x batch %d, %d steps, median of %d rounds\n",
                 args.model.c_str(), args.world, args.batch, args.steps, args.rounds);
     std::printf("%-24s %10s %8s %8s %7s %7s %7s %7s %7s %7s %7s %7s %7s\n", "mode", "samples/s",
-                "peak MB", "+MB", "+PSS MB", "effic.", "of_ceil", "vs_pt", "fwd ms", "bwd ms", "opt ms",
+                "peak MB", "+MB", "+live", "effic.", "of_ceil", "vs_pt", "fwd ms", "bwd ms", "opt ms",
                 "wait ms", "hidden");
   }
   for (const auto& mode : modes) {
@@ -413,12 +453,14 @@ int run_bench(const BenchArgs& args) {
     // Against `independent`: the same number of processes sharing the same library pages.
     const double extra_pss =
         parallel ? mode.get("pss_mb") - independent.get("pss_mb") : std::nan("");
+    // Live memory of the largest rank against one process training alone.
+    const double extra_live = mode.get("live_mb") - single.get("live_mb");
     if (args.json) {
       std::printf(
           "{\"mode\": \"%s\", \"model\": \"%s\", \"backend\": %s, \"world_size\": %d, "
           "\"batch_per_rank\": %d, \"gradient_as_bucket_view\": %s, \"samples_per_s\": %s, "
           "\"peak_rss_mb\": %s, \"extra_rss_mb\": %s, \"pss_mb\": %s, \"extra_pss_mb\": %s, "
-          "\"grad_mb\": %s, \"efficiency\": %s, "
+          "\"live_mb\": %s, \"extra_live_mb\": %s, \"grad_mb\": %s, \"efficiency\": %s, "
           "\"of_ceiling\": %s, \"vs_pytorch\": %s, \"forward_ms\": %s, \"backward_ms\": %s, "
           "\"optimizer_ms\": %s, \"wait_ms\": %s, \"overlap\": %s, \"hidden_bytes_fraction\": %s, "
           "\"buckets\": %s, \"rounds\": %d}\n",
@@ -427,7 +469,8 @@ int run_bench(const BenchArgs& args) {
           mode.name == "single" ? 1 : args.world, args.batch, mode.bucket_view ? "true" : "false",
           json_number(rate).c_str(), json_number(mode.get("peak_rss_mb")).c_str(),
           json_number(extra_mb).c_str(), json_number(mode.get("pss_mb")).c_str(),
-          json_number(extra_pss).c_str(), json_number(single.get("grad_mb")).c_str(),
+          json_number(extra_pss).c_str(), json_number(mode.get("live_mb")).c_str(),
+          json_number(extra_live).c_str(), json_number(single.get("grad_mb")).c_str(),
           json_number(efficiency).c_str(), json_number(of_ceiling).c_str(),
           json_number(vs).c_str(), json_number(mode.get("forward_ms")).c_str(),
           json_number(mode.get("backward_ms")).c_str(), json_number(mode.get("optimizer_ms")).c_str(),
@@ -443,7 +486,7 @@ int run_bench(const BenchArgs& args) {
       };
       std::printf("%-24s %10.1f %8.1f %8s %7s %7s %7s %7s %7s %7s %7s %7s %7s\n",
                   mode.label().c_str(), rate, mode.get("peak_rss_mb"),
-                  cell(extra_mb, "%+.1f").c_str(), cell(extra_pss, "%+.1f").c_str(),
+                  cell(extra_mb, "%+.1f").c_str(), cell(extra_live, "%+.1f").c_str(),
                   cell(efficiency, "%.2f").c_str(), cell(of_ceiling, "%.2f").c_str(),
                   cell(vs, "%.2f").c_str(), cell(mode.get("forward_ms"), "%.2f").c_str(),
                   cell(mode.get("backward_ms"), "%.2f").c_str(),
@@ -456,8 +499,9 @@ int run_bench(const BenchArgs& args) {
     std::printf("efficiency = samples/s / (%d x single); of_ceil = samples/s / independent (%d "
                 "processes without communication); vs_pt = Shoal / PyTorch DDP with the same "
                 "gradient_as_bucket_view; +MB = peak RSS - single's (shared memory counted in full by every "
-                "rank); +PSS MB = proportional set size after the timed steps - independent's (shared "
-                "memory split between the ranks that map it); gradients: %.1f MB\n",
+                "rank); +live = live memory - single's (heap in use at the end of forward and of "
+                "backward, the larger, plus the rank's share of shared memory; JSON also has PSS); "
+                "MB = MiB; gradients: %.1f MB\n",
                 args.world, args.world, single.get("grad_mb"));
   }
   return 0;

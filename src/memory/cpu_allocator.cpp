@@ -44,4 +44,13 @@ bool tune_cpu_allocator() {
   return applied;
 }
 
+long long heap_bytes_in_use() {
+#if defined(__GLIBC__) && (__GLIBC__ > 2 || __GLIBC_MINOR__ >= 33)
+  const struct mallinfo2 info = mallinfo2();
+  return static_cast<long long>(info.uordblks + info.hblkhd);
+#else
+  return -1;
+#endif
+}
+
 }  // namespace shoal::memory

@@ -505,6 +505,19 @@ TEST(BenchDdp, ReportsEveryModeAsJsonLines) {
   }
   EXPECT_NE(lines[3].find("\"gradient_as_bucket_view\": true"), std::string::npos) << lines[3];
   EXPECT_GT(json_number(lines[2], "buckets"), 0) << lines[2];
+
+  // Live memory (heap in use + shared memory share), which does not depend on what the allocator
+  // keeps: DDP costs one copy of the gradients (its buckets) plus its communication buffers;
+  // with gradient_as_bucket_view the gradients are the buckets, so at least most of that copy
+  // goes, and what DDP adds stays under one copy of the gradients (the DDP issue's bound).
+  const double grad_mb = json_number(lines[0], "grad_mb");
+  ASSERT_GT(grad_mb, 5) << lines[0];  // the MLP: 7.2 MiB of float32 gradients
+  for (const auto& line : lines) EXPECT_GT(json_number(line, "live_mb"), 10) << line;
+  const double copy_extra = json_number(lines[2], "extra_live_mb");
+  const double view_extra = json_number(lines[3], "extra_live_mb");
+  EXPECT_GT(copy_extra, grad_mb) << lines[2];
+  EXPECT_LT(view_extra, copy_extra - 0.75 * grad_mb) << lines[3];
+  EXPECT_LT(view_extra, grad_mb) << lines[3];
 }
 
 }  // namespace

@@ -28,4 +28,11 @@ namespace shoal::memory {
 /// or earlier), false if the environment opted out or the C library is not glibc.
 bool tune_cpu_allocator();
 
+/// Bytes the C library's allocator has handed out and not had back, over all its arenas (glibc's
+/// mallinfo2: heap blocks in use plus mmap'ed blocks): the memory a process's tensors and other
+/// objects hold right now, without the freed memory the allocator keeps (which peak RSS counts, and
+/// which varies from run to run with the order of frees). -1 without glibc. Walks the allocator's
+/// free lists under its locks: microseconds, not for every operation.
+long long heap_bytes_in_use();
+
 }  // namespace shoal::memory
