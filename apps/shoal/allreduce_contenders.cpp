@@ -117,6 +117,43 @@ void OpenMpiContender::barrier() {
 #endif
 }
 
+// ---- MemoryFloorContender ----------------------------------------------------------------------
+
+MemoryFloorContender::MemoryFloorContender(std::shared_ptr<comm::ProcessGroup> group, bool staged)
+    : ShoalContender(std::move(group)), staged_(staged) {}
+
+void MemoryFloorContender::warm_up(int64_t bytes, int iterations) {
+  at::Tensor probe = torch::zeros({bytes / 4}, torch::kFloat);
+  for (int i = 0; i < iterations; ++i) allreduce(probe, comm::ReduceOp::kSum);
+}
+
+void MemoryFloorContender::allreduce(at::Tensor& tensor, comm::ReduceOp op) {
+  if (tensor.numel() == 1) {  // the timing's own max over ranks
+    ShoalContender::allreduce(tensor, op);
+    return;
+  }
+  if (!staged_) {
+    tensor.mul_(0.5f);  // zeros stay zeros
+    return;
+  }
+  constexpr int64_t kChunk = (int64_t{1} << 20) / 4;  // the shm backend's default chunk
+  constexpr int64_t kHalf = kChunk / 2;
+  if (!stage_.defined()) stage_ = torch::zeros({3, kHalf}, torch::kFloat);
+  const int64_t total = tensor.numel();
+  for (int64_t start = 0; start < total; start += kChunk) {
+    const int64_t m = std::min(kChunk, total - start);
+    const int64_t own = m / 2, other = m - own;
+    at::Tensor mine = tensor.narrow(0, start, own);
+    at::Tensor theirs = tensor.narrow(0, start + own, other);
+    at::Tensor published = stage_[0].narrow(0, 0, other);
+    at::Tensor reduced = stage_[1].narrow(0, 0, own);
+    published.copy_(theirs);                            // for the peer to sum
+    at::add_out(mine, mine, stage_[2].narrow(0, 0, own));  // with the peer's published half
+    reduced.copy_(mine);                                // for the peer to read back
+    theirs.copy_(stage_[2].narrow(0, 0, other));        // the peer's reduced half
+  }
+}
+
 // ---- TorchContender ----------------------------------------------------------------------------
 
 TorchContender::TorchContender(int rank, int world_size, const std::string& script) : rank_(rank) {

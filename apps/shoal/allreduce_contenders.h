@@ -67,6 +67,27 @@ class OpenMpiContender : public ShoalContender {
   void barrier() override;
 };
 
+/// No communication at all: every rank at once does only the memory work an allreduce of its
+/// tensor cannot avoid, timed like the others (the reference for what this machine allows).
+/// `staged`: the shm backend's path for ordinary tensors without its waits (per 1 MiB chunk: copy
+/// the half the peer reduces to a staging buffer, sum the own half with a staged one into the
+/// tensor and a second staging buffer, copy a staged half back); otherwise one in-place pass over
+/// the tensor (read and write every byte once: the least an in-place allreduce moves). Named
+/// "floor_staged" / "floor_inplace"; `group` only times (barrier, slowest rank).
+class MemoryFloorContender : public ShoalContender {
+ public:
+  MemoryFloorContender(std::shared_ptr<comm::ProcessGroup> group, bool staged);
+  std::string name() const override { return staged_ ? "floor_staged" : "floor_inplace"; }
+  void warm_up(int64_t bytes, int iterations) override;
+
+ protected:
+  void allreduce(at::Tensor& tensor, comm::ReduceOp op) override;
+
+ private:
+  bool staged_;
+  at::Tensor stage_;  // three halves of a chunk
+};
+
 /// PyTorch's torch.distributed gloo in processes of its own (bench/allreduce_torch.py --serve),
 /// which rank 0 starts and drives over pipes; killed and reaped on destruction.
 class TorchContender : public Contender {

@@ -7,7 +7,9 @@
 // torch.distributed gloo, run by bench/allreduce_torch.py as a co-process that rank 0 drives.
 // "openmpi" is MPI_Allreduce itself (Shoal's "mpi" backend adds a worker thread and the collective
 // checks around it). "shm_symmetric" is the shm backend on tensors from empty_symmetric() (reduced in place across
-// the ranks' copies, as DDP's buckets are).
+// the ranks' copies, as DDP's buckets are). "floor_staged" and "floor_inplace" communicate nothing:
+// every rank does at once only the memory work of shm's staged path, or one in-place pass over
+// its tensor, which bounds what any allreduce of private tensors can reach on this machine.
 //
 // Without a launcher around it (no RANK/OMPI_COMM_WORLD_RANK in the environment) the bench starts
 // its own ranks: through shoal::launcher::launch(), or through mpirun when --backend names mpi.
@@ -139,6 +141,19 @@ void print_json(const std::string& backend, int world_size, int64_t bytes, int i
               seconds * 1e6, busbw);
 }
 
+// The process group backend a contender runs on (its timing's barrier for the floors), after
+// checking that it is built in.
+std::string check_contender(const std::string& name) {
+  const std::string backend = name == "shm_symmetric" || name == "floor_staged" ||
+                                      name == "floor_inplace" ? "shm"
+                              : name == "openmpi"             ? "mpi"
+                                                              : name;
+  SHOAL_CHECK_T(InvalidArgument, comm::is_backend_available(backend), "backend '", name,
+                "' is not built into this shoal; choose from gloo, shm, shm_symmetric, mpi, "
+                "openmpi, hierarchical, torch_gloo, floor_staged, floor_inplace");
+  return backend;
+}
+
 int run_rank(const BenchArgs& args) {
   const comm::RankInfo info = comm::detect_rank_info();
   const int rank = info.rank;
@@ -161,10 +176,8 @@ int run_rank(const BenchArgs& args) {
     }
     const bool symmetric = backend == "shm_symmetric";
     const bool openmpi = backend == "openmpi";
-    const std::string group_backend = symmetric ? "shm" : openmpi ? "mpi" : backend;
-    SHOAL_CHECK_T(InvalidArgument, comm::is_backend_available(group_backend), "backend '", backend,
-                  "' is not built into this shoal; choose from gloo, shm, shm_symmetric, mpi, "
-                  "openmpi, torch_gloo");
+    const bool floor = backend == "floor_staged" || backend == "floor_inplace";
+    const std::string group_backend = check_contender(backend);
     std::shared_ptr<comm::ProcessGroup> pg;
     if (group_backend == "mpi") {
       comm::InitOptions options;
@@ -183,6 +196,8 @@ int run_rank(const BenchArgs& args) {
     }
     if (openmpi) {
       contenders.push_back(std::make_unique<OpenMpiContender>(pg));
+    } else if (floor) {
+      contenders.push_back(std::make_unique<MemoryFloorContender>(pg, backend == "floor_staged"));
     } else {
       contenders.push_back(std::make_unique<ShoalContender>(pg, symmetric));
     }
@@ -330,10 +345,7 @@ int run_bench(const BenchArgs& args) {
                 parse_bytes(args.min_bytes, "--min-bytes") <= parse_bytes(args.max_bytes, "--max-bytes"),
                 "--min-bytes ", args.min_bytes, " is above --max-bytes ", args.max_bytes);
   for (const std::string& backend : split(args.backends, ',')) {
-    SHOAL_CHECK_T(InvalidArgument, backend == "torch_gloo" || backend == "shm_symmetric" ||
-                                       comm::is_backend_available(backend == "openmpi" ? "mpi" : backend),
-                  "backend '", backend, "' is not built into this shoal; choose from gloo, shm, "
-                  "shm_symmetric, mpi, openmpi, hierarchical, torch_gloo");
+    if (backend != "torch_gloo") check_contender(backend);
   }
   if (std::find(backends.begin(), backends.end(), "torch_gloo") != backends.end()) {
     find_torch_script(args.torch_script);
@@ -363,7 +375,9 @@ void add_bench_allreduce_command(CLI::App& bench, std::vector<Command>& commands
       "next to one-thread memcpy bandwidth. Starts its own ranks unless started by shoal run or\n"
       "mpirun. Several backends (--backend gloo,shm,torch_gloo) run interleaved, medians reported.");
   app->add_option("--backend", args->backends,
-                  "comma-separated: gloo, shm, mpi, hierarchical, torch_gloo (PyTorch's gloo)")
+                  "comma-separated: gloo, shm, shm_symmetric, mpi, openmpi (MPI_Allreduce itself), "
+                  "hierarchical, torch_gloo (PyTorch's gloo), floor_staged and floor_inplace (no "
+                  "communication: the memory work alone)")
       ->capture_default_str();
   app->add_option("--nproc", args->nproc, "ranks to start (when not started by a launcher)")
       ->capture_default_str();

@@ -452,27 +452,29 @@ double json_number(const std::string& line, const std::string& key) {
 // `shoal bench allreduce` started alone re-launches itself as 2 ranks through the launcher
 // library; its JSON lines carry the sizes asked for and a bus bandwidth that follows from latency.
 TEST(BenchAllreduce, StartsItsOwnRanksAndPrintsJsonLines) {
-  const auto result = run_shoal({"bench", "allreduce", "--backend", "gloo,shm_symmetric", "--json", "--min-bytes",
-                                 "4KiB", "--max-bytes", "16KiB", "--iters", "5", "--repeats", "1",
-                                 "--warmup", "1"},
+  const auto result = run_shoal({"bench", "allreduce", "--backend", "gloo,shm_symmetric,floor_staged",
+                                 "--json", "--min-bytes", "4KiB", "--max-bytes", "16KiB", "--iters",
+                                 "5", "--repeats", "1", "--warmup", "1"},
                                 {}, Milliseconds(60'000));
   ASSERT_EQ(result.code, 0) << result.err;
   const auto lines = lines_of(result.out);
-  ASSERT_EQ(lines.size(), 5u) << result.out;
+  ASSERT_EQ(lines.size(), 7u) << result.out;
   EXPECT_NE(lines[0].find("\"backend\": \"memcpy\""), std::string::npos) << lines[0];
   EXPECT_GT(json_number(lines[0], "busbw_gbps"), 0);
   const double sizes[] = {4096, 16384};
-  for (int i = 0; i < 4; ++i) {  // per size: gloo, then shm on symmetric tensors
+  // Per size: gloo, shm on symmetric tensors, and the no-communication staged floor.
+  const char* backends[] = {"\"backend\": \"gloo\"", "\"backend\": \"shm_symmetric\"",
+                            "\"backend\": \"floor_staged\""};
+  for (int i = 0; i < 6; ++i) {
     const std::string& line = lines[1 + i];
-    const char* backend = i % 2 == 0 ? "\"backend\": \"gloo\"" : "\"backend\": \"shm_symmetric\"";
-    EXPECT_NE(line.find(backend), std::string::npos) << line;
+    EXPECT_NE(line.find(backends[i % 3]), std::string::npos) << line;
     EXPECT_EQ(json_number(line, "world_size"), 2);
-    EXPECT_EQ(json_number(line, "bytes"), sizes[i / 2]);
+    EXPECT_EQ(json_number(line, "bytes"), sizes[i / 3]);
     const double latency_us = json_number(line, "latency_us");
     ASSERT_GT(latency_us, 0) << line;
     // busbw = bytes x 2(n-1)/n / time; n = 2: bytes / time.
-    EXPECT_NEAR(json_number(line, "busbw_gbps"), sizes[i / 2] / (latency_us * 1e3),
-                sizes[i / 2] / (latency_us * 1e3) * 0.01 + 1e-4)
+    EXPECT_NEAR(json_number(line, "busbw_gbps"), sizes[i / 3] / (latency_us * 1e3),
+                sizes[i / 3] / (latency_us * 1e3) * 0.01 + 1e-4)
         << line;
   }
 }
