@@ -36,39 +36,11 @@ int collective_checks_from_env() {
   SHOAL_THROW(InvalidArgument, "SHOAL_CHECK_COLLECTIVES='", raw, "' must be 0 or 1");
 }
 
-// PyTorch's Python names ("float32"), which users know, rather than c10's ("Float").
-const char* dtype_name(at::ScalarType type) {
-  switch (type) {
-    case at::kFloat: return "float32";
-    case at::kDouble: return "float64";
-    case at::kHalf: return "float16";
-    case at::kBFloat16: return "bfloat16";
-    case at::kInt: return "int32";
-    case at::kLong: return "int64";
-    case at::kByte: return "uint8";
-    case at::kChar: return "int8";
-    default: return c10::toString(type);
-  }
-}
-
-std::string describe_size(double bytes) {
-  char size[32];
-  if (bytes >= 1e6) {
-    std::snprintf(size, sizeof size, "%.1f MB", bytes / 1e6);
-  } else if (bytes >= 1e3) {
-    std::snprintf(size, sizeof size, "%.1f kB", bytes / 1e3);
-  } else {
-    std::snprintf(size, sizeof size, "%.0f B", bytes);
-  }
-  return size;
-}
-
 }  // namespace
 
 std::string describe_tensor(const at::Tensor& tensor) {
   if (!tensor.defined()) return "undefined tensor";
-  const double bytes = static_cast<double>(tensor.numel()) * tensor.element_size();
-  return detail::str_cat(describe_size(bytes), " ", dtype_name(tensor.scalar_type()));
+  return describe_elements(tensor.numel(), tensor.scalar_type());
 }
 
 ProcessGroup::ProcessGroup(int rank, int size, Milliseconds timeout)
@@ -85,21 +57,24 @@ void ProcessGroup::enable_collective_checks_by_default() {
   check_collectives_ = collective_checks_from_env() != 0;
 }
 
-std::string ProcessGroup::rank_prefix() const {
-  return detail::str_cat("[rank ", rank_, "/", size_, "]");
-}
+std::string ProcessGroup::rank_prefix() const { return comm::rank_prefix(rank_, size_); }
 
 OpContext ProcessGroup::make_context(const char* name, Milliseconds timeout,
-                                     const std::string& detail) {
+                                     const at::Tensor* tensor) {
   OpContext ctx;
   ctx.name = name;
   ctx.sequence = ++sequence_;
   ctx.timeout = timeout == kGroupTimeout ? timeout_ : timeout;
-  SHOAL_CHECK_T(InvalidArgument, ctx.timeout.count() > 0, name, ": time-out must be positive, got ",
-                ctx.timeout.count(), " ms");
-  ctx.description = detail::str_cat(name, " #", ctx.sequence, detail.empty() ? "" : " (", detail,
-                                    detail.empty() ? "" : ")");
-  ctx.prefix = detail::str_cat(rank_prefix(), " ", ctx.description);
+  SHOAL_CHECK_T(InvalidArgument, ctx.timeout.count() > 0, rank_prefix(), " ", name,
+                ": time-out must be positive, got ", ctx.timeout.count(), " ms");
+  ctx.label.name = name;
+  ctx.label.sequence = ctx.sequence;
+  ctx.label.rank = rank_;
+  ctx.label.size = size_;
+  if (tensor != nullptr) {
+    ctx.label.numel = tensor->numel();
+    ctx.label.dtype = tensor->scalar_type();
+  }
   return ctx;
 }
 
@@ -162,20 +137,20 @@ struct Fingerprint {
     return true;
   }
 
-  // "broadcast #7 (8.0 kB float32, root 0)", as OpContext::description reads.
+  // "broadcast #7 (8.0 kB float32, root 0)", as the operation's own description reads.
   std::string describe() const {
     const int64_t op = field[kOp];
     if (op < 0 || op >= kCollectiveCount) return "an unknown operation";
-    std::string text = detail::str_cat(kCollectiveNames[op], " #", field[kSequence]);
-    if (field[kDtype] < 0) return text;
-    const auto dtype = static_cast<at::ScalarType>(field[kDtype]);
-    text += " (" + describe_size(static_cast<double>(field[kNumel]) * c10::elementSize(dtype)) +
-            " " + dtype_name(dtype);
-    if (field[kReduceOp] >= 0) {
-      text += std::string(", ") + to_string(static_cast<ReduceOp>(field[kReduceOp]));
+    OpLabel label;
+    label.name = kCollectiveNames[op];
+    label.sequence = static_cast<uint64_t>(field[kSequence]);
+    if (field[kDtype] >= 0) {
+      label.numel = field[kNumel];
+      label.dtype = static_cast<at::ScalarType>(field[kDtype]);
     }
-    if (field[kRoot] >= 0) text += ", root " + std::to_string(field[kRoot]);
-    return text + ")";
+    label.reduce_op = static_cast<int>(field[kReduceOp]);
+    label.root = static_cast<int>(field[kRoot]);
+    return label.description();
   }
 };
 
@@ -187,26 +162,25 @@ int collective_code(const char* name) {
 }
 
 std::shared_ptr<Work> failed_work(const OpContext& ctx, std::exception_ptr error) {
-  auto work = std::make_shared<PromiseWork>(ctx.sequence, ctx.description, ctx.prefix, ctx.timeout);
+  auto work = std::make_shared<PromiseWork>(ctx.label, ctx.timeout);
   work->finish_with_error(std::move(error));
   return work;
 }
 
 }  // namespace
 
-std::shared_ptr<Work> ProcessGroup::check_same_collective(const OpContext& ctx,
-                                                          const at::Tensor* tensor, int root,
-                                                          int reduce_op) {
+std::shared_ptr<Work> ProcessGroup::check_same_collective(const OpContext& ctx) {
   if (!check_collectives_ || size_ == 1) return nullptr;
+  const OpLabel& label = ctx.label;
   Fingerprint mine;
   mine.field[Fingerprint::kOp] = collective_code(ctx.name);
   mine.field[Fingerprint::kSequence] = static_cast<int64_t>(ctx.sequence);
-  if (tensor != nullptr) {
-    mine.field[Fingerprint::kNumel] = tensor->numel();
-    mine.field[Fingerprint::kDtype] = static_cast<int64_t>(tensor->scalar_type());
+  if (label.numel >= 0) {
+    mine.field[Fingerprint::kNumel] = label.numel;
+    mine.field[Fingerprint::kDtype] = static_cast<int64_t>(label.dtype);
   }
-  mine.field[Fingerprint::kRoot] = root;
-  mine.field[Fingerprint::kReduceOp] = reduce_op;
+  mine.field[Fingerprint::kRoot] = label.root;
+  mine.field[Fingerprint::kReduceOp] = label.reduce_op;
 
   if (!fingerprint_in_.defined()) {
     fingerprint_in_ = at::empty({Fingerprint::kFields}, at::kLong);
@@ -229,7 +203,7 @@ std::shared_ptr<Work> ProcessGroup::check_same_collective(const OpContext& ctx,
     std::memcpy(theirs.field, all[r].data_ptr<int64_t>(), sizeof theirs.field);
     if (!theirs.same_collective(mine)) {
       const std::string message = detail::str_cat(
-          ctx.prefix, " does not match rank ", r, "'s ", theirs.describe(),
+          ctx.prefix(), " does not match rank ", r, "'s ", theirs.describe(),
           ": every rank must issue the same collectives in the same order");
       abort(message);
       return failed_work(ctx, std::make_exception_ptr(PeerError(message)));
@@ -241,15 +215,13 @@ std::shared_ptr<Work> ProcessGroup::check_same_collective(const OpContext& ctx,
 std::shared_ptr<Work> ProcessGroup::allreduce(at::Tensor& tensor,
                                               const AllreduceOptions& options) {
   check_tensor(*this, "allreduce", tensor);
-  auto ctx = make_context("allreduce", options.timeout,
-                          describe_tensor(tensor) + ", " + to_string(options.op));
+  auto ctx = make_context("allreduce", options.timeout, &tensor);
+  ctx.label.reduce_op = static_cast<int>(options.op);
   if (options.check) {
-    if (auto failed = check_same_collective(ctx, &tensor, -1, static_cast<int>(options.op))) {
-      return failed;
-    }
+    if (auto failed = check_same_collective(ctx)) return failed;
   }
   // Nothing to move: every rank has the same (empty) shape in a correct program.
-  if (tensor.numel() == 0) return make_completed_work(ctx.sequence, ctx.description);
+  if (tensor.numel() == 0) return make_completed_work(ctx.label);
   return run_allreduce(tensor, options.op, ctx);
 }
 
@@ -257,26 +229,23 @@ std::shared_ptr<Work> ProcessGroup::broadcast(at::Tensor& tensor,
                                               const BroadcastOptions& options) {
   check_tensor(*this, "broadcast", tensor);
   check_rank(*this, "broadcast", options.root, "root");
-  auto ctx = make_context("broadcast", options.timeout,
-                          describe_tensor(tensor) + ", root " + std::to_string(options.root));
-  if (auto failed = check_same_collective(ctx, &tensor, options.root, -1)) return failed;
+  auto ctx = make_context("broadcast", options.timeout, &tensor);
+  ctx.label.root = options.root;
+  if (auto failed = check_same_collective(ctx)) return failed;
   // Nothing to move: every rank has the same (empty) shape in a correct program.
-  if (tensor.numel() == 0) return make_completed_work(ctx.sequence, ctx.description);
+  if (tensor.numel() == 0) return make_completed_work(ctx.label);
   return run_broadcast(tensor, options.root, ctx);
 }
 
 std::shared_ptr<Work> ProcessGroup::reduce(at::Tensor& tensor, const ReduceOptions& options) {
   check_tensor(*this, "reduce", tensor);
   check_rank(*this, "reduce", options.root, "root");
-  auto ctx = make_context("reduce", options.timeout,
-                          describe_tensor(tensor) + ", " + to_string(options.op) + ", root " +
-                              std::to_string(options.root));
-  if (auto failed = check_same_collective(ctx, &tensor, options.root,
-                                          static_cast<int>(options.op))) {
-    return failed;
-  }
+  auto ctx = make_context("reduce", options.timeout, &tensor);
+  ctx.label.reduce_op = static_cast<int>(options.op);
+  ctx.label.root = options.root;
+  if (auto failed = check_same_collective(ctx)) return failed;
   // Nothing to move: every rank has the same (empty) shape in a correct program.
-  if (tensor.numel() == 0) return make_completed_work(ctx.sequence, ctx.description);
+  if (tensor.numel() == 0) return make_completed_work(ctx.label);
   return run_reduce(tensor, options.root, options.op, ctx);
 }
 
@@ -285,10 +254,10 @@ std::shared_ptr<Work> ProcessGroup::allgather(std::vector<at::Tensor>& outputs,
                                               const AllgatherOptions& options) {
   check_tensor(*this, "allgather", input, "input");
   check_list(*this, "allgather", outputs, input, "outputs");
-  auto ctx = make_context("allgather", options.timeout, describe_tensor(input));
-  if (auto failed = check_same_collective(ctx, &input, -1, -1)) return failed;
+  auto ctx = make_context("allgather", options.timeout, &input);
+  if (auto failed = check_same_collective(ctx)) return failed;
   // Nothing to move: every rank has the same (empty) shape in a correct program.
-  if (input.numel() == 0) return make_completed_work(ctx.sequence, ctx.description);
+  if (input.numel() == 0) return make_completed_work(ctx.label);
   return run_allgather(outputs, input, ctx);
 }
 
@@ -297,13 +266,11 @@ std::shared_ptr<Work> ProcessGroup::reduce_scatter(at::Tensor& output,
                                                    const ReduceScatterOptions& options) {
   check_tensor(*this, "reduce_scatter", output, "output");
   check_list(*this, "reduce_scatter", inputs, output, "inputs");
-  auto ctx = make_context("reduce_scatter", options.timeout,
-                          describe_tensor(output) + ", " + to_string(options.op));
-  if (auto failed = check_same_collective(ctx, &output, -1, static_cast<int>(options.op))) {
-    return failed;
-  }
+  auto ctx = make_context("reduce_scatter", options.timeout, &output);
+  ctx.label.reduce_op = static_cast<int>(options.op);
+  if (auto failed = check_same_collective(ctx)) return failed;
   // Nothing to move: every rank has the same (empty) shape in a correct program.
-  if (output.numel() == 0) return make_completed_work(ctx.sequence, ctx.description);
+  if (output.numel() == 0) return make_completed_work(ctx.label);
   return run_reduce_scatter(output, inputs, options.op, ctx);
 }
 
@@ -312,11 +279,11 @@ std::shared_ptr<Work> ProcessGroup::gather(std::vector<at::Tensor>& outputs,
   check_tensor(*this, "gather", input, "input");
   check_rank(*this, "gather", options.root, "root");
   if (rank_ == options.root) check_list(*this, "gather", outputs, input, "outputs");
-  auto ctx = make_context("gather", options.timeout,
-                          describe_tensor(input) + ", root " + std::to_string(options.root));
-  if (auto failed = check_same_collective(ctx, &input, options.root, -1)) return failed;
+  auto ctx = make_context("gather", options.timeout, &input);
+  ctx.label.root = options.root;
+  if (auto failed = check_same_collective(ctx)) return failed;
   // Nothing to move: every rank has the same (empty) shape in a correct program.
-  if (input.numel() == 0) return make_completed_work(ctx.sequence, ctx.description);
+  if (input.numel() == 0) return make_completed_work(ctx.label);
   return run_gather(outputs, input, options.root, ctx);
 }
 
@@ -325,11 +292,11 @@ std::shared_ptr<Work> ProcessGroup::scatter(at::Tensor& output, std::vector<at::
   check_tensor(*this, "scatter", output, "output");
   check_rank(*this, "scatter", options.root, "root");
   if (rank_ == options.root) check_list(*this, "scatter", inputs, output, "inputs");
-  auto ctx = make_context("scatter", options.timeout,
-                          describe_tensor(output) + ", root " + std::to_string(options.root));
-  if (auto failed = check_same_collective(ctx, &output, options.root, -1)) return failed;
+  auto ctx = make_context("scatter", options.timeout, &output);
+  ctx.label.root = options.root;
+  if (auto failed = check_same_collective(ctx)) return failed;
   // Nothing to move: every rank has the same (empty) shape in a correct program.
-  if (output.numel() == 0) return make_completed_work(ctx.sequence, ctx.description);
+  if (output.numel() == 0) return make_completed_work(ctx.label);
   return run_scatter(output, inputs, options.root, ctx);
 }
 
@@ -340,11 +307,12 @@ std::shared_ptr<Work> ProcessGroup::send(const at::Tensor& tensor, int dst,
   SHOAL_CHECK_T(InvalidArgument, dst != rank_, rank_prefix(), " send: cannot send to itself");
   // Point-to-point operations are numbered too, but only the pair involved sees them, so their
   // numbers are not comparable across the group.
-  auto ctx = make_context("send", options.timeout,
-                          describe_tensor(tensor) + " to rank " + std::to_string(dst) + ", tag " +
-                              std::to_string(options.tag));
+  auto ctx = make_context("send", options.timeout, &tensor);
+  ctx.label.peer = dst;
+  ctx.label.peer_role = OpLabel::PeerRole::kDestination;
+  ctx.label.tag = options.tag;
   // Nothing to move: every rank has the same (empty) shape in a correct program.
-  if (tensor.numel() == 0) return make_completed_work(ctx.sequence, ctx.description);
+  if (tensor.numel() == 0) return make_completed_work(ctx.label);
   return run_send(tensor, dst, options.tag, ctx);
 }
 
@@ -353,25 +321,27 @@ std::shared_ptr<Work> ProcessGroup::recv(at::Tensor& tensor, int src,
   check_tensor(*this, "recv", tensor);
   check_rank(*this, "recv", src, "source");
   SHOAL_CHECK_T(InvalidArgument, src != rank_, rank_prefix(), " recv: cannot receive from itself");
-  auto ctx = make_context("recv", options.timeout,
-                          describe_tensor(tensor) + " from rank " + std::to_string(src) +
-                              ", tag " + std::to_string(options.tag));
+  auto ctx = make_context("recv", options.timeout, &tensor);
+  ctx.label.peer = src;
+  ctx.label.peer_role = OpLabel::PeerRole::kSource;
+  ctx.label.tag = options.tag;
   // Nothing to move: every rank has the same (empty) shape in a correct program.
-  if (tensor.numel() == 0) return make_completed_work(ctx.sequence, ctx.description);
+  if (tensor.numel() == 0) return make_completed_work(ctx.label);
   return run_recv(tensor, src, options.tag, ctx);
 }
 
 std::shared_ptr<Work> ProcessGroup::barrier(const BarrierOptions& options) {
-  auto ctx = make_context("barrier", options.timeout, "");
-  if (auto failed = check_same_collective(ctx, nullptr, -1, -1)) return failed;
+  auto ctx = make_context("barrier", options.timeout, nullptr);
+  if (auto failed = check_same_collective(ctx)) return failed;
   return run_barrier(ctx);
 }
 
 at::Tensor ProcessGroup::empty_symmetric(int64_t numel, at::ScalarType dtype, Milliseconds timeout) {
   SHOAL_CHECK_T(InvalidArgument, numel >= 0, rank_prefix(), " empty_symmetric: numel is ", numel,
                 "; it must be 0 or more");
-  auto ctx = make_context("empty_symmetric", timeout,
-                          std::to_string(numel) + " x " + c10::toString(dtype));
+  auto ctx = make_context("empty_symmetric", timeout, nullptr);
+  ctx.label.numel = numel;
+  ctx.label.dtype = dtype;
   return run_empty_symmetric(numel, dtype, ctx);
 }
 

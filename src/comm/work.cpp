@@ -4,11 +4,15 @@
 
 namespace shoal::comm {
 
-PromiseWork::PromiseWork(uint64_t sequence_number, std::string description, std::string context,
-                         Milliseconds timeout)
-    : Work(sequence_number, std::move(description)),
-      context_(std::move(context)),
-      timeout_(timeout) {}
+const std::string& Work::description() const {
+  if (!described_already_) {
+    std::call_once(described_, [this] { description_ = label_.description(); });
+  }
+  return description_;
+}
+
+PromiseWork::PromiseWork(OpLabel label, Milliseconds timeout)
+    : Work(std::move(label)), timeout_(timeout) {}
 
 bool PromiseWork::is_completed() {
   std::lock_guard<std::mutex> lock(mutex_);
@@ -19,7 +23,7 @@ void PromiseWork::wait(Milliseconds timeout) {
   if (timeout == kGroupTimeout) timeout = timeout_;
   std::unique_lock<std::mutex> lock(mutex_);
   if (!done_cv_.wait_for(lock, timeout, [&] { return done_; })) {
-    SHOAL_THROW(TimeoutError, context_, " timed out after ", timeout.count(),
+    SHOAL_THROW(TimeoutError, label().prefix(), " timed out after ", timeout.count(),
                 " ms waiting for it to complete");
   }
   if (error_) std::rethrow_exception(error_);
@@ -56,9 +60,8 @@ void PromiseWork::then(std::function<void()> callback) {
   callback();
 }
 
-std::shared_ptr<Work> make_completed_work(uint64_t sequence_number, std::string description) {
-  auto work = std::make_shared<PromiseWork>(sequence_number, std::move(description), "",
-                                            Milliseconds(0));
+std::shared_ptr<Work> make_completed_work(OpLabel label) {
+  auto work = std::make_shared<PromiseWork>(std::move(label), Milliseconds(0));
   work->finish();
   return work;
 }

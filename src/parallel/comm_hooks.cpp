@@ -13,7 +13,7 @@ namespace {
 class ThenWork : public comm::Work {
  public:
   ThenWork(std::shared_ptr<comm::Work> inner, std::function<void()> then)
-      : comm::Work(inner->sequence_number(), inner->description()),
+      : comm::Work(inner->label()),
         inner_(std::move(inner)),
         then_(std::move(then)) {}
 

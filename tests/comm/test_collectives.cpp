@@ -91,5 +91,65 @@ TEST(ProcessGroupArguments, NonContiguousIsRefusedClearly) {
   }
 }
 
+// Each operation's description, built from its label only when asked for, reads as it always
+// has: name, sequence number, size, dtype and the operation's own details.
+TEST(OpLabels, WorkDescribesItsOperation) {
+  auto store = make_hash_store(Milliseconds(30'000));
+  for (const std::string backend : {"gloo", "shm", "hierarchical"}) {
+    SCOPED_TRACE(backend);
+    shoal::testing::run_threads(2, [&](int rank) {
+      auto pg = new_process_group(backend, make_prefix_store(backend, store), rank, 2,
+                                  Milliseconds(30'000));
+      const uint64_t first = pg->sequence_number() + 1;
+      auto t = torch::ones({1000});
+      auto reduced = pg->allreduce(t);
+      reduced->wait();
+      EXPECT_EQ(reduced->description(),
+                "allreduce #" + std::to_string(first) + " (4.0 kB float32, sum)");
+      EXPECT_EQ(reduced->sequence_number(), first);
+      auto small = torch::zeros({3}, torch::kLong);
+      BroadcastOptions from_one;
+      from_one.root = 1;
+      auto broadcast = pg->broadcast(small, from_one);
+      broadcast->wait();
+      EXPECT_EQ(broadcast->description(),
+                "broadcast #" + std::to_string(first + 1) + " (24 B int64, root 1)");
+      auto barrier = pg->barrier();
+      barrier->wait();
+      EXPECT_EQ(barrier->description(), "barrier #" + std::to_string(first + 2));
+      auto half = torch::zeros({500}, torch::kHalf);
+      auto p2p = rank == 0 ? pg->send(half, 1) : pg->recv(half, 0);
+      p2p->wait();
+      const std::string text = p2p->description();
+      const std::string kind = rank == 0 ? "send #" : "recv #";
+      const std::string details = rank == 0 ? "(1.0 kB float16 to rank 1, tag 0)"
+                                            : "(1.0 kB float16 from rank 0, tag 0)";
+      if (backend == "hierarchical") {
+        // Point-to-point goes to its flat group, whose own Work (and number) it returns.
+        EXPECT_EQ(text.rfind(kind, 0), 0u) << text;
+        ASSERT_GE(text.size(), details.size()) << text;
+        EXPECT_EQ(text.substr(text.size() - details.size()), details) << text;
+      } else {
+        EXPECT_EQ(text, kind + std::to_string(first + 3) + " " + details);
+      }
+    });
+  }
+}
+
+TEST(OpLabels, PrefixNamesTheRank) {
+  OpLabel label;
+  label.name = "reduce";
+  label.sequence = 7;
+  label.rank = 2;
+  label.size = 4;
+  label.numel = 2'000'000;
+  label.dtype = at::kBFloat16;
+  label.reduce_op = static_cast<int>(ReduceOp::kMax);
+  label.root = 3;
+  EXPECT_EQ(label.prefix(), "[rank 2/4] reduce #7 (4.0 MB bfloat16, max, root 3)");
+  label.detail = "group 2, 3 ranks";
+  EXPECT_EQ(label.description(), "reduce #7 (group 2, 3 ranks)");
+}
+
 }  // namespace
 }  // namespace shoal::comm

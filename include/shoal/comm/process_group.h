@@ -77,8 +77,12 @@ struct OpContext {
   const char* name = "";      ///< "allreduce", "broadcast", ...
   uint64_t sequence = 0;      ///< per-group sequence number, equal on every rank
   Milliseconds timeout{0};    ///< resolved time-out (never kGroupTimeout)
-  std::string description;    ///< "allreduce #12 (4.0 MB float32, sum)"
-  std::string prefix;         ///< "[rank 1/4] allreduce #12 (4.0 MB float32, sum)"
+  OpLabel label;              ///< the numbers its messages are built from
+
+  /// "allreduce #12 (4.0 MB float32, sum)": built on each call, for messages only.
+  std::string description() const { return label.description(); }
+  /// "[rank 1/4] allreduce #12 (4.0 MB float32, sum)": built on each call, for messages only.
+  std::string prefix() const { return label.prefix(); }
 };
 
 class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
@@ -185,7 +189,8 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
                                                       uint64_t group_id) = 0;
 
   /// Numbers an operation and describes it; public methods call it before run_*.
-  OpContext make_context(const char* name, Milliseconds timeout, const std::string& detail);
+  /// The next sequence number and the operation's label (`tensor`'s size and dtype where given).
+  OpContext make_context(const char* name, Milliseconds timeout, const at::Tensor* tensor);
 
   /// For a backend's constructor: turns check_collectives() on unless SHOAL_CHECK_COLLECTIVES=0.
   void enable_collective_checks_by_default();
@@ -204,8 +209,7 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
 
   // Exchanges this collective's fingerprint with every rank; returns a failed Work when they
   // disagree (or the exchange failed), null when the collective may run.
-  std::shared_ptr<Work> check_same_collective(const OpContext& ctx, const at::Tensor* tensor,
-                                              int root, int reduce_op);
+  std::shared_ptr<Work> check_same_collective(const OpContext& ctx);
 };
 
 /// "4.0 MB float32" for error messages and descriptions.

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "shoal/comm/op_label.h"
 #include "shoal/comm/types.h"
 
 namespace shoal::comm {
@@ -35,27 +36,36 @@ class Work {
   virtual std::exception_ptr exception() = 0;
 
   /// Per-group sequence number of the operation (1 for the first collective of a group).
-  uint64_t sequence_number() const { return sequence_number_; }
+  uint64_t sequence_number() const { return label_.sequence; }
 
-  /// Human-readable description: "allreduce #12 (4.0 MB float32, sum)".
-  const std::string& description() const { return description_; }
+  /// Human-readable description: "allreduce #12 (4.0 MB float32, sum)" (built on first use).
+  const std::string& description() const;
+
+  /// What the operation is, for messages.
+  const OpLabel& label() const { return label_; }
 
  protected:
+  /// A process group's operation: described from its label when first asked.
+  explicit Work(OpLabel label) : label_(std::move(label)) {}
+  /// A Work made elsewhere (a user's comm hook): described by the text given.
   Work(uint64_t sequence_number, std::string description)
-      : sequence_number_(sequence_number), description_(std::move(description)) {}
+      : described_already_(true), description_(std::move(description)) {
+    label_.sequence = sequence_number;
+  }
 
  private:
-  uint64_t sequence_number_;
-  std::string description_;
+  OpLabel label_;
+  const bool described_already_ = false;
+  mutable std::once_flag described_;
+  mutable std::string description_;
 };
 
 /// A Work completed by whoever runs the operation (a backend's worker thread): call finish() or
 /// finish_with_error() exactly once. Backends without a native handle of their own use it.
 class PromiseWork : public Work {
  public:
-  /// `context` prefixes time-out messages ("[rank 1/4] allreduce #12 (...)").
-  PromiseWork(uint64_t sequence_number, std::string description, std::string context,
-              Milliseconds timeout);
+  /// `timeout`: how long wait() with kGroupTimeout waits.
+  PromiseWork(OpLabel label, Milliseconds timeout);
 
   bool is_completed() override;
   void wait(Milliseconds timeout = kGroupTimeout) override;
@@ -72,12 +82,11 @@ class PromiseWork : public Work {
   std::condition_variable done_cv_;
   bool done_ = false;
   std::exception_ptr error_;
-  std::string context_;
   Milliseconds timeout_;
   std::vector<std::function<void()>> callbacks_;
 };
 
 /// A Work that is already complete (world size 1, empty tensors).
-std::shared_ptr<Work> make_completed_work(uint64_t sequence_number, std::string description);
+std::shared_ptr<Work> make_completed_work(OpLabel label);
 
 }  // namespace shoal::comm

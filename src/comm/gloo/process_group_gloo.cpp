@@ -19,8 +19,7 @@ class GlooWork : public Work {
  public:
   GlooWork(const OpContext& ctx, std::unique_ptr<compat::NativeWork> native,
            std::shared_ptr<PeerDirectory> peers, std::function<void()> on_success)
-      : Work(ctx.sequence, ctx.description),
-        prefix_(ctx.prefix),
+      : Work(ctx.label),
         timeout_(ctx.timeout),
         native_(std::move(native)),
         peers_(std::move(peers)),
@@ -48,7 +47,7 @@ class GlooWork : public Work {
     try {
       if (!native_->wait(timeout)) {
         const std::string blamed = peers_ ? peers_->diagnose(sequence_number(), kDiagnoseBudget) : "";
-        SHOAL_THROW(TimeoutError, prefix_, " timed out after ", timeout.count(), " ms",
+        SHOAL_THROW(TimeoutError, label().prefix(), " timed out after ", timeout.count(), " ms",
                     blamed.empty() ? "" : " waiting for ", blamed);
       }
       if (on_success_) on_success_();
@@ -65,7 +64,7 @@ class GlooWork : public Work {
                              cause.find("imeout") != std::string::npos;
       const std::string blamed = peers_ ? peers_->diagnose(sequence_number(), kDiagnoseBudget) : "";
       const std::string message = detail::str_cat(
-          prefix_, timed_out ? " timed out" : " failed", " after ", elapsed.count(), " ms",
+          label().prefix(), timed_out ? " timed out" : " failed", " after ", elapsed.count(), " ms",
           blamed.empty() ? "" : " waiting for ", blamed, ": ", cause);
       try {
         if (timed_out) SHOAL_THROW(TimeoutError, message);
@@ -78,7 +77,6 @@ class GlooWork : public Work {
   }
 
   std::mutex mutex_;
-  std::string prefix_;
   Milliseconds timeout_;
   std::unique_ptr<compat::NativeWork> native_;
   std::shared_ptr<PeerDirectory> peers_;

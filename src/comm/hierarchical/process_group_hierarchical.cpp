@@ -142,20 +142,20 @@ void ProcessGroupHierarchical::abort(const std::string& reason) {
 std::shared_ptr<Work> ProcessGroupHierarchical::submit(const OpContext& ctx,
                                                        std::function<void()> body) {
   // At most three stages run one after the other, each within the operation's time-out.
-  auto work = std::make_shared<shm::ShmWork>(ctx.sequence, ctx.description, ctx.prefix,
-                                             ctx.timeout * 3 + Milliseconds(1000));
-  queue_->enqueue([this, work, prefix = ctx.prefix, body = std::move(body)] {
+  auto work = std::make_shared<shm::ShmWork>(ctx.label, ctx.timeout * 3 + Milliseconds(1000));
+  queue_->enqueue([this, work, body = std::move(body)] {
+    const OpLabel& label = work->label();
     try {
       try {
         body();
       } catch (const TimeoutError& e) {
-        throw TimeoutError(prefix + " failed: " + e.what() + layout_, e.location());
+        throw TimeoutError(label.prefix() + " failed: " + e.what() + layout_, e.location());
       } catch (const PeerError& e) {
-        throw PeerError(prefix + " failed: " + e.what() + layout_, e.location());
+        throw PeerError(label.prefix() + " failed: " + e.what() + layout_, e.location());
       } catch (const InvalidArgument& e) {
-        throw InvalidArgument(prefix + " failed: " + e.what() + layout_, e.location());
+        throw InvalidArgument(label.prefix() + " failed: " + e.what() + layout_, e.location());
       } catch (const Error& e) {
-        throw Error(prefix + " failed: " + e.what() + layout_, e.location());
+        throw Error(label.prefix() + " failed: " + e.what() + layout_, e.location());
       }
       work->finish();
     } catch (const std::exception& e) {
@@ -164,7 +164,7 @@ std::shared_ptr<Work> ProcessGroupHierarchical::submit(const OpContext& ctx,
       abort(e.what());
       work->finish(std::current_exception());
     } catch (...) {
-      abort(prefix + " failed");
+      abort(label.prefix() + " failed");
       work->finish(std::current_exception());
     }
   });

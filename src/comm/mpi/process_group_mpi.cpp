@@ -68,7 +68,7 @@ void divide_for_avg(at::Tensor& buffer, ReduceOp op, int n) {
 }
 
 int count_of(int64_t n, const OpContext& ctx) {
-  SHOAL_CHECK_T(InvalidArgument, n <= INT_MAX, ctx.prefix,
+  SHOAL_CHECK_T(InvalidArgument, n <= INT_MAX, ctx.prefix(),
                 ": the mpi backend moves at most 2^31-1 elements or bytes in one call; split the "
                 "tensor");
   return static_cast<int>(n);
@@ -82,6 +82,11 @@ void check_mpi(int rc, const std::string& prefix, const char* call) {
   if (rc != MPI_SUCCESS) {
     SHOAL_THROW(PeerError, prefix, " failed: ", call, ": ", mpi_error_string(rc));
   }
+}
+
+// The operation's prefix is built only when the call failed.
+void check_mpi(int rc, const OpContext& ctx, const char* call) {
+  if (rc != MPI_SUCCESS) check_mpi(rc, ctx.prefix(), call);
 }
 
 int comm_rank(MPI_Comm comm) {
@@ -118,8 +123,7 @@ class MpiRequestWork : public Work {
  public:
   MpiRequestWork(const OpContext& ctx, MPI_Request request, at::Tensor buffer, int peer,
                  std::shared_ptr<ProcessGroupMpi> group)
-      : Work(ctx.sequence, ctx.description),
-        prefix_(ctx.prefix),
+      : Work(ctx.label),
         timeout_(ctx.timeout),
         requests_{request},
         buffer_(std::move(buffer)),
@@ -143,18 +147,19 @@ class MpiRequestWork : public Work {
       try {
         ok = ProcessGroupMpi::poll(requests_, Clock::now() + timeout);
       } catch (const std::exception& e) {
-        record(PeerError(detail::str_cat(prefix_, " failed: ", e.what())));
+        record(PeerError(detail::str_cat(label().prefix(), " failed: ", e.what())));
       }
       if (!done_ && !ok) {
         const std::string reason = group_->abort_reason();
         if (!reason.empty()) {
-          record(PeerError(detail::str_cat(prefix_, " failed: the group was aborted: ", reason)));
+          record(PeerError(
+              detail::str_cat(label().prefix(), " failed: the group was aborted: ", reason)));
         } else {
-          record(TimeoutError(detail::str_cat(prefix_, " timed out after ", timeout.count(),
-                                              " ms waiting for rank ", peer_)));
+          record(TimeoutError(detail::str_cat(label().prefix(), " timed out after ",
+                                              timeout.count(), " ms waiting for rank ", peer_)));
         }
         group_->abandon(requests_, {buffer_});
-        group_->abort(detail::str_cat(prefix_, " did not complete"));
+        group_->abort(detail::str_cat(label().prefix(), " did not complete"));
       }
       done_ = true;
     }
@@ -173,7 +178,6 @@ class MpiRequestWork : public Work {
   }
 
   std::mutex mutex_;
-  std::string prefix_;
   Milliseconds timeout_;
   std::vector<MPI_Request> requests_;
   at::Tensor buffer_;
@@ -322,22 +326,21 @@ void ProcessGroupMpi::abort(const std::string& reason) {
   }
   for (auto& task : dropped) {
     task.work->finish_with_error(std::make_exception_ptr(PeerError(detail::str_cat(
-        task.ctx.prefix, " was not run: the group was aborted: ", reason))));
+        task.ctx.prefix(), " was not run: the group was aborted: ", reason))));
   }
 }
 
 std::shared_ptr<Work> ProcessGroupMpi::failed_work(const OpContext& ctx) {
-  auto work = std::make_shared<PromiseWork>(ctx.sequence, ctx.description, ctx.prefix, ctx.timeout);
+  auto work = std::make_shared<PromiseWork>(ctx.label, ctx.timeout);
   work->finish_with_error(std::make_exception_ptr(PeerError(
-      detail::str_cat(ctx.prefix, " was not run: the group was aborted: ", abort_reason()))));
+      detail::str_cat(ctx.prefix(), " was not run: the group was aborted: ", abort_reason()))));
   return work;
 }
 
 std::shared_ptr<Work> ProcessGroupMpi::enqueue(const OpContext& ctx,
                                                std::function<Started()> start) {
   auto work = std::make_shared<PromiseWork>(
-      ctx.sequence, ctx.description, ctx.prefix,
-      ctx.timeout + std::min(kDiagnoseBudget, ctx.timeout / 2) + kWaitMargin);
+      ctx.label, ctx.timeout + std::min(kDiagnoseBudget, ctx.timeout / 2) + kWaitMargin);
   {
     std::lock_guard<std::mutex> guard(mutex_);
     if (!aborted_ && !stop_) {
@@ -367,7 +370,7 @@ void ProcessGroupMpi::execute(Task& task) {
   const OpContext& ctx = task.ctx;
   if (aborted_) {
     task.work->finish_with_error(std::make_exception_ptr(PeerError(detail::str_cat(
-        ctx.prefix, " was not run: the group was aborted: ", abort_reason()))));
+        ctx.prefix(), " was not run: the group was aborted: ", abort_reason()))));
     return;
   }
   try {
@@ -381,7 +384,7 @@ void ProcessGroupMpi::execute(Task& task) {
       const std::string who =
           diagnose(ctx.sequence, std::min(kDiagnoseBudget, ctx.timeout / 2));
       abandon(started.requests, started.buffers);
-      SHOAL_THROW(TimeoutError, ctx.prefix, " timed out after ", ctx.timeout.count(),
+      SHOAL_THROW(TimeoutError, ctx.prefix(), " timed out after ", ctx.timeout.count(),
                   " ms waiting for ",
                   who.empty() ? "ranks that had already given up on it (every other rank "
                                 "reported a failure of this operation)"
@@ -394,7 +397,7 @@ void ProcessGroupMpi::execute(Task& task) {
     if (!dynamic_cast<const InvalidArgument*>(&e)) abort(e.what());
   } catch (const std::exception& e) {
     task.work->finish_with_error(std::make_exception_ptr(
-        PeerError(detail::str_cat(ctx.prefix, " failed: ", e.what()))));
+        PeerError(detail::str_cat(ctx.prefix(), " failed: ", e.what()))));
     abort(e.what());
   }
 }
@@ -410,7 +413,7 @@ std::shared_ptr<Work> ProcessGroupMpi::run_allreduce(at::Tensor& tensor, ReduceO
     s.requests.resize(1);
     check_mpi(MPI_Iallreduce(MPI_IN_PLACE, buffer.data_ptr(), count, type, mpi_op(op), comm_,
                              s.requests.data()),
-              ctx.prefix, "MPI_Iallreduce");
+              ctx, "MPI_Iallreduce");
     s.buffers = {buffer};
     s.finish = [=]() mutable {
       divide_for_avg(buffer, op, n);
@@ -428,7 +431,7 @@ std::shared_ptr<Work> ProcessGroupMpi::run_broadcast(at::Tensor& tensor, int roo
     Started s;
     s.requests.resize(1);
     check_mpi(MPI_Ibcast(buffer.data_ptr(), bytes, MPI_BYTE, root, comm_, s.requests.data()),
-              ctx.prefix, "MPI_Ibcast");
+              ctx, "MPI_Ibcast");
     s.buffers = {buffer};
     return s;
   });
@@ -447,7 +450,7 @@ std::shared_ptr<Work> ProcessGroupMpi::run_reduce(at::Tensor& tensor, int root, 
     check_mpi(MPI_Ireduce(is_root ? MPI_IN_PLACE : buffer.data_ptr(),
                           is_root ? buffer.data_ptr() : nullptr, count, type, mpi_op(op), root,
                           comm_, s.requests.data()),
-              ctx.prefix, "MPI_Ireduce");
+              ctx, "MPI_Ireduce");
     s.buffers = {buffer};
     s.finish = [=]() mutable {
       if (!is_root) return;
@@ -471,7 +474,7 @@ std::shared_ptr<Work> ProcessGroupMpi::run_allgather(std::vector<at::Tensor>& ou
     s.requests.resize(1);
     check_mpi(MPI_Iallgather(in.data_ptr(), bytes, MPI_BYTE, flat.data_ptr(), bytes, MPI_BYTE,
                              comm_, s.requests.data()),
-              ctx.prefix, "MPI_Iallgather");
+              ctx, "MPI_Iallgather");
     s.buffers = {in, flat};
     s.finish = [=]() mutable {
       for (size_t i = 0; i < outs.size(); ++i) outs[i].copy_(flat[i].view(outs[i].sizes()));
@@ -499,7 +502,7 @@ std::shared_ptr<Work> ProcessGroupMpi::run_reduce_scatter(at::Tensor& output,
     s.requests.resize(1);
     check_mpi(MPI_Ireduce_scatter_block(send.data_ptr(), recv.data_ptr(), count, type, mpi_op(op),
                                         comm_, s.requests.data()),
-              ctx.prefix, "MPI_Ireduce_scatter_block");
+              ctx, "MPI_Ireduce_scatter_block");
     s.buffers = {send, recv};
     s.finish = [=]() mutable {
       divide_for_avg(recv, op, n);
@@ -522,7 +525,7 @@ std::shared_ptr<Work> ProcessGroupMpi::run_gather(std::vector<at::Tensor>& outpu
     s.requests.resize(1);
     check_mpi(MPI_Igather(in.data_ptr(), bytes, MPI_BYTE, is_root ? flat.data_ptr() : nullptr,
                           bytes, MPI_BYTE, root, comm_, s.requests.data()),
-              ctx.prefix, "MPI_Igather");
+              ctx, "MPI_Igather");
     s.buffers = {in};
     if (is_root) s.buffers.push_back(flat);
     s.finish = [=]() mutable {
@@ -549,7 +552,7 @@ std::shared_ptr<Work> ProcessGroupMpi::run_scatter(at::Tensor& output,
     s.requests.resize(1);
     check_mpi(MPI_Iscatter(is_root ? flat.data_ptr() : nullptr, bytes, MPI_BYTE, out.data_ptr(),
                            bytes, MPI_BYTE, root, comm_, s.requests.data()),
-              ctx.prefix, "MPI_Iscatter");
+              ctx, "MPI_Iscatter");
     s.buffers = {out};
     if (is_root) s.buffers.push_back(flat);
     return s;
@@ -564,7 +567,7 @@ std::shared_ptr<Work> ProcessGroupMpi::run_send(const at::Tensor& tensor, int ds
     auto lock = MpiRuntime::get().lock();
     check_mpi(MPI_Isend(tensor.data_ptr(), bytes_of(tensor, ctx), MPI_BYTE, dst, tag, comm_,
                         &request),
-              ctx.prefix, "MPI_Isend");
+              ctx, "MPI_Isend");
   }
   return std::make_shared<MpiRequestWork>(
       ctx, request, tensor, dst, std::static_pointer_cast<ProcessGroupMpi>(shared_from_this()));
@@ -578,7 +581,7 @@ std::shared_ptr<Work> ProcessGroupMpi::run_recv(at::Tensor& tensor, int src, int
     auto lock = MpiRuntime::get().lock();
     check_mpi(MPI_Irecv(tensor.data_ptr(), bytes_of(tensor, ctx), MPI_BYTE, src, tag, comm_,
                         &request),
-              ctx.prefix, "MPI_Irecv");
+              ctx, "MPI_Irecv");
   }
   return std::make_shared<MpiRequestWork>(
       ctx, request, tensor, src, std::static_pointer_cast<ProcessGroupMpi>(shared_from_this()));
@@ -588,7 +591,7 @@ std::shared_ptr<Work> ProcessGroupMpi::run_barrier(const OpContext& ctx) {
   return enqueue(ctx, [=]() {
     Started s;
     s.requests.resize(1);
-    check_mpi(MPI_Ibarrier(comm_, s.requests.data()), ctx.prefix, "MPI_Ibarrier");
+    check_mpi(MPI_Ibarrier(comm_, s.requests.data()), ctx, "MPI_Ibarrier");
     return s;
   });
 }
@@ -599,8 +602,11 @@ std::shared_ptr<ProcessGroup> ProcessGroupMpi::run_new_group(const std::vector<i
   ctx.name = "new_group";
   ctx.sequence = sequence_number();
   ctx.timeout = timeout();
-  ctx.description = detail::str_cat("new_group ", group_id, " (", ranks.size(), " ranks)");
-  ctx.prefix = rank_prefix() + " " + ctx.description;
+  ctx.label.name = ctx.name;
+  ctx.label.sequence = ctx.sequence;
+  ctx.label.rank = rank();
+  ctx.label.size = size();
+  ctx.label.detail = detail::str_cat("group ", group_id, ", ", ranks.size(), " ranks");
   auto created = std::make_shared<MPI_Comm>(MPI_COMM_NULL);
   // MPI_Comm_create_group involves only the members (the others do not call new_group's
   // run_new_group) but has no non-blocking form: it runs on the worker, in order with the
@@ -616,7 +622,7 @@ std::shared_ptr<ProcessGroup> ProcessGroupMpi::run_new_group(const std::vector<i
     in_blocking_call_ = false;
     MPI_Group_free(&members);
     MPI_Group_free(&all);
-    check_mpi(rc, ctx.prefix, "MPI_Comm_create_group");
+    check_mpi(rc, ctx, "MPI_Comm_create_group");
     return Started{};
   });
   work->wait();

@@ -16,11 +16,7 @@ constexpr auto kPollTime = std::chrono::microseconds(50);
 
 }  // namespace
 
-ShmWork::ShmWork(uint64_t sequence_number, std::string description, std::string context,
-                 Milliseconds timeout)
-    : Work(sequence_number, std::move(description)),
-      context_(std::move(context)),
-      timeout_(timeout) {}
+ShmWork::ShmWork(OpLabel label, Milliseconds timeout) : Work(std::move(label)), timeout_(timeout) {}
 
 void ShmWork::wait(Milliseconds timeout) {
   if (timeout == kGroupTimeout) timeout = timeout_;
@@ -33,7 +29,7 @@ void ShmWork::wait(Milliseconds timeout) {
   if (!done_.load(std::memory_order_acquire)) {
     std::unique_lock<std::mutex> lock(mutex_);
     if (!done_cv_.wait_for(lock, timeout, [&] { return done_.load(); })) {
-      SHOAL_THROW(TimeoutError, context_, " timed out after ", timeout.count(),
+      SHOAL_THROW(TimeoutError, label().prefix(), " timed out after ", timeout.count(),
                   " ms waiting for it to complete");
     }
   }

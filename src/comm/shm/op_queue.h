@@ -24,8 +24,7 @@ namespace shoal::comm::shm {
 /// A Work completed by an OpQueue task (or inline), cheap to wait on when it completes soon.
 class ShmWork : public Work {
  public:
-  ShmWork(uint64_t sequence_number, std::string description, std::string context,
-          Milliseconds timeout);
+  ShmWork(OpLabel label, Milliseconds timeout);
 
   bool is_completed() override { return done_.load(std::memory_order_acquire); }
   void wait(Milliseconds timeout = kGroupTimeout) override;
@@ -38,7 +37,6 @@ class ShmWork : public Work {
   std::mutex mutex_;
   std::condition_variable done_cv_;
   std::exception_ptr error_;
-  std::string context_;
   Milliseconds timeout_;
 };
 

@@ -266,14 +266,14 @@ void ProcessGroupShm::abort(const std::string& reason) {
 void ProcessGroupShm::check_not_aborted(const OpContext& ctx) {
   if (aborted_.load(std::memory_order_acquire)) {
     std::lock_guard<std::mutex> lock(abort_mutex_);
-    SHOAL_THROW(PeerError, ctx.prefix, " cannot run: the group was aborted after an earlier "
+    SHOAL_THROW(PeerError, ctx.prefix(), " cannot run: the group was aborted after an earlier "
                 "failure: ", abort_reason_);
   }
   const int32_t culprit = header_->abort_rank.load(std::memory_order_acquire);
   if (culprit != 0) {
     const std::string reason = controls_[culprit - 1].abort_reason;
     abort(reason);
-    SHOAL_THROW(PeerError, ctx.prefix, " cannot run: rank ", culprit - 1,
+    SHOAL_THROW(PeerError, ctx.prefix(), " cannot run: rank ", culprit - 1,
                 " aborted the group: ", reason);
   }
 }
@@ -286,7 +286,7 @@ void ProcessGroupShm::fail_waiting(int peer, const Running& op, const char* why)
   std::string message;
   bool timeout = false;
   if (std::strcmp(why, "exited") == 0) {
-    message = detail::str_cat(op.ctx->prefix, " failed after ", waited, " ms waiting for ", who,
+    message = detail::str_cat(op.ctx->prefix(), " failed after ", waited, " ms waiting for ", who,
                               ": the process has exited");
   } else if (std::strcmp(why, "aborted") == 0) {
     const int32_t culprit = header_->abort_rank.load(std::memory_order_acquire);
@@ -297,7 +297,7 @@ void ProcessGroupShm::fail_waiting(int peer, const Running& op, const char* why)
       std::lock_guard<std::mutex> lock(abort_mutex_);
       reason = abort_reason_;
     }
-    message = detail::str_cat(op.ctx->prefix, " failed after ", waited, " ms waiting for ", who,
+    message = detail::str_cat(op.ctx->prefix(), " failed after ", waited, " ms waiting for ", who,
                               ": ", culprit > 0 ? detail::str_cat("rank ", culprit - 1,
                                                                   " aborted the group: ")
                                                 : "the group was aborted: ",
@@ -309,7 +309,7 @@ void ProcessGroupShm::fail_waiting(int peer, const Running& op, const char* why)
     const std::string where =
         their_seq == 0 ? std::string("has not started any collective")
                        : detail::str_cat("was last seen in ", kOpNames[their_op], " #", their_seq);
-    message = detail::str_cat(op.ctx->prefix, " timed out after ", waited, " ms waiting for ",
+    message = detail::str_cat(op.ctx->prefix(), " timed out after ", waited, " ms waiting for ",
                               who, ", which ", where);
   }
   abort(message);
@@ -409,7 +409,7 @@ std::shared_ptr<Work> ProcessGroupShm::submit(const OpContext& ctx, Lane lane, s
                                               std::function<void(const Running&)> body) {
   // The Work's own wait limit is a safety net behind the operation's deadline, which starts when
   // the operation starts (possibly behind others in the queue) and produces the better message.
-  auto work = std::make_shared<ShmWork>(ctx.sequence, ctx.description, ctx.prefix,
+  auto work = std::make_shared<ShmWork>(ctx.label,
                                         ctx.timeout * 2 + Milliseconds(1000));
   if (lane == Lane::kCollective) {
     const int code = op_code(ctx.name);
@@ -557,7 +557,7 @@ void ProcessGroupShm::check_same_tensor_kind(uint64_t ref, uint64_t round, const
     const char* what = theirs == 0 ? "an ordinary tensor" : "a tensor from empty_symmetric()";
     const char* ours = ref == 0 ? "an ordinary tensor" : "a tensor from empty_symmetric()";
     const std::string message = detail::str_cat(
-        r.ctx->prefix, ": rank ", s, " passed ", what,
+        r.ctx->prefix(), ": rank ", s, " passed ", what,
         theirs != 0 && ref != 0 ? " (another one, or part of one)" : "", " where this rank passed ",
         ours, "; every rank must pass its own copy of the same symmetric tensor, whole, or "
         "every rank an ordinary one");
@@ -677,7 +677,7 @@ at::Tensor ProcessGroupShm::run_empty_symmetric(int64_t numel, at::ScalarType dt
     if (!warned_no_symmetric_.exchange(true)) {
       std::fprintf(stderr, "%s: shared memory for a symmetric tensor of %zu bytes is not "
                    "available (%s); using ordinary memory (collectives on it copy through the "
-                   "group's buffers)\n", ctx.prefix.c_str(), bytes,
+                   "group's buffers)\n", ctx.prefix().c_str(), bytes,
                    failure.empty() ? "another rank could not map it" : failure.c_str());
     }
     return torch::empty({numel}, options);
@@ -906,7 +906,7 @@ std::shared_ptr<Work> ProcessGroupShm::run_recv(at::Tensor& tensor, int src, int
       const PieceInfo info = ch.info[p % 2];
       if (info.tag != tag || info.message_bytes != bytes) {
         const std::string message = detail::str_cat(
-            r.ctx->prefix, ": rank ", src, " sent ", info.message_bytes, " bytes with tag ",
+            r.ctx->prefix(), ": rank ", src, " sent ", info.message_bytes, " bytes with tag ",
             info.tag, " but this rank expects ", bytes, " bytes with tag ", tag,
             "; sends and receives between two ranks must match in order, size and tag");
         abort(message);
