@@ -7,11 +7,14 @@
 #include <torch/torch.h>
 
 #include <chrono>
+#include <atomic>
 #include <filesystem>
+#include <mutex>
 #include <set>
 #include <thread>
 
 #include "comm/hierarchical/process_group_hierarchical.h"
+#include "comm/shm/op_queue.h"
 #include "shoal/comm/init.h"
 #include "shoal/error.h"
 #include "testing/multi_rank.h"
@@ -51,6 +54,81 @@ torch::Tensor expected_sum(int world, int64_t numel, torch::Dtype dtype = torch:
   auto sum = torch::zeros({numel}, torch::kLong);
   for (int r = 0; r < world; ++r) sum += input(r, numel, torch::kLong);
   return sum.to(dtype);
+}
+
+// A thread that waits for a task the worker has not started runs it itself, with every task
+// queued before it, in order; the worker runs the rest; every Work completes.
+TEST(ShmOpQueue, WaiterRunsItsQueuedTaskInOrder) {
+  auto queue = std::make_shared<shm::OpQueue>("test");
+  std::mutex mutex;
+  std::vector<int> order;
+  std::vector<std::thread::id> ran_on(6);
+  std::vector<std::shared_ptr<shm::ShmWork>> works;
+  // The first task holds the worker, so the next ones are still queued when waited for.
+  std::atomic<bool> started{false}, release{false};
+  for (int i = 0; i < 6; ++i) {
+    OpLabel label;
+    label.name = "task";
+    label.sequence = static_cast<uint64_t>(i + 1);
+    auto work = std::make_shared<shm::ShmWork>(label, Milliseconds(10'000), queue);
+    queue->enqueue(
+        [&, i, work] {
+          if (i == 0) {
+            started = true;
+            while (!release.load()) std::this_thread::yield();
+          }
+          {
+            std::lock_guard<std::mutex> lock(mutex);
+            order.push_back(i);
+            ran_on[i] = std::this_thread::get_id();
+          }
+          work->finish();
+        },
+        work.get());
+    works.push_back(work);
+  }
+  // While task 0 runs on the worker nobody else may run a task: this wait cannot help, so it
+  // must still be waiting when task 0 is released.
+  const auto limit = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!started.load() && std::chrono::steady_clock::now() < limit) std::this_thread::yield();
+  ASSERT_TRUE(started.load()) << "the worker never started the first task";
+  std::thread releaser([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    release = true;
+  });
+  works[0]->wait();
+  releaser.join();
+  // Tasks 1..3 are (most likely) still queued: waiting for 3 runs 1, 2, 3 here, or the worker
+  // has taken some; either way in order.
+  works[3]->wait();
+  for (auto& work : works) work->wait();
+  EXPECT_EQ(order, (std::vector<int>{0, 1, 2, 3, 4, 5}));
+  EXPECT_NE(ran_on[0], std::this_thread::get_id());  // the worker ran the one it had started
+  queue->stop();
+  queue->stop();  // idempotent
+}
+
+// Through the group: collectives issued back to back and waited for in reverse order (a waiter
+// helping with the queue) give the same results on every rank as waiting in order.
+TEST(ShmOpQueue, ReverseWaitsThroughTheGroup) {
+  SmallChunks chunks;  // 64 KiB chunks: every tensor below is queued, not run inline
+  auto store = make_hash_store(Milliseconds(30'000));
+  run_threads(2, [&](int rank) {
+    auto pg = new_process_group("shm", store, rank, 2, Milliseconds(30'000));
+    for (int round = 0; round < 20; ++round) {
+      std::vector<torch::Tensor> tensors;
+      std::vector<std::shared_ptr<Work>> works;
+      for (int i = 0; i < 5; ++i) {
+        tensors.push_back(input(rank, kChunkFloats * 2 + i));
+        works.push_back(pg->allreduce(tensors.back()));
+      }
+      for (int i = 4; i >= 0; --i) works[i]->wait();
+      for (int i = 0; i < 5; ++i) {
+        ASSERT_TRUE(torch::equal(tensors[i], expected_sum(2, kChunkFloats * 2 + i)))
+            << "round " << round << " tensor " << i;
+      }
+    }
+  });
 }
 
 TEST(ShmProcesses, CollectivesAcrossProcesses) {

@@ -114,13 +114,16 @@ ProcessGroupHierarchical::ProcessGroupHierarchical(std::shared_ptr<Store> store,
   }
   flat_ = std::make_shared<ProcessGroupGloo>(make_prefix_store("hier/flat", store_), rank, size,
                                              timeout, gloo);
-  queue_ = std::make_unique<shm::OpQueue>("hierarchical");
+  queue_ = std::make_shared<shm::OpQueue>("hierarchical");
   // No rank may use or drop its sub-groups before every rank has finished connecting all of
   // them: a rank tearing down its Gloo groups early can strand a peer still connecting to it.
   flat_->barrier({timeout})->wait();
 }
 
-ProcessGroupHierarchical::~ProcessGroupHierarchical() { queue_.reset(); }
+ProcessGroupHierarchical::~ProcessGroupHierarchical() {
+  queue_->stop();  // also when a waiting thread still holds the queue
+  queue_.reset();
+}
 
 bool ProcessGroupHierarchical::is_symmetric(const at::Tensor& tensor) const {
   return num_hosts_ == 1 && local_->is_symmetric(tensor);
@@ -142,7 +145,8 @@ void ProcessGroupHierarchical::abort(const std::string& reason) {
 std::shared_ptr<Work> ProcessGroupHierarchical::submit(const OpContext& ctx,
                                                        std::function<void()> body) {
   // At most three stages run one after the other, each within the operation's time-out.
-  auto work = std::make_shared<shm::ShmWork>(ctx.label, ctx.timeout * 3 + Milliseconds(1000));
+  auto work =
+      std::make_shared<shm::ShmWork>(ctx.label, ctx.timeout * 3 + Milliseconds(1000), queue_);
   queue_->enqueue([this, work, body = std::move(body)] {
     const OpLabel& label = work->label();
     try {
@@ -167,7 +171,7 @@ std::shared_ptr<Work> ProcessGroupHierarchical::submit(const OpContext& ctx,
       abort(label.prefix() + " failed");
       work->finish(std::current_exception());
     }
-  });
+  }, work.get());
   return work;
 }
 

@@ -134,7 +134,7 @@ class ProcessGroupHierarchical : public ProcessGroup {
   std::shared_ptr<ProcessGroup> local_;    // shm, the ranks of this host
   std::shared_ptr<ProcessGroup> leaders_;  // gloo, one rank per host; null on non-leaders
   std::shared_ptr<ProcessGroup> flat_;     // gloo, every rank (point-to-point)
-  std::unique_ptr<shm::OpQueue> queue_;
+  std::shared_ptr<shm::OpQueue> queue_;  // shared with the Works that may run its tasks
 };
 
 }  // namespace shoal::comm

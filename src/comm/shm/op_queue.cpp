@@ -16,10 +16,14 @@ constexpr auto kPollTime = std::chrono::microseconds(50);
 
 }  // namespace
 
-ShmWork::ShmWork(OpLabel label, Milliseconds timeout) : Work(std::move(label)), timeout_(timeout) {}
+ShmWork::ShmWork(OpLabel label, Milliseconds timeout, std::weak_ptr<OpQueue> queue)
+    : Work(std::move(label)), timeout_(timeout), queue_(std::move(queue)) {}
 
 void ShmWork::wait(Milliseconds timeout) {
   if (timeout == kGroupTimeout) timeout = timeout_;
+  if (!done_.load(std::memory_order_acquire)) {
+    if (auto queue = queue_.lock()) queue->help(this);
+  }
   if (!done_.load(std::memory_order_acquire)) {
     const auto poll_end = Clock::now() + kPollTime;
     while (!done_.load(std::memory_order_acquire) && Clock::now() < poll_end) {
@@ -53,49 +57,81 @@ void ShmWork::finish(std::exception_ptr error) {
 
 OpQueue::OpQueue(std::string name) : name_(std::move(name)), thread_([this] { loop(); }) {}
 
-OpQueue::~OpQueue() {
+OpQueue::~OpQueue() { stop(); }
+
+void OpQueue::stop() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     stopping_ = true;
   }
   cv_.notify_all();
-  thread_.join();
+  if (thread_.joinable()) thread_.join();
 }
 
-void OpQueue::enqueue(std::function<void()> task) {
+void OpQueue::enqueue(std::function<void()> task, const Work* owner) {
   bool wake = false;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    tasks_.push_back(std::move(task));
+    tasks_.push_back({std::move(task), owner});
     pending_.fetch_add(1, std::memory_order_acq_rel);
     wake = sleeping_;
   }
   if (wake) cv_.notify_one();
 }
 
-void OpQueue::loop() {
-  for (;;) {
-    std::function<void()> task;
-    {
-      std::unique_lock<std::mutex> lock(mutex_);
-      if (tasks_.empty() && !stopping_) {
-        // Poll briefly (see kPollTime) before sleeping.
-        lock.unlock();
-        const auto poll_end = Clock::now() + kPollTime;
-        while (pending_.load(std::memory_order_acquire) == 0 && Clock::now() < poll_end) {
-          std::this_thread::yield();
-        }
-        lock.lock();
-        sleeping_ = true;
-        cv_.wait(lock, [&] { return !tasks_.empty() || stopping_; });
-        sleeping_ = false;
-      }
-      if (tasks_.empty()) return;  // stopping, and everything queued has run
-      task = std::move(tasks_.front());
-      tasks_.pop_front();
+const Work* OpQueue::run_front(std::unique_lock<std::mutex>& lock) {
+  Task task = std::move(tasks_.front());
+  tasks_.pop_front();
+  running_ = true;
+  lock.unlock();
+  task.run();  // tasks catch their own errors and complete their Work
+  pending_.fetch_sub(1, std::memory_order_acq_rel);
+  lock.lock();
+  running_ = false;
+  return task.owner;
+}
+
+bool OpQueue::help(const Work* owner) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  const auto queued = [&] {
+    for (const Task& task : tasks_) {
+      if (task.owner == owner) return true;
     }
-    task();  // tasks catch their own errors and complete their Work
-    pending_.fetch_sub(1, std::memory_order_acq_rel);
+    return false;
+  };
+  if (running_ || !queued()) return false;
+  // From here only this thread runs tasks (running_ holds the worker off), in queue order.
+  while (run_front(lock) != owner) {
+  }
+  // The worker sleeps while a task runs here; what is left (or its exit) is its again.
+  if (sleeping_ && (!tasks_.empty() || stopping_)) cv_.notify_one();
+  return true;
+}
+
+void OpQueue::loop() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  bool ran = false;  // whether this thread just ran a task (then it polls before sleeping)
+  for (;;) {
+    if (!tasks_.empty() && !running_) {
+      run_front(lock);
+      ran = true;
+      continue;
+    }
+    if (stopping_ && tasks_.empty() && !running_) return;  // everything queued has run
+    if (ran && !stopping_) {
+      // Poll briefly (see kPollTime) before sleeping: operations often come back to back.
+      ran = false;
+      lock.unlock();
+      const auto poll_end = Clock::now() + kPollTime;
+      while (pending_.load(std::memory_order_acquire) == 0 && Clock::now() < poll_end) {
+        std::this_thread::yield();
+      }
+      lock.lock();
+      continue;
+    }
+    sleeping_ = true;
+    cv_.wait(lock, [&] { return !running_ && (!tasks_.empty() || stopping_); });
+    sleeping_ = false;
   }
 }
 

@@ -224,11 +224,13 @@ ProcessGroupShm::ProcessGroupShm(std::shared_ptr<Store> store, std::string scope
     std::this_thread::sleep_for(std::chrono::microseconds(200));
   }
   segment_.unlink();  // idempotent; the creator's copy of the name is gone too
-  collectives_ = std::make_unique<OpQueue>("shm collectives");
+  collectives_ = std::make_shared<OpQueue>("shm collectives");
 }
 
 ProcessGroupShm::~ProcessGroupShm() {
-  // Queued operations finish (or fail at their deadline) before the memory goes away.
+  // Queued operations finish (or fail at their deadline) before the memory goes away, also when
+  // a waiting thread still holds the queue.
+  collectives_->stop();
   collectives_.reset();
   sends_.reset();
   recvs_.reset();
@@ -409,8 +411,8 @@ std::shared_ptr<Work> ProcessGroupShm::submit(const OpContext& ctx, Lane lane, s
                                               std::function<void(const Running&)> body) {
   // The Work's own wait limit is a safety net behind the operation's deadline, which starts when
   // the operation starts (possibly behind others in the queue) and produces the better message.
-  auto work = std::make_shared<ShmWork>(ctx.label,
-                                        ctx.timeout * 2 + Milliseconds(1000));
+  auto work = std::make_shared<ShmWork>(ctx.label, ctx.timeout * 2 + Milliseconds(1000),
+                                        lane == Lane::kCollective ? collectives_ : nullptr);
   if (lane == Lane::kCollective) {
     const int code = op_code(ctx.name);
     // Small collectives run on the calling thread when nothing is queued before them: no hand-off
@@ -426,6 +428,7 @@ std::shared_ptr<Work> ProcessGroupShm::submit(const OpContext& ctx, Lane lane, s
       }
       return work;
     }
+    const Work* owner = work.get();
     collectives_->enqueue([this, work, ctx, code, body = std::move(body)] {
       try {
         controls_[rank()].op_code.store(code, std::memory_order_relaxed);
@@ -435,7 +438,7 @@ std::shared_ptr<Work> ProcessGroupShm::submit(const OpContext& ctx, Lane lane, s
       } catch (...) {
         work->finish(std::current_exception());
       }
-    });
+    }, owner);
     return work;
   }
   auto task = [this, work, ctx, body = std::move(body)] {

@@ -171,7 +171,7 @@ class ProcessGroupShm : public ProcessGroup {
   uint64_t symmetric_allocations_ = 0;                       // calling thread only
   std::atomic<bool> warned_no_symmetric_{false};
 
-  std::unique_ptr<OpQueue> collectives_;
+  std::shared_ptr<OpQueue> collectives_;  // shared with the Works that may run its tasks
   std::unique_ptr<OpQueue> sends_;
   std::unique_ptr<OpQueue> recvs_;
 };
