@@ -21,7 +21,9 @@ ShmWork::ShmWork(OpLabel label, Milliseconds timeout, std::weak_ptr<OpQueue> que
 
 void ShmWork::wait(Milliseconds timeout) {
   if (timeout == kGroupTimeout) timeout = timeout_;
-  if (!done_.load(std::memory_order_acquire)) {
+  // Running the operation here may take as long as the operation's own deadline allows: only a
+  // wait prepared to wait that long may do it.
+  if (timeout >= timeout_ && !done_.load(std::memory_order_acquire)) {
     if (auto queue = queue_.lock()) queue->help(this);
   }
   if (!done_.load(std::memory_order_acquire)) {
