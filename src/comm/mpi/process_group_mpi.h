@@ -111,6 +111,7 @@ class ProcessGroupMpi : public ProcessGroup {
   std::mutex mutex_;
   std::condition_variable queue_cv_;
   std::deque<Task> queue_;
+  bool running_ = false;  // a task is being executed (by the worker or inline by the caller)
   bool stop_ = false;
   std::string abort_reason_;
   std::atomic<bool> aborted_{false};
