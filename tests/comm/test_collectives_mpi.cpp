@@ -44,6 +44,28 @@ TEST(MpiBackend, IsSelectedAndAgreesWithMpirun) {
   }
 }
 
+// Small collectives run on the caller's thread only when nothing is queued or running: issued
+// behind a large one (queued for the worker), they still run after it, in order, on every rank.
+TEST(MpiBackend, SmallCollectivesKeepTheirPlaceBehindLargeOnes) {
+  const int n = g_world->size();
+  for (int round = 0; round < 10; ++round) {
+    auto large = torch::full({1 << 20}, static_cast<float>(g_world->rank() + 1));
+    std::vector<torch::Tensor> small;
+    std::vector<std::shared_ptr<Work>> works{g_world->allreduce(large)};
+    for (int i = 0; i < 4; ++i) {
+      small.push_back(torch::full({16}, static_cast<float>(g_world->rank() * 10 + i)));
+      works.push_back(g_world->allreduce(small.back()));
+    }
+    for (auto it = works.rbegin(); it != works.rend(); ++it) (*it)->wait();
+    EXPECT_TRUE(large.eq(n * (n + 1) / 2.0f).all().item<bool>()) << "round " << round;
+    for (int i = 0; i < 4; ++i) {
+      const float expected = 10.0f * n * (n - 1) / 2 + static_cast<float>(n) * i;
+      EXPECT_TRUE(small[i].eq(expected).all().item<bool>())
+          << "round " << round << " small " << i << ": " << small[i][0].item<float>();
+    }
+  }
+}
+
 TEST(MpiBackend, CollectiveMismatchIsReported) {
   if (g_world->size() < 2) GTEST_SKIP() << "needs two ranks";
   auto group = g_world->new_group([&] {
