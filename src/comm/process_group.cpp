@@ -38,11 +38,6 @@ int collective_checks_from_env() {
 
 }  // namespace
 
-std::string describe_tensor(const at::Tensor& tensor) {
-  if (!tensor.defined()) return "undefined tensor";
-  return describe_elements(tensor.numel(), tensor.scalar_type());
-}
-
 ProcessGroup::ProcessGroup(int rank, int size, Milliseconds timeout)
     : rank_(rank), size_(size), timeout_(timeout) {
   SHOAL_CHECK_T(InvalidArgument, size >= 1, "world size must be at least 1, got ", size);

@@ -212,7 +212,4 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   std::shared_ptr<Work> check_same_collective(const OpContext& ctx);
 };
 
-/// "4.0 MB float32" for error messages and descriptions.
-std::string describe_tensor(const at::Tensor& tensor);
-
 }  // namespace shoal::comm
