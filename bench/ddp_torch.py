@@ -35,12 +35,14 @@ class _MallInfo2(ctypes.Structure):
                  "fordblks", "keepcost")]
 
 
+_libc = ctypes.CDLL("libc.so.6")
+_libc.mallinfo2.restype = _MallInfo2
+
+
 def heap_bytes_in_use():
     """glibc's mallinfo2 over all arenas: heap blocks in use plus mmap'ed blocks (the same figure as
     shoal::memory::heap_bytes_in_use, which Shoal's side of the benchmark reports)."""
-    libc = ctypes.CDLL("libc.so.6")
-    libc.mallinfo2.restype = _MallInfo2
-    info = libc.mallinfo2()
+    info = _libc.mallinfo2()
     return info.uordblks + info.hblkhd
 
 
@@ -80,6 +82,7 @@ def worker(rank, args, init_file, out_dir):
         for line in f:
             if line.startswith("Pss:"):
                 pss_mb = int(line.split()[1]) / 1024.0
+                break
     samples = []
     for _ in range(2):
         step(samples)

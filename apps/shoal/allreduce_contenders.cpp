@@ -55,17 +55,14 @@ at::Tensor& ShoalContender::buffer(int64_t bytes) {
     tensor_ = at::Tensor();  // the old one's memory first
     tensor_ = symmetric_ ? pg_->empty_symmetric(bytes / 4, torch::kFloat).zero_()
                          : torch::zeros({bytes / 4}, torch::kFloat);
-    SHOAL_CHECK(!symmetric_ || pg_->is_symmetric(tensor_), name(), ": no symmetric memory for ",
-                format_bytes(bytes), " (is /dev/shm large enough?)");
+    SHOAL_CHECK(!symmetric_ || pg_->is_symmetric(tensor_), pg_->rank_prefix(), " ", name(),
+                ": no symmetric memory for ", format_bytes(bytes),
+                "; make /dev/shm larger (df -h /dev/shm) or leave shm_symmetric out of --backend");
   }
   return tensor_;
 }
 
-void ShoalContender::allreduce(at::Tensor& tensor, comm::ReduceOp op) {
-  comm::AllreduceOptions options;
-  options.op = op;
-  pg_->allreduce(tensor, options)->wait();
-}
+void ShoalContender::allreduce(at::Tensor& tensor) { pg_->allreduce(tensor)->wait(); }
 
 void ShoalContender::barrier() { pg_->barrier()->wait(); }
 
@@ -73,23 +70,26 @@ void ShoalContender::warm_up(int64_t bytes, int iterations) {
   at::Tensor& tensor = buffer(bytes);
   // Rank r adds r + 1: every element must come back as n(n+1)/2 (exact in float32).
   tensor.fill_(pg_->rank() + 1);
-  allreduce(tensor, comm::ReduceOp::kSum);
+  allreduce(tensor);
   const int n = pg_->size();
   SHOAL_CHECK(tensor.eq(n * (n + 1) / 2).all().item<bool>(), "[rank ", pg_->rank(), "/", n,
               "] backend ", name(), " returned a wrong allreduce result for ",
               format_bytes(bytes), "; its timings would mean nothing");
   tensor.zero_();  // zeros stay zeros: no overflow, no denormals while timing
-  for (int i = 0; i < iterations; ++i) allreduce(tensor, comm::ReduceOp::kSum);
+  for (int i = 0; i < iterations; ++i) allreduce(tensor);
 }
 
 double ShoalContender::measure(int64_t bytes, int iterations) {
   at::Tensor& tensor = buffer(bytes);
   barrier();
   const auto start = Clock::now();
-  for (int i = 0; i < iterations; ++i) allreduce(tensor, comm::ReduceOp::kSum);
+  for (int i = 0; i < iterations; ++i) allreduce(tensor);
   const double seconds = std::chrono::duration<double>(Clock::now() - start).count() / iterations;
+  // The slowest rank's time, through the group whatever the contender times.
   at::Tensor slowest = torch::full({1}, seconds, torch::kDouble);
-  allreduce(slowest, comm::ReduceOp::kMax);
+  comm::AllreduceOptions max;
+  max.op = comm::ReduceOp::kMax;
+  pg_->allreduce(slowest, max)->wait();
   return slowest.item<double>();
 }
 
@@ -100,11 +100,10 @@ OpenMpiContender::OpenMpiContender(std::shared_ptr<comm::ProcessGroup> keep_aliv
   SHOAL_CHECK_T(InvalidArgument, SHOAL_HAVE_MPI, "the openmpi contender needs Shoal built with MPI");
 }
 
-void OpenMpiContender::allreduce(at::Tensor& tensor, comm::ReduceOp op) {
+void OpenMpiContender::allreduce(at::Tensor& tensor) {
 #if SHOAL_HAVE_MPI
   const int rc = MPI_Allreduce(MPI_IN_PLACE, tensor.data_ptr(), static_cast<int>(tensor.numel()),
-                               tensor.scalar_type() == at::kDouble ? MPI_DOUBLE : MPI_FLOAT,
-                               op == comm::ReduceOp::kMax ? MPI_MAX : MPI_SUM, MPI_COMM_WORLD);
+                               MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
   SHOAL_CHECK(rc == MPI_SUCCESS, "[rank ", group().rank(), "/", group().size(), "] openmpi: "
               "MPI_Allreduce of ", tensor.numel(), " elements failed with MPI error ", rc,
               "; rerun with --backend mpi for Shoal's checks and time-outs");
@@ -124,14 +123,10 @@ MemoryFloorContender::MemoryFloorContender(std::shared_ptr<comm::ProcessGroup> g
 
 void MemoryFloorContender::warm_up(int64_t bytes, int iterations) {
   at::Tensor probe = torch::zeros({bytes / 4}, torch::kFloat);
-  for (int i = 0; i < iterations; ++i) allreduce(probe, comm::ReduceOp::kSum);
+  for (int i = 0; i < iterations; ++i) allreduce(probe);
 }
 
-void MemoryFloorContender::allreduce(at::Tensor& tensor, comm::ReduceOp op) {
-  if (tensor.numel() == 1) {  // the timing's own max over ranks
-    ShoalContender::allreduce(tensor, op);
-    return;
-  }
+void MemoryFloorContender::allreduce(at::Tensor& tensor) {
   if (!staged_) {
     tensor.mul_(0.5f);  // zeros stay zeros
     return;

@@ -42,8 +42,8 @@ class ShoalContender : public Contender {
   double measure(int64_t bytes, int iterations) override;
 
  protected:
-  /// One blocking allreduce and one barrier: what warm_up() and measure() time.
-  virtual void allreduce(at::Tensor& tensor, comm::ReduceOp op);
+  /// One blocking float32 sum allreduce and one barrier: what warm_up() and measure() time.
+  virtual void allreduce(at::Tensor& tensor);
   virtual void barrier();
   const comm::ProcessGroup& group() const { return *pg_; }
 
@@ -63,7 +63,7 @@ class OpenMpiContender : public ShoalContender {
   std::string name() const override { return "openmpi"; }
 
  protected:
-  void allreduce(at::Tensor& tensor, comm::ReduceOp op) override;
+  void allreduce(at::Tensor& tensor) override;
   void barrier() override;
 };
 
@@ -81,7 +81,7 @@ class MemoryFloorContender : public ShoalContender {
   void warm_up(int64_t bytes, int iterations) override;
 
  protected:
-  void allreduce(at::Tensor& tensor, comm::ReduceOp op) override;
+  void allreduce(at::Tensor& tensor) override;
 
  private:
   bool staged_;

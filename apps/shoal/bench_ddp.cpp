@@ -77,36 +77,31 @@ double peak_rss_mb() {
   return usage.ru_maxrss / 1024.0;  // Linux reports kilobytes
 }
 
-// Proportional set size now: shared pages (the shm segment, symmetric buckets) counted once
-// across the processes that map them, where RSS counts them in full in each.
-double pss_mb() {
-  std::ifstream in("/proc/self/smaps_rollup");
-  std::string key;
-  double kb = 0;
-  while (in >> key) {
-    if (key == "Pss:" && in >> kb) return kb / 1024.0;
-    in.ignore(1 << 10, '\n');
-  }
-  return std::nan("");
-}
+// Proportional set size now (shared pages counted once across the processes that map them, where
+// RSS counts them in full in each): the whole process's, and that of the POSIX shared memory it
+// maps (the shm group's buffers and symmetric gradient buckets), which is outside the C library's
+// heap. One pass over /proc/self/smaps.
+struct Pss {
+  double total_mb = 0;
+  double shared_memory_mb = 0;
+};
 
-// Proportional set size of the POSIX shared memory this process maps (the shm group's buffers and
-// symmetric gradient buckets): memory outside the C library's heap, split between the ranks.
-double shared_memory_pss_mb() {
+Pss read_pss() {
   std::ifstream in("/proc/self/smaps");
   std::string line;
   bool shm = false;
-  double kb = 0;
+  Pss pss;
   while (std::getline(in, line)) {
-    if (line.empty()) continue;
-    if (std::isxdigit(static_cast<unsigned char>(line[0])) && line.find('-') != std::string::npos &&
-        line.find(' ') > line.find('-')) {  // a mapping's header line: "start-end perms ... path"
+    if (line.compare(0, 4, "Pss:") == 0) {
+      const double mb = std::stod(line.substr(4)) / 1024.0;
+      pss.total_mb += mb;
+      if (shm) pss.shared_memory_mb += mb;
+    } else if (!line.empty() && std::isxdigit(static_cast<unsigned char>(line[0])) &&
+               line.find('-') < line.find(' ')) {  // a mapping's header: "start-end perms ... path"
       shm = line.find(" /dev/shm/") != std::string::npos;
-    } else if (shm && line.compare(0, 4, "Pss:") == 0) {
-      kb += std::stod(line.substr(4));
     }
   }
-  return kb / 1024.0;
+  return pss;
 }
 
 void write_result(const std::string& path, const std::map<std::string, double>& values) {
@@ -156,14 +151,16 @@ struct PhaseTimer {
   }
 };
 
-// Live memory of a training loop: two more steps sampling the heap, plus this rank's share of
-// shared memory.
+// Memory after the timed steps: PSS now, and live memory (two more steps sampling the heap, plus
+// this rank's share of shared memory).
 template <class Forward, class Optimizer>
-double live_memory_mb(Forward&& forward_loss, Optimizer& opt) {
+void record_memory(Forward&& forward_loss, Optimizer& opt, std::map<std::string, double>& result) {
+  const Pss pss = read_pss();
+  result["pss_mb"] = pss.total_mb;
   PhaseTimer sampler;
   sampler.sample_memory = true;
   for (int i = 0; i < 2; ++i) sampler.step(forward_loss, opt);
-  return sampler.peak_heap_bytes / 1048576.0 + shared_memory_pss_mb();
+  result["live_mb"] = sampler.peak_heap_bytes / 1048576.0 + pss.shared_memory_mb;
 }
 
 void run_worker_with(const BenchArgs& args) {
@@ -190,8 +187,7 @@ void run_worker_with(const BenchArgs& args) {
     for (int i = 0; i < args.steps; ++i) timed.step(forward_loss, optimizer);
     result["seconds"] = std::chrono::duration<double>(Clock::now() - start).count();
     timed.record(result, args.steps);
-    result["pss_mb"] = pss_mb();
-    result["live_mb"] = live_memory_mb(forward_loss, optimizer);
+    record_memory(forward_loss, optimizer, result);
   } else {
     auto store = comm::make_file_store(args.store, args.world);
     auto group = comm::new_process_group(args.backends.at(0), store, args.rank, args.world);
@@ -211,10 +207,9 @@ void run_worker_with(const BenchArgs& args) {
     result["seconds"] = std::chrono::duration<double>(Clock::now() - start).count();
     timed.record(result, args.steps);
     // Memory of training, before the comm-only measurement below allocates its own buckets.
-    result["pss_mb"] = pss_mb();
     result["peak_rss_mb"] = peak_rss_mb();
     const auto after = ddp.stats();
-    result["live_mb"] = live_memory_mb(forward_loss, optimizer);
+    record_memory(forward_loss, optimizer, result);
     result["wait_ms"] = 1e3 * (after.wait_seconds - before.wait_seconds) / args.steps;
     result["hidden_fraction"] = (after.hidden_bytes - before.hidden_bytes) /
                                 std::max(after.reduced_bytes - before.reduced_bytes, 1.0);

@@ -60,9 +60,8 @@ class DataError : public Error {
 
 namespace detail {
 
-// Appends one piece. Strings and integers are appended directly: every collective describes
-// itself with str_cat, and a std::ostringstream (locale, stream state) costs more than a small
-// shm collective's whole latency share; anything else goes through a stream.
+// Appends one piece. Strings and integers are appended directly, without the locale and state of a
+// std::ostringstream, which costs more than the text; anything else goes through a stream.
 inline void append_piece(std::string& out, const std::string& piece) { out += piece; }
 inline void append_piece(std::string& out, const char* piece) { out += piece; }
 inline void append_piece(std::string& out, char piece) { out += piece; }

@@ -57,13 +57,11 @@ std::string ProcessGroup::rank_prefix() const { return comm::rank_prefix(rank_, 
 OpContext ProcessGroup::make_context(const char* name, Milliseconds timeout,
                                      const at::Tensor* tensor) {
   OpContext ctx;
-  ctx.name = name;
-  ctx.sequence = ++sequence_;
+  ctx.label.sequence = ++sequence_;  // taken even by a call refused below, as on the other ranks
   ctx.timeout = timeout == kGroupTimeout ? timeout_ : timeout;
   SHOAL_CHECK_T(InvalidArgument, ctx.timeout.count() > 0, rank_prefix(), " ", name,
                 ": time-out must be positive, got ", ctx.timeout.count(), " ms");
   ctx.label.name = name;
-  ctx.label.sequence = ctx.sequence;
   ctx.label.rank = rank_;
   ctx.label.size = size_;
   if (tensor != nullptr) {
@@ -168,8 +166,8 @@ std::shared_ptr<Work> ProcessGroup::check_same_collective(const OpContext& ctx) 
   if (!check_collectives_ || size_ == 1) return nullptr;
   const OpLabel& label = ctx.label;
   Fingerprint mine;
-  mine.field[Fingerprint::kOp] = collective_code(ctx.name);
-  mine.field[Fingerprint::kSequence] = static_cast<int64_t>(ctx.sequence);
+  mine.field[Fingerprint::kOp] = collective_code(ctx.name());
+  mine.field[Fingerprint::kSequence] = static_cast<int64_t>(ctx.sequence());
   if (label.numel >= 0) {
     mine.field[Fingerprint::kNumel] = label.numel;
     mine.field[Fingerprint::kDtype] = static_cast<int64_t>(label.dtype);

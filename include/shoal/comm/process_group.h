@@ -74,10 +74,13 @@ struct BarrierOptions {
 
 /// What a backend is told about each operation, for its own bookkeeping and error messages.
 struct OpContext {
-  const char* name = "";      ///< "allreduce", "broadcast", ...
-  uint64_t sequence = 0;      ///< per-group sequence number, equal on every rank
   Milliseconds timeout{0};    ///< resolved time-out (never kGroupTimeout)
-  OpLabel label;              ///< the numbers its messages are built from
+  OpLabel label;              ///< what the operation is: name, sequence number, sizes...
+
+  /// "allreduce", "broadcast", ...
+  const char* name() const { return label.name; }
+  /// Per-group sequence number, equal on every rank.
+  uint64_t sequence() const { return label.sequence; }
 
   /// "allreduce #12 (4.0 MB float32, sum)": built on each call, for messages only.
   std::string description() const { return label.description(); }

@@ -183,11 +183,41 @@ int64_t ProcessGroupHierarchical::packed_offset(int r, int64_t numel) const {
   return (static_cast<int64_t>(host_first_[host_of_[r]]) + local_rank_of_[r]) * numel;
 }
 
-void ProcessGroupHierarchical::unpack(const at::Tensor& blocks,
-                                      std::vector<at::Tensor>& outputs) const {
+void ProcessGroupHierarchical::unpack(const at::Tensor& blocks, std::vector<at::Tensor>& outputs,
+                                      bool padded) const {
   const int64_t n = outputs[0].numel();
   for (int r = 0; r < size(); ++r) {
-    outputs[r].copy_(blocks.narrow(0, packed_offset(r, n), n).view(outputs[r].sizes()));
+    const int64_t offset = padded ? padded_offset(r, n) : packed_offset(r, n);
+    outputs[r].copy_(blocks.narrow(0, offset, n).view(outputs[r].sizes()));
+  }
+}
+
+std::vector<at::Tensor> ProcessGroupHierarchical::padded_parts(const at::Tensor& blocks,
+                                                               int64_t host_block, int num_hosts) {
+  std::vector<at::Tensor> parts;
+  for (int h = 0; h < num_hosts; ++h) {
+    parts.push_back(as_bytes(blocks.narrow(0, h * host_block, host_block)));
+  }
+  return parts;
+}
+
+void ProcessGroupHierarchical::gather_on_leader(const at::Tensor& input,
+                                                std::vector<at::Tensor> views,
+                                                Milliseconds timeout) {
+  if (local_size_ > 1) {
+    local_->gather(views, input, {0, timeout})->wait();
+  } else {
+    views[0].copy_(input);
+  }
+}
+
+void ProcessGroupHierarchical::scatter_from_leader(at::Tensor& output,
+                                                   std::vector<at::Tensor> views,
+                                                   Milliseconds timeout) {
+  if (local_size_ > 1) {
+    local_->scatter(output, views, {0, timeout})->wait();
+  } else {
+    output.copy_(views[0]);
   }
 }
 
@@ -264,17 +294,11 @@ void ProcessGroupHierarchical::allgather_tree(std::vector<at::Tensor>& outputs,
   }
   const int64_t n = input.numel();
   at::Tensor blocks = at::empty({size() * n}, input.options());  // every host's part (packed)
-  if (!is_leader()) {
-    std::vector<at::Tensor> none;
-    local_->gather(none, input, {0, timeout})->wait();
-  } else {
-    at::Tensor mine = at::empty({local_size_ * n}, input.options());
-    std::vector<at::Tensor> views = local_views(mine, input);
-    if (local_size_ > 1) {
-      local_->gather(views, input, {0, timeout})->wait();
-    } else {
-      views[0].copy_(input);
-    }
+  const at::Tensor mine =
+      is_leader() ? at::empty({local_size_ * n}, input.options()) : at::Tensor();
+  gather_on_leader(input, is_leader() ? local_views(mine, input) : std::vector<at::Tensor>{},
+                   timeout);
+  if (is_leader()) {
     std::vector<at::Tensor> parts;
     for (int h = 0; h < num_hosts_; ++h) {
       const int64_t count = static_cast<int64_t>(host_ranks_[h].size()) * n;
@@ -314,34 +338,20 @@ void ProcessGroupHierarchical::gather_tree(std::vector<at::Tensor>& outputs,
   if (my_host_ == root_host && (is_leader() || rank() == root)) {
     blocks = at::empty({num_hosts_ * host_block}, input.options());
   }
+  const at::Tensor mine = is_leader() ? at::empty({host_block}, input.options()) : at::Tensor();
+  gather_on_leader(input, is_leader() ? local_views(mine, input) : std::vector<at::Tensor>{},
+                   timeout);
   if (is_leader()) {
-    at::Tensor mine = at::empty({host_block}, input.options());
-    std::vector<at::Tensor> views = local_views(mine, input);
-    if (local_size_ > 1) {
-      local_->gather(views, input, {0, timeout})->wait();
-    } else {
-      views[0].copy_(input);
-    }
     std::vector<at::Tensor> host_blocks;
-    if (my_host_ == root_host) {
-      for (int h = 0; h < num_hosts_; ++h) {
-        host_blocks.push_back(as_bytes(blocks.narrow(0, h * host_block, host_block)));
-      }
-    }
+    if (my_host_ == root_host) host_blocks = padded_parts(blocks, host_block, num_hosts_);
     leaders_->gather(host_blocks, as_bytes(mine), {root_host, timeout})->wait();
     if (my_host_ == root_host && rank() != root) {
       local_->send(blocks, local_rank_of_[root], {kLocalTag, timeout})->wait();
     }
-  } else {
-    std::vector<at::Tensor> none;
-    local_->gather(none, input, {0, timeout})->wait();
-    if (rank() == root) local_->recv(blocks, 0, {kLocalTag, timeout})->wait();
+  } else if (rank() == root) {
+    local_->recv(blocks, 0, {kLocalTag, timeout})->wait();
   }
-  if (rank() == root) {
-    for (int r = 0; r < size(); ++r) {
-      outputs[r].copy_(blocks.narrow(0, padded_offset(r, n), n).view(outputs[r].sizes()));
-    }
-  }
+  if (rank() == root) unpack(blocks, outputs, /*padded=*/true);
 }
 
 void ProcessGroupHierarchical::scatter_tree(at::Tensor& output, std::vector<at::Tensor>& inputs,
@@ -364,8 +374,7 @@ void ProcessGroupHierarchical::scatter_tree(at::Tensor& output, std::vector<at::
     if (!is_leader()) local_->send(blocks, 0, {kLocalTag, timeout})->wait();
   }
   if (!is_leader()) {
-    std::vector<at::Tensor> none;
-    local_->scatter(output, none, {0, timeout})->wait();
+    scatter_from_leader(output, {}, timeout);
     return;
   }
   if (my_host_ == root_host && rank() != root) {
@@ -373,20 +382,11 @@ void ProcessGroupHierarchical::scatter_tree(at::Tensor& output, std::vector<at::
     local_->recv(blocks, local_rank_of_[root], {kLocalTag, timeout})->wait();
   }
   std::vector<at::Tensor> host_blocks;
-  if (my_host_ == root_host) {
-    for (int h = 0; h < num_hosts_; ++h) {
-      host_blocks.push_back(as_bytes(blocks.narrow(0, h * host_block, host_block)));
-    }
-  }
+  if (my_host_ == root_host) host_blocks = padded_parts(blocks, host_block, num_hosts_);
   at::Tensor mine = at::empty({host_block}, output.options());
   at::Tensor mine_bytes = as_bytes(mine);
   leaders_->scatter(mine_bytes, host_blocks, {root_host, timeout})->wait();
-  std::vector<at::Tensor> views = local_views(mine, output);
-  if (local_size_ > 1) {
-    local_->scatter(output, views, {0, timeout})->wait();
-  } else {
-    output.copy_(views[0]);
-  }
+  scatter_from_leader(output, local_views(mine, output), timeout);
 }
 
 void ProcessGroupHierarchical::reduce_scatter_tree(at::Tensor& output,
@@ -409,14 +409,9 @@ void ProcessGroupHierarchical::reduce_scatter_tree(at::Tensor& output,
     for (int r : host_ranks_[my_host_]) {
       views.push_back(all.narrow(0, r * n, n).view(output.sizes()));
     }
-    if (local_size_ > 1) {
-      local_->scatter(output, views, {0, timeout})->wait();
-    } else {
-      output.copy_(views[0]);
-    }
+    scatter_from_leader(output, std::move(views), timeout);
   } else {
-    std::vector<at::Tensor> none;
-    local_->scatter(output, none, {0, timeout})->wait();
+    scatter_from_leader(output, {}, timeout);
   }
   if (op == ReduceOp::kAvg) divide_sum(output, size());
 }

@@ -99,8 +99,20 @@ class ProcessGroupHierarchical : public ProcessGroup {
   // The same with every host's part padded to the largest host's (host h's local rank i at
   // h * max_local_size_ + i), as Gloo's gather and scatter need. Equal when the hosts are even.
   int64_t padded_offset(int r, int64_t numel) const;
-  // Copies rank r's part of packed `blocks` into outputs[r], for every rank.
-  void unpack(const at::Tensor& blocks, std::vector<at::Tensor>& outputs) const;
+  // Copies rank r's part of `blocks` (packed, or `padded` as in padded_offset) into outputs[r],
+  // for every rank.
+  void unpack(const at::Tensor& blocks, std::vector<at::Tensor>& outputs,
+              bool padded = false) const;
+  // Byte views of every host's padded part of `blocks` (`host_block` elements each).
+  static std::vector<at::Tensor> padded_parts(const at::Tensor& blocks, int64_t host_block,
+                                              int num_hosts);
+  // Every rank of this host calls it: the leader receives the host's inputs into `views` (one per
+  // local rank, in local rank order); the others pass none.
+  void gather_on_leader(const at::Tensor& input, std::vector<at::Tensor> views,
+                        Milliseconds timeout);
+  // The reverse: each rank of this host gets its view of the leader's `views` in `output`.
+  void scatter_from_leader(at::Tensor& output, std::vector<at::Tensor> views,
+                           Milliseconds timeout);
   // One view per local rank into `local_block` (this host's ranks' parts, in local rank order),
   // each shaped like `like`.
   std::vector<at::Tensor> local_views(const at::Tensor& local_block, const at::Tensor& like) const;

@@ -348,7 +348,7 @@ std::shared_ptr<Work> ProcessGroupMpi::enqueue(const OpContext& ctx,
       ctx.label, ctx.timeout + std::min(kDiagnoseBudget, ctx.timeout / 2) + kWaitMargin);
   const OpLabel& label = ctx.label;
   const bool small =
-      std::strcmp(ctx.name, "barrier") == 0 ||
+      std::strcmp(ctx.name(), "barrier") == 0 ||
       (label.numel >= 0 && label.numel * static_cast<int64_t>(c10::elementSize(label.dtype)) <=
                                kInlineBytes);
   std::unique_lock<std::mutex> guard(mutex_);
@@ -405,7 +405,7 @@ void ProcessGroupMpi::execute(Task& task) {
     }
     if (!poll(started.requests, deadline)) {
       const std::string who =
-          diagnose(ctx.sequence, std::min(kDiagnoseBudget, ctx.timeout / 2));
+          diagnose(ctx.sequence(), std::min(kDiagnoseBudget, ctx.timeout / 2));
       abandon(started.requests, started.buffers);
       SHOAL_THROW(TimeoutError, ctx.prefix(), " timed out after ", ctx.timeout.count(),
                   " ms waiting for ",
@@ -622,11 +622,9 @@ std::shared_ptr<Work> ProcessGroupMpi::run_barrier(const OpContext& ctx) {
 std::shared_ptr<ProcessGroup> ProcessGroupMpi::run_new_group(const std::vector<int>& ranks,
                                                              int group_rank, uint64_t group_id) {
   OpContext ctx;
-  ctx.name = "new_group";
-  ctx.sequence = sequence_number();
   ctx.timeout = timeout();
-  ctx.label.name = ctx.name;
-  ctx.label.sequence = ctx.sequence;
+  ctx.label.name = "new_group";
+  ctx.label.sequence = sequence_number();
   ctx.label.rank = rank();
   ctx.label.size = size();
   ctx.label.detail = detail::str_cat("group ", group_id, ", ", ranks.size(), " ranks");

@@ -414,13 +414,13 @@ std::shared_ptr<Work> ProcessGroupShm::submit(const OpContext& ctx, Lane lane, s
   auto work = std::make_shared<ShmWork>(ctx.label, ctx.timeout * 2 + Milliseconds(1000),
                                         lane == Lane::kCollective ? collectives_ : nullptr);
   if (lane == Lane::kCollective) {
-    const int code = op_code(ctx.name);
+    const int code = op_code(ctx.name());
     // Small collectives run on the calling thread when nothing is queued before them: no hand-off
     // to the worker, whose wake-up would cost more than the operation.
     if (bytes <= options_.direct_bytes && collectives_->idle()) {
       try {
         controls_[rank()].op_code.store(code, std::memory_order_relaxed);
-        controls_[rank()].op_sequence.store(ctx.sequence, std::memory_order_relaxed);
+        controls_[rank()].op_sequence.store(ctx.sequence(), std::memory_order_relaxed);
         execute(ctx, body);
         work->finish();
       } catch (...) {
@@ -432,7 +432,7 @@ std::shared_ptr<Work> ProcessGroupShm::submit(const OpContext& ctx, Lane lane, s
     collectives_->enqueue([this, work, ctx, code, body = std::move(body)] {
       try {
         controls_[rank()].op_code.store(code, std::memory_order_relaxed);
-        controls_[rank()].op_sequence.store(ctx.sequence, std::memory_order_relaxed);
+        controls_[rank()].op_sequence.store(ctx.sequence(), std::memory_order_relaxed);
         execute(ctx, body);
         work->finish();
       } catch (...) {
