@@ -5,7 +5,7 @@ JOBS       ?= $(shell nproc)
 CTEST_JOBS ?= 2
 SHOAL      := $(BUILD_DIR)/apps/shoal/shoal
 
-.PHONY: all setup configure build run test bench clean
+.PHONY: all setup configure build run test bench deb clean
 
 all: build
 
@@ -34,6 +34,10 @@ test: build
 
 bench: build
 	@$(SHOAL) bench allreduce
+
+# The Debian package of Shoal (CPack): $(BUILD_DIR)/shoal_<version>_<arch>.deb.
+deb: build
+	@cd $(BUILD_DIR) && cpack -G DEB
 
 clean:
 	rm -rf $(BUILD_DIR)

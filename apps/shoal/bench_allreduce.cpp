@@ -340,7 +340,7 @@ int run_bench(const BenchArgs& args) {
   if (comm::detect_rank_info().source != "default") return run_rank(args);
   const auto backends = split(args.backends, ',');
   // Mistakes are reported once, here, rather than by every rank.
-  SHOAL_CHECK_T(InvalidArgument, args.nproc >= 2, "--nproc ", args.nproc, " must be at least 2");
+  SHOAL_CHECK_T(InvalidArgument, args.nproc >= 2, "--nproc-per-node ", args.nproc, " must be at least 2");
   SHOAL_CHECK_T(InvalidArgument,
                 parse_bytes(args.min_bytes, "--min-bytes") <= parse_bytes(args.max_bytes, "--max-bytes"),
                 "--min-bytes ", args.min_bytes, " is above --max-bytes ", args.max_bytes);
@@ -379,7 +379,7 @@ void add_bench_allreduce_command(CLI::App& bench, std::vector<Command>& commands
                   "hierarchical, torch_gloo (PyTorch's gloo), floor_staged and floor_inplace (no "
                   "communication: the memory work alone)")
       ->capture_default_str();
-  app->add_option("--nproc", args->nproc, "ranks to start (when not started by a launcher)")
+  app->add_option("--nproc-per-node,--nproc", args->nproc, "ranks to start (when not started by a launcher)")
       ->capture_default_str();
   app->add_option("--min-bytes", args->min_bytes, "smallest message (4096, 4KiB, 1MiB...)")
       ->capture_default_str();

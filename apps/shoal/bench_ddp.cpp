@@ -517,8 +517,8 @@ void add_bench_ddp_command(CLI::App& bench, std::vector<Command>& commands) {
   app->add_option("--warmup", args->warmup, "untimed steps first")->capture_default_str();
   app->add_option("--rounds", args->rounds, "interleaved rounds (medians are reported)")
       ->capture_default_str();
-  app->add_option("--batch", args->batch, "batch per rank")->capture_default_str();
-  app->add_option("--world", args->world, "ranks of the DDP runs")->capture_default_str();
+  app->add_option("--batch-size,--batch", args->batch, "batch per rank")->capture_default_str();
+  app->add_option("--nproc-per-node,--world", args->world, "ranks of the DDP runs")->capture_default_str();
   app->add_option("--bucket-cap-mb", args->bucket_cap_mb, "DDP bucket_cap_mb (0: DDP's default)")
       ->capture_default_str();
   app->add_option("--first-bucket-cap-mb", args->first_bucket_cap_mb,

@@ -5,15 +5,20 @@
 // environment), `shoal train` starts itself --nproc-per-node times through the launcher, with the
 // same arguments, and returns the job's exit status; under `shoal run`, torchrun or mpirun it runs
 // as the rank the environment names.
+#include <sched.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <climits>
+#include <set>
+#include <thread>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 
 #include "commands.h"
 #include "shoal/error.h"
+#include "shoal/comm/init.h"
 #include "shoal/launcher/launch.h"
 #include "shoal/models/registry.h"
 #include "shoal/train/ddp_strategy.h"
@@ -52,6 +57,13 @@ std::vector<std::string> own_command_line() {
   return words;
 }
 
+/// Cores this process may run on (its affinity mask, as taskset or a container limit it).
+int available_cores() {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return std::max(1u, std::thread::hardware_concurrency());
+}
+
 }  // namespace
 
 void add_train_command(CLI::App& root, std::vector<Command>& commands) {
@@ -73,31 +85,36 @@ void add_train_command(CLI::App& root, std::vector<Command>& commands) {
   std::string models;
   for (const auto& name : models::list_models()) models += (models.empty() ? "" : ", ") + name;
   app->add_option("--model", options->model, "Model to train: " + models)->capture_default_str();
-  app->add_option("--epochs", options->epochs, "Passes over the 60000 training images")
-      ->capture_default_str();
-  app->add_option("--batch-size", options->batch_size,
+  auto* epochs =
+      app->add_option("--epochs", options->epochs, "Passes over the 60000 training images")
+          ->capture_default_str();
+  auto* batch_size = app->add_option("--batch-size", options->batch_size,
                   "Images per SGD step on each process: with --strategy ddp the global batch is\n"
                   "nproc x batch size, as in PyTorch's DDP")
       ->capture_default_str();
-  app->add_option("--lr", options->lr, "SGD learning rate")->capture_default_str();
-  app->add_option("--momentum", options->momentum, "SGD momentum, in [0, 1)")
-      ->capture_default_str();
-  app->add_option("--seed", options->seed,
-                  "Seeds the initial weights and the shuffle: the same seed gives the same run")
-      ->capture_default_str();
+  auto* lr = app->add_option("--lr", options->lr, "SGD learning rate, in (0, 1e4]")
+                 ->capture_default_str();
+  auto* momentum = app->add_option("--momentum", options->momentum, "SGD momentum, in [0, 1)")
+                       ->capture_default_str();
+  auto* seed = app->add_option("--seed", options->seed,
+                               "Seeds the initial weights and the shuffle: the same seed gives the "
+                               "same run (>= 0)")
+                   ->check(CLI::NonNegativeNumber)
+                   ->capture_default_str();
   auto* threads = app->add_option(
       "--threads", options->threads,
-      "LibTorch intra-op threads per process (0 = LibTorch's default); default 2, or 1 per rank\n"
-      "with --strategy ddp");
+      "LibTorch intra-op threads per process (0 = LibTorch's default); default: this machine's\n"
+      "cores divided among the processes on it");
   app->add_option("--strategy", args->strategy,
                   "single: one process; ddp: DistributedDataParallel over --nproc-per-node\n"
                   "processes on this host (or the ranks of shoal run / torchrun / mpirun)")
       ->check(CLI::IsMember({"single", "ddp"}))
       ->capture_default_str();
-  app->add_option("--nproc-per-node,--nproc_per_node", args->nproc_per_node,
-                  "With --strategy ddp started directly: processes to launch on this host")
-      ->check(CLI::Range(1, 1024))
-      ->capture_default_str();
+  auto* nproc = app->add_option("--nproc-per-node,--nproc_per_node", args->nproc_per_node,
+                                "With --strategy ddp started directly: processes to launch on "
+                                "this host")
+                    ->check(CLI::Range(1, 1024))
+                    ->capture_default_str();
   app->add_option("--backend", args->backend,
                   "Process-group backend for ddp: auto (shm on one host), shm, gloo, mpi")
       ->check(CLI::IsMember({"auto", "shm", "gloo", "mpi", "hierarchical"}))
@@ -116,11 +133,19 @@ void add_train_command(CLI::App& root, std::vector<Command>& commands) {
                 "epoch, step and position in the epoch. The number of processes may differ: the\n"
                 "epoch continues after the samples the whole job had consumed (each rank skips\n"
                 "its share of them; shards are re-dealt for the new world size)");
+  app->add_option("--init-from", options->init_from,
+                  "Start from the weights of this state dict (torch.save(model.state_dict()) from\n"
+                  "Python, or a file Shoal saved) instead of the seed's initialisation")
+      ->type_name("FILE");
   app->add_option("--data-dir", options->data_dir,
                   "Directory with the Fashion-MNIST *-ubyte.gz files (Debian: dataset-fashion-mnist)")
       ->capture_default_str();
   app->add_option("--metrics", options->metrics_path,
                   "Write metrics as JSON lines to FILE: one object per log interval and per epoch")
+      ->type_name("FILE");
+  app->add_option("--trace", options->trace_path,
+                  "Write a timeline of every rank's forward, backward, optimizer step and bucket\n"
+                  "reduction to FILE (Chrome trace format: open in https://ui.perfetto.dev)")
       ->type_name("FILE");
   app->add_option("--log-interval", options->log_interval,
                   "SGD steps between progress lines and step metrics (0 = none)")
@@ -145,14 +170,56 @@ void add_train_command(CLI::App& root, std::vector<Command>& commands) {
       "  shoal train --strategy ddp --nproc-per-node 2 --checkpoint-dir ckpt --resume\n"
       "  shoal run --nproc-per-node 2 shoal train --strategy ddp");
 
-  commands.push_back({app, [options, args, threads] {
+  commands.push_back({app, [options, args, threads, nproc, epochs, batch_size, lr, momentum,
+                            seed] {
                         if (args->no_progress) options->progress = train::ProgressMode::kNone;
+                        const bool ddp = args->strategy == "ddp";
+                        const bool as_rank = started_as_rank();
+                        // Independent copies of one training are never what was meant.
+                        SHOAL_CHECK_T(InvalidArgument, ddp || nproc->count() == 0,
+                                      "--nproc-per-node ", args->nproc_per_node,
+                                      " needs --strategy ddp (without it every process would "
+                                      "train alone)");
+                        const comm::RankInfo rank_info =
+                            as_rank ? comm::detect_rank_info() : comm::RankInfo{};
+                        SHOAL_CHECK_T(InvalidArgument, ddp || rank_info.world_size == 1,
+                                      "started as rank ", rank_info.rank, " of ",
+                                      rank_info.world_size,
+                                      " by a launcher, but --strategy is single: pass --strategy "
+                                      "ddp, or the ranks would train independently");
+                        options->validate();  // before reading a checkpoint for --resume
+                        if (options->resume) {
+                          // Hyper-parameters not given continue as the checkpoint had them; the
+                          // ones given apply (never silently the checkpoint's).
+                          std::string where;
+                          const auto saved = train::load_resume_checkpoint(*options, &where);
+                          std::set<std::string> given;
+                          if (lr->count() > 0) given.insert("lr");
+                          if (momentum->count() > 0) given.insert("momentum");
+                          if (batch_size->count() > 0) given.insert("batch_size");
+                          if (epochs->count() > 0) given.insert("epochs");
+                          if (seed->count() > 0) given.insert("seed");
+                          train::inherit_checkpoint_config(*options, saved, given, where);
+                        }
+                        // Threads: the cores this process may use, shared among the local ranks.
+                        const int local = ddp ? (as_rank ? rank_info.local_world_size
+                                                         : args->nproc_per_node)
+                                              : 1;
+                        const int cores = available_cores();
+                        if (threads->count() == 0) options->threads = std::max(1, cores / local);
+                        const int used = std::max(1, options->threads) * local;
+                        if (used > cores && (!ddp || as_rank) && rank_info.local_rank == 0) {
+                          std::fprintf(stderr,
+                                       "shoal: warning: %d process%s x %d thread%s on %d core%s: "
+                                       "oversubscribed, steps will be slow (see --threads)\n",
+                                       local, local == 1 ? "" : "es", std::max(1, options->threads),
+                                       options->threads == 1 ? "" : "s", cores,
+                                       cores == 1 ? "" : "s");
+                        }
                         options->validate();
                         std::unique_ptr<train::Strategy> strategy;
-                        if (args->strategy == "ddp") {
-                          if (!started_as_rank()) {
-                            // Refuse a hopeless resume once, here, rather than once per rank.
-                            if (options->resume) train::load_resume_checkpoint(*options);
+                        if (ddp) {
+                          if (!as_rank) {
                             auto launch = launcher::LaunchOptions::workers(args->nproc_per_node,
                                                                            own_command_line());
                             launch.master_port = 0;  // a free port: jobs may run side by side
@@ -160,8 +227,6 @@ void add_train_command(CLI::App& root, std::vector<Command>& commands) {
                             launch.verbose = false;
                             return launcher::launch(launch);
                           }
-                          // One intra-op thread per rank: N ranks share the host's cores.
-                          if (threads->count() == 0) options->threads = 1;
                           comm::InitOptions init;
                           init.backend = args->backend;
                           strategy = std::make_unique<train::DdpStrategy>(init);

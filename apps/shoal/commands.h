@@ -18,6 +18,7 @@ void add_train_command(CLI::App& root, std::vector<Command>& commands);   // cmd
 void add_run_command(CLI::App& root, std::vector<Command>& commands);     // cmd_run.cpp
 void add_bench_command(CLI::App& root, std::vector<Command>& commands);   // cmd_bench.cpp
 void add_ckpt_command(CLI::App& root, std::vector<Command>& commands);    // cmd_ckpt.cpp
+void add_plot_command(CLI::App& root, std::vector<Command>& commands);    // cmd_plot.cpp
 void add_bench_allreduce_command(CLI::App& bench, std::vector<Command>& commands);  // bench_allreduce.cpp
 void add_bench_ddp_command(CLI::App& bench, std::vector<Command>& commands);        // bench_ddp.cpp
 

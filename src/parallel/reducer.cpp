@@ -10,6 +10,7 @@
 
 #include "shoal/error.h"
 #include "shoal/parallel/comm_hooks.h"
+#include "shoal/trace/tracer.h"
 
 namespace shoal::parallel {
 namespace {
@@ -243,6 +244,7 @@ void Reducer::launch_ready_buckets() {
 std::shared_ptr<comm::Work> Reducer::launch(size_t bucket_index) {
   Bucket& bucket = buckets_[bucket_index];
   bucket.hook_view->buffer() = bucket.contents;  // in case last iteration's hook reassigned it
+  trace::begin("allreduce", bucket_index, bucket.contents.numel() * bucket.contents.element_size());
   try {
     auto work = hook_(*bucket.hook_view);
     SHOAL_CHECK(work != nullptr, "the communication hook returned no Work");
@@ -264,6 +266,7 @@ std::string Reducer::describe_bucket(size_t bucket_index) const {
 void Reducer::wait_bucket(size_t bucket_index) {
   try {
     buckets_[bucket_index].work->wait();
+    trace::end("allreduce", bucket_index);
   } catch (...) {
     rethrow_with_context(std::current_exception(),
                          group_->rank_prefix() + " DistributedDataParallel: allreduce of " +

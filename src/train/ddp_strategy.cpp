@@ -18,9 +18,15 @@ DdpStrategy::DdpStrategy(std::shared_ptr<comm::ProcessGroup> group) : group_(std
 DdpStrategy::~DdpStrategy() = default;
 
 void DdpStrategy::prepare(TrainState& state) {
-  auto ddp = std::make_shared<parallel::DistributedDataParallel<models::Model>>(state.model, group_);
+  // Any module: the type-independent DDP, around the model's own forward.
+  auto ddp = std::make_shared<parallel::DistributedDataParallelBase>(state.model, group_);
   ddp_ = ddp;
-  state.forward = [ddp](const at::Tensor& input) { return ddp->forward(input); };
+  state.forward = [ddp, forward = state.model_forward](const at::Tensor& input) {
+    ddp->prepare_for_forward();
+    at::Tensor output = forward(input);
+    ddp->prepare_for_backward(output);
+    return output;
+  };
 }
 
 at::Tensor DdpStrategy::epoch_indices(int64_t dataset_size, int64_t epoch, uint64_t seed) {

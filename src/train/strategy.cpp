@@ -7,8 +7,7 @@
 namespace shoal::train {
 
 void Strategy::prepare(TrainState& state) {
-  std::shared_ptr<models::Model> model = state.model;
-  state.forward = [model](const at::Tensor& input) { return model->forward(input); };
+  state.forward = state.model_forward;
 }
 
 at::Tensor Strategy::epoch_indices(int64_t dataset_size, int64_t epoch, uint64_t seed) {

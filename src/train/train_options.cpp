@@ -1,15 +1,22 @@
 #include "shoal/train/train_options.h"
 
+#include <cmath>
+
 #include "shoal/error.h"
 
 namespace shoal::train {
+namespace {
+// Larger learning rates only ever diverge; the bound catches "1e400"-style typos early.
+constexpr double kMaxLearningRate = 1e4;
+}  // namespace
 
 void TrainOptions::validate() const {
   SHOAL_CHECK_T(InvalidArgument, !model.empty(), "no model given; pass a model name such as cnn");
   SHOAL_CHECK_T(InvalidArgument, epochs >= 1, "epochs must be at least 1, got ", epochs);
   SHOAL_CHECK_T(InvalidArgument, batch_size >= 1, "batch size must be at least 1, got ",
                 batch_size);
-  SHOAL_CHECK_T(InvalidArgument, lr > 0, "learning rate must be positive, got ", lr);
+  SHOAL_CHECK_T(InvalidArgument, std::isfinite(lr) && lr > 0 && lr <= kMaxLearningRate,
+                "learning rate must be a finite number in (0, ", kMaxLearningRate, "], got ", lr);
   SHOAL_CHECK_T(InvalidArgument, momentum >= 0 && momentum < 1,
                 "momentum must be in [0, 1), got ", momentum);
   SHOAL_CHECK_T(InvalidArgument, threads >= 0, "threads must be >= 0 (0 = LibTorch's default), got ",
@@ -30,6 +37,8 @@ void TrainOptions::validate() const {
                 "--resume needs --checkpoint-dir DIR: the folder to resume from");
   SHOAL_CHECK_T(InvalidArgument, checkpoint_every == 0 || !checkpoint_dir.empty(),
                 "--checkpoint-every needs --checkpoint-dir DIR: where to save");
+  SHOAL_CHECK_T(InvalidArgument, init_from.empty() || !resume,
+                "--init-from and --resume both set the weights; pass one of them");
   SHOAL_CHECK_T(InvalidArgument, stop_after_steps >= 0, "stop-after-steps must be >= 0, got ",
                 stop_after_steps);
 }

@@ -4,6 +4,9 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <optional>
 
 #include "shoal/checkpoint/checkpoint_manager.h"
 #include "shoal/checkpoint/serialization.h"
@@ -14,6 +17,7 @@
 #include "shoal/models/registry.h"
 #include "shoal/train/metrics_writer.h"
 #include "shoal/train/progress.h"
+#include "shoal/trace/tracer.h"
 
 namespace shoal::train {
 namespace {
@@ -32,59 +36,105 @@ void check_data(const TensorData& data, const char* what) {
                 " targets");
 }
 
+/// SGD as `shoal train` builds it; the options are checked first, so that a bad learning rate is
+/// reported as the trainer's InvalidArgument rather than LibTorch's own check.
+std::unique_ptr<torch::optim::Optimizer> make_sgd(const TrainOptions& options,
+                                                  torch::nn::Module* model) {
+  options.validate();
+  if (model == nullptr) return nullptr;
+  return std::make_unique<torch::optim::SGD>(
+      model->parameters(), torch::optim::SGDOptions(options.lr).momentum(options.momentum));
+}
+
 }  // namespace
+
+at::Tensor cross_entropy_loss(const at::Tensor& output, const at::Tensor& target) {
+  return torch::nn::functional::cross_entropy(output, target);
+}
 
 double train_step(TrainState& state, const at::Tensor& inputs, const at::Tensor& targets) {
   state.optimizer->zero_grad();
-  const at::Tensor logits = state.forward(inputs);
-  const at::Tensor loss = torch::nn::functional::cross_entropy(logits, targets);
-  loss.backward();
-  state.optimizer->step();
+  at::Tensor loss;
+  {
+    trace::Span span("forward");
+    loss = state.loss(state.forward(inputs), targets);
+  }
+  {
+    trace::Span span("backward");  // DDP's bucket reductions run inside it
+    loss.backward();
+  }
+  {
+    trace::Span span("optimizer step");
+    state.optimizer->step();
+  }
   ++state.step;
-  return loss.item<double>();
+  const double value = loss.item<double>();
+  // A diverged run must not go on (and exit 0) with NaN weights; stop at the first bad step.
+  SHOAL_CHECK(std::isfinite(value), "training diverged: the loss is ", value, " at step ",
+              state.step, " (epoch ", state.epoch + 1,
+              "); lower the learning rate, or check the data for NaN/inf");
+  return value;
 }
 
 EvalResult evaluate(torch::nn::Module& model,
                     const std::function<at::Tensor(const at::Tensor&)>& forward,
-                    const TensorData& data, int64_t batch_size) {
+                    const TensorData& data, int64_t batch_size, const LossFunction& loss) {
   SHOAL_CHECK_T(InvalidArgument, batch_size >= 1, "evaluate: batch size must be at least 1");
   const bool was_training = model.is_training();
   model.eval();
   torch::NoGradGuard no_grad;
   double loss_sum = 0;
   int64_t correct = 0;
+  bool classification = !at::isFloatingType(data.targets.scalar_type());
   const int64_t n = data.size();
   for (int64_t begin = 0; begin < n; begin += batch_size) {
     const int64_t end = std::min(n, begin + batch_size);
-    const at::Tensor logits = forward(data.inputs.slice(0, begin, end));
+    const at::Tensor output = forward(data.inputs.slice(0, begin, end));
     const at::Tensor targets = data.targets.slice(0, begin, end);
-    loss_sum += torch::nn::functional::cross_entropy(
-                    logits, targets,
-                    torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum))
-                    .item<double>();
-    correct += logits.argmax(1).eq(targets).sum().item<int64_t>();
+    // The loss is a batch mean: weighted by the batch's size, the sum is exact over batches.
+    loss_sum += loss(output, targets).item<double>() * static_cast<double>(end - begin);
+    if (classification && output.dim() == 2 && targets.dim() == 1) {
+      correct += output.argmax(1).eq(targets).sum().item<int64_t>();
+    } else {
+      classification = false;
+    }
   }
   model.train(was_training);
   EvalResult result;
   result.samples = n;
   if (n > 0) {
     result.loss = loss_sum / static_cast<double>(n);
-    result.accuracy = static_cast<double>(correct) / static_cast<double>(n);
+    result.accuracy =
+        classification ? static_cast<double>(correct) / static_cast<double>(n) : NAN;
   }
   return result;
 }
 
 Trainer::Trainer(TrainOptions options, std::shared_ptr<models::Model> model,
                  std::unique_ptr<Strategy> strategy)
+    : Trainer(options, model,
+              [model](const at::Tensor& input) { return model->forward(input); },
+              make_sgd(options, model.get()),
+              cross_entropy_loss, std::move(strategy)) {
+  builtin_optimizer_ = true;
+}
+
+Trainer::Trainer(TrainOptions options, std::shared_ptr<torch::nn::Module> module,
+                 std::function<at::Tensor(const at::Tensor&)> forward,
+                 std::unique_ptr<torch::optim::Optimizer> optimizer, LossFunction loss,
+                 std::unique_ptr<Strategy> strategy)
     : options_(std::move(options)), strategy_(std::move(strategy)) {
   options_.validate();
-  SHOAL_CHECK_T(InvalidArgument, model != nullptr, "Trainer: no model given");
+  SHOAL_CHECK_T(InvalidArgument, module != nullptr, "Trainer: no model given");
+  SHOAL_CHECK_T(InvalidArgument, forward != nullptr, "Trainer: no forward function given");
+  SHOAL_CHECK_T(InvalidArgument, optimizer != nullptr, "Trainer: no optimizer given");
+  SHOAL_CHECK_T(InvalidArgument, loss != nullptr, "Trainer: no loss function given");
   memory::tune_cpu_allocator();  // steps reuse freed memory instead of faulting it in again
   if (!strategy_) strategy_ = std::make_unique<SingleProcess>();
-  state_.model = std::move(model);
-  state_.optimizer = std::make_unique<torch::optim::SGD>(
-      state_.model->parameters(),
-      torch::optim::SGDOptions(options_.lr).momentum(options_.momentum));
+  state_.model = std::move(module);
+  state_.model_forward = std::move(forward);
+  state_.optimizer = std::move(optimizer);
+  state_.loss = std::move(loss);
 }
 
 Trainer::~Trainer() = default;
@@ -105,6 +155,65 @@ checkpoint::TrainingState load_resume_checkpoint(const TrainOptions& options, st
   return saved;
 }
 
+namespace {
+
+/// A number as text that reads back to the same double ("0.050000000000000003" for 0.05 would be
+/// exact too, but %.17g keeps short values short only when they are exact; use the shortest that
+/// round-trips).
+std::string number_text(double value) {
+  char text[32];
+  for (int digits = 6; digits <= 17; ++digits) {
+    std::snprintf(text, sizeof(text), "%.*g", digits, value);
+    if (std::strtod(text, nullptr) == value) break;
+  }
+  return text;
+}
+
+/// The checkpoint config's value of `key` as a finite number, or nothing when absent.
+std::optional<double> config_number(const std::map<std::string, std::string>& config,
+                                    const std::string& key, const std::string& where) {
+  const auto found = config.find(key);
+  if (found == config.end()) return std::nullopt;
+  char* end = nullptr;
+  const double value = std::strtod(found->second.c_str(), &end);
+  SHOAL_CHECK_T(CheckpointError, end != found->second.c_str() && *end == '\0' && std::isfinite(value),
+                "--resume: ", where, " has config ", key, " = '", found->second,
+                "', which is not a number");
+  return value;
+}
+
+}  // namespace
+
+void inherit_checkpoint_config(TrainOptions& options, const checkpoint::TrainingState& saved,
+                               const std::set<std::string>& given, const std::string& where) {
+  const auto& config = saved.config;
+  // Hyper-parameters the command line did not set continue as the checkpoint had them; the ones
+  // it set win (and run_training reports the change).
+  if (auto lr = config_number(config, "lr", where); lr && !given.count("lr")) options.lr = *lr;
+  if (auto m = config_number(config, "momentum", where); m && !given.count("momentum")) {
+    options.momentum = *m;
+  }
+  if (auto b = config_number(config, "batch_size", where); b && !given.count("batch_size")) {
+    SHOAL_CHECK_T(CheckpointError, *b >= 1 && *b <= 1e9, "--resume: ", where,
+                  " has batch_size ", *b);
+    options.batch_size = static_cast<int64_t>(*b);
+  }
+  if (auto e = config_number(config, "epochs", where); e && !given.count("epochs")) {
+    SHOAL_CHECK_T(CheckpointError, *e >= 1 && *e <= 1e9, "--resume: ", where, " has epochs ", *e);
+    options.epochs = static_cast<int64_t>(*e);
+  }
+  // The seed fixes the order of the samples: another one cannot continue the same epochs.
+  if (auto seed = config_number(config, "seed", where)) {
+    const auto saved_seed = static_cast<uint64_t>(*seed);
+    SHOAL_CHECK_T(InvalidArgument, !given.count("seed") || options.seed == saved_seed,
+                  "--resume: ", where, " was trained with --seed ", saved_seed,
+                  "; --seed ", options.seed,
+                  " would change the order of the samples it continues; drop --seed or start "
+                  "without --resume");
+    options.seed = saved_seed;
+  }
+}
+
 std::string Trainer::resume() {
   std::string path;
   const checkpoint::TrainingState saved = load_resume_checkpoint(options_, &path);
@@ -113,6 +222,28 @@ std::string Trainer::resume() {
   state_.step = saved.step;
   // A checkpoint saved at the end of an epoch has samples_seen 0 for the next one.
   resume_samples_seen_ = saved.sampler.epoch == saved.epoch ? saved.sampler.samples_seen : 0;
+  resume_changes_.clear();
+  if (builtin_optimizer_) {
+    // The restored optimizer carries the checkpoint's lr and momentum; the options' apply.
+    for (auto& group : state_.optimizer->param_groups()) {
+      auto& sgd = static_cast<torch::optim::SGDOptions&>(group.options());
+      sgd.lr(options_.lr);
+      sgd.momentum(options_.momentum);
+    }
+  }
+  const auto note = [&](const char* key, const std::string& now) {
+    const auto found = saved.config.find(key);
+    if (found == saved.config.end()) return;
+    const double before = std::strtod(found->second.c_str(), nullptr);
+    if (std::strtod(now.c_str(), nullptr) != before) {
+      resume_changes_ += std::string(resume_changes_.empty() ? "" : ", ") + key + " " +
+                         found->second + " -> " + now;
+    }
+  };
+  note("lr", number_text(options_.lr));
+  note("momentum", number_text(options_.momentum));
+  note("batch_size", std::to_string(options_.batch_size));
+  note("epochs", std::to_string(options_.epochs));
   return path;
 }
 
@@ -127,9 +258,10 @@ void Trainer::save_checkpoint(int64_t completed_epochs, int64_t samples_seen) {
   state.sampler.samples_seen = samples_seen;
   state.sampler.seed = static_cast<int64_t>(options_.seed);
   state.world_size = strategy_->world_size();
+  // Numbers in their shortest exact text (std::to_string would print lr 1e-7 as "0.000000").
   state.config = {{"model", options_.model},
-                  {"lr", std::to_string(options_.lr)},
-                  {"momentum", std::to_string(options_.momentum)},
+                  {"lr", number_text(options_.lr)},
+                  {"momentum", number_text(options_.momentum)},
                   {"batch_size", std::to_string(options_.batch_size)},
                   {"seed", std::to_string(options_.seed)},
                   {"epochs", std::to_string(options_.epochs)},
@@ -168,9 +300,9 @@ TrainResult Trainer::fit(const TensorData& train, const TensorData& test) {
                                               : at::Tensor(),
                               test.size() > 0 ? test.targets.slice(0, test_begin, test_end)
                                               : at::Tensor()};
-  std::shared_ptr<models::Model> model = state_.model;
-  const auto plain_forward = [model](const at::Tensor& input) { return model->forward(input); };
 
+  const Clock::time_point fit_start = Clock::now();
+  if (!options_.trace_path.empty()) trace::enable(static_cast<int>(rank));
   TrainResult result;
   for (; state_.epoch < options_.epochs; ++state_.epoch) {
     const int64_t epoch = state_.epoch;
@@ -209,7 +341,8 @@ TrainResult Trainer::fit(const TensorData& train, const TensorData& test) {
                           .add("samples", done)
                           .add("loss", recent)
                           .add("samples_per_s", seconds > 0 ? done / seconds : 0.0)
-                          .add("seconds", seconds));
+                          .add("seconds", seconds)
+                          .add("time", seconds_since(fit_start)));
         interval_loss = 0;
         interval_samples = 0;
       }
@@ -220,6 +353,7 @@ TrainResult Trainer::fit(const TensorData& train, const TensorData& test) {
       }
       if (options_.stop_after_steps > 0 && state_.step >= options_.stop_after_steps) {
         result.stopped = true;
+        write_trace();
         return result;
       }
     }
@@ -228,7 +362,8 @@ TrainResult Trainer::fit(const TensorData& train, const TensorData& test) {
     std::vector<double> totals{loss_sum, static_cast<double>(local - skip), 0, 0, 0};
     if (test_n > 0) {
       const EvalResult eval =
-          evaluate(*state_.model, plain_forward, test_shard, options_.eval_batch_size);
+          evaluate(*state_.model, state_.model_forward, test_shard, options_.eval_batch_size,
+                   state_.loss);
       totals[2] = eval.loss * static_cast<double>(eval.samples);
       totals[3] = std::round(eval.accuracy * static_cast<double>(eval.samples));
       totals[4] = static_cast<double>(eval.samples);
@@ -250,14 +385,17 @@ TrainResult Trainer::fit(const TensorData& train, const TensorData& test) {
     metrics.write(JsonLine()
                       .add("event", "epoch")
                       .add("epoch", epoch_result.epoch)
+                      .add("step", state_.step)
                       .add("train_loss", epoch_result.train_loss)
                       .add("test_loss", epoch_result.test_loss)
                       .add("test_accuracy", epoch_result.test_accuracy)
                       .add("samples_per_s", epoch_result.samples_per_s)
-                      .add("seconds", epoch_result.seconds));
+                      .add("seconds", epoch_result.seconds)
+                      .add("time", seconds_since(fit_start)));
     result.epochs.push_back(epoch_result);
     if (checkpoints) save_checkpoint(epoch + 1, 0);
   }
+  write_trace();
   if (!options_.dump_parameters.empty()) {
     checkpoint::save_state_dict(checkpoint::state_dict(*state_.model),
                                 options_.dump_parameters + ".rank" + std::to_string(rank) + ".pt");
@@ -265,11 +403,36 @@ TrainResult Trainer::fit(const TensorData& train, const TensorData& test) {
   return result;
 }
 
+void Trainer::write_trace() {
+  if (options_.trace_path.empty()) return;
+  trace::disable();
+  const int world = strategy_->world_size();
+  if (world == 1) {
+    trace::write_file(options_.trace_path, trace::take_events());
+    return;
+  }
+  // Every rank writes its part; once all have (the allreduce is the barrier), rank 0 merges them.
+  const auto part = [&](int r) { return options_.trace_path + ".rank" + std::to_string(r); };
+  trace::write_file(part(strategy_->rank()), trace::take_events());
+  std::vector<double> barrier{1};
+  strategy_->all_reduce_sum(barrier);
+  if (strategy_->rank() == 0) {
+    std::vector<std::string> parts;
+    for (int r = 0; r < world; ++r) parts.push_back(part(r));
+    trace::merge_files(parts, options_.trace_path);
+  }
+}
+
 TrainResult run_training(const TrainOptions& options, std::unique_ptr<Strategy> strategy) {
   options.validate();
   if (options.threads > 0) torch::set_num_threads(options.threads);
   // The model first: an unknown name should fail before seconds of data loading.
   std::shared_ptr<models::Model> model = models::create(options.model, options.seed);
+  if (!options.init_from.empty()) {
+    // Any state dict: torch.save(model.state_dict()) from Python, a DDP one ("module." keys are
+    // accepted), or a Shoal checkpoint's model. Every key must match.
+    checkpoint::load_state_dict(*model, checkpoint::load_state_dict_file(options.init_from));
+  }
   const data::FashionMnist train_set(options.data_dir, /*train=*/true);
   const data::FashionMnist test_set(options.data_dir, /*train=*/false);
   const bool reports = !strategy || strategy->rank() == 0;
@@ -299,9 +462,11 @@ TrainResult run_training(const TrainOptions& options, std::unique_ptr<Strategy> 
   if (options.resume) {
     const std::string path = trainer.resume();
     if (reports) {
-      std::fprintf(stderr, "shoal train: resumed from %s (epoch %lld, step %lld)\n", path.c_str(),
-                   static_cast<long long>(trainer.state().epoch + 1),
-                   static_cast<long long>(trainer.state().step));
+      const std::string& changes = trainer.resume_changes();
+      std::fprintf(stderr, "shoal train: resumed from %s (epoch %lld, step %lld)%s%s\n",
+                   path.c_str(), static_cast<long long>(trainer.state().epoch + 1),
+                   static_cast<long long>(trainer.state().step),
+                   changes.empty() ? "" : "; changed from the checkpoint: ", changes.c_str());
       std::fflush(stderr);
     }
   }

@@ -4,11 +4,15 @@
 #include <torch/torch.h>
 
 #include <filesystem>
+#include <cmath>
 #include <fstream>
+#include <limits>
+#include <sstream>
 
 #include "shoal/data/synthetic_dataset.h"
 #include "shoal/error.h"
 #include "shoal/models/registry.h"
+#include "shoal/trace/tracer.h"
 #include "shoal/train/metrics_writer.h"
 #include "shoal/train/trainer.h"
 #include "testing/multi_rank.h"
@@ -95,7 +99,7 @@ TEST(Trainer, LossFallsOnLearnableData) {
   options.batch_size = 32;
   options.lr = 0.01;
   Trainer trainer(options, models::create("mlp", 0));
-  const auto forward = [&](const torch::Tensor& x) { return trainer.state().model->forward(x); };
+  const auto forward = trainer.state().model_forward;
   const EvalResult before = evaluate(*trainer.state().model, forward, train, 256);
   const TrainResult result = trainer.fit(train, train);
   ASSERT_EQ(result.epochs.size(), 3u);
@@ -224,10 +228,10 @@ class EvenSamples : public Strategy {
  public:
   void prepare(TrainState& state) override {
     ++prepared;
-    auto model = state.model;
-    state.forward = [this, model](const torch::Tensor& x) {
+    auto forward = state.model_forward;
+    state.forward = [this, forward](const torch::Tensor& x) {
       ++forwards;
-      return model->forward(x);
+      return forward(x);
     };
   }
   torch::Tensor epoch_indices(int64_t size, int64_t epoch, uint64_t seed) override {
@@ -248,6 +252,104 @@ TEST(Trainer, GoesThroughTheStrategy) {
   EXPECT_EQ(raw->prepared, 1);
   EXPECT_EQ(raw->forwards, 5);  // 50 samples in batches of 10
   EXPECT_EQ(trainer.state().step, 5);
+}
+
+}  // namespace
+}  // namespace shoal::train
+
+namespace shoal::train {
+namespace {
+
+// Any module, optimizer and loss: a linear regression y = 3x - 2 + noise-free, fitted with Adam
+// and MSE through the trainer, ends at the exact coefficients (to 1e-2) and reports no accuracy
+// (the targets are not classes).
+TEST(Trainer, AcceptsAnyModuleOptimizerAndLoss) {
+  torch::set_num_threads(1);
+  torch::manual_seed(0);
+  auto net = torch::nn::Linear(1, 1);
+  const torch::Tensor x = torch::linspace(-1, 1, 256).unsqueeze(1);
+  const TensorData data{x, 3 * x - 2};
+  TrainOptions options = quick_options("custom", 0);
+  options.epochs = 60;
+  auto adam = std::make_unique<torch::optim::Adam>(net->parameters(),
+                                                   torch::optim::AdamOptions(0.05));
+  const auto mse = [](const at::Tensor& out, const at::Tensor& y) { return torch::mse_loss(out, y); };
+  Trainer trainer(options, net, std::move(adam), mse);
+  const TrainResult result = trainer.fit(data, data);
+  ASSERT_EQ(result.epochs.size(), 60u);
+  EXPECT_NEAR(net->weight.item<double>(), 3.0, 1e-2);
+  EXPECT_NEAR(net->bias.item<double>(), -2.0, 1e-2);
+  // The epoch's test loss is the MSE of the final model over the data, computed here directly.
+  torch::NoGradGuard no_grad;
+  EXPECT_NEAR(result.epochs.back().test_loss, torch::mse_loss(net(x), 3 * x - 2).item<double>(),
+              1e-9);
+  EXPECT_TRUE(std::isnan(result.epochs.back().test_accuracy));
+}
+
+// A loss that becomes NaN (as with a learning rate far too high) stops training at that step
+// with an error that says so, instead of finishing with NaN weights.
+TEST(Trainer, NonFiniteLossStopsTraining) {
+  torch::set_num_threads(1);
+  auto net = torch::nn::Linear(4, 2);
+  int calls = 0;
+  const auto loss = [&calls](const at::Tensor& out, const at::Tensor& y) {
+    const at::Tensor value = torch::nn::functional::cross_entropy(out, y);
+    return ++calls == 3 ? value * std::numeric_limits<double>::quiet_NaN() : value;
+  };
+  TrainOptions options = quick_options("custom", 0);
+  options.batch_size = 4;
+  Trainer trainer(options, net,
+                  std::make_unique<torch::optim::SGD>(net->parameters(), torch::optim::SGDOptions(0.1)),
+                  loss);
+  const TensorData data{torch::randn({32, 4}), torch::randint(0, 2, {32}, torch::kLong)};
+  try {
+    trainer.fit(data, TensorData{});
+    FAIL() << "a NaN loss did not stop training";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("diverged"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("step 3"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(trainer.state().step, 3);
+}
+
+// The tracer: spans and keyed intervals become Chrome "X" events with the rank as pid, and
+// merge_files joins the parts of several ranks.
+TEST(Tracer, RecordsSpansAndIntervalsAndMergesRanks) {
+  const std::string dir = testing::temp_path("shoal-trace");
+  std::filesystem::create_directories(dir);
+  for (int rank = 0; rank < 2; ++rank) {
+    trace::enable(rank);
+    { trace::Span span("forward"); }
+    trace::begin("allreduce", 7, 4096);
+    trace::end("allreduce", 7);
+    trace::end("allreduce", 8);  // never begun: ignored
+    trace::disable();
+    { trace::Span ignored("not recorded"); }
+    trace::write_file(dir + "/part" + std::to_string(rank), trace::take_events());
+  }
+  trace::merge_files({dir + "/part0", dir + "/part1"}, dir + "/trace.json");
+  EXPECT_FALSE(std::filesystem::exists(dir + "/part0"));
+  std::ifstream in(dir + "/trace.json");
+  std::stringstream text;
+  text << in.rdbuf();
+  const std::string json = text.str();
+  std::filesystem::remove_all(dir);
+  for (int rank = 0; rank < 2; ++rank) {
+    const std::string pid = "\"pid\":" + std::to_string(rank);
+    EXPECT_NE(json.find("{\"name\":\"forward\",\"cat\":\"train\",\"ph\":\"X\""), std::string::npos);
+    EXPECT_NE(json.find("\"name\":\"rank " + std::to_string(rank) + "\""), std::string::npos);
+    EXPECT_NE(json.find(pid), std::string::npos);
+  }
+  size_t buckets = 0;
+  for (size_t at = json.find("allreduce bucket 7"); at != std::string::npos;
+       at = json.find("allreduce bucket 7", at + 1)) {
+    ++buckets;
+  }
+  EXPECT_EQ(buckets, 2u);
+  EXPECT_NE(json.find("\"args\":{\"bucket\":7,\"bytes\":4096}"), std::string::npos);
+  EXPECT_EQ(json.find("bucket 8"), std::string::npos);
+  EXPECT_EQ(json.find("not recorded"), std::string::npos);
+  EXPECT_EQ(json.rfind("{\"traceEvents\":[", 0), 0u);
 }
 
 }  // namespace

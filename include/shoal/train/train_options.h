@@ -26,7 +26,7 @@ struct TrainOptions {
   int64_t epochs = 1;
   /// Samples per optimizer step (per rank when distributed, as in PyTorch's DDP).
   int64_t batch_size = 64;
-  /// SGD learning rate.
+  /// SGD learning rate: finite, in (0, 1e4].
   double lr = 0.05;
   /// SGD momentum (PyTorch's formulation: buf = momentum * buf + grad; p -= lr * buf).
   double momentum = 0.9;
@@ -38,6 +38,9 @@ struct TrainOptions {
   std::string data_dir = "/usr/share/datasets/fashion-mnist";
   /// When not empty, JSON lines are written here: one object per log interval and per epoch.
   std::string metrics_path;
+  /// When not empty, a Chrome trace (chrome://tracing, Perfetto) of every rank's forward, backward,
+  /// optimizer step and DDP bucket reduction is written here when fit() ends.
+  std::string trace_path;
   /// Optimizer steps between progress lines and "step" metrics; 0 turns them off.
   int64_t log_interval = 100;
   /// How progress is shown.
@@ -56,6 +59,9 @@ struct TrainOptions {
   int checkpoint_keep = 3;
   /// Continue from the newest checkpoint in checkpoint_dir (an error when there is none).
   bool resume = false;
+  /// When not empty, run_training loads the model's initial weights from this state dict file
+  /// (torch.save(model.state_dict()) from Python, or one saved by Shoal).
+  std::string init_from;
   /// Tests: stop (as if interrupted) once this many optimizer steps were taken in all (0 = never).
   int64_t stop_after_steps = 0;
   /// Tests: when not empty, every rank saves its final weights to "<path>.rank<R>.pt".

@@ -1,5 +1,11 @@
-// The built-in trainer: deterministic SGD(+momentum) with cross-entropy on in-memory tensors,
-// per-epoch evaluation, progress on stderr and JSON-lines metrics.
+// The built-in trainer: any torch::nn::Module, any LibTorch optimizer and loss (by default SGD with
+// momentum and cross-entropy, as `shoal train`) on in-memory tensors, per-epoch evaluation,
+// progress on stderr, JSON-lines metrics and an optional Chrome trace of every step.
+//
+//   auto net = std::make_shared<Net>();
+//   shoal::train::Trainer trainer(options, net,
+//       std::make_unique<torch::optim::Adam>(net->parameters(), torch::optim::AdamOptions(1e-3)),
+//       [](const at::Tensor& out, const at::Tensor& y) { return torch::mse_loss(out, y); });
 //
 // The loop is made of separable pieces so that other strategies reuse them: train_step() does one
 // optimizer step on one batch, evaluate() measures loss and accuracy, and Trainer::fit() strings
@@ -15,10 +21,14 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <torch/nn/pimpl.h>
 #include <torch/optim/optimizer.h>
 
 #include <functional>
 #include <memory>
+#include <set>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "shoal/checkpoint/training_state.h"
@@ -35,12 +45,23 @@ struct TensorData {
   int64_t size() const { return inputs.defined() ? inputs.size(0) : 0; }
 };
 
+/// A loss: the model's output and the targets of a batch to a scalar (the batch mean, as PyTorch's
+/// losses with reduction='mean'), e.g. torch::nn::functional::cross_entropy.
+using LossFunction = std::function<at::Tensor(const at::Tensor& output, const at::Tensor& target)>;
+
+/// Cross-entropy over logits [N, C] and class targets [N]: the default loss.
+at::Tensor cross_entropy_loss(const at::Tensor& output, const at::Tensor& target);
+
 /// Everything one training step reads and changes.
 struct TrainState {
   /// The model being trained (its parameters are what the optimizer updates).
-  std::shared_ptr<models::Model> model;
+  std::shared_ptr<torch::nn::Module> model;
+  /// The model's own forward, unwrapped (evaluation calls it; training goes through `forward`).
+  std::function<at::Tensor(const at::Tensor&)> model_forward;
   /// The optimizer over model's parameters.
   std::unique_ptr<torch::optim::Optimizer> optimizer;
+  /// The loss minimized.
+  LossFunction loss = cross_entropy_loss;
   /// What a forward pass calls: the model itself, or a wrapper set by Strategy::prepare.
   std::function<at::Tensor(const at::Tensor&)> forward;
   /// The current epoch, 0-based (shown 1-based to users).
@@ -51,8 +72,9 @@ struct TrainState {
 
 /// Loss and accuracy over a dataset.
 struct EvalResult {
-  double loss = 0;      ///< mean cross-entropy per sample
-  double accuracy = 0;  ///< fraction of samples whose argmax logit is the target
+  double loss = 0;      ///< mean loss per sample
+  double accuracy = 0;  ///< fraction of samples whose argmax logit is the target (NaN unless
+                        ///< the outputs are [N, C] logits and the targets [N] classes)
   int64_t samples = 0;
 };
 
@@ -75,22 +97,47 @@ struct TrainResult {
   double final_test_accuracy() const { return epochs.empty() ? 0 : epochs.back().test_accuracy; }
 };
 
-/// One SGD step on a batch: zero_grad, forward, cross-entropy, backward, optimizer step.
-/// Returns the batch's mean loss. Increments state.step.
+/// One optimizer step on a batch: zero_grad, forward, loss, backward, optimizer step.
+/// Returns the batch's mean loss. Increments state.step. Throws shoal::Error when the loss is not
+/// finite (training diverged: the learning rate is too high, or the data holds NaN/inf).
 double train_step(TrainState& state, const at::Tensor& inputs, const at::Tensor& targets);
 
-/// Mean cross-entropy and accuracy of `forward` on `data`, in batches of `batch_size`, without
+/// Mean loss and accuracy of `forward` on `data`, in batches of `batch_size`, without
 /// autograd. Puts `model` in eval mode for the duration.
 EvalResult evaluate(torch::nn::Module& model,
                     const std::function<at::Tensor(const at::Tensor&)>& forward,
-                    const TensorData& data, int64_t batch_size);
+                    const TensorData& data, int64_t batch_size,
+                    const LossFunction& loss = cross_entropy_loss);
 
 /// Trains a model on in-memory tensors; see the file comment.
 class Trainer {
  public:
-  /// `strategy` defaults to SingleProcess. Builds SGD over the model's parameters.
+  /// `strategy` defaults to SingleProcess. Builds SGD (options.lr, options.momentum) over the
+  /// model's parameters and minimizes cross-entropy.
   Trainer(TrainOptions options, std::shared_ptr<models::Model> model,
           std::unique_ptr<Strategy> strategy = nullptr);
+
+  /// Any module with `at::Tensor forward(at::Tensor)`, any optimizer over its parameters, any loss
+  /// (options.lr and options.momentum are then the optimizer's business, not the trainer's).
+  template <typename ModuleType>
+  Trainer(TrainOptions options, std::shared_ptr<ModuleType> module,
+          std::unique_ptr<torch::optim::Optimizer> optimizer, LossFunction loss = cross_entropy_loss,
+          std::unique_ptr<Strategy> strategy = nullptr)
+      : Trainer(std::move(options), module,
+                [module](const at::Tensor& input) { return module->forward(input); },
+                std::move(optimizer), std::move(loss), std::move(strategy)) {}
+  template <typename ModuleType>
+  Trainer(TrainOptions options, torch::nn::ModuleHolder<ModuleType> module,
+          std::unique_ptr<torch::optim::Optimizer> optimizer, LossFunction loss = cross_entropy_loss,
+          std::unique_ptr<Strategy> strategy = nullptr)
+      : Trainer(std::move(options), module.ptr(), std::move(optimizer), std::move(loss),
+                std::move(strategy)) {}
+
+  /// The type-erased form of the constructors above: `forward` calls the module.
+  Trainer(TrainOptions options, std::shared_ptr<torch::nn::Module> module,
+          std::function<at::Tensor(const at::Tensor&)> forward,
+          std::unique_ptr<torch::optim::Optimizer> optimizer, LossFunction loss,
+          std::unique_ptr<Strategy> strategy);
   ~Trainer();
 
   /// Trains for options.epochs epochs on `train`, evaluating on `test` after each (skipped when
@@ -103,7 +150,12 @@ class Trainer {
   /// one that saved it; each rank skips samples_seen / world_size of its shard). Throws
   /// CheckpointError when there is no checkpoint or it was made for another model.
   /// Returns the checkpoint's path.
+  /// The options' lr and momentum apply to the resumed SGD (not the checkpoint's); with an
+  /// optimizer given by the caller, its restored hyper-parameters stay.
   std::string resume();
+  /// After resume(): the hyper-parameters that differ from the checkpoint's config, as
+  /// "lr 0.05 -> 0.01, ..." (empty when none).
+  const std::string& resume_changes() const { return resume_changes_; }
 
   TrainState& state() { return state_; }
   const TrainOptions& options() const { return options_; }
@@ -114,11 +166,16 @@ class Trainer {
   /// Saves the current state (rank 0 writes; every rank calls). `samples_seen` counts the whole
   /// job's samples of the current epoch.
   void save_checkpoint(int64_t completed_epochs, int64_t samples_seen);
+  /// Writes options.trace_path when set: every rank's events, merged by rank 0 (all ranks call).
+  void write_trace();
 
   TrainState state_;
+  /// True when the trainer built the optimizer itself (SGD from options.lr and momentum).
+  bool builtin_optimizer_ = false;
   bool prepared_ = false;
   /// Samples of the current epoch the job consumed before it was resumed (all ranks together).
   int64_t resume_samples_seen_ = 0;
+  std::string resume_changes_;
 };
 
 /// The newest checkpoint of options.checkpoint_dir, checked to be resumable by `options` (it
@@ -126,6 +183,14 @@ class Trainer {
 /// CheckpointError with a one-line message otherwise.
 checkpoint::TrainingState load_resume_checkpoint(const TrainOptions& options,
                                                  std::string* path = nullptr);
+
+/// For a resumed run: the hyper-parameters not named in `given` ("lr", "momentum", "batch_size",
+/// "epochs", "seed") are set from the checkpoint's config, so that a resume continues as the run
+/// was configured; those given are kept (and applied). A given seed that differs from the
+/// checkpoint's is refused (InvalidArgument): it would change the order of the samples. `where`
+/// names the checkpoint in messages.
+void inherit_checkpoint_config(TrainOptions& options, const checkpoint::TrainingState& saved,
+                               const std::set<std::string>& given, const std::string& where);
 
 /// `shoal train`: sets the thread count, builds options.model, loads Fashion-MNIST from
 /// options.data_dir and fits with `strategy` (SingleProcess when null). Throws InvalidArgument /

@@ -1,0 +1,71 @@
+// Shoal in one include: every public header, and the names a training loop uses most lifted into
+// namespace shoal.
+//
+// The namespaces follow the layers, as torch.distributed's modules do:
+//   shoal::comm        process groups and collectives   (torch.distributed)
+//   shoal::parallel    DistributedDataParallel, SyncBatchNorm, comm hooks (torch.nn.parallel)
+//   shoal::data        DistributedSampler, datasets      (torch.utils.data)
+//   shoal::checkpoint  torch.save-compatible files, state dicts, checkpoint folders
+//   shoal::train       the built-in Trainer and its strategies
+//   shoal::models, shoal::launcher, shoal::memory: the built-in models, `shoal run` as a
+//   function, the CPU allocator tuning.
+// A loop needs only the aliases below: shoal::init_process_group, shoal::DistributedDataParallel,
+// shoal::DistributedSampler, shoal::save / shoal::load_state_dict_file, ... The module namespaces
+// stay the reference (and hold the less common names).
+#pragma once
+
+#include "shoal/error.h"
+
+#include "shoal/comm/init.h"
+#include "shoal/comm/op_label.h"
+#include "shoal/comm/process_group.h"
+#include "shoal/comm/store.h"
+#include "shoal/comm/types.h"
+#include "shoal/comm/work.h"
+
+#include "shoal/parallel/comm_hooks.h"
+#include "shoal/parallel/distributed_data_parallel.h"
+#include "shoal/parallel/grad_bucket.h"
+#include "shoal/parallel/sync_batch_norm.h"
+
+#include "shoal/data/distributed_sampler.h"
+#include "shoal/data/fashion_mnist.h"
+#include "shoal/data/synthetic_dataset.h"
+
+#include "shoal/checkpoint/checkpoint_manager.h"
+#include "shoal/checkpoint/serialization.h"
+#include "shoal/checkpoint/state_dict.h"
+#include "shoal/checkpoint/training_state.h"
+
+#include "shoal/launcher/launch.h"
+#include "shoal/memory/cpu_allocator.h"
+#include "shoal/models/registry.h"
+
+#include "shoal/train/ddp_strategy.h"
+#include "shoal/train/trainer.h"
+
+namespace shoal {
+
+// torch.distributed
+using comm::init_process_group;
+using comm::InitOptions;
+using comm::ProcessGroup;
+using comm::ReduceOp;
+// torch.nn.parallel / torch.nn (DistributedDataParallel is lifted by its own header)
+using parallel::convert_sync_batchnorm;
+using parallel::SyncBatchNorm;
+// torch.utils.data
+using data::DistributedSampler;
+// torch.save / torch.load and state dicts
+using checkpoint::CheckpointManager;
+using checkpoint::load_state_dict;
+using checkpoint::load_state_dict_file;
+using checkpoint::save_state_dict;
+using checkpoint::state_dict;
+using checkpoint::StateDict;
+// the built-in trainer
+using train::DdpStrategy;
+using train::Trainer;
+using train::TrainOptions;
+
+}  // namespace shoal

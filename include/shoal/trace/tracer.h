@@ -1,0 +1,69 @@
+// A timeline of what each rank did, in the Chrome trace event format (chrome://tracing, Perfetto):
+// the trainer records forward, backward and optimizer step as spans, DistributedDataParallel's
+// reducer records every bucket's reduction from launch to completion with its size in bytes, so
+// that overlap of communication with backward, and stragglers, are visible (as Horovod's timeline).
+//
+//   shoal::trace::enable(rank);            // recording starts; off by default (one atomic load)
+//   { shoal::trace::Span span("forward"); ... }
+//   shoal::trace::begin("allreduce", bucket, bytes); ...; shoal::trace::end("allreduce", bucket);
+//   shoal::trace::write_file("trace.json", shoal::trace::take_events());
+//
+// Times are microseconds of the system clock, so that the events of ranks on one host line up
+// when their files are merged (merge_files).
+//
+// Thread safety: every function may be called from any thread.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace shoal::trace {
+
+/// Starts recording this process's events as `rank` (the trace's process id). Clears old events.
+void enable(int rank);
+/// Stops recording (events recorded so far stay until take_events).
+void disable();
+/// True while recording.
+bool enabled();
+
+/// Microseconds since the epoch of the system clock.
+int64_t now_us();
+
+/// A complete event: `name` from start_us to end_us, with integer arguments.
+void complete(const std::string& name, const char* category, int64_t start_us, int64_t end_us,
+              const std::vector<std::pair<std::string, int64_t>>& args = {});
+
+/// Starts an interval named `name` keyed by `key` (a bucket's index), `bytes` long (-1: none);
+/// end(name, key) records it. Both do nothing while not recording.
+void begin(const char* name, int64_t key, int64_t bytes = -1);
+void end(const char* name, int64_t key);
+
+/// Records a span from construction to destruction (when recording at construction).
+class Span {
+ public:
+  explicit Span(const char* name, const char* category = "train");
+  ~Span();
+  Span(const Span&) = delete;
+  Span& operator=(const Span&) = delete;
+
+ private:
+  const char* name_;
+  const char* category_;
+  int64_t start_us_ = -1;
+};
+
+/// The events recorded so far, each one JSON object, and forgets them.
+std::vector<std::string> take_events();
+
+/// Writes {"traceEvents": [events...]} to `path` (atomically: a temporary file, then renamed).
+/// Throws shoal::Error when it cannot be written.
+void write_file(const std::string& path, const std::vector<std::string>& events);
+
+/// Reads back the events of files written by write_file (per-rank parts), writes them all to
+/// `path` as one trace and deletes the parts. Throws shoal::Error on a file that is not one of
+/// write_file's (or is larger than 1 GiB).
+void merge_files(const std::vector<std::string>& parts, const std::string& path);
+
+}  // namespace shoal::trace

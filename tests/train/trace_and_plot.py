@@ -1,0 +1,119 @@
+#!/usr/bin/python3
+"""`shoal train --trace` and `shoal plot`, checked from their files.
+
+    trace_and_plot.py SHOAL_BINARY
+
+1. Two DDP ranks train an MLP for 4 steps with --trace: the file is JSON in the Chrome trace
+   format with, for each rank, 4 forward / backward / optimizer-step spans in order and bucket
+   reductions whose bytes add up, per backward pass, to the model's parameter bytes, each
+   starting inside a backward span of the same rank.
+2. Two single-process runs with --metrics are drawn by `shoal plot` into one SVG: it parses as
+   XML and holds, per run, one polyline per metric and axis whose points are the metrics' values
+   mapped linearly (checked against the JSON lines).
+Uses the real Fashion-MNIST (256 images); exit 77 (skipped) when it is missing.
+"""
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import xml.etree.ElementTree as ET
+
+SHOAL = sys.argv[1]
+DATA = "/usr/share/datasets/fashion-mnist"
+if not os.path.exists(os.path.join(DATA, "train-images-idx3-ubyte.gz")):
+    print("skipped: Fashion-MNIST is not installed")
+    sys.exit(77)
+
+SMALL = ["--data-dir", DATA, "--model", "mlp", "--train-samples", "256", "--test-samples", "64",
+         "--batch-size", "32", "--threads", "1", "--no-progress"]
+
+
+def shoal(*args):
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    run = subprocess.run([SHOAL, *args], capture_output=True, text=True, env=env, timeout=180)
+    if run.returncode != 0:
+        sys.exit(f"shoal {' '.join(args)} failed ({run.returncode}):\n{run.stderr}")
+    return run
+
+
+with tempfile.TemporaryDirectory() as tmp:
+    # ---- the trace -------------------------------------------------------------------------
+    trace_path = f"{tmp}/trace.json"
+    run = shoal("train", *SMALL, "--strategy", "ddp", "--nproc-per-node", "2", "--trace", trace_path)
+    parameters = int(re.search(r"mlp \((\d+) parameters\)", run.stderr).group(1))
+    with open(trace_path) as f:
+        trace = json.load(f)  # valid JSON, or this raises
+    assert not [p for p in os.listdir(tmp) if ".rank" in p], "per-rank parts were left behind"
+    events = trace["traceEvents"]
+    steps = 256 // 2 // 32  # 128 samples per rank, batch 32
+    for rank in (0, 1):
+        mine = [e for e in events if e.get("pid") == rank]
+        names = [e["args"]["name"] for e in mine if e["ph"] == "M" and e["name"] == "process_name"]
+        assert names == [f"rank {rank}"], names
+        spans = sorted((e for e in mine if e["ph"] == "X" and e["cat"] == "train"),
+                       key=lambda e: e["ts"])
+        assert [e["name"] for e in spans] == ["forward", "backward", "optimizer step"] * steps, \
+            f"rank {rank}: {[e['name'] for e in spans]}"
+        for e in spans:
+            assert e["dur"] >= 0 and isinstance(e["ts"], int), e
+        backwards = [e for e in spans if e["name"] == "backward"]
+        reductions = [e for e in mine if e["ph"] == "X" and e["cat"] == "comm"]
+        assert reductions, f"rank {rank}: no bucket reductions in the trace"
+        per_backward = [0] * len(backwards)
+        for r in reductions:
+            assert re.fullmatch(r"allreduce bucket \d+", r["name"]), r
+            assert r["args"]["bucket"] == int(r["name"].split()[-1]), r
+            inside = [i for i, b in enumerate(backwards)
+                      if b["ts"] <= r["ts"] <= b["ts"] + b["dur"]]
+            assert len(inside) == 1, f"rank {rank}: {r} starts outside every backward span"
+            per_backward[inside[0]] += r["args"]["bytes"]
+        assert per_backward == [4 * parameters] * steps, \
+            f"rank {rank}: bytes reduced per backward {per_backward}, parameters {parameters}"
+    print(f"trace: 2 ranks x {steps} steps, {len(events)} events, "
+          f"{4 * parameters} bytes reduced per step")
+
+    # ---- the plot --------------------------------------------------------------------------
+    runs = {}
+    for name, lr in (("a", "0.05"), ("b", "0.01")):
+        path = f"{tmp}/{name}.jsonl"
+        shoal("train", *SMALL, "--epochs", "2", "--lr", lr, "--log-interval", "2", "--metrics", path)
+        with open(path) as f:
+            runs[f"{name}.jsonl"] = [json.loads(line) for line in f if line.strip()]
+    svg_path = f"{tmp}/run.svg"
+    shoal("plot", f"{tmp}/a.jsonl", f"{tmp}/b.jsonl", "-o", svg_path)
+    root = ET.parse(svg_path).getroot()  # well-formed XML, or this raises
+    ns = "{http://www.w3.org/2000/svg}"
+    assert root.tag == ns + "svg", root.tag
+    lines = [p for p in root.iter(ns + "polyline") if p.get("class") == "series"]
+    expected = {("loss", "step", "loss"), ("test_accuracy", "epoch", "test_accuracy"),
+                ("samples_per_s", "step", "samples_per_s")}
+    found = set()
+    for line in lines:
+        run, metric, axis = line.get("data-run"), line.get("data-metric"), line.get("data-x")
+        event = "epoch" if metric == "test_accuracy" else "step"
+        rows = [r for r in runs[run] if r["event"] == event]
+        points = [tuple(map(float, p.split(","))) for p in line.get("points").split()]
+        assert len(points) == len(rows), (run, metric, axis, len(points), len(rows))
+        # Pixels are a linear function of the values (y flipped): check every point against
+        # the line through the two most distant ones.
+        for coord, key in ((0, axis), (1, metric)):
+            values = [r[key] for r in rows]
+            pixels = [p[coord] for p in points]
+            lo, hi = values.index(min(values)), values.index(max(values))
+            if values[hi] == values[lo]:
+                continue
+            scale = (pixels[hi] - pixels[lo]) / (values[hi] - values[lo])
+            assert (scale < 0) == (coord == 1), f"{run} {metric} {axis}: axis direction"
+            for v, px in zip(values, pixels):
+                assert abs(pixels[lo] + (v - values[lo]) * scale - px) < 0.01, (run, metric, axis, v, px)
+        found.add((run, metric, axis))
+    for run in runs:
+        for metric, _, _ in expected:
+            for axis in ("step", "time"):
+                assert (run, metric, axis) in found, f"missing series {run} {metric} vs {axis}"
+    legend = [t.text for t in root.iter(ns + "text") if t.text in runs]
+    assert sorted(legend) == sorted(runs), legend
+    print(f"plot: {len(lines)} series of {len(runs)} runs")
+print("trace_and_plot: all checks passed")
