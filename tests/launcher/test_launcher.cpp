@@ -363,12 +363,12 @@ TEST_F(Launcher, RefusesLoopbackMasterAndFreePortAcrossNodes) {
   for (const char* addr : {"127.0.0.1", "localhost"}) {
     const auto result = run_shoal({"run", "--nnodes", "2", "--node-rank", "0", "--nproc-per-node",
                                    "1", "--master-addr", addr, worker});
-    EXPECT_EQ(result.code, 1) << addr;
+    EXPECT_EQ(result.code, 2) << addr;  // a bad command line: exit 2, as every bad flag
     EXPECT_NE(result.err.find("loopback"), std::string::npos) << result.err;
   }
   const auto zero = run_shoal({"run", "--nnodes", "2", "--master-addr", "192.0.2.10",
                                "--master-port", "0", worker});
-  EXPECT_EQ(zero.code, 1);
+  EXPECT_EQ(zero.code, 2);
   EXPECT_NE(zero.err.find("single node only"), std::string::npos) << zero.err;
   EXPECT_FALSE(fs::exists(dir_ / "started")) << "a worker was started despite the refusal";
 }
@@ -421,7 +421,7 @@ printf "no newline $RANK")");
 
 TEST_F(Launcher, ProgramThatCannotRunIsReported) {
   const auto result = run_shoal({"run", "--nproc-per-node", "2", "no-such-program-shoal"});
-  EXPECT_EQ(result.code, 1);
+  EXPECT_EQ(result.code, 2);  // a bad command line
   EXPECT_NE(result.err.find("cannot find program 'no-such-program-shoal'"), std::string::npos)
       << result.err;
 }

@@ -93,12 +93,12 @@ with tempfile.TemporaryDirectory() as tmp:
     # --init-from: a state dict saved by Python, all zeros. From zero weights an MLP's hidden
     # layers get zero gradients (ReLU(0) = 0), so after training only the last bias can differ
     # from zero: proof that the run started from the file, not from the seed.
-    run = shoal("train", *SMALL, "--stop-after-steps", "1", "--dump-parameters", f"{tmp}/seeded")
+    run = shoal("train", *SMALL, "--train-samples", "32", "--dump-parameters", f"{tmp}/seeded")
     check(run.returncode == 0, "a one-step run", run)
     seeded = torch.load(f"{tmp}/seeded.rank0.pt")
     zeros = {k: torch.zeros_like(v) for k, v in seeded.items()}
     torch.save(zeros, f"{tmp}/zeros.pt")
-    run = shoal("train", *SMALL, "--stop-after-steps", "3", "--init-from", f"{tmp}/zeros.pt",
+    run = shoal("train", *SMALL, "--train-samples", "96", "--init-from", f"{tmp}/zeros.pt",
                 "--dump-parameters", f"{tmp}/from_zeros")
     check(run.returncode == 0, "--init-from zeros.pt trains", run)
     trained = torch.load(f"{tmp}/from_zeros.rank0.pt")

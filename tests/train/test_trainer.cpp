@@ -315,7 +315,7 @@ TEST(Trainer, NonFiniteLossStopsTraining) {
 // The tracer: spans and keyed intervals become Chrome "X" events with the rank as pid, and
 // merge_files joins the parts of several ranks.
 TEST(Tracer, RecordsSpansAndIntervalsAndMergesRanks) {
-  const std::string dir = testing::temp_path("shoal-trace");
+  const std::string dir = shoal::testing::temp_path("shoal-trace");
   std::filesystem::create_directories(dir);
   for (int rank = 0; rank < 2; ++rank) {
     trace::enable(rank);
