@@ -41,7 +41,10 @@ def shoal(*args):
 with tempfile.TemporaryDirectory() as tmp:
     # ---- the trace -------------------------------------------------------------------------
     trace_path = f"{tmp}/trace.json"
-    run = shoal("train", *SMALL, "--strategy", "ddp", "--nproc-per-node", "2", "--trace", trace_path)
+    # With progress on (--log-interval 0: no step lines), rank 0 names the parameter count.
+    quiet = [a for a in SMALL if a != "--no-progress"]
+    run = shoal("train", *quiet, "--log-interval", "0", "--strategy", "ddp", "--nproc-per-node", "2",
+                "--trace", trace_path)
     parameters = int(re.search(r"mlp \((\d+) parameters\)", run.stderr).group(1))
     with open(trace_path) as f:
         trace = json.load(f)  # valid JSON, or this raises
