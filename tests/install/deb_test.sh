@@ -20,8 +20,9 @@ echo "deb_test: $deb: Depends: $depends"
 for package in libtorch-dev zlib1g-dev; do
   echo "$depends" | grep -q "$package" || fail "Depends lacks $package"
 done
+contents=$(dpkg-deb -c "$deb")
 for path in ./usr/include/shoal/shoal.h ./usr/bin/shoal; do
-  dpkg-deb -c "$deb" | grep -q " $path\$" || fail "$path is not in the package"
+  grep -q " $path\$" <<<"$contents" || fail "$path is not in the package"
 done
 # apt resolves the Depends against this machine's archive without installing anything.
 if command -v apt-get >/dev/null; then

@@ -14,6 +14,7 @@ mkdir -p "$work"
 if [ $# -ge 3 ]; then
   prefix=$3
   work=$work/given-prefix
+  mkdir -p "$work"
 else
   prefix=$work/prefix
   rm -rf "$prefix"
