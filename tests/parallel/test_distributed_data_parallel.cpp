@@ -330,6 +330,12 @@ TEST(DdpJoin, UnevenInputsFinishWithTheExpectedGradients) {
   EXPECT_EQ(shadowed[1], 3);
   EXPECT_EQ(shadowed[2], 5);
   EXPECT_LE(max_relative_difference(results[0], clone_all(reference->parameters())), 1e-5);
+  // Join ends by giving every rank the model of the last rank to finish (rank 0 here).
+  for (int r = 1; r < kWorld; ++r) {
+    for (size_t i = 0; i < results[0].size(); ++i) {
+      EXPECT_TRUE(torch::equal(results[r][i], results[0][i])) << "rank " << r << " tensor " << i;
+    }
+  }
 }
 
 // ---- communication hooks -------------------------------------------------------------------------
@@ -425,6 +431,23 @@ TEST(DdpErrors, DifferentModelsAreNamedAtConstruction) {
     } catch (const InvalidArgument& e) {
       EXPECT_NE(std::string(e.what()).find(
                     "parameter 'fc1.weight' has shape [16, 9] on rank 0 but [8, 9] on rank 1"),
+                std::string::npos)
+          << e.what();
+    }
+  });
+}
+
+TEST(DdpErrors, ModuleToAfterWrappingIsNamedAtTheNextForward) {
+  with_groups(1, [&](int, std::shared_ptr<comm::ProcessGroup> group) {
+    SmallMlp model;
+    DistributedDataParallel ddp(model, group);
+    model->to(torch::kDouble);  // LibTorch drops the gradient hooks DDP placed
+    try {
+      ddp.forward(torch::randn({2, 20}, torch::kDouble));
+      ADD_FAILURE() << "expected an error";
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find("parameter 'fc1.weight' changed from Float on cpu to "
+                                           "Double on cpu after DDP was constructed"),
                 std::string::npos)
           << e.what();
     }
