@@ -225,11 +225,31 @@ DistributedDataParallelBase::DistributedDataParallelBase(std::shared_ptr<torch::
   SHOAL_CHECK_T(InvalidArgument, group_ != nullptr,
                 "DistributedDataParallel: the process group is null");
   if (options_.tune_cpu_allocator) memory::tune_cpu_allocator();
-  auto named = unique_named_parameters(*base_module_);
+  std::unordered_set<std::string> ignored(options_.params_and_buffers_to_ignore.begin(),
+                                          options_.params_and_buffers_to_ignore.end());
+  {
+    std::unordered_set<std::string> known;
+    for (const auto& item : base_module_->named_parameters(true)) known.insert(item.key());
+    for (const auto& item : base_module_->named_buffers(true)) known.insert(item.key());
+    for (const auto& name : ignored) {
+      SHOAL_CHECK_T(InvalidArgument, known.count(name) > 0, "DistributedDataParallel: '", name,
+                    "' in params_and_buffers_to_ignore is no parameter or buffer of the module");
+    }
+  }
+  for (const auto& item : unique_named_parameters(*base_module_)) {
+    if (ignored.count(item.key()) == 0) synced_params_.push_back(item.value());
+  }
+  for (const auto& item : base_module_->named_buffers(true)) {
+    if (ignored.count(item.key()) == 0) synced_buffers_.push_back(item.value());
+  }
+  torch::OrderedDict<std::string, at::Tensor> named;
+  for (const auto& item : unique_named_parameters(*base_module_)) {
+    if (ignored.count(item.key()) == 0) named.insert(item.key(), item.value());
+  }
   verify_same_parameters(*group_, named);
   {
-    std::vector<at::Tensor> state = named.values();
-    for (auto& b : base_module_->buffers(true)) state.push_back(b);
+    std::vector<at::Tensor> state = synced_params_;
+    state.insert(state.end(), synced_buffers_.begin(), synced_buffers_.end());
     broadcast_coalesced(*group_, state);
   }
   // Parameters whose gradients are sparse (PyTorch's expect_sparse_gradient).
@@ -310,7 +330,7 @@ void DistributedDataParallelBase::prepare_for_backward_opaque() {
 
 bool DistributedDataParallelBase::will_sync_buffers() const {
   return require_forward_param_sync_ && options_.broadcast_buffers && group_->size() > 1 &&
-         !base_module_->buffers(true).empty();
+         !synced_buffers_.empty();
 }
 
 int DistributedDataParallelBase::find_common_rank(bool candidate) {
@@ -328,14 +348,14 @@ void DistributedDataParallelBase::broadcast_buffers(bool has_data) {
   // Inside join, rank 0 may have run out of data and hold stale statistics: the source is the
   // highest rank that still has data (PyTorch's _find_common_rank).
   const int root = join_active_ ? find_common_rank(has_data) : 0;
-  broadcast_coalesced(*group_, base_module_->buffers(true), root);
+  broadcast_coalesced(*group_, synced_buffers_, root);
 }
 
 void DistributedDataParallelBase::sync_final_model(bool is_last_joiner) {
   if (group_->size() == 1) return;
   const int root = find_common_rank(is_last_joiner);
-  std::vector<at::Tensor> state = unique_named_parameters(*base_module_).values();
-  for (auto& b : base_module_->buffers(true)) state.push_back(b);
+  std::vector<at::Tensor> state = synced_params_;
+  state.insert(state.end(), synced_buffers_.begin(), synced_buffers_.end());
   broadcast_coalesced(*group_, state, root);
 }
 

@@ -66,7 +66,7 @@ Reducer::Reducer(std::vector<at::Tensor> parameters, std::vector<std::string> na
   }
   // find_unused_parameters changes which parameters arrive each iteration, so the arrival order
   // of one iteration says little (PyTorch rebuilds only without it, too).
-  if (options_.find_unused_parameters) rebuilt_ = true;
+  if (options_.find_unused_parameters && !options_.static_graph) rebuilt_ = true;
 }
 
 Reducer::~Reducer() = default;
@@ -132,10 +132,13 @@ void Reducer::build_buckets(const std::vector<size_t>& order) {
       const size_t index = bucket.variables[slot];
       auto& param = params_[index];
       // Aliases the bucket's storage without being an autograd view: LibTorch's
-      // Optimizer::zero_grad() calls detach_() on every gradient, which views refuse.
+      // Optimizer::zero_grad() calls detach_() on every gradient, which views refuse. It has the
+      // parameter's memory layout (channels-last stays channels-last, PyTorch's gradient layout
+      // contract) when the parameter is dense, else the contiguous one.
+      c10::DimVector strides = c10::contiguous_strides(param.sizes());
+      if (param.is_non_overlapping_and_dense()) strides = c10::DimVector(param.strides());
       auto view = torch::empty({0}, bucket.contents.options())
-                      .set_(bucket.contents.storage(), offset, param.sizes(),
-                            c10::contiguous_strides(param.sizes()));
+                      .set_(bucket.contents.storage(), offset, param.sizes(), strides);
       offset += param.numel();
       if (options_.gradient_as_bucket_view && param.grad().defined()) {
         view.copy_(param.grad());
@@ -159,6 +162,14 @@ bool Reducer::rebuild_buckets() {
   // says whether rank 0 saw every gradient arrive (otherwise the buckets stay as they are).
   const int64_t n = static_cast<int64_t>(params_.size());
   auto message = torch::zeros({n + 1}, torch::kLong);
+  // Parameters that got no gradient (unused in that step, static_graph) go last, in reverse
+  // registration order.
+  for (size_t i = params_.size(); i-- > 0;) {
+    if (!arrived_[i] && !sparse_[i]) arrival_order_.push_back(i);
+  }
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (sparse_[i] && !arrived_[i]) arrival_order_.push_back(i);
+  }
   if (static_cast<int64_t>(arrival_order_.size()) == n) {
     message[0] = 1;
     for (int64_t i = 0; i < n; ++i) message[i + 1] = static_cast<int64_t>(arrival_order_[i]);
@@ -178,7 +189,7 @@ void Reducer::prepare_for_backward(const std::vector<at::Tensor>& outputs) {
   if (in_backward_) abandon_backward();
   expect_hooks_ = true;
   ever_prepared_ = true;
-  if (!options_.find_unused_parameters) return;
+  if (!tracks_unused()) return;
   std::vector<const compat::GradAccumulatedHook*> hooks;
   for (const auto& h : hooks_) hooks.push_back(h.get());
   auto reachable = compat::reachable_parameters(outputs, hooks);
@@ -239,7 +250,10 @@ void Reducer::begin_backward() {
   next_bucket_ = 0;
   compat::queue_backward_callback([this] { on_backward_end(); });
   callback_queued_ = true;
-  if (options_.find_unused_parameters) {
+  if (options_.static_graph && static_known_) {
+    // static_graph: the parameters unused on every rank in the first iteration, without a walk.
+    for (size_t index : static_unused_) mark_ready(index);
+  } else if (tracks_unused()) {
     SHOAL_CHECK_T(InvalidArgument, unused_known_, group_->rank_prefix(),
                   " DistributedDataParallel: find_unused_parameters is set but this backward pass "
                   "was not prepared; call ddp.forward(...) or ddp.prepare_for_backward(output) after "
@@ -304,7 +318,14 @@ std::string Reducer::describe_bucket(size_t bucket_index) const {
 
 void Reducer::wait_bucket(size_t bucket_index) {
   try {
-    buckets_[bucket_index].work->wait();
+    Bucket& bucket = buckets_[bucket_index];
+    bucket.work->wait();
+    // The hook may deliver its result as a new tensor (PyTorch's future value): take it.
+    const at::Tensor& result = bucket.hook_view->buffer();
+    if (!result.is_same(bucket.contents)) {
+      torch::NoGradGuard no_grad;
+      bucket.contents.copy_(result.reshape({-1}));
+    }
   } catch (...) {
     rethrow_with_context(std::current_exception(),
                          group_->rank_prefix() + " DistributedDataParallel: allreduce of " +
@@ -350,7 +371,7 @@ void Reducer::finalize_backward() {
   }
   at::Tensor used_map;
   std::shared_ptr<comm::Work> used_work;
-  if (options_.find_unused_parameters) {
+  if (tracks_unused()) {
     used_map = torch::empty({static_cast<int64_t>(params_.size())}, torch::kInt);
     auto acc = used_map.accessor<int, 1>();
     for (size_t i = 0; i < params_.size(); ++i) acc[i] = locally_used_[i];
@@ -371,7 +392,9 @@ void Reducer::finalize_backward() {
     for (auto& bucket : buckets_) bucket.contents.mul_(scale);
   }
 
+  if (used_map.defined()) learn_static_graph(used_map);
   const int* used_everywhere = used_map.defined() ? used_map.data_ptr<int>() : nullptr;
+  if (options_.static_graph) used_everywhere = static_used_.data();
   for (size_t index = 0; index < params_.size(); ++index) {
     if (sparse_[index]) {
       reduce_sparse(index, used_everywhere == nullptr || used_everywhere[index] != 0, scale);
@@ -476,13 +499,29 @@ void Reducer::shadow_backward() {
   }
   std::shared_ptr<comm::Work> used_work;
   at::Tensor used_map;
-  if (options_.find_unused_parameters) {
+  if (tracks_unused()) {
     used_map = torch::zeros({static_cast<int64_t>(params_.size())}, torch::kInt);
     used_work = group_->allreduce(used_map);
   }
   for (size_t b = 0; b < buckets_.size(); ++b) wait_bucket(b);
   if (used_work) used_work->wait();
+  if (used_map.defined()) learn_static_graph(used_map);
   synced_once_ = true;
+}
+
+bool Reducer::tracks_unused() const {
+  return options_.static_graph ? !static_known_ : options_.find_unused_parameters;
+}
+
+void Reducer::learn_static_graph(const at::Tensor& used_map) {
+  if (!options_.static_graph || static_known_) return;
+  static_known_ = true;
+  auto acc = used_map.accessor<int, 1>();
+  static_used_.assign(params_.size(), 0);
+  for (size_t i = 0; i < params_.size(); ++i) {
+    static_used_[i] = acc[i];
+    if (acc[i] == 0) static_unused_.push_back(i);
+  }
 }
 
 void Reducer::check_parameters_unchanged() const {
@@ -501,6 +540,9 @@ void Reducer::check_parameters_unchanged() const {
 
 ReducerStats Reducer::stats() const {
   ReducerStats stats = stats_;
+  stats.static_graph = options_.static_graph;
+  stats.unused_parameters = static_cast<int64_t>(options_.static_graph ? static_unused_.size()
+                                                                      : unused_.size());
   stats.bucket_bytes.clear();
   for (const auto& bucket : buckets_) {
     stats.bucket_bytes.push_back(bucket.contents.numel() *

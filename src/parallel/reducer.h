@@ -83,6 +83,11 @@ class Reducer {
   /// gradients still missing (the outer backward goes on; the next hook queues it again).
   void on_backward_end();
   void finalize_backward();
+  /// Whether this iteration finds and exchanges unused parameters (find_unused_parameters, or the
+  /// first iteration of static_graph).
+  bool tracks_unused() const;
+  /// static_graph: after the first iteration, keeps which parameters no rank used.
+  void learn_static_graph(const at::Tensor& used_map);
   /// Averages parameter `index`'s sparse gradient across ranks (allgather, sum, coalesce).
   void reduce_sparse(size_t index, bool used_somewhere, double scale);
   void wait_bucket(size_t bucket_index);
@@ -117,6 +122,9 @@ class Reducer {
   std::vector<char> locally_used_;
   std::vector<size_t> unused_;           // from prepare_for_backward (find_unused_parameters)
   bool unused_known_ = false;
+  bool static_known_ = false;            // static_graph: the first iteration is over
+  std::vector<size_t> static_unused_;    // static_graph: unused on every rank, marked each step
+  std::vector<int> static_used_;         // static_graph: used somewhere (per parameter)
 
   bool rebuilt_ = false;
   bool synced_once_ = false;             // a synchronised backward completed (rebuild may run)

@@ -401,6 +401,56 @@ def case_sparse_embedding(rank):
     return model
 
 
+def case_static_graph(rank):
+    model = BranchNet()
+    init_params(model)
+    ddp = nn.parallel.DistributedDataParallel(model, static_graph=True)
+    opt = sgd(model, weight_decay=0.01)
+    for step in range(3):
+        opt.zero_grad()
+        F.nll_loss(ddp(inputs(rank, step, (5, 6)), True, False), labels(rank, step, 5, 4)).backward()
+        opt.step()
+    return model
+
+
+def case_ignored_parameters(rank):
+    model = JoinNet()
+    init_params(model)
+    nn.parallel.DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(
+        model, ["fc2.weight", "fc2.bias", "bn.running_mean"])
+    ddp = nn.parallel.DistributedDataParallel(model)
+    opt = sgd(model)
+    for step in range(3):
+        opt.zero_grad()
+        F.nll_loss(ddp(inputs(rank, step, (5, 6))), labels(rank, step, 5, 4)).backward()
+        opt.step()
+    return model
+
+
+class ConvNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(2, 4, 3)
+        self.fc = nn.Linear(64, 3)
+
+    def forward(self, x):
+        return F.log_softmax(self.fc(torch.relu(self.conv(x)).flatten(1)), 1)
+
+
+def case_channels_last_bucket_view(rank):
+    model = ConvNet().to(memory_format=torch.channels_last)
+    init_params(model)
+    ddp = nn.parallel.DistributedDataParallel(model, gradient_as_bucket_view=True)
+    opt = sgd(model)
+    for step in range(3):
+        opt.zero_grad()
+        x = inputs(rank, step, (3, 2, 6, 6)).contiguous(memory_format=torch.channels_last)
+        F.nll_loss(ddp(x), labels(rank, step, 3, 3)).backward()
+        assert model.conv.weight.grad.stride() == model.conv.weight.stride()
+        opt.step()
+    return model
+
+
 CASES = {name[len("case_"):]: fn for name, fn in globals().items() if name.startswith("case_")}
 
 

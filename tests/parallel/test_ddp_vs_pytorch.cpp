@@ -289,6 +289,15 @@ struct EmbNetImpl : torch::nn::Module {
 };
 TORCH_MODULE(EmbNet);
 
+struct ConvNetImpl : torch::nn::Module {
+  torch::nn::Conv2d conv{register_module("conv", torch::nn::Conv2d(torch::nn::Conv2dOptions(2, 4, 3)))};
+  Linear fc{register_module("fc", Linear(64, 3))};
+  torch::Tensor forward(const torch::Tensor& x) {
+    return torch::log_softmax(fc(torch::relu(conv(x)).flatten(1)), 1);
+  }
+};
+TORCH_MODULE(ConvNet);
+
 torch::optim::SGD sgd(torch::nn::Module& module, double weight_decay = 0) {
   return torch::optim::SGD(unique_parameters(module),
                            torch::optim::SGDOptions(0.1).momentum(0.9).weight_decay(weight_decay));
@@ -511,6 +520,56 @@ torch::Tensor run_case(const std::string& name, int rank,
     }
     return dump(*model);
   }
+  if (name == "static_graph") {
+    BranchNet model;
+    init_params(*model);
+    auto options = small_buckets();
+    options.static_graph = true;
+    DistributedDataParallel ddp(model, group, options);
+    auto optimizer = sgd(*model, 0.01);
+    for (int step = 0; step < 3; ++step) {
+      optimizer.zero_grad();
+      nll(ddp.forward(inputs(rank, step, {5, 6}), true, false), labels(rank, step, 5, 4)).backward();
+      optimizer.step();
+    }
+    EXPECT_TRUE(ddp.stats().static_graph);
+    EXPECT_EQ(ddp.stats().unused_parameters, 2) << "c.weight and c.bias";
+    return dump(*model);
+  }
+  if (name == "ignored_parameters") {
+    JoinNet model;
+    init_params(*model);
+    auto options = small_buckets();
+    options.params_and_buffers_to_ignore = {"fc2.weight", "fc2.bias", "bn.running_mean"};
+    DistributedDataParallel ddp(model, group, options);
+    auto optimizer = sgd(*model);
+    for (int step = 0; step < 3; ++step) {
+      optimizer.zero_grad();
+      nll(ddp.forward(inputs(rank, step, {5, 6})), labels(rank, step, 5, 4)).backward();
+      optimizer.step();
+    }
+    return dump(*model);
+  }
+  if (name == "channels_last_bucket_view") {
+    ConvNet model;
+    {
+      torch::NoGradGuard no_grad;
+      model->conv->weight.set_data(model->conv->weight.contiguous(at::MemoryFormat::ChannelsLast));
+    }
+    init_params(*model);
+    auto options = small_buckets();
+    options.gradient_as_bucket_view = true;
+    DistributedDataParallel ddp(model, group, options);
+    auto optimizer = sgd(*model);
+    for (int step = 0; step < 3; ++step) {
+      optimizer.zero_grad();
+      auto x = inputs(rank, step, {3, 2, 6, 6}).contiguous(at::MemoryFormat::ChannelsLast);
+      nll(ddp.forward(x), labels(rank, step, 3, 3)).backward();
+      EXPECT_EQ(model->conv->weight.grad().strides(), model->conv->weight.strides());
+      optimizer.step();
+    }
+    return dump(*model);
+  }
   throw std::invalid_argument("unknown case " + name);
 }
 
@@ -518,7 +577,8 @@ const char* const kCases[] = {"join", "join_divide_by_active_ranks",
                               "join_throw_on_early_termination", "unused_accumulation", "unused_accumulation_view",
                               "sync_batch_norm_float", "sync_batch_norm_double",
                               "uneven_evaluation", "tied_weights", "backward_exception",
-                              "rebuild_after_no_sync", "retain_graph", "reentrant_checkpoint", "sparse_embedding"};
+                              "rebuild_after_no_sync", "retain_graph", "reentrant_checkpoint", "sparse_embedding", "static_graph",
+                              "ignored_parameters", "channels_last_bucket_view"};
 
 // Runs every case of ddp_oracle.py in one PyTorch launch (once per test program).
 class Cases : public VsPyTorch {
@@ -598,6 +658,9 @@ TEST_F(Cases, BucketsRebuiltOnceFromFirstSynchronisedBackward) { check("rebuild_
 TEST_F(Cases, RetainGraphSecondBackwardAccumulatesLocally) { check("retain_graph"); }
 TEST_F(Cases, ReentrantBackwardFinalizesAtOutermostEnd) { check("reentrant_checkpoint"); }
 TEST_F(Cases, SparseEmbeddingGradients) { check("sparse_embedding"); }
+TEST_F(Cases, StaticGraph) { check("static_graph"); }
+TEST_F(Cases, IgnoredParametersAndBuffersStayLocal) { check("ignored_parameters"); }
+TEST_F(Cases, BucketViewsKeepChannelsLast) { check("channels_last_bucket_view"); }
 
 }  // namespace
 }  // namespace shoal::parallel

@@ -58,6 +58,15 @@ struct DistributedDataParallelOptions {
   /// Walk the autograd graph after each forward to find parameters that will get no gradient, and
   /// mark them ready so reduction completes. Needed when some parameters are unused on some steps.
   bool find_unused_parameters = false;
+  /// PyTorch's static_graph: the set of used parameters and the gradient order are the same every
+  /// iteration. The first iteration finds the parameters no rank uses (as find_unused_parameters
+  /// does); afterwards they are marked ready each step without a graph walk or an extra
+  /// collective, and the buckets are rebuilt once. Works with re-entrant activation checkpointing.
+  bool static_graph = false;
+  /// Parameters and buffers DDP leaves alone (PyTorch's
+  /// _set_params_and_buffers_to_ignore_for_model), by their names in the module: not verified,
+  /// broadcast or reduced; their gradients stay local.
+  std::vector<std::string> params_and_buffers_to_ignore;
   /// Copy rank 0's buffers (BatchNorm running statistics) to every rank before each forward.
   bool broadcast_buffers = true;
   /// Make each parameter's `.grad` a view into its bucket: no copy in or out, less peak memory.
@@ -76,6 +85,8 @@ struct ReducerStats {
   double reduced_bytes = 0;         ///< bytes of every bucket reduced
   double hidden_bytes = 0;          ///< of which already reduced when backward ended (overlapped)
   std::vector<int64_t> bucket_bytes;  ///< current bucket sizes, in reduction order
+  bool static_graph = false;          ///< the static_graph option
+  int64_t unused_parameters = 0;      ///< unused in the last walk (static_graph: on every rank)
 };
 
 class DistributedDataParallelBase;
@@ -197,6 +208,9 @@ class DistributedDataParallelBase {
   std::shared_ptr<comm::ProcessGroup> group_;
   DistributedDataParallelOptions options_;
   std::unique_ptr<Reducer> reducer_;
+  // What DDP synchronises: the parameters (each once) and buffers not ignored.
+  std::vector<at::Tensor> synced_params_;
+  std::vector<at::Tensor> synced_buffers_;
   bool join_active_ = false;
   JoinOptions join_options_;
   bool forward_prepared_ = false;
