@@ -103,7 +103,9 @@ CommHook bf16_compress_hook(std::shared_ptr<comm::ProcessGroup> group) {
 }
 
 
-CommHook fp16_compress_wrapper(CommHook hook) { return compress_wrapper(at::kHalf, std::move(hook)); }
+CommHook fp16_compress_wrapper(CommHook hook) {
+  return compress_wrapper(at::kHalf, std::move(hook));
+}
 
 CommHook bf16_compress_wrapper(CommHook hook) {
   return compress_wrapper(at::kBFloat16, std::move(hook));
@@ -149,8 +151,8 @@ CommHook powerSGD_hook(std::shared_ptr<comm::ProcessGroup> group,
     };
     if (state->iteration < state->start_powerSGD_iter) {
       advance();
-      const double bytes = static_cast<double>(bucket.buffer().numel() * bucket.buffer().element_size());
-      state->bytes_sent += bytes;
+      state->bytes_sent +=
+          static_cast<double>(bucket.buffer().numel() * bucket.buffer().element_size());
       return plain(bucket);
     }
     const double world = group->size();
@@ -189,7 +191,9 @@ CommHook powerSGD_hook(std::shared_ptr<comm::ProcessGroup> group,
     auto& p_memory = state->p_memory[index];
     auto& q_memory = state->q_memory[index];
     const bool fresh_q = !state->warm_start || !q_memory.defined() || q_memory.numel() != q_total;
-    if (!p_memory.defined() || p_memory.numel() != p_total) p_memory = torch::empty({p_total}, buffer.options());
+    if (!p_memory.defined() || p_memory.numel() != p_total) {
+      p_memory = torch::empty({p_total}, buffer.options());
+    }
     if (fresh_q) {
       // The same random Q on every rank: a generator seeded from the state, bucket and step.
       auto generator = at::make_generator<at::CPUGeneratorImpl>(
@@ -218,7 +222,9 @@ CommHook powerSGD_hook(std::shared_ptr<comm::ProcessGroup> group,
       pb->uncompressed_views_memory = torch::cat(flat);
       uncompressed_work = group->allreduce(pb->uncompressed_views_memory, sum);
     }
-    for (size_t i = 0; i < pb->matrices.size(); ++i) torch::matmul_out(pb->ps[i], pb->matrices[i], pb->qs[i]);
+    for (size_t i = 0; i < pb->matrices.size(); ++i) {
+      torch::matmul_out(pb->ps[i], pb->matrices[i], pb->qs[i]);
+    }
     if (p_total > 0) group->allreduce(p_memory, sum)->wait();
     for (auto& p : pb->ps) orthogonalize(p);
     // Q = M^T P, summed over ranks: the approximation is P Q^T / world.

@@ -201,9 +201,6 @@ void Reducer::prepare_for_backward(const std::vector<at::Tensor>& outputs) {
 }
 
 void Reducer::autograd_hook(size_t index) {
-  // A hook that fires with an undefined gradient (an output not used in the loss) does not make
-  // the parameter "used": its .grad must stay untouched where it is unused on every rank.
-  if (params_[index].grad().defined()) locally_used_[index] = 1;
   if (!(ever_prepared_ ? expect_hooks_ : grad_sync_)) return;
   if (!in_backward_) {
     begin_backward();
@@ -211,6 +208,9 @@ void Reducer::autograd_hook(size_t index) {
     compat::queue_backward_callback([this] { on_backward_end(); });
     callback_queued_ = true;
   }
+  // A hook that fires with an undefined gradient (an output not used in the loss) does not make
+  // the parameter "used": its .grad must stay untouched where it is unused on every rank.
+  if (params_[index].grad().defined()) locally_used_[index] = 1;
   // The arrival order of the first synchronised backward (no_sync passes do not count: their
   // gradients may be a partial set) drives the one-time bucket rebuild.
   if (!synced_once_ && !rebuilt_ && !arrived_[index]) {
@@ -237,12 +237,14 @@ void Reducer::abandon_backward() {
   expect_hooks_ = false;
   next_bucket_ = 0;
   std::fill(ready_.begin(), ready_.end(), 0);
+  std::fill(locally_used_.begin(), locally_used_.end(), 0);
 }
 
 void Reducer::begin_backward() {
   in_backward_ = true;
   backward_start_ = std::chrono::steady_clock::now();
   std::fill(ready_.begin(), ready_.end(), 0);
+  std::fill(locally_used_.begin(), locally_used_.end(), 0);
   for (auto& bucket : buckets_) {
     bucket.pending = bucket.variables.size();
     bucket.work.reset();
@@ -397,7 +399,8 @@ void Reducer::finalize_backward() {
   if (options_.static_graph) used_everywhere = static_used_.data();
   for (size_t index = 0; index < params_.size(); ++index) {
     if (sparse_[index]) {
-      reduce_sparse(index, used_everywhere == nullptr || used_everywhere[index] != 0, scale);
+      reduce_sparse(index, used_everywhere == nullptr || used_everywhere[index] != 0, scale,
+                    /*shadow=*/false);
       continue;
     }
     if (used_everywhere != nullptr && used_everywhere[index] == 0) continue;  // unused everywhere
@@ -419,7 +422,7 @@ void Reducer::finalize_backward() {
   stats_.backward_seconds += std::chrono::duration<double>(wait_end - backward_start_).count();
 }
 
-void Reducer::reduce_sparse(size_t index, bool used_somewhere, double scale) {
+void Reducer::reduce_sparse(size_t index, bool used_somewhere, double scale, bool shadow) {
   // Every rank reaches this for the same parameters in the same order (parameter order, after
   // the dense buckets), so the collectives match. Unused on every rank: .grad left alone.
   if (!used_somewhere) return;
@@ -428,7 +431,7 @@ void Reducer::reduce_sparse(size_t index, bool used_somewhere, double scale) {
                               "of '" + names_[index] + "': ";
   try {
     const int64_t sparse_dims = 1;
-    at::Tensor grad = param.grad();
+    at::Tensor grad = shadow ? at::Tensor() : param.grad();  // a joined rank sends nothing
     at::Tensor indices, values;
     if (grad.defined()) {
       SHOAL_CHECK_T(InvalidArgument, grad.is_sparse() && grad.sparse_dim() == sparse_dims,
@@ -471,9 +474,9 @@ void Reducer::reduce_sparse(size_t index, bool used_somewhere, double scale) {
       value_parts.push_back(all_values[r].narrow(0, 0, n));
     }
     auto sum = torch::sparse_coo_tensor(torch::cat(index_parts, 1), torch::cat(value_parts, 0),
-                                        param.sizes(), values.options())
+                                        param.sizes(), values.options().layout(at::kSparse))
                    .coalesce();
-    param.mutable_grad() = sum.mul_(scale / static_cast<double>(world));
+    if (!shadow) param.mutable_grad() = sum.mul_(scale / static_cast<double>(world));
   } catch (...) {
     rethrow_with_context(std::current_exception(), context);
   }
@@ -506,6 +509,13 @@ void Reducer::shadow_backward() {
   for (size_t b = 0; b < buckets_.size(); ++b) wait_bucket(b);
   if (used_work) used_work->wait();
   if (used_map.defined()) learn_static_graph(used_map);
+  const int* used_everywhere = used_map.defined() ? used_map.data_ptr<int>() : nullptr;
+  if (options_.static_graph) used_everywhere = static_used_.data();
+  for (size_t index = 0; index < params_.size(); ++index) {
+    if (!sparse_[index]) continue;
+    reduce_sparse(index, used_everywhere == nullptr || used_everywhere[index] != 0, 1.0,
+                  /*shadow=*/true);
+  }
   synced_once_ = true;
 }
 

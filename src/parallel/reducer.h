@@ -88,8 +88,9 @@ class Reducer {
   bool tracks_unused() const;
   /// static_graph: after the first iteration, keeps which parameters no rank used.
   void learn_static_graph(const at::Tensor& used_map);
-  /// Averages parameter `index`'s sparse gradient across ranks (allgather, sum, coalesce).
-  void reduce_sparse(size_t index, bool used_somewhere, double scale);
+  /// Averages parameter `index`'s sparse gradient across ranks (allgather, sum, coalesce), times
+  /// `scale`; a `shadow` (joined) rank takes part with nothing and keeps its .grad.
+  void reduce_sparse(size_t index, bool used_somewhere, double scale, bool shadow);
   void wait_bucket(size_t bucket_index);
   std::string describe_bucket(size_t bucket_index) const;
 
@@ -117,8 +118,9 @@ class Reducer {
   bool ever_prepared_ = false;
   size_t next_bucket_ = 0;               // first bucket not launched yet
   std::vector<char> ready_;              // per parameter, this iteration
-  // Per parameter: got a defined gradient since the last synchronised backward (no_sync
-  // micro-batches included, as in PyTorch).
+  // Per parameter: got a defined gradient in this synchronised backward (as in PyTorch, use in
+  // earlier no_sync() micro-batches does not count; their accumulated .grad is still reduced when
+  // another rank uses the parameter).
   std::vector<char> locally_used_;
   std::vector<size_t> unused_;           // from prepare_for_backward (find_unused_parameters)
   bool unused_known_ = false;

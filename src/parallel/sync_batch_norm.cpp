@@ -63,7 +63,8 @@ struct SyncBatchNormFunction : public torch::autograd::Function<SyncBatchNormFun
     auto invstd = torch::rsqrt(var + eps);
     auto out = (x - per_channel(mean, x)) * per_channel(invstd, x);
     if (weight.defined()) {
-      out = out * per_channel(weight.to(x.scalar_type()), x) + per_channel(bias.to(x.scalar_type()), x);
+      out = out * per_channel(weight.to(x.scalar_type()), x) +
+            per_channel(bias.to(x.scalar_type()), x);
     }
     ctx->save_for_backward({input, weight, mean, invstd});
     ctx->saved_data["group"] = group_address;
@@ -196,8 +197,10 @@ std::shared_ptr<SyncBatchNormImpl> convert_one(torch::nn::Module& module,
 // Replaces, inside `module` (a container), its children by `replacements` (name -> module).
 // Sequential and ModuleList are rebuilt and assigned in place, so every holder of the container
 // (a parent's typed member too) sees the new layers; ModuleDict replaces entries itself.
+using Replacements = std::map<std::string, std::shared_ptr<SyncBatchNormImpl>>;
+
 void replace_children(torch::nn::Module& module, const std::string& path,
-                      const std::map<std::string, std::shared_ptr<SyncBatchNormImpl>>& replacements) {
+                      const Replacements& replacements) {
   if (auto* seq = module.as<torch::nn::SequentialImpl>()) {
     auto names = seq->named_children().keys();
     torch::nn::Sequential rebuilt;
@@ -234,7 +237,8 @@ void replace_children(torch::nn::Module& module, const std::string& path,
     return;
   }
   const std::string& first = replacements.begin()->first;
-  SHOAL_THROW(InvalidArgument, "convert_sync_batchnorm: '", path.empty() ? first : path + "." + first,
+  SHOAL_THROW(InvalidArgument, "convert_sync_batchnorm: '",
+              path.empty() ? first : path + "." + first,
               "' is a BatchNorm held in a typed member of the custom module '", module.name(),
               "', which C++ cannot swap from outside; declare that layer as "
               "shoal::parallel::SyncBatchNorm, or hold it in a torch::nn::Sequential, ModuleList "
@@ -243,13 +247,14 @@ void replace_children(torch::nn::Module& module, const std::string& path,
 
 void convert_children(torch::nn::Module& module, const std::string& path,
                       const std::shared_ptr<comm::ProcessGroup>& group) {
-  std::map<std::string, std::shared_ptr<SyncBatchNormImpl>> replacements;
+  Replacements replacements;
   for (const auto& child : module.named_children()) {
     if (auto sync = convert_one(*child.value(), group)) {
       sync->train(child.value()->is_training());
       replacements.emplace(child.key(), std::move(sync));
     } else {
-      convert_children(*child.value(), path.empty() ? child.key() : path + "." + child.key(), group);
+      const std::string child_path = path.empty() ? child.key() : path + "." + child.key();
+      convert_children(*child.value(), child_path, group);
     }
   }
   if (!replacements.empty()) replace_children(module, path, replacements);
@@ -260,7 +265,8 @@ void convert_children(torch::nn::Module& module, const std::string& path,
 std::shared_ptr<torch::nn::Module> convert_sync_batchnorm(std::shared_ptr<torch::nn::Module> module,
                                                           std::shared_ptr<comm::ProcessGroup> group) {
   SHOAL_CHECK_T(InvalidArgument, module != nullptr, "convert_sync_batchnorm: the module is null");
-  SHOAL_CHECK_T(InvalidArgument, group != nullptr, "convert_sync_batchnorm: the process group is null");
+  SHOAL_CHECK_T(InvalidArgument, group != nullptr,
+                "convert_sync_batchnorm: the process group is null");
   if (auto sync = convert_one(*module, group)) {
     sync->train(module->is_training());
     return sync;

@@ -251,7 +251,10 @@ def unused_accumulation(rank, view):
     opt.zero_grad()
     with ddp.no_sync():
         loss(0, True, True).backward()
-    loss(1, rank == 1, False).backward()  # b unused on rank 0, c on both: accumulated .grad kept
+    # b unused on rank 0 but used on rank 1: rank 0's accumulated .grad is reduced; c unused on
+    # every rank: its .grad is left alone (the replicas then differ, as in PyTorch), except as a
+    # bucket view, which is reduced.
+    loss(1, rank == 1, False).backward()
     opt.step()
     opt.zero_grad()
     loss(2, False, False).backward()  # b and c unused everywhere: .grad left alone

@@ -619,10 +619,13 @@ class Cases : public VsPyTorch {
           << name << " rank " << rank << ": gradients defined differently from PyTorch";
       auto e = torch::nan_to_num(expected), a = torch::nan_to_num(actual);
       const double scale = std::max(e.abs().max().item<double>(), 1.0);
-      const double worst = (a - e).abs().max().item<double>() / scale;
+      const auto where = (a - e).abs().argmax().item<int64_t>();
+      const double worst = (a - e).abs()[where].item<double>() / scale;
       std::printf("%s rank %d: max relative difference from PyTorch %.3g\n", name.c_str(), rank,
                   worst);
-      EXPECT_LE(worst, 1e-5) << name << " rank " << rank;
+      EXPECT_LE(worst, 1e-5) << name << " rank " << rank << ": at flat index " << where
+                             << " (parameters, then gradients, then buffers) Shoal has "
+                             << a[where].item<double>() << ", PyTorch " << e[where].item<double>();
       shoal_states.push_back(actual);
     }
     // Replicas: wherever PyTorch's ranks agree (parameters, buffers), Shoal's agree bit for bit.

@@ -62,6 +62,40 @@ TEST(SyncBatchNorm, MatchesBatchNormOverTheFullBatch) {
   }
 }
 
+// Evaluation (running statistics, or without them the local batch's) communicates nothing, as in
+// PyTorch: rank 0 evaluates alone, and would wait for rank 1 in any collective.
+TEST(SyncBatchNorm, EvaluationDoesNotCommunicate) {
+  torch::set_num_threads(1);
+  auto store = comm::make_hash_store(std::chrono::milliseconds(30'000));
+  torch::manual_seed(4);
+  auto x = torch::randn({6, 3}) * 3 + 5;
+  shoal::testing::run_threads(
+      2,
+      [&](int rank) {
+        auto group = comm::new_process_group("gloo", store, rank, 2);
+        if (rank != 0) return;
+        torch::nn::BatchNorm1d tracked(3);
+        {
+          torch::NoGradGuard no_grad;
+          tracked->running_mean.uniform_(-1, 1);
+          tracked->running_var.uniform_(0.5, 2);
+        }
+        tracked->eval();
+        auto sync = convert_sync_batchnorm(tracked.ptr(), group);
+        sync->eval();
+        auto out = std::dynamic_pointer_cast<SyncBatchNormImpl>(sync)->forward(x);
+        EXPECT_TRUE(torch::allclose(out, tracked(x), 1e-6, 1e-6));
+
+        torch::nn::BatchNorm1d untracked(torch::nn::BatchNormOptions(3).track_running_stats(false));
+        untracked->eval();
+        SyncBatchNorm sync_untracked(torch::nn::BatchNormOptions(3).track_running_stats(false),
+                                     group);
+        sync_untracked->eval();
+        EXPECT_TRUE(torch::allclose(sync_untracked(x), untracked(x), 1e-6, 1e-6));
+      },
+      std::chrono::milliseconds(20'000));
+}
+
 // A custom module holding containers that hold BatchNorms at several depths.
 struct TreeImpl : torch::nn::Module {
   torch::nn::Sequential head{register_module(
