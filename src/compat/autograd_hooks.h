@@ -2,8 +2,9 @@
 //
 // Four things, all internal LibTorch APIs whose signatures moved between 1.13 and 2.x: a hook
 // that fires once a leaf parameter's gradient has been accumulated into `.grad`, a callback that
-// runs once the current backward pass has finished, whether that pass is a re-entrant one, and a walk over the autograd graph to find
-// which parameters an output depends on. Only autograd_hooks.cpp includes the internals.
+// runs once the current backward pass has finished, whether that pass is a re-entrant one, and a
+// walk over the autograd graph to find which parameters an output depends on. Only
+// autograd_hooks.cpp includes the internals.
 //
 // Thread safety: hooks run on the thread that executes the backward pass (the caller of
 // backward() on CPU); add and remove hooks while no backward pass touches the parameter.

@@ -38,7 +38,8 @@ int64_t fnv1a(const std::string& text, uint64_t hash = 1469598103934665603ull) {
 
 // The module's parameters, each tensor once under its first name (tied weights: one tensor
 // registered under two names is reduced once, as PyTorch deduplicates by identity).
-torch::OrderedDict<std::string, at::Tensor> unique_named_parameters(const torch::nn::Module& module) {
+torch::OrderedDict<std::string, at::Tensor> unique_named_parameters(
+    const torch::nn::Module& module) {
   torch::OrderedDict<std::string, at::Tensor> unique;
   std::unordered_set<const void*> seen;
   for (const auto& item : module.named_parameters(/*recurse=*/true)) {

@@ -540,7 +540,8 @@ void Reducer::check_parameters_unchanged() const {
     const auto& then = param_options_[i];
     if (now.scalar_type() == then.dtype().toScalarType() && now.device() == then.device()) continue;
     SHOAL_THROW(InvalidArgument, group_->rank_prefix(), " DistributedDataParallel: parameter '",
-                names_[i], "' changed from ", c10::toString(then.dtype().toScalarType()), " on ", then.device().str(),
+                names_[i], "' changed from ", c10::toString(then.dtype().toScalarType()), " on ",
+                then.device().str(),
                 " to ", c10::toString(now.scalar_type()), " on ", now.device().str(),
                 " after DDP was constructed (module->to(...) after wrapping: LibTorch drops the "
                 "gradient hooks DDP placed, and its buckets keep the old type). Move or convert "

@@ -154,7 +154,8 @@ void init_params(torch::nn::Module& module) {
   torch::NoGradGuard no_grad;
   int64_t k = 0;
   for (auto& p : unique_parameters(module)) {
-    auto values = torch::sin(torch::arange(p.numel(), torch::kDouble) * 0.37 + static_cast<double>(k++)) * 0.4;
+    auto index = torch::arange(p.numel(), torch::kDouble);
+    auto values = torch::sin(index * 0.37 + static_cast<double>(k++)) * 0.4;
     p.copy_(values.view(p.sizes()));
   }
 }
@@ -282,15 +283,16 @@ struct ReorderNetImpl : torch::nn::Module {
 TORCH_MODULE(ReorderNet);
 
 struct EmbNetImpl : torch::nn::Module {
-  torch::nn::Embedding emb{
-      register_module("emb", torch::nn::Embedding(torch::nn::EmbeddingOptions(10, 4).sparse(true)))};
+  torch::nn::Embedding emb{register_module(
+      "emb", torch::nn::Embedding(torch::nn::EmbeddingOptions(10, 4).sparse(true)))};
   Linear fc{register_module("fc", Linear(4, 3))};
   torch::Tensor forward(const torch::Tensor& idx) { return torch::log_softmax(fc(emb(idx)), 1); }
 };
 TORCH_MODULE(EmbNet);
 
 struct ConvNetImpl : torch::nn::Module {
-  torch::nn::Conv2d conv{register_module("conv", torch::nn::Conv2d(torch::nn::Conv2dOptions(2, 4, 3)))};
+  torch::nn::Conv2d conv{
+      register_module("conv", torch::nn::Conv2d(torch::nn::Conv2dOptions(2, 4, 3)))};
   Linear fc{register_module("fc", Linear(64, 3))};
   torch::Tensor forward(const torch::Tensor& x) {
     return torch::log_softmax(fc(torch::relu(conv(x)).flatten(1)), 1);
@@ -314,7 +316,9 @@ torch::Tensor dump(torch::nn::Module& module) {
     parts.push_back(grad.defined() ? grad.detach().to(torch::kDouble).flatten()
                                        : torch::full({p.numel()}, NAN, torch::kDouble));
   }
-  for (const auto& b : module.buffers(true)) parts.push_back(b.detach().to(torch::kDouble).flatten());
+  for (const auto& b : module.buffers(true)) {
+    parts.push_back(b.detach().to(torch::kDouble).flatten());
+  }
   return torch::cat(parts);
 }
 
@@ -328,7 +332,9 @@ DistributedDataParallelOptions small_buckets() {
 
 torch::Tensor run_case(const std::string& name, int rank,
                        const std::shared_ptr<comm::ProcessGroup>& group) {
-  auto nll = [](const torch::Tensor& out, const torch::Tensor& y) { return torch::nll_loss(out, y); };
+  auto nll = [](const torch::Tensor& out, const torch::Tensor& y) {
+    return torch::nll_loss(out, y);
+  };
   if (name == "join" || name == "join_divide_by_active_ranks") {
     JoinNet model;
     init_params(*model);
@@ -402,7 +408,8 @@ torch::Tensor run_case(const std::string& name, int rank,
     auto optimizer = sgd(*model);
     for (int step = 0; step < 3; ++step) {
       optimizer.zero_grad();
-      nll(ddp.forward(inputs(rank, step, {6, 4}, 1e4).to(dtype)), labels(rank, step, 6, 3)).backward();
+      auto x = inputs(rank, step, {6, 4}, /*offset=*/1e4).to(dtype);  // mean 1e4, spread ~1
+      nll(ddp.forward(x), labels(rank, step, 6, 3)).backward();
       optimizer.step();
     }
     return dump(*model);
@@ -445,7 +452,8 @@ torch::Tensor run_case(const std::string& name, int rank,
     for (int step = 0; step < 3; ++step) {
       optimizer.zero_grad();
       try {
-        nll(ddp.forward(inputs(rank, step, {5, 6}), step == 1), labels(rank, step, 5, 4)).backward();
+        auto out = ddp.forward(inputs(rank, step, {5, 6}), /*fail=*/step == 1);
+        nll(out, labels(rank, step, 5, 4)).backward();
       } catch (const std::exception& e) {
         EXPECT_NE(std::string(e.what()).find("on purpose"), std::string::npos) << e.what();
         EXPECT_EQ(step, 1);
@@ -486,7 +494,8 @@ torch::Tensor run_case(const std::string& name, int rank,
     auto optimizer = sgd(*model);
     for (int step = 0; step < 2; ++step) {
       optimizer.zero_grad();
-      auto loss = nll(ddp.forward(inputs(rank, step, {5, 6}), true, false), labels(rank, step, 5, 4));
+      auto loss =
+          nll(ddp.forward(inputs(rank, step, {5, 6}), true, false), labels(rank, step, 5, 4));
       loss.backward({}, /*retain_graph=*/true);
       loss.backward();
       optimizer.step();
@@ -529,7 +538,8 @@ torch::Tensor run_case(const std::string& name, int rank,
     auto optimizer = sgd(*model, 0.01);
     for (int step = 0; step < 3; ++step) {
       optimizer.zero_grad();
-      nll(ddp.forward(inputs(rank, step, {5, 6}), true, false), labels(rank, step, 5, 4)).backward();
+      auto out = ddp.forward(inputs(rank, step, {5, 6}), /*use_b=*/true, /*use_c=*/false);
+      nll(out, labels(rank, step, 5, 4)).backward();
       optimizer.step();
     }
     EXPECT_TRUE(ddp.stats().static_graph);
@@ -573,12 +583,23 @@ torch::Tensor run_case(const std::string& name, int rank,
   throw std::invalid_argument("unknown case " + name);
 }
 
-const char* const kCases[] = {"join", "join_divide_by_active_ranks",
-                              "join_throw_on_early_termination", "unused_accumulation", "unused_accumulation_view",
-                              "sync_batch_norm_float", "sync_batch_norm_double",
-                              "uneven_evaluation", "tied_weights", "backward_exception",
-                              "rebuild_after_no_sync", "retain_graph", "reentrant_checkpoint", "sparse_embedding", "static_graph",
-                              "ignored_parameters", "channels_last_bucket_view"};
+const char* const kCases[] = {"join",
+                              "join_divide_by_active_ranks",
+                              "join_throw_on_early_termination",
+                              "unused_accumulation",
+                              "unused_accumulation_view",
+                              "sync_batch_norm_float",
+                              "sync_batch_norm_double",
+                              "uneven_evaluation",
+                              "tied_weights",
+                              "backward_exception",
+                              "rebuild_after_no_sync",
+                              "retain_graph",
+                              "reentrant_checkpoint",
+                              "sparse_embedding",
+                              "static_graph",
+                              "ignored_parameters",
+                              "channels_last_bucket_view"};
 
 // Runs every case of ddp_oracle.py in one PyTorch launch (once per test program).
 class Cases : public VsPyTorch {
@@ -599,15 +620,17 @@ class Cases : public VsPyTorch {
 
   static void check(const std::string& name) {
     ASSERT_EQ(oracle_status_, 0) << "ddp_oracle.py cases failed";
-    auto results = shoal::testing::run_processes(kWorld, [&](int rank, const std::string& store_path) {
+    auto run = [&](int rank, const std::string& store_path) {
       torch::set_num_threads(1);
       auto store = comm::make_file_store(store_path, kWorld);
       auto group = comm::new_process_group("gloo", store, rank, kWorld);
       auto state = run_case(name, rank, group).to(torch::kFloat64).contiguous();
-      std::ofstream out(dir_ + "/" + name + ".shoal" + std::to_string(rank) + ".f64", std::ios::binary);
+      const std::string path = dir_ + "/" + name + ".shoal" + std::to_string(rank) + ".f64";
+      std::ofstream out(path, std::ios::binary);
       out.write(static_cast<const char*>(state.data_ptr()), state.numel() * sizeof(double));
       if (::testing::Test::HasFailure()) throw std::runtime_error("expectations failed in rank");
-    });
+    };
+    auto results = shoal::testing::run_processes(kWorld, run);
     for (const auto& r : results) ASSERT_TRUE(r.ok()) << "rank " << r.rank << ": " << r.error;
     std::vector<torch::Tensor> shoal_states;
     for (int rank = 0; rank < kWorld; ++rank) {
@@ -632,7 +655,8 @@ class Cases : public VsPyTorch {
     auto expected0 = read_doubles(dir_ + "/" + name + ".rank0.f64");
     auto expected1 = read_doubles(dir_ + "/" + name + ".rank1.f64");
     auto agree = expected0.eq(expected1);
-    EXPECT_TRUE(torch::equal(shoal_states[0].masked_select(agree), shoal_states[1].masked_select(agree)))
+    EXPECT_TRUE(torch::equal(shoal_states[0].masked_select(agree),
+                             shoal_states[1].masked_select(agree)))
         << name << ": the ranks' replicas differ";
   }
 
@@ -651,7 +675,9 @@ TEST_F(Cases, JoinEndsWithEqualReplicasAndActiveRanksBuffers) { check("join"); }
 TEST_F(Cases, JoinDividesByActiveRanks) { check("join_divide_by_active_ranks"); }
 TEST_F(Cases, JoinThrowsOnEarlyTermination) { check("join_throw_on_early_termination"); }
 TEST_F(Cases, FindUnusedKeepsAccumulatedGradients) { check("unused_accumulation"); }
-TEST_F(Cases, FindUnusedKeepsAccumulatedGradientsAsBucketView) { check("unused_accumulation_view"); }
+TEST_F(Cases, FindUnusedKeepsAccumulatedGradientsAsBucketView) {
+  check("unused_accumulation_view");
+}
 TEST_F(Cases, SyncBatchNormLargeMeanFloat) { check("sync_batch_norm_float"); }
 TEST_F(Cases, SyncBatchNormLargeMeanDouble) { check("sync_batch_norm_double"); }
 TEST_F(Cases, UnevenNoGradEvaluationDoesNotCommunicate) { check("uneven_evaluation"); }

@@ -350,7 +350,9 @@ std::vector<torch::Tensor> train_with_hook(const std::string& which, std::atomic
     DistributedDataParallel ddp(models[rank], group, small_buckets());
     if (which == "fp16") ddp.register_comm_hook(fp16_compress_hook(group));
     if (which == "bf16") ddp.register_comm_hook(bf16_compress_hook(group));
-    if (which == "fp16_wrapper") ddp.register_comm_hook(fp16_compress_wrapper(allreduce_hook(group)));
+    if (which == "fp16_wrapper") {
+      ddp.register_comm_hook(fp16_compress_wrapper(allreduce_hook(group)));
+    }
     if (which == "new_tensor") {
       // The result is a new tensor (PyTorch's hook returning a future of another tensor).
       ddp.register_comm_hook([group](GradBucket& bucket) {
@@ -411,6 +413,7 @@ TEST(DdpCommHooks, CompressionStaysCloseAndCustomHooksRunOncePerBucket) {
 // Trains SmallMlp for `steps` on a learnable task (labels from a fixed random teacher), 2 ranks;
 // returns rank 0's final training loss over the whole data and each rank's parameters.
 struct PowerSgdRun {
+  double initial_loss = 0;
   double loss = 0;
   double bytes_per_step = 0;  // after compression started
   std::vector<std::vector<torch::Tensor>> params;
@@ -437,6 +440,10 @@ PowerSgdRun train_power_sgd(int64_t rank_r, bool wrap_bf16) {
     }
     torch::optim::SGD opt(ddp.module()->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
     double bytes_at_start = 0;
+    if (rank == 0) {
+      torch::NoGradGuard no_grad;
+      run.initial_loss = torch::nll_loss(ddp.module()->forward(x), y).item<double>();
+    }
     for (int step = 0; step < kSteps; ++step) {
       if (step == kStart) bytes_at_start = state->bytes_sent;
       opt.zero_grad();
@@ -459,11 +466,14 @@ TEST(DdpCommHooks, PowerSgdConvergesLikeAllreduceWithFewerBytes) {
   auto plain = train_power_sgd(0, false);
   auto rank2 = train_power_sgd(2, false);
   auto rank2_bf16 = train_power_sgd(2, true);
-  std::printf("final loss: allreduce %.4f, PowerSGD rank 2 %.4f (bf16 wrapped %.4f); PowerSGD sends "
-              "%.0f bytes per step\n", plain.loss, rank2.loss, rank2_bf16.loss, rank2.bytes_per_step);
-  EXPECT_LT(plain.loss, 1.0) << "the task is learnable";
-  EXPECT_LT(rank2.loss, plain.loss * 1.25 + 0.05);
-  EXPECT_LT(rank2_bf16.loss, plain.loss * 1.25 + 0.05);
+  std::printf("loss from %.4f to: allreduce %.4f, PowerSGD rank 2 %.4f (bf16 wrapped %.4f); "
+              "PowerSGD sends %.0f bytes per step\n", plain.initial_loss, plain.loss, rank2.loss,
+              rank2_bf16.loss, rank2.bytes_per_step);
+  // Progress = drop of the loss over the whole data; compression may cost a little of it.
+  const double progress = plain.initial_loss - plain.loss;
+  EXPECT_GT(progress, 0.5 * plain.initial_loss) << "the task is learnable";
+  EXPECT_GT(rank2.initial_loss - rank2.loss, 0.8 * progress);
+  EXPECT_GT(rank2_bf16.initial_loss - rank2_bf16.loss, 0.6 * progress) << "bfloat16 P and Q";
   int64_t dense_bytes = 0;
   for (const auto& p : plain.params[0]) dense_bytes += p.numel() * 4;
   EXPECT_GT(rank2.bytes_per_step, 0);

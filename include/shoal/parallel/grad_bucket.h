@@ -5,8 +5,9 @@
 // returns the pending communication. Contract: once the returned Work's wait() returns, buffer()
 // holds the gradients every rank is to apply — already averaged (the default hook allreduces with
 // ReduceOp::kAvg). Like the value of PyTorch's future, the result may be a new tensor: assign it
-// to buffer() (in the hook or in its then() continuation) and DDP copies it into the bucket. Hooks run on the thread executing backward, one bucket at a time,
-// buckets in the same order on every rank.
+// to buffer() (in the hook or in its then() continuation) and DDP copies it into the bucket.
+// Hooks run on the thread executing backward, one bucket at a time, buckets in the same order on
+// every rank.
 //
 // Thread safety: DDP builds one GradBucket per bucket when it lays the buckets out and passes the
 // same object every iteration; a hook may use it until its Work completed.
