@@ -484,21 +484,15 @@ void Reducer::reduce_sparse(size_t index, bool used_somewhere, double scale, boo
 
 void Reducer::shadow_backward() {
   torch::NoGradGuard no_grad;
-  // Zero buckets of their own: with gradient_as_bucket_view the buckets are this rank's .grad,
-  // which a joined rank keeps (PyTorch reduces zeros without touching the parameters).
-  std::vector<std::unique_ptr<GradBucket>> shadows;
+  // The buckets themselves (on shm they live in symmetric memory, which every rank's reduction
+  // must use), zeroed for the reduction and restored afterwards: with gradient_as_bucket_view
+  // they are this rank's .grad, which a joined rank keeps (PyTorch reduces zeros without touching
+  // the parameters).
+  std::vector<at::Tensor> saved;
   for (size_t b = 0; b < buckets_.size(); ++b) {
-    const auto& bucket = buckets_[b];
-    shadows.push_back(std::make_unique<GradBucket>(
-        b, b + 1 == buckets_.size(), torch::zeros_like(bucket.contents), std::vector<at::Tensor>{},
-        bucket.hook_view->parameters()));
-    try {
-      buckets_[b].work = hook_(*shadows.back());
-    } catch (...) {
-      rethrow_with_context(std::current_exception(),
-                           group_->rank_prefix() + " DistributedDataParallel (joined rank): " +
-                               "starting the reduction of " + describe_bucket(b) + " failed: ");
-    }
+    saved.push_back(buckets_[b].contents.clone());
+    buckets_[b].contents.zero_();
+    buckets_[b].work = launch(b);
   }
   std::shared_ptr<comm::Work> used_work;
   at::Tensor used_map;
@@ -507,6 +501,7 @@ void Reducer::shadow_backward() {
     used_work = group_->allreduce(used_map);
   }
   for (size_t b = 0; b < buckets_.size(); ++b) wait_bucket(b);
+  for (size_t b = 0; b < buckets_.size(); ++b) buckets_[b].contents.copy_(saved[b]);
   if (used_work) used_work->wait();
   if (used_map.defined()) learn_static_graph(used_map);
   const int* used_everywhere = used_map.defined() ? used_map.data_ptr<int>() : nullptr;

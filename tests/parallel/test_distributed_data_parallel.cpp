@@ -281,7 +281,7 @@ TEST(DdpBuffers, BroadcastBuffersKeepsRankZerosRunningStatistics) {
 
 // ---- join ----------------------------------------------------------------------------------------
 
-TEST(DdpJoin, UnevenInputsFinishWithTheExpectedGradients) {
+void join_uneven_inputs(const std::string& backend, bool bucket_view) {
   constexpr int kWorld = 3;
   const int batches[kWorld] = {5, 2, 0};  // rank 2 has no data at all
   std::vector<SmallMlp> models;
@@ -311,21 +311,27 @@ TEST(DdpJoin, UnevenInputsFinishWithTheExpectedGradients) {
   }
   std::vector<std::vector<torch::Tensor>> results(kWorld);
   std::vector<int64_t> shadowed(kWorld);
-  with_groups(kWorld, [&](int rank, std::shared_ptr<comm::ProcessGroup> group) {
-    DistributedDataParallel ddp(models[rank], group, small_buckets());
-    torch::optim::SGD opt(ddp.module()->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
-    auto join = ddp.join();
-    for (int step = 0; step < batches[rank]; ++step) {
-      opt.zero_grad();
-      auto [x, y] = make_batch("mlp", step, kBatchPerRank * kWorld);
-      auto xr = x.narrow(0, rank * kBatchPerRank, kBatchPerRank);
-      auto yr = y.narrow(0, rank * kBatchPerRank, kBatchPerRank);
-      torch::nll_loss(ddp.forward(xr), yr).backward();
-      opt.step();
-    }
-    shadowed[rank] = join.finish();
-    results[rank] = clone_all(ddp.module()->parameters());
-  });
+  with_groups(
+      kWorld,
+      [&](int rank, std::shared_ptr<comm::ProcessGroup> group) {
+        auto options = small_buckets();
+        options.gradient_as_bucket_view = bucket_view;
+        DistributedDataParallel ddp(models[rank], group, options);
+        torch::optim::SGD opt(ddp.module()->parameters(),
+                              torch::optim::SGDOptions(0.1).momentum(0.9));
+        auto join = ddp.join();
+        for (int step = 0; step < batches[rank]; ++step) {
+          opt.zero_grad();
+          auto [x, y] = make_batch("mlp", step, kBatchPerRank * kWorld);
+          auto xr = x.narrow(0, rank * kBatchPerRank, kBatchPerRank);
+          auto yr = y.narrow(0, rank * kBatchPerRank, kBatchPerRank);
+          torch::nll_loss(ddp.forward(xr), yr).backward();
+          opt.step();
+        }
+        shadowed[rank] = join.finish();
+        results[rank] = clone_all(ddp.module()->parameters());
+      },
+      backend);
   EXPECT_EQ(shadowed[0], 0);
   EXPECT_EQ(shadowed[1], 3);
   EXPECT_EQ(shadowed[2], 5);
@@ -337,6 +343,11 @@ TEST(DdpJoin, UnevenInputsFinishWithTheExpectedGradients) {
     }
   }
 }
+
+TEST(DdpJoin, UnevenInputsFinishWithTheExpectedGradients) { join_uneven_inputs("gloo", false); }
+
+// On shm the buckets live in symmetric memory, which the joined ranks' reductions must use too.
+TEST(DdpJoin, UnevenInputsOnSharedMemoryWithBucketViews) { join_uneven_inputs("shm", true); }
 
 // ---- communication hooks -------------------------------------------------------------------------
 
