@@ -6,8 +6,10 @@
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/graph_task.h>
 #include <torch/csrc/autograd/variable.h>
 
+#include <cstddef>
 #include <unordered_set>
 
 namespace shoal::compat {
@@ -52,6 +54,19 @@ std::unique_ptr<GradAccumulatedHook> add_grad_accumulated_hook(const at::Tensor&
 
 void queue_backward_callback(std::function<void()> fn) {
   torch::autograd::Engine::get_default_engine().queue_callback(std::move(fn));
+}
+
+bool in_reentrant_backward() {
+  // LibTorch 1.13 exposes the current GraphTask only through pointers to its members; the task's
+  // re-entrant depth (0 for a backward() called outside any other) is read next to one of them.
+  const auto* nodes = torch::autograd::get_current_graph_task_nodes_in_graph();
+  if (nodes == nullptr) return false;
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Winvalid-offsetof"
+  const auto* task = reinterpret_cast<const torch::autograd::GraphTask*>(
+      reinterpret_cast<const char*>(nodes) - offsetof(torch::autograd::GraphTask, nodes_in_graph_));
+#pragma GCC diagnostic pop
+  return task->reentrant_depth_ > 0;
 }
 
 std::vector<bool> reachable_parameters(const std::vector<at::Tensor>& outputs,

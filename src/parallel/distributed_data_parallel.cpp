@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include <map>
+#include <unordered_set>
 #include <sstream>
 
 #include "parallel/reducer.h"
@@ -33,6 +34,20 @@ int64_t fnv1a(const std::string& text, uint64_t hash = 1469598103934665603ull) {
     hash *= 1099511628211ull;
   }
   return static_cast<int64_t>(hash >> 1);
+}
+
+// The module's parameters, each tensor once under its first name (tied weights: one tensor
+// registered under two names is reduced once, as PyTorch deduplicates by identity).
+torch::OrderedDict<std::string, at::Tensor> unique_named_parameters(
+    const torch::nn::Module& module) {
+  torch::OrderedDict<std::string, at::Tensor> unique;
+  std::unordered_set<const void*> seen;
+  for (const auto& item : module.named_parameters(/*recurse=*/true)) {
+    if (seen.insert(item.value().unsafeGetTensorImpl()).second) {
+      unique.insert(item.key(), item.value());
+    }
+  }
+  return unique;
 }
 
 std::vector<at::Tensor> allgather(comm::ProcessGroup& group, const at::Tensor& input) {
@@ -120,8 +135,9 @@ void verify_same_parameters(comm::ProcessGroup& group,
   throw InvalidArgument(why.str());
 }
 
-// Broadcasts rank 0's tensors to every rank, one collective per dtype.
-void broadcast_coalesced(comm::ProcessGroup& group, const std::vector<at::Tensor>& tensors) {
+// Broadcasts rank `root`'s tensors to every rank, one collective per dtype.
+void broadcast_coalesced(comm::ProcessGroup& group, const std::vector<at::Tensor>& tensors,
+                         int root = 0) {
   torch::NoGradGuard no_grad;
   std::map<at::ScalarType, std::vector<at::Tensor>> by_type;
   for (const auto& t : tensors) {
@@ -131,7 +147,9 @@ void broadcast_coalesced(comm::ProcessGroup& group, const std::vector<at::Tensor
     std::vector<at::Tensor> flat;
     for (const auto& t : list) flat.push_back(t.reshape({-1}));
     auto buffer = torch::cat(flat);
-    group.broadcast(buffer, {0})->wait();
+    comm::BroadcastOptions options;
+    options.root = root;
+    group.broadcast(buffer, options)->wait();
     int64_t offset = 0;
     for (auto& t : list) {
       t.copy_(buffer.narrow(0, offset, t.numel()).view(t.sizes()));
@@ -160,10 +178,11 @@ NoSyncGuard::~NoSyncGuard() {
 
 // ---- Join --------------------------------------------------------------------------------------
 
-Join::Join(DistributedDataParallelBase* ddp) : ddp_(ddp) {
+Join::Join(DistributedDataParallelBase* ddp, JoinOptions options) : ddp_(ddp) {
   SHOAL_CHECK_T(InvalidArgument, !ddp_->join_active_,
                 "DistributedDataParallel::join(): a join scope is already open");
   ddp_->join_active_ = true;
+  ddp_->join_options_ = options;
 }
 
 Join::Join(Join&& other) noexcept : ddp_(other.ddp_), finished_(other.finished_) {
@@ -185,6 +204,9 @@ int64_t Join::finish() {
   int64_t shadowed = 0;
   try {
     while (ddp_->shadow_step()) ++shadowed;
+    // As PyTorch: the model of the last rank to run out of data (the highest such rank) is
+    // everybody's: parameters and buffers, so every replica ends equal.
+    ddp_->sync_final_model(/*is_last_joiner=*/shadowed == 0);
   } catch (...) {
     ddp_->join_active_ = false;
     throw;
@@ -204,23 +226,56 @@ DistributedDataParallelBase::DistributedDataParallelBase(std::shared_ptr<torch::
   SHOAL_CHECK_T(InvalidArgument, group_ != nullptr,
                 "DistributedDataParallel: the process group is null");
   if (options_.tune_cpu_allocator) memory::tune_cpu_allocator();
-  auto named = base_module_->named_parameters(/*recurse=*/true);
+  std::unordered_set<std::string> ignored(options_.params_and_buffers_to_ignore.begin(),
+                                          options_.params_and_buffers_to_ignore.end());
+  {
+    std::unordered_set<std::string> known;
+    for (const auto& item : base_module_->named_parameters(true)) known.insert(item.key());
+    for (const auto& item : base_module_->named_buffers(true)) known.insert(item.key());
+    for (const auto& name : ignored) {
+      SHOAL_CHECK_T(InvalidArgument, known.count(name) > 0, "DistributedDataParallel: '", name,
+                    "' in params_and_buffers_to_ignore is no parameter or buffer of the module");
+    }
+  }
+  for (const auto& item : unique_named_parameters(*base_module_)) {
+    if (ignored.count(item.key()) == 0) synced_params_.push_back(item.value());
+  }
+  for (const auto& item : base_module_->named_buffers(true)) {
+    if (ignored.count(item.key()) == 0) synced_buffers_.push_back(item.value());
+  }
+  torch::OrderedDict<std::string, at::Tensor> named;
+  for (const auto& item : unique_named_parameters(*base_module_)) {
+    if (ignored.count(item.key()) == 0) named.insert(item.key(), item.value());
+  }
   verify_same_parameters(*group_, named);
   {
-    std::vector<at::Tensor> state = base_module_->parameters(true);
-    for (auto& b : base_module_->buffers(true)) state.push_back(b);
+    std::vector<at::Tensor> state = synced_params_;
+    state.insert(state.end(), synced_buffers_.begin(), synced_buffers_.end());
     broadcast_coalesced(*group_, state);
+  }
+  // Parameters whose gradients are sparse (PyTorch's expect_sparse_gradient).
+  std::unordered_set<const void*> sparse_weights;
+  for (const auto& m : base_module_->modules(/*include_self=*/true)) {
+    if (auto* e = m->as<torch::nn::EmbeddingImpl>(); e != nullptr && e->options.sparse()) {
+      sparse_weights.insert(e->weight.unsafeGetTensorImpl());
+    }
+    if (auto* e = m->as<torch::nn::EmbeddingBagImpl>(); e != nullptr && e->options.sparse()) {
+      sparse_weights.insert(e->weight.unsafeGetTensorImpl());
+    }
   }
   std::vector<at::Tensor> params;
   std::vector<std::string> names;
+  std::vector<bool> sparse;
   for (const auto& item : named) {
     if (!item.value().requires_grad()) continue;
     params.push_back(item.value());
     names.push_back(item.key());
+    sparse.push_back(sparse_weights.count(item.value().unsafeGetTensorImpl()) > 0);
   }
   SHOAL_CHECK_T(InvalidArgument, !params.empty(),
                 "DistributedDataParallel: the module has no parameter that requires grad");
-  reducer_ = std::make_unique<Reducer>(std::move(params), std::move(names), group_, options_);
+  reducer_ = std::make_unique<Reducer>(std::move(params), std::move(names), std::move(sparse),
+                                       group_, options_);
 }
 
 DistributedDataParallelBase::~DistributedDataParallelBase() = default;
@@ -228,10 +283,27 @@ DistributedDataParallelBase::~DistributedDataParallelBase() = default;
 void DistributedDataParallelBase::prepare_for_forward() {
   if (forward_prepared_) return;  // prepare_for_forward() followed by forward()
   forward_prepared_ = true;
-  if (join_active_) allreduce_join_flag(true);
-  if (steps_ == 1) reducer_->rebuild_buckets();
-  ++steps_;
-  if (options_.broadcast_buffers) broadcast_buffers();
+  reducer_->check_parameters_unchanged();
+  const bool grad_mode = torch::GradMode::is_enabled();
+  // PyTorch's rule: only a grad-mode forward outside no_sync() prepares a synchronised backward;
+  // evaluation under NoGradGuard and no_sync() forwards communicate nothing (except the buffer
+  // broadcast when the previous forward was synchronised, as in PyTorch).
+  const bool sync = grad_mode && reducer_->grad_sync();
+  if (join_active_) {
+    const JoinFlags flags = allreduce_join_flag(true, grad_mode, sync);
+    if (flags.active_ranks < group_->size() && join_options_.throw_on_early_termination) {
+      forward_prepared_ = false;
+      SHOAL_THROW(Error, group_->rank_prefix(), " DistributedDataParallel::join: ",
+                  group_->size() - flags.active_ranks, " rank(s) exhausted their inputs "
+                  "(throw_on_early_termination): stopping on every rank");
+    }
+    // PyTorch's divide_by_initial_world_size = false: average over the ranks with data.
+    reducer_->set_gradient_scale(join_options_.divide_by_initial_world_size
+                                     ? 1.0
+                                     : static_cast<double>(group_->size()) / flags.active_ranks);
+  }
+  if (grad_mode) reducer_->rebuild_buckets();
+  if (will_sync_buffers()) broadcast_buffers(/*has_data=*/true);
 }
 
 void DistributedDataParallelBase::prepare_for_backward(const at::Tensor& output) {
@@ -242,7 +314,10 @@ void DistributedDataParallelBase::prepare_for_backward(const std::vector<at::Ten
   if (!forward_prepared_) prepare_for_forward();
   forward_prepared_ = false;
   if (torch::GradMode::is_enabled() && reducer_->grad_sync()) {
+    require_forward_param_sync_ = true;
     reducer_->prepare_for_backward(outputs);
+  } else {
+    require_forward_param_sync_ = false;
   }
 }
 
@@ -254,38 +329,69 @@ void DistributedDataParallelBase::prepare_for_backward_opaque() {
   prepare_for_backward(std::vector<at::Tensor>{});
 }
 
-void DistributedDataParallelBase::broadcast_buffers() {
-  auto buffers = base_module_->buffers(true);
-  if (buffers.empty() || group_->size() == 1) return;
-  broadcast_coalesced(*group_, buffers);
+bool DistributedDataParallelBase::will_sync_buffers() const {
+  return require_forward_param_sync_ && options_.broadcast_buffers && group_->size() > 1 &&
+         !synced_buffers_.empty();
 }
 
-int64_t DistributedDataParallelBase::allreduce_join_flag(bool has_data) {
-  auto flag = torch::full({1}, has_data ? 1 : 0, torch::kInt);
+int DistributedDataParallelBase::find_common_rank(bool candidate) {
+  auto rank = torch::full({1}, candidate ? group_->rank() : -1, torch::kInt);
+  comm::AllreduceOptions options;
+  options.op = comm::ReduceOp::kMax;
+  group_->allreduce(rank, options)->wait();
+  const int common = rank.item<int>();
+  SHOAL_CHECK(common >= 0, group_->rank_prefix(),
+              " DistributedDataParallel: no rank qualified as the source of the model");
+  return common;
+}
+
+void DistributedDataParallelBase::broadcast_buffers(bool has_data) {
+  // Inside join, rank 0 may have run out of data and hold stale statistics: the source is the
+  // highest rank that still has data (PyTorch's _find_common_rank).
+  const int root = join_active_ ? find_common_rank(has_data) : 0;
+  broadcast_coalesced(*group_, synced_buffers_, root);
+}
+
+void DistributedDataParallelBase::sync_final_model(bool is_last_joiner) {
+  if (group_->size() == 1) return;
+  const int root = find_common_rank(is_last_joiner);
+  std::vector<at::Tensor> state = synced_params_;
+  state.insert(state.end(), synced_buffers_.begin(), synced_buffers_.end());
+  broadcast_coalesced(*group_, state, root);
+}
+
+DistributedDataParallelBase::JoinFlags DistributedDataParallelBase::allreduce_join_flag(
+    bool has_data, bool grad_mode, bool sync) {
+  auto flag = torch::tensor({has_data ? 1 : 0, grad_mode ? 1 : 0, sync ? 1 : 0}, torch::kInt);
   group_->allreduce(flag)->wait();
-  return flag.item<int>();
+  auto acc = flag.accessor<int, 1>();
+  return {acc[0], acc[1] > 0, acc[2] > 0};
 }
 
 bool DistributedDataParallelBase::shadow_step() {
-  if (allreduce_join_flag(false) == 0) return false;
-  // Mirror exactly the collectives of an active rank's step (see the header comment).
-  if (steps_ == 1) reducer_->rebuild_buckets();
-  ++steps_;
-  if (options_.broadcast_buffers) broadcast_buffers();
-  reducer_->shadow_backward();
+  const JoinFlags flags = allreduce_join_flag(false, false, false);
+  if (flags.active_ranks == 0) return false;
+  SHOAL_CHECK(!join_options_.throw_on_early_termination, group_->rank_prefix(),
+              " DistributedDataParallel::join: this rank exhausted its inputs while ",
+              flags.active_ranks, " rank(s) still have data (throw_on_early_termination)");
+  // Mirror exactly the collectives of the active ranks' step (see the header comment).
+  if (flags.grad_mode) reducer_->rebuild_buckets();
+  if (will_sync_buffers()) broadcast_buffers(/*has_data=*/false);
+  require_forward_param_sync_ = flags.sync;
+  if (flags.sync) reducer_->shadow_backward();
   return true;
 }
 
 NoSyncGuard DistributedDataParallelBase::no_sync() { return NoSyncGuard(reducer_.get()); }
 
-Join DistributedDataParallelBase::join() { return Join(this); }
+Join DistributedDataParallelBase::join(JoinOptions options) { return Join(this, options); }
 
 void DistributedDataParallelBase::register_comm_hook(CommHook hook) {
   reducer_->set_comm_hook(std::move(hook));
 }
 
 torch::OrderedDict<std::string, at::Tensor> DistributedDataParallelBase::named_parameters() const {
-  return base_module_->named_parameters(true);
+  return unique_named_parameters(*base_module_);
 }
 
 torch::OrderedDict<std::string, at::Tensor> DistributedDataParallelBase::named_buffers() const {
@@ -293,7 +399,7 @@ torch::OrderedDict<std::string, at::Tensor> DistributedDataParallelBase::named_b
 }
 
 std::vector<at::Tensor> DistributedDataParallelBase::parameters() const {
-  return base_module_->parameters(true);
+  return unique_named_parameters(*base_module_).values();
 }
 
 ReducerStats DistributedDataParallelBase::stats() const { return reducer_->stats(); }

@@ -5,6 +5,7 @@
 #include <c10/util/strides.h>
 
 #include <iomanip>
+#include <limits>
 #include <map>
 #include <sstream>
 
@@ -41,10 +42,11 @@ std::string format_mb(int64_t bytes) {
 }  // namespace
 
 Reducer::Reducer(std::vector<at::Tensor> parameters, std::vector<std::string> names,
-                 std::shared_ptr<comm::ProcessGroup> group,
+                 std::vector<bool> sparse, std::shared_ptr<comm::ProcessGroup> group,
                  const DistributedDataParallelOptions& options)
     : params_(std::move(parameters)),
       names_(std::move(names)),
+      sparse_(std::move(sparse)),
       group_(std::move(group)),
       options_(options),
       hook_(allreduce_hook(group_)) {
@@ -52,6 +54,8 @@ Reducer::Reducer(std::vector<at::Tensor> parameters, std::vector<std::string> na
                 "DistributedDataParallel: bucket_cap_mb and first_bucket_cap_mb must be positive");
   ready_.assign(params_.size(), 0);
   locally_used_.assign(params_.size(), 0);
+  arrived_.assign(params_.size(), 0);
+  for (const auto& p : params_) param_options_.push_back(p.options());
   // Gradients arrive roughly in reverse registration order, so the first buckets hold the last
   // parameters and can be reduced while backward still computes the earlier layers' gradients.
   std::vector<size_t> order(params_.size());
@@ -63,7 +67,7 @@ Reducer::Reducer(std::vector<at::Tensor> parameters, std::vector<std::string> na
   }
   // find_unused_parameters changes which parameters arrive each iteration, so the arrival order
   // of one iteration says little (PyTorch rebuilds only without it, too).
-  if (options_.find_unused_parameters) rebuilt_ = true;
+  if (options_.find_unused_parameters && !options_.static_graph) rebuilt_ = true;
 }
 
 Reducer::~Reducer() = default;
@@ -85,6 +89,7 @@ void Reducer::build_buckets(const std::vector<size_t>& order) {
   std::map<at::ScalarType, Open> open;  // one bucket being filled per dtype
   std::vector<std::vector<size_t>> assignment;
   for (size_t index : order) {
+    if (sparse_[index]) continue;  // no bucket: reduced on its own (reduce_sparse)
     const auto& p = params_[index];
     Open& bucket = open[p.scalar_type()];
     bucket.variables.push_back(index);
@@ -103,11 +108,12 @@ void Reducer::build_buckets(const std::vector<size_t>& order) {
   // Reduce buckets in the order their first gradient is expected.
   std::vector<size_t> position(params_.size());
   for (size_t i = 0; i < order.size(); ++i) position[order[i]] = i;
+  constexpr auto kNoBucket = std::numeric_limits<size_t>::max();
   std::stable_sort(assignment.begin(), assignment.end(),
                    [&](const auto& a, const auto& b) { return position[a[0]] < position[b[0]]; });
 
   std::vector<Bucket> buckets(assignment.size());
-  locator_.assign(params_.size(), {0, 0});
+  locator_.assign(params_.size(), {kNoBucket, 0});
   for (size_t b = 0; b < assignment.size(); ++b) {
     Bucket& bucket = buckets[b];
     bucket.variables = assignment[b];
@@ -127,10 +133,13 @@ void Reducer::build_buckets(const std::vector<size_t>& order) {
       const size_t index = bucket.variables[slot];
       auto& param = params_[index];
       // Aliases the bucket's storage without being an autograd view: LibTorch's
-      // Optimizer::zero_grad() calls detach_() on every gradient, which views refuse.
+      // Optimizer::zero_grad() calls detach_() on every gradient, which views refuse. It has the
+      // parameter's memory layout (channels-last stays channels-last, PyTorch's gradient layout
+      // contract) when the parameter is dense, else the contiguous one.
+      c10::DimVector strides = c10::contiguous_strides(param.sizes());
+      if (param.is_non_overlapping_and_dense()) strides = c10::DimVector(param.strides());
       auto view = torch::empty({0}, bucket.contents.options())
-                      .set_(bucket.contents.storage(), offset, param.sizes(),
-                            c10::contiguous_strides(param.sizes()));
+                      .set_(bucket.contents.storage(), offset, param.sizes(), strides);
       offset += param.numel();
       if (options_.gradient_as_bucket_view && param.grad().defined()) {
         view.copy_(param.grad());
@@ -147,27 +156,41 @@ void Reducer::build_buckets(const std::vector<size_t>& order) {
   buckets_ = std::move(buckets);
 }
 
-void Reducer::rebuild_buckets() {
-  if (rebuilt_) return;
+bool Reducer::rebuild_buckets() {
+  if (rebuilt_ || !synced_once_) return false;
   rebuilt_ = true;
   // Every rank adopts rank 0's order, so the buckets stay identical everywhere. The first element
   // says whether rank 0 saw every gradient arrive (otherwise the buckets stay as they are).
   const int64_t n = static_cast<int64_t>(params_.size());
   auto message = torch::zeros({n + 1}, torch::kLong);
+  // Parameters that got no gradient (unused in that step, static_graph) go last, in reverse
+  // registration order.
+  for (size_t i = params_.size(); i-- > 0;) {
+    if (!arrived_[i] && !sparse_[i]) arrival_order_.push_back(i);
+  }
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (sparse_[i] && !arrived_[i]) arrival_order_.push_back(i);
+  }
   if (static_cast<int64_t>(arrival_order_.size()) == n) {
     message[0] = 1;
     for (int64_t i = 0; i < n; ++i) message[i + 1] = static_cast<int64_t>(arrival_order_[i]);
   }
+  arrival_order_.clear();
+  arrival_order_.shrink_to_fit();
   group_->broadcast(message, {0})->wait();
-  if (message[0].item<int64_t>() != 1) return;
+  if (message[0].item<int64_t>() != 1) return true;
   std::vector<size_t> order(n);
   auto accessor = message.accessor<int64_t, 1>();
   for (int64_t i = 0; i < n; ++i) order[i] = static_cast<size_t>(accessor[i + 1]);
   build_buckets(order);
+  return true;
 }
 
 void Reducer::prepare_for_backward(const std::vector<at::Tensor>& outputs) {
-  if (!options_.find_unused_parameters) return;
+  if (in_backward_) abandon_backward();
+  expect_hooks_ = true;
+  ever_prepared_ = true;
+  if (!tracks_unused()) return;
   std::vector<const compat::GradAccumulatedHook*> hooks;
   for (const auto& h : hooks_) hooks.push_back(h.get());
   auto reachable = compat::reachable_parameters(outputs, hooks);
@@ -179,20 +202,48 @@ void Reducer::prepare_for_backward(const std::vector<at::Tensor>& outputs) {
 }
 
 void Reducer::autograd_hook(size_t index) {
-  if (recording_order_) {
-    arrival_order_.push_back(index);
-    if (arrival_order_.size() == params_.size()) recording_order_ = false;
+  if (!(ever_prepared_ ? expect_hooks_ : grad_sync_)) return;
+  if (!in_backward_) {
+    begin_backward();
+  } else if (!callback_queued_) {
+    compat::queue_backward_callback([this] { on_backward_end(); });
+    callback_queued_ = true;
   }
-  if (!grad_sync_) return;
-  if (!in_backward_) begin_backward();
-  mark_ready(index, /*used=*/true);
+  // A hook that fires with an undefined gradient (an output not used in the loss) does not make
+  // the parameter "used": its .grad must stay untouched where it is unused on every rank.
+  if (params_[index].grad().defined()) locally_used_[index] = 1;
+  // The arrival order of the first synchronised backward (no_sync passes do not count: their
+  // gradients may be a partial set) drives the one-time bucket rebuild.
+  if (!synced_once_ && !rebuilt_ && !arrived_[index]) {
+    arrived_[index] = 1;
+    arrival_order_.push_back(index);
+  }
+  mark_ready(index);
+}
+
+void Reducer::abandon_backward() {
+  // The previous backward ended in an exception (from a user's autograd Function, a comm hook,
+  // ...), so its end-of-backward callback never ran. Let the reductions it started finish (every
+  // rank that hit the same error started the same ones) and start afresh.
+  for (size_t b = 0; b < next_bucket_ && b < buckets_.size(); ++b) {
+    if (!buckets_[b].work) continue;
+    try {
+      buckets_[b].work->wait();
+    } catch (...) {
+    }
+    buckets_[b].work.reset();
+  }
+  in_backward_ = false;
+  callback_queued_ = false;
+  expect_hooks_ = false;
+  next_bucket_ = 0;
+  std::fill(ready_.begin(), ready_.end(), 0);
+  std::fill(locally_used_.begin(), locally_used_.end(), 0);
 }
 
 void Reducer::begin_backward() {
   in_backward_ = true;
   backward_start_ = std::chrono::steady_clock::now();
-  recording_order_ = false;  // only the first backward's order counts
-  if (arrival_order_.size() != params_.size()) arrival_order_.clear();
   std::fill(ready_.begin(), ready_.end(), 0);
   std::fill(locally_used_.begin(), locally_used_.end(), 0);
   for (auto& bucket : buckets_) {
@@ -200,31 +251,37 @@ void Reducer::begin_backward() {
     bucket.work.reset();
   }
   next_bucket_ = 0;
-  compat::queue_backward_callback([this] { finalize_backward(); });
-  if (options_.find_unused_parameters) {
+  compat::queue_backward_callback([this] { on_backward_end(); });
+  callback_queued_ = true;
+  if (options_.static_graph && static_known_) {
+    // static_graph: the parameters unused on every rank in the first iteration, without a walk.
+    for (size_t index : static_unused_) mark_ready(index);
+  } else if (tracks_unused()) {
     SHOAL_CHECK_T(InvalidArgument, unused_known_, group_->rank_prefix(),
                   " DistributedDataParallel: find_unused_parameters is set but this backward pass "
                   "was not prepared; call ddp.forward(...) or ddp.prepare_for_backward(output) after "
                   "the forward pass");
     unused_known_ = false;
-    for (size_t index : unused_) mark_ready(index, /*used=*/false);
+    for (size_t index : unused_) mark_ready(index);
   }
 }
 
-void Reducer::mark_ready(size_t index, bool used) {
+void Reducer::mark_ready(size_t index) {
   torch::NoGradGuard no_grad;
   SHOAL_CHECK(!ready_[index], group_->rank_prefix(), " DistributedDataParallel: parameter '",
               names_[index], "' received its gradient twice in one backward pass (used by two "
               "forward passes before one backward, or by a reentrant backward); this is not "
               "supported with gradient synchronisation (use no_sync() for all but the last)");
   ready_[index] = 1;
-  locally_used_[index] = used ? 1 : 0;
+  if (sparse_[index]) return;  // reduced when backward ends
   auto [b, slot] = locator_[index];
   Bucket& bucket = buckets_[b];
   auto& view = bucket.views[slot];
   auto& param = params_[index];
+  // An unused parameter contributes its .grad when it has one (accumulated in earlier no_sync
+  // micro-batches, or left from an earlier step without zero_grad), as in PyTorch.
   const auto& grad = param.grad();
-  if (!used || !grad.defined()) {
+  if (!grad.defined()) {
     view.zero_();
   } else if (!grad.is_alias_of(view)) {
     view.copy_(grad);
@@ -265,8 +322,15 @@ std::string Reducer::describe_bucket(size_t bucket_index) const {
 
 void Reducer::wait_bucket(size_t bucket_index) {
   try {
-    buckets_[bucket_index].work->wait();
+    Bucket& bucket = buckets_[bucket_index];
+    bucket.work->wait();
     trace::end("allreduce", bucket_index);
+    // The hook may deliver its result as a new tensor (PyTorch's future value): take it.
+    const at::Tensor& result = bucket.hook_view->buffer();
+    if (!result.is_same(bucket.contents)) {
+      torch::NoGradGuard no_grad;
+      bucket.contents.copy_(result.reshape({-1}));
+    }
   } catch (...) {
     rethrow_with_context(std::current_exception(),
                          group_->rank_prefix() + " DistributedDataParallel: allreduce of " +
@@ -274,9 +338,16 @@ void Reducer::wait_bucket(size_t bucket_index) {
   }
 }
 
+void Reducer::on_backward_end() {
+  callback_queued_ = false;
+  if (next_bucket_ < buckets_.size() && compat::in_reentrant_backward()) return;
+  finalize_backward();
+}
+
 void Reducer::finalize_backward() {
   torch::NoGradGuard no_grad;
   in_backward_ = false;
+  expect_hooks_ = false;
   const auto wait_start = std::chrono::steady_clock::now();
   if (next_bucket_ < buckets_.size()) {
     // Some gradients never arrived: wait for what was launched (the other ranks launched it too),
@@ -305,12 +376,13 @@ void Reducer::finalize_backward() {
   }
   at::Tensor used_map;
   std::shared_ptr<comm::Work> used_work;
-  if (options_.find_unused_parameters) {
+  if (tracks_unused()) {
     used_map = torch::empty({static_cast<int64_t>(params_.size())}, torch::kInt);
     auto acc = used_map.accessor<int, 1>();
     for (size_t i = 0; i < params_.size(); ++i) acc[i] = locally_used_[i];
     used_work = group_->allreduce(used_map);
   }
+  std::fill(locally_used_.begin(), locally_used_.end(), 0);
   for (const auto& bucket : buckets_) {
     const double bytes = static_cast<double>(bucket.contents.numel() * bucket.contents.element_size());
     stats_.reduced_bytes += bytes;
@@ -319,9 +391,21 @@ void Reducer::finalize_backward() {
   for (size_t b = 0; b < buckets_.size(); ++b) wait_bucket(b);
   if (used_work) used_work->wait();
   const auto wait_end = std::chrono::steady_clock::now();
+  const double scale = gradient_scale_;
+  gradient_scale_ = 1.0;
+  if (scale != 1.0) {
+    for (auto& bucket : buckets_) bucket.contents.mul_(scale);
+  }
 
+  if (used_map.defined()) learn_static_graph(used_map);
   const int* used_everywhere = used_map.defined() ? used_map.data_ptr<int>() : nullptr;
+  if (options_.static_graph) used_everywhere = static_used_.data();
   for (size_t index = 0; index < params_.size(); ++index) {
+    if (sparse_[index]) {
+      reduce_sparse(index, used_everywhere == nullptr || used_everywhere[index] != 0, scale,
+                    /*shadow=*/false);
+      continue;
+    }
     if (used_everywhere != nullptr && used_everywhere[index] == 0) continue;  // unused everywhere
     auto [b, slot] = locator_[index];
     auto& view = buckets_[b].views[slot];
@@ -336,28 +420,138 @@ void Reducer::finalize_backward() {
     }
   }
   stats_.iterations += 1;
+  synced_once_ = true;
   stats_.wait_seconds += std::chrono::duration<double>(wait_end - wait_start).count();
   stats_.backward_seconds += std::chrono::duration<double>(wait_end - backward_start_).count();
 }
 
+void Reducer::reduce_sparse(size_t index, bool used_somewhere, double scale, bool shadow) {
+  // Every rank reaches this for the same parameters in the same order (parameter order, after
+  // the dense buckets), so the collectives match. Unused on every rank: .grad left alone.
+  if (!used_somewhere) return;
+  auto& param = params_[index];
+  const std::string context = group_->rank_prefix() + " DistributedDataParallel: sparse gradient "
+                              "of '" + names_[index] + "': ";
+  try {
+    const int64_t sparse_dims = 1;
+    at::Tensor grad = shadow ? at::Tensor() : param.grad();  // a joined rank sends nothing
+    at::Tensor indices, values;
+    if (grad.defined()) {
+      SHOAL_CHECK_T(InvalidArgument, grad.is_sparse() && grad.sparse_dim() == sparse_dims,
+                    "expected a sparse COO gradient with one sparse dimension (Embedding), got ",
+                    grad.is_sparse() ? "another sparse layout" : "a dense gradient");
+      auto coalesced = grad.coalesce();
+      indices = coalesced._indices();
+      values = coalesced._values();
+    } else {
+      auto value_shape = param.sizes().vec();
+      value_shape[0] = 0;
+      indices = torch::zeros({sparse_dims, 0}, torch::kLong);
+      values = torch::zeros(value_shape, param.options().requires_grad(false));
+    }
+    // Gather every rank's count, then indices and values padded to the largest count.
+    const int world = group_->size();
+    auto count = torch::full({1}, indices.size(1), torch::kLong);
+    std::vector<at::Tensor> counts(world);
+    for (auto& c : counts) c = torch::empty_like(count);
+    group_->allgather(counts, count)->wait();
+    int64_t largest = 0;
+    for (const auto& c : counts) largest = std::max(largest, c.item<int64_t>());
+    auto pad = [largest](const at::Tensor& t, int64_t dim) {
+      auto shape = t.sizes().vec();
+      shape[dim] = largest;
+      auto padded = torch::zeros(shape, t.options());
+      padded.narrow(dim, 0, t.size(dim)).copy_(t);
+      return padded;
+    };
+    auto my_indices = pad(indices, 1), my_values = pad(values.contiguous(), 0);
+    std::vector<at::Tensor> all_indices(world), all_values(world);
+    for (auto& t : all_indices) t = torch::empty_like(my_indices);
+    for (auto& t : all_values) t = torch::empty_like(my_values);
+    group_->allgather(all_indices, my_indices)->wait();
+    group_->allgather(all_values, my_values)->wait();
+    std::vector<at::Tensor> index_parts, value_parts;
+    for (int r = 0; r < world; ++r) {
+      const int64_t n = counts[r].item<int64_t>();
+      index_parts.push_back(all_indices[r].narrow(1, 0, n));
+      value_parts.push_back(all_values[r].narrow(0, 0, n));
+    }
+    auto sum = torch::sparse_coo_tensor(torch::cat(index_parts, 1), torch::cat(value_parts, 0),
+                                        param.sizes(), values.options().layout(at::kSparse))
+                   .coalesce();
+    if (!shadow) param.mutable_grad() = sum.mul_(scale / static_cast<double>(world));
+  } catch (...) {
+    rethrow_with_context(std::current_exception(), context);
+  }
+}
+
 void Reducer::shadow_backward() {
   torch::NoGradGuard no_grad;
+  // The buckets themselves (on shm they live in symmetric memory, which every rank's reduction
+  // must use), zeroed for the reduction and restored afterwards: with gradient_as_bucket_view
+  // they are this rank's .grad, which a joined rank keeps (PyTorch reduces zeros without touching
+  // the parameters).
+  std::vector<at::Tensor> saved;
   for (size_t b = 0; b < buckets_.size(); ++b) {
+    saved.push_back(buckets_[b].contents.clone());
     buckets_[b].contents.zero_();
     buckets_[b].work = launch(b);
   }
   std::shared_ptr<comm::Work> used_work;
   at::Tensor used_map;
-  if (options_.find_unused_parameters) {
+  if (tracks_unused()) {
     used_map = torch::zeros({static_cast<int64_t>(params_.size())}, torch::kInt);
     used_work = group_->allreduce(used_map);
   }
   for (size_t b = 0; b < buckets_.size(); ++b) wait_bucket(b);
+  for (size_t b = 0; b < buckets_.size(); ++b) buckets_[b].contents.copy_(saved[b]);
   if (used_work) used_work->wait();
+  if (used_map.defined()) learn_static_graph(used_map);
+  const int* used_everywhere = used_map.defined() ? used_map.data_ptr<int>() : nullptr;
+  if (options_.static_graph) used_everywhere = static_used_.data();
+  for (size_t index = 0; index < params_.size(); ++index) {
+    if (!sparse_[index]) continue;
+    reduce_sparse(index, used_everywhere == nullptr || used_everywhere[index] != 0, 1.0,
+                  /*shadow=*/true);
+  }
+  synced_once_ = true;
+}
+
+bool Reducer::tracks_unused() const {
+  return options_.static_graph ? !static_known_ : options_.find_unused_parameters;
+}
+
+void Reducer::learn_static_graph(const at::Tensor& used_map) {
+  if (!options_.static_graph || static_known_) return;
+  static_known_ = true;
+  auto acc = used_map.accessor<int, 1>();
+  static_used_.assign(params_.size(), 0);
+  for (size_t i = 0; i < params_.size(); ++i) {
+    static_used_[i] = acc[i];
+    if (acc[i] == 0) static_unused_.push_back(i);
+  }
+}
+
+void Reducer::check_parameters_unchanged() const {
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const auto& now = params_[i];
+    const auto& then = param_options_[i];
+    if (now.scalar_type() == then.dtype().toScalarType() && now.device() == then.device()) continue;
+    SHOAL_THROW(InvalidArgument, group_->rank_prefix(), " DistributedDataParallel: parameter '",
+                names_[i], "' changed from ", c10::toString(then.dtype().toScalarType()), " on ",
+                then.device().str(),
+                " to ", c10::toString(now.scalar_type()), " on ", now.device().str(),
+                " after DDP was constructed (module->to(...) after wrapping: LibTorch drops the "
+                "gradient hooks DDP placed, and its buckets keep the old type). Move or convert "
+                "the module first, then construct DistributedDataParallel.");
+  }
 }
 
 ReducerStats Reducer::stats() const {
   ReducerStats stats = stats_;
+  stats.static_graph = options_.static_graph;
+  stats.unused_parameters = static_cast<int64_t>(options_.static_graph ? static_unused_.size()
+                                                                      : unused_.size());
   stats.bucket_bytes.clear();
   for (const auto& bucket : buckets_) {
     stats.bucket_bytes.push_back(bucket.contents.numel() *

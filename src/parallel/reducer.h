@@ -22,9 +22,12 @@ namespace shoal::parallel {
 
 class Reducer {
  public:
-  /// `parameters` in registration order (only those requiring grad), with their names.
+  /// `parameters` in registration order (only those requiring grad), with their names;
+  /// `sparse[i]` when parameter i gets sparse gradients (Embedding with sparse = true): it has no
+  /// bucket and is reduced at the end of backward by an allgather of indices and values.
   Reducer(std::vector<at::Tensor> parameters, std::vector<std::string> names,
-          std::shared_ptr<comm::ProcessGroup> group, const DistributedDataParallelOptions& options);
+          std::vector<bool> sparse, std::shared_ptr<comm::ProcessGroup> group,
+          const DistributedDataParallelOptions& options);
   ~Reducer();
   Reducer(const Reducer&) = delete;
   Reducer& operator=(const Reducer&) = delete;
@@ -33,16 +36,28 @@ class Reducer {
   /// False inside no_sync(): hooks let gradients accumulate in .grad.
   void set_grad_sync(bool enabled) { grad_sync_ = enabled; }
   bool grad_sync() const { return grad_sync_; }
+  /// Multiplies the next synchronised backward's averaged gradients (join with
+  /// divide_by_initial_world_size = false: world size / ranks with data).
+  void set_gradient_scale(double scale) { gradient_scale_ = scale; }
 
-  /// With find_unused_parameters: finds the parameters `outputs` do not depend on.
+  /// Called after a forward whose backward is to be synchronised: resets the iteration state
+  /// (also after a backward that ended in an exception) and, with find_unused_parameters, finds
+  /// the parameters `outputs` do not depend on.
   void prepare_for_backward(const std::vector<at::Tensor>& outputs);
-  /// Once, on every rank at the same step: rebuilds buckets from rank 0's gradient arrival order.
-  void rebuild_buckets();
+  /// Once, on every rank at the same step (the first grad-mode forward after the first completed
+  /// synchronised backward): rebuilds buckets from rank 0's gradient arrival order. Returns
+  /// whether it ran (then it issued one broadcast).
+  bool rebuild_buckets();
   bool buckets_rebuilt() const { return rebuilt_; }
-  /// A joined rank's side of one step: reduces zero buckets with the others.
+  /// A joined rank's side of one step: reduces zero buckets with the others (its own gradients
+  /// are left alone).
   void shadow_backward();
 
   ReducerStats stats() const;
+
+  /// Throws when a parameter's dtype or device changed since DDP was built (module->to(...) after
+  /// wrapping: LibTorch then drops the gradient hooks, and the buckets have the old type).
+  void check_parameters_unchanged() const;
 
  private:
   struct Bucket {
@@ -59,15 +74,30 @@ class Reducer {
   void build_buckets(const std::vector<size_t>& order);
   void autograd_hook(size_t index);
   void begin_backward();
-  void mark_ready(size_t index, bool used);
+  void mark_ready(size_t index);
+  /// Waits (ignoring errors) for reductions a failed backward left in flight; clears its state.
+  void abandon_backward();
   void launch_ready_buckets();
   std::shared_ptr<comm::Work> launch(size_t bucket_index);
+  /// The end-of-backward callback: finalize_backward(), unless a re-entrant backward ended with
+  /// gradients still missing (the outer backward goes on; the next hook queues it again).
+  void on_backward_end();
   void finalize_backward();
+  /// Whether this iteration finds and exchanges unused parameters (find_unused_parameters, or the
+  /// first iteration of static_graph).
+  bool tracks_unused() const;
+  /// static_graph: after the first iteration, keeps which parameters no rank used.
+  void learn_static_graph(const at::Tensor& used_map);
+  /// Averages parameter `index`'s sparse gradient across ranks (allgather, sum, coalesce), times
+  /// `scale`; a `shadow` (joined) rank takes part with nothing and keeps its .grad.
+  void reduce_sparse(size_t index, bool used_somewhere, double scale, bool shadow);
   void wait_bucket(size_t bucket_index);
   std::string describe_bucket(size_t bucket_index) const;
 
   std::vector<at::Tensor> params_;
   std::vector<std::string> names_;
+  std::vector<bool> sparse_;
+  std::vector<at::TensorOptions> param_options_;  // dtype and device at construction
   std::shared_ptr<comm::ProcessGroup> group_;
   DistributedDataParallelOptions options_;
   CommHook hook_;
@@ -77,16 +107,31 @@ class Reducer {
   std::vector<std::pair<size_t, size_t>> locator_;  // parameter -> (bucket, slot)
 
   bool grad_sync_ = true;
+  double gradient_scale_ = 1.0;
   bool in_backward_ = false;
+  bool callback_queued_ = false;
+  // PyTorch's expect_autograd_hooks_: prepare_for_backward() armed the next backward; a second
+  // backward on the same graph (retain_graph) then only accumulates locally, as in PyTorch. A
+  // caller that never calls prepare_for_backward() (module called directly, without
+  // find_unused_parameters) gets every backward outside no_sync() synchronised.
+  bool expect_hooks_ = false;
+  bool ever_prepared_ = false;
   size_t next_bucket_ = 0;               // first bucket not launched yet
   std::vector<char> ready_;              // per parameter, this iteration
-  std::vector<char> locally_used_;       // per parameter, got a real gradient this iteration
+  // Per parameter: got a defined gradient in this synchronised backward (as in PyTorch, use in
+  // earlier no_sync() micro-batches does not count; their accumulated .grad is still reduced when
+  // another rank uses the parameter).
+  std::vector<char> locally_used_;
   std::vector<size_t> unused_;           // from prepare_for_backward (find_unused_parameters)
   bool unused_known_ = false;
+  bool static_known_ = false;            // static_graph: the first iteration is over
+  std::vector<size_t> static_unused_;    // static_graph: unused on every rank, marked each step
+  std::vector<int> static_used_;         // static_graph: used somewhere (per parameter)
 
   bool rebuilt_ = false;
-  std::vector<size_t> arrival_order_;    // first backward's gradient order
-  bool recording_order_ = true;
+  bool synced_once_ = false;             // a synchronised backward completed (rebuild may run)
+  std::vector<size_t> arrival_order_;    // first synchronised backward's gradient order
+  std::vector<char> arrived_;
 
   std::chrono::steady_clock::time_point backward_start_;
   ReducerStats stats_;

@@ -5,6 +5,13 @@ usage: ddp_oracle.py MODEL INIT_FILE DATA_FILE OUT_FILE STEPS BATCH_PER_RANK WOR
 Files are raw little-endian float32: INIT_FILE the initial parameters (named_parameters order,
 flattened), DATA_FILE for each step the global batch's inputs then its labels (as floats),
 OUT_FILE rank 0's final parameters.
+
+usage: ddp_oracle.py cases OUT_DIR CASE[,CASE...]
+The less common DDP paths of test_ddp_vs_pytorch.cpp (see CASES), 2 processes, in one launch.
+Weights and data are closed-form (sin of an index, see init_params and inputs), computed the same
+way by the C++ test. Writes OUT_DIR/CASE.rankR.f64 for every rank R: raw little-endian float64,
+each parameter (named_parameters order, flattened), then each parameter's .grad (NaN where it is
+None), then each buffer (named_buffers order).
 """
 import os
 import sys
@@ -84,7 +91,404 @@ def worker(rank, args, init_file):
     dist.destroy_process_group()
 
 
+# ---- cases ------------------------------------------------------------------------------------
+
+def init_params(model):
+    with torch.no_grad():
+        for k, p in enumerate(model.parameters()):
+            n = p.numel()
+            p.copy_((torch.sin(torch.arange(n, dtype=torch.float64) * 0.37 + k) * 0.4).view_as(p))
+
+
+def inputs(rank, step, shape, offset=0.0, scale=1.0):
+    n = int(np.prod(shape))
+    x = torch.sin(torch.arange(n, dtype=torch.float64) * 0.113 + 1.7 * step + 0.9 * rank)
+    return (x * scale + offset).view(*shape).float()
+
+
+def labels(rank, step, batch, classes):
+    return (torch.arange(batch) * 3 + step + rank) % classes
+
+
+class JoinNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(6, 8)
+        self.bn = nn.BatchNorm1d(8)
+        self.fc2 = nn.Linear(8, 4)
+
+    def forward(self, x):
+        return F.log_softmax(self.fc2(F.relu(self.bn(self.fc1(x)))), 1)
+
+
+class BranchNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(6, 4)
+        self.b = nn.Linear(6, 4)
+        self.c = nn.Linear(6, 4)
+
+    def forward(self, x, use_b, use_c):
+        out = self.a(x)
+        if use_b:
+            out = out + self.b(x)
+        if use_c:
+            out = out + self.c(x)
+        return F.log_softmax(out, 1)
+
+
+class BnNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.bn = nn.BatchNorm1d(4)
+        self.fc = nn.Linear(4, 3)
+
+    def forward(self, x):
+        return F.log_softmax(self.fc(self.bn(x)), 1)
+
+
+class TiedNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(6, 6)
+        self.fc2 = nn.Linear(6, 6)
+        self.fc2.weight = self.fc1.weight
+        self.out = nn.Linear(6, 4)
+
+    def forward(self, x):
+        return F.log_softmax(self.out(torch.tanh(self.fc2(torch.tanh(self.fc1(x))))), 1)
+
+
+class Fail(torch.autograd.Function):
+    """Identity whose backward raises: an exception in the middle of DDP's backward."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        raise RuntimeError("backward failed on purpose")
+
+
+class FailNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(6, 8)
+        self.fc2 = nn.Linear(8, 4)
+
+    def forward(self, x, fail):
+        h = torch.relu(self.fc1(x))
+        if fail:
+            h = Fail.apply(h)
+        return F.log_softmax(self.fc2(h), 1)
+
+
+class ReorderNet(nn.Module):
+    """Registered in the opposite order of use: gradients arrive in registration order."""
+
+    def __init__(self):
+        super().__init__()
+        self.out = nn.Linear(8, 4)
+        self.hidden = nn.Linear(6, 8)
+
+    def forward(self, x):
+        return F.log_softmax(self.out(torch.relu(self.hidden(x))), 1)
+
+
+def sgd(model, weight_decay=0.0):
+    return torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=weight_decay)
+
+
+def join(rank, **join_args):
+    model = JoinNet()
+    init_params(model)
+    ddp = nn.parallel.DistributedDataParallel(model)
+    opt = sgd(model)
+    with ddp.join(**join_args):
+        for step in range(1 if rank == 0 else 4):
+            opt.zero_grad()
+            F.nll_loss(ddp(inputs(rank, step, (5, 6))), labels(rank, step, 5, 4)).backward()
+            opt.step()
+    return model
+
+
+def case_join(rank):
+    return join(rank)
+
+
+def case_join_divide_by_active_ranks(rank):
+    return join(rank, divide_by_initial_world_size=False)
+
+
+def case_join_throw_on_early_termination(rank):
+    model = JoinNet()
+    init_params(model)
+    ddp = nn.parallel.DistributedDataParallel(model)
+    opt = sgd(model)
+    try:
+        with ddp.join(throw_on_early_termination=True):
+            for step in range(1 if rank == 0 else 4):
+                opt.zero_grad()
+                F.nll_loss(ddp(inputs(rank, step, (5, 6))), labels(rank, step, 5, 4)).backward()
+                opt.step()
+        raise AssertionError("no early termination")
+    except RuntimeError as e:
+        assert "exhausted" in str(e), str(e)
+    return model
+
+
+def unused_accumulation(rank, view):
+    model = BranchNet()
+    init_params(model)
+    ddp = nn.parallel.DistributedDataParallel(model, find_unused_parameters=True,
+                                              gradient_as_bucket_view=view)
+    opt = sgd(model, weight_decay=0.01)
+
+    def loss(step, use_b, use_c):
+        return F.nll_loss(ddp(inputs(rank, step, (5, 6)), use_b, use_c), labels(rank, step, 5, 4))
+
+    opt.zero_grad()
+    with ddp.no_sync():
+        loss(0, True, True).backward()
+    # b unused on rank 0 but used on rank 1: rank 0's accumulated .grad is reduced; c unused on
+    # every rank: its .grad is left alone (the replicas then differ, as in PyTorch), except as a
+    # bucket view, which is reduced.
+    loss(1, rank == 1, False).backward()
+    opt.step()
+    opt.zero_grad()
+    loss(2, False, False).backward()  # b and c unused everywhere: .grad left alone
+    opt.step()
+    opt.zero_grad()
+    loss(3, rank == 0, False).backward()
+    opt.step()
+    return model
+
+
+def case_unused_accumulation(rank):
+    return unused_accumulation(rank, False)
+
+
+def case_unused_accumulation_view(rank):
+    return unused_accumulation(rank, True)
+
+
+def sync_batch_norm(rank, dtype):
+    # PyTorch 1.13's SyncBatchNorm runs on CUDA only; over 2 ranks it is by definition BatchNorm
+    # over both ranks' samples, with the loss averaged over them: the oracle.
+    model = BnNet().to(dtype)
+    init_params(model)
+    opt = sgd(model)
+    for step in range(3):
+        x = torch.cat([inputs(r, step, (6, 4), offset=1e4) for r in range(2)]).to(dtype)
+        y = torch.cat([labels(r, step, 6, 3) for r in range(2)])
+        opt.zero_grad()
+        F.nll_loss(model(x), y).backward()
+        opt.step()
+    return model
+
+
+def case_sync_batch_norm_float(rank):
+    return sync_batch_norm(rank, torch.float32)
+
+
+def case_sync_batch_norm_double(rank):
+    return sync_batch_norm(rank, torch.float64)
+
+
+def case_uneven_evaluation(rank):
+    model = SmallMlp()
+    init_params(model)
+    ddp = nn.parallel.DistributedDataParallel(model)
+    opt = sgd(model)
+    for step in range(3):
+        opt.zero_grad()
+        F.nll_loss(ddp(inputs(rank, step, (4, 20))), labels(rank, step, 4, 10)).backward()
+        opt.step()
+        with torch.no_grad():  # a different number of evaluation batches on each rank
+            for i in range(3 if rank == 0 else 1):
+                ddp(inputs(rank, 10 + i, (4, 20)))
+    return model
+
+
+def case_tied_weights(rank):
+    model = TiedNet()
+    init_params(model)
+    ddp = nn.parallel.DistributedDataParallel(model)
+    opt = sgd(model)
+    for step in range(3):
+        opt.zero_grad()
+        F.nll_loss(ddp(inputs(rank, step, (5, 6))), labels(rank, step, 5, 4)).backward()
+        opt.step()
+    return model
+
+
+def case_backward_exception(rank):
+    # PyTorch 1.13 cannot continue after an exception in backward ("Expected to have finished
+    # reduction in the prior iteration"); Shoal resets and continues, as if the failed step had
+    # not been taken: the oracle skips it (step 1).
+    model = FailNet()
+    init_params(model)
+    ddp = nn.parallel.DistributedDataParallel(model)
+    opt = sgd(model)
+    for step in (0, 2):
+        opt.zero_grad()
+        F.nll_loss(ddp(inputs(rank, step, (5, 6)), False), labels(rank, step, 5, 4)).backward()
+        opt.step()
+    return model
+
+
+def case_rebuild_after_no_sync(rank):
+    model = ReorderNet()
+    init_params(model)
+    ddp = nn.parallel.DistributedDataParallel(model)
+    opt = sgd(model)
+    opt.zero_grad()
+    with ddp.no_sync():  # the first backward is not synchronised: no rebuild from it
+        F.nll_loss(ddp(inputs(rank, 0, (5, 6))), labels(rank, 0, 5, 4)).backward()
+    for step in range(1, 4):
+        F.nll_loss(ddp(inputs(rank, step, (5, 6))), labels(rank, step, 5, 4)).backward()
+        opt.step()
+        opt.zero_grad()
+    return model
+
+
+def case_retain_graph(rank):
+    model = BranchNet()
+    init_params(model)
+    ddp = nn.parallel.DistributedDataParallel(model, find_unused_parameters=True)
+    opt = sgd(model)
+    for step in range(2):
+        opt.zero_grad()
+        loss = F.nll_loss(ddp(inputs(rank, step, (5, 6)), True, False), labels(rank, step, 5, 4))
+        loss.backward(retain_graph=True)
+        loss.backward()  # not prepared by a forward: accumulates locally, as PyTorch does
+        opt.step()
+    return model
+
+
+def case_reentrant_checkpoint(rank):
+    # Shoal checkpoints fc2 (a backward() inside backward, re-entrant); checkpointing does not
+    # change the math, so the oracle is the plain model.
+    model = FailNet()
+    init_params(model)
+    ddp = nn.parallel.DistributedDataParallel(model)
+    opt = sgd(model)
+    for step in range(3):
+        opt.zero_grad()
+        F.nll_loss(ddp(inputs(rank, step, (5, 6)), False), labels(rank, step, 5, 4)).backward()
+        opt.step()
+    return model
+
+
+class EmbNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(10, 4, sparse=True)
+        self.fc = nn.Linear(4, 3)
+
+    def forward(self, idx):
+        return F.log_softmax(self.fc(self.emb(idx)), 1)
+
+
+def case_sparse_embedding(rank):
+    model = EmbNet()
+    init_params(model)
+    ddp = nn.parallel.DistributedDataParallel(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(3):
+        opt.zero_grad()
+        idx = (torch.arange(5) * (rank + 2) + step) % 10  # rows overlap partly between ranks
+        F.nll_loss(ddp(idx), labels(rank, step, 5, 3)).backward()
+        opt.step()
+    return model
+
+
+def case_static_graph(rank):
+    model = BranchNet()
+    init_params(model)
+    ddp = nn.parallel.DistributedDataParallel(model, static_graph=True)
+    opt = sgd(model, weight_decay=0.01)
+    for step in range(3):
+        opt.zero_grad()
+        F.nll_loss(ddp(inputs(rank, step, (5, 6)), True, False), labels(rank, step, 5, 4)).backward()
+        opt.step()
+    return model
+
+
+def case_ignored_parameters(rank):
+    model = JoinNet()
+    init_params(model)
+    nn.parallel.DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(
+        model, ["fc2.weight", "fc2.bias", "bn.running_mean"])
+    ddp = nn.parallel.DistributedDataParallel(model)
+    opt = sgd(model)
+    for step in range(3):
+        opt.zero_grad()
+        F.nll_loss(ddp(inputs(rank, step, (5, 6))), labels(rank, step, 5, 4)).backward()
+        opt.step()
+    return model
+
+
+class ConvNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(2, 4, 3)
+        self.fc = nn.Linear(64, 3)
+
+    def forward(self, x):
+        return F.log_softmax(self.fc(torch.relu(self.conv(x)).flatten(1)), 1)
+
+
+def case_channels_last_bucket_view(rank):
+    model = ConvNet().to(memory_format=torch.channels_last)
+    init_params(model)
+    ddp = nn.parallel.DistributedDataParallel(model, gradient_as_bucket_view=True)
+    opt = sgd(model)
+    for step in range(3):
+        opt.zero_grad()
+        x = inputs(rank, step, (3, 2, 6, 6)).contiguous(memory_format=torch.channels_last)
+        F.nll_loss(ddp(x), labels(rank, step, 3, 3)).backward()
+        assert model.conv.weight.grad.stride() == model.conv.weight.stride()
+        opt.step()
+    return model
+
+
+CASES = {name[len("case_"):]: fn for name, fn in globals().items() if name.startswith("case_")}
+
+
+def dump(model, path):
+    parts = [p.detach().double().flatten() for p in model.parameters()]
+    for p in model.parameters():
+        g = p.grad
+        if g is not None and g.is_sparse:
+            g = g.to_dense()
+        parts.append(g.detach().double().flatten() if g is not None
+                     else torch.full((p.numel(),), float("nan"), dtype=torch.float64))
+    parts += [b.detach().double().flatten() for b in model.buffers()]
+    torch.cat(parts).numpy().astype("<f8").tofile(path)
+
+
+def cases_worker(rank, out_dir, names, init_file):
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method="file://" + init_file, rank=rank, world_size=2)
+    for name in names:
+        torch.manual_seed(0)
+        model = CASES[name](rank)
+        dump(model, os.path.join(out_dir, "%s.rank%d.f64" % (name, rank)))
+        dist.barrier()
+    dist.destroy_process_group()
+
+
 def main():
+    if sys.argv[1] == "cases":
+        out_dir, names = sys.argv[2], sys.argv[3].split(",")
+        unknown = [n for n in names if n not in CASES]
+        assert not unknown, "unknown cases %s (known: %s)" % (unknown, sorted(CASES))
+        with tempfile.TemporaryDirectory() as tmp:
+            mp.spawn(cases_worker, args=(out_dir, names, os.path.join(tmp, "init")), nprocs=2,
+                     join=True)
+        return
     model, init_path, data_path, out_path = sys.argv[1:5]
     steps, batch, world = (int(v) for v in sys.argv[5:8])
     args = (model, init_path, data_path, out_path, steps, batch, world)

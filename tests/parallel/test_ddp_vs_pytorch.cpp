@@ -1,5 +1,9 @@
 // Shoal's DistributedDataParallel against PyTorch's own (Debian's python3-torch, gloo, 2 processes):
-// the same model, initial weights and data order give the same parameters after 50 SGD steps.
+// the same model, initial weights and data order give the same parameters after 50 SGD steps; and
+// the less common paths (join with uneven inputs, find_unused_parameters with gradient
+// accumulation, SyncBatchNorm with a large mean, uneven evaluation, tied weights, an exception in
+// backward) give the same parameters, gradients and buffers on every rank as PyTorch
+// (ddp_oracle.py cases, one launch for all of them), with the ranks' replicas equal.
 // Exits 77 (skipped) when /usr/bin/python3 has no torch with gloo.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -8,7 +12,10 @@
 #include <fstream>
 
 #include "shoal/comm/init.h"
+#include "shoal/comm/store.h"
+#include "shoal/error.h"
 #include "shoal/parallel/distributed_data_parallel.h"
+#include "shoal/parallel/sync_batch_norm.h"
 #include "test_models.h"
 #include "testing/multi_rank.h"
 
@@ -127,6 +134,562 @@ class VsPyTorch : public ::testing::Test {
 
 TEST_F(VsPyTorch, CnnMatchesPyTorchDdp) { compare_with_pytorch<shoal::testing::SmallCnn>("cnn"); }
 TEST_F(VsPyTorch, MlpMatchesPyTorchDdp) { compare_with_pytorch<shoal::testing::SmallMlp>("mlp"); }
+
+// ---- the cases of ddp_oracle.py (same models, closed-form weights and data) -------------------
+
+using torch::nn::Linear;
+
+// Parameters without repeats (a tied tensor once, under its first name), as PyTorch lists them.
+std::vector<torch::Tensor> unique_parameters(torch::nn::Module& module) {
+  std::vector<torch::Tensor> unique;
+  for (const auto& p : module.parameters(true)) {
+    bool seen = false;
+    for (const auto& u : unique) seen = seen || u.is_same(p);
+    if (!seen) unique.push_back(p);
+  }
+  return unique;
+}
+
+void init_params(torch::nn::Module& module) {
+  torch::NoGradGuard no_grad;
+  int64_t k = 0;
+  for (auto& p : unique_parameters(module)) {
+    auto index = torch::arange(p.numel(), torch::kDouble);
+    auto values = torch::sin(index * 0.37 + static_cast<double>(k++)) * 0.4;
+    p.copy_(values.view(p.sizes()));
+  }
+}
+
+torch::Tensor inputs(int rank, int step, std::vector<int64_t> shape, double offset = 0) {
+  int64_t n = 1;
+  for (auto d : shape) n *= d;
+  auto x = torch::sin(torch::arange(n, torch::kDouble) * 0.113 + 1.7 * step + 0.9 * rank);
+  return (x + offset).view(shape).to(torch::kFloat);
+}
+
+torch::Tensor labels(int rank, int step, int64_t batch, int64_t classes) {
+  return (torch::arange(batch, torch::kLong) * 3 + step + rank).remainder(classes);
+}
+
+struct JoinNetImpl : torch::nn::Module {
+  Linear fc1{register_module("fc1", Linear(6, 8))};
+  torch::nn::BatchNorm1d bn{register_module("bn", torch::nn::BatchNorm1d(8))};
+  Linear fc2{register_module("fc2", Linear(8, 4))};
+  torch::Tensor forward(const torch::Tensor& x) {
+    return torch::log_softmax(fc2(torch::relu(bn(fc1(x)))), 1);
+  }
+};
+TORCH_MODULE(JoinNet);
+
+struct BranchNetImpl : torch::nn::Module {
+  Linear a{register_module("a", Linear(6, 4))};
+  Linear b{register_module("b", Linear(6, 4))};
+  Linear c{register_module("c", Linear(6, 4))};
+  torch::Tensor forward(const torch::Tensor& x, bool use_b, bool use_c) {
+    auto out = a(x);
+    if (use_b) out = out + b(x);
+    if (use_c) out = out + c(x);
+    return torch::log_softmax(out, 1);
+  }
+};
+TORCH_MODULE(BranchNet);
+
+struct SyncBnNetImpl : torch::nn::Module {
+  explicit SyncBnNetImpl(std::shared_ptr<comm::ProcessGroup> group)
+      : bn(register_module("bn", SyncBatchNorm(4, std::move(group)))),
+        fc(register_module("fc", Linear(4, 3))) {}
+  torch::Tensor forward(const torch::Tensor& x) { return torch::log_softmax(fc(bn(x)), 1); }
+  SyncBatchNorm bn;
+  Linear fc;
+};
+TORCH_MODULE(SyncBnNet);
+
+// A Linear whose weight is another module's (PyTorch's `fc2.weight = fc1.weight`).
+struct SharedLinearImpl : torch::nn::Module {
+  explicit SharedLinearImpl(const torch::Tensor& shared)
+      : weight(register_parameter("weight", shared)),
+        bias(register_parameter("bias", torch::zeros({shared.size(0)}))) {}
+  torch::Tensor forward(const torch::Tensor& x) { return torch::linear(x, weight, bias); }
+  torch::Tensor weight, bias;
+};
+TORCH_MODULE(SharedLinear);
+
+struct TiedNetImpl : torch::nn::Module {
+  Linear fc1{register_module("fc1", Linear(6, 6))};
+  SharedLinear fc2{register_module("fc2", SharedLinear(fc1->weight))};
+  Linear out{register_module("out", Linear(6, 4))};
+  torch::Tensor forward(const torch::Tensor& x) {
+    return torch::log_softmax(out(torch::tanh(fc2(torch::tanh(fc1(x))))), 1);
+  }
+};
+TORCH_MODULE(TiedNet);
+
+// Identity whose backward throws: an exception in the middle of DDP's backward.
+struct Fail : torch::autograd::Function<Fail> {
+  static torch::Tensor forward(torch::autograd::AutogradContext*, const torch::Tensor& x) {
+    return x.view_as(x);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext*,
+                                                 torch::autograd::variable_list) {
+    throw std::runtime_error("backward failed on purpose");
+  }
+};
+
+// Activation checkpointing as torch.utils.checkpoint(use_reentrant=True): forward without a
+// graph; backward recomputes it and calls backward() inside the backward pass.
+struct Checkpoint : torch::autograd::Function<Checkpoint> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
+                               int64_t linear_address) {
+    ctx->save_for_backward({x});
+    ctx->saved_data["linear"] = linear_address;
+    torch::NoGradGuard no_grad;
+    return reinterpret_cast<torch::nn::LinearImpl*>(linear_address)->forward(x);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto x = ctx->get_saved_variables()[0].detach().requires_grad_(true);
+    auto* linear = reinterpret_cast<torch::nn::LinearImpl*>(ctx->saved_data["linear"].toInt());
+    torch::Tensor out;
+    {
+      torch::AutoGradMode enable(true);
+      out = linear->forward(x);
+    }
+    torch::autograd::backward({out}, {grads[0]});
+    return {x.grad(), torch::Tensor()};
+  }
+};
+
+struct FailNetImpl : torch::nn::Module {
+  Linear fc1{register_module("fc1", Linear(6, 8))};
+  Linear fc2{register_module("fc2", Linear(8, 4))};
+  bool checkpoint_fc2 = false;
+  torch::Tensor forward(const torch::Tensor& x, bool fail) {
+    auto h = torch::relu(fc1(x));
+    if (fail) h = Fail::apply(h);
+    auto out = checkpoint_fc2 ? Checkpoint::apply(h, reinterpret_cast<int64_t>(fc2.get())) : fc2(h);
+    return torch::log_softmax(out, 1);
+  }
+};
+TORCH_MODULE(FailNet);
+
+// Registered in the opposite order of use: gradients arrive in registration order.
+struct ReorderNetImpl : torch::nn::Module {
+  Linear out{register_module("out", Linear(8, 4))};
+  Linear hidden{register_module("hidden", Linear(6, 8))};
+  torch::Tensor forward(const torch::Tensor& x) {
+    return torch::log_softmax(out(torch::relu(hidden(x))), 1);
+  }
+};
+TORCH_MODULE(ReorderNet);
+
+struct EmbNetImpl : torch::nn::Module {
+  torch::nn::Embedding emb{register_module(
+      "emb", torch::nn::Embedding(torch::nn::EmbeddingOptions(10, 4).sparse(true)))};
+  Linear fc{register_module("fc", Linear(4, 3))};
+  torch::Tensor forward(const torch::Tensor& idx) { return torch::log_softmax(fc(emb(idx)), 1); }
+};
+TORCH_MODULE(EmbNet);
+
+struct ConvNetImpl : torch::nn::Module {
+  torch::nn::Conv2d conv{
+      register_module("conv", torch::nn::Conv2d(torch::nn::Conv2dOptions(2, 4, 3)))};
+  Linear fc{register_module("fc", Linear(64, 3))};
+  torch::Tensor forward(const torch::Tensor& x) {
+    return torch::log_softmax(fc(torch::relu(conv(x)).flatten(1)), 1);
+  }
+};
+TORCH_MODULE(ConvNet);
+
+torch::optim::SGD sgd(torch::nn::Module& module, double weight_decay = 0) {
+  return torch::optim::SGD(unique_parameters(module),
+                           torch::optim::SGDOptions(0.1).momentum(0.9).weight_decay(weight_decay));
+}
+
+// Parameters, their gradients (NaN where undefined) and buffers, flattened as float64: the
+// layout of ddp_oracle.py's dump().
+torch::Tensor dump(torch::nn::Module& module) {
+  std::vector<torch::Tensor> parts;
+  auto params = unique_parameters(module);
+  for (const auto& p : params) parts.push_back(p.detach().to(torch::kDouble).flatten());
+  for (const auto& p : params) {
+    auto grad = p.grad().defined() && p.grad().is_sparse() ? p.grad().to_dense() : p.grad();
+    parts.push_back(grad.defined() ? grad.detach().to(torch::kDouble).flatten()
+                                       : torch::full({p.numel()}, NAN, torch::kDouble));
+  }
+  for (const auto& b : module.buffers(true)) {
+    parts.push_back(b.detach().to(torch::kDouble).flatten());
+  }
+  return torch::cat(parts);
+}
+
+// Small buckets, so that even these models have several (PyTorch has one here).
+DistributedDataParallelOptions small_buckets() {
+  DistributedDataParallelOptions options;
+  options.first_bucket_cap_mb = 0.0001;
+  options.bucket_cap_mb = 0.0002;
+  return options;
+}
+
+torch::Tensor run_case(const std::string& name, int rank,
+                       const std::shared_ptr<comm::ProcessGroup>& group) {
+  auto nll = [](const torch::Tensor& out, const torch::Tensor& y) {
+    return torch::nll_loss(out, y);
+  };
+  if (name == "join" || name == "join_divide_by_active_ranks") {
+    JoinNet model;
+    init_params(*model);
+    DistributedDataParallel ddp(model, group, small_buckets());
+    auto optimizer = sgd(*model);
+    {
+      JoinOptions options;
+      options.divide_by_initial_world_size = name == "join";
+      auto join = ddp.join(options);
+      for (int step = 0; step < (rank == 0 ? 1 : 4); ++step) {
+        optimizer.zero_grad();
+        nll(ddp.forward(inputs(rank, step, {5, 6})), labels(rank, step, 5, 4)).backward();
+        optimizer.step();
+      }
+    }
+    return dump(*model);
+  }
+  if (name == "join_throw_on_early_termination") {
+    JoinNet model;
+    init_params(*model);
+    DistributedDataParallel ddp(model, group, small_buckets());
+    auto optimizer = sgd(*model);
+    try {
+      JoinOptions options;
+      options.throw_on_early_termination = true;
+      auto join = ddp.join(options);
+      for (int step = 0; step < (rank == 0 ? 1 : 4); ++step) {
+        optimizer.zero_grad();
+        nll(ddp.forward(inputs(rank, step, {5, 6})), labels(rank, step, 5, 4)).backward();
+        optimizer.step();
+      }
+      join.finish();
+      ADD_FAILURE() << "no early termination";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("exhausted"), std::string::npos) << e.what();
+    }
+    return dump(*model);
+  }
+  if (name == "unused_accumulation" || name == "unused_accumulation_view") {
+    BranchNet model;
+    init_params(*model);
+    auto options = small_buckets();
+    options.find_unused_parameters = true;
+    options.gradient_as_bucket_view = name == "unused_accumulation_view";
+    DistributedDataParallel ddp(model, group, options);
+    auto optimizer = sgd(*model, 0.01);
+    auto loss = [&](int step, bool use_b, bool use_c) {
+      return nll(ddp.forward(inputs(rank, step, {5, 6}), use_b, use_c), labels(rank, step, 5, 4));
+    };
+    optimizer.zero_grad();
+    {
+      auto guard = ddp.no_sync();
+      loss(0, true, true).backward();
+    }
+    loss(1, rank == 1, false).backward();
+    optimizer.step();
+    optimizer.zero_grad();
+    loss(2, false, false).backward();
+    optimizer.step();
+    optimizer.zero_grad();
+    loss(3, rank == 0, false).backward();
+    optimizer.step();
+    return dump(*model);
+  }
+  if (name == "sync_batch_norm_float" || name == "sync_batch_norm_double") {
+    const auto dtype = name == "sync_batch_norm_float" ? torch::kFloat : torch::kDouble;
+    SyncBnNet model(group);
+    model->to(dtype);
+    init_params(*model);
+    DistributedDataParallel ddp(model, group, small_buckets());
+    auto optimizer = sgd(*model);
+    for (int step = 0; step < 3; ++step) {
+      optimizer.zero_grad();
+      auto x = inputs(rank, step, {6, 4}, /*offset=*/1e4).to(dtype);  // mean 1e4, spread ~1
+      nll(ddp.forward(x), labels(rank, step, 6, 3)).backward();
+      optimizer.step();
+    }
+    return dump(*model);
+  }
+  if (name == "uneven_evaluation") {
+    shoal::testing::SmallMlp model;
+    init_params(*model);
+    DistributedDataParallel ddp(model, group, small_buckets());
+    auto optimizer = sgd(*model);
+    for (int step = 0; step < 3; ++step) {
+      optimizer.zero_grad();
+      nll(ddp.forward(inputs(rank, step, {4, 20})), labels(rank, step, 4, 10)).backward();
+      optimizer.step();
+      torch::NoGradGuard no_grad;
+      for (int i = 0; i < (rank == 0 ? 3 : 1); ++i) ddp.forward(inputs(rank, 10 + i, {4, 20}));
+    }
+    return dump(*model);
+  }
+  if (name == "tied_weights") {
+    TiedNet model;
+    init_params(*model);
+    DistributedDataParallel ddp(model, group, small_buckets());
+    EXPECT_EQ(ddp.parameters().size(), 5u);
+    auto optimizer = sgd(*model);
+    for (int step = 0; step < 3; ++step) {
+      optimizer.zero_grad();
+      nll(ddp.forward(inputs(rank, step, {5, 6})), labels(rank, step, 5, 4)).backward();
+      optimizer.step();
+    }
+    int64_t bucket_bytes = 0;
+    for (auto b : ddp.stats().bucket_bytes) bucket_bytes += b;
+    EXPECT_EQ(bucket_bytes, (36 + 6 + 6 + 24 + 4) * 4) << "a tied weight is reduced once";
+    return dump(*model);
+  }
+  if (name == "backward_exception") {
+    FailNet model;
+    init_params(*model);
+    DistributedDataParallel ddp(model, group, small_buckets());
+    auto optimizer = sgd(*model);
+    for (int step = 0; step < 3; ++step) {
+      optimizer.zero_grad();
+      try {
+        auto out = ddp.forward(inputs(rank, step, {5, 6}), /*fail=*/step == 1);
+        nll(out, labels(rank, step, 5, 4)).backward();
+      } catch (const std::exception& e) {
+        EXPECT_NE(std::string(e.what()).find("on purpose"), std::string::npos) << e.what();
+        EXPECT_EQ(step, 1);
+        continue;
+      }
+      optimizer.step();
+    }
+    return dump(*model);
+  }
+  if (name == "rebuild_after_no_sync") {
+    ReorderNet model;
+    init_params(*model);
+    DistributedDataParallel ddp(model, group, small_buckets());
+    // Reverse registration order: hidden (32 + 192 bytes, over the first cap) then out (16 + 128).
+    const std::vector<int64_t> initial{224, 144}, rebuilt{144, 224};
+    EXPECT_EQ(ddp.stats().bucket_bytes, initial);
+    auto optimizer = sgd(*model);
+    optimizer.zero_grad();
+    {
+      auto guard = ddp.no_sync();
+      nll(ddp.forward(inputs(rank, 0, {5, 6})), labels(rank, 0, 5, 4)).backward();
+    }
+    for (int step = 1; step < 4; ++step) {
+      nll(ddp.forward(inputs(rank, step, {5, 6})), labels(rank, step, 5, 4)).backward();
+      // Rebuilt once, from the first synchronised backward, before the next forward.
+      EXPECT_EQ(ddp.stats().bucket_bytes, step == 1 ? initial : rebuilt) << "step " << step;
+      optimizer.step();
+      optimizer.zero_grad();
+    }
+    return dump(*model);
+  }
+  if (name == "retain_graph") {
+    BranchNet model;
+    init_params(*model);
+    auto options = small_buckets();
+    options.find_unused_parameters = true;
+    DistributedDataParallel ddp(model, group, options);
+    auto optimizer = sgd(*model);
+    for (int step = 0; step < 2; ++step) {
+      optimizer.zero_grad();
+      auto loss =
+          nll(ddp.forward(inputs(rank, step, {5, 6}), true, false), labels(rank, step, 5, 4));
+      loss.backward({}, /*retain_graph=*/true);
+      loss.backward();
+      optimizer.step();
+    }
+    return dump(*model);
+  }
+  if (name == "reentrant_checkpoint") {
+    FailNet model;
+    model->checkpoint_fc2 = true;  // its gradients arrive in a nested backward, first
+    init_params(*model);
+    DistributedDataParallel ddp(model, group, small_buckets());
+    auto optimizer = sgd(*model);
+    for (int step = 0; step < 3; ++step) {
+      optimizer.zero_grad();
+      nll(ddp.forward(inputs(rank, step, {5, 6}), false), labels(rank, step, 5, 4)).backward();
+      optimizer.step();
+    }
+    return dump(*model);
+  }
+  if (name == "sparse_embedding") {
+    EmbNet model;
+    init_params(*model);
+    DistributedDataParallel ddp(model, group, small_buckets());
+    torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(0.1));
+    for (int step = 0; step < 3; ++step) {
+      optimizer.zero_grad();
+      auto idx = (torch::arange(5, torch::kLong) * (rank + 2) + step).remainder(10);
+      nll(ddp.forward(idx), labels(rank, step, 5, 3)).backward();
+      EXPECT_TRUE(model->emb->weight.grad().is_sparse());
+      optimizer.step();
+    }
+    return dump(*model);
+  }
+  if (name == "static_graph") {
+    BranchNet model;
+    init_params(*model);
+    auto options = small_buckets();
+    options.static_graph = true;
+    DistributedDataParallel ddp(model, group, options);
+    auto optimizer = sgd(*model, 0.01);
+    for (int step = 0; step < 3; ++step) {
+      optimizer.zero_grad();
+      auto out = ddp.forward(inputs(rank, step, {5, 6}), /*use_b=*/true, /*use_c=*/false);
+      nll(out, labels(rank, step, 5, 4)).backward();
+      optimizer.step();
+    }
+    EXPECT_TRUE(ddp.stats().static_graph);
+    EXPECT_EQ(ddp.stats().unused_parameters, 2) << "c.weight and c.bias";
+    return dump(*model);
+  }
+  if (name == "ignored_parameters") {
+    JoinNet model;
+    init_params(*model);
+    auto options = small_buckets();
+    options.params_and_buffers_to_ignore = {"fc2.weight", "fc2.bias", "bn.running_mean"};
+    DistributedDataParallel ddp(model, group, options);
+    auto optimizer = sgd(*model);
+    for (int step = 0; step < 3; ++step) {
+      optimizer.zero_grad();
+      nll(ddp.forward(inputs(rank, step, {5, 6})), labels(rank, step, 5, 4)).backward();
+      optimizer.step();
+    }
+    return dump(*model);
+  }
+  if (name == "channels_last_bucket_view") {
+    ConvNet model;
+    {
+      torch::NoGradGuard no_grad;
+      model->conv->weight.set_data(model->conv->weight.contiguous(at::MemoryFormat::ChannelsLast));
+    }
+    init_params(*model);
+    auto options = small_buckets();
+    options.gradient_as_bucket_view = true;
+    DistributedDataParallel ddp(model, group, options);
+    auto optimizer = sgd(*model);
+    for (int step = 0; step < 3; ++step) {
+      optimizer.zero_grad();
+      auto x = inputs(rank, step, {3, 2, 6, 6}).contiguous(at::MemoryFormat::ChannelsLast);
+      nll(ddp.forward(x), labels(rank, step, 3, 3)).backward();
+      EXPECT_EQ(model->conv->weight.grad().strides(), model->conv->weight.strides());
+      optimizer.step();
+    }
+    return dump(*model);
+  }
+  throw std::invalid_argument("unknown case " + name);
+}
+
+const char* const kCases[] = {"join",
+                              "join_divide_by_active_ranks",
+                              "join_throw_on_early_termination",
+                              "unused_accumulation",
+                              "unused_accumulation_view",
+                              "sync_batch_norm_float",
+                              "sync_batch_norm_double",
+                              "uneven_evaluation",
+                              "tied_weights",
+                              "backward_exception",
+                              "rebuild_after_no_sync",
+                              "retain_graph",
+                              "reentrant_checkpoint",
+                              "sparse_embedding",
+                              "static_graph",
+                              "ignored_parameters",
+                              "channels_last_bucket_view"};
+
+// Runs every case of ddp_oracle.py in one PyTorch launch (once per test program).
+class Cases : public VsPyTorch {
+ protected:
+  static void SetUpTestSuite() {
+    VsPyTorch::SetUpTestSuite();
+    dir_ = shoal::testing::temp_path("ddp_cases");
+    ASSERT_EQ(std::system(("mkdir -p " + dir_).c_str()), 0);
+    std::string names;
+    for (const char* c : kCases) names += (names.empty() ? "" : ",") + std::string(c);
+    const char* source = std::getenv("SHOAL_SOURCE_DIR");
+    const std::string command = "timeout 180 /usr/bin/python3 " +
+                                std::string(source ? source : "..") +
+                                "/tests/parallel/ddp_oracle.py cases " + dir_ + " " + names;
+    oracle_status_ = std::system(command.c_str());
+  }
+  static void TearDownTestSuite() { std::system(("rm -rf " + dir_).c_str()); }
+
+  static void check(const std::string& name) {
+    ASSERT_EQ(oracle_status_, 0) << "ddp_oracle.py cases failed";
+    auto run = [&](int rank, const std::string& store_path) {
+      torch::set_num_threads(1);
+      auto store = comm::make_file_store(store_path, kWorld);
+      auto group = comm::new_process_group("gloo", store, rank, kWorld);
+      auto state = run_case(name, rank, group).to(torch::kFloat64).contiguous();
+      const std::string path = dir_ + "/" + name + ".shoal" + std::to_string(rank) + ".f64";
+      std::ofstream out(path, std::ios::binary);
+      out.write(static_cast<const char*>(state.data_ptr()), state.numel() * sizeof(double));
+      if (::testing::Test::HasFailure()) throw std::runtime_error("expectations failed in rank");
+    };
+    auto results = shoal::testing::run_processes(kWorld, run);
+    for (const auto& r : results) ASSERT_TRUE(r.ok()) << "rank " << r.rank << ": " << r.error;
+    std::vector<torch::Tensor> shoal_states;
+    for (int rank = 0; rank < kWorld; ++rank) {
+      auto expected = read_doubles(dir_ + "/" + name + ".rank" + std::to_string(rank) + ".f64");
+      auto actual = read_doubles(dir_ + "/" + name + ".shoal" + std::to_string(rank) + ".f64");
+      ASSERT_TRUE(expected.defined() && actual.defined()) << name;
+      ASSERT_EQ(expected.numel(), actual.numel()) << name << " rank " << rank;
+      EXPECT_TRUE(torch::equal(torch::isnan(expected), torch::isnan(actual)))
+          << name << " rank " << rank << ": gradients defined differently from PyTorch";
+      auto e = torch::nan_to_num(expected), a = torch::nan_to_num(actual);
+      const double scale = std::max(e.abs().max().item<double>(), 1.0);
+      const auto where = (a - e).abs().argmax().item<int64_t>();
+      const double worst = (a - e).abs()[where].item<double>() / scale;
+      std::printf("%s rank %d: max relative difference from PyTorch %.3g\n", name.c_str(), rank,
+                  worst);
+      EXPECT_LE(worst, 1e-5) << name << " rank " << rank << ": at flat index " << where
+                             << " (parameters, then gradients, then buffers) Shoal has "
+                             << a[where].item<double>() << ", PyTorch " << e[where].item<double>();
+      shoal_states.push_back(actual);
+    }
+    // Replicas: wherever PyTorch's ranks agree (parameters, buffers), Shoal's agree bit for bit.
+    auto expected0 = read_doubles(dir_ + "/" + name + ".rank0.f64");
+    auto expected1 = read_doubles(dir_ + "/" + name + ".rank1.f64");
+    auto agree = expected0.eq(expected1);
+    EXPECT_TRUE(torch::equal(shoal_states[0].masked_select(agree),
+                             shoal_states[1].masked_select(agree)))
+        << name << ": the ranks' replicas differ";
+  }
+
+  static torch::Tensor read_doubles(const std::string& path) {
+    auto t = read_floats(path);
+    return t.defined() ? t.view(torch::kDouble) : t;
+  }
+
+  static std::string dir_;
+  static int oracle_status_;
+};
+std::string Cases::dir_;
+int Cases::oracle_status_ = -1;
+
+TEST_F(Cases, JoinEndsWithEqualReplicasAndActiveRanksBuffers) { check("join"); }
+TEST_F(Cases, JoinDividesByActiveRanks) { check("join_divide_by_active_ranks"); }
+TEST_F(Cases, JoinThrowsOnEarlyTermination) { check("join_throw_on_early_termination"); }
+TEST_F(Cases, FindUnusedKeepsAccumulatedGradients) { check("unused_accumulation"); }
+TEST_F(Cases, FindUnusedKeepsAccumulatedGradientsAsBucketView) {
+  check("unused_accumulation_view");
+}
+TEST_F(Cases, SyncBatchNormLargeMeanFloat) { check("sync_batch_norm_float"); }
+TEST_F(Cases, SyncBatchNormLargeMeanDouble) { check("sync_batch_norm_double"); }
+TEST_F(Cases, UnevenNoGradEvaluationDoesNotCommunicate) { check("uneven_evaluation"); }
+TEST_F(Cases, TiedWeightsReducedOnce) { check("tied_weights"); }
+TEST_F(Cases, ExceptionInBackwardResets) { check("backward_exception"); }
+TEST_F(Cases, BucketsRebuiltOnceFromFirstSynchronisedBackward) { check("rebuild_after_no_sync"); }
+TEST_F(Cases, RetainGraphSecondBackwardAccumulatesLocally) { check("retain_graph"); }
+TEST_F(Cases, ReentrantBackwardFinalizesAtOutermostEnd) { check("reentrant_checkpoint"); }
+TEST_F(Cases, SparseEmbeddingGradients) { check("sparse_embedding"); }
+TEST_F(Cases, StaticGraph) { check("static_graph"); }
+TEST_F(Cases, IgnoredParametersAndBuffersStayLocal) { check("ignored_parameters"); }
+TEST_F(Cases, BucketViewsKeepChannelsLast) { check("channels_last_bucket_view"); }
 
 }  // namespace
 }  // namespace shoal::parallel

@@ -281,7 +281,7 @@ TEST(DdpBuffers, BroadcastBuffersKeepsRankZerosRunningStatistics) {
 
 // ---- join ----------------------------------------------------------------------------------------
 
-TEST(DdpJoin, UnevenInputsFinishWithTheExpectedGradients) {
+void join_uneven_inputs(const std::string& backend, bool bucket_view) {
   constexpr int kWorld = 3;
   const int batches[kWorld] = {5, 2, 0};  // rank 2 has no data at all
   std::vector<SmallMlp> models;
@@ -311,26 +311,43 @@ TEST(DdpJoin, UnevenInputsFinishWithTheExpectedGradients) {
   }
   std::vector<std::vector<torch::Tensor>> results(kWorld);
   std::vector<int64_t> shadowed(kWorld);
-  with_groups(kWorld, [&](int rank, std::shared_ptr<comm::ProcessGroup> group) {
-    DistributedDataParallel ddp(models[rank], group, small_buckets());
-    torch::optim::SGD opt(ddp.module()->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
-    auto join = ddp.join();
-    for (int step = 0; step < batches[rank]; ++step) {
-      opt.zero_grad();
-      auto [x, y] = make_batch("mlp", step, kBatchPerRank * kWorld);
-      auto xr = x.narrow(0, rank * kBatchPerRank, kBatchPerRank);
-      auto yr = y.narrow(0, rank * kBatchPerRank, kBatchPerRank);
-      torch::nll_loss(ddp.forward(xr), yr).backward();
-      opt.step();
-    }
-    shadowed[rank] = join.finish();
-    results[rank] = clone_all(ddp.module()->parameters());
-  });
+  with_groups(
+      kWorld,
+      [&](int rank, std::shared_ptr<comm::ProcessGroup> group) {
+        auto options = small_buckets();
+        options.gradient_as_bucket_view = bucket_view;
+        DistributedDataParallel ddp(models[rank], group, options);
+        torch::optim::SGD opt(ddp.module()->parameters(),
+                              torch::optim::SGDOptions(0.1).momentum(0.9));
+        auto join = ddp.join();
+        for (int step = 0; step < batches[rank]; ++step) {
+          opt.zero_grad();
+          auto [x, y] = make_batch("mlp", step, kBatchPerRank * kWorld);
+          auto xr = x.narrow(0, rank * kBatchPerRank, kBatchPerRank);
+          auto yr = y.narrow(0, rank * kBatchPerRank, kBatchPerRank);
+          torch::nll_loss(ddp.forward(xr), yr).backward();
+          opt.step();
+        }
+        shadowed[rank] = join.finish();
+        results[rank] = clone_all(ddp.module()->parameters());
+      },
+      backend);
   EXPECT_EQ(shadowed[0], 0);
   EXPECT_EQ(shadowed[1], 3);
   EXPECT_EQ(shadowed[2], 5);
   EXPECT_LE(max_relative_difference(results[0], clone_all(reference->parameters())), 1e-5);
+  // Join ends by giving every rank the model of the last rank to finish (rank 0 here).
+  for (int r = 1; r < kWorld; ++r) {
+    for (size_t i = 0; i < results[0].size(); ++i) {
+      EXPECT_TRUE(torch::equal(results[r][i], results[0][i])) << "rank " << r << " tensor " << i;
+    }
+  }
 }
+
+TEST(DdpJoin, UnevenInputsFinishWithTheExpectedGradients) { join_uneven_inputs("gloo", false); }
+
+// On shm the buckets live in symmetric memory, which the joined ranks' reductions must use too.
+TEST(DdpJoin, UnevenInputsOnSharedMemoryWithBucketViews) { join_uneven_inputs("shm", true); }
 
 // ---- communication hooks -------------------------------------------------------------------------
 
@@ -344,6 +361,21 @@ std::vector<torch::Tensor> train_with_hook(const std::string& which, std::atomic
     DistributedDataParallel ddp(models[rank], group, small_buckets());
     if (which == "fp16") ddp.register_comm_hook(fp16_compress_hook(group));
     if (which == "bf16") ddp.register_comm_hook(bf16_compress_hook(group));
+    if (which == "fp16_wrapper") {
+      ddp.register_comm_hook(fp16_compress_wrapper(allreduce_hook(group)));
+    }
+    if (which == "new_tensor") {
+      // The result is a new tensor (PyTorch's hook returning a future of another tensor).
+      ddp.register_comm_hook([group](GradBucket& bucket) {
+        auto copy = bucket.buffer().clone();
+        comm::AllreduceOptions options;
+        options.op = comm::ReduceOp::kSum;
+        auto work = group->allreduce(copy, options);
+        return then(std::move(work), [&bucket, copy, group]() mutable {
+          bucket.buffer() = copy.div_(group->size());
+        });
+      });
+    }
     if (which == "custom") {
       auto inner = allreduce_hook(group);
       ddp.register_comm_hook([inner, calls](GradBucket& bucket) {
@@ -375,11 +407,93 @@ TEST(DdpCommHooks, CompressionStaysCloseAndCustomHooksRunOncePerBucket) {
   auto fp16 = train_with_hook("fp16", nullptr, nullptr);
   auto bf16 = train_with_hook("bf16", nullptr, nullptr);
   auto custom = train_with_hook("custom", &calls, &buckets);
+  auto new_tensor = train_with_hook("new_tensor", nullptr, nullptr);
+  auto fp16_wrapper = train_with_hook("fp16_wrapper", nullptr, nullptr);
+  EXPECT_LE(max_relative_difference(fp16_wrapper, fp32), 5e-3);
+  EXPECT_GT(max_relative_difference(fp16_wrapper, fp32), 0) << "fp16 compression should round";
+  EXPECT_LE(max_relative_difference(new_tensor, fp32), 1e-6);
   EXPECT_LE(max_relative_difference(fp16, fp32), 5e-3);
   EXPECT_LE(max_relative_difference(bf16, fp32), 3e-2);
   EXPECT_GT(max_relative_difference(bf16, fp32), 0) << "bf16 compression should round";
   EXPECT_EQ(max_relative_difference(custom, fp32), 0);
   EXPECT_EQ(calls.load(), static_cast<int>(2 * 10 * buckets));  // 2 ranks x 10 steps x buckets
+}
+
+// ---- PowerSGD ------------------------------------------------------------------------------------
+
+// Trains SmallMlp for `steps` on a learnable task (labels from a fixed random teacher), 2 ranks;
+// returns rank 0's final training loss over the whole data and each rank's parameters.
+struct PowerSgdRun {
+  double initial_loss = 0;
+  double loss = 0;
+  double bytes_per_step = 0;  // after compression started
+  std::vector<std::vector<torch::Tensor>> params;
+};
+
+PowerSgdRun train_power_sgd(int64_t rank_r, bool wrap_bf16) {
+  constexpr int kWorld = 2, kSteps = 80, kStart = 10;
+  torch::manual_seed(3);
+  auto teacher = torch::randn({20, 10});
+  auto x = torch::randn({256, 20});
+  auto y = x.matmul(teacher).argmax(1);
+  std::vector<SmallMlp> models(kWorld);
+  PowerSgdRun run;
+  run.params.resize(kWorld);
+  with_groups(kWorld, [&](int rank, std::shared_ptr<comm::ProcessGroup> group) {
+    DistributedDataParallel ddp(models[rank], group, small_buckets());
+    auto state = std::make_shared<PowerSGDState>();
+    state->matrix_approximation_rank = rank_r;
+    state->start_powerSGD_iter = kStart;
+    if (rank_r > 0) {
+      auto hook = powerSGD_hook(group, state);
+      // (CPU matmul has no float16 kernel in LibTorch 1.13: bfloat16 around PowerSGD.)
+      ddp.register_comm_hook(wrap_bf16 ? bf16_compress_wrapper(hook) : hook);
+    }
+    torch::optim::SGD opt(ddp.module()->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+    double bytes_at_start = 0;
+    if (rank == 0) {
+      torch::NoGradGuard no_grad;
+      run.initial_loss = torch::nll_loss(ddp.module()->forward(x), y).item<double>();
+    }
+    for (int step = 0; step < kSteps; ++step) {
+      if (step == kStart) bytes_at_start = state->bytes_sent;
+      opt.zero_grad();
+      auto xr = x.narrow(0, (step * 16 + rank * 8) % 256, 8);
+      auto yr = y.narrow(0, (step * 16 + rank * 8) % 256, 8);
+      torch::nll_loss(ddp.forward(xr), yr).backward();
+      opt.step();
+    }
+    run.params[rank] = clone_all(ddp.module()->parameters());
+    if (rank == 0) {
+      torch::NoGradGuard no_grad;
+      run.loss = torch::nll_loss(ddp.module()->forward(x), y).item<double>();
+      run.bytes_per_step = (state->bytes_sent - bytes_at_start) / (kSteps - kStart);
+    }
+  });
+  return run;
+}
+
+TEST(DdpCommHooks, PowerSgdConvergesLikeAllreduceWithFewerBytes) {
+  auto plain = train_power_sgd(0, false);
+  auto rank2 = train_power_sgd(2, false);
+  auto rank2_bf16 = train_power_sgd(2, true);
+  std::printf("loss from %.4f to: allreduce %.4f, PowerSGD rank 2 %.4f (bf16 wrapped %.4f); "
+              "PowerSGD sends %.0f bytes per step\n", plain.initial_loss, plain.loss, rank2.loss,
+              rank2_bf16.loss, rank2.bytes_per_step);
+  // Progress = drop of the loss over the whole data; compression may cost a little of it.
+  const double progress = plain.initial_loss - plain.loss;
+  EXPECT_GT(progress, 0.5 * plain.initial_loss) << "the task is learnable";
+  EXPECT_GT(rank2.initial_loss - rank2.loss, 0.8 * progress);
+  EXPECT_GT(rank2_bf16.initial_loss - rank2_bf16.loss, 0.6 * progress) << "bfloat16 P and Q";
+  int64_t dense_bytes = 0;
+  for (const auto& p : plain.params[0]) dense_bytes += p.numel() * 4;
+  EXPECT_GT(rank2.bytes_per_step, 0);
+  EXPECT_LT(rank2.bytes_per_step, dense_bytes / 3.0);
+  // Every rank applies the same averaged approximation: replicas stay equal.
+  for (size_t i = 0; i < rank2.params[0].size(); ++i) {
+    EXPECT_TRUE(torch::equal(rank2.params[0][i], rank2.params[1][i])) << "tensor " << i;
+  }
+  EXPECT_GT(max_relative_difference(rank2.params[0], plain.params[0]), 0) << "compression ran";
 }
 
 // A Work that fails like a broken connection.
@@ -425,6 +539,23 @@ TEST(DdpErrors, DifferentModelsAreNamedAtConstruction) {
     } catch (const InvalidArgument& e) {
       EXPECT_NE(std::string(e.what()).find(
                     "parameter 'fc1.weight' has shape [16, 9] on rank 0 but [8, 9] on rank 1"),
+                std::string::npos)
+          << e.what();
+    }
+  });
+}
+
+TEST(DdpErrors, ModuleToAfterWrappingIsNamedAtTheNextForward) {
+  with_groups(1, [&](int, std::shared_ptr<comm::ProcessGroup> group) {
+    SmallMlp model;
+    DistributedDataParallel ddp(model, group);
+    model->to(torch::kDouble);  // LibTorch drops the gradient hooks DDP placed
+    try {
+      ddp.forward(torch::randn({2, 20}, torch::kDouble));
+      ADD_FAILURE() << "expected an error";
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find("parameter 'fc1.weight' changed from Float on cpu to "
+                                           "Double on cpu after DDP was constructed"),
                 std::string::npos)
           << e.what();
     }

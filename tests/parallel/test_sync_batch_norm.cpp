@@ -62,21 +62,108 @@ TEST(SyncBatchNorm, MatchesBatchNormOverTheFullBatch) {
   }
 }
 
-TEST(SyncBatchNorm, ConvertsSequentialsAndExplainsCustomModules) {
+// Evaluation (running statistics, or without them the local batch's) communicates nothing, as in
+// PyTorch: rank 0 evaluates alone, and would wait for rank 1 in any collective.
+TEST(SyncBatchNorm, EvaluationDoesNotCommunicate) {
+  torch::set_num_threads(1);
+  auto store = comm::make_hash_store(std::chrono::milliseconds(30'000));
+  torch::manual_seed(4);
+  auto x = torch::randn({6, 3}) * 3 + 5;
+  shoal::testing::run_threads(
+      2,
+      [&](int rank) {
+        auto group = comm::new_process_group("gloo", store, rank, 2);
+        if (rank != 0) return;
+        torch::nn::BatchNorm1d tracked(3);
+        {
+          torch::NoGradGuard no_grad;
+          tracked->running_mean.uniform_(-1, 1);
+          tracked->running_var.uniform_(0.5, 2);
+        }
+        tracked->eval();
+        auto sync = convert_sync_batchnorm(tracked.ptr(), group);
+        sync->eval();
+        auto out = std::dynamic_pointer_cast<SyncBatchNormImpl>(sync)->forward(x);
+        EXPECT_TRUE(torch::allclose(out, tracked(x), 1e-6, 1e-6));
+
+        torch::nn::BatchNorm1d untracked(torch::nn::BatchNormOptions(3).track_running_stats(false));
+        untracked->eval();
+        SyncBatchNorm sync_untracked(torch::nn::BatchNormOptions(3).track_running_stats(false),
+                                     group);
+        sync_untracked->eval();
+        EXPECT_TRUE(torch::allclose(sync_untracked(x), untracked(x), 1e-6, 1e-6));
+      },
+      std::chrono::milliseconds(20'000));
+}
+
+// A custom module holding containers that hold BatchNorms at several depths.
+struct TreeImpl : torch::nn::Module {
+  torch::nn::Sequential head{register_module(
+      "head", torch::nn::Sequential(torch::nn::Linear(3, 4), torch::nn::BatchNorm1d(4),
+                                    torch::nn::ReLU()))};
+  torch::nn::ModuleList blocks{register_module(
+      "blocks", torch::nn::ModuleList(torch::nn::BatchNorm2d(2),
+                                      torch::nn::Sequential(torch::nn::BatchNorm3d(2))))};
+  torch::nn::ModuleDict extra{register_module(
+      "extra", torch::nn::ModuleDict(torch::OrderedDict<std::string, std::shared_ptr<Module>>{
+                   {"norm", torch::nn::BatchNorm1d(4).ptr()}}))};
+};
+
+TEST(SyncBatchNorm, ConvertsBatchNormsAnywhereInContainersAndExplainsTypedMembers) {
   auto store = comm::make_hash_store();
   auto group = comm::new_process_group("gloo", store, 0, 1);
-  torch::nn::Sequential seq(torch::nn::Linear(3, 4), torch::nn::BatchNorm1d(4), torch::nn::ReLU());
-  auto converted = std::dynamic_pointer_cast<torch::nn::SequentialImpl>(
-      convert_sync_batchnorm(seq.ptr(), group));
-  ASSERT_TRUE(converted != nullptr);
-  EXPECT_TRUE(converted->ptr(1)->as<SyncBatchNormImpl>() != nullptr);
-  EXPECT_EQ(converted->named_parameters().keys(), seq->named_parameters().keys());
-  EXPECT_EQ(converted->forward(torch::randn({5, 3})).sizes(), (std::vector<int64_t>{5, 4}));
+  auto tree = std::make_shared<TreeImpl>();
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& t : tree->parameters()) t.uniform_(-1, 1);
+    for (auto& b : tree->buffers()) {
+      if (b.is_floating_point()) b.uniform_(0.5, 1.5);
+    }
+  }
+  tree->eval();
+  auto params_before = tree->named_parameters();
+  auto buffers_before = tree->named_buffers();
+  std::vector<torch::Tensor> param_copies, buffer_copies;
+  for (const auto& p : params_before) param_copies.push_back(p.value().clone());
+  for (const auto& b : buffers_before) buffer_copies.push_back(b.value().clone());
+
+  auto converted = convert_sync_batchnorm(tree, group);
+  ASSERT_EQ(converted.get(), tree.get());
+  int syncs = 0;
+  for (const auto& m : tree->modules()) {
+    EXPECT_FALSE(m->as<torch::nn::BatchNorm1dImpl>() || m->as<torch::nn::BatchNorm2dImpl>() ||
+                 m->as<torch::nn::BatchNorm3dImpl>());
+    if (auto* sync = m->as<SyncBatchNormImpl>()) {
+      ++syncs;
+      EXPECT_FALSE(sync->is_training()) << "the training mode is kept";
+    }
+  }
+  EXPECT_EQ(syncs, 4);
+  // The typed members see the converted layers: the containers changed in place.
+  EXPECT_TRUE(tree->head->ptr(1)->as<SyncBatchNormImpl>() != nullptr);
+  EXPECT_TRUE(tree->blocks->ptr(0)->as<SyncBatchNormImpl>() != nullptr);
+  EXPECT_EQ(tree->named_parameters().keys(), params_before.keys());
+  EXPECT_EQ(tree->named_buffers().keys(), buffers_before.keys());
+  auto params_after = tree->named_parameters().values();
+  auto buffers_after = tree->named_buffers().values();
+  for (size_t i = 0; i < param_copies.size(); ++i) {
+    EXPECT_TRUE(torch::equal(params_after[i], param_copies[i])) << params_before.keys()[i];
+  }
+  for (size_t i = 0; i < buffer_copies.size(); ++i) {
+    EXPECT_TRUE(torch::equal(buffers_after[i], buffer_copies[i])) << buffers_before.keys()[i];
+  }
+  EXPECT_EQ(tree->head->forward(torch::randn({5, 3})).sizes(), (std::vector<int64_t>{5, 4}));
+
   struct NetImpl : torch::nn::Module {
     NetImpl() : bn(register_module("bn", torch::nn::BatchNorm2d(3))) {}
     torch::nn::BatchNorm2d bn;
   };
-  EXPECT_THROW(convert_sync_batchnorm(std::make_shared<NetImpl>(), group), InvalidArgument);
+  try {
+    convert_sync_batchnorm(std::make_shared<NetImpl>(), group);
+    ADD_FAILURE() << "a typed BatchNorm member was accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("'bn'"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

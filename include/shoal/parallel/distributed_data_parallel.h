@@ -13,12 +13,18 @@
 // DDP waits for every bucket and writes the averaged gradients back as the parameters' `.grad`.
 // Buckets hold parameters in reverse registration order (a small first bucket, then
 // bucket_cap_mb each) and are rebuilt once from the order gradients arrived in the first
-// iteration, as PyTorch does.
+// synchronised backward (without find_unused_parameters), as PyTorch does. Parameters with sparse
+// gradients (Embedding with sparse = true) have no bucket: each is averaged when backward ends by
+// allgathers of its indices and values.
 //
-// Collectives DDP issues (in this order, identical on every rank): [join flag] [bucket rebuild,
-// second step only] [buffer broadcast] before forward; bucket reductions and [unused-parameter
-// map] during/after backward. Every rank must run the same number of forward/backward steps,
-// except inside a join() scope.
+// Collectives DDP issues (in this order, identical on every rank), following PyTorch's rules:
+// before forward, [join flags] (inside join()), [bucket rebuild] (once, the first grad-mode forward
+// after the first synchronised backward), [buffer broadcast] (only when the previous forward was
+// a grad-mode one outside no_sync(); inside join() from the highest rank that still has data);
+// during and after a synchronised backward, the bucket reductions, [unused-parameter map] and
+// [sparse gradients]. A forward under torch::NoGradGuard or inside no_sync() prepares no
+// synchronised backward: evaluation may run on some ranks only, or a different number of times.
+// Every rank must run the same number of synchronised steps, except inside a join() scope.
 //
 // Thread safety: one thread drives a DDP instance (forward, backward, optimizer step). Several
 // instances (one per rank) may run on different threads of one process.
@@ -52,6 +58,15 @@ struct DistributedDataParallelOptions {
   /// Walk the autograd graph after each forward to find parameters that will get no gradient, and
   /// mark them ready so reduction completes. Needed when some parameters are unused on some steps.
   bool find_unused_parameters = false;
+  /// PyTorch's static_graph: the set of used parameters and the gradient order are the same every
+  /// iteration. The first iteration finds the parameters no rank uses (as find_unused_parameters
+  /// does); afterwards they are marked ready each step without a graph walk or an extra
+  /// collective, and the buckets are rebuilt once. Works with re-entrant activation checkpointing.
+  bool static_graph = false;
+  /// Parameters and buffers DDP leaves alone (PyTorch's
+  /// _set_params_and_buffers_to_ignore_for_model), by their names in the module: not verified,
+  /// broadcast or reduced; their gradients stay local.
+  std::vector<std::string> params_and_buffers_to_ignore;
   /// Copy rank 0's buffers (BatchNorm running statistics) to every rank before each forward.
   bool broadcast_buffers = true;
   /// Make each parameter's `.grad` a view into its bucket: no copy in or out, less peak memory.
@@ -70,6 +85,8 @@ struct ReducerStats {
   double reduced_bytes = 0;         ///< bytes of every bucket reduced
   double hidden_bytes = 0;          ///< of which already reduced when backward ended (overlapped)
   std::vector<int64_t> bucket_bytes;  ///< current bucket sizes, in reduction order
+  bool static_graph = false;          ///< the static_graph option
+  int64_t unused_parameters = 0;      ///< unused in the last walk (static_graph: on every rank)
 };
 
 class DistributedDataParallelBase;
@@ -90,15 +107,27 @@ class NoSyncGuard {
   bool previous_ = true;
 };
 
-/// Training with uneven inputs (PyTorch's Join / `with ddp.join():`): inside the scope, each step
-/// starts with an allreduce of an "I still have data" flag. A rank whose data ran out calls
-/// finish() (or leaves the scope), and shadows the other ranks' steps — taking part in their
-/// collectives with zero gradients — until every rank has finished. Gradients are averaged over
-/// the full world size (PyTorch's divide_by_initial_world_size). Every step inside the scope must
-/// be synchronised (no no_sync()).
+/// Training with uneven inputs (PyTorch's Join / `with ddp.join():`): inside the scope, each
+/// forward starts with an allreduce of an "I still have data" flag. A rank whose data ran out
+/// calls finish() (or leaves the scope), and shadows the other ranks' steps — taking part in their
+/// collectives with zero gradients, its own .grad untouched — until every rank has finished.
+/// Gradients are averaged over the full world size (PyTorch's divide_by_initial_world_size).
+/// Buffers are broadcast from the highest rank that still has data; when every rank has finished,
+/// every rank takes the parameters and buffers of the highest rank among the last to finish, so
+/// all replicas are equal, as in PyTorch.
+/// PyTorch's Join arguments and DDP's join() arguments, with PyTorch's defaults.
+struct JoinOptions {
+  /// Average over the full world size even when some ranks have finished (their zeros count);
+  /// false: over the ranks that still have data at that step.
+  bool divide_by_initial_world_size = true;
+  /// Instead of shadowing, every rank throws shoal::Error as soon as one rank runs out of data
+  /// (the step in which that is detected does not run).
+  bool throw_on_early_termination = false;
+};
+
 class Join {
  public:
-  explicit Join(DistributedDataParallelBase* ddp);
+  explicit Join(DistributedDataParallelBase* ddp, JoinOptions options = {});
   Join(Join&& other) noexcept;
   Join(const Join&) = delete;
   Join& operator=(const Join&) = delete;
@@ -134,14 +163,15 @@ class DistributedDataParallelBase {
   /// Backward passes inside the guard's lifetime accumulate gradients without communicating.
   NoSyncGuard no_sync();
   /// Starts a join scope for uneven inputs (see Join).
-  Join join();
+  Join join(JoinOptions options = {});
 
   /// Replaces the default allreduce-and-average with `hook` (PyTorch's register_comm_hook).
   /// Call before the first backward.
   void register_comm_hook(CommHook hook);
 
   /// The wrapped module's parameters and buffers, with the module's own names (no "module." prefix:
-  /// a checkpoint of ddp and of the module are interchangeable).
+  /// a checkpoint of ddp and of the module are interchangeable). A tensor registered under two
+  /// names (tied weights) is listed, broadcast and reduced once, under its first name.
   torch::OrderedDict<std::string, at::Tensor> named_parameters() const;
   torch::OrderedDict<std::string, at::Tensor> named_buffers() const;
   std::vector<at::Tensor> parameters() const;
@@ -158,18 +188,34 @@ class DistributedDataParallelBase {
 
  private:
   friend class Join;
-  void broadcast_buffers();
+  struct JoinFlags {
+    int active_ranks = 0;  ///< ranks that still have data
+    bool grad_mode = false;  ///< some active rank runs this forward in grad mode
+    bool sync = false;       ///< some active rank's backward is synchronised
+  };
+  /// Whether this forward broadcasts buffers (PyTorch's will_sync_module_buffers).
+  bool will_sync_buffers() const;
+  void broadcast_buffers(bool has_data);
+  /// The highest rank for which `candidate` is true (an allreduce of every rank's vote).
+  int find_common_rank(bool candidate);
+  /// End of join: every rank takes the parameters and buffers of the highest last joiner.
+  void sync_final_model(bool is_last_joiner);
   /// One shadow step of a joined rank; false once no rank has data any more.
   bool shadow_step();
-  /// Allreduces the join flag; returns how many ranks still have data.
-  int64_t allreduce_join_flag(bool has_data);
+  /// Allreduces the join flags (this rank's: has data, grad mode, synchronised backward).
+  JoinFlags allreduce_join_flag(bool has_data, bool grad_mode, bool sync);
 
   std::shared_ptr<comm::ProcessGroup> group_;
   DistributedDataParallelOptions options_;
   std::unique_ptr<Reducer> reducer_;
+  // What DDP synchronises: the parameters (each once) and buffers not ignored.
+  std::vector<at::Tensor> synced_params_;
+  std::vector<at::Tensor> synced_buffers_;
   bool join_active_ = false;
+  JoinOptions join_options_;
   bool forward_prepared_ = false;
-  int64_t steps_ = 0;
+  // PyTorch's require_forward_param_sync: the previous forward prepared a synchronised backward.
+  bool require_forward_param_sync_ = true;
 };
 
 /// DistributedDataParallel over a module of type ModuleType (deduced from a shared_ptr or a

@@ -4,8 +4,10 @@
 // A hook receives one bucket of flattened gradients as soon as every gradient in it is ready and
 // returns the pending communication. Contract: once the returned Work's wait() returns, buffer()
 // holds the gradients every rank is to apply — already averaged (the default hook allreduces with
-// ReduceOp::kAvg). Hooks run on the thread executing backward, one bucket at a time,
-// buckets in the same order on every rank.
+// ReduceOp::kAvg). Like the value of PyTorch's future, the result may be a new tensor: assign it
+// to buffer() (in the hook or in its then() continuation) and DDP copies it into the bucket.
+// Hooks run on the thread executing backward, one bucket at a time, buckets in the same order on
+// every rank.
 //
 // Thread safety: DDP builds one GradBucket per bucket when it lays the buckets out and passes the
 // same object every iteration; a hook may use it until its Work completed.

@@ -1,6 +1,6 @@
 // SyncBatchNorm: batch normalisation whose batch statistics are computed over the whole global
 // batch (every rank's samples) through allreduces, forward and backward (PyTorch's
-// torch.nn.SyncBatchNorm); and convert_sync_batchnorm, which swaps BatchNorm1d/2d for it.
+// torch.nn.SyncBatchNorm); and convert_sync_batchnorm, which swaps BatchNorm1d/2d/3d for it.
 //
 // Parameters and buffers carry BatchNorm's names (weight, bias, running_mean, running_var,
 // num_batches_tracked), so state dicts are interchangeable. In evaluation mode it is a plain
@@ -37,11 +37,14 @@ class SyncBatchNormImpl : public torch::nn::Cloneable<SyncBatchNormImpl> {
 };
 TORCH_MODULE(SyncBatchNorm);
 
-/// Returns `module` with every BatchNorm1d/2d replaced by a SyncBatchNorm over `group` (weights
-/// and running statistics copied). Works on a BatchNorm module itself and on a
-/// torch::nn::Sequential (a new Sequential is returned; its other layers are shared). C++ modules keep their
-/// children in typed members that cannot be swapped from outside, so for any other module that
-/// holds a BatchNorm this throws InvalidArgument: declare those layers as SyncBatchNorm instead.
+/// Converts every BatchNorm1d/2d/3d in `module`'s tree to a SyncBatchNorm over `group`, keeping
+/// names, parameters, buffers and training mode (PyTorch's SyncBatchNorm.convert_sync_batchnorm).
+/// A BatchNorm module itself is returned converted; otherwise the tree is changed in place and
+/// `module` returned: a BatchNorm inside a torch::nn::Sequential, ModuleList or ModuleDict at any
+/// depth is replaced there (the container is updated in place, so typed members holding it see
+/// the change). C++ modules keep other children in typed members that cannot be swapped from
+/// outside, so a BatchNorm held directly by a custom module throws InvalidArgument naming its
+/// path: declare that layer as SyncBatchNorm.
 std::shared_ptr<torch::nn::Module> convert_sync_batchnorm(std::shared_ptr<torch::nn::Module> module,
                                                           std::shared_ptr<comm::ProcessGroup> group);
 
