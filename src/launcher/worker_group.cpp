@@ -29,6 +29,14 @@ void WorkerGroup::signal_all(int signal) {
   for (auto& worker : workers_) worker->signal_group(signal);
 }
 
+std::vector<int> WorkerGroup::pids() const {
+  std::vector<int> out;
+  for (const auto& w : workers_) {
+    if (w && w->pid() > 0) out.push_back(static_cast<int>(w->pid()));
+  }
+  return out;
+}
+
 void WorkerGroup::begin_stop(int signal, Clock::time_point now) {
   stopping_ = true;
   kill_at_ = now + options_.grace_period;

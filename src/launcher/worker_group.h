@@ -67,6 +67,9 @@ class WorkerGroup {
   /// Throws Error when a worker cannot be started (those already started are stopped first).
   GroupResult run(SignalRelay& relay);
 
+  /// The process ids of the workers started (for cleaning up after them).
+  std::vector<int> pids() const;
+
  private:
   int count_running() const;
   void signal_all(int signal);
