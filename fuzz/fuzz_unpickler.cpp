@@ -3,6 +3,8 @@
 #include <cstdint>
 #include <string>
 
+#include <ATen/Functions.h>
+
 #include "checkpoint/unpickler.h"
 #include "shoal/error.h"
 

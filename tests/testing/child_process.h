@@ -11,6 +11,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <string>
 
@@ -21,7 +22,7 @@ struct ChildOutcome {
   int exit_code = -1;
   int signal = 0;
   std::string message;    // what the function returned (e.g. the error it caught)
-  long peak_growth_kb = 0;  // peak resident set of the child minus the parent's at fork
+  long peak_growth_kb = 0;  // the child's peak resident set minus its resident set when it started
   double seconds = 0;
 };
 
@@ -41,11 +42,13 @@ inline ChildOutcome run_in_child(const std::function<std::string()>& fn) {
   int pipe_fds[2];
   if (::pipe(pipe_fds) != 0) return {};
   std::fflush(nullptr);
-  const long before = resident_kb();
   const auto start = std::chrono::steady_clock::now();
   const pid_t pid = ::fork();
   if (pid == 0) {
     ::close(pipe_fds[0]);
+    // A forked child's resident set starts below its parent's (page tables are copied lazily),
+    // so its growth is measured from inside, against its own start.
+    const long before = resident_kb();
     int code = 0;
     std::string message;
     try {
@@ -54,6 +57,9 @@ inline ChildOutcome run_in_child(const std::function<std::string()>& fn) {
       message = e.what();
       code = 3;
     }
+    struct rusage usage {};
+    ::getrusage(RUSAGE_SELF, &usage);
+    message = std::to_string(usage.ru_maxrss - before) + " " + message;
     size_t done = 0;
     while (done < message.size()) {
       const ssize_t n = ::write(pipe_fds[1], message.data() + done, message.size() - done);
@@ -69,13 +75,17 @@ inline ChildOutcome run_in_child(const std::function<std::string()>& fn) {
   while ((n = ::read(pipe_fds[0], buffer, sizeof(buffer))) > 0) out.message.append(buffer, static_cast<size_t>(n));
   ::close(pipe_fds[0]);
   int status = 0;
-  struct rusage usage {};
-  ::wait4(pid, &status, 0, &usage);
+  ::waitpid(pid, &status, 0);
   out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   out.exited = WIFEXITED(status);
   out.exit_code = out.exited ? WEXITSTATUS(status) : -1;
   out.signal = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
-  out.peak_growth_kb = usage.ru_maxrss - before;
+  // The child's first word is its growth; the rest is the function's message.
+  const size_t space = out.message.find(' ');
+  if (out.exited && space != std::string::npos) {
+    out.peak_growth_kb = std::atol(out.message.c_str());
+    out.message.erase(0, space + 1);
+  }
   return out;
 }
 
