@@ -430,8 +430,8 @@ TEST_F(Launcher, DdpTrainingSurvivesAWorkerKilledMidEpoch) {
     GTEST_SKIP() << "Fashion-MNIST is not installed";
   }
   const std::vector<std::string> common = {"train", "--strategy", "ddp", "--nproc-per-node", "2",
-                                           "--model", "mlp", "--epochs", "2", "--train-samples", "6000",
-                                           "--test-samples", "2000", "--batch-size", "32", "--lr", "0.05",
+                                           "--model", "mlp", "--epochs", "2", "--train-samples", "3000",
+                                           "--test-samples", "1000", "--batch-size", "32", "--lr", "0.05",
                                            "--no-progress"};
   auto with = [&](std::vector<std::string> extra) {
     std::vector<std::string> args = common;
@@ -445,8 +445,8 @@ TEST_F(Launcher, DdpTrainingSurvivesAWorkerKilledMidEpoch) {
 
   const fs::path ckpt = dir_ / "ckpt";
   ShoalProcess job(with({"--metrics", (dir_ / "elastic.jsonl").string(), "--checkpoint-dir", ckpt.string(),
-                         "--checkpoint-every", "20", "--max-restarts", "1"}));
-  // Once the first mid-epoch checkpoint is there (step 20 of 94 per epoch), SIGKILL rank 1.
+                         "--checkpoint-every", "10", "--max-restarts", "1"}));
+  // Once the first mid-epoch checkpoint is there (step 10 of 47 per epoch), SIGKILL a rank.
   ASSERT_TRUE(wait_for_files({ckpt / "checkpoint_000000.pt"}, Milliseconds(90'000)));
   const std::string children =
       read_file("/proc/" + std::to_string(job.pid()) + "/task/" + std::to_string(job.pid()) + "/children");
