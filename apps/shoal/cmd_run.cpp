@@ -18,6 +18,7 @@ struct RunArgs {
   int master_port = 29500;
   bool no_prefix = false;
   double grace_period_s = 5;
+  int max_restarts = 0;
   std::vector<std::string> command;
 };
 
@@ -47,6 +48,10 @@ void add_run_command(CLI::App& root, std::vector<Command>& commands) {
   app->add_option("--grace-period", args->grace_period_s,
                   "seconds the other workers get after SIGTERM (when one failed) before SIGKILL")
       ->capture_default_str();
+  app->add_option("--max-restarts,--max_restarts", args->max_restarts,
+                  "when a worker fails, restart all workers up to this many times (they see "
+                  "TORCHELASTIC_RESTART_COUNT and resume from their last checkpoint)")
+      ->capture_default_str();
   app->footer("Example: shoal run --nproc-per-node 2 ./train --epochs 3");
   // PROGRAM is the first positional word; it and every word after it (options included) are
   // the command. Extras are allowed so that "--" and unknown options reach the check below.
@@ -67,6 +72,7 @@ void add_run_command(CLI::App& root, std::vector<Command>& commands) {
                         options.master_addr = args->master_addr;
                         options.master_port = args->master_port;
                         options.prefix_output = !args->no_prefix;
+                        options.max_restarts = args->max_restarts;
                         SHOAL_CHECK_T(InvalidArgument,
                                       std::isfinite(args->grace_period_s) &&
                                           args->grace_period_s >= 0,

@@ -32,6 +32,7 @@ struct TrainArgs {
   int nproc_per_node = 2;
   std::string backend = "auto";
   bool no_progress = false;
+  int max_restarts = 0;
 };
 
 /// True when a launcher (shoal run, torchrun, mpirun, SLURM's srun) started this process as a rank.
@@ -115,6 +116,10 @@ void add_train_command(CLI::App& root, std::vector<Command>& commands) {
                                 "this host")
                     ->check(CLI::Range(1, 1024))
                     ->capture_default_str();
+  app->add_option("--max-restarts,--max_restarts", args->max_restarts,
+                  "ddp: when a rank dies, restart all ranks up to this many times, resuming from the "
+                  "last intact checkpoint in --checkpoint-dir")
+      ->capture_default_str();
   app->add_option("--backend", args->backend,
                   "Process-group backend for ddp: auto (shm on one host), shm, gloo, mpi")
       ->check(CLI::IsMember({"auto", "shm", "gloo", "mpi", "hierarchical"}))
@@ -223,6 +228,7 @@ void add_train_command(CLI::App& root, std::vector<Command>& commands) {
                             auto launch = launcher::LaunchOptions::workers(args->nproc_per_node,
                                                                            own_command_line());
                             launch.master_port = 0;  // a free port: jobs may run side by side
+                            launch.max_restarts = args->max_restarts;
                             launch.log_name = "shoal train";
                             launch.verbose = false;
                             return launcher::launch(launch);

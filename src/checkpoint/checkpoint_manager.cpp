@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 
@@ -92,6 +93,33 @@ std::optional<std::string> find_latest(const std::string& dir, const std::string
   return dir + "/" + files.back().second;
 }
 
+std::optional<ResumePoint> load_latest_intact(const std::string& dir, const LoadOptions& options,
+                                              const std::string& prefix) {
+  std::vector<std::string> candidates;
+  if (auto latest = find_latest(dir, prefix)) candidates.push_back(*latest);
+  const auto files = numbered(dir, prefix);
+  for (auto it = files.rbegin(); it != files.rend(); ++it) {
+    const std::string path = dir + "/" + it->second;
+    if (std::find(candidates.begin(), candidates.end(), path) == candidates.end()) candidates.push_back(path);
+  }
+  if (candidates.empty()) return std::nullopt;
+  ResumePoint point;
+  for (const auto& path : candidates) {
+    try {
+      point.state = load_training_state(path, options);
+      point.path = path;
+      return point;
+    } catch (const CheckpointError& e) {
+      // The message already names the file.
+      point.skipped.push_back(e.what());
+    }
+  }
+  std::string all;
+  for (const auto& why : point.skipped) all += "\n  " + why;
+  SHOAL_THROW(CheckpointError, "no intact checkpoint in ", dir, " (", point.skipped.size(),
+              " tried, newest first):", all);
+}
+
 CheckpointManager::CheckpointManager(std::string dir, CheckpointManagerOptions options)
     : dir_(std::move(dir)), options_(std::move(options)) {
   SHOAL_CHECK_T(InvalidArgument, !dir_.empty(), "the checkpoint folder must not be empty");
@@ -113,9 +141,13 @@ std::optional<std::string> CheckpointManager::latest_path() const {
 }
 
 std::optional<TrainingState> CheckpointManager::load_latest(const LoadOptions& options) const {
-  const auto path = latest_path();
-  if (!path) return std::nullopt;
-  return load_training_state(*path, options);
+  auto point = load_latest_intact(dir_, options, options_.prefix);
+  if (!point) return std::nullopt;
+  for (const auto& why : point->skipped) {
+    std::fprintf(stderr, "shoal: skipping an unreadable checkpoint: %s\n", why.c_str());
+  }
+  if (!point->skipped.empty()) std::fprintf(stderr, "shoal: resuming from %s instead\n", point->path.c_str());
+  return std::move(point->state);
 }
 
 std::string CheckpointManager::write(const TrainingState& state) {

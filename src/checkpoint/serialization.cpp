@@ -10,6 +10,7 @@
 #include "checkpoint/atomic_file.h"
 #include "checkpoint/pickler.h"
 #include "checkpoint/unpickler.h"
+#include "checkpoint/zip_directory.h"
 #include "compat/torch_archive.h"
 #include "shoal/error.h"
 
@@ -19,6 +20,10 @@ namespace {
 // Record holding "<name> <size> <crc32>" per line for every other record. torch.load ignores
 // records it does not know, and LibTorch's zip reader does not check the zip's own CRCs.
 constexpr const char* kChecksumRecord = "shoal_checksum";
+
+// Largest size a deflated (non-tensor) record may inflate to. torch.save compresses nothing; a
+// pickle of a large optimizer state is a few MB.
+constexpr uint64_t kMaxInflatedRecord = uint64_t{64} << 20;
 
 uint32_t crc32_of(const void* data, size_t size) {
   // zlib's crc32 takes a 32-bit length: feed large records in 1 GiB pieces.
@@ -60,6 +65,7 @@ class CheckedArchive {
                   "PyTorch (torch.save(torch.load(f), f))");
     SHOAL_CHECK_T(CheckpointError, std::memcmp(magic, "PK\x03\x04", 4) == 0, path,
                   ": is not a torch.save file (it does not start like a zip archive)");
+    check_declared_sizes(detail::ZipDirectory(path));
     try {
       reader_ = std::make_unique<compat::TorchArchiveReader>(path);
     } catch (const c10::Error& e) {
@@ -70,12 +76,7 @@ class CheckedArchive {
                   ": is a TorchScript archive (torch.jit.save); Shoal loads torch.save files");
     SHOAL_CHECK_T(CheckpointError, reader_->has_record("data.pkl"), path,
                   ": is a zip archive without data.pkl: not a torch.save file");
-    if (reader_->has_record(kChecksumRecord)) {
-      std::istringstream lines(raw(kChecksumRecord));
-      std::string name;
-      Checksum sum;
-      while (lines >> name >> sum.size >> std::hex >> sum.crc >> std::dec) checksums_[name] = sum;
-    }
+    if (reader_->has_record(kChecksumRecord)) parse_manifest(raw(kChecksumRecord));
     if (reader_->has_record("byteorder")) {
       const std::string order = read("byteorder");
       SHOAL_CHECK_T(CheckpointError, order == "little", path, ": was written on a ", order,
@@ -97,6 +98,52 @@ class CheckedArchive {
   bool has(const std::string& name) const { return reader_->has_record(name); }
 
  private:
+  // Judges every record by what the zip directory declares, before anything is inflated: tensor
+  // records must be stored (torch.save never compresses them), other records may be deflated but
+  // not to more than kMaxInflatedRecord. A small file cannot make the reader allocate gigabytes.
+  void check_declared_sizes(const detail::ZipDirectory& directory) const {
+    for (const auto& entry : directory.entries()) {
+      const size_t slash = entry.name.find('/');
+      const std::string record = slash == std::string::npos ? entry.name : entry.name.substr(slash + 1);
+      if (entry.method == 0) {
+        SHOAL_CHECK_T(CheckpointError, entry.compressed_size == entry.uncompressed_size, path_,
+                      ": record '", record, "' declares ", entry.uncompressed_size, " bytes but stores ",
+                      entry.compressed_size, ": the file is corrupt");
+        continue;
+      }
+      SHOAL_CHECK_T(CheckpointError, entry.method == 8, path_, ": record '", record,
+                    "' uses zip compression method ", entry.method, ", which torch.save never writes");
+      SHOAL_CHECK_T(CheckpointError, record.compare(0, 5, "data/") != 0, path_, ": tensor record '", record,
+                    "' is compressed (", entry.compressed_size, " bytes inflating to ", entry.uncompressed_size,
+                    "); torch.save stores tensors uncompressed, so Shoal does not inflate it");
+      SHOAL_CHECK_T(CheckpointError, entry.uncompressed_size <= kMaxInflatedRecord, path_, ": record '", record,
+                    "' inflates to ", entry.uncompressed_size, " bytes from ", entry.compressed_size,
+                    " (more than ", kMaxInflatedRecord, "): refused");
+    }
+  }
+
+  // The manifest is all or nothing: a line that does not read as "<name> <size> <crc32>" means the
+  // file is damaged, and loading without the checks would hide exactly that.
+  void parse_manifest(const std::string& text) {
+    std::istringstream lines(text);
+    std::string line;
+    size_t number = 0;
+    while (std::getline(lines, line)) {
+      ++number;
+      std::istringstream fields(line);
+      std::string name, size, crc, rest;
+      fields >> name >> size >> crc;
+      const bool ok = !name.empty() && !size.empty() && size.size() <= 19 && crc.size() == 8 &&
+                      size.find_first_not_of("0123456789") == std::string::npos &&
+                      crc.find_first_not_of("0123456789abcdef") == std::string::npos && !(fields >> rest);
+      SHOAL_CHECK_T(CheckpointError, ok, path_, ": the checksum manifest (record '", kChecksumRecord,
+                    "') is unreadable at line ", number, ": the file is corrupt");
+      checksums_[name] = Checksum{std::stoull(size), static_cast<uint32_t>(std::stoul(crc, nullptr, 16))};
+    }
+    SHOAL_CHECK_T(CheckpointError, !checksums_.empty(), path_, ": the checksum manifest (record '",
+                  kChecksumRecord, "') is empty: the file is corrupt");
+  }
+
   std::string raw(const std::string& name) {
     try {
       return reader_->read(name);

@@ -2,6 +2,7 @@
 
 #include <torch/custom_class.h>
 
+#include <algorithm>
 #include <cstring>
 #include <set>
 
@@ -42,6 +43,22 @@ c10::IValue new_dict() {
 }
 
 c10::IValue new_list() { return c10::impl::GenericList(c10::AnyType::get()); }
+
+bool is_container(const c10::IValue& v) { return v.isList() || v.isGenericDict() || v.isTuple(); }
+
+/// The values a container holds (dict keys and values), copied out (reference counts only).
+std::vector<c10::IValue> children(const c10::IValue& v) {
+  if (v.isList()) return v.toListRef().vec();
+  if (v.isTuple()) return v.toTupleRef().elements().vec();
+  std::vector<c10::IValue> out;
+  if (v.isGenericDict()) {
+    for (const auto& item : v.toGenericDict()) {
+      out.push_back(item.key());
+      out.push_back(item.value());
+    }
+  }
+  return out;
+}
 
 std::vector<int64_t> int_tuple(const c10::IValue& value, const char* what) {
   SHOAL_CHECK_T(CheckpointError, value.isTuple() || value.isList(), what, " is not a tuple");
@@ -126,7 +143,100 @@ void Unpickler::push_global(const std::string& module, const std::string& name) 
 
 c10::IValue Unpickler::load() {
   try {
+    c10::IValue result = load_unchecked();
+    check_acyclic(result);
+    return result;
+  } catch (...) {
+    empty_containers();
+    throw;
+  }
+}
+
+c10::IValue Unpickler::track(c10::IValue container) {
+  containers_.push_back(container);
+  size_t depth = 1;
+  for (const auto& child : children(container)) depth = std::max(depth, nesting(child) + 1);
+  if (depth > kMaxNesting) {
+    fail("containers nested more than " + std::to_string(kMaxNesting) + " deep: not a state dict");
+  }
+  nesting_[container.internalToPointer()] = depth;
+  return container;
+}
+
+size_t Unpickler::nesting(const c10::IValue& value) const {
+  if (!is_container(value)) return 0;
+  auto it = nesting_.find(value.internalToPointer());
+  return it == nesting_.end() ? 1 : it->second;
+}
+
+void Unpickler::contains(const c10::IValue& container, const c10::IValue& item) {
+  if (!is_container(item)) return;
+  if (item.internalToPointer() == container.internalToPointer()) fail("a container that contains itself");
+  size_t& depth = nesting_[container.internalToPointer()];
+  depth = std::max(depth, nesting(item) + 1);
+  if (depth > kMaxNesting) {
+    fail("containers nested more than " + std::to_string(kMaxNesting) + " deep: not a state dict");
+  }
+}
+
+void Unpickler::check_acyclic(const c10::IValue& root) const {
+  // Depth-first, with an explicit stack: a container met again while it is still on the path is a
+  // cycle; one met again after it was finished is merely shared (torch.save memoizes those).
+  // Nesting is checked here too, since a container filled after it was placed in another (through
+  // the memo) makes the depths recorded while loading an underestimate.
+  struct Frame {
+    const void* id;
+    std::vector<c10::IValue> items;
+    size_t next = 0;
+  };
+  enum class Mark { kOnPath, kDone };
+  std::unordered_map<const void*, Mark> marks;
+  std::vector<Frame> path;
+  auto enter = [&](const c10::IValue& v) {
+    if (!is_container(v)) return;
+    const void* id = v.internalToPointer();
+    auto [it, inserted] = marks.emplace(id, Mark::kOnPath);
+    if (!inserted) {
+      if (it->second == Mark::kOnPath) fail("a container that contains itself (a cycle): not a state dict");
+      return;
+    }
+    if (path.size() >= kMaxNesting) {
+      fail("containers nested more than " + std::to_string(kMaxNesting) + " deep: not a state dict");
+    }
+    path.push_back(Frame{id, children(v)});
+  };
+  enter(root);
+  while (!path.empty()) {
+    Frame& frame = path.back();
+    if (frame.next == frame.items.size()) {
+      marks[frame.id] = Mark::kDone;
+      path.pop_back();
+      continue;
+    }
+    const c10::IValue child = frame.items[frame.next++];
+    enter(child);
+  }
+}
+
+void Unpickler::empty_containers() {
+  // Emptying every list and dict breaks every cycle (a tuple cannot close one by itself) and
+  // leaves each container to be destroyed on its own, without a recursion as deep as the nesting.
+  for (auto& c : containers_) {
+    if (c.isList()) c.toList().clear();
+    if (c.isGenericDict()) c.toGenericDict().clear();
+  }
+  stack_.clear();
+  memo_.clear();
+  containers_.clear();
+  nesting_.clear();
+}
+
+c10::IValue Unpickler::load_unchecked() {
+  try {
     while (true) {
+      if (stack_.size() > kMaxStack) {
+        fail("the pickle's stack grows beyond " + std::to_string(kMaxStack) + " values: not a state dict");
+      }
       const uint8_t opcode = static_cast<uint8_t>(*take(1));
       switch (opcode) {
         case op::kProto:
@@ -213,16 +323,16 @@ c10::IValue Unpickler::load() {
           break;
         }
         case op::kEmptyDict:
-          stack_.push_back(new_dict());
+          stack_.push_back(track(new_dict()));
           break;
         case op::kEmptyList:
-          stack_.push_back(new_list());
+          stack_.push_back(track(new_list()));
           break;
         case op::kEmptyTuple:
-          stack_.emplace_back(c10::ivalue::Tuple::create({}));
+          stack_.emplace_back(track(c10::ivalue::Tuple::create({})));
           break;
         case op::kTuple:
-          stack_.emplace_back(c10::ivalue::Tuple::create(pop_to_mark()));
+          stack_.emplace_back(track(c10::ivalue::Tuple::create(pop_to_mark())));
           break;
         case op::kTuple1:
         case op::kTuple2:
@@ -230,13 +340,13 @@ c10::IValue Unpickler::load() {
           const size_t n = opcode - op::kTuple1 + 1;
           std::vector<c10::IValue> items(n);
           for (size_t i = n; i-- > 0;) items[i] = pop();
-          stack_.emplace_back(c10::ivalue::Tuple::create(std::move(items)));
+          stack_.emplace_back(track(c10::ivalue::Tuple::create(std::move(items))));
           break;
         }
         case op::kList: {
           auto list = new_list();
           for (auto& item : pop_to_mark()) list.toList().push_back(std::move(item));
-          stack_.push_back(std::move(list));
+          stack_.push_back(track(std::move(list)));
           break;
         }
         case op::kDict: {
@@ -244,12 +354,13 @@ c10::IValue Unpickler::load() {
           if (items.size() % 2 != 0) fail("a dict with an odd number of items");
           auto dict = new_dict();
           for (size_t i = 0; i < items.size(); i += 2) dict.toGenericDict().insert_or_assign(items[i], items[i + 1]);
-          stack_.push_back(std::move(dict));
+          stack_.push_back(track(std::move(dict)));
           break;
         }
         case op::kAppend: {
           c10::IValue item = pop();
           if (!top().isList()) fail("APPEND to something that is not a list");
+          contains(top(), item);
           top().toList().push_back(std::move(item));
           break;
         }
@@ -257,13 +368,18 @@ c10::IValue Unpickler::load() {
           auto items = pop_to_mark();
           if (!top().isList()) fail("APPENDS to something that is not a list");
           auto list = top().toList();
-          for (auto& item : items) list.push_back(std::move(item));
+          for (auto& item : items) {
+            contains(top(), item);
+            list.push_back(std::move(item));
+          }
           break;
         }
         case op::kSetItem: {
           c10::IValue value = pop();
           c10::IValue key = pop();
           if (!top().isGenericDict()) fail("SETITEM on something that is not a dict");
+          contains(top(), key);
+          contains(top(), value);
           top().toGenericDict().insert_or_assign(std::move(key), std::move(value));
           break;
         }
@@ -272,7 +388,11 @@ c10::IValue Unpickler::load() {
           if (items.size() % 2 != 0) fail("SETITEMS with an odd number of items");
           if (!top().isGenericDict()) fail("SETITEMS on something that is not a dict");
           auto dict = top().toGenericDict();
-          for (size_t i = 0; i < items.size(); i += 2) dict.insert_or_assign(items[i], items[i + 1]);
+          for (size_t i = 0; i < items.size(); i += 2) {
+            contains(top(), items[i]);
+            contains(top(), items[i + 1]);
+            dict.insert_or_assign(items[i], items[i + 1]);
+          }
           break;
         }
         case op::kBinPut:
@@ -344,7 +464,7 @@ void Unpickler::reduce() {
 c10::IValue Unpickler::call(const std::string& function, std::vector<c10::IValue> args) {
   if (function == "collections.OrderedDict") {
     if (!args.empty()) fail("OrderedDict built from arguments is not supported");
-    return new_dict();
+    return track(new_dict());
   }
   if (function == "torch._utils._rebuild_tensor_v2") return rebuild_tensor(args, 6);
   if (function == "torch._utils._rebuild_tensor") return rebuild_tensor(args, 4);

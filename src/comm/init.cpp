@@ -7,6 +7,7 @@
 #include "comm/backends.h"
 #include "comm/gloo/process_group_gloo.h"
 #include "comm/peer_directory.h"
+#include "comm/timeouts.h"
 #include "shoal/error.h"
 
 namespace shoal::comm {
@@ -192,7 +193,7 @@ void check_membership(Store& store, const RankInfo& info, Milliseconds timeout) 
   for (size_t i = 0; i < missing.size(); ++i) list << (i ? ", " : "") << missing[i];
   SHOAL_THROW(TimeoutError, who, " rendezvous: rank", missing.size() > 1 ? "s " : " ", list.str(),
               " did not join within ", timeout.count(),
-              " ms (are they started, with the same MASTER_ADDR/MASTER_PORT and WORLD_SIZE?)");
+              " ms (are they started, with the same MASTER_ADDR/MASTER_PORT and WORLD_SIZE?)", kTimeoutHint);
 }
 
 }  // namespace
@@ -217,7 +218,7 @@ std::shared_ptr<ProcessGroup> new_process_group(const std::string& backend,
 std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options) {
   RankInfo info = detect_rank_info(options);
   const Milliseconds timeout =
-      options.timeout == kGroupTimeout ? timeout_from_env(kDefaultTimeout) : options.timeout;
+      options.timeout == kGroupTimeout ? timeout_from_env(kJobTimeout) : options.timeout;
 
   std::string backend = options.backend;
   if (backend == "auto") {
@@ -246,6 +247,12 @@ std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options) {
     if (info.world_size == 1) {
       store = make_hash_store(timeout);
     } else {
+      // Without them, two unrelated jobs on one host would silently meet on the same default.
+      SHOAL_CHECK_T(InvalidArgument, env("MASTER_ADDR") != nullptr && env("MASTER_PORT") != nullptr,
+                    "[rank ", info.rank, "/", info.world_size, "] env:// rendezvous needs MASTER_ADDR and ",
+                    "MASTER_PORT (", env("MASTER_ADDR") ? "MASTER_PORT" : "MASTER_ADDR",
+                    " is not set): set both on every rank to rank 0's host and a free port, or start the ",
+                    "job with `shoal run`, which sets them");
       const bool multi_host = info.local_world_size < info.world_size;
       SHOAL_CHECK_T(InvalidArgument, !(multi_host && is_loopback(info.master_addr)),
                     "MASTER_ADDR=", info.master_addr, " is a loopback address but the job spans ",

@@ -28,6 +28,16 @@ bool process_is_gone(int pid) {
   return close != std::string::npos && close + 2 < line.size() && line[close + 2] == 'Z';
 }
 
+bool process_is_stopped(int pid) {
+  if (pid <= 0) return false;
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(stat, line)) return false;
+  const auto close = line.rfind(')');
+  return close != std::string::npos && close + 2 < line.size() &&
+         (line[close + 2] == 'T' || line[close + 2] == 't');
+}
+
 PeerDirectory::PeerDirectory(std::shared_ptr<Store> store, std::string scope, int rank, int size)
     : store_(std::move(store)),
       scope_(std::move(scope)),

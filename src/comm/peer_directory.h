@@ -53,6 +53,10 @@ class PeerDirectory {
 /// True when process `pid` on this host has exited or is a zombie (killed, not yet reaped).
 bool process_is_gone(int pid);
 
+/// True when process `pid` (on this host) is stopped: SIGSTOP, Ctrl-Z (SIGTSTP) or a debugger.
+/// A stopped peer is alive to kill() but will not answer until continued.
+bool process_is_stopped(int pid);
+
 /// This machine's host name.
 std::string local_hostname();
 

@@ -1,5 +1,6 @@
 #include "shoal/comm/work.h"
 
+#include "comm/timeouts.h"
 #include "shoal/error.h"
 
 namespace shoal::comm {
@@ -24,7 +25,7 @@ void PromiseWork::wait(Milliseconds timeout) {
   std::unique_lock<std::mutex> lock(mutex_);
   if (!done_cv_.wait_for(lock, timeout, [&] { return done_; })) {
     SHOAL_THROW(TimeoutError, label().prefix(), " timed out after ", timeout.count(),
-                " ms waiting for it to complete");
+                " ms waiting for it to complete", kTimeoutHint);
   }
   if (error_) std::rethrow_exception(error_);
 }

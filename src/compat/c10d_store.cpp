@@ -4,8 +4,8 @@
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include "comm/timeouts.h"
 #include "compat/c10d_store_ref.h"
 #include "shoal/error.h"
 
@@ -73,7 +73,7 @@ class C10dBackedStore : public comm::Store {
       if (timed_out) {
         SHOAL_THROW(TimeoutError, what_, " ", op, " of ", join_keys(keys), " timed out after ",
                     timeout.count(), " ms: ", first_line,
-                    " (is every rank running, with the same rendezvous settings?)");
+                    " (is every rank running, with the same rendezvous settings?)", comm::kTimeoutHint);
       }
       SHOAL_THROW(PeerError, what_, " ", op, " of ", join_keys(keys), " failed: ", first_line);
     }
@@ -153,35 +153,7 @@ std::shared_ptr<Store> make_file_store(const std::string& path, int world_size,
   return std::make_shared<compat::C10dBackedStore>(store, "file store '" + path + "'");
 }
 
-std::shared_ptr<Store> make_tcp_store(const std::string& host, int port, int world_size,
-                                      bool is_server, Milliseconds timeout) {
-  SHOAL_CHECK_T(InvalidArgument, port >= 0 && port <= 65535, "TCP store: port ", port,
-                " is out of range 0..65535");
-  c10d::TCPStoreOptions options;
-  options.port = static_cast<uint16_t>(port);
-  options.isServer = is_server;
-  options.numWorkers = world_size;
-  // Shoal checks who joined itself (with clear errors), so the server does not block here.
-  options.waitWorkers = false;
-  options.timeout = timeout;
-  c10::intrusive_ptr<c10d::TCPStore> store;
-  try {
-    store = c10::make_intrusive<c10d::TCPStore>(host, options);
-  } catch (const std::exception& e) {
-    std::string message = e.what();
-    message = message.substr(0, message.find('\n'));
-    if (is_server) {
-      SHOAL_THROW(PeerError, "TCP store: cannot listen on ", host, ":", port, ": ", message,
-                  " (is the port in use by another job? use another --master-port, or 0 for a "
-                  "free one)");
-    }
-    SHOAL_THROW(TimeoutError, "TCP store: cannot connect to ", host, ":", port, " within ",
-                timeout.count(), " ms: ", message,
-                " (is rank 0 running, and MASTER_ADDR/MASTER_PORT the same on every rank?)");
-  }
-  const std::string what = detail::str_cat("TCP store ", host, ":", store->getPort());
-  return std::make_shared<compat::C10dBackedStore>(store, what);
-}
+// make_tcp_store is Shoal's own authenticated store: comm/tcp_store.cpp.
 
 std::shared_ptr<Store> make_prefix_store(const std::string& prefix, std::shared_ptr<Store> base) {
   auto ref = compat::to_c10d_store(base);

@@ -21,10 +21,6 @@ constexpr uint32_t kIdxImagesMagic = 2051;
 /// The magic number of an IDX file of unsigned-byte labels [N].
 constexpr uint32_t kIdxLabelsMagic = 2049;
 
-/// The whole decompressed content of `path` (plain files are read as they are).
-/// Throws DataError when the file is missing, unreadable or its gzip stream is cut or corrupt.
-std::vector<uint8_t> read_gzip_file(const std::string& path);
-
 /// Images [N, rows, cols] uint8 from an IDX image file; checks magic, header and size, and that
 /// rows x cols equals the expected dimensions.
 at::Tensor read_idx_images(const std::string& path, int64_t expected_rows, int64_t expected_cols);

@@ -15,8 +15,10 @@
 #include <filesystem>
 #include <map>
 
+#include "comm/shm/shared_segment.h"
 #include "launcher/signal_relay.h"
 #include "launcher/worker_group.h"
+#include "security/auth_token.h"
 #include "shoal/error.h"
 
 extern char** environ;
@@ -51,6 +53,8 @@ void validate(const LaunchOptions& options) {
                 "free one on a single node)");
   SHOAL_CHECK_T(InvalidArgument, options.grace_period.count() >= 0,
                 "--grace-period must not be negative");
+  SHOAL_CHECK_T(InvalidArgument, options.max_restarts >= 0, "--max-restarts ", options.max_restarts,
+                " must not be negative");
   if (options.nnodes > 1) {
     SHOAL_CHECK_T(InvalidArgument, options.master_port != 0,
                   "--master-port 0 (a free port) works on a single node only: with --nnodes ",
@@ -80,7 +84,7 @@ std::string resolve_program(const std::string& program) {
   SHOAL_THROW(InvalidArgument, "cannot find program '", program, "' on PATH; give its path");
 }
 
-std::vector<WorkerSpec> plan_workers(const LaunchOptions& options, int master_port) {
+std::vector<WorkerSpec> plan_workers(const LaunchOptions& options, int master_port, int restart) {
   // The launcher's own environment, then the job's variables on top.
   std::map<std::string, std::string> base;
   for (char** var = environ; var != nullptr && *var != nullptr; ++var) {
@@ -91,6 +95,11 @@ std::vector<WorkerSpec> plan_workers(const LaunchOptions& options, int master_po
   const std::string program = resolve_program(role.command.front());
   const int local_size = role.nproc_per_node;
   const int world_size = options.nnodes * local_size;
+  std::string token = security::token_from_env();
+  SHOAL_CHECK_T(InvalidArgument, !token.empty() || options.nnodes == 1, "a job on ", options.nnodes,
+                " nodes needs the same ", security::kTokenEnv, " on every node's `shoal run`: generate one ",
+                "(e.g. `head -c 32 /dev/urandom | xxd -p -c 64`) and export it on each node");
+  if (token.empty()) token = security::generate_token();
 
   std::vector<WorkerSpec> specs;
   for (int local_rank = 0; local_rank < local_size; ++local_rank) {
@@ -107,8 +116,11 @@ std::vector<WorkerSpec> plan_workers(const LaunchOptions& options, int master_po
     env["ROLE_WORLD_SIZE"] = std::to_string(world_size);
     env["MASTER_ADDR"] = options.master_addr;
     env["MASTER_PORT"] = std::to_string(master_port);
-    env["TORCHELASTIC_RESTART_COUNT"] = "0";
-    env["TORCHELASTIC_MAX_RESTARTS"] = "0";
+    // The job's token: every store connection proves it knows it (security/auth_token.h). One
+    // given to the launcher (e.g. the same on every node) is passed on as it is.
+    env[security::kTokenEnv] = token;
+    env["TORCHELASTIC_RESTART_COUNT"] = std::to_string(restart);
+    env["TORCHELASTIC_MAX_RESTARTS"] = std::to_string(options.max_restarts);
     if (base.count("OMP_NUM_THREADS") == 0) env["OMP_NUM_THREADS"] = "1";
     for (const auto& [name, value] : role.env) env[name] = value;
 
@@ -224,8 +236,7 @@ bool is_loopback_address(const std::string& host) {
 
 int launch(const LaunchOptions& options) {
   validate(options);
-  const int master_port = options.master_port != 0 ? options.master_port : pick_free_port();
-  std::vector<WorkerSpec> specs = plan_workers(options, master_port);
+  int master_port = options.master_port != 0 ? options.master_port : pick_free_port();
 
   const int local_size = options.roles.front().nproc_per_node;
   if (options.verbose && local_size > 1 && std::getenv("OMP_NUM_THREADS") == nullptr) {
@@ -236,11 +247,25 @@ int launch(const LaunchOptions& options) {
   WorkerGroupOptions group_options;
   group_options.prefix_output = options.prefix_output;
   group_options.grace_period = options.grace_period;
-  SignalRelay relay;
-  WorkerGroup group(std::move(specs), group_options);
-  const GroupResult result = group.run(relay);
-  report(options, result, group_options);
-  return result.exit_code;
+  for (int restart = 0;; ++restart) {
+    GroupResult result;
+    {
+      SignalRelay relay;
+      WorkerGroup group(plan_workers(options, master_port, restart), group_options);
+      result = group.run(relay);
+      // Shared-memory names a worker made but could not remove (killed while its group formed).
+      comm::shm::SharedSegment::remove_segments_of(group.pids());
+    }
+    report(options, result, group_options);
+    if (result.outcome != GroupResult::Outcome::kWorkerFailed || restart >= options.max_restarts) {
+      return result.exit_code;
+    }
+    // torchrun's elastic restart: every worker again, same ranks; programs read
+    // TORCHELASTIC_RESTART_COUNT and resume from their last checkpoint.
+    say(options, "restarting all " + plural(local_size, "worker") + " (restart " + std::to_string(restart + 1) +
+                     " of at most " + std::to_string(options.max_restarts) + ")");
+    if (options.master_port == 0) master_port = pick_free_port();
+  }
 }
 
 }  // namespace shoal::launcher

@@ -43,7 +43,7 @@ SignalRelay::SignalRelay() {
   struct sigaction action {};
   action.sa_handler = relay_signal;
   sigemptyset(&action.sa_mask);
-  for (size_t i = 0; i < 3; ++i) {
+  for (size_t i = 0; i < kCount; ++i) {
     // SA_NOCLDSTOP: a stopped worker is not an exited one. SA_RESTART: other threads' syscalls
     // (when launch() runs inside a larger program) are not disturbed.
     action.sa_flags = SA_RESTART | (kSignals[i] == SIGCHLD ? SA_NOCLDSTOP : 0);
@@ -57,7 +57,7 @@ SignalRelay::SignalRelay() {
 }
 
 SignalRelay::~SignalRelay() {
-  for (size_t i = 0; i < 3; ++i) ::sigaction(kSignals[i], &previous_[i], nullptr);
+  for (size_t i = 0; i < kCount; ++i) ::sigaction(kSignals[i], &previous_[i], nullptr);
   g_relay_write_fd.store(-1);
   ::close(read_fd_);
   ::close(write_fd_);

@@ -1,4 +1,4 @@
-// SignalRelay: turns SIGINT, SIGTERM and SIGCHLD into bytes on a pipe that the launcher's
+// SignalRelay: turns SIGINT, SIGTERM, SIGHUP, SIGQUIT and SIGCHLD into bytes on a pipe that the launcher's
 // monitoring loop polls together with its workers' output (the self-pipe trick), so that the loop
 // never sleeps through a signal and the handlers themselves do nothing but one write().
 //
@@ -26,10 +26,12 @@ class SignalRelay {
   std::vector<int> drain();
 
  private:
-  static constexpr int kSignals[] = {SIGINT, SIGTERM, SIGCHLD};
+  // SIGHUP (the terminal closed) and SIGQUIT stop the job like SIGINT: forwarded to the workers.
+  static constexpr int kSignals[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGCHLD};
+  static constexpr size_t kCount = sizeof(kSignals) / sizeof(kSignals[0]);
   int read_fd_ = -1;
   int write_fd_ = -1;
-  struct sigaction previous_[3];
+  struct sigaction previous_[kCount];
 };
 
 }  // namespace shoal::launcher

@@ -29,6 +29,8 @@ void WorkerGroup::signal_all(int signal) {
   for (auto& worker : workers_) worker->signal_group(signal);
 }
 
+std::vector<int> WorkerGroup::pids() const { return pids_; }
+
 void WorkerGroup::begin_stop(int signal, Clock::time_point now) {
   stopping_ = true;
   kill_at_ = now + options_.grace_period;
@@ -91,7 +93,10 @@ GroupResult WorkerGroup::run(SignalRelay& relay) {
     workers_.push_back(std::make_unique<WorkerProcess>(spec, options_.prefix_output));
   }
   try {
-    for (auto& worker : workers_) worker->start();
+    for (auto& worker : workers_) {
+      worker->start();
+      pids_.push_back(static_cast<int>(worker->pid()));
+    }
   } catch (...) {
     stop_now();
     throw;

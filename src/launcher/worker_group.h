@@ -67,6 +67,9 @@ class WorkerGroup {
   /// Throws Error when a worker cannot be started (those already started are stopped first).
   GroupResult run(SignalRelay& relay);
 
+  /// The process ids of the workers started, also after they ended (for cleaning up after them).
+  std::vector<int> pids() const;
+
  private:
   int count_running() const;
   void signal_all(int signal);
@@ -78,6 +81,7 @@ class WorkerGroup {
   std::vector<WorkerSpec> specs_;
   WorkerGroupOptions options_;
   std::vector<std::unique_ptr<WorkerProcess>> workers_;
+  std::vector<int> pids_;  // every worker started, kept after they are reaped
   std::vector<std::unique_ptr<class LinePrefixer>> prefixers_;  // stdout, stderr per worker
   bool stopping_ = false;
   bool killed_ = false;

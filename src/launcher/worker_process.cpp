@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -22,8 +23,14 @@ void close_fd(int& fd) {
 
 // In the child between fork and exec: only async-signal-safe calls from here on.
 [[noreturn]] void exec_child(const char* program, char* const* argv, char* const* envp,
-                             int out_fd, int err_fd, int status_fd) {
+                             int out_fd, int err_fd, int status_fd, pid_t launcher) {
   ::setpgid(0, 0);
+  // A worker must not outlive its launcher, however the launcher ends (kill -9 included): the
+  // kernel sends SIGKILL when the forking thread dies. SIGKILL, not SIGTERM: a launcher that died
+  // cannot stop a worker that ignores SIGTERM, and the job is over either way. If the launcher
+  // already died before this line, the signal would never come: exit now.
+  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (::getppid() != launcher) ::_exit(128 + SIGKILL);
   // Dispositions set to "ignore" (shoal ignores SIGPIPE) and blocked signals survive exec;
   // a worker starts with the defaults, as it would from a shell.
   struct sigaction action {};
@@ -98,6 +105,7 @@ void WorkerProcess::start() {
     SHOAL_THROW(Error, "cannot start ", spec_.label, ": pipe: ", std::strerror(error));
   }
 
+  const pid_t launcher = ::getpid();
   const pid_t pid = ::fork();
   if (pid < 0) {
     const int error = errno;
@@ -106,7 +114,7 @@ void WorkerProcess::start() {
   }
   if (pid == 0) {
     exec_child(spec_.program.c_str(), argv.data(), envp.data(), out_pipe[1], err_pipe[1],
-               status_pipe[1]);
+               status_pipe[1], launcher);
   }
   pid_ = pid;
   // Also here, so the group exists before start() returns whoever runs first (the classic race).

@@ -142,10 +142,17 @@ Trainer::~Trainer() = default;
 checkpoint::TrainingState load_resume_checkpoint(const TrainOptions& options, std::string* path) {
   SHOAL_CHECK_T(InvalidArgument, !options.checkpoint_dir.empty(),
                 "--resume needs --checkpoint-dir DIR: the folder to resume from");
-  const std::optional<std::string> latest = checkpoint::find_latest(options.checkpoint_dir);
-  SHOAL_CHECK_T(CheckpointError, latest.has_value(), "--resume: no checkpoint in ",
+  // Falls back past damaged checkpoints to the newest intact one, saying which and why.
+  std::optional<checkpoint::ResumePoint> point = checkpoint::load_latest_intact(options.checkpoint_dir);
+  SHOAL_CHECK_T(CheckpointError, point.has_value(), "--resume: no checkpoint in ",
                 options.checkpoint_dir, "; run without --resume to start from scratch");
-  checkpoint::TrainingState saved = checkpoint::load_training_state(*latest);
+  const char* rank = std::getenv("RANK");
+  if (!point->skipped.empty() && (rank == nullptr || std::string(rank) == "0")) {
+    for (const auto& why : point->skipped) std::fprintf(stderr, "shoal: --resume skips %s\n", why.c_str());
+    std::fprintf(stderr, "shoal: --resume falls back to %s, the newest intact checkpoint\n", point->path.c_str());
+  }
+  const std::optional<std::string> latest = point->path;
+  checkpoint::TrainingState saved = std::move(point->state);
   const auto model = saved.config.find("model");
   const std::string saved_model = model == saved.config.end() ? "unknown" : model->second;
   SHOAL_CHECK_T(CheckpointError, saved_model == options.model, "--resume: ", *latest,
@@ -459,7 +466,12 @@ TrainResult run_training(const TrainOptions& options, std::unique_ptr<Strategy> 
     std::fflush(stderr);
   }
   Trainer trainer(options, std::move(model), std::move(strategy));
-  if (options.resume) {
+  // Restarted by `shoal run --max-restarts` (or torchrun) after a worker died: carry on from the
+  // last intact checkpoint, when one was written.
+  const char* restart = std::getenv("TORCHELASTIC_RESTART_COUNT");
+  const bool restarted = restart != nullptr && std::atoi(restart) > 0 && !options.checkpoint_dir.empty() &&
+                         checkpoint::find_latest(options.checkpoint_dir).has_value();
+  if (options.resume || restarted) {
     const std::string path = trainer.resume();
     if (reports) {
       const std::string& changes = trainer.resume_changes();

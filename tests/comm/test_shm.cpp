@@ -3,6 +3,7 @@
 // the hierarchical backend over two pretended hosts.
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include <torch/torch.h>
 
@@ -15,6 +16,8 @@
 
 #include "comm/hierarchical/process_group_hierarchical.h"
 #include "comm/shm/op_queue.h"
+#include "comm/shm/shared_segment.h"
+#include "comm/timeouts.h"
 #include "shoal/comm/init.h"
 #include "shoal/error.h"
 #include "testing/multi_rank.h"
@@ -58,6 +61,30 @@ torch::Tensor expected_sum(int world, int64_t numel, torch::Dtype dtype = torch:
 
 // A thread that waits for a task the worker has not started runs it itself, with every task
 // queued before it, in order; the worker runs the rest; every Work completes.
+TEST(ShmSegments, NamesOfDeadCreatorsAreReclaimed) {
+  // A creator killed between shm_open and every rank's mmap leaves its name behind: make one for
+  // real (a child that creates a segment and is SIGKILLed), and one of this live process.
+  const pid_t child = ::fork();
+  if (child == 0) {
+    auto segment = shm::SharedSegment::create("/shoal-" + std::to_string(::getpid()) + "-test", 4096);
+    ::raise(SIGKILL);
+  }
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  ASSERT_TRUE(WIFSIGNALED(status));
+  const std::string dead = "/dev/shm/shoal-" + std::to_string(child) + "-test";
+  const std::string live = "/dev/shm/shoal-" + std::to_string(::getpid()) + "-test";
+  ASSERT_TRUE(std::filesystem::exists(dead)) << "the killed creator's name should be left behind";
+  std::FILE* f = std::fopen(live.c_str(), "w");  // a live process's name, not to be touched
+  ASSERT_NE(f, nullptr);
+  std::fclose(f);
+  EXPECT_GE(shm::SharedSegment::reclaim_dead_segments(), 1);
+  EXPECT_FALSE(std::filesystem::exists(dead));
+  EXPECT_TRUE(std::filesystem::exists(live));
+  EXPECT_EQ(shm::SharedSegment::remove_segments_of({static_cast<int>(::getpid())}), 1);
+  EXPECT_FALSE(std::filesystem::exists(live));
+}
+
 TEST(ShmOpQueue, WaiterRunsItsQueuedTaskInOrder) {
   auto queue = std::make_shared<shm::OpQueue>("test");
   std::mutex mutex;
@@ -193,6 +220,48 @@ TEST(ShmFaults, KilledRankIsNamedAndNothingLeaks) {
   for (const auto& entry : shm_entries()) {
     if (before.count(entry) == 0) EXPECT_TRUE(creator_alive(entry)) << "leaked /dev/shm/" << entry;
   }
+}
+
+TEST(ShmFaults, StoppedRankIsNamedInSecondsSlowRankIsWaitedFor) {
+  // Dead or stopped is not slow: rank 1 first computes for longer than kStoppedPeerTimeout (it is
+  // waited for: the time-out is 60 s), then stops itself with SIGSTOP: rank 0 fails within
+  // seconds, naming it, long before the time-out.
+  const Milliseconds timeout(60'000);
+  const double slow_s = kStoppedPeerTimeout.count() / 1000.0 + 1.5;
+  auto results = run_processes(2, [&](int rank, const std::string& path) {
+    auto store = make_file_store(path, 2, Milliseconds(20'000));
+    auto pg = new_process_group("shm", store, rank, 2, timeout);
+    auto t = torch::ones({1024});
+    pg->allreduce(t)->wait();
+    if (rank == 1) {
+      const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(slow_s);
+      while (std::chrono::steady_clock::now() < until) {
+      }  // busy: a rank evaluating
+    }
+    pg->allreduce(t)->wait();  // rank 0 waits here for the slow rank 1, and must succeed
+    SHOAL_CHECK(t[0].item<float>() == 4.0f, "wrong sum");
+    if (rank == 1) {
+      store->set_string("pid1", std::to_string(getpid()));
+      raise(SIGSTOP);
+      return;
+    }
+    const pid_t stopped = static_cast<pid_t>(std::stol(store->get_string("pid1")));
+    try {
+      pg->allreduce(t)->wait();
+    } catch (...) {
+      ::kill(stopped, SIGKILL);  // the test is over: do not leave it stopped
+      throw;
+    }
+    ::kill(stopped, SIGKILL);
+  }, Milliseconds(40'000));
+  const auto& r0 = results[0];
+  EXPECT_FALSE(r0.ok()) << messages(results);
+  EXPECT_NE(r0.error.find("rank 1 (pid"), std::string::npos) << r0.error;
+  EXPECT_NE(r0.error.find("stopped"), std::string::npos) << r0.error;
+  EXPECT_NE(r0.error.find("allreduce #"), std::string::npos) << r0.error;
+  // slow_s of waiting for the slow rank, then about kStoppedPeerTimeout for the stopped one.
+  EXPECT_LT(r0.seconds, slow_s + kStoppedPeerTimeout.count() / 1000.0 + 6.0) << r0.error;
+  std::cout << "rank 0 reported after " << r0.seconds << " s: " << r0.error << "\n";
 }
 
 TEST(ShmFaults, LateRankTimesOutNamingIt) {

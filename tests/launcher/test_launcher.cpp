@@ -247,7 +247,7 @@ TEST_F(Launcher, SecondNodeGetsTheLaterRanksAndKeepsTheUsersOmpSetting) {
   const auto result =
       run_shoal({"run", "--nnodes", "2", "--node-rank", "1", "--nproc-per-node", "2",
                  "--master-addr", "192.0.2.10", "--master-port", "29999", worker},
-                {{"OMP_NUM_THREADS", "4"}});
+                {{"OMP_NUM_THREADS", "4"}, {"SHOAL_AUTH_TOKEN", "the-job-token"}});
   ASSERT_EQ(result.code, 0) << result.err;
   for (int local = 0; local < 2; ++local) {
     const std::string env = read_file(dir_ / ("env." + std::to_string(local)));
@@ -339,6 +339,129 @@ while true; do sleep 0.05; done)");
   }
   EXPECT_NE(result.err.find("received SIGTERM; forwarded it to 3 workers"), std::string::npos)
       << result.err;
+}
+
+TEST_F(Launcher, ForwardsSighupAndSigquitToEveryWorker) {
+  // The terminal closing (SIGHUP) or Ctrl-\ (SIGQUIT) ends the workers too, not only the launcher.
+  for (int signal : {SIGHUP, SIGQUIT}) {
+    const std::string name = signal == SIGHUP ? "HUP" : "QUIT";
+    const auto worker = script("trap" + name + ".sh", "trap 'echo $RANK > \"$DIR/" + name +
+                                                          ".$RANK\"; exit 0' " + name + R"(
+touch "$DIR/ready)" + name + R"(.$RANK"
+while true; do sleep 0.05; done)");
+    ShoalProcess shoal({"run", "--nproc-per-node", "2", worker});
+    ASSERT_TRUE(wait_for_files({dir_ / ("ready" + name + ".0"), dir_ / ("ready" + name + ".1")},
+                               Milliseconds(10'000)));
+    ::kill(shoal.pid(), signal);
+    const auto result = shoal.wait();
+    EXPECT_EQ(result.code, 128 + signal) << result.err;
+    for (int rank = 0; rank < 2; ++rank) {
+      EXPECT_TRUE(fs::exists(dir_ / (name + "." + std::to_string(rank)))) << name << " rank " << rank;
+    }
+  }
+}
+
+TEST_F(Launcher, WorkersEndWhenTheLauncherIsKilled) {
+  // kill -9 of `shoal run` cannot be forwarded: the workers' parent-death signal ends them.
+  const auto worker = script("orphan.sh", R"(echo $$ > "$DIR/pid.$RANK"
+exec sleep 60)");
+  ShoalProcess shoal({"run", "--nproc-per-node", "2", worker});
+  ASSERT_TRUE(wait_for_files({dir_ / "pid.0", dir_ / "pid.1"}, Milliseconds(10'000)));
+  std::this_thread::sleep_for(Milliseconds(100));  // both have exec'd sleep
+  const pid_t workers[] = {read_pid("pid.0"), read_pid("pid.1")};
+  ::kill(shoal.pid(), SIGKILL);
+  shoal.wait();
+  const auto until = Clock::now() + Milliseconds(3000);
+  while (Clock::now() < until && !(is_gone(workers[0]) && is_gone(workers[1]))) {
+    std::this_thread::sleep_for(Milliseconds(20));
+  }
+  EXPECT_TRUE(is_gone(workers[0])) << "rank 0 outlived its launcher";
+  EXPECT_TRUE(is_gone(workers[1])) << "rank 1 outlived its launcher";
+}
+
+TEST_F(Launcher, SharedMemoryNamesOfKilledWorkersAreRemoved) {
+  // A worker killed while it holds a /dev/shm name (as a shm group's rank 0 does until every rank
+  // has mapped the segment) leaves it behind; the launcher removes the names of its workers.
+  const auto worker = script("shm.sh", R"(echo x > /dev/shm/shoal-$$-launchertest
+echo $$ > "$DIR/pid.$RANK"
+if [ "$RANK" = 0 ]; then kill -9 $$; fi
+while true; do sleep 0.05; done)");
+  const auto result = run_shoal({"run", "--nproc-per-node", "2", worker});
+  EXPECT_NE(result.code, 0);
+  for (int rank = 0; rank < 2; ++rank) {
+    if (!fs::exists(dir_ / ("pid." + std::to_string(rank)))) continue;  // stopped before it began
+    const std::string name = "/dev/shm/shoal-" + std::to_string(read_pid("pid." + std::to_string(rank))) +
+                             "-launchertest";
+    EXPECT_FALSE(fs::exists(name)) << name << " outlived the job";
+    fs::remove(name);
+  }
+}
+
+TEST_F(Launcher, MaxRestartsRestartsEveryWorkerAfterAFailure) {
+  // Rank 1 dies by SIGKILL in the first attempt; with --max-restarts 1 every worker runs again
+  // (TORCHELASTIC_RESTART_COUNT=1) and the job succeeds. Without restarts left, it fails.
+  const auto worker = script("elastic.sh", R"(echo "$TORCHELASTIC_RESTART_COUNT/$TORCHELASTIC_MAX_RESTARTS" >> "$DIR/runs.$RANK"
+if [ "$RANK" = 1 ] && [ "$TORCHELASTIC_RESTART_COUNT" = 0 ]; then kill -9 $$; fi
+sleep 0.2)");
+  const auto result = run_shoal({"run", "--nproc-per-node", "2", "--max-restarts", "1", worker});
+  EXPECT_EQ(result.code, 0) << result.err;
+  EXPECT_NE(result.err.find("restarting all 2 workers (restart 1 of at most 1)"), std::string::npos) << result.err;
+  EXPECT_EQ(read_file(dir_ / "runs.0"), "0/1\n1/1\n");
+  EXPECT_EQ(read_file(dir_ / "runs.1"), "0/1\n1/1\n");
+
+  const auto always = script("always.sh", R"(echo x >> "$DIR/always.$RANK"
+if [ "$RANK" = 0 ]; then exit 3; fi
+sleep 5)");
+  const auto failed = run_shoal({"run", "--nproc-per-node", "2", "--max-restarts", "2", always});
+  EXPECT_EQ(failed.code, 3) << failed.err;
+  EXPECT_EQ(read_file(dir_ / "always.0"), "x\nx\nx\n");
+}
+
+// The last "test_accuracy" of a metrics file (JSON lines).
+double last_accuracy(const std::string& text) {
+  const std::string key = "\"test_accuracy\":";
+  const size_t at = text.rfind(key);
+  if (at == std::string::npos) return -1;
+  return std::stod(text.substr(at + key.size()));
+}
+
+TEST_F(Launcher, DdpTrainingSurvivesAWorkerKilledMidEpoch) {
+  if (!fs::exists("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz")) {
+    GTEST_SKIP() << "Fashion-MNIST is not installed";
+  }
+  const std::vector<std::string> common = {"train", "--strategy", "ddp", "--nproc-per-node", "2",
+                                           "--model", "mlp", "--epochs", "2", "--train-samples", "3000",
+                                           "--test-samples", "1000", "--batch-size", "32", "--lr", "0.05",
+                                           "--no-progress"};
+  auto with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> args = common;
+    args.insert(args.end(), extra.begin(), extra.end());
+    return args;
+  };
+  const auto baseline = run_shoal(with({"--metrics", (dir_ / "base.jsonl").string()}), {}, Milliseconds(120'000));
+  ASSERT_EQ(baseline.code, 0) << baseline.err;
+  const double expected = last_accuracy(read_file(dir_ / "base.jsonl"));
+  ASSERT_GT(expected, 0.6);
+
+  const fs::path ckpt = dir_ / "ckpt";
+  ShoalProcess job(with({"--metrics", (dir_ / "elastic.jsonl").string(), "--checkpoint-dir", ckpt.string(),
+                         "--checkpoint-every", "10", "--max-restarts", "1"}));
+  // Once the first mid-epoch checkpoint is there (step 10 of 47 per epoch), SIGKILL a rank.
+  ASSERT_TRUE(wait_for_files({ckpt / "checkpoint_000000.pt"}, Milliseconds(90'000)));
+  const std::string children =
+      read_file("/proc/" + std::to_string(job.pid()) + "/task/" + std::to_string(job.pid()) + "/children");
+  std::istringstream pids(children);
+  std::vector<pid_t> workers;
+  for (pid_t p; pids >> p;) workers.push_back(p);
+  ASSERT_EQ(workers.size(), 2u) << children;
+  ::kill(workers[1], SIGKILL);
+  const auto result = job.wait(Milliseconds(150'000));
+  EXPECT_EQ(result.code, 0) << result.err;
+  EXPECT_NE(result.err.find("restarting all 2 workers"), std::string::npos) << result.err;
+  EXPECT_NE(result.err.find("resumed from"), std::string::npos) << result.err;
+  const double got = last_accuracy(read_file(dir_ / "elastic.jsonl"));
+  std::printf("test accuracy: uninterrupted %.4f, with a worker killed and restarted %.4f\n", expected, got);
+  EXPECT_NEAR(got, expected, 0.03);
 }
 
 TEST_F(Launcher, MasterPortZeroPicksOneBindablePortForAll) {

@@ -48,8 +48,9 @@ class CheckpointManager {
   /// Returns the new file's path (on every rank). With `pg`, only rank 0 writes; all ranks wait.
   std::string save(const TrainingState& state, comm::ProcessGroup* pg = nullptr);
 
-  /// The newest checkpoint, or nullopt when there is none. Throws CheckpointError when it exists
-  /// but cannot be read.
+  /// The newest intact checkpoint, or nullopt when there is none. A newer one that cannot be read
+  /// is skipped with a warning on stderr naming it and why (see load_latest_intact); throws
+  /// CheckpointError when checkpoints exist but none can be read.
   std::optional<TrainingState> load_latest(const LoadOptions& options = {}) const;
 
   /// Path of the newest checkpoint, if any.
@@ -66,6 +67,20 @@ class CheckpointManager {
   std::string dir_;
   CheckpointManagerOptions options_;
 };
+
+/// A checkpoint found for resuming, and the newer ones passed over.
+struct ResumePoint {
+  std::string path;
+  TrainingState state;
+  /// "<path>: <why it cannot be read>" for each newer checkpoint skipped, newest first.
+  std::vector<std::string> skipped;
+};
+
+/// Loads the newest checkpoint in `dir` that reads back intact: the one "latest" names first, then
+/// the numbered ones from the highest down. nullopt when `dir` holds none; throws CheckpointError
+/// listing every file and its damage when none can be read.
+std::optional<ResumePoint> load_latest_intact(const std::string& dir, const LoadOptions& options = {},
+                                              const std::string& prefix = "checkpoint_");
 
 /// The newest checkpoint in `dir` ("latest" when it names an existing file, else the highest
 /// numbered "checkpoint_N.pt"), or nullopt.

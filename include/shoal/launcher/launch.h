@@ -55,6 +55,10 @@ struct LaunchOptions {
   std::chrono::milliseconds grace_period{5000};
   /// Names the launcher in its own messages on stderr ("shoal run: rank 2 ... exited ...").
   std::string log_name = "shoal run";
+  /// When a worker fails, stop the others and start all of them again, up to this many times
+  /// (torchrun's --max-restarts). Workers see TORCHELASTIC_RESTART_COUNT (0, 1, ...) and should
+  /// resume from their last checkpoint (`shoal train` does). Interruptions are never restarted.
+  int max_restarts = 0;
   /// Print the launcher's notes (OMP_NUM_THREADS); the failure summary is printed regardless.
   bool verbose = true;
 

@@ -4,6 +4,7 @@
 
 #include "comm/peer_directory.h"
 #include "compat/gloo_group.h"
+#include "comm/timeouts.h"
 #include "shoal/error.h"
 
 namespace shoal::comm {
@@ -48,7 +49,7 @@ class GlooWork : public Work {
       if (!native_->wait(timeout)) {
         const std::string blamed = peers_ ? peers_->diagnose(sequence_number(), kDiagnoseBudget) : "";
         SHOAL_THROW(TimeoutError, label().prefix(), " timed out after ", timeout.count(), " ms",
-                    blamed.empty() ? "" : " waiting for ", blamed);
+                    blamed.empty() ? "" : " waiting for ", blamed, kTimeoutHint);
       }
       if (on_success_) on_success_();
       finished_ = true;

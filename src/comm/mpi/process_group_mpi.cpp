@@ -7,6 +7,7 @@
 
 #include "comm/backends.h"
 #include "comm/mpi/mpi_runtime.h"
+#include "comm/timeouts.h"
 #include "shoal/error.h"
 
 namespace shoal::comm {
@@ -161,7 +162,7 @@ class MpiRequestWork : public Work {
               detail::str_cat(label().prefix(), " failed: the group was aborted: ", reason)));
         } else {
           record(TimeoutError(detail::str_cat(label().prefix(), " timed out after ",
-                                              timeout.count(), " ms waiting for rank ", peer_)));
+                                              timeout.count(), " ms waiting for rank ", peer_, kTimeoutHint)));
         }
         group_->abandon(requests_, {buffer_});
         group_->abort(detail::str_cat(label().prefix(), " did not complete"));
@@ -411,7 +412,8 @@ void ProcessGroupMpi::execute(Task& task) {
                   " ms waiting for ",
                   who.empty() ? "ranks that had already given up on it (every other rank "
                                 "reported a failure of this operation)"
-                              : who);
+                              : who,
+                  kTimeoutHint);
     }
     if (started.finish) started.finish();
     task.work->finish();

@@ -2,6 +2,7 @@
 
 #include <chrono>
 
+#include "comm/timeouts.h"
 #include "shoal/error.h"
 
 namespace shoal::comm::shm {
@@ -36,7 +37,7 @@ void ShmWork::wait(Milliseconds timeout) {
     std::unique_lock<std::mutex> lock(mutex_);
     if (!done_cv_.wait_for(lock, timeout, [&] { return done_.load(); })) {
       SHOAL_THROW(TimeoutError, label().prefix(), " timed out after ", timeout.count(),
-                  " ms waiting for it to complete");
+                  " ms waiting for it to complete", kTimeoutHint);
     }
   }
   std::lock_guard<std::mutex> lock(mutex_);

@@ -11,11 +11,13 @@
 #include <new>
 #include <random>
 #include <sstream>
+#include <optional>
 #include <thread>
 
 #include "comm/peer_directory.h"
 #include "comm/shm/op_queue.h"
 #include "comm/shm/reduce_kernels.h"
+#include "comm/timeouts.h"
 #include "shoal/error.h"
 
 namespace shoal::comm::shm {
@@ -290,6 +292,10 @@ void ProcessGroupShm::fail_waiting(int peer, const Running& op, const char* why)
   if (std::strcmp(why, "exited") == 0) {
     message = detail::str_cat(op.ctx->prefix(), " failed after ", waited, " ms waiting for ", who,
                               ": the process has exited");
+  } else if (std::strcmp(why, "stopped") == 0) {
+    message = detail::str_cat(op.ctx->prefix(), " failed after ", waited, " ms waiting for ", who,
+                              ": the process has been stopped (SIGSTOP, Ctrl-Z or a debugger) for ",
+                              kStoppedPeerTimeout.count(), " ms");
   } else if (std::strcmp(why, "aborted") == 0) {
     const int32_t culprit = header_->abort_rank.load(std::memory_order_acquire);
     std::string reason;
@@ -312,7 +318,7 @@ void ProcessGroupShm::fail_waiting(int peer, const Running& op, const char* why)
         their_seq == 0 ? std::string("has not started any collective")
                        : detail::str_cat("was last seen in ", kOpNames[their_op], " #", their_seq);
     message = detail::str_cat(op.ctx->prefix(), " timed out after ", waited, " ms waiting for ",
-                              who, ", which ", where);
+                              who, ", which ", where, kTimeoutHint);
   }
   abort(message);
   if (timeout) SHOAL_THROW(TimeoutError, message);
@@ -338,11 +344,26 @@ void ProcessGroupShm::wait_until(int peer, const Running& op, Ready ready) {
   } while (Clock::now() - begin < budget);
   spin_budget_ns_.store(budget.count() / 2, std::memory_order_relaxed);
   auto next_check = Clock::now();
+  // A stopped peer is alive but will not move: it fails the wait after kStoppedPeerTimeout rather
+  // than the operation's time-out (minutes, for peers that are merely slow).
+  std::optional<Clock::time_point> stopped_since;
+  auto next_stop_check = Clock::now();
   for (;;) {
     if (ready()) return;
     const auto now = Clock::now();
     if (now >= next_check) {
       next_check = now + kCheckInterval;
+      if (now >= next_stop_check) {
+        // Reading /proc costs ~10 us: every 100 ms is plenty for a limit of seconds.
+        next_stop_check = now + std::chrono::milliseconds(100);
+        const int pid = controls_[peer].pid.load(std::memory_order_relaxed);
+        if (pid != getpid() && process_is_stopped(pid)) {
+          if (!stopped_since) stopped_since = now;
+          if (now - *stopped_since >= kStoppedPeerTimeout) fail_waiting(peer, op, "stopped");
+        } else {
+          stopped_since.reset();
+        }
+      }
       if (aborted_.load(std::memory_order_acquire) ||
           header_->abort_rank.load(std::memory_order_acquire) != 0) {
         fail_waiting(peer, op, "aborted");

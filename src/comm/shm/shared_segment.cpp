@@ -1,13 +1,18 @@
 #include "comm/shm/shared_segment.h"
 
+#include <dirent.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <utility>
+#include <vector>
 
 #include "shoal/error.h"
 
@@ -22,9 +27,48 @@ void* map(int fd, size_t bytes, const std::string& name) {
   return data;
 }
 
+constexpr const char* kShmDir = "/dev/shm";
+constexpr const char* kNamePrefix = "shoal-";
+
+/// Calls `fn(file name, creator pid)` for each Shoal segment name in /dev/shm.
+template <typename Fn>
+void for_each_segment(Fn fn) {
+  DIR* dir = ::opendir(kShmDir);
+  if (dir == nullptr) return;
+  std::vector<std::pair<std::string, int>> found;
+  while (dirent* entry = ::readdir(dir)) {
+    const std::string name = entry->d_name;
+    if (name.rfind(kNamePrefix, 0) != 0) continue;
+    char* end = nullptr;
+    const long pid = std::strtol(name.c_str() + std::strlen(kNamePrefix), &end, 10);
+    if (end == nullptr || *end != '-' || pid <= 0) continue;
+    found.emplace_back(name, static_cast<int>(pid));
+  }
+  ::closedir(dir);
+  for (const auto& [name, pid] : found) fn(name, pid);
+}
+
 }  // namespace
 
+int SharedSegment::remove_segments_of(const std::vector<int>& pids) {
+  int removed = 0;
+  for_each_segment([&](const std::string& name, int pid) {
+    if (std::find(pids.begin(), pids.end(), pid) != pids.end() && shm_unlink(("/" + name).c_str()) == 0) ++removed;
+  });
+  return removed;
+}
+
+int SharedSegment::reclaim_dead_segments() {
+  int removed = 0;
+  for_each_segment([&](const std::string& name, int pid) {
+    // ESRCH only: a live process (or one of another user, EPERM) keeps its names.
+    if (::kill(pid, 0) != 0 && errno == ESRCH && shm_unlink(("/" + name).c_str()) == 0) ++removed;
+  });
+  return removed;
+}
+
 SharedSegment SharedSegment::create(const std::string& name, size_t bytes) {
+  reclaim_dead_segments();
   const int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
   SHOAL_CHECK(fd >= 0, "shm: cannot create segment ", name, " in /dev/shm: ",
               std::strerror(errno));

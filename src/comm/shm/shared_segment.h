@@ -4,6 +4,10 @@
 // later) and every user maps it with MAP_POPULATE, so no operation ever takes a page fault on it.
 // unlink() removes the name as soon as every rank has mapped it: the memory then lives exactly as
 // long as the mappings, and a job killed with SIGKILL leaves nothing behind in /dev/shm.
+// Before that moment (the creator made the name, not every rank has mapped it) a SIGKILL would
+// leave the name behind: names carry the creator's pid ("/shoal-<pid>-<random>"), so `shoal run`
+// removes those of its workers once they have ended (remove_segments_of), and every new segment
+// first removes those whose creator is dead (reclaim_dead_segments) for jobs started otherwise.
 //
 // Thread safety: none needed; constructed and destroyed by one thread, the memory itself is
 // synchronised by its users.
@@ -11,6 +15,7 @@
 
 #include <cstddef>
 #include <string>
+#include <vector>
 
 namespace shoal::comm::shm {
 
@@ -31,6 +36,11 @@ class SharedSegment {
 
   /// Removes the name (idempotent); the mappings stay valid.
   void unlink();
+
+  /// Removes every "/dev/shm/shoal-<pid>-*" of the given (ended) processes; returns how many.
+  static int remove_segments_of(const std::vector<int>& pids);
+  /// Removes every "/dev/shm/shoal-<pid>-*" whose creator no longer exists; returns how many.
+  static int reclaim_dead_segments();
 
   void* data() const { return data_; }
   size_t size() const { return size_; }

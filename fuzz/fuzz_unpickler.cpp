@@ -1,0 +1,23 @@
+// libFuzzer target: the checkpoint unpickler (data.pkl of torch.save files) on arbitrary bytes.
+// Every input must end in a value or a CheckpointError: no crash, no unbounded recursion.
+#include <cstdint>
+#include <string>
+
+#include <ATen/Functions.h>
+
+#include "checkpoint/unpickler.h"
+#include "shoal/error.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  auto load_storage = [](const std::string&, c10::ScalarType dtype, int64_t numel) {
+    if (numel > 4096) SHOAL_THROW(shoal::CheckpointError, "storage too large for the fuzzer");
+    return at::zeros({numel}, at::TensorOptions().dtype(dtype));
+  };
+  try {
+    shoal::checkpoint::detail::Unpickler(std::string_view(reinterpret_cast<const char*>(data), size),
+                                         load_storage, "fuzz")
+        .load();
+  } catch (const shoal::CheckpointError&) {
+  }
+  return 0;
+}

@@ -1,0 +1,224 @@
+// The rendezvous store over TCP, attacked as a stranger would: it listens on the configured
+// address only, lets in only processes that know the job's token, drops silent or foreign peers
+// within the handshake deadline without disturbing the job, and a client that reaches the wrong
+// listener (or none) fails within its time-out naming the endpoint.
+#include <gtest/gtest.h>
+
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <thread>
+
+#include "comm/tcp_store.h"
+#include "comm/tcp_store_server.h"
+#include "security/socket_io.h"
+#include "shoal/comm/init.h"
+#include "shoal/error.h"
+
+namespace shoal::comm {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr Milliseconds kTimeout{5000};
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+/// A raw TCP connection to 127.0.0.1:port, as a stranger makes one.
+int raw_connect(const std::string& ip, int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  ::inet_pton(AF_INET, ip.c_str(), &addr.sin_addr);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+/// True when the peer closes `fd` within `limit`.
+bool closed_within(int fd, std::chrono::milliseconds limit) {
+  const auto deadline = Clock::now() + limit;
+  char byte;
+  while (Clock::now() < deadline) {
+    timeval tv{0, 50000};
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    const ssize_t n = ::recv(fd, &byte, 1, 0);
+    if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK)) return true;
+  }
+  return false;
+}
+
+TEST(TcpStore, SetGetAddCheckWaitDelete) {
+  TcpStore server("127.0.0.1", 0, true, "tok", kTimeout);
+  TcpStore client("127.0.0.1", server.port(), false, "tok", kTimeout);
+  server.set_string("a", "1");
+  EXPECT_EQ(client.get_string("a"), "1");
+  EXPECT_EQ(client.add("n", 5), 5);
+  EXPECT_EQ(server.add("n", -2), 3);
+  EXPECT_EQ(client.get_string("n"), "3");
+  EXPECT_TRUE(client.check({"a", "n"}));
+  EXPECT_FALSE(client.check({"a", "missing"}));
+  std::thread late([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    server.set_string("late", "x");
+  });
+  client.wait({"late"});
+  late.join();
+  EXPECT_TRUE(client.delete_key("a"));
+  EXPECT_FALSE(client.check({"a"}));
+  try {
+    client.wait({"never"}, Milliseconds(200));
+    ADD_FAILURE() << "no time-out";
+  } catch (const TimeoutError& e) {
+    EXPECT_NE(std::string(e.what()).find("SHOAL_TIMEOUT"), std::string::npos) << e.what();
+  }
+}
+
+TEST(TcpStore, ListensOnTheConfiguredAddressOnly) {
+  TcpStore server("127.0.0.1", 0, true, "tok", kTimeout);
+  // Any non-loopback IPv4 address of this machine: nothing may answer there.
+  ifaddrs* list = nullptr;
+  ASSERT_EQ(::getifaddrs(&list), 0);
+  int tried = 0;
+  for (ifaddrs* a = list; a != nullptr; a = a->ifa_next) {
+    if (a->ifa_addr == nullptr || a->ifa_addr->sa_family != AF_INET) continue;
+    char ip[INET_ADDRSTRLEN];
+    ::inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(a->ifa_addr)->sin_addr, ip, sizeof(ip));
+    if (std::string(ip).rfind("127.", 0) == 0) continue;
+    const int fd = raw_connect(ip, server.port());
+    EXPECT_LT(fd, 0) << "the store answered on " << ip;
+    if (fd >= 0) ::close(fd);
+    ++tried;
+  }
+  ::freeifaddrs(list);
+  const int fd = raw_connect("127.0.0.1", server.port());
+  EXPECT_GE(fd, 0);
+  if (fd >= 0) ::close(fd);
+  if (tried == 0) std::printf("note: no non-loopback IPv4 address here; only loopback checked\n");
+}
+
+TEST(TcpStore, StrangerCannotReadOrWriteKeys) {
+  TcpStore server("127.0.0.1", 0, true, "tok", kTimeout);
+  server.set_string("secret", "value");
+  // A store request frame sent without the handshake (a c10d-style client, or an attacker).
+  const int fd = raw_connect("127.0.0.1", server.port());
+  ASSERT_GE(fd, 0);
+  const std::string frame = std::string("\x0b\x00\x00\x00\x02\x06\x00\x00\x00", 9) + "secret";
+  ASSERT_EQ(::write(fd, frame.data(), frame.size()), static_cast<ssize_t>(frame.size()));
+  EXPECT_TRUE(closed_within(fd, std::chrono::milliseconds(3000)));
+  ::close(fd);
+  // A client with the wrong token is refused, and says so.
+  const auto start = Clock::now();
+  try {
+    TcpStore stranger("127.0.0.1", server.port(), false, "guess", kTimeout);
+    ADD_FAILURE() << "a wrong token got in";
+  } catch (const PeerError& e) {
+    EXPECT_NE(std::string(e.what()).find("token"), std::string::npos) << e.what();
+  }
+  EXPECT_LT(seconds_since(start), 3.0);
+  EXPECT_EQ(server.get_string("secret"), "value");
+  const auto until = Clock::now() + std::chrono::seconds(2);
+  while (server.server()->refused() < 2 && Clock::now() < until) std::this_thread::sleep_for(Milliseconds(10));
+  EXPECT_GE(server.server()->refused(), 2);
+}
+
+TEST(TcpStore, SilentStrangersDoNotStallTheJob) {
+  TcpStore server("127.0.0.1", 0, true, "tok", kTimeout);
+  // Strangers connect first and hold their connections open, one with a partial greeting.
+  std::vector<int> strangers;
+  for (int i = 0; i < 8; ++i) strangers.push_back(raw_connect("127.0.0.1", server.port()));
+  ASSERT_EQ(::write(strangers[0], "SHOAL", 5), 5);
+  const auto start = Clock::now();
+  std::vector<std::thread> ranks;
+  std::atomic<int> done{0};
+  for (int r = 0; r < 3; ++r) {
+    ranks.emplace_back([&, r] {
+      TcpStore client("127.0.0.1", server.port(), false, "tok", kTimeout);
+      client.set_string("rank/" + std::to_string(r), "here");
+      client.wait({"rank/0", "rank/1", "rank/2"});
+      ++done;
+    });
+  }
+  for (auto& t : ranks) t.join();
+  EXPECT_EQ(done.load(), 3);
+  EXPECT_LT(seconds_since(start), 1.0) << "the job waited for the strangers";
+  // They are dropped at the handshake deadline.
+  for (int fd : strangers) {
+    EXPECT_TRUE(closed_within(fd, std::chrono::milliseconds(4000)));
+    ::close(fd);
+  }
+}
+
+TEST(TcpStore, ForeignListenerOnThePortIsNotTrusted) {
+  // Something else listens on MASTER_PORT and never answers: the client fails within its
+  // time-out, naming the endpoint, instead of blocking in recv() forever.
+  const int listener = security::listen_on("127.0.0.1", 0);
+  const int port = security::bound_port(listener);
+  const auto start = Clock::now();
+  try {
+    TcpStore client("127.0.0.1", port, false, "tok", Milliseconds(1000));
+    ADD_FAILURE() << "connected to a foreign listener";
+  } catch (const TimeoutError& e) {
+    EXPECT_NE(std::string(e.what()).find("127.0.0.1:" + std::to_string(port)), std::string::npos) << e.what();
+  }
+  EXPECT_LT(seconds_since(start), 3.0);
+  ::close(listener);
+}
+
+TEST(TcpStore, UnreachableMasterSaysSoWithinTheTimeout) {
+  const int probe = security::listen_on("127.0.0.1", 0);
+  const int port = security::bound_port(probe);
+  ::close(probe);  // nothing listens there now
+  const auto start = Clock::now();
+  try {
+    TcpStore client("127.0.0.1", port, false, "tok", Milliseconds(700));
+    ADD_FAILURE() << "no error";
+  } catch (const TimeoutError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("cannot reach 127.0.0.1:" + std::to_string(port)), std::string::npos) << what;
+    EXPECT_NE(what.find("refused"), std::string::npos) << what;
+    EXPECT_EQ(what.find("in use"), std::string::npos) << what;
+  }
+  const double took = seconds_since(start);
+  EXPECT_GE(took, 0.6);
+  EXPECT_LT(took, 2.5);
+}
+
+TEST(TcpStore, PortInUseSaysSo) {
+  TcpStore first("127.0.0.1", 0, true, "tok", kTimeout);
+  try {
+    TcpStore second("127.0.0.1", first.port(), true, "tok", kTimeout);
+    ADD_FAILURE() << "two listeners on one port";
+  } catch (const PeerError& e) {
+    EXPECT_NE(std::string(e.what()).find("in use"), std::string::npos) << e.what();
+  }
+}
+
+TEST(TcpStore, MissingMasterAddressIsAnErrorAboveOneRank) {
+  ::setenv("RANK", "0", 1);
+  ::setenv("WORLD_SIZE", "2", 1);
+  ::unsetenv("MASTER_ADDR");
+  ::setenv("MASTER_PORT", "29500", 1);
+  try {
+    init_process_group();
+    ADD_FAILURE() << "no error";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("MASTER_ADDR"), std::string::npos) << e.what();
+  }
+  ::unsetenv("RANK");
+  ::unsetenv("WORLD_SIZE");
+  ::unsetenv("MASTER_PORT");
+}
+
+}  // namespace
+}  // namespace shoal::comm

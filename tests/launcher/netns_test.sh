@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# Real multi-node: two network namespaces (each with its own host name) joined by a veth pair,
+# `shoal run --nnodes 2 --nproc-per-node 2` on each, DDP training across them on the hierarchical
+# backend (shared memory inside a node, Gloo between nodes), to completion. Then the same job with
+# the link cut mid-run: every rank must exit with a clear error within the time-out; none hangs.
+# Exits 77 (skipped) where namespaces cannot be made (not root, no CAP_SYS_ADMIN, no iproute2).
+#   netns_test.sh SHOAL_BINARY
+set -uo pipefail
+SHOAL=${1:?usage: netns_test.sh SHOAL_BINARY}
+[ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ] || { echo "netns: Fashion-MNIST missing: skipped"; exit 77; }
+command -v ip >/dev/null && command -v unshare >/dev/null || { echo "netns: ip/unshare missing: skipped"; exit 77; }
+TAG=shoal$$
+NS0=${TAG}a
+NS1=${TAG}b
+WORK=$(mktemp -d)
+cleanup() {
+  ip netns pids "$NS0" 2>/dev/null | xargs -r kill -9 2>/dev/null
+  ip netns pids "$NS1" 2>/dev/null | xargs -r kill -9 2>/dev/null
+  ip netns del "$NS0" 2>/dev/null
+  ip netns del "$NS1" 2>/dev/null
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+if ! ip netns add "$NS0" 2>/dev/null || ! ip netns add "$NS1" 2>/dev/null; then
+  echo "netns: cannot create network namespaces here: skipped"; exit 77
+fi
+ip link add "${TAG}0" type veth peer name "${TAG}1" || { echo "netns: no veth: skipped"; exit 77; }
+ip link set "${TAG}0" netns "$NS0"
+ip link set "${TAG}1" netns "$NS1"
+ip -n "$NS0" addr add 10.77.0.1/24 dev "${TAG}0"
+ip -n "$NS1" addr add 10.77.0.2/24 dev "${TAG}1"
+for ns in "$NS0" "$NS1"; do ip -n "$ns" link set lo up; done
+ip -n "$NS0" link set "${TAG}0" up
+ip -n "$NS1" link set "${TAG}1" up
+
+export SHOAL_AUTH_TOKEN=$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')
+export SHOAL_TIMEOUT=20s
+TRAIN=(train --strategy ddp --backend hierarchical --model mlp --epochs 1 --train-samples 4000
+       --test-samples 1000 --batch-size 32 --lr 0.05 --no-progress)
+# node NODE_RANK NS IFACE HOSTNAME LOG [extra train args...]
+node() {
+  local rank=$1 ns=$2 iface=$3 host=$4 log=$5
+  shift 5
+  ip netns exec "$ns" unshare --uts sh -c 'hostname "$0"; exec "$@"' "$host" \
+    env GLOO_SOCKET_IFNAME="$iface" "$SHOAL" run --nnodes 2 --node-rank "$rank" --nproc-per-node 2 \
+    --master-addr 10.77.0.1 --master-port 29777 "$SHOAL" "${TRAIN[@]}" "$@" >"$log" 2>&1
+}
+
+echo "netns: DDP across two namespaces"
+start=$(date +%s)
+node 0 "$NS0" "${TAG}0" node0 "$WORK/ok0.log" & p0=$!
+node 1 "$NS1" "${TAG}1" node1 "$WORK/ok1.log" & p1=$!
+wait $p0; s0=$?
+wait $p1; s1=$?
+echo "netns: nodes exited $s0 and $s1 after $(( $(date +%s) - start )) s"
+if [ $s0 -ne 0 ] || [ $s1 -ne 0 ]; then
+  echo "--- node 0"; tail -20 "$WORK/ok0.log"; echo "--- node 1"; tail -20 "$WORK/ok1.log"
+  exit 1
+fi
+grep -h "test accuracy\|final" "$WORK/ok0.log" | tail -2
+
+echo "netns: the link cut mid-run"
+start=$(date +%s)
+node 0 "$NS0" "${TAG}0" node0 "$WORK/cut0.log" --epochs 50 & p0=$!
+node 1 "$NS1" "${TAG}1" node1 "$WORK/cut1.log" --epochs 50 & p1=$!
+# Cut once training runs (the first epoch line or 15 s).
+for _ in $(seq 150); do grep -q "epoch\|step" "$WORK/cut0.log" 2>/dev/null && break; sleep 0.1; done
+sleep 2
+ip -n "$NS1" link set "${TAG}1" down
+cut=$(date +%s)
+wait $p0; s0=$?
+wait $p1; s1=$?
+took=$(( $(date +%s) - cut ))
+echo "netns: after the cut, nodes exited $s0 and $s1 within $took s"
+echo "--- node 0"; grep -h "rank" "$WORK/cut0.log" | grep -i "error\|timed out\|failed" | head -4
+echo "--- node 1"; grep -h "rank" "$WORK/cut1.log" | grep -i "error\|timed out\|failed" | head -4
+[ $s0 -ne 0 ] && [ $s1 -ne 0 ] || { echo "netns: a node succeeded although the link was cut"; exit 1; }
+[ $took -le 60 ] || { echo "netns: took $took s, more than the 20 s time-out allows"; exit 1; }
+grep -qi "rank" "$WORK/cut0.log" && grep -qi "rank" "$WORK/cut1.log" || exit 1
+echo "netns: ok"
