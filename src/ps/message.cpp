@@ -110,7 +110,7 @@ ReceiveResult receive_message(zmq::socket_t& socket, std::chrono::milliseconds t
   auto reject = [&](std::string why) {
     drain(socket, frame.more());
     result.error = std::move(why);
-    return result;
+    return std::move(result);
   };
   if (frame.size() != sizeof(Header)) {
     return reject("header of " + std::to_string(frame.size()) + " bytes, expected " +
@@ -156,7 +156,7 @@ ReceiveResult receive_message(zmq::socket_t& socket, std::chrono::milliseconds t
     auto fail = [&](std::string why) {
       drain(socket, more);
       result.error = std::move(why);
-      return result;
+      return std::move(result);
     };
     if (key.dtype != 0) return fail("key " + std::to_string(key.key) + ": unknown dtype");
     if (key.numel < 0 || key.offset < 0 || key.numel > limits.max_message_bytes / 4) {

@@ -338,31 +338,32 @@ struct Server::Impl {
     send_message(socket, pull.routing_id, out);
   }
 
-  void on_pull(InMessage& m) {
-    Deferred pull{m.routing_id, m.header};
+  // Answers `pull` (with parameters, or an error when it can never be served); false when it
+  // must wait.
+  bool try_answer(const Deferred& pull) {
     std::string error;
-    if (pull_ready(m.header.clock, &error)) {
+    if (pull_ready(pull.request.clock, &error)) {
       answer_pull(pull);
     } else if (!error.empty()) {
-      reply_error(m.routing_id, m.header, error);
+      reply_error(pull.routing_id, pull.request, error);
     } else {
-      deferred_pulls.push_back(std::move(pull));
-      std::lock_guard<std::mutex> lock(stats_mutex);
-      ++stats.deferred_pulls;
+      return false;
     }
+    return true;
+  }
+
+  void on_pull(InMessage& m) {
+    Deferred pull{m.routing_id, m.header};
+    if (try_answer(pull)) return;
+    deferred_pulls.push_back(std::move(pull));
+    std::lock_guard<std::mutex> lock(stats_mutex);
+    ++stats.deferred_pulls;
   }
 
   void serve_deferred() {
     std::vector<Deferred> still;
     for (Deferred& pull : deferred_pulls) {
-      std::string error;
-      if (pull_ready(pull.request.clock, &error)) {
-        answer_pull(pull);
-      } else if (!error.empty()) {
-        reply_error(pull.routing_id, pull.request, error);
-      } else {
-        still.push_back(std::move(pull));
-      }
+      if (!try_answer(pull)) still.push_back(std::move(pull));
     }
     deferred_pulls = std::move(still);
     serve_sums();

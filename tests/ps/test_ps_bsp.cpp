@@ -134,16 +134,20 @@ TEST(PsBsp, ResumesFromServerCheckpoints) {
   const std::string dir = shoal::testing::temp_path("ps-ckpt");
   std::filesystem::create_directories(dir);
   auto path = [&](int s) { return dir + "/server" + std::to_string(s) + ".pt"; };
-  {
+  // Servers that save to (or restore from) path(s), each with its own optimizer state.
+  auto start_servers = [&](testing::ServerSet& set, bool restore) {
     ServerOptions options = bsp_options(kWorkers);
-    testing::ServerSet set(0, options);
     for (int s = 0; s < kServers; ++s) {
       options.rank = s;
       options.optimizer = std::make_shared<Sgd>(SgdOptions{kLr, kMomentum});
-      options.checkpoint_path = path(s);
+      (restore ? options.restore_path : options.checkpoint_path) = path(s);
       set.servers.push_back(std::make_unique<Server>(options));
       set.servers.back()->start();
     }
+  };
+  {
+    testing::ServerSet set(0, bsp_options(kWorkers));
+    start_servers(set, /*restore=*/false);
     train_workers(set, data, kWorkers, 0, 20);
   }
   // The file is an ordinary dict of tensors (what torch.load returns), with the momentum buffers.
@@ -158,15 +162,8 @@ TEST(PsBsp, ResumesFromServerCheckpoints) {
       "; assert any(k.endswith('.momentum_buffer') for k in d)\" " + path(0);
   EXPECT_EQ(std::system(check.c_str()), 0) << check;
 
-  ServerOptions options = bsp_options(kWorkers);
-  testing::ServerSet set(0, options);
-  for (int s = 0; s < kServers; ++s) {
-    options.rank = s;
-    options.optimizer = std::make_shared<Sgd>(SgdOptions{kLr, kMomentum});
-    options.restore_path = path(s);
-    set.servers.push_back(std::make_unique<Server>(options));
-    set.servers.back()->start();
-  }
+  testing::ServerSet set(0, bsp_options(kWorkers));
+  start_servers(set, /*restore=*/true);
   const std::vector<testing::TinyNet> nets = train_workers(set, data, kWorkers, 20, kSteps);
   expect_equal_to_reference(nets, expected, "resumed after 20 steps");
   std::filesystem::remove_all(dir);

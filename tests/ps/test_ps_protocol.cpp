@@ -200,7 +200,7 @@ TEST(PsServer, RefusesPeersWithoutTheToken) {
     EXPECT_NE(std::string(e.what()).find("server 0"), std::string::npos) << e.what();
   }
   WorkerOptions none = testing::worker_options(set, 0, 1);
-  EXPECT_THROW(Worker(none, testing::named(*net)), InvalidArgument);
+  EXPECT_THROW({ Worker worker(none, testing::named(*net)); }, InvalidArgument);
   EXPECT_EQ(set.servers[0]->stats().auth_failures, 1);
 
   // A peer that skips the challenge cannot push or pull.
