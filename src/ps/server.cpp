@@ -356,6 +356,7 @@ struct Server::Impl {
     Deferred pull{m.routing_id, m.header};
     if (try_answer(pull)) return;
     deferred_pulls.push_back(std::move(pull));
+    if (!initialized) return;  // waiting for rank 0's weights is not a consistency hold-up
     std::lock_guard<std::mutex> lock(stats_mutex);
     ++stats.deferred_pulls;
   }
@@ -437,7 +438,11 @@ struct Server::Impl {
     bool changed = false;
     for (size_t r = 0; r < workers.size(); ++r) {
       WorkerState& w = workers[r];
-      if (!w.live() || waiting_ranks.count(static_cast<int>(r)) > 0) continue;
+      if (waiting_ranks.count(static_cast<int>(r)) > 0) {
+        w.last_seen = now;  // silent because it waits for us: its silence starts when answered
+        continue;
+      }
+      if (!w.live()) continue;
       if (now - w.last_seen < options.worker_timeout) continue;
       w.dead = true;
       changed = true;
