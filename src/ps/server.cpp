@@ -268,8 +268,11 @@ struct Server::Impl {
       }
       step.ranks.insert(rank);
     } else {
+      // Each push counts as 1/W of a step, so that one round of W pushes moves the weights as
+      // far as one bsp step (the mean gradient) and the same learning rate serves every mode.
       ++version;
-      for (size_t i = 0; i < m.keys.size(); ++i) apply(m.keys[i].key, m.tensor(i));
+      const double scale = 1.0 / options.num_workers;
+      for (size_t i = 0; i < m.keys.size(); ++i) apply(m.keys[i].key, m.tensor(i).mul(scale));
       std::lock_guard<std::mutex> lock(stats_mutex);
       ++stats.updates;
     }

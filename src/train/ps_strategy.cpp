@@ -56,6 +56,7 @@ PsStrategy::PsStrategy(ps::WorkerOptions options) : options_(std::move(options))
 PsStrategy::~PsStrategy() = default;
 
 void PsStrategy::prepare(TrainState& state) {
+  Strategy::prepare(state);  // the forward pass is the model's own
   std::vector<std::pair<std::string, at::Tensor>> parameters;
   std::vector<at::Tensor> tensors;
   for (const auto& item : state.model->named_parameters()) {

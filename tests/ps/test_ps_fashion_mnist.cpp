@@ -1,6 +1,6 @@
 // asp and ssp train on the real Fashion-MNIST to within one point of bsp's test accuracy after the
 // same number of epochs. To fit the test budget: the MLP (the CNN costs ~10x the compute per
-// sample here), 2 workers x batch 64 on the first 12000 training images for one epoch, the full
+// sample here), 2 workers x batch 64 on the first 8000 training images for one epoch, the full
 // 10000-image test set; the built-in Trainer with PsStrategy in each worker thread, one server.
 #include <gtest/gtest.h>
 
@@ -16,6 +16,7 @@ namespace shoal::ps {
 namespace {
 
 constexpr int kWorkers = 2;
+constexpr int64_t kTrainSamples = 8000;
 
 double train_accuracy(Consistency consistency, const train::TensorData& train_data,
                       const train::TensorData& test_data) {
@@ -54,8 +55,8 @@ TEST(PsFashionMnist, AspAndSspWithinOnePointOfBsp) {
   torch::set_num_threads(1);
   const data::FashionMnist train_set(data::FashionMnist::kDefaultRoot, true);
   const data::FashionMnist test_set(data::FashionMnist::kDefaultRoot, false);
-  const train::TensorData train_data{train_set.images().slice(0, 0, 12000),
-                                     train_set.targets().slice(0, 0, 12000)};
+  const train::TensorData train_data{train_set.images().slice(0, 0, kTrainSamples),
+                                     train_set.targets().slice(0, 0, kTrainSamples)};
   const train::TensorData test_data{test_set.images(), test_set.targets()};
   const double bsp = train_accuracy(Consistency::kBsp, train_data, test_data);
   const double asp = train_accuracy(Consistency::kAsp, train_data, test_data);
