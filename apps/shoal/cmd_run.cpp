@@ -12,6 +12,7 @@ namespace {
 
 struct RunArgs {
   int nproc_per_node = 1;
+  int num_servers = 0;
   int nnodes = 1;
   int node_rank = 0;
   std::string master_addr = "127.0.0.1";
@@ -34,6 +35,11 @@ void add_run_command(CLI::App& root, std::vector<Command>& commands) {
   app->add_option("--nproc-per-node,--nproc_per_node", args->nproc_per_node,
                   "worker processes on this node")
       ->capture_default_str();
+  app->add_option("--num-servers,--num_servers", args->num_servers,
+                  "parameter-server processes on this node (ROLE_NAME=server; the workers get\n"
+                  "ROLE_NAME=worker); both roles get SHOAL_PS_NUM_SERVERS and SHOAL_PS_NUM_WORKERS")
+      ->check(CLI::Range(0, 1024))
+      ->capture_default_str();
   app->add_option("--nnodes", args->nnodes, "number of nodes of the job")->capture_default_str();
   app->add_option("--node-rank,--node_rank", args->node_rank, "this node's index, 0..nnodes-1")
       ->capture_default_str();
@@ -52,7 +58,9 @@ void add_run_command(CLI::App& root, std::vector<Command>& commands) {
                   "when a worker fails, restart all workers up to this many times (they see "
                   "TORCHELASTIC_RESTART_COUNT and resume from their last checkpoint)")
       ->capture_default_str();
-  app->footer("Example: shoal run --nproc-per-node 2 ./train --epochs 3");
+  app->footer(
+      "Example: shoal run --nproc-per-node 2 ./train --epochs 3\n"
+      "         shoal run --nproc-per-node 2 --num-servers 1 ./ps_train   (parameter server)");
   // PROGRAM is the first positional word; it and every word after it (options included) are
   // the command. Extras are allowed so that "--" and unknown options reach the check below.
   app->add_option("command", args->command, "PROGRAM [ARGS...]");
@@ -65,8 +73,13 @@ void add_run_command(CLI::App& root, std::vector<Command>& commands) {
                                         word, "' (see shoal run --help)");
                         }
                         std::vector<std::string> command = args->command;
-                        auto options = launcher::LaunchOptions::workers(args->nproc_per_node,
-                                                                        std::move(command));
+                        auto options =
+                            args->num_servers > 0
+                                ? launcher::LaunchOptions::parameter_server(
+                                      args->nproc_per_node, args->num_servers, std::move(command),
+                                      args->nnodes)
+                                : launcher::LaunchOptions::workers(args->nproc_per_node,
+                                                                   std::move(command));
                         options.nnodes = args->nnodes;
                         options.node_rank = args->node_rank;
                         options.master_addr = args->master_addr;

@@ -21,7 +21,9 @@
 #include "shoal/comm/init.h"
 #include "shoal/launcher/launch.h"
 #include "shoal/models/registry.h"
+#include "shoal/ps/job.h"
 #include "shoal/train/ddp_strategy.h"
+#include "shoal/train/ps_strategy.h"
 #include "shoal/train/trainer.h"
 
 namespace shoal::cli {
@@ -33,7 +35,32 @@ struct TrainArgs {
   std::string backend = "auto";
   bool no_progress = false;
   int max_restarts = 0;
+  // --strategy ps
+  std::string consistency = "bsp";
+  int staleness = 2;
+  int servers = 1;
+  int workers = 2;
 };
+
+/// A parameter-server process of `shoal train --strategy ps`: serves the workers with SGD of the
+/// run's learning rate and momentum, and says what it observed.
+int run_ps_server(const train::TrainOptions& options, const TrainArgs& args) {
+  const ps::Job job = ps::job_from_env();
+  if (options.threads > 0) torch::set_num_threads(options.threads);
+  ps::ServerOptions server;
+  server.consistency = ps::parse_consistency(args.consistency);
+  server.staleness = args.staleness;
+  server.optimizer = std::make_shared<ps::Sgd>(ps::SgdOptions{options.lr, options.momentum});
+  const ps::ServerStats stats = ps::serve(job, server);
+  std::fprintf(stderr,
+               "ps server %d: %lld pushes, %lld updates, max staleness %lld, %lld pulls waited, "
+               "%lld messages rejected, %zu workers presumed dead\n",
+               job.role_rank, static_cast<long long>(stats.pushes),
+               static_cast<long long>(stats.updates), static_cast<long long>(stats.max_staleness),
+               static_cast<long long>(stats.deferred_pulls), static_cast<long long>(stats.rejected),
+               stats.dead_workers.size());
+  return 0;
+}
 
 /// True when a launcher (shoal run, torchrun, mpirun, SLURM's srun) started this process as a rank.
 bool started_as_rank() {
@@ -108,8 +135,9 @@ void add_train_command(CLI::App& root, std::vector<Command>& commands) {
       "cores divided among the processes on it");
   app->add_option("--strategy", args->strategy,
                   "single: one process; ddp: DistributedDataParallel over --nproc-per-node\n"
-                  "processes on this host (or the ranks of shoal run / torchrun / mpirun)")
-      ->check(CLI::IsMember({"single", "ddp"}))
+                  "processes on this host (or the ranks of shoal run / torchrun / mpirun);\n"
+                  "ps: parameter server, --servers S and --workers W processes")
+      ->check(CLI::IsMember({"single", "ddp", "ps"}))
       ->capture_default_str();
   auto* nproc = app->add_option("--nproc-per-node,--nproc_per_node", args->nproc_per_node,
                                 "With --strategy ddp started directly: processes to launch on "
@@ -123,6 +151,21 @@ void add_train_command(CLI::App& root, std::vector<Command>& commands) {
   app->add_option("--backend", args->backend,
                   "Process-group backend for ddp: auto (shm on one host), shm, gloo, mpi")
       ->check(CLI::IsMember({"auto", "shm", "gloo", "mpi", "hierarchical"}))
+      ->capture_default_str();
+  app->add_option("--consistency", args->consistency,
+                  "With --strategy ps: bsp (synchronous, DDP's math), asp (asynchronous) or ssp\n"
+                  "(bounded staleness, see --staleness)")
+      ->check(CLI::IsMember({"bsp", "asp", "ssp"}))
+      ->capture_default_str();
+  app->add_option("--staleness", args->staleness,
+                  "With --consistency ssp: how many clocks the fastest worker may run ahead")
+      ->check(CLI::Range(0, 1000000))
+      ->capture_default_str();
+  app->add_option("--servers", args->servers, "With --strategy ps: parameter-server processes")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
+  app->add_option("--workers", args->workers, "With --strategy ps: worker processes")
+      ->check(CLI::Range(1, 1024))
       ->capture_default_str();
   app->add_option("--checkpoint-dir", options->checkpoint_dir,
                   "Save a checkpoint (torch.save format) here after every epoch; rank 0 writes")
@@ -173,12 +216,14 @@ void add_train_command(CLI::App& root, std::vector<Command>& commands) {
       "  shoal train --model cnn --epochs 2\n"
       "  shoal train --strategy ddp --nproc-per-node 2 --model cnn --checkpoint-dir ckpt\n"
       "  shoal train --strategy ddp --nproc-per-node 2 --checkpoint-dir ckpt --resume\n"
-      "  shoal run --nproc-per-node 2 shoal train --strategy ddp");
+      "  shoal run --nproc-per-node 2 shoal train --strategy ddp\n"
+      "  shoal train --strategy ps --consistency ssp --staleness 2 --servers 2 --workers 4");
 
   commands.push_back({app, [options, args, threads, nproc, epochs, batch_size, lr, momentum,
                             seed] {
                         if (args->no_progress) options->progress = train::ProgressMode::kNone;
                         const bool ddp = args->strategy == "ddp";
+                        const bool ps_job = args->strategy == "ps";
                         const bool as_rank = started_as_rank();
                         // Independent copies of one training are never what was meant.
                         SHOAL_CHECK_T(InvalidArgument, ddp || nproc->count() == 0,
@@ -187,7 +232,7 @@ void add_train_command(CLI::App& root, std::vector<Command>& commands) {
                                       "train alone)");
                         const comm::RankInfo rank_info =
                             as_rank ? comm::detect_rank_info() : comm::RankInfo{};
-                        SHOAL_CHECK_T(InvalidArgument, ddp || rank_info.world_size == 1,
+                        SHOAL_CHECK_T(InvalidArgument, ddp || ps_job || rank_info.world_size == 1,
                                       "started as rank ", rank_info.rank, " of ",
                                       rank_info.world_size,
                                       " by a launcher, but --strategy is single: pass --strategy "
@@ -236,6 +281,22 @@ void add_train_command(CLI::App& root, std::vector<Command>& commands) {
                           comm::InitOptions init;
                           init.backend = args->backend;
                           strategy = std::make_unique<train::DdpStrategy>(init);
+                        }
+                        if (args->strategy == "ps") {
+                          SHOAL_CHECK_T(InvalidArgument, options->checkpoint_dir.empty(),
+                                        "--strategy ps does not save checkpoints through the "
+                                        "trainer yet; drop --checkpoint-dir");
+                          if (!started_as_rank()) {
+                            auto launch = launcher::LaunchOptions::parameter_server(
+                                args->workers, args->servers, own_command_line());
+                            launch.master_port = 0;
+                            launch.log_name = "shoal train";
+                            launch.verbose = false;
+                            return launcher::launch(launch);
+                          }
+                          if (threads->count() == 0) options->threads = 1;
+                          if (ps::job_from_env().is_server()) return run_ps_server(*options, *args);
+                          strategy = std::make_unique<train::PsStrategy>();
                         }
                         const bool reports = !strategy || strategy->rank() == 0;
                         const train::TrainResult result =

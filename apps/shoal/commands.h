@@ -21,5 +21,6 @@ void add_ckpt_command(CLI::App& root, std::vector<Command>& commands);    // cmd
 void add_plot_command(CLI::App& root, std::vector<Command>& commands);    // cmd_plot.cpp
 void add_bench_allreduce_command(CLI::App& bench, std::vector<Command>& commands);  // bench_allreduce.cpp
 void add_bench_ddp_command(CLI::App& bench, std::vector<Command>& commands);        // bench_ddp.cpp
+void add_bench_ps_command(CLI::App& bench, std::vector<Command>& commands);         // bench_ps.cpp
 
 }  // namespace shoal::cli

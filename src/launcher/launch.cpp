@@ -32,8 +32,8 @@ constexpr int kMaxProcessesPerNode = 65536;
 void validate(const LaunchOptions& options) {
   SHOAL_CHECK_T(InvalidArgument, !options.roles.empty(), "nothing to launch: give a program to run");
   for (const RoleSpec& role : options.roles) {
-    SHOAL_CHECK_T(InvalidArgument, role.name == "worker", "role '", role.name,
-                  "' is not supported yet; only 'worker' processes can be launched");
+    SHOAL_CHECK_T(InvalidArgument, role.name == "worker" || role.name == "server", "role '",
+                  role.name, "' is not supported; roles are 'worker' and 'server'");
     SHOAL_CHECK_T(InvalidArgument,
                   role.nproc_per_node >= 1 && role.nproc_per_node <= kMaxProcessesPerNode,
                   "--nproc-per-node ", role.nproc_per_node, " is out of range; give 1 to ",
@@ -41,8 +41,8 @@ void validate(const LaunchOptions& options) {
     SHOAL_CHECK_T(InvalidArgument, !role.command.empty() && !role.command[0].empty(),
                   "no program given; write: shoal run --nproc-per-node N PROGRAM [ARGS...]");
   }
-  SHOAL_CHECK_T(InvalidArgument, options.roles.size() == 1,
-                "only one role can be launched today");
+  SHOAL_CHECK_T(InvalidArgument, options.roles.front().name == "worker",
+                "the first role must be 'worker' (ranks 0.. are the workers; servers follow)");
   SHOAL_CHECK_T(InvalidArgument, options.nnodes >= 1, "--nnodes ", options.nnodes,
                 " must be at least 1");
   SHOAL_CHECK_T(InvalidArgument, options.node_rank >= 0 && options.node_rank < options.nnodes,
@@ -91,9 +91,10 @@ std::vector<WorkerSpec> plan_workers(const LaunchOptions& options, int master_po
     const char* eq = std::strchr(*var, '=');
     if (eq != nullptr) base[std::string(*var, static_cast<size_t>(eq - *var))] = eq + 1;
   }
-  const RoleSpec& role = options.roles.front();
-  const std::string program = resolve_program(role.command.front());
-  const int local_size = role.nproc_per_node;
+  // Ranks: this node's processes of every role, in role order (workers first, then servers);
+  // ROLE_RANK and ROLE_WORLD_SIZE count within the role, as under torchrun.
+  int local_size = 0;
+  for (const RoleSpec& role : options.roles) local_size += role.nproc_per_node;
   const int world_size = options.nnodes * local_size;
   std::string token = security::token_from_env();
   SHOAL_CHECK_T(InvalidArgument, !token.empty() || options.nnodes == 1, "a job on ", options.nnodes,
@@ -102,36 +103,43 @@ std::vector<WorkerSpec> plan_workers(const LaunchOptions& options, int master_po
   if (token.empty()) token = security::generate_token();
 
   std::vector<WorkerSpec> specs;
-  for (int local_rank = 0; local_rank < local_size; ++local_rank) {
-    const int rank = options.node_rank * local_size + local_rank;
-    auto env = base;
-    env["RANK"] = std::to_string(rank);
-    env["LOCAL_RANK"] = std::to_string(local_rank);
-    env["WORLD_SIZE"] = std::to_string(world_size);
-    env["LOCAL_WORLD_SIZE"] = std::to_string(local_size);
-    env["GROUP_RANK"] = std::to_string(options.node_rank);
-    env["GROUP_WORLD_SIZE"] = std::to_string(options.nnodes);
-    env["ROLE_NAME"] = role.name;
-    env["ROLE_RANK"] = std::to_string(rank);
-    env["ROLE_WORLD_SIZE"] = std::to_string(world_size);
-    env["MASTER_ADDR"] = options.master_addr;
-    env["MASTER_PORT"] = std::to_string(master_port);
-    // The job's token: every store connection proves it knows it (security/auth_token.h). One
-    // given to the launcher (e.g. the same on every node) is passed on as it is.
-    env[security::kTokenEnv] = token;
-    env["TORCHELASTIC_RESTART_COUNT"] = std::to_string(restart);
-    env["TORCHELASTIC_MAX_RESTARTS"] = std::to_string(options.max_restarts);
-    if (base.count("OMP_NUM_THREADS") == 0) env["OMP_NUM_THREADS"] = "1";
-    for (const auto& [name, value] : role.env) env[name] = value;
+  int local_rank = 0;
+  for (const RoleSpec& role : options.roles) {
+    const std::string program = resolve_program(role.command.front());
+    const int role_world_size = options.nnodes * role.nproc_per_node;
+    for (int role_local = 0; role_local < role.nproc_per_node; ++role_local, ++local_rank) {
+      const int rank = options.node_rank * local_size + local_rank;
+      const int role_rank = options.node_rank * role.nproc_per_node + role_local;
+      auto env = base;
+      env["RANK"] = std::to_string(rank);
+      env["LOCAL_RANK"] = std::to_string(local_rank);
+      env["WORLD_SIZE"] = std::to_string(world_size);
+      env["LOCAL_WORLD_SIZE"] = std::to_string(local_size);
+      env["GROUP_RANK"] = std::to_string(options.node_rank);
+      env["GROUP_WORLD_SIZE"] = std::to_string(options.nnodes);
+      env["ROLE_NAME"] = role.name;
+      env["ROLE_RANK"] = std::to_string(role_rank);
+      env["ROLE_WORLD_SIZE"] = std::to_string(role_world_size);
+      env["MASTER_ADDR"] = options.master_addr;
+      env["MASTER_PORT"] = std::to_string(master_port);
+      // The job's token: every store connection proves it knows it (security/auth_token.h). One
+      // given to the launcher (e.g. the same on every node) is passed on as it is.
+      env[security::kTokenEnv] = token;
+      env["TORCHELASTIC_RESTART_COUNT"] = std::to_string(restart);
+      env["TORCHELASTIC_MAX_RESTARTS"] = std::to_string(options.max_restarts);
+      if (base.count("OMP_NUM_THREADS") == 0) env["OMP_NUM_THREADS"] = "1";
+      for (const auto& [name, value] : role.env) env[name] = value;
 
-    WorkerSpec spec;
-    spec.role = role.name;
-    spec.rank = rank;
-    spec.label = "rank " + std::to_string(rank);
-    spec.program = program;
-    spec.argv = role.command;
-    for (const auto& [name, value] : env) spec.env.push_back(name + "=" + value);
-    specs.push_back(std::move(spec));
+      WorkerSpec spec;
+      spec.role = role.name;
+      spec.rank = rank;
+      spec.label = role.name == "worker" ? "rank " + std::to_string(rank)
+                                         : role.name + " " + std::to_string(role_rank);
+      spec.program = program;
+      spec.argv = role.command;
+      for (const auto& [name, value] : env) spec.env.push_back(name + "=" + value);
+      specs.push_back(std::move(spec));
+    }
   }
   return specs;
 }
@@ -189,6 +197,21 @@ LaunchOptions LaunchOptions::workers(int nproc_per_node, std::vector<std::string
   return options;
 }
 
+LaunchOptions LaunchOptions::parameter_server(int workers, int servers,
+                                              std::vector<std::string> command, int nnodes) {
+  LaunchOptions options = LaunchOptions::workers(workers, std::move(command));
+  options.nnodes = nnodes;
+  RoleSpec server_role = options.roles.front();
+  server_role.name = "server";
+  server_role.nproc_per_node = servers;
+  options.roles.push_back(std::move(server_role));
+  for (RoleSpec& role : options.roles) {
+    role.env.emplace_back("SHOAL_PS_NUM_SERVERS", std::to_string(servers * nnodes));
+    role.env.emplace_back("SHOAL_PS_NUM_WORKERS", std::to_string(workers * nnodes));
+  }
+  return options;
+}
+
 std::string self_executable() {
   std::error_code error;
   const auto path = std::filesystem::read_symlink("/proc/self/exe", error);
@@ -238,7 +261,8 @@ int launch(const LaunchOptions& options) {
   validate(options);
   int master_port = options.master_port != 0 ? options.master_port : pick_free_port();
 
-  const int local_size = options.roles.front().nproc_per_node;
+  int local_size = 0;
+  for (const RoleSpec& role : options.roles) local_size += role.nproc_per_node;
   if (options.verbose && local_size > 1 && std::getenv("OMP_NUM_THREADS") == nullptr) {
     say(options, "setting OMP_NUM_THREADS=1 for each worker so that " + std::to_string(local_size) +
                      " workers do not oversubscribe the cores; set OMP_NUM_THREADS to choose");

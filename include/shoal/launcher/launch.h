@@ -10,9 +10,10 @@
 // When a worker fails, the others get SIGTERM and, after the grace period, SIGKILL; launch()
 // returns the failing worker's exit status (128 + signal number for a signal).
 //
-// The job is described as a list of roles (only "worker" today; a parameter server's "server"
-// role later) and one attempt runs the whole worker set, so that a restart loop around it
-// (`--max-restarts`) can be added without changing the interface.
+// The job is described as a list of roles: "worker" first, then optionally a parameter server's
+// "server" role (`shoal run --num-servers S`). RANK counts every process of the job (workers
+// first), ROLE_RANK / ROLE_WORLD_SIZE count within the role. One attempt runs the whole set, so
+// that a restart loop around it (`--max-restarts`) can be added without changing the interface.
 //
 // Thread safety: launch() installs SIGINT/SIGTERM/SIGCHLD handlers for its duration and restores
 // the previous ones afterwards; only one launch() may run in a process at a time (a second one
@@ -28,7 +29,7 @@ namespace shoal::launcher {
 
 /// One kind of process of the job and how many of it run on each node.
 struct RoleSpec {
-  /// "worker" (the only role supported today).
+  /// "worker" (the first role) or "server".
   std::string name = "worker";
   /// Processes of this role on each node.
   int nproc_per_node = 1;
@@ -46,7 +47,7 @@ struct LaunchOptions {
   std::string master_addr = "127.0.0.1";
   /// 0 picks a free port (single-node jobs only: other nodes could not know it).
   int master_port = 29500;
-  /// What to start; today exactly one role, "worker".
+  /// What to start: "worker", then optionally "server".
   std::vector<RoleSpec> roles;
   /// Prefix every output line of a worker with "[rank N] " (stdout and stderr kept apart).
   bool prefix_output = true;
@@ -64,6 +65,10 @@ struct LaunchOptions {
 
   /// The common case: `nproc_per_node` workers running `command` on one node.
   static LaunchOptions workers(int nproc_per_node, std::vector<std::string> command);
+  /// A parameter-server job: `workers` worker and `servers` server processes per node running
+  /// `command`, both roles told SHOAL_PS_NUM_WORKERS and SHOAL_PS_NUM_SERVERS (job totals).
+  static LaunchOptions parameter_server(int workers, int servers, std::vector<std::string> command,
+                                        int nnodes = 1);
 };
 
 /// Starts the job's processes on this node, waits for them and returns the job's exit status:

@@ -1,0 +1,276 @@
+// `shoal bench ps`: the parameter server against DDP on the same model, workers and machine.
+//
+// Part 1, throughput: `shoal train` is run as fresh processes for --strategy ddp and for
+// --strategy ps under bsp, asp and ssp (same model, workers, batch, samples, one thread per
+// process) and each epoch's samples/s is read from its metrics file. bsp does DDP's math, but
+// every step sends all gradients to the servers and all parameters back through them (2x the
+// model per worker per step over TCP, serialized at the servers), where DDP's shared-memory
+// allreduce moves each byte once between peers and overlaps it with backward; so bsp is expected
+// to be slower, and the ratio says by how much.
+//
+// Part 2, time to accuracy with one worker slowed 2x (the case asynchrony is for): servers and
+// workers are threads of this process; the last worker sleeps as long as each of its steps took
+// to compute. Every mode trains for the same wall time; worker 0 keeps a timestamped copy of its
+// weights every few steps, evaluated afterwards on the test set (so evaluation costs training
+// nothing), and the report gives the first time each mode reached --target.
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <torch/torch.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <mutex>
+#include <regex>
+#include <sstream>
+#include <thread>
+
+#include "commands.h"
+#include "shoal/data/fashion_mnist.h"
+#include "shoal/error.h"
+#include "shoal/launcher/launch.h"
+#include "shoal/models/registry.h"
+#include "shoal/ps/server.h"
+#include "shoal/ps/worker.h"
+#include "shoal/train/metrics_writer.h"
+#include "shoal/train/trainer.h"
+
+namespace shoal::cli {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct PsBenchArgs {
+  std::string model = "mlp";
+  int workers = 2;
+  int servers = 1;
+  int staleness = 2;
+  int batch = 64;
+  int64_t train_samples = 12000;
+  double lr = 0.05;
+  double momentum = 0.9;
+  double target = 0.78;
+  double seconds = 30;
+  bool json = false;
+  bool skip_throughput = false;
+};
+
+void report(const PsBenchArgs& args, const train::JsonLine& line, const std::string& text) {
+  if (args.json) {
+    std::printf("%s\n", line.str().c_str());
+  } else {
+    std::printf("%s\n", text.c_str());
+  }
+  std::fflush(stdout);
+}
+
+// samples/s of one `shoal train` run (its first epoch), or -1 when it failed.
+double train_throughput(const PsBenchArgs& args, const std::string& strategy_args) {
+  char metrics[] = "/tmp/shoal-bench-ps-XXXXXX";
+  const int fd = ::mkstemp(metrics);
+  SHOAL_CHECK(fd >= 0, "bench ps: cannot create a temporary file");
+  ::close(fd);
+  const std::string command =
+      launcher::self_executable() + " train " + strategy_args + " --model " + args.model +
+      " --epochs 1 --train-samples " + std::to_string(args.train_samples) +
+      " --test-samples 1000 --batch-size " + std::to_string(args.batch) + " --lr " +
+      std::to_string(args.lr) + " --momentum " + std::to_string(args.momentum) +
+      " --threads 1 --no-progress --log-interval 0 --metrics " + metrics + " >/dev/null 2>&1";
+  const int status = std::system(command.c_str());
+  std::ifstream in(metrics);
+  std::stringstream text;
+  text << in.rdbuf();
+  ::unlink(metrics);
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) return -1;
+  std::smatch match;
+  const std::string all = text.str();
+  if (!std::regex_search(all, match, std::regex("\"samples_per_s\":\\s*([0-9.eE+-]+)"))) return -1;
+  return std::stod(match[1]);
+}
+
+struct Snapshot {
+  double seconds;
+  std::vector<at::Tensor> weights;
+};
+
+// Trains for args.seconds with the last worker slowed 2x; returns worker 0's snapshots.
+std::vector<Snapshot> train_slowed(const PsBenchArgs& args, ps::Consistency consistency,
+                                   const train::TensorData& train_data, int64_t* total_steps) {
+  ps::ServerOptions options;
+  options.num_workers = args.workers;
+  options.consistency = consistency;
+  options.staleness = args.staleness;
+  options.optimizer = std::make_shared<ps::Sgd>(ps::SgdOptions{args.lr, args.momentum});
+  options.verbose = false;
+  std::vector<std::unique_ptr<ps::Server>> servers;
+  std::vector<std::string> endpoints;
+  for (int s = 0; s < args.servers; ++s) {
+    options.rank = s;
+    servers.push_back(std::make_unique<ps::Server>(options));
+    endpoints.push_back(servers.back()->endpoint());
+    servers.back()->start();
+  }
+  std::atomic<bool> stop{false};
+  std::atomic<int64_t> steps{0};
+  std::vector<Snapshot> snapshots;
+  std::mutex snapshot_mutex;
+  std::vector<std::string> errors(static_cast<size_t>(args.workers));
+  const Clock::time_point start = Clock::now();
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < args.workers; ++rank) {
+    threads.emplace_back([&, rank] {
+      try {
+        auto model = models::create(args.model, /*seed=*/0);
+        std::vector<std::pair<std::string, at::Tensor>> named;
+        for (const auto& item : model->named_parameters()) named.emplace_back(item.key(), item.value());
+        ps::WorkerOptions wo;
+        wo.servers = endpoints;
+        wo.rank = rank;
+        wo.num_workers = args.workers;
+        ps::Worker worker(wo, named);
+        worker.init();
+        const int64_t n = train_data.size();
+        const at::Tensor order = train::shuffled_indices(n, 0, 0);
+        int64_t position = rank * args.batch;
+        const bool slowed = rank == args.workers - 1;
+        for (int64_t step = 0; !stop.load(); ++step) {
+          if (position + args.batch > n) position = rank * args.batch;
+          const at::Tensor idx = order.slice(0, position, position + args.batch);
+          position += int64_t{args.batch} * args.workers;
+          const Clock::time_point compute_start = Clock::now();
+          model->zero_grad();
+          torch::nn::functional::cross_entropy(model->forward(train_data.inputs.index_select(0, idx)),
+                                               train_data.targets.index_select(0, idx))
+              .backward();
+          if (slowed) std::this_thread::sleep_for(Clock::now() - compute_start);
+          worker.step();
+          ++steps;
+          if (rank == 0 && step % 5 == 0) {
+            Snapshot snap;
+            snap.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+            for (const auto& p : model->parameters()) snap.weights.push_back(p.detach().clone());
+            std::lock_guard<std::mutex> lock(snapshot_mutex);
+            snapshots.push_back(std::move(snap));
+          }
+        }
+        worker.close();
+      } catch (const std::exception& e) {
+        errors[static_cast<size_t>(rank)] = e.what();
+        stop.store(true);
+      }
+    });
+  }
+  while (!stop.load() &&
+         std::chrono::duration<double>(Clock::now() - start).count() < args.seconds) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  stop.store(true);
+  for (auto& t : threads) t.join();
+  for (auto& s : servers) s->join();
+  for (const std::string& e : errors) SHOAL_CHECK(e.empty(), "bench ps: ", e);
+  *total_steps = steps.load();
+  return snapshots;
+}
+
+int run_bench_ps(const PsBenchArgs& args) {
+  torch::set_num_threads(1);
+  const std::string common = " --workers " + std::to_string(args.workers) + " --servers " +
+                             std::to_string(args.servers);
+  if (!args.skip_throughput) {
+    const double ddp = train_throughput(
+        args, "--strategy ddp --nproc-per-node " + std::to_string(args.workers));
+    report(args, train::JsonLine().add("part", "throughput").add("mode", "ddp").add("samples_per_s", ddp),
+           "throughput  ddp  " + std::to_string(ddp) + " samples/s");
+    for (const char* mode : {"bsp", "asp", "ssp"}) {
+      const double rate = train_throughput(
+          args, std::string("--strategy ps --consistency ") + mode + " --staleness " +
+                    std::to_string(args.staleness) + common);
+      report(args,
+             train::JsonLine()
+                 .add("part", "throughput")
+                 .add("mode", mode)
+                 .add("samples_per_s", rate)
+                 .add("vs_ddp", ddp > 0 ? rate / ddp : 0.0),
+             std::string("throughput  ") + mode + "  " + std::to_string(rate) + " samples/s (" +
+                 std::to_string(ddp > 0 ? rate / ddp : 0.0) + " x ddp)");
+    }
+  }
+
+  const data::FashionMnist train_set(data::FashionMnist::kDefaultRoot, /*train=*/true);
+  const data::FashionMnist test_set(data::FashionMnist::kDefaultRoot, /*train=*/false);
+  const int64_t n = std::min<int64_t>(args.train_samples, train_set.images().size(0));
+  const train::TensorData train_data{train_set.images().slice(0, 0, n),
+                                     train_set.targets().slice(0, 0, n)};
+  const train::TensorData test_data{test_set.images().slice(0, 0, 2000),
+                                    test_set.targets().slice(0, 0, 2000)};
+  double bsp_time = -1;
+  for (const ps::Consistency mode :
+       {ps::Consistency::kBsp, ps::Consistency::kAsp, ps::Consistency::kSsp}) {
+    int64_t steps = 0;
+    const std::vector<Snapshot> snapshots = train_slowed(args, mode, train_data, &steps);
+    auto model = models::create(args.model, 0);
+    double reached = -1;
+    double best = 0;
+    for (const Snapshot& snap : snapshots) {
+      {
+        torch::NoGradGuard no_grad;
+        auto params = model->parameters();
+        for (size_t i = 0; i < params.size(); ++i) params[i].copy_(snap.weights[i]);
+      }
+      const train::EvalResult eval = train::evaluate(
+          *model, [&](const at::Tensor& x) { return model->forward(x); }, test_data, 500);
+      best = std::max(best, eval.accuracy);
+      if (eval.accuracy >= args.target) {
+        reached = snap.seconds;
+        break;
+      }
+    }
+    if (mode == ps::Consistency::kBsp) bsp_time = reached;
+    const char* name = ps::consistency_name(mode);
+    report(args,
+           train::JsonLine()
+               .add("part", "time_to_accuracy")
+               .add("mode", name)
+               .add("target", args.target)
+               .add("seconds", reached)
+               .add("best_accuracy", best)
+               .add("steps", steps)
+               .add("speedup_vs_bsp", reached > 0 && bsp_time > 0 ? bsp_time / reached : 0.0),
+           std::string("time to ") + std::to_string(args.target) + "  " + name + "  " +
+               (reached > 0 ? std::to_string(reached) + " s" : std::string("not reached")) +
+               " (best " + std::to_string(best) + ", " + std::to_string(steps) + " steps" +
+               (reached > 0 && bsp_time > 0
+                    ? ", " + std::to_string(bsp_time / reached) + " x bsp's speed)"
+                    : ")"));
+  }
+  return 0;
+}
+
+}  // namespace
+
+void add_bench_ps_command(CLI::App& bench, std::vector<Command>& commands) {
+  auto args = std::make_shared<PsBenchArgs>();
+  auto* app = bench.add_subcommand(
+      "ps", "Parameter server: samples/s of bsp/asp/ssp vs DDP, and time to accuracy with one "
+            "worker slowed 2x");
+  app->add_option("--model", args->model, "mlp or cnn")->capture_default_str();
+  app->add_option("--workers", args->workers, "worker processes/threads")->capture_default_str();
+  app->add_option("--servers", args->servers, "parameter servers")->capture_default_str();
+  app->add_option("--staleness", args->staleness, "ssp's bound")->capture_default_str();
+  app->add_option("--batch", args->batch, "batch per worker")->capture_default_str();
+  app->add_option("--train-samples", args->train_samples, "training images used")
+      ->capture_default_str();
+  app->add_option("--lr", args->lr, "SGD learning rate")->capture_default_str();
+  app->add_option("--momentum", args->momentum, "SGD momentum")->capture_default_str();
+  app->add_option("--target", args->target, "test accuracy to reach (part 2)")
+      ->capture_default_str();
+  app->add_option("--seconds", args->seconds, "training time per mode (part 2)")
+      ->capture_default_str();
+  app->add_flag("--skip-throughput", args->skip_throughput, "only part 2");
+  app->add_flag("--json", args->json, "one JSON object per line");
+  commands.push_back({app, [args] { return run_bench_ps(*args); }});
+}
+
+}  // namespace shoal::cli

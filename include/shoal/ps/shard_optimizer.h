@@ -1,0 +1,50 @@
+// The optimizer a parameter server applies to the key ranges it owns. Its state (momentum
+// buffers, ...) lives on the server, keyed by key id, and is saved with the shard.
+//
+// To add an optimizer, derive from ShardOptimizer: step() updates one key range in place from
+// its gradient; state() / load_state() expose the per-key tensors for checkpoints.
+//
+// Thread safety: used by one server thread.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+
+namespace shoal::ps {
+
+class ShardOptimizer {
+ public:
+  virtual ~ShardOptimizer() = default;
+  /// Updates `param` (a flat float32 range, in place) with `grad` (same shape).
+  virtual void step(uint32_t key, at::Tensor& param, const at::Tensor& grad) = 0;
+  /// Per-key state tensors by name ("momentum_buffer"); empty when the key has none yet.
+  virtual std::map<std::string, at::Tensor> state(uint32_t key) const = 0;
+  /// Restores what state() returned.
+  virtual void load_state(uint32_t key, const std::map<std::string, at::Tensor>& state) = 0;
+};
+
+/// torch.optim.SGD's update (dampening 0, no Nesterov, no weight decay):
+/// buf = grad on the first step, else momentum * buf + grad; param -= lr * buf.
+struct SgdOptions {
+  double lr = 0.01;
+  double momentum = 0;
+};
+
+class Sgd : public ShardOptimizer {
+ public:
+  explicit Sgd(SgdOptions options) : options_(options) {}
+  void step(uint32_t key, at::Tensor& param, const at::Tensor& grad) override;
+  std::map<std::string, at::Tensor> state(uint32_t key) const override;
+  void load_state(uint32_t key, const std::map<std::string, at::Tensor>& state) override;
+  const SgdOptions& options() const { return options_; }
+
+ private:
+  SgdOptions options_;
+  std::map<uint32_t, at::Tensor> momentum_buffers_;
+};
+
+}  // namespace shoal::ps

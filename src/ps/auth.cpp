@@ -1,0 +1,40 @@
+#include "ps/auth.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <random>
+
+namespace shoal::ps {
+namespace {
+// Domain separation: an answer computed here is useless for any other protocol using the token.
+constexpr char kContext[] = "shoal-ps-auth-v1";
+}  // namespace
+
+std::string auth_token_from_env() {
+  const char* token = std::getenv("SHOAL_AUTH_TOKEN");
+  return token != nullptr ? std::string(token) : std::string();
+}
+
+Challenge make_challenge() {
+  std::random_device device;
+  Challenge challenge;
+  for (size_t i = 0; i < challenge.size(); i += 4) {
+    const uint32_t word = device();
+    std::memcpy(challenge.data() + i, &word, 4);
+  }
+  return challenge;
+}
+
+Digest auth_response(std::string_view token, const Challenge& challenge) {
+  uint8_t message[sizeof(kContext) - 1 + 32];
+  std::memcpy(message, kContext, sizeof(kContext) - 1);
+  std::memcpy(message + sizeof(kContext) - 1, challenge.data(), challenge.size());
+  return hmac_sha256(token, message, sizeof(message));
+}
+
+bool check_auth_response(std::string_view token, const Challenge& challenge,
+                         const Digest& response) {
+  return digests_equal(auth_response(token, challenge), response);
+}
+
+}  // namespace shoal::ps

@@ -1,0 +1,80 @@
+#include "shoal/train/ps_strategy.h"
+
+#include <torch/optim/optimizer.h>
+
+#include "shoal/error.h"
+#include "shoal/train/distributed_indices.h"
+#include "shoal/train/trainer.h"
+
+namespace shoal::train {
+namespace {
+
+// No options of its own: the learning rate and momentum are the servers'.
+struct PsOptimizerOptions : torch::optim::OptimizerCloneableOptions<PsOptimizerOptions> {};
+
+// The trainer's optimizer under a parameter server: step() is push + pull; the update itself
+// happens on the servers.
+class PsOptimizer : public torch::optim::Optimizer {
+ public:
+  PsOptimizer(std::vector<at::Tensor> params, ps::Worker* worker)
+      : Optimizer({torch::optim::OptimizerParamGroup(std::move(params))},
+                  std::make_unique<PsOptimizerOptions>()),
+        worker_(worker) {}
+
+  at::Tensor step(LossClosure closure) override {
+    at::Tensor loss;
+    if (closure) loss = closure();
+    worker_->step();
+    return loss;
+  }
+  void save(torch::serialize::OutputArchive&) const override {}
+  void load(torch::serialize::InputArchive&) override {}
+
+ private:
+  ps::Worker* worker_;
+};
+
+ps::WorkerOptions options_from_job() {
+  const ps::Job job = ps::job_from_env();
+  SHOAL_CHECK_T(InvalidArgument, !job.is_server(),
+                "PsStrategy: this process is a server (ROLE_NAME=server); run ps::serve()");
+  ps::WorkerOptions options;
+  options.rank = job.role_rank;
+  options.num_workers = job.num_workers;
+  options.servers = ps::server_endpoints(job);
+  return options;
+}
+
+}  // namespace
+
+PsStrategy::PsStrategy() : PsStrategy(options_from_job()) {}
+
+PsStrategy::PsStrategy(ps::WorkerOptions options) : options_(std::move(options)) {
+  SHOAL_CHECK_T(InvalidArgument, !options_.servers.empty(), "PsStrategy: no server given");
+}
+
+PsStrategy::~PsStrategy() = default;
+
+void PsStrategy::prepare(TrainState& state) {
+  Strategy::prepare(state);  // the forward pass is the model's own
+  std::vector<std::pair<std::string, at::Tensor>> parameters;
+  std::vector<at::Tensor> tensors;
+  for (const auto& item : state.model->named_parameters()) {
+    parameters.emplace_back(item.key(), item.value());
+    tensors.push_back(item.value());
+  }
+  worker_ = std::make_unique<ps::Worker>(options_, std::move(parameters));
+  worker_->init();
+  state.optimizer = std::make_unique<PsOptimizer>(std::move(tensors), worker_.get());
+}
+
+at::Tensor PsStrategy::epoch_indices(int64_t dataset_size, int64_t epoch, uint64_t seed) {
+  return distributed_epoch_indices(dataset_size, rank(), world_size(), epoch, seed);
+}
+
+void PsStrategy::all_reduce_sum(std::vector<double>& values) {
+  SHOAL_CHECK(worker_ != nullptr, "PsStrategy: all_reduce_sum before prepare()");
+  values = worker_->all_reduce_sum(values);
+}
+
+}  // namespace shoal::train

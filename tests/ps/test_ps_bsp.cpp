@@ -1,0 +1,173 @@
+// bsp is DDP's math: W workers with batch b each, their mean gradient applied once per step by
+// the servers' SGD with momentum, must equal single-process training with batch W*b (the same
+// samples) after 50 steps, to 1e-5 relative, with one server and with two (tensors split).
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <thread>
+
+#include "shoal/checkpoint/serialization.h"
+
+#include "ps_testing.h"
+#include "testing/multi_rank.h"
+
+namespace shoal::ps {
+namespace {
+
+constexpr int kSteps = 50;
+constexpr int kBatch = 4;
+constexpr double kLr = 0.05;
+constexpr double kMomentum = 0.9;
+
+struct Data {
+  at::Tensor inputs;   // [steps * W * b, 8]
+  at::Tensor targets;  // [steps * W * b]
+};
+
+Data make_data(int workers) {
+  torch::manual_seed(123);
+  const int64_t n = int64_t{kSteps} * workers * kBatch;
+  return {torch::randn({n, 8}), torch::randint(0, 4, {n}, torch::kLong)};
+}
+
+// Single-process reference: step t uses rows [t*W*b, (t+1)*W*b).
+testing::TinyNet reference(const Data& data, int workers) {
+  auto net = testing::make_tiny_net(7);
+  torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(kLr).momentum(kMomentum));
+  const int64_t global = int64_t{workers} * kBatch;
+  for (int t = 0; t < kSteps; ++t) {
+    sgd.zero_grad();
+    const auto rows = torch::indexing::Slice(t * global, (t + 1) * global);
+    torch::nn::functional::cross_entropy(net->forward(data.inputs.index({rows})),
+                                         data.targets.index({rows}))
+        .backward();
+    sgd.step();
+  }
+  return net;
+}
+
+// Trains steps [first, last) with W worker threads against `set`; returns the workers' nets.
+std::vector<testing::TinyNet> train_workers(testing::ServerSet& set, const Data& data, int workers,
+                                            int first, int last) {
+  std::vector<testing::TinyNet> nets(workers, nullptr);
+  shoal::testing::run_threads(workers, [&](int rank) {
+    // Different initial weights on purpose: init() must give every worker rank 0's (or, after a
+    // restore, the servers').
+    auto net = testing::make_tiny_net(rank == 0 && first == 0 ? 7 : 1000 + rank);
+    WorkerOptions wo = testing::worker_options(set, rank, workers);
+    wo.split_threshold = 32;  // split fc1.weight (128) and fc2.weight (64) over the servers
+    Worker worker(wo, testing::named(*net));
+    worker.init();
+    const int64_t global = int64_t{workers} * kBatch;
+    for (int t = first; t < last; ++t) {
+      net->zero_grad();
+      const int64_t begin = t * global + int64_t{rank} * kBatch;
+      const auto rows = torch::indexing::Slice(begin, begin + kBatch);
+      torch::nn::functional::cross_entropy(net->forward(data.inputs.index({rows})),
+                                           data.targets.index({rows}))
+          .backward();
+      worker.step();
+    }
+    worker.close();
+    nets[rank] = net;
+  }, std::chrono::milliseconds(60000));
+  set.join();
+  return nets;
+}
+
+ServerOptions bsp_options(int workers) {
+  ServerOptions options;
+  options.num_workers = workers;
+  options.consistency = Consistency::kBsp;
+  options.optimizer = std::make_shared<Sgd>(SgdOptions{kLr, kMomentum});
+  options.auth_token_from_env = false;
+  options.verbose = false;
+  return options;
+}
+
+void expect_equal_to_reference(const std::vector<testing::TinyNet>& nets,
+                               testing::TinyNet& expected, const std::string& what) {
+  const auto want = expected->named_parameters();
+  for (size_t rank = 0; rank < nets.size(); ++rank) {
+    for (const auto& item : nets[rank]->named_parameters()) {
+      const at::Tensor& got = item.value();
+      const at::Tensor& ref = want[item.key()];
+      const double scale = ref.abs().max().item<double>();
+      const double diff = (got - ref).abs().max().item<double>();
+      EXPECT_LE(diff, 1e-5 * scale) << "worker " << rank << " " << item.key() << ", " << what;
+    }
+  }
+}
+
+void expect_bsp_equals_single_process(int num_servers, int workers) {
+  torch::set_num_threads(1);
+  const Data data = make_data(workers);
+  testing::TinyNet expected = reference(data, workers);
+  testing::ServerSet set(num_servers, bsp_options(workers));
+  const std::vector<testing::TinyNet> nets = train_workers(set, data, workers, 0, kSteps);
+  expect_equal_to_reference(nets, expected, std::to_string(num_servers) + " servers");
+  for (const auto& server : set.servers) {
+    const ServerStats stats = server->stats();
+    EXPECT_EQ(stats.updates, kSteps) << "bsp applies the mean once per step";
+    EXPECT_EQ(stats.pushes, int64_t{kSteps} * workers);
+    EXPECT_EQ(stats.max_staleness, 0);
+  }
+  if (num_servers == 2) {
+    // Both servers own a share: the split made the shards balanced.
+    EXPECT_GT(set.servers[1]->shard_state().size(), 0u);
+  }
+}
+
+TEST(PsBsp, TwoWorkersOneServerEqualsSingleProcess) { expect_bsp_equals_single_process(1, 2); }
+TEST(PsBsp, ThreeWorkersTwoServersEqualsSingleProcess) { expect_bsp_equals_single_process(2, 3); }
+
+
+// Servers save their shards (values and momentum buffers) after 20 steps; new servers restored
+// from those files continue, and after 50 steps in all the result is the uninterrupted one.
+TEST(PsBsp, ResumesFromServerCheckpoints) {
+  torch::set_num_threads(1);
+  constexpr int kWorkers = 2;
+  constexpr int kServers = 2;
+  const Data data = make_data(kWorkers);
+  testing::TinyNet expected = reference(data, kWorkers);
+  const std::string dir = shoal::testing::temp_path("ps-ckpt");
+  std::filesystem::create_directories(dir);
+  auto path = [&](int s) { return dir + "/server" + std::to_string(s) + ".pt"; };
+  // Servers that save to (or restore from) path(s), each with its own optimizer state.
+  auto start_servers = [&](testing::ServerSet& set, bool restore) {
+    ServerOptions options = bsp_options(kWorkers);
+    for (int s = 0; s < kServers; ++s) {
+      options.rank = s;
+      options.optimizer = std::make_shared<Sgd>(SgdOptions{kLr, kMomentum});
+      (restore ? options.restore_path : options.checkpoint_path) = path(s);
+      set.servers.push_back(std::make_unique<Server>(options));
+      set.servers.back()->start();
+    }
+  };
+  {
+    testing::ServerSet set(0, bsp_options(kWorkers));
+    start_servers(set, /*restore=*/false);
+    train_workers(set, data, kWorkers, 0, 20);
+  }
+  // The file is an ordinary dict of tensors (what torch.load returns), with the momentum buffers.
+  const checkpoint::StateDict saved = checkpoint::load_state_dict_file(path(0));
+  bool has_momentum = false;
+  for (const auto& item : saved) has_momentum |= item.key().find(".momentum_buffer") != std::string::npos;
+  EXPECT_TRUE(has_momentum);
+  // PyTorch itself reads it: a dict whose values match what Shoal read.
+  const std::string check =
+      "/usr/bin/python3 -c \"import sys, torch; d = torch.load(sys.argv[1]); "
+      "assert isinstance(d, dict) and len(d) == " + std::to_string(saved.size()) +
+      "; assert any(k.endswith('.momentum_buffer') for k in d)\" " + path(0);
+  EXPECT_EQ(std::system(check.c_str()), 0) << check;
+
+  testing::ServerSet set(0, bsp_options(kWorkers));
+  start_servers(set, /*restore=*/true);
+  const std::vector<testing::TinyNet> nets = train_workers(set, data, kWorkers, 20, kSteps);
+  expect_equal_to_reference(nets, expected, "resumed after 20 steps");
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace shoal::ps

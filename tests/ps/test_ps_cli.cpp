@@ -1,0 +1,65 @@
+// End to end: `shoal run --num-servers 2 --nproc-per-node 2 shoal train --strategy ps ...` with
+// SHOAL_AUTH_TOKEN set starts two servers and two workers (roles in the environment, server
+// endpoints through the rendezvous store, every connection authenticated), trains the MLP on a
+// slice of the real Fashion-MNIST under ssp(1) and exits 0; each server reports what it observed.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <sstream>
+
+#include "testing/idx_files.h"
+#include "testing/multi_rank.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+TEST(PsCli, ShoalRunStartsServersAndWorkers) {
+  if (!shoal::testing::have_real_fashion_mnist()) {
+    shoal::testing::skip_program("Fashion-MNIST is not installed (apt-get install dataset-fashion-mnist)");
+  }
+  const char* dir = std::getenv("SHOAL_BINARY_DIR");
+  if (dir == nullptr) shoal::testing::skip_program("SHOAL_BINARY_DIR is not set (run through ctest)");
+  const std::string shoal = std::string(dir) + "/apps/shoal/shoal";
+  const std::string out = shoal::testing::temp_path("ps-cli-out");
+  const std::string err = shoal::testing::temp_path("ps-cli-err");
+  const std::string command =
+      "SHOAL_AUTH_TOKEN=test-token " + shoal + " run --master-port 0 --nproc-per-node 2 "
+      "--num-servers 2 " + shoal + " train --strategy ps --consistency ssp --staleness 1 "
+      "--model mlp --epochs 1 --train-samples 3000 --test-samples 1000 --batch-size 64 "
+      "--lr 0.05 --momentum 0.9 --no-progress >" + out + " 2>" + err;
+  const int status = std::system(command.c_str());
+  const std::string stdout_text = slurp(out);
+  const std::string stderr_text = slurp(err);
+  fs::remove(out);
+  fs::remove(err);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << stdout_text << stderr_text;
+
+  std::smatch match;
+  ASSERT_TRUE(std::regex_search(stdout_text, match,
+                                std::regex("final test accuracy: ([0-9.]+)")))
+      << stdout_text;
+  EXPECT_GT(std::stod(match[1]), 0.6) << stdout_text;
+  int servers = 0;
+  const std::regex server_line("ps server ([01]): ([0-9]+) pushes, ([0-9]+) updates, max staleness ([0-9]+)");
+  for (auto it = std::sregex_iterator(stderr_text.begin(), stderr_text.end(), server_line);
+       it != std::sregex_iterator(); ++it) {
+    ++servers;
+    EXPECT_GT(std::stoll((*it)[2]), 0) << stderr_text;
+    EXPECT_LE(std::stoll((*it)[4]), 1) << "ssp(1) bound:\n" << stderr_text;
+  }
+  EXPECT_EQ(servers, 2) << stderr_text;
+}
+
+}  // namespace

@@ -1,0 +1,221 @@
+// The parameter server's wire format, authentication and partition: known-answer tests for
+// SHA-256/HMAC, and a real server (ZeroMQ over TCP on loopback) fed malformed, truncated,
+// oversized and unauthenticated messages, which it must reject while it keeps serving a real
+// worker.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <thread>
+
+#include "ps/auth.h"
+#include "ps/message.h"
+#include "ps/sha256.h"
+#include "ps_testing.h"
+#include "shoal/error.h"
+#include "shoal/ps/partition.h"
+
+namespace shoal::ps {
+namespace {
+
+using testing::ServerSet;
+using std::chrono::milliseconds;
+
+std::string hex(const Digest& d) {
+  static const char* digits = "0123456789abcdef";
+  std::string out;
+  for (uint8_t b : d) {
+    out += digits[b >> 4];
+    out += digits[b & 15];
+  }
+  return out;
+}
+
+TEST(PsAuth, Sha256KnownAnswers) {
+  EXPECT_EQ(hex(sha256("abc", 3)),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  EXPECT_EQ(hex(sha256("", 0)), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+  const std::string two_blocks = "abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq";
+  EXPECT_EQ(hex(sha256(two_blocks.data(), two_blocks.size())),
+            "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
+}
+
+TEST(PsAuth, HmacSha256Rfc4231) {
+  const std::string data = "what do ya want for nothing?";
+  EXPECT_EQ(hex(hmac_sha256("Jefe", data.data(), data.size())),
+            "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843");
+  // Test case 6: a key longer than the block is hashed first.
+  const std::string key(131, '\xaa');
+  const std::string message = "Test Using Larger Than Block-Size Key - Hash Key First";
+  EXPECT_EQ(hex(hmac_sha256(key, message.data(), message.size())),
+            "60e431591ee0b67f0d8a26aacbf5b77f8e0bc6213728c5140546040f0ee37f54");
+}
+
+TEST(PsAuth, ResponseChecksTokenAndChallenge) {
+  const Challenge c1 = make_challenge();
+  const Challenge c2 = make_challenge();
+  EXPECT_NE(c1, c2);
+  EXPECT_TRUE(check_auth_response("secret", c1, auth_response("secret", c1)));
+  EXPECT_FALSE(check_auth_response("secret", c1, auth_response("Secret", c1)));
+  EXPECT_FALSE(check_auth_response("secret", c2, auth_response("secret", c1)));
+}
+
+TEST(PsPartition, CoversEveryElementOnceAndBalances) {
+  const std::vector<int64_t> numels{100000, 10, 300000, 7, 5000, 0};
+  for (int servers : {1, 2, 3}) {
+    const std::vector<Segment> segments = partition_parameters(numels, servers, 65536);
+    std::vector<int64_t> covered(numels.size(), 0);
+    std::vector<int64_t> load(servers, 0);
+    for (const Segment& s : segments) {
+      EXPECT_EQ(s.offset, covered[s.param]) << "ranges are contiguous, in order";
+      covered[s.param] += s.numel;
+      load[s.server] += s.numel;
+    }
+    EXPECT_EQ(covered, numels);
+    const auto [lo, hi] = std::minmax_element(load.begin(), load.end());
+    EXPECT_LE(*hi - *lo, 6000) << servers << " servers";
+  }
+}
+
+// A raw peer: a DEALER socket that sends whatever frames the test gives it.
+struct RawPeer {
+  zmq::context_t context{1};
+  zmq::socket_t socket{context, zmq::socket_type::dealer};
+  explicit RawPeer(const std::string& endpoint) {
+    socket.set(zmq::sockopt::linger, 0);
+    socket.connect(endpoint);
+  }
+  void send(std::vector<std::string> frames) {
+    for (size_t i = 0; i < frames.size(); ++i) {
+      socket.send(zmq::buffer(frames[i]),
+                  i + 1 < frames.size() ? zmq::send_flags::sndmore : zmq::send_flags::none);
+    }
+  }
+  // The answer (type and blob), or nullopt when none came within `timeout`.
+  std::optional<InMessage> answer(milliseconds timeout = milliseconds(3000)) {
+    ReceiveResult got = receive_message(socket, timeout, Limits{}, false);
+    return std::move(got.message);
+  }
+};
+
+std::string header_bytes(MessageType type, int32_t rank, uint32_t num_keys, uint32_t magic = kMagic,
+                         uint16_t version = kFormatVersion) {
+  Header h;
+  h.magic = magic;
+  h.format_version = version;
+  h.type = static_cast<uint16_t>(type);
+  h.rank = rank;
+  h.num_keys = num_keys;
+  h.seq = 7;
+  return std::string(reinterpret_cast<const char*>(&h), sizeof(h));
+}
+
+std::string key_bytes(uint32_t key, int64_t offset, int64_t numel) {
+  KeyRange k;
+  k.key = key;
+  k.offset = offset;
+  k.numel = numel;
+  return std::string(reinterpret_cast<const char*>(&k), sizeof(k));
+}
+
+// Trains a real worker for a few steps against `set` (the server still serves).
+void train_a_little(ServerSet& set, const std::string& token = {}) {
+  auto net = testing::make_tiny_net(1);
+  WorkerOptions options = testing::worker_options(set, 0, 1);
+  options.auth_token = token;
+  Worker worker(options, testing::named(*net));
+  worker.init();
+  const at::Tensor before = net->fc1->weight.detach().clone();
+  for (int step = 0; step < 3; ++step) {
+    net->zero_grad();
+    net->forward(torch::ones({2, 8})).sum().backward();
+    worker.step();
+  }
+  EXPECT_FALSE(torch::equal(before, net->fc1->weight.detach()));
+  worker.close();
+}
+
+TEST(PsServer, RejectsMalformedMessagesAndKeepsServing) {
+  ServerOptions options;
+  options.num_workers = 1;
+  options.auth_token_from_env = false;
+  options.max_message_bytes = 1 << 20;
+  options.verbose = false;
+  ServerSet set(1, options);
+  const std::string endpoint = set.endpoints()[0];
+
+  {
+    RawPeer peer(endpoint);
+    peer.send({"short"});  // header too short: rejected without an answer (no valid seq)
+    peer.send({header_bytes(MessageType::kHello, 0, 0, 0xdeadbeef), "", ""});  // bad magic
+    peer.send({header_bytes(MessageType::kHello, 0, 0, kMagic, 99), "", ""});  // bad version
+    peer.send({header_bytes(MessageType::kHello, 0, 1), ""});  // truncated: no key frame
+    // A tensor frame whose size disagrees with its key entry.
+    peer.send({header_bytes(MessageType::kPush, 0, 1), "", key_bytes(0, 0, 4), std::string(12, 'x')});
+    // More frames than keys announced.
+    peer.send({header_bytes(MessageType::kHello, 0, 0), "", "", "extra"});
+    // Frames within the per-frame limit that add up to more than the message limit.
+    peer.send({header_bytes(MessageType::kPush, 0, 2), "",
+               key_bytes(0, 0, 200000) + key_bytes(1, 0, 200000), std::string(800000, 'a'),
+               std::string(800000, 'b')});
+    // A push before hello/auth is refused with an answer.
+    peer.send({header_bytes(MessageType::kPush, 0, 0), "", ""});
+    const auto answer = peer.answer();
+    ASSERT_TRUE(answer.has_value());
+    EXPECT_EQ(answer->type(), MessageType::kError);
+    EXPECT_NE(answer->blob.find("before authentication"), std::string::npos) << answer->blob;
+  }
+  {
+    // A frame larger than max_message_bytes: libzmq drops the connection before allocating it,
+    // so no answer comes.
+    RawPeer peer(endpoint);
+    peer.send({header_bytes(MessageType::kHello, 0, 0), std::string(2 << 20, 'z'), ""});
+    EXPECT_FALSE(peer.answer(milliseconds(500)).has_value());
+  }
+  // Eight rejected (the oversized frame never reaches the server's code).
+  for (int i = 0; i < 100 && set.servers[0]->stats().rejected < 8; ++i) {
+    std::this_thread::sleep_for(milliseconds(20));
+  }
+  EXPECT_EQ(set.servers[0]->stats().rejected, 8);
+  train_a_little(set);
+  set.join();
+  EXPECT_EQ(set.servers[0]->stats().finished_workers, std::vector<int>{0});
+}
+
+TEST(PsServer, RefusesPeersWithoutTheToken) {
+  ServerOptions options;
+  options.num_workers = 1;
+  options.auth_token_from_env = false;
+  options.auth_token = "s3cret-token";
+  options.verbose = false;
+  ServerSet set(1, options);
+  auto net = testing::make_tiny_net(1);
+
+  WorkerOptions wrong = testing::worker_options(set, 0, 1);
+  wrong.auth_token = "guess";
+  try {
+    Worker worker(wrong, testing::named(*net));
+    FAIL() << "a wrong token was accepted";
+  } catch (const PeerError& e) {
+    EXPECT_NE(std::string(e.what()).find("authentication failed"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("server 0"), std::string::npos) << e.what();
+  }
+  WorkerOptions none = testing::worker_options(set, 0, 1);
+  EXPECT_THROW({ Worker worker(none, testing::named(*net)); }, InvalidArgument);
+  EXPECT_EQ(set.servers[0]->stats().auth_failures, 1);
+
+  // A peer that skips the challenge cannot push or pull.
+  RawPeer peer(set.endpoints()[0]);
+  peer.send({header_bytes(MessageType::kHello, 0, 0), "", ""});
+  auto challenge = peer.answer();
+  ASSERT_TRUE(challenge.has_value());
+  EXPECT_EQ(challenge->type(), MessageType::kChallenge);
+  peer.send({header_bytes(MessageType::kPull, 0, 0), "", ""});
+  auto refused = peer.answer();
+  ASSERT_TRUE(refused.has_value());
+  EXPECT_EQ(refused->type(), MessageType::kError);
+
+  train_a_little(set, "s3cret-token");
+}
+
+}  // namespace
+}  // namespace shoal::ps
