@@ -11,6 +11,11 @@ void Strategy::prepare(TrainState& state) {
   state.forward = [model](const at::Tensor& input) { return model->forward(input); };
 }
 
+double Strategy::train_step(TrainState& state, const at::Tensor& inputs,
+                            const at::Tensor& targets) {
+  return train::train_step(state, inputs, targets);
+}
+
 at::Tensor Strategy::epoch_indices(int64_t dataset_size, int64_t epoch, uint64_t seed) {
   return shuffled_indices(dataset_size, seed, epoch);
 }

@@ -44,6 +44,18 @@ class Strategy {
 
   /// The process group checkpoints are saved through (rank 0 writes, all wait); null alone.
   virtual comm::ProcessGroup* process_group() { return nullptr; }
+
+  /// One optimizer step on a batch; returns the batch's mean loss (the default: train_step()).
+  virtual double train_step(TrainState& state, const at::Tensor& inputs, const at::Tensor& targets);
+
+  /// Makes state.model and the optimizer's state the whole trained model on every process; the
+  /// trainer calls it before evaluating and before saving a checkpoint. Needed when processes
+  /// train parts of the model (pipeline stages); the default does nothing.
+  virtual void synchronize(TrainState& state) {}
+
+  /// How many processes train on the same samples (the stages of one pipeline): the trainer
+  /// divides its sample counts and summed training metrics by it. 1 for data parallelism.
+  virtual int ranks_per_replica() const { return 1; }
 };
 
 /// Plain single-process training: the defaults of Strategy.
