@@ -17,6 +17,7 @@
 #include "shoal/launcher/launch.h"
 #include "shoal/models/registry.h"
 #include "shoal/train/ddp_strategy.h"
+#include "shoal/train/pipeline_strategy.h"
 #include "shoal/train/trainer.h"
 
 namespace shoal::cli {
@@ -27,6 +28,12 @@ struct TrainArgs {
   int nproc_per_node = 2;
   std::string backend = "auto";
   bool no_progress = false;
+  // --strategy pipeline
+  int stages = 2;
+  int replicas = 1;
+  int64_t micro_batches = 4;
+  std::string schedule = "1f1b";
+  bool recompute = false;
 };
 
 /// True when a launcher (shoal run, torchrun, mpirun, SLURM's srun) started this process as a rank.
@@ -91,8 +98,9 @@ void add_train_command(CLI::App& root, std::vector<Command>& commands) {
       "with --strategy ddp");
   app->add_option("--strategy", args->strategy,
                   "single: one process; ddp: DistributedDataParallel over --nproc-per-node\n"
-                  "processes on this host (or the ranks of shoal run / torchrun / mpirun)")
-      ->check(CLI::IsMember({"single", "ddp"}))
+                  "processes on this host (or the ranks of shoal run / torchrun / mpirun);\n"
+                  "pipeline: --stages x --replicas processes, the model split into stages")
+      ->check(CLI::IsMember({"single", "ddp", "pipeline"}))
       ->capture_default_str();
   app->add_option("--nproc-per-node,--nproc_per_node", args->nproc_per_node,
                   "With --strategy ddp started directly: processes to launch on this host")
@@ -102,6 +110,23 @@ void add_train_command(CLI::App& root, std::vector<Command>& commands) {
                   "Process-group backend for ddp: auto (shm on one host), shm, gloo, mpi")
       ->check(CLI::IsMember({"auto", "shm", "gloo", "mpi", "hierarchical"}))
       ->capture_default_str();
+  app->add_option("--stages", args->stages,
+                  "With --strategy pipeline: pipeline stages (one process each)")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
+  app->add_option("--micro-batches", args->micro_batches,
+                  "With --strategy pipeline: micro-batches each batch is split into")
+      ->check(CLI::Range(1, 4096))
+      ->capture_default_str();
+  app->add_option("--schedule", args->schedule, "With --strategy pipeline: gpipe or 1f1b")
+      ->check(CLI::IsMember({"gpipe", "1f1b"}))
+      ->capture_default_str();
+  app->add_option("--replicas", args->replicas,
+                  "With --strategy pipeline: data-parallel replicas of the pipeline (DDP per stage)")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
+  app->add_flag("--recompute", args->recompute,
+                "With --strategy pipeline: recompute activations in backward (less memory)");
   app->add_option("--checkpoint-dir", options->checkpoint_dir,
                   "Save a checkpoint (torch.save format) here after every epoch; rank 0 writes")
       ->type_name("DIR");
@@ -143,18 +168,21 @@ void add_train_command(CLI::App& root, std::vector<Command>& commands) {
       "  shoal train --model cnn --epochs 2\n"
       "  shoal train --strategy ddp --nproc-per-node 2 --model cnn --checkpoint-dir ckpt\n"
       "  shoal train --strategy ddp --nproc-per-node 2 --checkpoint-dir ckpt --resume\n"
+      "  shoal train --strategy pipeline --stages 2 --micro-batches 4 --schedule 1f1b\n"
       "  shoal run --nproc-per-node 2 shoal train --strategy ddp");
 
   commands.push_back({app, [options, args, threads] {
                         if (args->no_progress) options->progress = train::ProgressMode::kNone;
                         options->validate();
                         std::unique_ptr<train::Strategy> strategy;
-                        if (args->strategy == "ddp") {
+                        if (args->strategy == "ddp" || args->strategy == "pipeline") {
+                          const bool pipelined = args->strategy == "pipeline";
                           if (!started_as_rank()) {
                             // Refuse a hopeless resume once, here, rather than once per rank.
                             if (options->resume) train::load_resume_checkpoint(*options);
-                            auto launch = launcher::LaunchOptions::workers(args->nproc_per_node,
-                                                                           own_command_line());
+                            auto launch = launcher::LaunchOptions::workers(
+                                pipelined ? args->stages * args->replicas : args->nproc_per_node,
+                                own_command_line());
                             launch.master_port = 0;  // a free port: jobs may run side by side
                             launch.log_name = "shoal train";
                             launch.verbose = false;
@@ -164,7 +192,16 @@ void add_train_command(CLI::App& root, std::vector<Command>& commands) {
                           if (threads->count() == 0) options->threads = 1;
                           comm::InitOptions init;
                           init.backend = args->backend;
-                          strategy = std::make_unique<train::DdpStrategy>(init);
+                          if (pipelined) {
+                            train::PipelineStrategyOptions pipe;
+                            pipe.stages = args->stages;
+                            pipe.pipeline.micro_batches = args->micro_batches;
+                            pipe.pipeline.schedule = pipeline::schedule_from_string(args->schedule);
+                            pipe.pipeline.recompute = args->recompute;
+                            strategy = std::make_unique<train::PipelineStrategy>(pipe, init);
+                          } else {
+                            strategy = std::make_unique<train::DdpStrategy>(init);
+                          }
                         }
                         const bool reports = !strategy || strategy->rank() == 0;
                         const train::TrainResult result =

@@ -2,7 +2,6 @@
 
 #include <torch/torch.h>
 
-#include "shoal/data/distributed_sampler.h"
 #include "shoal/error.h"
 #include "shoal/parallel/distributed_data_parallel.h"
 #include "shoal/pipeline/pipeline_checkpoint.h"
@@ -44,25 +43,11 @@ void PipelineStrategy::prepare(TrainState& state) {
 }
 
 at::Tensor PipelineStrategy::epoch_indices(int64_t dataset_size, int64_t epoch, uint64_t seed) {
-  data::DistributedSamplerOptions options;
-  options.shuffle = true;
-  options.seed = seed;
-  data::DistributedSampler sampler(static_cast<size_t>(dataset_size), grid_->replica(),
-                                   grid_->replicas(), options);
-  sampler.set_epoch(static_cast<uint64_t>(epoch));
-  const std::vector<size_t> indices = sampler.indices();
-  at::Tensor result = at::empty({static_cast<int64_t>(indices.size())}, at::kLong);
-  int64_t* out = result.data_ptr<int64_t>();
-  for (size_t i = 0; i < indices.size(); ++i) out[i] = static_cast<int64_t>(indices[i]);
-  return result;
+  return sampler_indices(dataset_size, epoch, seed, grid_->replica(), grid_->replicas());
 }
 
 void PipelineStrategy::all_reduce_sum(std::vector<double>& values) {
-  if (values.empty()) return;
-  at::Tensor tensor = at::tensor(values, at::kDouble);
-  group_->allreduce(tensor)->wait();
-  const double* sums = tensor.data_ptr<double>();
-  for (size_t i = 0; i < values.size(); ++i) values[i] = sums[i];
+  train::all_reduce_sum(*group_, values);
 }
 
 int PipelineStrategy::rank() const { return group_->rank(); }

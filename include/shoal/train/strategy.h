@@ -61,6 +61,14 @@ class Strategy {
 /// Plain single-process training: the defaults of Strategy.
 class SingleProcess : public Strategy {};
 
+/// This replica's DistributedSampler shard of `epoch` (shuffled with `seed`, padded to equal
+/// shares), as [k] int64: what data-parallel strategies train on.
+at::Tensor sampler_indices(int64_t dataset_size, int64_t epoch, uint64_t seed, int replica,
+                           int replicas);
+
+/// Sums `values` element-wise across `group`, in place.
+void all_reduce_sum(comm::ProcessGroup& group, std::vector<double>& values);
+
 /// randperm(size) drawn from a generator seeded with seed + epoch: the permutation PyTorch's
 /// DistributedSampler(shuffle=True, seed=seed) produces after set_epoch(epoch).
 at::Tensor shuffled_indices(int64_t size, uint64_t seed, int64_t epoch);
