@@ -316,6 +316,7 @@ void add_bench_pipeline_command(CLI::App& bench, std::vector<Command>& commands)
   app->add_option("--stages", args->stages, "pipeline stages K (= DDP ranks)")
       ->capture_default_str();
   app->add_option("--micro-batches", args->micro_batches, "micro-batch counts M to measure")
+      ->delimiter(',')
       ->capture_default_str();
   app->add_option("--batch", args->batch, "global batch per step")->capture_default_str();
   app->add_option("--steps", args->steps, "timed steps per run")->capture_default_str();
