@@ -24,6 +24,7 @@
 #include "shoal/ps/job.h"
 #include "shoal/train/ddp_strategy.h"
 #include "shoal/train/ps_strategy.h"
+#include "shoal/train/pipeline_strategy.h"
 #include "shoal/train/trainer.h"
 
 namespace shoal::cli {
@@ -40,6 +41,12 @@ struct TrainArgs {
   int staleness = 2;
   int servers = 1;
   int workers = 2;
+  // --strategy pipeline
+  int stages = 2;
+  int replicas = 1;
+  int64_t micro_batches = 4;
+  std::string schedule = "1f1b";
+  bool recompute = false;
 };
 
 /// A parameter-server process of `shoal train --strategy ps`: serves the workers with SGD of the
@@ -136,8 +143,9 @@ void add_train_command(CLI::App& root, std::vector<Command>& commands) {
   app->add_option("--strategy", args->strategy,
                   "single: one process; ddp: DistributedDataParallel over --nproc-per-node\n"
                   "processes on this host (or the ranks of shoal run / torchrun / mpirun);\n"
-                  "ps: parameter server, --servers S and --workers W processes")
-      ->check(CLI::IsMember({"single", "ddp", "ps"}))
+                  "ps: parameter server, --servers S and --workers W processes;\n"
+                  "pipeline: --stages x --replicas processes, the model split into stages")
+      ->check(CLI::IsMember({"single", "ddp", "ps", "pipeline"}))
       ->capture_default_str();
   auto* nproc = app->add_option("--nproc-per-node,--nproc_per_node", args->nproc_per_node,
                                 "With --strategy ddp started directly: processes to launch on "
@@ -167,6 +175,23 @@ void add_train_command(CLI::App& root, std::vector<Command>& commands) {
   app->add_option("--workers", args->workers, "With --strategy ps: worker processes")
       ->check(CLI::Range(1, 1024))
       ->capture_default_str();
+  app->add_option("--stages", args->stages,
+                  "With --strategy pipeline: pipeline stages (one process each)")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
+  app->add_option("--micro-batches", args->micro_batches,
+                  "With --strategy pipeline: micro-batches each batch is split into")
+      ->check(CLI::Range(1, 4096))
+      ->capture_default_str();
+  app->add_option("--schedule", args->schedule, "With --strategy pipeline: gpipe or 1f1b")
+      ->check(CLI::IsMember({"gpipe", "1f1b"}))
+      ->capture_default_str();
+  app->add_option("--replicas", args->replicas,
+                  "With --strategy pipeline: data-parallel replicas of the pipeline (DDP per stage)")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
+  app->add_flag("--recompute", args->recompute,
+                "With --strategy pipeline: recompute activations in backward (less memory)");
   app->add_option("--checkpoint-dir", options->checkpoint_dir,
                   "Save a checkpoint (torch.save format) here after every epoch; rank 0 writes")
       ->type_name("DIR");
@@ -217,6 +242,7 @@ void add_train_command(CLI::App& root, std::vector<Command>& commands) {
       "  shoal train --strategy ddp --nproc-per-node 2 --model cnn --checkpoint-dir ckpt\n"
       "  shoal train --strategy ddp --nproc-per-node 2 --checkpoint-dir ckpt --resume\n"
       "  shoal run --nproc-per-node 2 shoal train --strategy ddp\n"
+      "  shoal train --strategy pipeline --stages 2 --micro-batches 4 --schedule 1f1b\n"
       "  shoal train --strategy ps --consistency ssp --staleness 2 --servers 2 --workers 4");
 
   commands.push_back({app, [options, args, threads, nproc, epochs, batch_size, lr, momentum,
@@ -224,6 +250,7 @@ void add_train_command(CLI::App& root, std::vector<Command>& commands) {
                         if (args->no_progress) options->progress = train::ProgressMode::kNone;
                         const bool ddp = args->strategy == "ddp";
                         const bool ps_job = args->strategy == "ps";
+                        const bool pipelined = args->strategy == "pipeline";
                         const bool as_rank = started_as_rank();
                         // Independent copies of one training are never what was meant.
                         SHOAL_CHECK_T(InvalidArgument, ddp || nproc->count() == 0,
@@ -232,7 +259,7 @@ void add_train_command(CLI::App& root, std::vector<Command>& commands) {
                                       "train alone)");
                         const comm::RankInfo rank_info =
                             as_rank ? comm::detect_rank_info() : comm::RankInfo{};
-                        SHOAL_CHECK_T(InvalidArgument, ddp || ps_job || rank_info.world_size == 1,
+                        SHOAL_CHECK_T(InvalidArgument, ddp || ps_job || pipelined || rank_info.world_size == 1,
                                       "started as rank ", rank_info.rank, " of ",
                                       rank_info.world_size,
                                       " by a launcher, but --strategy is single: pass --strategy "
@@ -252,13 +279,14 @@ void add_train_command(CLI::App& root, std::vector<Command>& commands) {
                           train::inherit_checkpoint_config(*options, saved, given, where);
                         }
                         // Threads: the cores this process may use, shared among the local ranks.
-                        const int local = ddp ? (as_rank ? rank_info.local_world_size
-                                                         : args->nproc_per_node)
-                                              : 1;
+                        const int local =
+                            as_rank ? rank_info.local_world_size
+                                    : ddp ? args->nproc_per_node
+                                          : pipelined ? args->stages * args->replicas : 1;
                         const int cores = available_cores();
                         if (threads->count() == 0) options->threads = std::max(1, cores / local);
                         const int used = std::max(1, options->threads) * local;
-                        if (used > cores && (!ddp || as_rank) && rank_info.local_rank == 0) {
+                        if (used > cores && (!(ddp || pipelined) || as_rank) && rank_info.local_rank == 0) {
                           std::fprintf(stderr,
                                        "shoal: warning: %d process%s x %d thread%s on %d core%s: "
                                        "oversubscribed, steps will be slow (see --threads)\n",
@@ -268,10 +296,13 @@ void add_train_command(CLI::App& root, std::vector<Command>& commands) {
                         }
                         options->validate();
                         std::unique_ptr<train::Strategy> strategy;
-                        if (ddp) {
-                          if (!as_rank) {
-                            auto launch = launcher::LaunchOptions::workers(args->nproc_per_node,
-                                                                           own_command_line());
+                        if (args->strategy == "ddp" || args->strategy == "pipeline") {
+                          if (!started_as_rank()) {
+                            // Refuse a hopeless resume once, here, rather than once per rank.
+                            if (options->resume) train::load_resume_checkpoint(*options);
+                            auto launch = launcher::LaunchOptions::workers(
+                                pipelined ? args->stages * args->replicas : args->nproc_per_node,
+                                own_command_line());
                             launch.master_port = 0;  // a free port: jobs may run side by side
                             launch.max_restarts = args->max_restarts;
                             launch.log_name = "shoal train";
@@ -280,7 +311,16 @@ void add_train_command(CLI::App& root, std::vector<Command>& commands) {
                           }
                           comm::InitOptions init;
                           init.backend = args->backend;
-                          strategy = std::make_unique<train::DdpStrategy>(init);
+                          if (pipelined) {
+                            train::PipelineStrategyOptions pipe;
+                            pipe.stages = args->stages;
+                            pipe.pipeline.micro_batches = args->micro_batches;
+                            pipe.pipeline.schedule = pipeline::schedule_from_string(args->schedule);
+                            pipe.pipeline.recompute = args->recompute;
+                            strategy = std::make_unique<train::PipelineStrategy>(pipe, init);
+                          } else {
+                            strategy = std::make_unique<train::DdpStrategy>(init);
+                          }
                         }
                         if (args->strategy == "ps") {
                           SHOAL_CHECK_T(InvalidArgument, options->checkpoint_dir.empty(),

@@ -22,5 +22,6 @@ void add_plot_command(CLI::App& root, std::vector<Command>& commands);    // cmd
 void add_bench_allreduce_command(CLI::App& bench, std::vector<Command>& commands);  // bench_allreduce.cpp
 void add_bench_ddp_command(CLI::App& bench, std::vector<Command>& commands);        // bench_ddp.cpp
 void add_bench_ps_command(CLI::App& bench, std::vector<Command>& commands);         // bench_ps.cpp
+void add_bench_pipeline_command(CLI::App& bench, std::vector<Command>& commands);   // bench_pipeline.cpp
 
 }  // namespace shoal::cli

@@ -34,11 +34,7 @@ at::Tensor DdpStrategy::epoch_indices(int64_t dataset_size, int64_t epoch, uint6
 }
 
 void DdpStrategy::all_reduce_sum(std::vector<double>& values) {
-  if (values.empty()) return;
-  at::Tensor tensor = at::tensor(values, at::kDouble);
-  group_->allreduce(tensor)->wait();
-  const double* sums = tensor.data_ptr<double>();
-  for (size_t i = 0; i < values.size(); ++i) values[i] = sums[i];
+  train::all_reduce_sum(*group_, values);
 }
 
 int DdpStrategy::rank() const { return group_->rank(); }

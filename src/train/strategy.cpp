@@ -2,6 +2,8 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 
+#include "shoal/comm/process_group.h"
+#include "shoal/data/distributed_sampler.h"
 #include "shoal/train/trainer.h"
 
 namespace shoal::train {
@@ -10,8 +12,35 @@ void Strategy::prepare(TrainState& state) {
   state.forward = state.model_forward;
 }
 
+double Strategy::train_step(TrainState& state, const at::Tensor& inputs,
+                            const at::Tensor& targets) {
+  return train::train_step(state, inputs, targets);
+}
+
 at::Tensor Strategy::epoch_indices(int64_t dataset_size, int64_t epoch, uint64_t seed) {
   return shuffled_indices(dataset_size, seed, epoch);
+}
+
+at::Tensor sampler_indices(int64_t dataset_size, int64_t epoch, uint64_t seed, int replica,
+                           int replicas) {
+  data::DistributedSamplerOptions options;
+  options.shuffle = true;
+  options.seed = seed;
+  data::DistributedSampler sampler(static_cast<size_t>(dataset_size), replica, replicas, options);
+  sampler.set_epoch(static_cast<uint64_t>(epoch));
+  const std::vector<size_t> indices = sampler.indices();
+  at::Tensor result = at::empty({static_cast<int64_t>(indices.size())}, at::kLong);
+  int64_t* out = result.data_ptr<int64_t>();
+  for (size_t i = 0; i < indices.size(); ++i) out[i] = static_cast<int64_t>(indices[i]);
+  return result;
+}
+
+void all_reduce_sum(comm::ProcessGroup& group, std::vector<double>& values) {
+  if (values.empty()) return;
+  at::Tensor tensor = at::tensor(values, at::kDouble);
+  group.allreduce(tensor)->wait();
+  const double* sums = tensor.data_ptr<double>();
+  for (size_t i = 0; i < values.size(); ++i) values[i] = sums[i];
 }
 
 at::Tensor shuffled_indices(int64_t size, uint64_t seed, int64_t epoch) {

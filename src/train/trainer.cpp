@@ -255,6 +255,7 @@ std::string Trainer::resume() {
 }
 
 void Trainer::save_checkpoint(int64_t completed_epochs, int64_t samples_seen) {
+  strategy_->synchronize(state_);
   checkpoint::CheckpointManagerOptions manager_options;
   manager_options.keep_last = options_.checkpoint_keep;
   checkpoint::CheckpointManager manager(options_.checkpoint_dir, manager_options);
@@ -294,6 +295,8 @@ TrainResult Trainer::fit(const TensorData& train, const TensorData& test) {
   const int64_t batch = options_.batch_size;
   const int64_t world = strategy_->world_size();
   const int64_t rank = strategy_->rank();
+  // Processes that train on distinct samples (pipeline stages share theirs).
+  const int64_t replicas = world / strategy_->ranks_per_replica();
   const int64_t remaining_epochs = options_.epochs - state_.epoch;
   Progress progress(reports ? options_.progress : ProgressMode::kNone, options_.epochs,
                     std::max<int64_t>(remaining_epochs, 0) * n, options_.log_interval,
@@ -316,10 +319,10 @@ TrainResult Trainer::fit(const TensorData& train, const TensorData& test) {
     const at::Tensor indices = strategy_->epoch_indices(n, epoch, options_.seed);
     const int64_t local = indices.size(0);
     // After a resume, skip this rank's share of the samples the job already consumed.
-    const int64_t skip = std::min(local, resume_samples_seen_ / world);
+    const int64_t skip = std::min(local, resume_samples_seen_ / replicas);
     resume_samples_seen_ = 0;
     const int64_t steps = (local - skip + batch - 1) / batch;
-    progress.start_epoch(epoch, steps, (local - skip) * world);
+    progress.start_epoch(epoch, steps, (local - skip) * replicas);
     state_.model->train();
 
     const Clock::time_point start = Clock::now();
@@ -330,14 +333,14 @@ TrainResult Trainer::fit(const TensorData& train, const TensorData& test) {
       const int64_t begin = skip + s * batch;
       const int64_t end = std::min(local, begin + batch);
       const at::Tensor batch_indices = indices.slice(0, begin, end);
-      const double loss = train_step(state_, train.inputs.index_select(0, batch_indices),
-                                     train.targets.index_select(0, batch_indices));
+      const double loss = strategy_->train_step(state_, train.inputs.index_select(0, batch_indices),
+                                                train.targets.index_select(0, batch_indices));
       const auto count = static_cast<double>(end - begin);
       loss_sum += loss * count;
       interval_loss += loss * count;
       interval_samples += end - begin;
       const double recent = interval_loss / static_cast<double>(interval_samples);
-      const int64_t done = (end - skip) * world;
+      const int64_t done = (end - skip) * replicas;
       progress.step(s + 1, done, recent);
       if (options_.log_interval > 0 && (s + 1) % options_.log_interval == 0) {
         const double seconds = seconds_since(start);
@@ -356,7 +359,7 @@ TrainResult Trainer::fit(const TensorData& train, const TensorData& test) {
       // The end-of-epoch checkpoint follows the last step, so no mid-epoch one there.
       if (checkpoints && options_.checkpoint_every > 0 &&
           state_.step % options_.checkpoint_every == 0 && s + 1 < steps) {
-        save_checkpoint(epoch, end * world);
+        save_checkpoint(epoch, end * replicas);
       }
       if (options_.stop_after_steps > 0 && state_.step >= options_.stop_after_steps) {
         result.stopped = true;
@@ -367,6 +370,7 @@ TrainResult Trainer::fit(const TensorData& train, const TensorData& test) {
     const double seconds = seconds_since(start);
 
     std::vector<double> totals{loss_sum, static_cast<double>(local - skip), 0, 0, 0};
+    strategy_->synchronize(state_);
     if (test_n > 0) {
       const EvalResult eval =
           evaluate(*state_.model, state_.model_forward, test_shard, options_.eval_batch_size,
@@ -376,6 +380,8 @@ TrainResult Trainer::fit(const TensorData& train, const TensorData& test) {
       totals[4] = static_cast<double>(eval.samples);
     }
     strategy_->all_reduce_sum(totals);
+    totals[0] /= static_cast<double>(strategy_->ranks_per_replica());
+    totals[1] /= static_cast<double>(strategy_->ranks_per_replica());
     EpochResult epoch_result;
     epoch_result.epoch = epoch + 1;
     epoch_result.seconds = seconds;

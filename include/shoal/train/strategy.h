@@ -44,10 +44,30 @@ class Strategy {
 
   /// The process group checkpoints are saved through (rank 0 writes, all wait); null alone.
   virtual comm::ProcessGroup* process_group() { return nullptr; }
+
+  /// One optimizer step on a batch; returns the batch's mean loss (the default: train_step()).
+  virtual double train_step(TrainState& state, const at::Tensor& inputs, const at::Tensor& targets);
+
+  /// Makes state.model and the optimizer's state the whole trained model on every process; the
+  /// trainer calls it before evaluating and before saving a checkpoint. Needed when processes
+  /// train parts of the model (pipeline stages); the default does nothing.
+  virtual void synchronize(TrainState& state) {}
+
+  /// How many processes train on the same samples (the stages of one pipeline): the trainer
+  /// divides its sample counts and summed training metrics by it. 1 for data parallelism.
+  virtual int ranks_per_replica() const { return 1; }
 };
 
 /// Plain single-process training: the defaults of Strategy.
 class SingleProcess : public Strategy {};
+
+/// This replica's DistributedSampler shard of `epoch` (shuffled with `seed`, padded to equal
+/// shares), as [k] int64: what data-parallel strategies train on.
+at::Tensor sampler_indices(int64_t dataset_size, int64_t epoch, uint64_t seed, int replica,
+                           int replicas);
+
+/// Sums `values` element-wise across `group`, in place.
+void all_reduce_sum(comm::ProcessGroup& group, std::vector<double>& values);
 
 /// randperm(size) drawn from a generator seeded with seed + epoch: the permutation PyTorch's
 /// DistributedSampler(shuffle=True, seed=seed) produces after set_epoch(epoch).

@@ -1,0 +1,18 @@
+// The built-in models (shoal::models::Mlp, Cnn) as a torch::nn::Sequential that pipelines can
+// partition: the same layer objects (no copy), under the same names (fc1, conv1, ...), with the
+// functional steps of their forward (relu, max-pool, flatten) as parameter-free layers between
+// them. The Sequential computes what the model computes and its state dict has the model's keys.
+//
+// Thread safety: as torch::nn::Module.
+#pragma once
+
+#include <torch/nn/modules/container/sequential.h>
+
+#include "shoal/models/model.h"
+
+namespace shoal::pipeline {
+
+/// The Sequential view of `model`; throws InvalidArgument for a model it does not know.
+torch::nn::Sequential as_sequential(models::Model& model);
+
+}  // namespace shoal::pipeline

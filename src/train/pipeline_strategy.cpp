@@ -1,0 +1,78 @@
+#include "shoal/train/pipeline_strategy.h"
+
+#include <torch/torch.h>
+
+#include "shoal/error.h"
+#include "shoal/parallel/distributed_data_parallel.h"
+#include "shoal/pipeline/pipeline_checkpoint.h"
+#include "shoal/pipeline/pipeline_grid.h"
+#include "shoal/pipeline/pipeline_partition.h"
+#include "shoal/pipeline/pipeline_sequential.h"
+#include "shoal/train/trainer.h"
+
+namespace shoal::train {
+
+PipelineStrategy::PipelineStrategy(PipelineStrategyOptions options, const comm::InitOptions& init)
+    : PipelineStrategy(std::move(options), comm::init_process_group(init)) {}
+
+PipelineStrategy::PipelineStrategy(PipelineStrategyOptions options,
+                                   std::shared_ptr<comm::ProcessGroup> group)
+    : options_(std::move(options)), group_(std::move(group)) {
+  SHOAL_CHECK_T(InvalidArgument, group_ != nullptr, "PipelineStrategy: no process group given");
+  grid_ = std::make_unique<pipeline::PipelineGrid>(group_, options_.stages);
+}
+
+PipelineStrategy::~PipelineStrategy() = default;
+
+void PipelineStrategy::prepare(TrainState& state) {
+  sequential_ = pipeline::as_sequential(*state.model);
+  balance_ = options_.balance.empty()
+                 ? pipeline::balance_by_parameters(sequential_, options_.stages)
+                 : options_.balance;
+  pipeline::check_balance(balance_, static_cast<int64_t>(sequential_->size()));
+  pipeline_ = std::make_unique<pipeline::Pipeline>(
+      pipeline::stage_module(sequential_, balance_, grid_->stage()), group_, grid_->stage_ranks(),
+      options_.pipeline);
+  if (grid_->replicas() > 1) {
+    ddp_ = std::make_shared<parallel::DistributedDataParallel<torch::nn::SequentialImpl>>(
+        pipeline_->module().ptr(), grid_->stage_group());
+    pipeline_->set_data_parallel(ddp_);
+  }
+  std::shared_ptr<models::Model> model = state.model;
+  state.forward = [model](const at::Tensor& input) { return model->forward(input); };
+}
+
+at::Tensor PipelineStrategy::epoch_indices(int64_t dataset_size, int64_t epoch, uint64_t seed) {
+  return sampler_indices(dataset_size, epoch, seed, grid_->replica(), grid_->replicas());
+}
+
+void PipelineStrategy::all_reduce_sum(std::vector<double>& values) {
+  train::all_reduce_sum(*group_, values);
+}
+
+int PipelineStrategy::rank() const { return group_->rank(); }
+int PipelineStrategy::world_size() const { return group_->size(); }
+
+double PipelineStrategy::train_step(TrainState& state, const at::Tensor& inputs,
+                                    const at::Tensor& targets) {
+  SHOAL_CHECK(pipeline_ != nullptr, "PipelineStrategy: train_step before prepare");
+  state.optimizer->zero_grad();
+  const auto cross_entropy = [](const at::Tensor& output, const at::Tensor& target) {
+    return torch::nn::functional::cross_entropy(output, target);
+  };
+  const double loss = pipeline_->forward_backward(inputs, targets, cross_entropy);
+  // Parameters of other stages have no gradient: the optimizer leaves them (and their state) alone.
+  state.optimizer->step();
+  ++state.step;
+  // Every rank reports the mean over replicas of its last stage's loss.
+  at::Tensor value = at::full({1}, pipeline_->is_last_stage() ? loss : 0.0, at::kDouble);
+  group_->allreduce(value)->wait();
+  return value.item<double>() / grid_->replicas();
+}
+
+void PipelineStrategy::synchronize(TrainState& state) {
+  if (!pipeline_) return;
+  pipeline::gather_stages(sequential_, balance_, *grid_, state.optimizer.get());
+}
+
+}  // namespace shoal::train
