@@ -62,6 +62,45 @@ TEST(SyncBatchNorm, MatchesBatchNormOverTheFullBatch) {
   }
 }
 
+// In eval mode SyncBatchNorm is BatchNorm in eval mode: each rank normalises with the running
+// statistics alone, communicates nothing (ranks with different batch counts do not wait for each
+// other) and leaves the statistics as they were.
+TEST(SyncBatchNorm, EvalUsesRunningStatisticsWithoutCommunicating) {
+  torch::set_num_threads(1);
+  constexpr int kWorld = 2;
+  torch::manual_seed(22);
+  torch::nn::BatchNorm2d bn(3);
+  {
+    torch::NoGradGuard no_grad;
+    bn->weight.uniform_(0.5, 1.5);
+    bn->bias.uniform_(-0.5, 0.5);
+    bn->running_mean.uniform_(-1, 1);
+    bn->running_var.uniform_(0.5, 2);
+  }
+  bn->eval();
+  std::vector<torch::Tensor> inputs = {torch::randn({2, 3, 4, 4}) * 3, torch::randn({5, 3, 4, 4}) + 2};
+  auto store = comm::make_hash_store(std::chrono::milliseconds(30'000));
+  std::vector<torch::Tensor> outs(kWorld);
+  std::vector<torch::Tensor> means(kWorld), vars(kWorld);
+  shoal::testing::run_threads(kWorld, [&](int rank) {
+    auto group = comm::new_process_group("gloo", store, rank, kWorld);
+    auto sync = std::dynamic_pointer_cast<SyncBatchNormImpl>(convert_sync_batchnorm(bn.ptr(), group));
+    ASSERT_TRUE(sync != nullptr);
+    sync->eval();
+    torch::NoGradGuard no_grad;
+    // Rank 1 runs three batches, rank 0 one: with any collective inside, rank 1 would hang.
+    for (int i = 0; i < (rank == 0 ? 1 : 3); ++i) outs[rank] = sync->forward(inputs[rank]);
+    means[rank] = sync->running_mean.clone();
+    vars[rank] = sync->running_var.clone();
+  });
+  torch::NoGradGuard no_grad;
+  for (int r = 0; r < kWorld; ++r) {
+    EXPECT_TRUE(torch::allclose(outs[r], bn(inputs[r]), 1e-5, 1e-6)) << "rank " << r;
+    EXPECT_TRUE(torch::equal(means[r], bn->running_mean)) << "rank " << r;
+    EXPECT_TRUE(torch::equal(vars[r], bn->running_var)) << "rank " << r;
+  }
+}
+
 TEST(SyncBatchNorm, ConvertsSequentialsAndExplainsCustomModules) {
   auto store = comm::make_hash_store();
   auto group = comm::new_process_group("gloo", store, 0, 1);
