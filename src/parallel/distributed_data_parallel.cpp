@@ -121,7 +121,8 @@ void verify_same_parameters(comm::ProcessGroup& group,
 }
 
 // Broadcasts rank 0's tensors to every rank, one collective per dtype.
-void broadcast_coalesced(comm::ProcessGroup& group, const std::vector<at::Tensor>& tensors) {
+void broadcast_coalesced(comm::ProcessGroup& group, const std::vector<at::Tensor>& tensors,
+                         int root = 0) {
   torch::NoGradGuard no_grad;
   std::map<at::ScalarType, std::vector<at::Tensor>> by_type;
   for (const auto& t : tensors) {
@@ -131,7 +132,7 @@ void broadcast_coalesced(comm::ProcessGroup& group, const std::vector<at::Tensor
     std::vector<at::Tensor> flat;
     for (const auto& t : list) flat.push_back(t.reshape({-1}));
     auto buffer = torch::cat(flat);
-    group.broadcast(buffer, {0})->wait();
+    group.broadcast(buffer, {root})->wait();
     int64_t offset = 0;
     for (auto& t : list) {
       t.copy_(buffer.narrow(0, offset, t.numel()).view(t.sizes()));
@@ -185,6 +186,18 @@ int64_t Join::finish() {
   int64_t shadowed = 0;
   try {
     while (ddp_->shadow_step()) ++shadowed;
+    // PyTorch's _sync_final_model: a rank that finished early skipped the optimizer steps it
+    // shadowed, so every rank takes the parameters and buffers of a rank that finished last (it
+    // took every step; of several, the highest-numbered). A rank finished last exactly when
+    // nobody had data left at its first shadow step.
+    comm::ProcessGroup& group = *ddp_->group_;
+    if (group.size() > 1) {
+      auto last = torch::full({1}, shadowed == 0 ? group.rank() : -1, torch::kInt);
+      group.allreduce(last, {comm::ReduceOp::kMax})->wait();
+      std::vector<at::Tensor> state = ddp_->base_module_->parameters(true);
+      for (auto& b : ddp_->base_module_->buffers(true)) state.push_back(b);
+      broadcast_coalesced(group, state, last.item<int>());
+    }
   } catch (...) {
     ddp_->join_active_ = false;
     throw;

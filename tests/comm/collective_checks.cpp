@@ -202,7 +202,11 @@ void check_send_recv(ProcessGroup& pg, int64_t numel) {
 // processes of one machine share); one rank per round enters late. No rank may leave before the
 // last one entered: a barrier that does not wait fails this by the delay, whatever the scheduling.
 void check_barrier(ProcessGroup& pg, int64_t numel) {
-  for (int i = 0; i < 3; ++i) pg.barrier()->wait();
+  check_barrier_with(pg, numel, [&pg] { pg.barrier()->wait(); });
+}
+
+void check_barrier_with(ProcessGroup& pg, int64_t numel, const std::function<void()>& barrier) {
+  for (int i = 0; i < 3; ++i) barrier();
   if (numel != 1) return;  // the timed rounds once per backend and world size, not per count
   using Clock = std::chrono::steady_clock;
   // Long enough to dwarf the time a no-op barrier takes to return, short enough to keep the
@@ -213,7 +217,7 @@ void check_barrier(ProcessGroup& pg, int64_t numel) {
     const int late = (n - 1 + round) % n;
     if (pg.rank() == late) std::this_thread::sleep_for(kDelay);
     const int64_t entered = Clock::now().time_since_epoch().count();
-    pg.barrier()->wait();
+    barrier();
     const int64_t left = Clock::now().time_since_epoch().count();
     std::vector<torch::Tensor> times;
     for (int r = 0; r < n; ++r) times.push_back(torch::zeros({2}, torch::kLong));
