@@ -1,6 +1,9 @@
 // Shoal's stores on top of c10d's, and the adapter from any Shoal store back to a c10d store.
 #include "compat/c10d_store.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
@@ -142,6 +145,10 @@ std::shared_ptr<Store> make_hash_store(Milliseconds timeout) {
 std::shared_ptr<Store> make_file_store(const std::string& path, int world_size,
                                        Milliseconds timeout) {
   SHOAL_CHECK_T(InvalidArgument, !path.empty(), "file store: the path is empty");
+  // c10d's FileStore creates its file on the first write; until then its check() waits for the
+  // file up to the time-out and throws instead of answering false. Create it (empty) up front.
+  const int fd = ::open(path.c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0644);
+  if (fd >= 0) ::close(fd);
   c10::intrusive_ptr<c10d::Store> store;
   try {
     store = c10::make_intrusive<c10d::FileStore>(path, world_size);

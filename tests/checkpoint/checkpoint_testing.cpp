@@ -6,6 +6,7 @@
 #include <cstdlib>
 
 #include "testing/multi_rank.h"
+#include "testing/python.h"
 
 namespace shoal::testing {
 
@@ -14,25 +15,14 @@ torch::nn::Sequential make_net() {
                                torch::nn::Linear(8, 3));
 }
 
-void require_python_torch() {
-  if (std::system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") != 0) {
-    skip_program("/usr/bin/python3 with torch (Debian's python3-torch) is not installed");
-  }
-}
-
 int run_oracle(const std::string& args, std::string* output) {
   const char* source = std::getenv("SHOAL_SOURCE_DIR");
   const std::string script =
       std::string(source ? source : ".") + "/tests/checkpoint/torch_oracle.py";
-  const std::string command = "OMP_NUM_THREADS=1 /usr/bin/python3 " + script + " " + args + " 2>&1";
-  FILE* pipe = ::popen(command.c_str(), "r");
-  if (pipe == nullptr) return -1;
-  std::string text;
-  char buffer[4096];
-  while (size_t n = std::fread(buffer, 1, sizeof(buffer), pipe)) text.append(buffer, n);
-  const int status = ::pclose(pipe);
-  if (output) *output = text;
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  const PythonResult result =
+      run_command("OMP_NUM_THREADS=1 /usr/bin/python3 " + script + " " + args);
+  if (output) *output = result.out + result.err;
+  return result.exit_code;
 }
 
 std::string compare_state_dicts(const checkpoint::StateDict& a, const checkpoint::StateDict& b) {

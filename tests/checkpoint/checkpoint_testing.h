@@ -7,14 +7,17 @@
 #include <string>
 
 #include "shoal/checkpoint/state_dict.h"
+#include "testing/dependencies.h"
 
 namespace shoal::testing {
 
+/// Skips the current test (see SHOAL_SKIP_TEST) when /usr/bin/python3 cannot import torch.
+#define SHOAL_REQUIRE_PYTHON_TORCH()                                                    \
+  SHOAL_SKIP_UNLESS(::shoal::testing::python_has_torch(), ::shoal::testing::Dependency::kPythonTorch, \
+                    "/usr/bin/python3 with torch (Debian's python3-torch) is not installed")
+
 /// Linear(4, 8), BatchNorm1d(8), ReLU, Linear(8, 3): the same keys as torch_oracle.py's net().
 torch::nn::Sequential make_net();
-
-/// Skips the whole program (exit 77) when /usr/bin/python3 cannot import torch.
-void require_python_torch();
 
 /// Runs `/usr/bin/python3 torch_oracle.py ARGS`; returns its exit status and fills `output`.
 int run_oracle(const std::string& args, std::string* output = nullptr);

@@ -87,7 +87,7 @@ TEST_F(CheckpointFormat, ValuesRoundTrip) {
 }
 
 TEST_F(CheckpointFormat, CrossesToPythonAndBack) {
-  shoal::testing::require_python_torch();
+  SHOAL_REQUIRE_PYTHON_TORCH();
   torch::manual_seed(0);
   auto net = make_net();
   torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));

@@ -120,10 +120,55 @@ TEST_F(CheckpointResume, KeepsLastK) {
   EXPECT_EQ(find_latest(dir_).value(), dir_ + "/checkpoint_000004.pt");
 }
 
+// CheckpointManagerOptions: a prefix of one's own names the files (and only those count as
+// checkpoints); keep_last = 0 keeps every one.
+TEST_F(CheckpointResume, ManagerOptionsPrefixAndKeepAll) {
+  CheckpointManagerOptions options;
+  options.prefix = "run7_";
+  options.keep_last = 0;
+  CheckpointManager manager(dir_, options);
+  CheckpointManager other(dir_, 1);  // default prefix, in the same folder
+  TrainingState state;
+  state.model.insert("w", torch::zeros({2}));
+  for (int i = 0; i < 4; ++i) {
+    state.step = i;
+    EXPECT_EQ(manager.save(state), dir_ + "/run7_00000" + std::to_string(i) + ".pt");
+  }
+  EXPECT_EQ(CheckpointManager(dir_, options).latest_path().value(), dir_ + "/run7_000003.pt");
+  state.step = 100;
+  other.save(state);
+  const auto files = manager.list();
+  ASSERT_EQ(files.size(), 4u) << "keep_last = 0 deleted some, or another prefix was counted";
+  EXPECT_EQ(files.front(), dir_ + "/run7_000000.pt");
+  EXPECT_EQ(other.list(), std::vector<std::string>{dir_ + "/checkpoint_000000.pt"});
+}
+
+// LoadOptions::map_location: tensors land on the device asked for (CPU by default; the meta
+// device stands in for an accelerator: same code path, no data).
+TEST_F(CheckpointResume, LoadOptionsMapLocation) {
+  TrainingState state;
+  state.model.insert("w", torch::arange(6, torch::kFloat).reshape({2, 3}));
+  state.step = 3;
+  const std::string file = dir_ + "/state.pt";
+  save_training_state(state, file);
+  const auto on_cpu = load_training_state(file);
+  EXPECT_TRUE(on_cpu.model["w"].device().is_cpu());
+  EXPECT_TRUE(at::equal(on_cpu.model["w"], state.model["w"]));
+  LoadOptions meta;
+  meta.map_location = c10::Device(c10::kMeta);
+  const auto moved = load_training_state(file, meta);
+  EXPECT_EQ(moved.step, 3);
+  ASSERT_EQ(moved.model.size(), 1u);
+  for (const auto& item : moved.model) {
+    EXPECT_TRUE(item.value().device().is_meta()) << item.key() << " on " << item.value().device();
+    EXPECT_EQ(item.value().sizes(), state.model[item.key()].sizes()) << item.key();
+  }
+}
+
 TEST_F(CheckpointResume, KilledWriterLeavesALoadableCheckpoint) {
   // Each checkpoint holds a large tensor filled with its own step, so a torn write would show.
   constexpr int64_t kElements = 4 << 20;  // 16 MiB per file: a save takes long enough to be hit
-  std::mt19937 random(std::random_device{}());
+  std::mt19937 random(12345);  // fixed: the same kill points on every run
   for (int round = 0; round < 3; ++round) {
     const int64_t start = round * 1000;
     shoal::testing::ChildProcess writer([&] {
@@ -136,23 +181,55 @@ TEST_F(CheckpointResume, KilledWriterLeavesALoadableCheckpoint) {
         manager.save(state);
       }
     });
-    // Wait for this round's first checkpoint, then kill the writer at a random moment.
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    const std::string tmp_suffix = ".tmp." + std::to_string(writer.pid());
+    // The writer's temporary file, while it is in the middle of a save; "" otherwise.
+    const auto file_being_written = [&]() -> std::string {
+      for (const auto& entry : std::filesystem::directory_iterator(dir_)) {
+        const std::string name = entry.path().filename().string();
+        if (name.size() > tmp_suffix.size() &&
+            name.compare(name.size() - tmp_suffix.size(), tmp_suffix.size(), tmp_suffix) == 0) {
+          return name;
+        }
+      }
+      return "";
+    };
+    // Wait for this round's first checkpoint; then catch the writer mid-save: wait for its
+    // temporary file, a seeded moment more, stop it (SIGSTOP) and kill it only if that file is
+    // still there (else the save finished in between: let it go on and try again).
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
     while (true) {
       auto latest = CheckpointManager(dir_, 2).load_latest();
       if (latest && latest->step >= start) break;
       ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "the writer saved nothing";
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(std::uniform_int_distribution<>(0, 400)(random)));
-    writer.kill(SIGKILL);
-    ASSERT_TRUE(writer.wait(shoal::testing::Milliseconds(10'000)));
-    for (const auto& entry : std::filesystem::directory_iterator(dir_)) {
-      if (entry.path().filename().string().find(".tmp.") != std::string::npos) {
-        std::cout << "round " << round << ": the writer was killed in the middle of a save ("
-                  << entry.path().filename().string() << " left behind)\n";
+    std::string killed_in;
+    int attempts = 0;
+    while (killed_in.empty()) {
+      ASSERT_LT(std::chrono::steady_clock::now(), deadline)
+          << "could not stop the writer mid-save in " << attempts << " attempts";
+      const std::string name = file_being_written();
+      if (name.empty()) {
+        std::this_thread::sleep_for(std::chrono::microseconds(200));
+        continue;
+      }
+      ++attempts;
+      std::this_thread::sleep_for(
+          std::chrono::microseconds(std::uniform_int_distribution<>(0, 20'000)(random)));
+      writer.kill(SIGSTOP);
+      if (std::filesystem::exists(dir_ + "/" + name)) {
+        killed_in = name;
+        writer.kill(SIGKILL);
+      } else {
+        writer.kill(SIGCONT);
       }
     }
+    ASSERT_TRUE(writer.wait(shoal::testing::Milliseconds(10'000)));
+    EXPECT_EQ(writer.result().signal, SIGKILL);
+    // The kill landed mid-save: the half-written file is left behind, and ignored.
+    EXPECT_TRUE(std::filesystem::exists(dir_ + "/" + killed_in)) << killed_in;
+    std::cout << "round " << round << ": killed mid-save of " << killed_in << " (attempt "
+              << attempts << ")\n";
 
     const auto latest = CheckpointManager(dir_, 2).load_latest();
     ASSERT_TRUE(latest.has_value());
@@ -228,7 +305,8 @@ std::string run(const std::string& command) {
 TEST_F(CheckpointResume, CliInspectsAndConverts) {
   const char* binary_dir = std::getenv("SHOAL_BINARY_DIR");
   const std::string shoal = std::string(binary_dir ? binary_dir : "build") + "/apps/shoal/shoal";
-  if (!std::filesystem::exists(shoal)) GTEST_SKIP() << shoal << " is not built";
+  SHOAL_SKIP_UNLESS(std::filesystem::exists(shoal), ::shoal::testing::Dependency::kOptional,
+                    shoal + " is not built");
 
   torch::manual_seed(0);
   auto net = make_net();
@@ -266,11 +344,10 @@ TEST_F(CheckpointResume, CliInspectsAndConverts) {
   EXPECT_EQ(bad.substr(0, 2), "1\n") << bad;
   EXPECT_NE(bad.find("missing.pt"), std::string::npos) << bad;
 
-  // Python reads the converted file (when python3-torch is installed).
-  if (std::system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") == 0) {
-    std::string output;
-    EXPECT_EQ(shoal::testing::run_oracle("load_converted " + out + " net.", &output), 0) << output;
-  }
+  // Python reads the converted file (the test is reported skipped without python3-torch).
+  SHOAL_REQUIRE_PYTHON_TORCH();
+  std::string output;
+  EXPECT_EQ(shoal::testing::run_oracle("load_converted " + out + " net.", &output), 0) << output;
 }
 
 }  // namespace

@@ -2,7 +2,10 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
+#include <chrono>
 #include <sstream>
+#include <thread>
 #include <stdexcept>
 
 namespace shoal::comm::testing {
@@ -114,7 +117,9 @@ void check_reduce(ProcessGroup& pg, int64_t numel) {
   auto h = input(pg.rank(), numel, torch::kBFloat16);
   pg.reduce(h, {0, ReduceOp::kSum})->wait();
   if (pg.rank() == 0) {
-    expect_close(pg, h, reduce_expected(ReduceOp::kSum, n, numel), "reduce bfloat16", 1e-2);
+    // Exact: every input and partial sum is a multiple of 0.5 below 32, 7 significant bits at most
+    // (bfloat16 holds 8), whatever the order of the additions.
+    expect_close(pg, h, reduce_expected(ReduceOp::kSum, n, numel), "reduce bfloat16", 0);
   }
 }
 
@@ -193,8 +198,38 @@ void check_send_recv(ProcessGroup& pg, int64_t numel) {
   expect_close(pg, in, input(prev, numel), "recv from rank " + std::to_string(prev), 0);
 }
 
-void check_barrier(ProcessGroup& pg, int64_t) {
-  for (int i = 0; i < 3; ++i) pg.barrier()->wait();
+// Every rank notes when it entered and left each barrier (CLOCK_MONOTONIC, which threads and
+// processes of one machine share); one rank per round enters late. No rank may leave before the
+// last one entered: a barrier that does not wait fails this by the delay, whatever the scheduling.
+void check_barrier(ProcessGroup& pg, int64_t numel) {
+  check_barrier_with(pg, numel, [&pg] { pg.barrier()->wait(); });
+}
+
+void check_barrier_with(ProcessGroup& pg, int64_t numel, const std::function<void()>& barrier) {
+  for (int i = 0; i < 3; ++i) barrier();
+  if (numel != 1) return;  // the timed rounds once per backend and world size, not per count
+  using Clock = std::chrono::steady_clock;
+  // Long enough to dwarf the time a no-op barrier takes to return, short enough to keep the
+  // check cheap across every backend and world size.
+  constexpr auto kDelay = std::chrono::milliseconds(20);
+  const int n = pg.size();
+  for (int round = 0; round < std::min(n, 3); ++round) {
+    const int late = (n - 1 + round) % n;
+    if (pg.rank() == late) std::this_thread::sleep_for(kDelay);
+    const int64_t entered = Clock::now().time_since_epoch().count();
+    barrier();
+    const int64_t left = Clock::now().time_since_epoch().count();
+    std::vector<torch::Tensor> times;
+    for (int r = 0; r < n; ++r) times.push_back(torch::zeros({2}, torch::kLong));
+    pg.allgather(times, torch::tensor({entered, left}, torch::kLong))->wait();
+    int64_t last_entry = 0;
+    for (const auto& t : times) last_entry = std::max(last_entry, t[0].item<int64_t>());
+    for (int r = 0; r < n; ++r) {
+      expect(times[r][1].item<int64_t>() >= last_entry, pg,
+             "barrier round " + std::to_string(round) + ": rank " + std::to_string(r) +
+                 " left before rank " + std::to_string(late) + " entered");
+    }
+  }
 }
 
 void check_sub_group(ProcessGroup& pg, int64_t numel) {

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -34,6 +35,9 @@ void check_scatter(ProcessGroup& pg, int64_t numel);
 void check_reduce_scatter(ProcessGroup& pg, int64_t numel);
 void check_send_recv(ProcessGroup& pg, int64_t numel);
 void check_barrier(ProcessGroup& pg, int64_t numel);
+/// check_barrier with `barrier` in place of pg.barrier()->wait(): a test passes one that does not
+/// wait to see the check fail.
+void check_barrier_with(ProcessGroup& pg, int64_t numel, const std::function<void()>& barrier);
 void check_sub_group(ProcessGroup& pg, int64_t numel);
 
 /// Every check above, in a fixed order.

@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <atomic>
+
 #include "collective_checks.h"
 #include "shoal/comm/init.h"
 #include "shoal/error.h"
@@ -15,6 +17,24 @@ namespace {
 
 using shoal::comm::testing::all_checks;
 using shoal::comm::testing::element_counts;
+
+// The barrier check is not fooled by a barrier that returns at once: every rank sees that the
+// early ones left before the late one entered.
+TEST(BarrierCheck, FailsForABarrierThatDoesNotWait) {
+  torch::set_num_threads(1);
+  auto store = make_hash_store(Milliseconds(30'000));
+  std::atomic<int> caught{0};
+  shoal::testing::run_threads(2, [&](int rank) {
+    auto pg = new_process_group("gloo", store, rank, 2, Milliseconds(30'000));
+    try {
+      shoal::comm::testing::check_barrier_with(*pg, 1, [] {});
+    } catch (const std::runtime_error& e) {
+      EXPECT_NE(std::string(e.what()).find("left before rank 1 entered"), std::string::npos) << e.what();
+      ++caught;
+    }
+  });
+  EXPECT_EQ(caught.load(), 2);
+}
 
 struct Case {
   std::string backend;

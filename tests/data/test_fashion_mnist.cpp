@@ -24,11 +24,11 @@ struct TempDir {
   ~TempDir() { fs::remove_all(path); }
 };
 
-void require_real_data() {
-  if (!shoal::testing::have_real_fashion_mnist()) {
-    shoal::testing::skip_program("Fashion-MNIST is not installed (apt-get install dataset-fashion-mnist)");
-  }
-}
+// Skips the current test (not the program: the generated-file tests still run) without the data.
+#define SHOAL_REQUIRE_REAL_DATA()                                                  \
+  SHOAL_SKIP_UNLESS(shoal::testing::have_real_fashion_mnist(),                     \
+                    shoal::testing::Dependency::kDataset,                          \
+                    "Fashion-MNIST is not installed (apt-get install dataset-fashion-mnist)")
 
 // Runs `load` and returns the DataError's message; fails the test when nothing or something else
 // is thrown.
@@ -50,7 +50,7 @@ void expect_names_file(const std::string& message, const std::string& path, cons
 }
 
 TEST(FashionMnist, RealTrainSplitLoads) {
-  require_real_data();
+  SHOAL_REQUIRE_REAL_DATA();
   FashionMnist train(shoal::testing::real_fashion_mnist_dir(), /*train=*/true);
   ASSERT_EQ(train.size().value(), 60000u);
   EXPECT_EQ(train.images().sizes(), (std::vector<int64_t>{60000, 1, 28, 28}));
@@ -77,7 +77,7 @@ TEST(FashionMnist, RealTrainSplitLoads) {
 }
 
 TEST(FashionMnist, RealTestSplitLoads) {
-  require_real_data();
+  SHOAL_REQUIRE_REAL_DATA();
   FashionMnist test(shoal::testing::real_fashion_mnist_dir(), /*train=*/false);
   ASSERT_EQ(test.size().value(), 10000u);
   EXPECT_EQ(test.images().sizes(), (std::vector<int64_t>{10000, 1, 28, 28}));
@@ -101,7 +101,7 @@ TEST(FashionMnist, DecodesPixelsAndLabelsExactly) {
 }
 
 TEST(FashionMnist, TruncatedImageDataNamesFileAndSizes) {
-  require_real_data();
+  SHOAL_REQUIRE_REAL_DATA();
   TempDir dir;
   const std::string images = dir.path + "/t10k-images-idx3-ubyte.gz";
   // A valid gzip stream of only the first 1000 bytes of the real file.
@@ -116,7 +116,7 @@ TEST(FashionMnist, TruncatedImageDataNamesFileAndSizes) {
 }
 
 TEST(FashionMnist, CutGzipStreamNamesFile) {
-  require_real_data();
+  SHOAL_REQUIRE_REAL_DATA();
   TempDir dir;
   const std::string labels = dir.path + "/t10k-labels-idx1-ubyte.gz";
   std::vector<uint8_t> compressed = shoal::testing::read_raw(

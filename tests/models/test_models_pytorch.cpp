@@ -22,7 +22,7 @@ constexpr const char* kPython = "/usr/bin/python3";
 // Runs the Python twin; returns its stdout ("name numel" lines) and fills `values`.
 std::string run_python(const std::string& name, uint64_t seed, std::vector<float>& values) {
   const char* source = std::getenv("SHOAL_SOURCE_DIR");
-  if (source == nullptr) shoal::testing::skip_program("SHOAL_SOURCE_DIR is not set (run through ctest)");
+  if (source == nullptr) shoal::testing::skip_program(shoal::testing::Dependency::kOptional, "SHOAL_SOURCE_DIR is not set (run through ctest)");
   const std::string out = shoal::testing::temp_path("shoal-pytorch-model");
   const std::string command = std::string(kPython) + " " + source + "/tests/models/pytorch_models.py " +
                               name + " " + std::to_string(seed) + " " + out;
@@ -34,7 +34,7 @@ std::string run_python(const std::string& name, uint64_t seed, std::vector<float
   const int status = pipe != nullptr ? ::pclose(pipe) : -1;
   // The script exits 77 when it cannot import torch (importing it is the slow part: once only).
   if (WIFEXITED(status) && WEXITSTATUS(status) == 77) {
-    shoal::testing::skip_program("python3-torch is not installed");
+    shoal::testing::skip_program(shoal::testing::Dependency::kPythonTorch, "python3-torch is not installed");
   }
   EXPECT_EQ(status, 0) << command;
   std::ifstream in(out, std::ios::binary | std::ios::ate);

@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include <atomic>
+#include <cmath>
 #include <set>
 
 #include "shoal/comm/init.h"
@@ -279,6 +280,124 @@ TEST(DdpBuffers, BroadcastBuffersKeepsRankZerosRunningStatistics) {
   }
 }
 
+// broadcast_buffers = false: every rank keeps its own running statistics (PyTorch's option).
+TEST(DdpBuffers, WithoutBroadcastEveryRankKeepsItsOwnStatistics) {
+  std::vector<std::vector<torch::Tensor>> buffers(2), expected(2);
+  // Per rank: the module under DDP, and the same module run on this rank's data alone (no DDP).
+  torch::manual_seed(3);
+  WithBatchNorm original;
+  std::vector<WithBatchNorm> models(2), alones(2);
+  for (int r = 0; r < 2; ++r) {
+    torch::NoGradGuard no_grad;
+    for (auto* copy : {&models[r], &alones[r]}) {
+      for (size_t i = 0; i < original->parameters().size(); ++i) {
+        (*copy)->parameters()[i].copy_(original->parameters()[i]);
+      }
+    }
+  }
+  with_groups(2, [&](int rank, std::shared_ptr<comm::ProcessGroup> group) {
+    WithBatchNorm model = models[rank];
+    WithBatchNorm alone = alones[rank];
+    DistributedDataParallelOptions options;
+    options.broadcast_buffers = false;
+    DistributedDataParallel ddp(model, group, options);
+    EXPECT_FALSE(ddp.options().broadcast_buffers);
+    for (int step = 0; step < 3; ++step) {
+      auto x = torch::full({4, 5}, 1.0) * torch::arange(20).reshape({4, 5}) * (rank + 1) + rank;
+      ddp.forward(x).pow(2).mean().backward();
+      alone->forward(x);
+    }
+    ddp.prepare_for_forward();
+    buffers[rank] = clone_all(model->buffers());
+    expected[rank] = clone_all(alone->buffers());
+  });
+  for (int r = 0; r < 2; ++r) {
+    for (size_t i = 0; i < buffers[r].size(); ++i) {
+      EXPECT_TRUE(torch::allclose(buffers[r][i], expected[r][i], 1e-5, 1e-6)) << "rank " << r << " buffer " << i;
+    }
+  }
+  EXPECT_FALSE(torch::equal(buffers[0][0], buffers[1][0])) << "rank 0's statistics were broadcast";
+}
+
+// named_buffers() and named_parameters() are the module's own, names and tensors.
+TEST(DdpState, NamedBuffersAreTheModulesOwn) {
+  with_groups(1, [&](int, std::shared_ptr<comm::ProcessGroup> group) {
+    WithBatchNorm model;
+    DistributedDataParallel ddp(model, group);
+    const auto named = ddp.named_buffers();
+    const auto own = model->named_buffers();
+    ASSERT_EQ(named.size(), own.size());
+    ASSERT_EQ(named.size(), 3u);  // bn.running_mean, bn.running_var, bn.num_batches_tracked
+    for (size_t i = 0; i < own.size(); ++i) {
+      EXPECT_EQ(named[i].key(), own[i].key());
+      EXPECT_TRUE(named[i].value().is_same(own[i].value())) << own[i].key();
+    }
+    EXPECT_EQ(named[0].key(), "bn.running_mean");
+  });
+}
+
+// A module called directly, with several outputs: prepare_for_backward(vector) tells DDP all of
+// them, so find_unused_parameters sees that a parameter used by only the second output is used,
+// and the averaged gradients equal one process's over both ranks' data.
+struct TwoHeadsImpl : torch::nn::Module {
+  TwoHeadsImpl()
+      : trunk(register_module("trunk", torch::nn::Linear(4, 6))),
+        left(register_module("left", torch::nn::Linear(6, 2))),
+        right(register_module("right", torch::nn::Linear(6, 3))),
+        unused(register_module("unused", torch::nn::Linear(6, 1))) {}
+  std::vector<torch::Tensor> forward(torch::Tensor x) {
+    auto h = torch::relu(trunk(x));
+    return {left(h), right(h)};
+  }
+  torch::nn::Linear trunk, left, right, unused;
+};
+TORCH_MODULE(TwoHeads);
+
+TEST(DdpUnused, PrepareForBackwardWithSeveralOutputs) {
+  constexpr int kWorld = 2;
+  torch::manual_seed(9);
+  TwoHeads reference;
+  std::vector<TwoHeads> models;
+  for (int r = 0; r < kWorld; ++r) {
+    models.emplace_back();
+    torch::NoGradGuard no_grad;
+    for (size_t i = 0; i < reference->parameters().size(); ++i) {
+      models[r]->parameters()[i].copy_(reference->parameters()[i]);
+    }
+  }
+  torch::manual_seed(10);
+  const auto x = torch::randn({2 * kWorld, 4});
+  auto loss_of = [](const std::vector<torch::Tensor>& outs) {
+    return outs[0].pow(2).mean() + outs[1].abs().mean();
+  };
+  // Equal halves: the loss over the whole batch is the mean of the ranks' losses.
+  loss_of(reference->forward(x)).backward();
+  std::vector<std::vector<torch::Tensor>> grads(kWorld);
+  with_groups(kWorld, [&](int rank, std::shared_ptr<comm::ProcessGroup> group) {
+    DistributedDataParallelOptions options;
+    options.find_unused_parameters = true;
+    DistributedDataParallel ddp(models[rank], group, options);
+    ddp.prepare_for_forward();
+    auto outs = models[rank]->forward(x.narrow(0, rank * 2, 2));
+    ddp.prepare_for_backward(outs);
+    loss_of(outs).backward();
+    for (const auto& p : models[rank]->parameters()) {
+      grads[rank].push_back(p.grad().defined() ? p.grad().clone() : torch::zeros_like(p));
+    }
+  });
+  auto ref = reference->parameters();
+  for (int r = 0; r < kWorld; ++r) {
+    for (size_t i = 0; i < ref.size(); ++i) {
+      const auto want = ref[i].grad().defined() ? ref[i].grad() : torch::zeros_like(ref[i]);
+      EXPECT_TRUE(torch::allclose(grads[r][i], want, 1e-5, 1e-6))
+          << "rank " << r << " parameter " << i;
+    }
+  }
+  // The right head, used only by the second output, got a gradient; the unused layer none.
+  EXPECT_GT(grads[0][4].abs().sum().item<double>(), 0);
+  EXPECT_EQ(grads[0][6].abs().sum().item<double>(), 0);
+}
+
 // ---- join ----------------------------------------------------------------------------------------
 
 void join_uneven_inputs(const std::string& backend, bool bucket_view) {
@@ -413,12 +532,41 @@ TEST(DdpCommHooks, CompressionStaysCloseAndCustomHooksRunOncePerBucket) {
   EXPECT_GT(max_relative_difference(fp16_wrapper, fp32), 0) << "fp16 compression should round";
   EXPECT_LE(max_relative_difference(new_tensor, fp32), 1e-6);
   EXPECT_LE(max_relative_difference(fp16, fp32), 5e-3);
+  EXPECT_GT(max_relative_difference(fp16, fp32), 0) << "fp16 compression should round";
   EXPECT_LE(max_relative_difference(bf16, fp32), 3e-2);
   EXPECT_GT(max_relative_difference(bf16, fp32), 0) << "bf16 compression should round";
   EXPECT_EQ(max_relative_difference(custom, fp32), 0);
   EXPECT_EQ(calls.load(), static_cast<int>(2 * 10 * buckets));  // 2 ranks x 10 steps x buckets
 }
 
+// The compressing hooks, bucket by bucket, give exactly what rounding to the wire type implies:
+// rank r holds 1 + r + d with d below the wire type's resolution at 1 and 2 but above float's,
+// so a hook that does not round (or rounds to the wrong type) gives a different, exact answer.
+void expect_hook_rounds(const std::string& which, double d, double expected) {
+  constexpr int kWorld = 2;
+  std::vector<at::Tensor> buffers(kWorld);
+  with_groups(kWorld, [&](int rank, std::shared_ptr<comm::ProcessGroup> group) {
+    CommHook hook = which == "fp16" ? fp16_compress_hook(group) : bf16_compress_hook(group);
+    at::Tensor buffer = torch::full({7}, 1.0 + rank + d, torch::kFloat);
+    GradBucket bucket(0, true, buffer, {buffer}, {buffer});
+    hook(bucket)->wait();
+    EXPECT_EQ(bucket.buffer().scalar_type(), torch::kFloat);
+    buffers[rank] = bucket.buffer().clone();
+  });
+  for (int r = 0; r < kWorld; ++r) {
+    EXPECT_TRUE(torch::equal(buffers[r], torch::full({7}, expected, torch::kFloat)))
+        << which << " rank " << r << ": " << buffers[r][0].item<double>() << " want " << expected;
+  }
+}
+
+TEST(DdpCommHooks, CompressionRoundsToTheWireTypeExactly) {
+  // 2^-13 is below fp16's step at 1 (2^-10) but not float's: (1 + 2) / 2 after rounding, while
+  // a float32 average would be 1.5 + 2^-13.
+  expect_hook_rounds("fp16", std::ldexp(1.0, -13), 1.5);
+  // 2^-9 survives fp16 (exact at 1, 2 and their halves) but not bf16 (step 2^-7 at 1): bf16 gives
+  // exactly 1.5, fp16 exactly 1.5 + 2^-9.
+  expect_hook_rounds("bf16", std::ldexp(1.0, -9), 1.5);
+  expect_hook_rounds("fp16", std::ldexp(1.0, -9), 1.5 + std::ldexp(1.0, -9));
 // ---- PowerSGD ------------------------------------------------------------------------------------
 
 // Trains SmallMlp for `steps` on a learnable task (labels from a fixed random teacher), 2 ranks;

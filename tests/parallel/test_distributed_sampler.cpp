@@ -1,5 +1,6 @@
 // DistributedSampler: PyTorch's semantics (cover, pad, drop_last, set_epoch), and the very same
 // index lists as Python's torch.utils.data.DistributedSampler (Debian's python3-torch).
+#include <gtest/gtest-spi.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -10,6 +11,8 @@
 
 #include "shoal/data/distributed_sampler.h"
 #include "shoal/error.h"
+#include "testing/dependencies.h"
+#include "testing/python.h"
 
 namespace shoal::data {
 namespace {
@@ -90,32 +93,59 @@ TEST(DistributedSampler, WorksAsATorchDataSampler) {
   EXPECT_THROW(DistributedSampler(10, 2, 2), InvalidArgument);
 }
 
-std::string run_python(const std::string& script) {
-  std::string command = "/usr/bin/python3 -c '" + script + "' 2>/dev/null";
-  FILE* pipe = popen(command.c_str(), "r");
-  if (pipe == nullptr) return "";
-  std::string out;
-  char buffer[4096];
-  while (size_t n = fread(buffer, 1, sizeof buffer, pipe)) out.append(buffer, n);
-  const int status = pclose(pipe);
-  return status == 0 ? out : "";
+// save() then load() into a fresh sampler resumes mid-epoch: the same epoch's order from the
+// same position, through a real archive written to bytes and read back.
+TEST(DistributedSampler, SaveAndLoadResumeMidEpoch) {
+  DistributedSamplerOptions o;
+  o.seed = 5;
+  DistributedSampler sampler(103, 1, 3, o);
+  sampler.set_epoch(4);
+  ASSERT_TRUE(sampler.next(10).has_value());
+  ASSERT_TRUE(sampler.next(7).has_value());  // 17 of this rank's 35 taken
+  std::ostringstream bytes;
+  {
+    torch::serialize::OutputArchive archive;
+    sampler.save(archive);
+    archive.save_to(bytes);
+  }
+  DistributedSampler resumed(103, 1, 3, o);  // epoch 0, position 0
+  {
+    std::istringstream in(bytes.str());
+    torch::serialize::InputArchive archive;
+    archive.load_from(in);
+    resumed.load(archive);
+  }
+  EXPECT_EQ(resumed.epoch(), 4u);
+  std::vector<size_t> rest, expected;
+  while (auto batch = resumed.next(8)) rest.insert(rest.end(), batch->begin(), batch->end());
+  while (auto batch = sampler.next(8)) expected.insert(expected.end(), batch->begin(), batch->end());
+  EXPECT_EQ(rest.size(), 35u - 17u);
+  EXPECT_EQ(rest, expected);
+  const auto all = sampler.indices();
+  EXPECT_EQ(rest, std::vector<size_t>(all.begin() + 17, all.end()));
 }
 
-TEST(DistributedSampler, EqualsPythonsDistributedSampler) {
-  struct Case {
-    size_t n;
-    int replicas;
-    bool shuffle;
-    uint64_t seed;
-    bool drop_last;
-    uint64_t epoch;
-  };
-  const std::vector<Case> cases = {{10, 3, true, 4, false, 2},   {10, 3, true, 0, true, 0},
-                                   {1000, 4, true, 17, false, 5}, {7, 2, false, 0, false, 0},
-                                   {5, 8, true, 1, false, 3},     {60000, 3, true, 0, false, 1}};
+struct SamplerCase {
+  size_t n;
+  int replicas;
+  bool shuffle;
+  uint64_t seed;
+  bool drop_last;
+  uint64_t epoch;
+};
+
+const std::vector<SamplerCase> kSamplerCases = {
+    {10, 3, true, 4, false, 2},    {10, 3, true, 0, true, 0}, {1000, 4, true, 17, false, 5},
+    {7, 2, false, 0, false, 0},    {5, 8, true, 1, false, 3}, {60000, 3, true, 0, false, 1}};
+
+// Runs `prelude`, then imports torch (exit kNoTorchExitCode without it) and prints one
+// DistributedSampler's indices per case and rank, in /usr/bin/python3 (torch imported once: it is
+// the slow part).
+shoal::testing::PythonResult run_sampler_oracle(const std::string& prelude) {
   std::ostringstream script;
-  script << "import torch\nfrom torch.utils.data import DistributedSampler\n";
-  for (const auto& c : cases) {
+  script << prelude << shoal::testing::kImportTorchOrExit
+         << "from torch.utils.data import DistributedSampler\n";
+  for (const auto& c : kSamplerCases) {
     for (int r = 0; r < c.replicas; ++r) {
       script << "s = DistributedSampler(range(" << c.n << "), num_replicas=" << c.replicas
              << ", rank=" << r << ", shuffle=" << (c.shuffle ? "True" : "False")
@@ -123,13 +153,17 @@ TEST(DistributedSampler, EqualsPythonsDistributedSampler) {
              << ")\ns.set_epoch(" << c.epoch << ")\nprint(\" \".join(map(str, s)))\n";
     }
   }
-  const std::string out = run_python(script.str());
-  if (out.empty()) GTEST_SKIP() << "/usr/bin/python3 with torch is not available";
-  std::istringstream lines(out);
-  for (const auto& c : cases) {
+  return shoal::testing::run_python_code(script.str());
+}
+
+// Asserts each printed index list equals ours. A failed script is a failure showing its stderr.
+void expect_equals_python_sampler(const shoal::testing::PythonResult& result) {
+  ASSERT_TRUE(shoal::testing::oracle_succeeded(result));
+  std::istringstream lines(result.out);
+  for (const auto& c : kSamplerCases) {
     for (int r = 0; r < c.replicas; ++r) {
       std::string line;
-      ASSERT_TRUE(std::getline(lines, line));
+      ASSERT_TRUE(std::getline(lines, line)) << "the oracle printed too few lines";
       DistributedSamplerOptions o;
       o.shuffle = c.shuffle;
       o.seed = c.seed;
@@ -142,6 +176,32 @@ TEST(DistributedSampler, EqualsPythonsDistributedSampler) {
       ASSERT_EQ(mine.str(), line) << "n=" << c.n << " replicas=" << c.replicas << " rank=" << r;
     }
   }
+}
+
+TEST(DistributedSampler, EqualsPythonsDistributedSampler) {
+  const auto result = run_sampler_oracle("");
+  SHOAL_SKIP_UNLESS(result.exit_code != shoal::testing::kNoTorchExitCode,
+                    shoal::testing::Dependency::kPythonTorch,
+                    "/usr/bin/python3 with torch is not available");
+  expect_equals_python_sampler(result);
+}
+
+// The comparison cannot pass quietly: an oracle script that fails for any other reason than a
+// missing torch is a failure naming its stderr (the script fails before importing torch, so this
+// runs everywhere), and a wrong line is a mismatch.
+// An oracle that "succeeded" with the first case's rank 0 unshuffled (the real one is shuffled).
+shoal::testing::PythonResult unshuffled_first_line() {
+  shoal::testing::PythonResult result;
+  result.exit_code = 0;
+  result.out = "0 3 6 9\n";
+  return result;
+}
+
+TEST(DistributedSampler, BrokenOracleIsAFailureNotASkip) {
+  EXPECT_FATAL_FAILURE(
+      expect_equals_python_sampler(run_sampler_oracle("raise RuntimeError('oracle broken on purpose')\n")),
+      "oracle broken on purpose");
+  EXPECT_FATAL_FAILURE(expect_equals_python_sampler(unshuffled_first_line()), "rank=0");
 }
 
 }  // namespace

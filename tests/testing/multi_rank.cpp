@@ -1,6 +1,7 @@
 #include "testing/multi_rank.h"
 
 #include <arpa/inet.h>
+#include <gtest/gtest.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -147,9 +148,32 @@ std::vector<ProcessResult> run_processes(
     result.rank = rank;
     results.push_back(result);
   }
+  // The store and any signal files the ranks made next to it ("<store>.<what>").
   std::error_code ignored;
+  const std::filesystem::path store(store_path);
+  const std::string prefix = store.filename().string() + ".";
+  for (const auto& entry : std::filesystem::directory_iterator(store.parent_path(), ignored)) {
+    if (entry.path().filename().string().rfind(prefix, 0) == 0) std::filesystem::remove(entry.path(), ignored);
+  }
   std::filesystem::remove(store_path, ignored);
   return results;
+}
+
+void touch_file(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_CREAT | O_WRONLY | O_CLOEXEC, 0644);
+  if (fd < 0) throw std::runtime_error("touch_file: cannot create " + path);
+  ::close(fd);
+}
+
+bool wait_for_files(const std::vector<std::string>& paths, Milliseconds timeout) {
+  const auto until = std::chrono::steady_clock::now() + timeout;
+  for (const auto& path : paths) {
+    while (::access(path.c_str(), F_OK) != 0) {
+      if (std::chrono::steady_clock::now() > until) return false;
+      std::this_thread::sleep_for(Milliseconds(5));
+    }
+  }
+  return true;
 }
 
 std::string temp_path(const std::string& stem) {
@@ -160,11 +184,28 @@ std::string temp_path(const std::string& stem) {
          std::to_string(counter++);
 }
 
-void skip_program(const std::string& reason) {
+void skip_program(Dependency dependency, const std::string& reason) {
+  const ::testing::UnitTest& unit = *::testing::UnitTest::GetInstance();
+  const ::testing::TestInfo* current = unit.current_test_info();
+  const bool failed = unit.failed_test_count() > 0 || unit.Failed() ||
+                      (current != nullptr && current->result()->Failed());
+  std::fflush(stdout);
+  if (failed) {
+    std::fprintf(stderr, "FAILED: not skipping (%s): a test has already failed\n", reason.c_str());
+    std::fflush(stderr);
+    std::_Exit(1);
+  }
+  if (skip_is_failure(dependency)) {
+    std::fprintf(stderr, "FAILED: %s\n", forbidden_skip_message(reason).c_str());
+    std::fflush(stderr);
+    std::_Exit(1);
+  }
   std::printf("SKIPPED: %s\n", reason.c_str());
   std::fflush(stdout);
   std::_Exit(kSkipExitCode);
 }
+
+void skip_program(const std::string& reason) { skip_program(Dependency::kPythonTorch, reason); }
 
 int free_port() {
   int fd = socket(AF_INET, SOCK_STREAM, 0);

@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "testing/dependencies.h"
+
 namespace shoal::testing {
 
 using Milliseconds = std::chrono::milliseconds;
@@ -56,12 +58,37 @@ class ChildProcess {
 };
 
 /// Runs fn(rank, store_path) as `world_size` forked processes that can meet through a file store
-/// at store_path. Returns each rank's result; processes still running at `deadline` are killed
+/// at store_path (and signal each other with files "<store_path>.<what>", removed at the end). Returns each rank's result; processes still running at `deadline` are killed
 /// (their result says signal 9).
 std::vector<ProcessResult> run_processes(int world_size,
                                          const std::function<void(int rank,
                                                                   const std::string& store_path)>& fn,
                                          Milliseconds deadline = Milliseconds(120'000));
+
+/// How long the gloo and mpi backends spend naming the peer at fault after a time-out or a peer
+/// error (their kDiagnoseBudget), before the error reaches the caller.
+constexpr Milliseconds kDiagnoseBudget{2000};
+
+/// Slack for a loaded 2-core machine (process start-up, scheduling) in every fault-time bound.
+constexpr Milliseconds kLoadMargin{3000};
+
+/// The latest, in seconds, an operation with time-out `timeout` may report a fault: the time-out,
+/// the diagnosis budget and kLoadMargin.
+inline double fault_deadline_seconds(Milliseconds timeout) {
+  return static_cast<double>((timeout + kDiagnoseBudget + kLoadMargin).count()) / 1000.0;
+}
+
+/// Creates the empty file `path`: a signal from one process (or thread) of a test to another.
+void touch_file(const std::string& path);
+
+/// Waits until every file of `paths` exists; false when `timeout` passed first. A handshake in
+/// place of a sleep: the waiter goes on exactly when the other side has done what it waits for.
+bool wait_for_files(const std::vector<std::string>& paths, Milliseconds timeout);
+
+/// wait_for_files for one file.
+inline bool wait_for_file(const std::string& path, Milliseconds timeout) {
+  return wait_for_files({path}, timeout);
+}
 
 /// A fresh path under the temporary folder, unique to this process and call.
 std::string temp_path(const std::string& stem);
@@ -69,7 +96,12 @@ std::string temp_path(const std::string& stem);
 /// Exit code CTest treats as "skipped" (SKIP_RETURN_CODE).
 constexpr int kSkipExitCode = 77;
 
-/// Prints why and exits with kSkipExitCode: the whole test program is reported as skipped.
+/// Ends the whole program for want of `dependency`: exit kSkipExitCode (reported as skipped) when
+/// nothing has failed so far and the skip is allowed here (see dependencies.h), else exit 1 with
+/// why. Prefer SHOAL_SKIP_TEST, which skips one test; this is for main() before any test runs.
+[[noreturn]] void skip_program(Dependency dependency, const std::string& reason);
+
+/// skip_program for a required dependency (a failure under SHOAL_REQUIRE_ORACLES=1).
 [[noreturn]] void skip_program(const std::string& reason);
 
 /// A free TCP port on the loopback interface (bound and released).

@@ -7,7 +7,9 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <stdexcept>
 
+#include "testing/dependencies.h"
 #include "testing/idx_files.h"
 #include "testing/multi_rank.h"
 
@@ -29,10 +31,11 @@ std::string slurp(const std::string& path) {
 }
 
 std::string shoal_binary() {
+  // Under ctest both hold; elsewhere this is a failure of the test's set-up, not a skip.
   const char* dir = std::getenv("SHOAL_BINARY_DIR");
-  if (dir == nullptr) shoal::testing::skip_program("SHOAL_BINARY_DIR is not set (run through ctest)");
+  if (dir == nullptr) throw std::runtime_error("SHOAL_BINARY_DIR is not set (run through ctest)");
   const std::string path = std::string(dir) + "/apps/shoal/shoal";
-  if (!fs::exists(path)) shoal::testing::skip_program(path + " is not built");
+  if (!fs::exists(path)) throw std::runtime_error(path + " is not built");
   return path;
 }
 
@@ -56,9 +59,8 @@ int count_lines(const std::string& text) {
 }
 
 TEST(CliTrain, TruncatedTrainImagesGiveOneLineNamingTheFile) {
-  if (!shoal::testing::have_real_fashion_mnist()) {
-    shoal::testing::skip_program("Fashion-MNIST is not installed (apt-get install dataset-fashion-mnist)");
-  }
+  SHOAL_SKIP_UNLESS(shoal::testing::have_real_fashion_mnist(), shoal::testing::Dependency::kDataset,
+                    "Fashion-MNIST is not installed (apt-get install dataset-fashion-mnist)");
   const std::string dir = shoal::testing::make_temp_dir("shoal-cli-trunc");
   const std::string real = shoal::testing::real_fashion_mnist_dir();
   const std::string images = dir + "/train-images-idx3-ubyte.gz";
@@ -121,7 +123,9 @@ TEST(CliTrain, TrainsOnASmallDatasetAndReportsAccuracy) {
   const size_t last = run.out.rfind("final test accuracy: ");
   ASSERT_NE(last, std::string::npos) << run.out;
   const double accuracy = std::stod(run.out.substr(last + 21));
-  EXPECT_GE(accuracy, 0.0);
+  // The test split repeats the first training images; chance is 0.1. Measured: 0.41 after these
+  // two epochs (deterministic for the default seed). A trainer that learns nothing fails.
+  EXPECT_GT(accuracy, 0.3);
   EXPECT_LE(accuracy, 1.0);
   EXPECT_EQ(run.out.find('\n', last), run.out.size() - 1);
   EXPECT_NE(run.out.find("epoch 2/2"), std::string::npos) << run.out;

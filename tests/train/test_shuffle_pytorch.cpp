@@ -35,7 +35,7 @@ TEST(ShuffleVsPyTorch, MatchesDistributedSampler) {
   const int status = ::pclose(pipe);
   // Exit 77: torch cannot be imported (checked inside, so that torch is imported once only).
   if (WIFEXITED(status) && WEXITSTATUS(status) == 77) {
-    shoal::testing::skip_program("python3-torch is not installed");
+    shoal::testing::skip_program(shoal::testing::Dependency::kPythonTorch, "python3-torch is not installed");
   }
   ASSERT_EQ(status, 0);
   std::istringstream lines(text);

@@ -33,9 +33,9 @@ struct Outcome {
 
 std::string shoal_binary() {
   const char* dir = std::getenv("SHOAL_BINARY_DIR");
-  if (dir == nullptr) shoal::testing::skip_program("SHOAL_BINARY_DIR is not set (run under ctest)");
+  if (dir == nullptr) shoal::testing::skip_program(shoal::testing::Dependency::kOptional, "SHOAL_BINARY_DIR is not set (run under ctest)");
   if (!fs::exists("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz")) {
-    shoal::testing::skip_program("Fashion-MNIST is not installed (dataset-fashion-mnist)");
+    shoal::testing::skip_program(shoal::testing::Dependency::kDataset, "Fashion-MNIST is not installed (dataset-fashion-mnist)");
   }
   return std::string(dir) + "/apps/shoal/shoal";
 }

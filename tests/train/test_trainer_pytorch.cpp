@@ -21,7 +21,7 @@ namespace {
 void check_against_pytorch(const std::string& model_name, int64_t size, int64_t epochs,
                            double lr) {
   const char* source = std::getenv("SHOAL_SOURCE_DIR");
-  if (source == nullptr) shoal::testing::skip_program("SHOAL_SOURCE_DIR is not set (run through ctest)");
+  if (source == nullptr) shoal::testing::skip_program(shoal::testing::Dependency::kOptional, "SHOAL_SOURCE_DIR is not set (run through ctest)");
   const uint64_t seed = 3, data_seed = 11;
   const int64_t batch = 32;
   const double momentum = 0.9;
@@ -58,7 +58,7 @@ void check_against_pytorch(const std::string& model_name, int64_t size, int64_t 
   const int status = ::pclose(pipe);
   // The script exits 77 when it cannot import torch (importing it is the slow part: once only).
   if (WIFEXITED(status) && WEXITSTATUS(status) == 77) {
-    shoal::testing::skip_program("python3-torch is not installed");
+    shoal::testing::skip_program(shoal::testing::Dependency::kPythonTorch, "python3-torch is not installed");
   }
   ASSERT_EQ(status, 0) << command.str();
 

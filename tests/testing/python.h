@@ -1,0 +1,46 @@
+// Running a PyTorch oracle: /usr/bin/python3 (Debian's, with python3-torch) on a script or a file,
+// with stdout and stderr kept apart so a failing oracle shows why instead of looking like "no torch".
+//
+// Thread safety: any thread (each call runs its own process).
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+namespace shoal::testing {
+
+/// The exit status an oracle script gives when torch cannot be imported (see kImportTorchOrExit):
+/// the one failure that is a skip (CTest's skip code, too).
+constexpr int kNoTorchExitCode = 77;
+
+/// Python lines that import torch, or exit kNoTorchExitCode when it is not installed. Importing
+/// torch is the slow part of an oracle: do it once, in the oracle script itself.
+constexpr const char* kImportTorchOrExit =
+    "import sys\ntry:\n    import torch\nexcept ImportError:\n    sys.exit(77)\n";
+
+/// How one run of /usr/bin/python3 ended.
+struct PythonResult {
+  int exit_code = -1;  ///< exit status, or -1 when it did not exit normally
+  std::string out;     ///< everything it wrote to stdout
+  std::string err;     ///< everything it wrote to stderr
+  bool ok() const { return exit_code == 0; }
+  /// "exit N; stderr: ..." for a failure message.
+  std::string describe() const;
+};
+
+/// Runs the shell command line `command` with stdout and stderr captured apart (any program, not
+/// only Python: the result type is the same).
+PythonResult run_command(const std::string& command);
+
+/// Runs `/usr/bin/python3 ARGS...` (each argument shell-quoted) with OMP_NUM_THREADS=1.
+PythonResult run_python(const std::vector<std::string>& args);
+
+/// Runs the program text `code` (`/usr/bin/python3 -c code`).
+PythonResult run_python_code(const std::string& code);
+
+/// Success when the oracle exited 0; else a failure naming the exit status and its stderr.
+::testing::AssertionResult oracle_succeeded(const PythonResult& result);
+
+}  // namespace shoal::testing
