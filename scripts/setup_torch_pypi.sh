@@ -43,7 +43,6 @@ NEEDED_CUDA_LIBS=(
   "libnvJitLink.so.13    nvidia-nvjitlink==13.2.86.*"
   "libcufile.so.0        nvidia-cufile==1.17.1.22.*"
   "libcusparseLt.so.0    nvidia-cusparselt-cu13==0.8.1"
-  "libnccl.so.2          nvidia-nccl-cu13==2.30.7"
   "libcudnn.so.9         nvidia-cudnn-cu13==9.26.0.51"
   "libnvshmem_host.so.3  nvidia-nvshmem-cu13==3.7.2"
 )
@@ -77,7 +76,9 @@ has_system_lib() {
   return 1
 }
 
-wheels=()
+# NCCL always comes from its wheel: LibTorch 2.15 calls NCCL 2.30 functions (ncclCommSuspend...)
+# that the CUDA toolkit's older NCCL lacks, and the NCCL backend needs it.
+wheels=("nvidia-nccl-cu13==2.30.7")
 for entry in "${NEEDED_CUDA_LIBS[@]}"; do
   read -r lib req <<<"$entry"
   if ! has_system_lib "$lib"; then
@@ -89,11 +90,13 @@ DL="$CACHE/downloads/torch-$TORCH_VERSION"
 mkdir -p "$DL"
 echo "setup_torch_pypi: downloading torch==$TORCH_VERSION (LibTorch 2.x, ~540 MB) and" \
      "${#wheels[@]} CUDA library wheel(s) the machine lacks: ${wheels[*]-none}" >&2
+# Linux x86-64 wheels for glibc 2.17 to 2.28 (Debian 12 has 2.36; torch's wheel needs 2.28).
+PLATFORMS=(--platform manylinux2014_x86_64)
+for minor in $(seq 17 28); do PLATFORMS+=(--platform "manylinux_2_${minor}_x86_64"); done
 fetch() {
   # --python-version/--platform: the wheels for CPython 3.11 on Linux x86-64, whatever runs pip.
   if ! "${PIP[@]}" download --quiet --no-deps --only-binary=:all: --python-version "$PY_VERSION" \
-        --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
-        --platform manylinux2014_x86_64 --dest "$DL" "$@" >"$CACHE/pip-download.log" 2>&1; then
+        "${PLATFORMS[@]}" --dest "$DL" "$@" >"$CACHE/pip-download.log" 2>&1; then
     echo "setup_torch_pypi: error: downloading $* from PyPI failed (no network, or PyPI" \
          "unreachable?); see $CACHE/pip-download.log:" >&2
     tail -n 5 "$CACHE/pip-download.log" >&2
@@ -123,6 +126,15 @@ missing=$(LD_LIBRARY_PATH= ldd "$TARGET/torch/lib/libtorch.so" | awk '/not found
 if [ -n "$missing" ]; then
   echo "setup_torch_pypi: error: LibTorch's libraries need $(echo $missing), found neither on" \
        "this machine nor installed from PyPI" >&2
+  exit 1
+fi
+# A library of the toolkit that is older than the one LibTorch was built against lacks symbols.
+undefined=$(LD_LIBRARY_PATH= ldd -r "$TARGET/torch/lib/libtorch_cuda.so" 2>&1 |
+            awk '/undefined symbol/ {print $3}' | sort -u | head -n 5)
+if [ -n "$undefined" ]; then
+  echo "setup_torch_pypi: error: LibTorch's libtorch_cuda.so needs symbols this machine's CUDA" \
+       "libraries lack: $(echo $undefined) (an older CUDA toolkit?); remove it from the library" \
+       "path or add its wheel to NEEDED_CUDA_LIBS in this script" >&2
   exit 1
 fi
 touch "$TARGET/.complete"

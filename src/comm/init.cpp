@@ -55,6 +55,12 @@ bool is_loopback(const std::string& host) {
   return host == "localhost" || host.rfind("127.", 0) == 0 || host == "::1";
 }
 
+// torchrun's elastic agent serves the rendezvous store itself (PyTorch 2.x, and 1.x >= 1.9).
+bool torchelastic_agent_store() {
+  const char* value = env("TORCHELASTIC_USE_AGENT_STORE");
+  return value != nullptr && std::string(value) == "True";
+}
+
 }  // namespace
 
 RankInfo detect_rank_info(const InitOptions& options) {
@@ -251,8 +257,15 @@ std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options) {
                     "MASTER_ADDR=", info.master_addr, " is a loopback address but the job spans ",
                     "several hosts (LOCAL_WORLD_SIZE ", info.local_world_size, " < WORLD_SIZE ",
                     info.world_size, "); set MASTER_ADDR to rank 0's address on the network");
-      store = make_tcp_store(info.master_addr, info.master_port, info.world_size, info.rank == 0,
-                             timeout);
+      // Under torchrun (elastic agent), the agent already serves the store at MASTER_ADDR:
+      // MASTER_PORT: every rank joins it as a client, in this restart attempt's own key space.
+      const bool agent_store = torchelastic_agent_store();
+      store = make_tcp_store(info.master_addr, info.master_port, info.world_size,
+                             info.rank == 0 && !agent_store, timeout);
+      if (agent_store) {
+        store = make_prefix_store(
+            "/worker/attempt_" + std::to_string(env_int("TORCHELASTIC_RESTART_COUNT", 0)), store);
+      }
     }
   } else if (method.rfind("tcp://", 0) == 0) {
     const std::string hostport = method.substr(6);

@@ -15,6 +15,8 @@ namespace {
 
 using torch::autograd::Node;
 using torch::autograd::variable_list;
+// A node's owning pointer: std::shared_ptr in LibTorch 1.13, c10::intrusive_ptr in later 2.x.
+using NodePtr = decltype(torch::autograd::impl::grad_accumulator(std::declval<const at::Tensor&>()));
 
 class PostHook : public torch::autograd::FunctionPostHook {
  public:
@@ -30,14 +32,14 @@ class PostHook : public torch::autograd::FunctionPostHook {
 
 class AccumulatorHook : public GradAccumulatedHook {
  public:
-  AccumulatorHook(std::shared_ptr<Node> node, std::function<void()> fn) : node_(std::move(node)) {
+  AccumulatorHook(NodePtr node, std::function<void()> fn) : node_(std::move(node)) {
     key_ = node_->add_post_hook(std::make_unique<PostHook>(std::move(fn)));
   }
   ~AccumulatorHook() override { node_->del_post_hook(key_); }
   const void* accumulator() const override { return node_.get(); }
 
  private:
-  std::shared_ptr<Node> node_;
+  NodePtr node_;
   uintptr_t key_ = 0;
 };
 

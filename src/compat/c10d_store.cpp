@@ -5,6 +5,7 @@
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include <torch/version.h>
 
 #include "compat/c10d_store_ref.h"
 #include "shoal/error.h"
@@ -103,6 +104,12 @@ class ShoalBackedC10dStore : public c10d::Store {
             const std::chrono::milliseconds& timeout) override {
     store_->wait(keys, timeout);
   }
+#if TORCH_VERSION_MAJOR >= 2
+  // LibTorch 2.x: a store for another thread; Shoal's stores are thread-safe, so it shares this one.
+  c10::intrusive_ptr<c10d::Store> clone() override {
+    return c10::make_intrusive<ShoalBackedC10dStore>(store_);
+  }
+#endif
 
  private:
   std::shared_ptr<comm::Store> store_;
