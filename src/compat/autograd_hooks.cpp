@@ -1,6 +1,6 @@
-// LibTorch 1.13 implementation of compat/autograd_hooks.h. In LibTorch 2.x, post hooks on
-// AccumulateGrad are replaced by post-accumulate-grad hooks (Tensor::register_post_accumulate_grad_hook)
-// and FunctionPostHook's signature changed: this is the one file to adapt.
+// compat/autograd_hooks.h for LibTorch 1.13 and 2.x: a post hook on the parameter's
+// AccumulateGrad node (FunctionPostHook's signature is the same in both; the node pointer is a
+// std::shared_ptr in 1.13 and a c10::intrusive_ptr in recent 2.x, hence NodePtr below).
 #include "compat/autograd_hooks.h"
 
 #include <torch/csrc/autograd/engine.h>

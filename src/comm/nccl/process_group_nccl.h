@@ -15,6 +15,7 @@
 #include "shoal/comm/store.h"
 
 namespace shoal::compat {
+class NativeWork;
 class NcclGroup;
 }
 
