@@ -7,6 +7,7 @@
 #include "comm/backends.h"
 #include "comm/gloo/process_group_gloo.h"
 #include "comm/peer_directory.h"
+#include "compat/c10d_store.h"
 #include "shoal/error.h"
 
 namespace shoal::comm {
@@ -259,8 +260,12 @@ std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options) {
                     info.world_size, "); set MASTER_ADDR to rank 0's address on the network");
       // Under torchrun (elastic agent), the agent already serves the store at MASTER_ADDR:
       // MASTER_PORT: every rank joins it as a client, in this restart attempt's own key space.
-      const bool agent_store = torchelastic_agent_store();
-      store = make_tcp_store(info.master_addr, info.master_port, info.world_size,
+      // A LibTorch that cannot speak to the agent's store (1.13 under 2.x's torchrun) meets on
+      // a store of its own that rank 0 serves on the next port.
+      const bool under_agent = torchelastic_agent_store();
+      const bool agent_store = under_agent && compat::can_join_torchrun_agent_store();
+      const int port = under_agent && !agent_store ? info.master_port + 1 : info.master_port;
+      store = make_tcp_store(info.master_addr, port, info.world_size,
                              info.rank == 0 && !agent_store, timeout);
       if (agent_store) {
         store = make_prefix_store(

@@ -127,6 +127,8 @@ std::shared_ptr<C10dStoreRef> to_c10d_store(const std::shared_ptr<comm::Store>& 
   return ref;
 }
 
+bool can_join_torchrun_agent_store() { return TORCH_VERSION_MAJOR >= 2; }
+
 }  // namespace shoal::compat
 
 namespace shoal::comm {
