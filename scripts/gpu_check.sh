@@ -29,7 +29,7 @@ if ! prefix=$("$PYTHON" -c 'import torch, sys; assert int(torch.__version__.spli
   prefix="$torch_dir/share/cmake"
 fi
 torch_root=$(cd "$prefix/../.." && pwd)  # .../site-packages/torch
-version=$("$PYTHON" -c 'import torch; print(torch.__version__, "CUDA", torch.version.cuda)')
+version=$("$PYTHON" -W ignore -c 'import torch; print(torch.__version__, "CUDA", torch.version.cuda)' 2>/dev/null)
 say "PyTorch $version at $torch_root"
 
 # 2. GPUs (nvidia-smi does not initialise CUDA in this process).
