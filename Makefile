@@ -1,5 +1,17 @@
 # Shoal: `make run` (set-up + build + the main job), `make test` (set-up + build + every test).
+# TORCH=debian (default): Debian's LibTorch 1.13, in build/. TORCH=pypi: PyTorch 2.x's LibTorch
+# from PyPI's torch wheel (scripts/setup_torch_pypi.sh installs it in ~/.cache/shoal), in build-pypi/.
+TORCH ?= debian
+ifeq ($(TORCH),pypi)
+BUILD_DIR  ?= build-pypi
+TORCH_PREFIX = $(shell bash scripts/setup_torch_pypi.sh --prefix)
+CMAKE_TORCH = -DCMAKE_PREFIX_PATH=$(TORCH_PREFIX)
+else ifeq ($(TORCH),debian)
 BUILD_DIR  ?= build
+CMAKE_TORCH =
+else
+$(error TORCH=$(TORCH): expected debian or pypi)
+endif
 BUILD_TYPE ?= Release
 JOBS       ?= $(shell nproc)
 CTEST_JOBS ?= 2
@@ -11,9 +23,12 @@ all: build
 
 setup:
 	@bash scripts/setup.sh
+ifeq ($(TORCH),pypi)
+	@bash scripts/setup_torch_pypi.sh >/dev/null
+endif
 
 $(BUILD_DIR)/build.ninja: | setup
-	@cmake -S . -B $(BUILD_DIR) -G Ninja -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) >/dev/null
+	@cmake -S . -B $(BUILD_DIR) -G Ninja -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) $(CMAKE_TORCH) >/dev/null
 
 configure: setup $(BUILD_DIR)/build.ninja
 

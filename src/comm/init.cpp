@@ -8,6 +8,7 @@
 #include "comm/gloo/process_group_gloo.h"
 #include "comm/peer_directory.h"
 #include "comm/timeouts.h"
+#include "compat/c10d_store.h"
 #include "shoal/error.h"
 
 namespace shoal::comm {
@@ -54,6 +55,12 @@ int slurm_tasks_on_node(const char* spec, int node) {
 
 bool is_loopback(const std::string& host) {
   return host == "localhost" || host.rfind("127.", 0) == 0 || host == "::1";
+}
+
+// torchrun's elastic agent serves the rendezvous store itself (PyTorch 2.x, and 1.x >= 1.9).
+bool torchelastic_agent_store() {
+  const char* value = env("TORCHELASTIC_USE_AGENT_STORE");
+  return value != nullptr && std::string(value) == "True";
 }
 
 }  // namespace
@@ -258,8 +265,22 @@ std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options) {
                     "MASTER_ADDR=", info.master_addr, " is a loopback address but the job spans ",
                     "several hosts (LOCAL_WORLD_SIZE ", info.local_world_size, " < WORLD_SIZE ",
                     info.world_size, "); set MASTER_ADDR to rank 0's address on the network");
-      store = make_tcp_store(info.master_addr, info.master_port, info.world_size, info.rank == 0,
-                             timeout);
+      // Under torchrun (elastic agent), the agent already serves the store at MASTER_ADDR:
+      // MASTER_PORT: every rank joins it as a client, in this restart attempt's own key space.
+      // A LibTorch that cannot speak to the agent's store (1.13 under 2.x's torchrun) meets on
+      // a store of its own that rank 0 serves on the next port.
+      const bool under_agent = torchelastic_agent_store();
+      const bool agent_store = under_agent && compat::can_join_torchrun_agent_store();
+      const int port = under_agent && !agent_store ? info.master_port + 1 : info.master_port;
+      // The agent's store is c10d's own TCPStore (its protocol, no Shoal token); otherwise
+      // Shoal's authenticated store, which rank 0 serves.
+      store = agent_store ? make_c10d_tcp_store_client(info.master_addr, port, timeout)
+                          : make_tcp_store(info.master_addr, port, info.world_size,
+                                           info.rank == 0, timeout);
+      if (agent_store) {
+        store = make_prefix_store(
+            "/worker/attempt_" + std::to_string(env_int("TORCHELASTIC_RESTART_COUNT", 0)), store);
+      }
     }
   } else if (method.rfind("tcp://", 0) == 0) {
     const std::string hostport = method.substr(6);

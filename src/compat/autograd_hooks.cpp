@@ -1,6 +1,6 @@
-// LibTorch 1.13 implementation of compat/autograd_hooks.h. In LibTorch 2.x, post hooks on
-// AccumulateGrad are replaced by post-accumulate-grad hooks (Tensor::register_post_accumulate_grad_hook)
-// and FunctionPostHook's signature changed: this is the one file to adapt.
+// compat/autograd_hooks.h for LibTorch 1.13 and 2.x: a post hook on the parameter's
+// AccumulateGrad node (FunctionPostHook's signature is the same in both; the node pointer is a
+// std::shared_ptr in 1.13 and a c10::intrusive_ptr in recent 2.x, hence NodePtr below).
 #include "compat/autograd_hooks.h"
 
 #include <torch/csrc/autograd/engine.h>
@@ -17,6 +17,8 @@ namespace {
 
 using torch::autograd::Node;
 using torch::autograd::variable_list;
+// A node's owning pointer: std::shared_ptr in LibTorch 1.13, c10::intrusive_ptr in later 2.x.
+using NodePtr = decltype(torch::autograd::impl::grad_accumulator(std::declval<const at::Tensor&>()));
 
 class PostHook : public torch::autograd::FunctionPostHook {
  public:
@@ -32,14 +34,14 @@ class PostHook : public torch::autograd::FunctionPostHook {
 
 class AccumulatorHook : public GradAccumulatedHook {
  public:
-  AccumulatorHook(std::shared_ptr<Node> node, std::function<void()> fn) : node_(std::move(node)) {
+  AccumulatorHook(NodePtr node, std::function<void()> fn) : node_(std::move(node)) {
     key_ = node_->add_post_hook(std::make_unique<PostHook>(std::move(fn)));
   }
   ~AccumulatorHook() override { node_->del_post_hook(key_); }
   const void* accumulator() const override { return node_.get(); }
 
  private:
-  std::shared_ptr<Node> node_;
+  NodePtr node_;
   uintptr_t key_ = 0;
 };
 

@@ -7,6 +7,8 @@
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include <torch/version.h>
 
 #include "comm/timeouts.h"
 #include "compat/c10d_store_ref.h"
@@ -106,6 +108,12 @@ class ShoalBackedC10dStore : public c10d::Store {
             const std::chrono::milliseconds& timeout) override {
     store_->wait(keys, timeout);
   }
+#if TORCH_VERSION_MAJOR >= 2
+  // LibTorch 2.x: a store for another thread; Shoal's stores are thread-safe, so it shares this one.
+  c10::intrusive_ptr<c10d::Store> clone() override {
+    return c10::make_intrusive<ShoalBackedC10dStore>(store_);
+  }
+#endif
 
  private:
   std::shared_ptr<comm::Store> store_;
@@ -122,6 +130,8 @@ std::shared_ptr<C10dStoreRef> to_c10d_store(const std::shared_ptr<comm::Store>& 
   }
   return ref;
 }
+
+bool can_join_torchrun_agent_store() { return TORCH_VERSION_MAJOR >= 2; }
 
 }  // namespace shoal::compat
 
@@ -160,7 +170,31 @@ std::shared_ptr<Store> make_file_store(const std::string& path, int world_size,
   return std::make_shared<compat::C10dBackedStore>(store, "file store '" + path + "'");
 }
 
-// make_tcp_store is Shoal's own authenticated store: comm/tcp_store.cpp.
+// make_tcp_store is Shoal's own authenticated store: comm/tcp_store.cpp. torchrun's elastic agent
+// serves c10d's own TCPStore, which speaks c10d's protocol (and knows no Shoal token): its ranks
+// join it through c10d's client.
+std::shared_ptr<Store> make_c10d_tcp_store_client(const std::string& host, int port,
+                                                  Milliseconds timeout) {
+  SHOAL_CHECK_T(InvalidArgument, port > 0 && port <= 65535, "torchrun agent store: port ", port,
+                " is out of range 1..65535");
+  c10d::TCPStoreOptions options;
+  options.port = static_cast<uint16_t>(port);
+  options.isServer = false;
+  options.waitWorkers = false;
+  options.timeout = timeout;
+  c10::intrusive_ptr<c10d::TCPStore> store;
+  try {
+    store = c10::make_intrusive<c10d::TCPStore>(host, options);
+  } catch (const std::exception& e) {
+    std::string message = e.what();
+    message = message.substr(0, message.find('\n'));
+    SHOAL_THROW(TimeoutError, "torchrun agent store: cannot connect to ", host, ":", port,
+                " within ", timeout.count(), " ms: ", message,
+                " (is the torchrun agent running, and MASTER_ADDR/MASTER_PORT as it set them?)");
+  }
+  return std::make_shared<compat::C10dBackedStore>(
+      store, detail::str_cat("torchrun agent store ", host, ":", port));
+}
 
 std::shared_ptr<Store> make_prefix_store(const std::string& prefix, std::shared_ptr<Store> base) {
   auto ref = compat::to_c10d_store(base);

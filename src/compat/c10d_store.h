@@ -17,4 +17,9 @@ namespace shoal::compat {
 struct C10dStoreRef;
 std::shared_ptr<C10dStoreRef> to_c10d_store(const std::shared_ptr<comm::Store>& store);
 
+/// Whether this LibTorch's TCPStore client can join the store that PyTorch 2.x's torchrun agent
+/// serves. LibTorch 1.13's cannot: 2.x servers answer its requests with a connection reset (the
+/// legacy server) or never (the libuv server, the default), as the wire protocol changed.
+bool can_join_torchrun_agent_store();
+
 }  // namespace shoal::compat

@@ -1,5 +1,6 @@
 #include "compat/optimizer_state.h"
 
+#include <sstream>
 #include <string>
 #include <type_traits>
 
@@ -10,7 +11,10 @@ template <typename Map>
 typename Map::key_type state_key(const at::Tensor& param) {
   using Key = typename Map::key_type;
   if constexpr (std::is_same_v<Key, std::string>) {
-    return c10::guts::to_string(param.unsafeGetTensorImpl());
+    // As 1.13's c10::guts::to_string (gone in 2.x) writes the address: through an ostream.
+    std::ostringstream key;
+    key << static_cast<const void*>(param.unsafeGetTensorImpl());
+    return key.str();
   } else {
     return static_cast<Key>(param.unsafeGetTensorImpl());
   }

@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 
+#include "comm/native_backed_work.h"
 #include "comm/peer_directory.h"
 #include "compat/gloo_group.h"
 #include "comm/timeouts.h"
@@ -9,82 +10,6 @@
 
 namespace shoal::comm {
 namespace {
-
-// How long a failed operation waits for the other ranks to report the same failure, so that the
-// silent one can be named. Short: the error must arrive within about the time-out.
-constexpr Milliseconds kDiagnoseBudget{2000};
-
-// Wraps a c10d handle: waits with a deadline, runs the finishing step (copy-back, division) once,
-// and turns c10d's errors into Shoal's.
-class GlooWork : public Work {
- public:
-  GlooWork(const OpContext& ctx, std::unique_ptr<compat::NativeWork> native,
-           std::shared_ptr<PeerDirectory> peers, std::function<void()> on_success)
-      : Work(ctx.label),
-        timeout_(ctx.timeout),
-        native_(std::move(native)),
-        peers_(std::move(peers)),
-        on_success_(std::move(on_success)) {}
-
-  bool is_completed() override {
-    std::lock_guard<std::mutex> lock(mutex_);
-    return finished_ || native_->is_completed();
-  }
-
-  void wait(Milliseconds timeout) override {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (!finished_) finish(timeout == kGroupTimeout ? timeout_ : timeout);
-    if (error_) std::rethrow_exception(error_);
-  }
-
-  std::exception_ptr exception() override {
-    std::lock_guard<std::mutex> lock(mutex_);
-    return error_;
-  }
-
- private:
-  void finish(Milliseconds timeout) {
-    const auto start = std::chrono::steady_clock::now();
-    try {
-      if (!native_->wait(timeout)) {
-        const std::string blamed = peers_ ? peers_->diagnose(sequence_number(), kDiagnoseBudget) : "";
-        SHOAL_THROW(TimeoutError, label().prefix(), " timed out after ", timeout.count(), " ms",
-                    blamed.empty() ? "" : " waiting for ", blamed, kTimeoutHint);
-      }
-      if (on_success_) on_success_();
-      finished_ = true;
-    } catch (const shoal::TimeoutError&) {
-      error_ = std::current_exception();
-      finished_ = true;
-    } catch (const std::exception& e) {
-      const auto elapsed = std::chrono::duration_cast<Milliseconds>(
-          std::chrono::steady_clock::now() - start);
-      std::string cause = e.what();
-      cause = cause.substr(0, cause.find('\n'));
-      const bool timed_out = cause.find("imed out") != std::string::npos ||
-                             cause.find("imeout") != std::string::npos;
-      const std::string blamed = peers_ ? peers_->diagnose(sequence_number(), kDiagnoseBudget) : "";
-      const std::string message = detail::str_cat(
-          label().prefix(), timed_out ? " timed out" : " failed", " after ", elapsed.count(), " ms",
-          blamed.empty() ? "" : " waiting for ", blamed, ": ", cause);
-      try {
-        if (timed_out) SHOAL_THROW(TimeoutError, message);
-        SHOAL_THROW(PeerError, message);
-      } catch (...) {
-        error_ = std::current_exception();
-      }
-      finished_ = true;
-    }
-  }
-
-  std::mutex mutex_;
-  Milliseconds timeout_;
-  std::unique_ptr<compat::NativeWork> native_;
-  std::shared_ptr<PeerDirectory> peers_;
-  std::function<void()> on_success_;
-  bool finished_ = false;
-  std::exception_ptr error_;
-};
 
 // A tensor Gloo can reduce: the tensor itself, or a float32 copy of a bfloat16 one.
 at::Tensor native_view(const at::Tensor& tensor) {
@@ -122,7 +47,7 @@ std::shared_ptr<Work> ProcessGroupGloo::run_allreduce(at::Tensor& tensor, Reduce
   at::Tensor work = native_view(tensor);
   auto native = gloo_->allreduce(work, native_op(op), ctx.timeout);
   const int n = size();
-  return std::make_shared<GlooWork>(ctx, std::move(native), peers_, [=]() mutable {
+  return std::make_shared<NativeBackedWork>(ctx, std::move(native), peers_, [=]() mutable {
     if (op == ReduceOp::kAvg) {
       if (work.is_floating_point()) {
         work.div_(n);
@@ -138,7 +63,7 @@ std::shared_ptr<Work> ProcessGroupGloo::run_broadcast(at::Tensor& tensor, int ro
                                                       const OpContext& ctx) {
   at::Tensor work = native_view(tensor);
   auto native = gloo_->broadcast(work, root, ctx.timeout);
-  return std::make_shared<GlooWork>(ctx, std::move(native), peers_, [=]() mutable {
+  return std::make_shared<NativeBackedWork>(ctx, std::move(native), peers_, [=]() mutable {
     if (!work.is_same(tensor)) tensor.copy_(work);
   });
 }
@@ -149,7 +74,7 @@ std::shared_ptr<Work> ProcessGroupGloo::run_reduce(at::Tensor& tensor, int root,
   auto native = gloo_->reduce(work, root, native_op(op), ctx.timeout);
   const int n = size();
   const bool is_root = rank() == root;
-  return std::make_shared<GlooWork>(ctx, std::move(native), peers_, [=]() mutable {
+  return std::make_shared<NativeBackedWork>(ctx, std::move(native), peers_, [=]() mutable {
     if (!is_root) return;
     if (op == ReduceOp::kAvg) {
       if (work.is_floating_point()) {
@@ -166,7 +91,7 @@ std::shared_ptr<Work> ProcessGroupGloo::run_allgather(std::vector<at::Tensor>& o
                                                       const at::Tensor& input,
                                                       const OpContext& ctx) {
   auto native = gloo_->allgather(outputs, input, ctx.timeout);
-  return std::make_shared<GlooWork>(ctx, std::move(native), peers_, nullptr);
+  return std::make_shared<NativeBackedWork>(ctx, std::move(native), peers_, nullptr);
 }
 
 std::shared_ptr<Work> ProcessGroupGloo::run_reduce_scatter(at::Tensor& output,
@@ -181,7 +106,7 @@ std::shared_ptr<Work> ProcessGroupGloo::run_reduce_scatter(at::Tensor& output,
   const int n = size();
   const int64_t block = output.numel();
   const int64_t offset = block * rank();
-  return std::make_shared<GlooWork>(ctx, std::move(native), peers_, [=]() mutable {
+  return std::make_shared<NativeBackedWork>(ctx, std::move(native), peers_, [=]() mutable {
     at::Tensor mine = flat.narrow(0, offset, block);
     if (op == ReduceOp::kAvg) {
       mine = mine.is_floating_point() ? mine / n : mine.floor_divide(n);
@@ -195,7 +120,7 @@ std::shared_ptr<Work> ProcessGroupGloo::run_gather(std::vector<at::Tensor>& outp
                                                    const OpContext& ctx) {
   std::vector<at::Tensor> none;
   auto native = gloo_->gather(rank() == root ? outputs : none, input, root, ctx.timeout);
-  return std::make_shared<GlooWork>(ctx, std::move(native), peers_, nullptr);
+  return std::make_shared<NativeBackedWork>(ctx, std::move(native), peers_, nullptr);
 }
 
 std::shared_ptr<Work> ProcessGroupGloo::run_scatter(at::Tensor& output,
@@ -203,24 +128,24 @@ std::shared_ptr<Work> ProcessGroupGloo::run_scatter(at::Tensor& output,
                                                     const OpContext& ctx) {
   std::vector<at::Tensor> none;
   auto native = gloo_->scatter(output, rank() == root ? inputs : none, root, ctx.timeout);
-  return std::make_shared<GlooWork>(ctx, std::move(native), peers_, nullptr);
+  return std::make_shared<NativeBackedWork>(ctx, std::move(native), peers_, nullptr);
 }
 
 std::shared_ptr<Work> ProcessGroupGloo::run_send(const at::Tensor& tensor, int dst, int tag,
                                                  const OpContext& ctx) {
   auto native = gloo_->send(tensor, dst, tag);
-  return std::make_shared<GlooWork>(ctx, std::move(native), peers_, nullptr);
+  return std::make_shared<NativeBackedWork>(ctx, std::move(native), peers_, nullptr);
 }
 
 std::shared_ptr<Work> ProcessGroupGloo::run_recv(at::Tensor& tensor, int src, int tag,
                                                  const OpContext& ctx) {
   auto native = gloo_->recv(tensor, src, tag);
-  return std::make_shared<GlooWork>(ctx, std::move(native), peers_, nullptr);
+  return std::make_shared<NativeBackedWork>(ctx, std::move(native), peers_, nullptr);
 }
 
 std::shared_ptr<Work> ProcessGroupGloo::run_barrier(const OpContext& ctx) {
   auto native = gloo_->barrier(ctx.timeout);
-  return std::make_shared<GlooWork>(ctx, std::move(native), peers_, nullptr);
+  return std::make_shared<NativeBackedWork>(ctx, std::move(native), peers_, nullptr);
 }
 
 std::shared_ptr<ProcessGroup> ProcessGroupGloo::run_new_group(const std::vector<int>& ranks,

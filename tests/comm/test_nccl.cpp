@@ -1,0 +1,122 @@
+// The nccl backend (c10d's ProcessGroupNCCL behind compat/). Built on every leg; without NCCL in
+// the build, or without a GPU, the GPU tests are skipped and the program exits 77 (CTest: skipped)
+// after checking what can be checked on CPU: that asking for nccl fails with a clear error.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cstdio>
+#include <fstream>
+
+#include "shoal/comm/init.h"
+#include "shoal/comm/store.h"
+#include "shoal/error.h"
+#include "testing/multi_rank.h"
+
+namespace {
+
+using shoal::comm::Milliseconds;
+
+// CUDA is not initialised in this (parent) process, so that the forked ranks may use it: a
+// forked child counts the GPUs and reports through a file.
+int count_gpus() {
+  const std::string path = shoal::testing::temp_path("gpus");
+  shoal::testing::ChildProcess probe([&] {
+    std::ofstream(path) << (torch::cuda::is_available() ? torch::cuda::device_count() : 0);
+  });
+  if (!probe.wait(Milliseconds(60'000)) || !probe.result().ok()) return 0;
+  int count = 0;
+  std::ifstream(path) >> count;
+  std::remove(path.c_str());
+  return count;
+}
+
+const int kGpus = shoal::comm::is_backend_available("nccl") ? count_gpus() : 0;
+
+TEST(Nccl, WithoutGpuOrNcclTheErrorSaysWhatToUse) {
+  if (kGpus > 0) GTEST_SKIP() << "this machine has a GPU";
+  auto store = shoal::comm::make_hash_store(Milliseconds(5'000));
+  try {
+    shoal::comm::new_process_group("nccl", store, 0, 1, Milliseconds(5'000));
+    FAIL() << "expected an error";
+  } catch (const shoal::InvalidArgument& e) {
+    const std::string what = e.what();
+    EXPECT_TRUE(what.find("gloo") != std::string::npos) << what;
+    EXPECT_TRUE(what.find(shoal::comm::is_backend_available("nccl") ? "no CUDA GPU"
+                                                                    : "not built in") !=
+                std::string::npos)
+        << what;
+  }
+}
+
+// Every rank r contributes (r + 1) * [1, 2, ..., n]: sums, averages, gathers and blocks of the
+// reduce-scatter are known exactly (small integers in float32).
+void check_collectives(int rank, int world, const std::string& store_path) {
+  auto store = shoal::comm::make_file_store(store_path, world, Milliseconds(60'000));
+  auto pg = shoal::comm::new_process_group("nccl", store, rank, world, Milliseconds(60'000));
+  SHOAL_CHECK(pg->backend_name() == "nccl", "backend is ", pg->backend_name());
+  const auto cuda = torch::TensorOptions().dtype(torch::kFloat).device(torch::kCUDA, rank);
+  const int64_t n = 1000 * world;
+  const auto base = torch::arange(1, n + 1, cuda);
+  const double tri = world * (world + 1) / 2.0;  // sum of (r + 1)
+
+  auto t = base * (rank + 1);
+  pg->allreduce(t)->wait();
+  SHOAL_CHECK(torch::equal(t.cpu(), (base * tri).cpu()), "rank ", rank, ": allreduce sum");
+
+  t = base * (rank + 1);
+  shoal::comm::AllreduceOptions avg;
+  avg.op = shoal::comm::ReduceOp::kAvg;
+  pg->allreduce(t, avg)->wait();
+  SHOAL_CHECK(torch::allclose(t.cpu(), (base * tri / world).cpu()), "rank ", rank,
+              ": allreduce avg");
+
+  t = rank == 0 ? base.clone() : torch::zeros_like(base);
+  pg->broadcast(t)->wait();
+  SHOAL_CHECK(torch::equal(t.cpu(), base.cpu()), "rank ", rank, ": broadcast");
+
+  std::vector<at::Tensor> gathered;
+  for (int r = 0; r < world; ++r) gathered.push_back(torch::empty_like(base));
+  pg->allgather(gathered, base * (rank + 1))->wait();
+  for (int r = 0; r < world; ++r) {
+    SHOAL_CHECK(torch::equal(gathered[r].cpu(), (base * (r + 1)).cpu()), "rank ", rank,
+                ": allgather block ", r);
+  }
+
+  std::vector<at::Tensor> blocks = (base * (rank + 1)).chunk(world);
+  for (auto& b : blocks) b = b.contiguous();
+  auto mine = torch::empty_like(blocks[0]);
+  pg->reduce_scatter(mine, blocks)->wait();
+  SHOAL_CHECK(torch::equal(mine.cpu(), (base.chunk(world)[rank] * tri).cpu()), "rank ", rank,
+              ": reduce_scatter");
+
+  pg->barrier()->wait();
+
+  auto on_cpu = torch::ones({4});
+  try {
+    pg->allreduce(on_cpu);
+    SHOAL_THROW(shoal::Error, "rank ", rank, ": a CPU tensor was accepted");
+  } catch (const shoal::InvalidArgument& e) {
+    SHOAL_CHECK(std::string(e.what()).find("CUDA tensors only") != std::string::npos, e.what());
+  }
+}
+
+TEST(Nccl, CollectivesOnOneGpuPerProcess) {
+  if (kGpus == 0) GTEST_SKIP() << "no GPU";
+  const int world = std::min(kGpus, 4);
+  auto results = shoal::testing::run_processes(
+      world, [&](int rank, const std::string& path) { check_collectives(rank, world, path); },
+      Milliseconds(180'000));
+  for (const auto& r : results) {
+    EXPECT_TRUE(r.ok()) << "rank " << r.rank << " exit " << r.exit_code << ": " << r.error;
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  const int failed = RUN_ALL_TESTS();
+  if (failed != 0) return failed;
+  // The GPU tests did not run: report the program as skipped.
+  return kGpus == 0 ? shoal::testing::kSkipExitCode : 0;
+}

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Shoal ranks started by PyTorch 2.x's torchrun join its elastic agent's store
+# (TORCHELASTIC_USE_AGENT_STORE) instead of serving one themselves: static rendezvous, the c10d
+# rendezvous backend, and a restart (--max-restarts) after a rank failed in the first attempt.
+# Uses the torch 2.x of scripts/setup_torch_pypi.sh; exits 77 (skipped) when it is not installed.
+#   test_torchrun.sh SOURCE_DIR WORKER
+set -uo pipefail
+SRC=$1
+WORKER=$2
+torch_dir=$(bash "$SRC/scripts/setup_torch_pypi.sh" --prefix)
+if [ ! -f "$(dirname "$torch_dir")/.complete" ]; then
+  echo "skipped: PyTorch 2.x not installed (scripts/setup_torch_pypi.sh)"
+  exit 77
+fi
+export PYTHONPATH="$(dirname "$torch_dir")"
+PY=python3
+command -v python3 >/dev/null || PY=/usr/bin/python3
+port() { "$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+failures=0
+run() {  # run NAME EXPECTED_OKS TORCHRUN_ARGS...
+  local name=$1 want=$2
+  shift 2
+  local log
+  log=$(mktemp)
+  timeout 120 "$PY" -m torch.distributed.run "$@" --no-python "$WORKER" >"$log" 2>&1
+  local rc=$? oks
+  oks=$(grep -c "sum ok" "$log")
+  if [ $rc -ne 0 ] || [ "$oks" -ne "$want" ]; then
+    echo "FAIL $name: torchrun exit $rc, $oks of $want ranks reported 'sum ok'; output:"
+    tail -n 30 "$log"
+    failures=$((failures + 1))
+  else
+    echo "ok   $name ($oks ranks)"
+  fi
+  rm -f "$log"
+}
+export OMP_NUM_THREADS=1
+run static 2 --nnodes 1 --nproc-per-node 2 --master-addr 127.0.0.1 --master-port "$(port)"
+run c10d 2 --nnodes 1 --nproc-per-node 2 --rdzv-backend c10d --rdzv-endpoint "127.0.0.1:$(port)"
+# Rank 1 fails in attempt 0; the agent restarts both ranks, which meet again in attempt 1.
+SHOAL_TEST_FAIL_ATTEMPT=0 run restart 2 --nnodes 1 --nproc-per-node 2 --max-restarts 1 \
+  --master-addr 127.0.0.1 --master-port "$(port)"
+if [ $failures -ne 0 ]; then
+  echo "$failures torchrun case(s) failed"
+  exit 1
+fi
+echo "3 passed, 0 failed"
