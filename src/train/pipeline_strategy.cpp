@@ -25,7 +25,11 @@ PipelineStrategy::PipelineStrategy(PipelineStrategyOptions options,
 PipelineStrategy::~PipelineStrategy() = default;
 
 void PipelineStrategy::prepare(TrainState& state) {
-  sequential_ = pipeline::as_sequential(*state.model);
+  auto* model = dynamic_cast<models::Model*>(state.model.get());
+  SHOAL_CHECK_T(InvalidArgument, model != nullptr,
+                "--strategy pipeline splits the built-in models (mlp, cnn) into stages; for your "
+                "own model build a pipeline::Pipeline over a torch::nn::Sequential");
+  sequential_ = pipeline::as_sequential(*model);
   balance_ = options_.balance.empty()
                  ? pipeline::balance_by_parameters(sequential_, options_.stages)
                  : options_.balance;
@@ -38,8 +42,7 @@ void PipelineStrategy::prepare(TrainState& state) {
         pipeline_->module().ptr(), grid_->stage_group());
     pipeline_->set_data_parallel(ddp_);
   }
-  std::shared_ptr<models::Model> model = state.model;
-  state.forward = [model](const at::Tensor& input) { return model->forward(input); };
+  state.forward = state.model_forward;
 }
 
 at::Tensor PipelineStrategy::epoch_indices(int64_t dataset_size, int64_t epoch, uint64_t seed) {
@@ -57,10 +60,7 @@ double PipelineStrategy::train_step(TrainState& state, const at::Tensor& inputs,
                                     const at::Tensor& targets) {
   SHOAL_CHECK(pipeline_ != nullptr, "PipelineStrategy: train_step before prepare");
   state.optimizer->zero_grad();
-  const auto cross_entropy = [](const at::Tensor& output, const at::Tensor& target) {
-    return torch::nn::functional::cross_entropy(output, target);
-  };
-  const double loss = pipeline_->forward_backward(inputs, targets, cross_entropy);
+  const double loss = pipeline_->forward_backward(inputs, targets, state.loss);
   // Parameters of other stages have no gradient: the optimizer leaves them (and their state) alone.
   state.optimizer->step();
   ++state.step;
