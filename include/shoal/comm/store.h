@@ -52,6 +52,11 @@ std::shared_ptr<Store> make_file_store(const std::string& path, int world_size,
 std::shared_ptr<Store> make_tcp_store(const std::string& host, int port, int world_size,
                                       bool is_server, Milliseconds timeout = kDefaultTimeout);
 
+/// A client of c10d's own TCPStore, as served by torchrun's elastic agent
+/// (TORCHELASTIC_USE_AGENT_STORE=True): c10d's protocol, no Shoal token.
+std::shared_ptr<Store> make_c10d_tcp_store_client(const std::string& host, int port,
+                                                  Milliseconds timeout = kDefaultTimeout);
+
 /// Keys of `base` seen under "prefix/".
 std::shared_ptr<Store> make_prefix_store(const std::string& prefix, std::shared_ptr<Store> base);
 
