@@ -16,7 +16,9 @@
 #include "shoal/error.h"
 #include "shoal/launcher/launch.h"
 #include "shoal/models/registry.h"
+#include "shoal/train/data_parallel_strategy.h"
 #include "shoal/train/ddp_strategy.h"
+#include "shoal/train/model_parallel_ddp_strategy.h"
 #include "shoal/train/trainer.h"
 
 namespace shoal::cli {
@@ -27,6 +29,8 @@ struct TrainArgs {
   int nproc_per_node = 2;
   std::string backend = "auto";
   bool no_progress = false;
+  int replicas = 2;        // --strategy dp
+  int model_parallel = 1;  // --strategy ddp: parts each rank's model is split into
 };
 
 /// True when a launcher (shoal run, torchrun, mpirun, SLURM's srun) started this process as a rank.
@@ -91,12 +95,22 @@ void add_train_command(CLI::App& root, std::vector<Command>& commands) {
       "with --strategy ddp");
   app->add_option("--strategy", args->strategy,
                   "single: one process; ddp: DistributedDataParallel over --nproc-per-node\n"
-                  "processes on this host (or the ranks of shoal run / torchrun / mpirun)")
-      ->check(CLI::IsMember({"single", "ddp"}))
+                  "processes on this host (or the ranks of shoal run / torchrun / mpirun);\n"
+                  "dp: DataParallel over --replicas threads in one process")
+      ->check(CLI::IsMember({"single", "ddp", "dp"}))
       ->capture_default_str();
   app->add_option("--nproc-per-node,--nproc_per_node", args->nproc_per_node,
                   "With --strategy ddp started directly: processes to launch on this host")
       ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
+  app->add_option("--replicas", args->replicas,
+                  "With --strategy dp: replicas (CPU slots, one thread each; GPUs with CUDA)")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
+  app->add_option("--model-parallel", args->model_parallel,
+                  "With --strategy ddp: split each rank's model into K parts (micro-batched,\n"
+                  "one thread per part)")
+      ->check(CLI::Range(1, 64))
       ->capture_default_str();
   app->add_option("--backend", args->backend,
                   "Process-group backend for ddp: auto (shm on one host), shm, gloo, mpi")
@@ -164,7 +178,16 @@ void add_train_command(CLI::App& root, std::vector<Command>& commands) {
                           if (threads->count() == 0) options->threads = 1;
                           comm::InitOptions init;
                           init.backend = args->backend;
-                          strategy = std::make_unique<train::DdpStrategy>(init);
+                          if (args->model_parallel > 1) {
+                            strategy = std::make_unique<train::ModelParallelDdpStrategy>(
+                                args->model_parallel, init);
+                          } else {
+                            strategy = std::make_unique<train::DdpStrategy>(init);
+                          }
+                        } else if (args->strategy == "dp") {
+                          // One intra-op thread per replica slot (DataParallelOptions' default).
+                          strategy = std::make_unique<train::DataParallelStrategy>(args->replicas,
+                                                                                  options->model);
                         }
                         const bool reports = !strategy || strategy->rank() == 0;
                         const train::TrainResult result =

@@ -103,6 +103,28 @@ INSTANTIATE_TEST_SUITE_P(Splits, DataParallelTraining,
                                   std::to_string(info.param.batch);
                          });
 
+// One step's gradients of a wide model (the built-in MLP's sizes) over an uneven split.
+TEST(DataParallel, GradientsOfAWideModelMatch) {
+  torch::set_num_threads(1);
+  torch::manual_seed(9);
+  torch::nn::Sequential model(torch::nn::Linear(784, 1024), torch::nn::ReLU(),
+                              torch::nn::Linear(1024, 1024), torch::nn::ReLU(),
+                              torch::nn::Linear(1024, 10));
+  auto x = torch::randn({64, 784});
+  auto y = torch::randint(0, 10, {64}, torch::kLong);
+  torch::nn::functional::cross_entropy(model->forward(x), y).backward();
+  std::vector<torch::Tensor> expected;
+  for (auto& p : model->parameters()) {
+    expected.push_back(p.grad().clone());
+    p.mutable_grad().zero_();
+  }
+  DataParallel<torch::nn::SequentialImpl> dp(model, slots(3));
+  torch::nn::functional::cross_entropy(dp.forward(x), y).backward();
+  std::vector<torch::Tensor> got;
+  for (auto& p : model->parameters()) got.push_back(p.grad());
+  EXPECT_LT(max_relative_difference(got, expected), 1e-5);
+}
+
 // A module that is not Cloneable: replicas come from a factory, and the result is the same.
 TEST(DataParallel, ReplicaFactoryForNonCloneableModules) {
   torch::set_num_threads(1);
