@@ -8,6 +8,7 @@ void add_bench_command(CLI::App& root, std::vector<Command>& commands) {
   bench->require_subcommand(1);
   add_bench_allreduce_command(*bench, commands);
   add_bench_ddp_command(*bench, commands);
+  add_bench_dp_command(*bench, commands);
 }
 
 }  // namespace shoal::cli

@@ -20,5 +20,6 @@ void add_bench_command(CLI::App& root, std::vector<Command>& commands);   // cmd
 void add_ckpt_command(CLI::App& root, std::vector<Command>& commands);    // cmd_ckpt.cpp
 void add_bench_allreduce_command(CLI::App& bench, std::vector<Command>& commands);  // bench_allreduce.cpp
 void add_bench_ddp_command(CLI::App& bench, std::vector<Command>& commands);        // bench_ddp.cpp
+void add_bench_dp_command(CLI::App& bench, std::vector<Command>& commands);         // bench_dp.cpp
 
 }  // namespace shoal::cli
