@@ -70,9 +70,14 @@ struct DataParallelBase::ReplicaState {
 
 namespace {
 
+// The wrapper's threads and stats, kept by each gather node (apart from StepGraphs, so that the
+// replica jobs, which hold StepGraphs, never hold the threads they run on).
+struct SharedRef : torch::CustomClassHolder {
+  std::shared_ptr<DataParallelBase::Shared> shared;
+};
+
 // One step's replica graphs, kept by the gather node until its backward.
 struct StepGraphs : torch::CustomClassHolder {
-  std::shared_ptr<DataParallelBase::Shared> shared;
   int replicas = 0;
   std::vector<int64_t> dims;        // [slot] the dim the slot was gathered along
   std::vector<int64_t> input_dims;  // [input] the dim a scattered input was split along
@@ -94,8 +99,10 @@ struct GatherFunction : torch::autograd::Function<GatherFunction> {
   // LibTorch counts the elements of a TensorList as the node's inputs, not of a std::vector).
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
                                                 at::TensorList inputs,
-                                                c10::intrusive_ptr<StepGraphs> graphs) {
+                                                c10::intrusive_ptr<StepGraphs> graphs,
+                                                c10::intrusive_ptr<SharedRef> shared) {
     ctx->saved_data["graphs"] = at::IValue::make_capsule(graphs);
+    ctx->saved_data["shared"] = at::IValue::make_capsule(shared);
     return graphs->gathered;
   }
 
@@ -104,6 +111,8 @@ struct GatherFunction : torch::autograd::Function<GatherFunction> {
     auto graphs = c10::static_intrusive_pointer_cast<StepGraphs>(
         ctx->saved_data["graphs"].toCapsule());
     ctx->saved_data.erase("graphs");
+    const std::shared_ptr<DataParallelBase::Shared> shared =
+        c10::static_intrusive_pointer_cast<SharedRef>(ctx->saved_data["shared"].toCapsule())->shared;
     SHOAL_CHECK(graphs->replicas > 0,
                 "DataParallel: backward ran twice through one forward's outputs; the replicas' "
                 "graphs are freed by the first (retain_graph is not supported here)");
@@ -142,14 +151,13 @@ struct GatherFunction : torch::autograd::Function<GatherFunction> {
           }
           (*results)[r] = std::move(mine);
         });
-    graphs->shared->run(n, std::move(job), "backward",
-                        &DataParallelStats::replica_backward_seconds);
-    graphs->shared->add(&DataParallelStats::backward_seconds, seconds_since(start));
+    shared->run(n, std::move(job), "backward", &DataParallelStats::replica_backward_seconds);
+    shared->add(&DataParallelStats::backward_seconds, seconds_since(start));
     start = Clock::now();
 
     // Parameters: the replicas' gradients summed in replica order on the parameter's device.
     // Inputs: the chunks' gradients concatenated back along dim.
-    torch::autograd::variable_list grads(inputs + 1);
+    torch::autograd::variable_list grads(inputs + 2);  // none for the two holders
     for (size_t i = 0; i < inputs; ++i) {
       const at::Device home = graphs->leaves[0][i].device();
       if (i < graphs->parameter_inputs) {
@@ -179,10 +187,10 @@ struct GatherFunction : torch::autograd::Function<GatherFunction> {
     graphs->outputs.clear();
     graphs->leaves.clear();
     graphs->replicas = 0;
-    graphs->shared->add(&DataParallelStats::reduce_seconds, seconds_since(start));
+    shared->add(&DataParallelStats::reduce_seconds, seconds_since(start));
     {
-      std::lock_guard<std::mutex> lock(graphs->shared->stats_mutex);
-      ++graphs->shared->stats.backward_steps;
+      std::lock_guard<std::mutex> lock(shared->stats_mutex);
+      ++shared->stats.backward_steps;
     }
     return grads;
   }
@@ -409,7 +417,6 @@ std::vector<at::Tensor> DataParallelBase::gather(
                 outputs[r].size(), " tensors, replica 0 returned ", slots);
   }
   auto graphs = c10::make_intrusive<StepGraphs>();
-  graphs->shared = shared_;
   graphs->replicas = n;
   graphs->outputs.assign(n, std::vector<at::Tensor>(slots));
   graphs->offsets.assign(n, std::vector<int64_t>(slots, 0));
@@ -482,6 +489,8 @@ std::vector<at::Tensor> DataParallelBase::gather(
     for (int r = 0; r < n; ++r) graphs->leaves[r].push_back(scatter.leaves[r].at(s));
   }
   if (inputs.empty()) return result;  // nothing to differentiate with respect to
+  auto holder = c10::make_intrusive<SharedRef>();
+  holder->shared = shared_;
   for (size_t j : differentiable) graphs->gathered.push_back(result[j]);
   // The gathered slots are the node's outputs; the others keep their gathered values.
   std::vector<std::vector<at::Tensor>> kept(n);
@@ -498,7 +507,7 @@ std::vector<at::Tensor> DataParallelBase::gather(
   graphs->outputs = std::move(kept);
   graphs->offsets = std::move(offsets);
   graphs->lengths = std::move(lengths);
-  torch::autograd::variable_list tied = GatherFunction::apply(at::TensorList(inputs), graphs);
+  torch::autograd::variable_list tied = GatherFunction::apply(at::TensorList(inputs), graphs, holder);
   for (size_t k = 0; k < differentiable.size(); ++k) result[differentiable[k]] = tied[k];
   return result;
 }
