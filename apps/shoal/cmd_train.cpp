@@ -22,9 +22,11 @@
 #include "shoal/launcher/launch.h"
 #include "shoal/models/registry.h"
 #include "shoal/ps/job.h"
+#include "shoal/train/data_parallel_strategy.h"
 #include "shoal/train/ddp_strategy.h"
-#include "shoal/train/ps_strategy.h"
+#include "shoal/train/model_parallel_ddp_strategy.h"
 #include "shoal/train/pipeline_strategy.h"
+#include "shoal/train/ps_strategy.h"
 #include "shoal/train/trainer.h"
 
 namespace shoal::cli {
@@ -43,10 +45,12 @@ struct TrainArgs {
   int workers = 2;
   // --strategy pipeline
   int stages = 2;
-  int replicas = 1;
   int64_t micro_batches = 4;
   std::string schedule = "1f1b";
   bool recompute = false;
+  // --strategy dp and pipeline (0: the strategy's default, 2 for dp and 1 for pipeline)
+  int replicas = 0;
+  int model_parallel = 1;  // --strategy ddp: parts each rank's model is split into
 };
 
 /// A parameter-server process of `shoal train --strategy ps`: serves the workers with SGD of the
@@ -143,9 +147,10 @@ void add_train_command(CLI::App& root, std::vector<Command>& commands) {
   app->add_option("--strategy", args->strategy,
                   "single: one process; ddp: DistributedDataParallel over --nproc-per-node\n"
                   "processes on this host (or the ranks of shoal run / torchrun / mpirun);\n"
+                  "dp: DataParallel over --replicas threads in one process;\n"
                   "ps: parameter server, --servers S and --workers W processes;\n"
                   "pipeline: --stages x --replicas processes, the model split into stages")
-      ->check(CLI::IsMember({"single", "ddp", "ps", "pipeline"}))
+      ->check(CLI::IsMember({"single", "ddp", "dp", "ps", "pipeline"}))
       ->capture_default_str();
   auto* nproc = app->add_option("--nproc-per-node,--nproc_per_node", args->nproc_per_node,
                                 "With --strategy ddp started directly: processes to launch on "
@@ -155,6 +160,16 @@ void add_train_command(CLI::App& root, std::vector<Command>& commands) {
   app->add_option("--max-restarts,--max_restarts", args->max_restarts,
                   "ddp: when a rank dies, restart all ranks up to this many times, resuming from the "
                   "last intact checkpoint in --checkpoint-dir")
+      ->capture_default_str();
+  app->add_option("--replicas", args->replicas,
+                  "With --strategy dp: replicas (CPU slots, one thread each; GPUs with CUDA),\n"
+                  "default 2; with --strategy pipeline: data-parallel replicas of the pipeline\n"
+                  "(DDP per stage), default 1")
+      ->check(CLI::Range(1, 1024));
+  app->add_option("--model-parallel", args->model_parallel,
+                  "With --strategy ddp: split each rank's model into K parts (micro-batched,\n"
+                  "one thread per part)")
+      ->check(CLI::Range(1, 64))
       ->capture_default_str();
   app->add_option("--backend", args->backend,
                   "Process-group backend for ddp: auto (shm on one host), shm, gloo, mpi")
@@ -185,10 +200,6 @@ void add_train_command(CLI::App& root, std::vector<Command>& commands) {
       ->capture_default_str();
   app->add_option("--schedule", args->schedule, "With --strategy pipeline: gpipe or 1f1b")
       ->check(CLI::IsMember({"gpipe", "1f1b"}))
-      ->capture_default_str();
-  app->add_option("--replicas", args->replicas,
-                  "With --strategy pipeline: data-parallel replicas of the pipeline (DDP per stage)")
-      ->check(CLI::Range(1, 1024))
       ->capture_default_str();
   app->add_flag("--recompute", args->recompute,
                 "With --strategy pipeline: recompute activations in backward (less memory)");
@@ -248,6 +259,7 @@ void add_train_command(CLI::App& root, std::vector<Command>& commands) {
   commands.push_back({app, [options, args, threads, nproc, epochs, batch_size, lr, momentum,
                             seed] {
                         if (args->no_progress) options->progress = train::ProgressMode::kNone;
+                        if (args->replicas == 0) args->replicas = args->strategy == "dp" ? 2 : 1;
                         const bool ddp = args->strategy == "ddp";
                         const bool ps_job = args->strategy == "ps";
                         const bool pipelined = args->strategy == "pipeline";
@@ -318,9 +330,16 @@ void add_train_command(CLI::App& root, std::vector<Command>& commands) {
                             pipe.pipeline.schedule = pipeline::schedule_from_string(args->schedule);
                             pipe.pipeline.recompute = args->recompute;
                             strategy = std::make_unique<train::PipelineStrategy>(pipe, init);
+                          } else if (args->model_parallel > 1) {
+                            strategy = std::make_unique<train::ModelParallelDdpStrategy>(
+                                args->model_parallel, init);
                           } else {
                             strategy = std::make_unique<train::DdpStrategy>(init);
                           }
+                        } else if (args->strategy == "dp") {
+                          // One intra-op thread per replica slot (DataParallelOptions' default).
+                          strategy = std::make_unique<train::DataParallelStrategy>(args->replicas,
+                                                                                  options->model);
                         }
                         if (args->strategy == "ps") {
                           SHOAL_CHECK_T(InvalidArgument, options->checkpoint_dir.empty(),

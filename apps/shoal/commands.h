@@ -23,5 +23,6 @@ void add_bench_allreduce_command(CLI::App& bench, std::vector<Command>& commands
 void add_bench_ddp_command(CLI::App& bench, std::vector<Command>& commands);        // bench_ddp.cpp
 void add_bench_ps_command(CLI::App& bench, std::vector<Command>& commands);         // bench_ps.cpp
 void add_bench_pipeline_command(CLI::App& bench, std::vector<Command>& commands);   // bench_pipeline.cpp
+void add_bench_dp_command(CLI::App& bench, std::vector<Command>& commands);         // bench_dp.cpp
 
 }  // namespace shoal::cli

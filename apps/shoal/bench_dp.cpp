@@ -1,0 +1,369 @@
+// `shoal bench dp`: data parallelism in one process against one thread and against processes, on
+// the same model and global batch, side by side: is "DDP faster than DP" true here, and why.
+//
+// Modes, each a fresh process (or K processes), one intra-op thread per replica or rank:
+//   single       one thread, the whole batch B
+//   independent  K processes with B/K each and no communication: the ceiling of any K-way data
+//                parallelism on this machine (they share its cores, caches and memory bandwidth)
+//   shoal_dp     shoal::DataParallel over K CPU slots, batch B
+//   shoal_ddp    K processes, shoal::DistributedDataParallel (shm), B/K each
+//   pytorch_dp_module  torch.nn.DataParallel as it is (on CPU it runs the module alone)
+//   pytorch_dp   nn.DataParallel's algorithm on K CPU "devices" with Python threads (dp_torch.py)
+//   pytorch_ddp  K processes, PyTorch's DDP over gloo, B/K each
+// Rounds interleave the modes; the report gives medians. For shoal_dp and pytorch_dp, the step's
+// time split into phases (ms per step): scatter, replicate, forward (wall of the parallel
+// forwards) and the slowest replica's forward, gather, backward (and the slowest replica's),
+// gradient reduction, optimizer, and the overhead over the slowest replica's compute:
+// step - slowest forward - slowest backward - optimizer.
+#include <unistd.h>
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "commands.h"
+#include "shoal/comm/init.h"
+#include "shoal/comm/store.h"
+#include "shoal/error.h"
+#include "shoal/memory/cpu_allocator.h"
+#include "shoal/models/registry.h"
+#include "shoal/parallel/data_parallel.h"
+#include "shoal/parallel/distributed_data_parallel.h"
+
+#ifndef SHOAL_SOURCE_DIR
+#define SHOAL_SOURCE_DIR "."
+#endif
+
+namespace shoal::cli {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using Values = std::map<std::string, double>;
+
+// How long one mode of one round may run before `timeout` kills it: far above a normal run.
+constexpr int kModeDeadlineSeconds = 600;
+
+struct DpBenchArgs {
+  std::string model = "cnn";
+  int replicas = 2;
+  int batch = 128;  // global batch
+  int steps = 10;
+  int warmup = 2;
+  int rounds = 3;
+  bool json = false;
+  std::string torch_script = std::string(SHOAL_SOURCE_DIR) + "/bench/dp_torch.py";
+  // Hidden: what a re-executed worker is.
+  std::string worker;
+  int rank = 0;
+  std::string store;
+  std::string result;
+};
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// Trains `steps` timed steps (after `warmup`) of `forward` on (x, y); returns the seconds.
+template <typename Forward>
+double timed_steps(const DpBenchArgs& args, torch::optim::Optimizer& optimizer, Forward forward,
+                   const torch::Tensor& x, const torch::Tensor& y, double* optimizer_seconds,
+                   const std::function<void()>& before_timing = nullptr) {
+  auto step = [&](bool timed) {
+    optimizer.zero_grad();
+    torch::cross_entropy_loss(forward(x), y).backward();
+    const auto t = Clock::now();
+    optimizer.step();
+    if (timed && optimizer_seconds != nullptr) *optimizer_seconds += seconds_since(t);
+  };
+  for (int i = 0; i < args.warmup; ++i) step(false);
+  if (before_timing) before_timing();
+  const auto start = Clock::now();
+  for (int i = 0; i < args.steps; ++i) step(true);
+  return seconds_since(start);
+}
+
+void run_worker(const DpBenchArgs& args) {
+  memory::tune_cpu_allocator();
+  torch::set_num_threads(1);
+  std::shared_ptr<models::Model> model = models::create(args.model, 0);
+  const bool split = args.worker != "single" && args.worker != "shoal_dp";
+  const int64_t batch = split ? args.batch / args.replicas : args.batch;
+  torch::manual_seed(1 + (split ? args.rank : 0));
+  auto x = torch::randn({batch, 1, 28, 28});
+  auto y = torch::randint(0, 10, {batch}, torch::kLong);
+  torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
+  Values result;
+  double optimizer_seconds = 0;
+  if (args.worker == "single" || args.worker == "independent") {
+    result["seconds"] = timed_steps(
+        args, optimizer, [&](const torch::Tensor& in) { return model->forward(in); }, x, y,
+        &optimizer_seconds);
+  } else if (args.worker == "shoal_dp") {
+    std::vector<int64_t> ids;
+    for (int i = 0; i < args.replicas; ++i) ids.push_back(i);
+    const std::string name = args.model;
+    parallel::DataParallel<models::Model> dp(model, parallel::DataParallelOptions().device_ids(ids),
+                                             [name] { return models::create(name, 0); });
+    result["seconds"] = timed_steps(
+        args, optimizer, [&](const torch::Tensor& in) { return dp.forward(in); }, x, y,
+        &optimizer_seconds, [&] { dp.reset_stats(); });
+    const parallel::DataParallelStats s = dp.stats();
+    const double n = args.steps;
+    result["scatter_ms"] = 1e3 * s.scatter_seconds / n;
+    result["replicate_ms"] = 1e3 * s.replicate_seconds / n;
+    result["forward_ms"] = 1e3 * s.forward_seconds / n;
+    result["gather_ms"] = 1e3 * s.gather_seconds / n;
+    result["backward_ms"] = 1e3 * s.backward_seconds / n;
+    result["reduce_ms"] = 1e3 * s.reduce_seconds / n;
+    result["slowest_replica_forward_ms"] =
+        1e3 * *std::max_element(s.replica_forward_seconds.begin(), s.replica_forward_seconds.end()) / n;
+    result["slowest_replica_backward_ms"] =
+        1e3 * *std::max_element(s.replica_backward_seconds.begin(), s.replica_backward_seconds.end()) / n;
+  } else if (args.worker == "shoal_ddp") {
+    auto store = comm::make_file_store(args.store, args.replicas);
+    auto group = comm::new_process_group("shm", store, args.rank, args.replicas);
+    parallel::DistributedDataParallel<models::Model> ddp(model, group);
+    result["seconds"] = timed_steps(
+        args, optimizer, [&](const torch::Tensor& in) { return ddp.forward(in); }, x, y,
+        &optimizer_seconds, [&] { group->barrier()->wait(); });
+    group->barrier()->wait();
+  } else {
+    SHOAL_THROW(InvalidArgument, "bench dp: unknown worker '", args.worker, "'");
+  }
+  result["optimizer_ms"] = 1e3 * optimizer_seconds / args.steps;
+  std::ofstream out(args.result);
+  for (const auto& [key, value] : result) out << key << " " << value << "\n";
+  SHOAL_CHECK(out.good(), "bench dp: cannot write ", args.result);
+}
+
+Values read_values(const std::string& path) {
+  Values values;
+  std::ifstream in(path);
+  std::string key;
+  double value;
+  while (in >> key >> value) values[key] = value;
+  return values;
+}
+
+// The numbers of the flat JSON object dp_torch.py writes.
+Values read_json_numbers(const std::string& path) {
+  std::ifstream in(path);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  Values values;
+  size_t at = 0;
+  while ((at = text.find('"', at)) != std::string::npos) {
+    const size_t end = text.find('"', at + 1);
+    if (end == std::string::npos) break;
+    const std::string key = text.substr(at + 1, end - at - 1);
+    const size_t colon = text.find(':', end);
+    if (colon == std::string::npos) break;
+    values[key] = std::strtod(text.c_str() + colon + 1, nullptr);
+    at = text.find_first_of(",}", colon);
+  }
+  return values;
+}
+
+std::string quote(const std::string& word) { return "'" + word + "'"; }
+
+// Runs the command lines at once under `timeout`; true if every one exited 0.
+bool run_together(const std::vector<std::string>& commands) {
+  std::string script;
+  for (size_t i = 0; i < commands.size(); ++i) {
+    script += "timeout " + std::to_string(kModeDeadlineSeconds) + " " + commands[i] + " & p" +
+              std::to_string(i) + "=$!; ";
+  }
+  script += "ok=0; ";
+  for (size_t i = 0; i < commands.size(); ++i) {
+    script += "wait $p" + std::to_string(i) + " || ok=1; ";
+  }
+  script += "exit $ok";
+  return std::system(("sh -c " + quote(script)).c_str()) == 0;
+}
+
+std::string self_exe() {
+  char path[4096];
+  const ssize_t n = readlink("/proc/self/exe", path, sizeof path - 1);
+  SHOAL_CHECK(n > 0, "bench dp: cannot find this program's path (/proc/self/exe)");
+  path[n] = '\0';
+  return path;
+}
+
+struct Mode {
+  std::string name;
+  std::map<std::string, std::vector<double>> samples;
+  double get(const std::string& field) const {
+    auto it = samples.find(field);
+    if (it == samples.end() || it->second.empty()) return std::nan("");
+    std::vector<double> v = it->second;
+    std::sort(v.begin(), v.end());
+    const size_t n = v.size();
+    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+  }
+};
+
+void run_mode(const DpBenchArgs& args, const std::string& exe, const std::string& dir, int round,
+              Mode& mode) {
+  const std::string common = " --model " + args.model + " --replicas " +
+                             std::to_string(args.replicas) + " --batch " +
+                             std::to_string(args.batch) + " --steps " + std::to_string(args.steps) +
+                             " --warmup " + std::to_string(args.warmup);
+  Values values;
+  if (mode.name.rfind("pytorch_", 0) == 0) {
+    const std::string result = dir + "/" + mode.name + ".json";
+    const std::string python_mode = mode.name.substr(std::string("pytorch_").size());
+    SHOAL_CHECK(run_together({"/usr/bin/python3 " + args.torch_script + " --mode " + python_mode +
+                              common + " --result " + result}),
+                "bench dp: the ", mode.name, " run failed (", args.torch_script, ")");
+    values = read_json_numbers(result);
+  } else {
+    const int processes = mode.name == "independent" || mode.name == "shoal_ddp" ? args.replicas : 1;
+    const std::string store = dir + "/store_" + std::to_string(round) + "_" + mode.name;
+    std::vector<std::string> commands;
+    for (int rank = 0; rank < processes; ++rank) {
+      commands.push_back(exe + " bench dp" + common + " --worker " + mode.name + " --rank " +
+                         std::to_string(rank) + " --store " + store + " --result " + dir +
+                         "/rank" + std::to_string(rank));
+    }
+    SHOAL_CHECK(run_together(commands), "bench dp: the ", mode.name, " run failed");
+    double seconds = 0;
+    for (int rank = 0; rank < processes; ++rank) {
+      Values r = read_values(dir + "/rank" + std::to_string(rank));
+      seconds = std::max(seconds, r["seconds"]);
+      if (rank == 0) values = r;
+    }
+    const int64_t per_process = processes > 1 ? args.batch / args.replicas : args.batch;
+    values["samples_per_s"] = processes * per_process * args.steps / seconds;
+    values["step_ms"] = 1e3 * seconds / args.steps;
+  }
+  if (values.count("forward_ms") && !values.count("step_ms")) {
+    values["step_ms"] = 1e3 * args.batch / values["samples_per_s"];
+  }
+  if (values.count("slowest_replica_forward_ms")) {
+    double compute = values["slowest_replica_forward_ms"] + values["optimizer_ms"];
+    // PyTorch's backward is one autograd pass over all replicas: count it whole.
+    compute += values.count("slowest_replica_backward_ms") ? values["slowest_replica_backward_ms"]
+                                                           : values["backward_ms"];
+    values["overhead_ms"] = values["step_ms"] - compute;
+  }
+  for (const auto& [key, value] : values) mode.samples[key].push_back(value);
+}
+
+int run_bench(const DpBenchArgs& args) {
+  SHOAL_CHECK_T(InvalidArgument, args.model == "cnn" || args.model == "mlp",
+                "bench dp: --model must be cnn or mlp, not '", args.model, "'");
+  SHOAL_CHECK_T(InvalidArgument,
+                args.replicas >= 2 && args.batch >= args.replicas && args.steps > 0 &&
+                    args.rounds > 0,
+                "bench dp: needs --replicas >= 2, --batch >= --replicas, positive --steps, --rounds");
+  const std::string exe = self_exe();
+  const std::string dir = "/tmp/shoal_bench_dp_" + std::to_string(getpid());
+  SHOAL_CHECK(std::system(("mkdir -p " + dir).c_str()) == 0, "bench dp: cannot create ", dir);
+  const bool have_torch =
+      std::system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") == 0;
+  if (!have_torch) std::fprintf(stderr, "bench dp: /usr/bin/python3 has no torch; PyTorch modes skipped\n");
+  std::vector<Mode> modes{{"single"}, {"independent"}, {"shoal_dp"}, {"shoal_ddp"}};
+  if (have_torch) {
+    for (const char* name : {"pytorch_dp_module", "pytorch_dp", "pytorch_ddp"}) modes.push_back({name});
+  }
+  for (int round = 0; round < args.rounds; ++round) {
+    for (auto& mode : modes) run_mode(args, exe, dir, round, mode);
+  }
+  std::system(("rm -rf " + dir).c_str());
+
+  const double single = modes[0].get("samples_per_s");
+  const double ceiling = modes[1].get("samples_per_s");
+  double pytorch_dp = std::nan("");
+  for (const auto& m : modes) {
+    if (m.name == "pytorch_dp") pytorch_dp = m.get("samples_per_s");
+  }
+  const std::vector<std::string> phases{"scatter_ms", "replicate_ms", "forward_ms",
+                                        "slowest_replica_forward_ms", "gather_ms", "backward_ms",
+                                        "slowest_replica_backward_ms", "reduce_ms", "optimizer_ms",
+                                        "step_ms", "overhead_ms"};
+  if (!args.json) {
+    std::printf("bench dp: model %s, global batch %d, %d replicas/ranks, %d steps, median of %d "
+                "rounds\n%-18s %10s %8s %8s %8s\n",
+                args.model.c_str(), args.batch, args.replicas, args.steps, args.rounds, "mode",
+                "samples/s", "x single", "of_ceil", "vs_pt_dp");
+  }
+  for (const auto& mode : modes) {
+    const double rate = mode.get("samples_per_s");
+    if (args.json) {
+      std::printf("{\"mode\": \"%s\", \"model\": \"%s\", \"replicas\": %d, \"global_batch\": %d, "
+                  "\"samples_per_s\": %.2f, \"vs_single\": %.3f, \"of_ceiling\": %.3f",
+                  mode.name.c_str(), args.model.c_str(), args.replicas, args.batch, rate,
+                  rate / single, rate / ceiling);
+      for (const auto& p : phases) {
+        const double v = mode.get(p);
+        if (std::isfinite(v)) std::printf(", \"%s\": %.3f", p.c_str(), v);
+      }
+      std::printf(", \"rounds\": %d}\n", args.rounds);
+    } else {
+      std::printf("%-18s %10.1f %8.2f %8.2f %8s\n", mode.name.c_str(), rate, rate / single,
+                  rate / ceiling,
+                  mode.name == "shoal_dp" && std::isfinite(pytorch_dp)
+                      ? std::to_string(rate / pytorch_dp).substr(0, 5).c_str()
+                      : "-");
+    }
+  }
+  if (!args.json) {
+    std::printf("\nper-step phases, ms (forward/backward: wall of the parallel part; slowest: the "
+                "slowest replica's own compute; overhead = step - slowest fwd - slowest bwd - opt)\n");
+    std::printf("%-12s", "mode");
+    for (const char* label : {"scatter", "replicate", "fwd_wall", "fwd_slow", "gather", "bwd_wall",
+                              "bwd_slow", "reduce", "optim", "step", "overhead"}) {
+      std::printf(" %9s", label);
+    }
+    std::printf("\n");
+    for (const auto& mode : modes) {
+      if (!std::isfinite(mode.get("forward_ms"))) continue;
+      std::printf("%-12s", mode.name.c_str());
+      for (const auto& p : phases) {
+        const double v = mode.get(p);
+        if (std::isfinite(v)) {
+          std::printf(" %9.2f", v);
+        } else {
+          std::printf(" %9s", "-");
+        }
+      }
+      std::printf("\n");
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+void add_bench_dp_command(CLI::App& bench, std::vector<Command>& commands) {
+  auto args = std::make_shared<DpBenchArgs>();
+  auto* app = bench.add_subcommand(
+      "dp", "DataParallel throughput: one thread vs Shoal DP vs DDP vs PyTorch's, side by side");
+  app->add_option("--model", args->model, "cnn or mlp")->capture_default_str();
+  app->add_option("--replicas", args->replicas, "DP replicas and DDP ranks")->capture_default_str();
+  app->add_option("--batch", args->batch, "global batch per step")->capture_default_str();
+  app->add_option("--steps", args->steps, "timed steps per run")->capture_default_str();
+  app->add_option("--warmup", args->warmup, "untimed steps first")->capture_default_str();
+  app->add_option("--rounds", args->rounds, "interleaved rounds (medians are reported)")
+      ->capture_default_str();
+  app->add_flag("--json", args->json, "one JSON object per line");
+  app->add_option("--torch-script", args->torch_script, "PyTorch peer script")->capture_default_str();
+  app->add_option("--worker", args->worker)->group("");
+  app->add_option("--rank", args->rank)->group("");
+  app->add_option("--store", args->store)->group("");
+  app->add_option("--result", args->result)->group("");
+  commands.push_back({app, [args] {
+                        if (args->worker.empty()) return run_bench(*args);
+                        run_worker(*args);
+                        return 0;
+                      }});
+}
+
+}  // namespace shoal::cli
