@@ -29,12 +29,12 @@ Digest auth_response(std::string_view token, const Challenge& challenge) {
   uint8_t message[sizeof(kContext) - 1 + 32];
   std::memcpy(message, kContext, sizeof(kContext) - 1);
   std::memcpy(message + sizeof(kContext) - 1, challenge.data(), challenge.size());
-  return hmac_sha256(token, message, sizeof(message));
+  return security::hmac_sha256(token, std::string_view(reinterpret_cast<const char*>(message), sizeof(message)));
 }
 
 bool check_auth_response(std::string_view token, const Challenge& challenge,
                          const Digest& response) {
-  return digests_equal(auth_response(token, challenge), response);
+  return security::digests_equal(auth_response(token, challenge), response);
 }
 
 }  // namespace shoal::ps

@@ -20,9 +20,11 @@
 #include <string>
 #include <string_view>
 
-#include "ps/sha256.h"
+#include "security/hmac_sha256.h"
 
 namespace shoal::ps {
+
+using security::Digest;
 
 using Challenge = std::array<uint8_t, 32>;
 

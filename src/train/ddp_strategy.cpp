@@ -3,7 +3,6 @@
 #include "shoal/error.h"
 #include "shoal/models/model.h"
 #include "shoal/parallel/distributed_data_parallel.h"
-#include "shoal/train/distributed_indices.h"
 #include "shoal/train/trainer.h"
 
 namespace shoal::train {
@@ -30,7 +29,7 @@ void DdpStrategy::prepare(TrainState& state) {
 }
 
 at::Tensor DdpStrategy::epoch_indices(int64_t dataset_size, int64_t epoch, uint64_t seed) {
-  return distributed_epoch_indices(dataset_size, rank(), world_size(), epoch, seed);
+  return sampler_indices(dataset_size, epoch, seed, rank(), world_size());
 }
 
 void DdpStrategy::all_reduce_sum(std::vector<double>& values) {

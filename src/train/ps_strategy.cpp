@@ -3,7 +3,6 @@
 #include <torch/optim/optimizer.h>
 
 #include "shoal/error.h"
-#include "shoal/train/distributed_indices.h"
 #include "shoal/train/trainer.h"
 
 namespace shoal::train {
@@ -69,7 +68,7 @@ void PsStrategy::prepare(TrainState& state) {
 }
 
 at::Tensor PsStrategy::epoch_indices(int64_t dataset_size, int64_t epoch, uint64_t seed) {
-  return distributed_epoch_indices(dataset_size, rank(), world_size(), epoch, seed);
+  return sampler_indices(dataset_size, epoch, seed, rank(), world_size());
 }
 
 void PsStrategy::all_reduce_sum(std::vector<double>& values) {

@@ -9,7 +9,6 @@
 
 #include "ps/auth.h"
 #include "ps/message.h"
-#include "ps/sha256.h"
 #include "ps_testing.h"
 #include "shoal/error.h"
 #include "shoal/ps/partition.h"
@@ -20,35 +19,7 @@ namespace {
 using testing::ServerSet;
 using std::chrono::milliseconds;
 
-std::string hex(const Digest& d) {
-  static const char* digits = "0123456789abcdef";
-  std::string out;
-  for (uint8_t b : d) {
-    out += digits[b >> 4];
-    out += digits[b & 15];
-  }
-  return out;
-}
-
-TEST(PsAuth, Sha256KnownAnswers) {
-  EXPECT_EQ(hex(sha256("abc", 3)),
-            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
-  EXPECT_EQ(hex(sha256("", 0)), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
-  const std::string two_blocks = "abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq";
-  EXPECT_EQ(hex(sha256(two_blocks.data(), two_blocks.size())),
-            "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
-}
-
-TEST(PsAuth, HmacSha256Rfc4231) {
-  const std::string data = "what do ya want for nothing?";
-  EXPECT_EQ(hex(hmac_sha256("Jefe", data.data(), data.size())),
-            "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843");
-  // Test case 6: a key longer than the block is hashed first.
-  const std::string key(131, '\xaa');
-  const std::string message = "Test Using Larger Than Block-Size Key - Hash Key First";
-  EXPECT_EQ(hex(hmac_sha256(key, message.data(), message.size())),
-            "60e431591ee0b67f0d8a26aacbf5b77f8e0bc6213728c5140546040f0ee37f54");
-}
+// SHA-256 and HMAC-SHA256 known answers: tests/security/test_auth_token.cpp (one implementation).
 
 TEST(PsAuth, ResponseChecksTokenAndChallenge) {
   const Challenge c1 = make_challenge();
