@@ -19,8 +19,12 @@ void DataParallelStrategy::prepare(TrainState& state) {
   for (int i = 0; i < replicas_; ++i) ids.push_back(i);
   const std::string name = model_name_;
   // Replicas only need the model's structure: their parameters share the model's storage.
+  auto model = std::dynamic_pointer_cast<models::Model>(state.model);
+  SHOAL_CHECK_T(InvalidArgument, model != nullptr,
+                "--strategy dp replicates the built-in models (mlp, cnn); wrap your own module in "
+                "parallel::DataParallel directly");
   auto dp = std::make_shared<parallel::DataParallel<models::Model>>(
-      state.model, parallel::DataParallelOptions().device_ids(ids),
+      model, parallel::DataParallelOptions().device_ids(ids),
       [name] { return models::create(name, /*seed=*/0); });
   dp_ = dp;
   state.forward = [dp](const at::Tensor& input) { return dp->forward(input); };

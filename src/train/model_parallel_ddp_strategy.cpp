@@ -4,34 +4,12 @@
 #include <torch/torch.h>
 
 #include "shoal/error.h"
-#include "shoal/models/cnn.h"
-#include "shoal/models/mlp.h"
 #include "shoal/parallel/distributed_data_parallel.h"
 #include "shoal/pipeline/model_parallel.h"
+#include "shoal/pipeline/pipeline_sequential.h"
 #include "shoal/train/trainer.h"
 
 namespace shoal::train {
-
-torch::nn::Sequential as_sequential(const std::shared_ptr<models::Model>& model) {
-  using torch::nn::AnyModule;
-  using torch::nn::NamedAnyModule;
-  if (auto cnn = std::dynamic_pointer_cast<models::Cnn>(model)) {
-    return torch::nn::Sequential({
-        NamedAnyModule("conv1", cnn->conv1), NamedAnyModule("relu1", torch::nn::ReLU()),
-        NamedAnyModule("conv2", cnn->conv2), NamedAnyModule("relu2", torch::nn::ReLU()),
-        NamedAnyModule("pool", torch::nn::MaxPool2d(2)),
-        NamedAnyModule("flatten", torch::nn::Flatten()), NamedAnyModule("fc1", cnn->fc1),
-        NamedAnyModule("relu3", torch::nn::ReLU()), NamedAnyModule("fc2", cnn->fc2)});
-  }
-  if (auto mlp = std::dynamic_pointer_cast<models::Mlp>(model)) {
-    return torch::nn::Sequential({
-        NamedAnyModule("flatten", torch::nn::Flatten()), NamedAnyModule("fc1", mlp->fc1),
-        NamedAnyModule("relu1", torch::nn::ReLU()), NamedAnyModule("fc2", mlp->fc2),
-        NamedAnyModule("relu2", torch::nn::ReLU()), NamedAnyModule("fc3", mlp->fc3)});
-  }
-  SHOAL_THROW(InvalidArgument, "model parallel: no layer layout known for model ", model->name(),
-              " (built-in: cnn, mlp)");
-}
 
 ModelParallelDdpStrategy::ModelParallelDdpStrategy(int parts, const comm::InitOptions& init)
     : DdpStrategy(init), parts_(parts) {
@@ -58,7 +36,12 @@ void ModelParallelDdpStrategy::prepare(TrainState& state) {
       devices.emplace_back(at::kCPU);
     }
   }
-  pipeline::ModelParallel split(as_sequential(state.model), devices,
+  auto* model = dynamic_cast<models::Model*>(state.model.get());
+  SHOAL_CHECK_T(InvalidArgument, model != nullptr,
+                "--model-parallel splits the built-in models (mlp, cnn); for your own module build "
+                "a pipeline::ModelParallel over a torch::nn::Sequential");
+  // The model's own layers, in order, as a Sequential (the same layout the pipeline splits).
+  pipeline::ModelParallel split(pipeline::as_sequential(*model), devices,
                                 pipeline::ModelParallelOptions().chunks(parts_));
   auto ddp = std::make_shared<parallel::DistributedDataParallel<pipeline::ModelParallelImpl>>(
       split.ptr(), std::shared_ptr<comm::ProcessGroup>(process_group(), [](comm::ProcessGroup*) {}));

@@ -44,8 +44,4 @@ class ModelParallelDdpStrategy : public DdpStrategy {
   std::shared_ptr<parallel::DistributedDataParallelBase> ddp_;
 };
 
-/// The built-in model's layers as a Sequential (sharing the model's modules); throws
-/// InvalidArgument for a model with no known layout.
-torch::nn::Sequential as_sequential(const std::shared_ptr<models::Model>& model);
-
 }  // namespace shoal::train
