@@ -567,6 +567,8 @@ TEST(DdpCommHooks, CompressionRoundsToTheWireTypeExactly) {
   // exactly 1.5, fp16 exactly 1.5 + 2^-9.
   expect_hook_rounds("bf16", std::ldexp(1.0, -9), 1.5);
   expect_hook_rounds("fp16", std::ldexp(1.0, -9), 1.5 + std::ldexp(1.0, -9));
+}
+
 // ---- PowerSGD ------------------------------------------------------------------------------------
 
 // Trains SmallMlp for `steps` on a learnable task (labels from a fixed random teacher), 2 ranks;
