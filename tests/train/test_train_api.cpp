@@ -20,12 +20,14 @@ namespace {
 TEST(TrainStep, IsOneSgdStepOnTheBatch) {
   torch::set_num_threads(1);
   TrainState state;
-  state.model = models::create("mlp", 4);
+  auto model = models::create("mlp", 4);
+  state.model = model;
   auto twin = models::create("mlp", 4);
   state.optimizer = std::make_unique<torch::optim::SGD>(state.model->parameters(),
                                                         torch::optim::SGDOptions(0.1).momentum(0.9));
   torch::optim::SGD twin_sgd(twin->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
-  state.forward = [&](const at::Tensor& x) { return state.model->forward(x); };
+  state.model_forward = [model](const at::Tensor& x) { return model->forward(x); };
+  state.forward = state.model_forward;
   torch::manual_seed(1);
   for (int i = 0; i < 3; ++i) {
     const auto x = torch::randn({8, 1, 28, 28});
