@@ -33,6 +33,13 @@ namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 using shoal::testing::Milliseconds;
 
+// The harness's file handshake (testing/multi_rank.h) for paths.
+bool wait_for_files(const std::vector<fs::path>& paths, Milliseconds timeout) {
+  std::vector<std::string> names;
+  for (const auto& path : paths) names.push_back(path.string());
+  return shoal::testing::wait_for_files(names, timeout);
+}
+
 std::string shoal_binary() {
   const char* dir = std::getenv("SHOAL_BINARY_DIR");
   if (dir == nullptr) shoal::testing::skip_program(shoal::testing::Dependency::kOptional, "SHOAL_BINARY_DIR is not set (run under ctest)");
