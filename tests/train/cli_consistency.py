@@ -63,7 +63,7 @@ def usage_error(args, must_mention, env=None):
 # CLI11's parse errors and Shoal's own checks look alike.
 usage_error(["train", "--lr", "abc"], "--lr")
 usage_error(["train", "--no-such-flag"], "--no-such-flag")
-usage_error(["train", "--strategy", "pipeline"], "--strategy")
+usage_error(["train", "--strategy", "gossip"], "--strategy")
 usage_error(["run", "--bogus", "/bin/true"], "--bogus")
 usage_error(["bench", "ddp", "--batch-size", "many"], "--batch-size")
 usage_error(["plot"], "FILE")
