@@ -125,8 +125,15 @@ void Pipeline::run_backward(MicroBatch& mb, const LossFunction& loss, bool sync)
   if (!is_last_stage()) grad = transport_->recv(Kind::kGradient, step_, mb.index, stage_ + 1);
   const Clock::time_point start = Clock::now();
   {
+    // As PyTorch's DDP decides at forward time: the micro-batches before the last accumulate
+    // locally (no_sync, no reducer preparation); the last one's backward is prepared as a
+    // synchronised one, and reduces the accumulated gradients across the stage's replicas.
     std::optional<parallel::NoSyncGuard> no_sync;
     if (ddp_ && !sync) no_sync.emplace(ddp_->no_sync());
+    if (ddp_ && sync) {
+      ddp_->prepare_for_forward();
+      ddp_->prepare_for_backward(std::vector<at::Tensor>{});
+    }
     at::Tensor output = mb.output;
     if (options_.recompute) {
       output = run_layers(mb.input, nullptr);
@@ -212,15 +219,6 @@ double Pipeline::forward_backward(const at::Tensor& inputs, const at::Tensor& ta
   size_t last_backward = 0;
   for (size_t a = 0; a < actions.size(); ++a) {
     if (actions[a].kind == PipelineAction::kBackward) last_backward = a;
-  }
-  if (ddp_) {
-    try {
-      ddp_->prepare_for_forward();
-      ddp_->prepare_for_backward(std::vector<at::Tensor>{});
-    } catch (...) {
-      fail(std::current_exception(), "the data-parallel preparation of step " +
-                                         std::to_string(step_));
-    }
   }
   double total_loss = 0;
   for (size_t a = 0; a < actions.size(); ++a) {
