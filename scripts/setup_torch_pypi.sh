@@ -68,7 +68,7 @@ if [ ${#PIP[@]} -eq 0 ]; then
 fi
 
 has_system_lib() {
-  ldconfig -p 2>/dev/null | grep -q "^[[:space:]]*$1 " && return 0
+  grep -q "^[[:space:]]*$1 " <<<"$(ldconfig -p 2>/dev/null)" && return 0
   local d
   for d in /usr/local/cuda/lib64 /usr/local/cuda/lib /usr/local/cuda/targets/x86_64-linux/lib; do
     [ -e "$d/$1" ] && return 0

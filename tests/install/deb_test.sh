@@ -18,7 +18,7 @@ deb=$(ls -t "$build"/shoal_*.deb | head -n1)
 depends=$(dpkg-deb -f "$deb" Depends)
 echo "deb_test: $deb: Depends: $depends"
 for package in libtorch-dev zlib1g-dev; do
-  echo "$depends" | grep -q "$package" || fail "Depends lacks $package"
+  grep -q "$package" <<<"$depends" || fail "Depends lacks $package"
 done
 contents=$(dpkg-deb -c "$deb")
 for path in ./usr/include/shoal/shoal.h ./usr/bin/shoal; do
@@ -34,7 +34,7 @@ rm -rf "$root"
 mkdir -p "$root"
 dpkg -x "$deb" "$root"
 if grep -rq "set(Shoal_HAVE_MPI ON)" "$root"/usr/lib*/cmake/Shoal/ShoalConfig.cmake "$root"/usr/lib/*/cmake/Shoal/ShoalConfig.cmake 2>/dev/null; then
-  echo "$depends" | grep -q "libopenmpi-dev" || fail "Depends lacks libopenmpi-dev (built with MPI)"
+  grep -q "libopenmpi-dev" <<<"$depends" || fail "Depends lacks libopenmpi-dev (built with MPI)"
 fi
 "$here/install_test.sh" "$build" "$source" "$root/usr"
 echo "deb_test: OK"

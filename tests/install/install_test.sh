@@ -55,15 +55,18 @@ grep -q "^Shoal_DIR:PATH=$prefix" "$work/examples/CMakeCache.txt" \
 cmake --build "$work/examples" -j1 >"$work/build.log" 2>&1 \
   || { tail -n 30 "$work/build.log"; fail "building examples/ against $prefix"; }
 example=$work/examples/example_ddp_fashion_mnist
-ldd "$example" | grep -q "$libdir/libshoal.so" \
-  || fail "the example is not linked to $libdir/libshoal.so: $(ldd "$example" | grep shoal)"
+# grep -q on a pipe under pipefail fails at random: grep exits at the first match and the
+# writer dies of SIGPIPE. Every check below reads a captured string instead.
+linked=$(ldd "$example")
+grep -q "$libdir/libshoal.so" <<<"$linked" \
+  || fail "the example is not linked to $libdir/libshoal.so: $(grep shoal <<<"$linked")"
 
 # Two ranks under the installed launcher; one epoch, and rank 0 saves a checkpoint.
 rm -f "$work/example.pt"
 out=$(OMP_NUM_THREADS=1 timeout 120 "$prefix/bin/shoal" run --nproc-per-node 2 \
         "$example" 1 "$work/example.pt" 2>&1) || { echo "$out"; fail "shoal run exited $?"; }
 echo "$out"
-echo "$out" | grep -q "\[rank 0\] epoch 0: loss [0-9.]* (2 ranks x 32 steps)" \
+grep -q "\[rank 0\] epoch 0: loss [0-9.]* (2 ranks x 32 steps)" <<<"$out" \
   || fail "expected rank 0's 'epoch 0: loss ... (2 ranks x 32 steps)' line"
 [ -s "$work/example.pt" ] || fail "rank 0 wrote no checkpoint"
 
@@ -75,7 +78,7 @@ object=$(find "$work/examples" -name "ddp_fashion_mnist.cpp.o" | head -n1)
 c++ -o "$work/example_pkgconfig" "$object" $(pkg-config --libs shoal) -Wl,-rpath,"$libdir" \
   || fail "linking with pkg-config --libs shoal"
 out=$(OMP_NUM_THREADS=1 timeout 60 "$work/example_pkgconfig" 1 2>&1) || { echo "$out"; fail "pkg-config build exited $?"; }
-echo "$out" | grep -q "epoch 0: loss [0-9.]* (1 ranks x 64 steps)" || { echo "$out"; fail "pkg-config build output"; }
+grep -q "epoch 0: loss [0-9.]* (1 ranks x 64 steps)" <<<"$out" || { echo "$out"; fail "pkg-config build output"; }
 for flag in $(pkg-config --cflags shoal); do
   case $flag in -I*) [ -d "${flag#-I}" ] || fail "pkg-config names a missing include dir: $flag";; esac
 done
@@ -101,7 +104,8 @@ CMAKE
   echo 'int main() {}' >"$sub/main.cpp"
   cmake -S "$sub" -B "$sub/build" -G Ninja >"$sub/configure.log" 2>&1 \
     || { tail -n 20 "$sub/configure.log"; fail "add_subdirectory of the source tree"; }
-  grep -A2 "^build app:" "$sub/build/build.ninja" | grep -q "libshoal.so.*libtorch" \
+  app_rule=$(grep -A2 "^build app:" "$sub/build/build.ninja")
+  grep -q "libshoal.so.*libtorch" <<<"$app_rule" \
     || fail "under add_subdirectory, app does not link libshoal.so and LibTorch"
 fi
 echo "install_test: OK ($prefix)"
