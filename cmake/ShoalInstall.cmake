@@ -42,6 +42,16 @@ string(APPEND SHOAL_PC_CFLAGS " -DSHOAL_HAVE_MPI=$<BOOL:${SHOAL_HAVE_MPI}> -DSHO
 get_filename_component(SHOAL_TORCH_LIBDIR "${TORCH_LIBRARY}" DIRECTORY)
 # libtorch.so registers the operators; nothing references it directly, hence --no-as-needed.
 set(SHOAL_PC_LIBS "-L${SHOAL_TORCH_LIBDIR} -Wl,--no-as-needed -ltorch -Wl,--as-needed -ltorch_cpu -lc10 -pthread")
+# A LibTorch outside the system directories (PyPI's) is found at run time by an RPATH; without it
+# the loader would take the system's libc10.so (Debian's 1.13) beside PyPI's other libraries.
+if(NOT SHOAL_TORCH_LIBDIR IN_LIST CMAKE_CXX_IMPLICIT_LINK_DIRECTORIES)
+  string(APPEND SHOAL_PC_LIBS " -Wl,-rpath,${SHOAL_TORCH_LIBDIR}")
+  file(GLOB SHOAL_PC_WHEEL_LIBS LIST_DIRECTORIES true "${SHOAL_TORCH_LIBDIR}/../../nvidia/*/lib")
+  foreach(dir ${SHOAL_PC_WHEEL_LIBS})
+    get_filename_component(dir "${dir}" ABSOLUTE)
+    string(APPEND SHOAL_PC_LIBS " -Wl,-rpath-link,${dir}")
+  endforeach()
+endif()
 set(SHOAL_PC_LIBS_PRIVATE "-lrt")
 if(SHOAL_HAVE_MPI)
   foreach(library ${MPI_C_LIBRARIES})
