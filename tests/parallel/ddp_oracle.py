@@ -82,7 +82,7 @@ def worker(rank, args, init_file):
         x = chunk[:global_batch * per_sample].view(global_batch, *shape)
         y = chunk[global_batch * per_sample:].long()
         xr, yr = x[rank * batch:(rank + 1) * batch], y[rank * batch:(rank + 1) * batch]
-        opt.zero_grad()
+        opt.zero_grad(set_to_none=False)
         F.nll_loss(ddp(xr), yr).backward()
         opt.step()
     if rank == 0:
@@ -207,7 +207,7 @@ def join(rank, **join_args):
     opt = sgd(model)
     with ddp.join(**join_args):
         for step in range(1 if rank == 0 else 4):
-            opt.zero_grad()
+            opt.zero_grad(set_to_none=False)
             F.nll_loss(ddp(inputs(rank, step, (5, 6))), labels(rank, step, 5, 4)).backward()
             opt.step()
     return model
@@ -229,7 +229,7 @@ def case_join_throw_on_early_termination(rank):
     try:
         with ddp.join(throw_on_early_termination=True):
             for step in range(1 if rank == 0 else 4):
-                opt.zero_grad()
+                opt.zero_grad(set_to_none=False)
                 F.nll_loss(ddp(inputs(rank, step, (5, 6))), labels(rank, step, 5, 4)).backward()
                 opt.step()
         raise AssertionError("no early termination")
@@ -238,7 +238,7 @@ def case_join_throw_on_early_termination(rank):
     return model
 
 
-def unused_accumulation(rank, view):
+def unused_accumulation(rank, view, set_to_none=False):
     model = BranchNet()
     init_params(model)
     ddp = nn.parallel.DistributedDataParallel(model, find_unused_parameters=True,
@@ -248,7 +248,7 @@ def unused_accumulation(rank, view):
     def loss(step, use_b, use_c):
         return F.nll_loss(ddp(inputs(rank, step, (5, 6)), use_b, use_c), labels(rank, step, 5, 4))
 
-    opt.zero_grad()
+    opt.zero_grad(set_to_none=set_to_none)
     with ddp.no_sync():
         loss(0, True, True).backward()
     # b unused on rank 0 but used on rank 1: rank 0's accumulated .grad is reduced; c unused on
@@ -256,10 +256,10 @@ def unused_accumulation(rank, view):
     # bucket view, which is reduced.
     loss(1, rank == 1, False).backward()
     opt.step()
-    opt.zero_grad()
+    opt.zero_grad(set_to_none=set_to_none)
     loss(2, False, False).backward()  # b and c unused everywhere: .grad left alone
     opt.step()
-    opt.zero_grad()
+    opt.zero_grad(set_to_none=set_to_none)
     loss(3, rank == 0, False).backward()
     opt.step()
     return model
@@ -273,6 +273,12 @@ def case_unused_accumulation_view(rank):
     return unused_accumulation(rank, True)
 
 
+def case_unused_accumulation_none(rank):
+    # zero_grad(set_to_none=True), PyTorch 2.x's default: an unused parameter's .grad stays None
+    # (not reduced, not decayed by SGD) until a backward uses it.
+    return unused_accumulation(rank, False, set_to_none=True)
+
+
 def sync_batch_norm(rank, dtype):
     # PyTorch 1.13's SyncBatchNorm runs on CUDA only; over 2 ranks it is by definition BatchNorm
     # over both ranks' samples, with the loss averaged over them: the oracle.
@@ -282,7 +288,7 @@ def sync_batch_norm(rank, dtype):
     for step in range(3):
         x = torch.cat([inputs(r, step, (6, 4), offset=1e4) for r in range(2)]).to(dtype)
         y = torch.cat([labels(r, step, 6, 3) for r in range(2)])
-        opt.zero_grad()
+        opt.zero_grad(set_to_none=False)
         F.nll_loss(model(x), y).backward()
         opt.step()
     return model
@@ -302,7 +308,7 @@ def case_uneven_evaluation(rank):
     ddp = nn.parallel.DistributedDataParallel(model)
     opt = sgd(model)
     for step in range(3):
-        opt.zero_grad()
+        opt.zero_grad(set_to_none=False)
         F.nll_loss(ddp(inputs(rank, step, (4, 20))), labels(rank, step, 4, 10)).backward()
         opt.step()
         with torch.no_grad():  # a different number of evaluation batches on each rank
@@ -317,7 +323,7 @@ def case_tied_weights(rank):
     ddp = nn.parallel.DistributedDataParallel(model)
     opt = sgd(model)
     for step in range(3):
-        opt.zero_grad()
+        opt.zero_grad(set_to_none=False)
         F.nll_loss(ddp(inputs(rank, step, (5, 6))), labels(rank, step, 5, 4)).backward()
         opt.step()
     return model
@@ -332,7 +338,7 @@ def case_backward_exception(rank):
     ddp = nn.parallel.DistributedDataParallel(model)
     opt = sgd(model)
     for step in (0, 2):
-        opt.zero_grad()
+        opt.zero_grad(set_to_none=False)
         F.nll_loss(ddp(inputs(rank, step, (5, 6)), False), labels(rank, step, 5, 4)).backward()
         opt.step()
     return model
@@ -343,13 +349,13 @@ def case_rebuild_after_no_sync(rank):
     init_params(model)
     ddp = nn.parallel.DistributedDataParallel(model)
     opt = sgd(model)
-    opt.zero_grad()
+    opt.zero_grad(set_to_none=False)
     with ddp.no_sync():  # the first backward is not synchronised: no rebuild from it
         F.nll_loss(ddp(inputs(rank, 0, (5, 6))), labels(rank, 0, 5, 4)).backward()
     for step in range(1, 4):
         F.nll_loss(ddp(inputs(rank, step, (5, 6))), labels(rank, step, 5, 4)).backward()
         opt.step()
-        opt.zero_grad()
+        opt.zero_grad(set_to_none=False)
     return model
 
 
@@ -359,7 +365,7 @@ def case_retain_graph(rank):
     ddp = nn.parallel.DistributedDataParallel(model, find_unused_parameters=True)
     opt = sgd(model)
     for step in range(2):
-        opt.zero_grad()
+        opt.zero_grad(set_to_none=False)
         loss = F.nll_loss(ddp(inputs(rank, step, (5, 6)), True, False), labels(rank, step, 5, 4))
         loss.backward(retain_graph=True)
         loss.backward()  # not prepared by a forward: accumulates locally, as PyTorch does
@@ -375,7 +381,7 @@ def case_reentrant_checkpoint(rank):
     ddp = nn.parallel.DistributedDataParallel(model)
     opt = sgd(model)
     for step in range(3):
-        opt.zero_grad()
+        opt.zero_grad(set_to_none=False)
         F.nll_loss(ddp(inputs(rank, step, (5, 6)), False), labels(rank, step, 5, 4)).backward()
         opt.step()
     return model
@@ -397,7 +403,7 @@ def case_sparse_embedding(rank):
     ddp = nn.parallel.DistributedDataParallel(model)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     for step in range(3):
-        opt.zero_grad()
+        opt.zero_grad(set_to_none=False)
         idx = (torch.arange(5) * (rank + 2) + step) % 10  # rows overlap partly between ranks
         F.nll_loss(ddp(idx), labels(rank, step, 5, 3)).backward()
         opt.step()
@@ -410,7 +416,7 @@ def case_static_graph(rank):
     ddp = nn.parallel.DistributedDataParallel(model, static_graph=True)
     opt = sgd(model, weight_decay=0.01)
     for step in range(3):
-        opt.zero_grad()
+        opt.zero_grad(set_to_none=False)
         F.nll_loss(ddp(inputs(rank, step, (5, 6)), True, False), labels(rank, step, 5, 4)).backward()
         opt.step()
     return model
@@ -424,7 +430,7 @@ def case_ignored_parameters(rank):
     ddp = nn.parallel.DistributedDataParallel(model)
     opt = sgd(model)
     for step in range(3):
-        opt.zero_grad()
+        opt.zero_grad(set_to_none=False)
         F.nll_loss(ddp(inputs(rank, step, (5, 6))), labels(rank, step, 5, 4)).backward()
         opt.step()
     return model
@@ -446,7 +452,7 @@ def case_channels_last_bucket_view(rank):
     ddp = nn.parallel.DistributedDataParallel(model, gradient_as_bucket_view=True)
     opt = sgd(model)
     for step in range(3):
-        opt.zero_grad()
+        opt.zero_grad(set_to_none=False)
         x = inputs(rank, step, (3, 2, 6, 6)).contiguous(memory_format=torch.channels_last)
         F.nll_loss(ddp(x), labels(rank, step, 3, 3)).backward()
         assert model.conv.weight.grad.stride() == model.conv.weight.stride()
