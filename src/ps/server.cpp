@@ -556,7 +556,9 @@ Server::Server(ServerOptions options) : impl_(std::make_unique<Impl>()) {
   if (options.auth_token_from_env && options.auth_token.empty()) {
     options.auth_token = auth_token_from_env();
   }
-  if (!options.optimizer) options.optimizer = std::make_shared<Sgd>(SgdOptions{});
+  // Its own copy: two servers of one process stepping one optimizer raced on its state.
+  options.optimizer = options.optimizer ? std::shared_ptr<ShardOptimizer>(options.optimizer->clone())
+                                        : std::make_shared<Sgd>(SgdOptions{});
   impl_->limits.max_message_bytes = options.max_message_bytes;
   impl_->options = std::move(options);
   impl_->workers.resize(static_cast<size_t>(impl_->options.num_workers));

@@ -27,4 +27,10 @@ void Sgd::load_state(uint32_t key, const std::map<std::string, at::Tensor>& stat
   if (found != state.end()) momentum_buffers_[key] = found->second.clone();
 }
 
+std::unique_ptr<ShardOptimizer> Sgd::clone() const {
+  auto copy = std::make_unique<Sgd>(options_);
+  for (const auto& [key, buffer] : momentum_buffers_) copy->momentum_buffers_[key] = buffer.clone();
+  return copy;
+}
+
 }  // namespace shoal::ps

@@ -46,7 +46,8 @@ struct ServerOptions {
   /// $SHOAL_AUTH_TOKEN.
   std::string auth_token;
   bool auth_token_from_env = true;
-  /// The update rule; SGD with lr 0.01 when null.
+  /// The update rule; SGD with lr 0.01 when null. The server steps its own clone(), so servers
+  /// started from one ServerOptions never share optimizer state (nor race on it).
   std::shared_ptr<ShardOptimizer> optimizer;
   /// A worker silent this long while not waiting on the server is presumed dead. Why 60 s:
   /// far longer than a training step, short enough that a crash does not stall training long.

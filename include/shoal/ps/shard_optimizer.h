@@ -4,7 +4,8 @@
 // To add an optimizer, derive from ShardOptimizer: step() updates one key range in place from
 // its gradient; state() / load_state() expose the per-key tensors for checkpoints.
 //
-// Thread safety: used by one server thread.
+// Thread safety: used by one server thread. Each Server works on its own clone() of the
+// optimizer in ServerOptions, so one ServerOptions can start several servers in one process.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -25,6 +26,8 @@ class ShardOptimizer {
   virtual std::map<std::string, at::Tensor> state(uint32_t key) const = 0;
   /// Restores what state() returned.
   virtual void load_state(uint32_t key, const std::map<std::string, at::Tensor>& state) = 0;
+  /// A copy with the same hyper-parameters and its own copy of the state.
+  virtual std::unique_ptr<ShardOptimizer> clone() const = 0;
 };
 
 /// torch.optim.SGD's update (dampening 0, no Nesterov, no weight decay):
@@ -40,6 +43,7 @@ class Sgd : public ShardOptimizer {
   void step(uint32_t key, at::Tensor& param, const at::Tensor& grad) override;
   std::map<std::string, at::Tensor> state(uint32_t key) const override;
   void load_state(uint32_t key, const std::map<std::string, at::Tensor>& state) override;
+  std::unique_ptr<ShardOptimizer> clone() const override;
   const SgdOptions& options() const { return options_; }
 
  private:
