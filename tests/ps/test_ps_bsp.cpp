@@ -104,9 +104,14 @@ void expect_bsp_equals_single_process(int num_servers, int workers) {
   torch::set_num_threads(1);
   const Data data = make_data(workers);
   testing::TinyNet expected = reference(data, workers);
-  testing::ServerSet set(num_servers, bsp_options(workers));
+  const ServerOptions options = bsp_options(workers);
+  testing::ServerSet set(num_servers, options);  // every server from the same options
   const std::vector<testing::TinyNet> nets = train_workers(set, data, workers, 0, kSteps);
   expect_equal_to_reference(nets, expected, std::to_string(num_servers) + " servers");
+  // Each server stepped its own copy of the optimizer: the caller's has no momentum buffers.
+  for (uint32_t key = 0; key < 64; ++key) {
+    EXPECT_TRUE(options.optimizer->state(key).empty()) << "key " << key;
+  }
   for (const auto& server : set.servers) {
     const ServerStats stats = server->stats();
     EXPECT_EQ(stats.updates, kSteps) << "bsp applies the mean once per step";
