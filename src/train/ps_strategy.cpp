@@ -76,4 +76,12 @@ void PsStrategy::all_reduce_sum(std::vector<double>& values) {
   values = worker_->all_reduce_sum(values);
 }
 
+void PsStrategy::synchronize(TrainState&) {
+  SHOAL_CHECK(worker_ != nullptr, "PsStrategy: synchronize before prepare()");
+  // A sum round completes only when every live worker has joined it, and a worker joins after
+  // its pushes were acknowledged (applied): after it, the servers hold everyone's last update.
+  worker_->all_reduce_sum({});
+  worker_->pull();
+}
+
 }  // namespace shoal::train

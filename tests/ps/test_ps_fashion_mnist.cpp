@@ -1,6 +1,6 @@
-// asp and ssp train on the real Fashion-MNIST to within one point of bsp's test accuracy after the
-// same number of epochs. To fit the test budget: the MLP (the CNN costs ~10x the compute per
-// sample here), 2 workers x batch 64 on the first 8000 training images for one epoch, the full
+// asp and ssp train on the real Fashion-MNIST to within two points of bsp's test accuracy after
+// the same number of epochs (the issue asks for one; see below). To fit the test budget: the MLP (the CNN costs ~10x the compute per
+// sample here), 2 workers x batch 64 on the first 8000 training images for three epochs, the full
 // 10000-image test set; the built-in Trainer with PsStrategy in each worker thread, one server.
 #include <gtest/gtest.h>
 
@@ -36,7 +36,7 @@ double train_accuracy(Consistency consistency, const train::TensorData& train_da
   shoal::testing::run_threads(kWorkers, [&](int rank) {
     train::TrainOptions to;
     to.model = "mlp";
-    to.epochs = 1;
+    to.epochs = 3;
     to.batch_size = 64;
     to.lr = kLr;
     to.momentum = kMomentum;
@@ -66,13 +66,13 @@ TEST(PsFashionMnist, AspAndSspWithinOnePointOfBsp) {
   const double asp = train_accuracy(Consistency::kAsp, train_data, test_data);
   const double ssp = train_accuracy(Consistency::kSsp, train_data, test_data);
   std::printf("test accuracy: bsp %.4f, asp %.4f, ssp(2) %.4f\n", bsp, asp, ssp);
-  EXPECT_GT(bsp, 0.75) << "bsp learned";
-  // The issue asks for one point. At this budget (one epoch of 8000 images, where accuracy still
-  // climbs fast) asp and ssp vary from run to run with thread timing: measured gaps to bsp
-  // (0.7746, deterministic) were asp -1.8 / +0.5 and ssp -0.6 / -1.8 points. Asserted at 2.5
-  // points until a longer run fits the test budget.
-  EXPECT_LE(std::abs(asp - bsp), 0.025);
-  EXPECT_LE(std::abs(ssp - bsp), 0.025);
+  EXPECT_GT(bsp, 0.79) << "bsp learned";
+  // The issue asks for one point. Three epochs of 8000 images (accuracy near its plateau) and
+  // workers that pull the final weights before evaluating (PsStrategy::synchronize) brought the
+  // run-to-run spread down; measured gaps to bsp over four runs, two of them beside two busy
+  // loops: asp -1.3 / -0.5 / +0.7 points, ssp -0.8 / 0.0 / +0.1. Asserted at 2 points.
+  EXPECT_LE(std::abs(asp - bsp), 0.02);
+  EXPECT_LE(std::abs(ssp - bsp), 0.02);
 }
 
 }  // namespace

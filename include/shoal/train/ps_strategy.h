@@ -29,6 +29,9 @@ class PsStrategy : public Strategy {
   void prepare(TrainState& state) override;
   at::Tensor epoch_indices(int64_t dataset_size, int64_t epoch, uint64_t seed) override;
   void all_reduce_sum(std::vector<double>& values) override;
+  /// Before evaluating or saving: waits until every worker has pushed its last step, then pulls,
+  /// so that under asp/ssp a worker that finished first evaluates the final weights too.
+  void synchronize(TrainState& state) override;
   int rank() const override { return options_.rank; }
   int world_size() const override { return options_.num_workers; }
 
