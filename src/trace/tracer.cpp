@@ -14,20 +14,6 @@
 namespace shoal::trace {
 namespace {
 
-struct State {
-  std::mutex mutex;
-  int rank = 0;
-  std::vector<std::string> events;
-  std::map<std::pair<std::string, int64_t>, std::pair<int64_t, int64_t>> open;  // start, bytes
-};
-
-std::atomic<bool> g_enabled{false};
-
-State& state() {
-  static State* s = new State();  // never destroyed: spans may end during static destruction
-  return *s;
-}
-
 /// A small stable thread id for the trace's "tid" (std::thread::id has no portable number).
 int64_t thread_number() {
   static std::atomic<int64_t> next{0};
@@ -52,34 +38,127 @@ std::string escape(const std::string& text) {
   return out;
 }
 
-void record(std::string event) {
-  State& s = state();
-  std::lock_guard<std::mutex> lock(s.mutex);
-  s.events.push_back(std::move(event));
-}
-
 constexpr const char* kHeader = "{\"traceEvents\":[\n";
 constexpr const char* kFooter = "\n],\"displayTimeUnit\":\"ms\"}\n";
 constexpr std::streamoff kMaxPartBytes = std::streamoff(1) << 30;
 
+// The process recorder of enable()/disable(): never destroyed (spans may end during static
+// destruction), replaced by enable().
+std::atomic<bool> g_enabled{false};
+std::mutex g_process_mutex;
+Recorder* g_process = nullptr;
+
+Recorder& process_recorder() {
+  std::lock_guard<std::mutex> lock(g_process_mutex);
+  if (g_process == nullptr) g_process = new Recorder(0);
+  return *g_process;
+}
+
+thread_local Recorder* t_recorder = nullptr;
+thread_local bool t_recorder_set = false;
+
 }  // namespace
 
-void enable(int rank) {
-  State& s = state();
-  {
-    std::lock_guard<std::mutex> lock(s.mutex);
-    s.rank = rank;
-    s.events.clear();
-    s.open.clear();
+struct Recorder::Impl {
+  std::mutex mutex;
+  std::atomic<int> rank{0};
+  std::vector<std::string> events;
+  std::map<std::pair<std::string, int64_t>, std::pair<int64_t, int64_t>> open;  // start, bytes
+
+  void add_metadata() {
     std::ostringstream meta;
-    meta << "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":" << rank
-         << ",\"args\":{\"name\":\"rank " << rank << "\"}}";
-    s.events.push_back(meta.str());
+    meta << "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":" << rank.load()
+         << ",\"args\":{\"name\":\"rank " << rank.load() << "\"}}";
+    events.push_back(meta.str());
     std::ostringstream order;
-    order << "{\"name\":\"process_sort_index\",\"ph\":\"M\",\"pid\":" << rank
-          << ",\"args\":{\"sort_index\":" << rank << "}}";
-    s.events.push_back(order.str());
+    order << "{\"name\":\"process_sort_index\",\"ph\":\"M\",\"pid\":" << rank.load()
+          << ",\"args\":{\"sort_index\":" << rank.load() << "}}";
+    events.push_back(order.str());
   }
+};
+
+Recorder::Recorder(int rank) : impl_(std::make_unique<Impl>()) {
+  impl_->rank = rank;
+  impl_->add_metadata();
+}
+
+Recorder::~Recorder() = default;
+
+int Recorder::rank() const { return impl_->rank.load(); }
+
+void Recorder::complete(const std::string& name, const char* category, int64_t start_us,
+                        int64_t end_us, const std::vector<std::pair<std::string, int64_t>>& args) {
+  std::ostringstream event;
+  event << "{\"name\":\"" << escape(name) << "\",\"cat\":\"" << escape(category)
+        << "\",\"ph\":\"X\",\"ts\":" << start_us << ",\"dur\":" << std::max<int64_t>(0, end_us - start_us)
+        << ",\"pid\":" << impl_->rank.load() << ",\"tid\":" << thread_number();
+  if (!args.empty()) {
+    event << ",\"args\":{";
+    for (size_t i = 0; i < args.size(); ++i) {
+      event << (i ? "," : "") << "\"" << escape(args[i].first) << "\":" << args[i].second;
+    }
+    event << "}";
+  }
+  event << "}";
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  impl_->events.push_back(event.str());
+}
+
+void Recorder::begin(const char* name, int64_t key, int64_t bytes) {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  impl_->open[{name, key}] = {now_us(), bytes};
+}
+
+void Recorder::end(const char* name, int64_t key) {
+  const int64_t now = now_us();
+  int64_t start = 0;
+  int64_t bytes = -1;
+  {
+    std::lock_guard<std::mutex> lock(impl_->mutex);
+    const auto found = impl_->open.find({name, key});
+    if (found == impl_->open.end()) return;  // begun before recording started
+    start = found->second.first;
+    bytes = found->second.second;
+    impl_->open.erase(found);
+  }
+  std::vector<std::pair<std::string, int64_t>> args{{"bucket", key}};
+  if (bytes >= 0) args.emplace_back("bytes", bytes);
+  complete(std::string(name) + " bucket " + std::to_string(key), "comm", start, now, args);
+}
+
+void Recorder::restart(int rank) {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  impl_->rank = rank;
+  impl_->events.clear();
+  impl_->open.clear();
+  impl_->add_metadata();
+}
+
+std::vector<std::string> Recorder::take_events() {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  std::vector<std::string> events;
+  events.swap(impl_->events);
+  return events;
+}
+
+ScopedRecorder::ScopedRecorder(Recorder* recorder)
+    : previous_(t_recorder), previous_set_(t_recorder_set) {
+  t_recorder = recorder;
+  t_recorder_set = true;
+}
+
+ScopedRecorder::~ScopedRecorder() {
+  t_recorder = previous_;
+  t_recorder_set = previous_set_;
+}
+
+Recorder* current() {
+  if (t_recorder_set) return t_recorder;
+  return g_enabled.load(std::memory_order_acquire) ? &process_recorder() : nullptr;
+}
+
+void enable(int rank) {
+  process_recorder().restart(rank);
   g_enabled.store(true, std::memory_order_release);
 }
 
@@ -95,63 +174,27 @@ int64_t now_us() {
 
 void complete(const std::string& name, const char* category, int64_t start_us, int64_t end_us,
               const std::vector<std::pair<std::string, int64_t>>& args) {
-  if (!enabled()) return;
-  std::ostringstream event;
-  event << "{\"name\":\"" << escape(name) << "\",\"cat\":\"" << escape(category)
-        << "\",\"ph\":\"X\",\"ts\":" << start_us << ",\"dur\":" << std::max<int64_t>(0, end_us - start_us)
-        << ",\"pid\":" << state().rank << ",\"tid\":" << thread_number();
-  if (!args.empty()) {
-    event << ",\"args\":{";
-    for (size_t i = 0; i < args.size(); ++i) {
-      event << (i ? "," : "") << "\"" << escape(args[i].first) << "\":" << args[i].second;
-    }
-    event << "}";
-  }
-  event << "}";
-  record(event.str());
+  if (Recorder* recorder = current()) recorder->complete(name, category, start_us, end_us, args);
 }
 
 void begin(const char* name, int64_t key, int64_t bytes) {
-  if (!enabled()) return;
-  State& s = state();
-  std::lock_guard<std::mutex> lock(s.mutex);
-  s.open[{name, key}] = {now_us(), bytes};
+  if (Recorder* recorder = current()) recorder->begin(name, key, bytes);
 }
 
 void end(const char* name, int64_t key) {
-  if (!enabled()) return;
-  const int64_t now = now_us();
-  int64_t start = 0;
-  int64_t bytes = -1;
-  {
-    State& s = state();
-    std::lock_guard<std::mutex> lock(s.mutex);
-    const auto found = s.open.find({name, key});
-    if (found == s.open.end()) return;  // begun before recording started
-    start = found->second.first;
-    bytes = found->second.second;
-    s.open.erase(found);
-  }
-  std::vector<std::pair<std::string, int64_t>> args{{"bucket", key}};
-  if (bytes >= 0) args.emplace_back("bytes", bytes);
-  complete(std::string(name) + " bucket " + std::to_string(key), "comm", start, now, args);
+  if (Recorder* recorder = current()) recorder->end(name, key);
 }
 
-Span::Span(const char* name, const char* category) : name_(name), category_(category) {
-  if (enabled()) start_us_ = now_us();
+Span::Span(const char* name, const char* category)
+    : name_(name), category_(category), recorder_(current()) {
+  if (recorder_ != nullptr) start_us_ = now_us();
 }
 
 Span::~Span() {
-  if (start_us_ >= 0) complete(name_, category_, start_us_, now_us());
+  if (recorder_ != nullptr) recorder_->complete(name_, category_, start_us_, now_us());
 }
 
-std::vector<std::string> take_events() {
-  State& s = state();
-  std::lock_guard<std::mutex> lock(s.mutex);
-  std::vector<std::string> events;
-  events.swap(s.events);
-  return events;
-}
+std::vector<std::string> take_events() { return process_recorder().take_events(); }
 
 void write_file(const std::string& path, const std::vector<std::string>& events) {
   const std::string temporary = path + ".tmp";

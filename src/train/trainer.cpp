@@ -312,7 +312,12 @@ TrainResult Trainer::fit(const TensorData& train, const TensorData& test) {
                                               : at::Tensor()};
 
   const Clock::time_point fit_start = Clock::now();
-  if (!options_.trace_path.empty()) trace::enable(static_cast<int>(rank));
+  // This trainer's own timeline, for this thread: trainers on other threads keep theirs.
+  std::optional<trace::ScopedRecorder> tracing;
+  if (!options_.trace_path.empty()) {
+    recorder_ = std::make_unique<trace::Recorder>(static_cast<int>(rank));
+    tracing.emplace(recorder_.get());
+  }
   TrainResult result;
   for (; state_.epoch < options_.epochs; ++state_.epoch) {
     const int64_t epoch = state_.epoch;
@@ -417,16 +422,15 @@ TrainResult Trainer::fit(const TensorData& train, const TensorData& test) {
 }
 
 void Trainer::write_trace() {
-  if (options_.trace_path.empty()) return;
-  trace::disable();
+  if (options_.trace_path.empty() || !recorder_) return;
   const int world = strategy_->world_size();
   if (world == 1) {
-    trace::write_file(options_.trace_path, trace::take_events());
+    trace::write_file(options_.trace_path, recorder_->take_events());
     return;
   }
   // Every rank writes its part; once all have (the allreduce is the barrier), rank 0 merges them.
   const auto part = [&](int r) { return options_.trace_path + ".rank" + std::to_string(r); };
-  trace::write_file(part(strategy_->rank()), trace::take_events());
+  trace::write_file(part(strategy_->rank()), recorder_->take_events());
   std::vector<double> barrier{1};
   strategy_->all_reduce_sum(barrier);
   if (strategy_->rank() == 0) {

@@ -352,5 +352,42 @@ TEST(Tracer, RecordsSpansAndIntervalsAndMergesRanks) {
   EXPECT_EQ(json.rfind("{\"traceEvents\":[", 0), 0u);
 }
 
+// Two trainers tracing at once in one process (as worker threads do): each trace holds its own
+// steps, and only them; a trainer with no trace path records nothing, into nobody's timeline.
+TEST(Tracer, TrainersOnThreadsKeepTheirOwnTimelines) {
+  const std::string dir = shoal::testing::temp_path("shoal-trace-threads");
+  std::filesystem::create_directories(dir);
+  const int64_t steps[3] = {8, 4, 6};
+  shoal::testing::run_threads(3, [&](int which) {
+    auto net = torch::nn::Linear(4, 2);
+    TrainOptions options = quick_options("custom", 0);
+    options.batch_size = 4;
+    options.threads = 0;
+    if (which < 2) options.trace_path = dir + "/trace" + std::to_string(which) + ".json";
+    Trainer trainer(options, net,
+                    std::make_unique<torch::optim::SGD>(net->parameters(),
+                                                        torch::optim::SGDOptions(0.1)),
+                    [](const at::Tensor& out, const at::Tensor& y) {
+                      return torch::nn::functional::cross_entropy(out, y);
+                    });
+    const int64_t n = steps[which] * 4;
+    trainer.fit(TensorData{torch::randn({n, 4}), torch::randint(0, 2, {n}, torch::kLong)},
+                TensorData{});
+  }, std::chrono::milliseconds(60000));
+  for (int which = 0; which < 2; ++which) {
+    std::ifstream in(dir + "/trace" + std::to_string(which) + ".json");
+    std::stringstream text;
+    text << in.rdbuf();
+    const std::string json = text.str();
+    int64_t forwards = 0;
+    for (size_t at = json.find("\"name\":\"forward\""); at != std::string::npos;
+         at = json.find("\"name\":\"forward\"", at + 1)) {
+      ++forwards;
+    }
+    EXPECT_EQ(forwards, steps[which]) << "trace " << which << ":\n" << json.substr(0, 2000);
+  }
+  std::filesystem::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace shoal::train

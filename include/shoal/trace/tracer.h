@@ -4,6 +4,7 @@
 // that overlap of communication with backward, and stragglers, are visible (as Horovod's timeline).
 //
 //   shoal::trace::enable(rank);            // recording starts; off by default (one atomic load)
+//   (or: trace::Recorder mine(rank); trace::ScopedRecorder scope(&mine); for this thread only)
 //   { shoal::trace::Span span("forward"); ... }
 //   shoal::trace::begin("allreduce", bucket, bytes); ...; shoal::trace::end("allreduce", bucket);
 //   shoal::trace::write_file("trace.json", shoal::trace::take_events());
@@ -15,13 +16,56 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
 namespace shoal::trace {
 
-/// Starts recording this process's events as `rank` (the trace's process id). Clears old events.
+/// One timeline: the events of one rank. A Trainer with a trace path records into its own, so
+/// that several trainers in one process (worker threads) keep their timelines apart.
+class Recorder {
+ public:
+  explicit Recorder(int rank);
+  ~Recorder();
+  Recorder(const Recorder&) = delete;
+  Recorder& operator=(const Recorder&) = delete;
+  int rank() const;
+  void complete(const std::string& name, const char* category, int64_t start_us, int64_t end_us,
+                const std::vector<std::pair<std::string, int64_t>>& args = {});
+  void begin(const char* name, int64_t key, int64_t bytes = -1);
+  void end(const char* name, int64_t key);
+  /// The events recorded so far, each one JSON object, and forgets them.
+  std::vector<std::string> take_events();
+  /// Forgets every event and records as `rank` from now on.
+  void restart(int rank);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+/// While alive, what this thread records (Span, begin/end, complete) goes to `recorder` (null:
+/// to nothing), whatever enable() says; the previous choice comes back on destruction.
+class ScopedRecorder {
+ public:
+  explicit ScopedRecorder(Recorder* recorder);
+  ~ScopedRecorder();
+  ScopedRecorder(const ScopedRecorder&) = delete;
+  ScopedRecorder& operator=(const ScopedRecorder&) = delete;
+
+ private:
+  Recorder* previous_;
+  bool previous_set_;
+};
+
+/// Where this thread's events go now: its ScopedRecorder's, else the process's while enabled,
+/// else null (nothing is recorded; the check is one thread-local read and one atomic load).
+Recorder* current();
+
+/// Starts recording this process's events as `rank` (the trace's process id), in threads without
+/// a ScopedRecorder. Clears old events.
 void enable(int rank);
 /// Stops recording (events recorded so far stay until take_events).
 void disable();
@@ -31,7 +75,7 @@ bool enabled();
 /// Microseconds since the epoch of the system clock.
 int64_t now_us();
 
-/// A complete event: `name` from start_us to end_us, with integer arguments.
+/// A complete event into current(): `name` from start_us to end_us, with integer arguments.
 void complete(const std::string& name, const char* category, int64_t start_us, int64_t end_us,
               const std::vector<std::pair<std::string, int64_t>>& args = {});
 
@@ -40,7 +84,7 @@ void complete(const std::string& name, const char* category, int64_t start_us, i
 void begin(const char* name, int64_t key, int64_t bytes = -1);
 void end(const char* name, int64_t key);
 
-/// Records a span from construction to destruction (when recording at construction).
+/// Records a span from construction to destruction into the recorder current() at construction.
 class Span {
  public:
   explicit Span(const char* name, const char* category = "train");
@@ -51,10 +95,11 @@ class Span {
  private:
   const char* name_;
   const char* category_;
+  Recorder* recorder_;
   int64_t start_us_ = -1;
 };
 
-/// The events recorded so far, each one JSON object, and forgets them.
+/// The process recorder's events so far (see enable), and forgets them.
 std::vector<std::string> take_events();
 
 /// Writes {"traceEvents": [events...]} to `path` (atomically: a temporary file, then renamed).

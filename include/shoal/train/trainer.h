@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "shoal/checkpoint/training_state.h"
+#include "shoal/trace/tracer.h"
 #include "shoal/models/model.h"
 #include "shoal/train/strategy.h"
 #include "shoal/train/train_options.h"
@@ -176,6 +177,8 @@ class Trainer {
   /// Samples of the current epoch the job consumed before it was resumed (all ranks together).
   int64_t resume_samples_seen_ = 0;
   std::string resume_changes_;
+  /// This trainer's timeline while options.trace_path is set (see trace::Recorder).
+  std::unique_ptr<trace::Recorder> recorder_;
 };
 
 /// The newest checkpoint of options.checkpoint_dir, checked to be resumable by `options` (it
