@@ -14,6 +14,7 @@
 #include <thread>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 
 #include "commands.h"
@@ -62,6 +63,18 @@ int run_ps_server(const train::TrainOptions& options, const TrainArgs& args) {
   server.consistency = ps::parse_consistency(args.consistency);
   server.staleness = args.staleness;
   server.optimizer = std::make_shared<ps::Sgd>(ps::SgdOptions{options.lr, options.momentum});
+  if (!options.checkpoint_dir.empty()) {
+    // The shard (values and momentum buffers) beside the workers' checkpoints, saved whenever
+    // they save theirs (PsStrategy::synchronize), and read back on --resume.
+    std::filesystem::create_directories(options.checkpoint_dir);
+    server.checkpoint_path =
+        options.checkpoint_dir + "/ps-server" + std::to_string(job.role_rank) + ".pt";
+    const bool restarted = std::getenv("TORCHELASTIC_RESTART_COUNT") != nullptr &&
+                           std::atoi(std::getenv("TORCHELASTIC_RESTART_COUNT")) > 0;
+    if ((options.resume || restarted) && std::filesystem::exists(server.checkpoint_path)) {
+      server.restore_path = server.checkpoint_path;
+    }
+  }
   const ps::ServerStats stats = ps::serve(job, server);
   std::fprintf(stderr,
                "ps server %d: %lld pushes, %lld updates, max staleness %lld, %lld pulls waited, "
@@ -342,9 +355,6 @@ void add_train_command(CLI::App& root, std::vector<Command>& commands) {
                                                                                   options->model);
                         }
                         if (args->strategy == "ps") {
-                          SHOAL_CHECK_T(InvalidArgument, options->checkpoint_dir.empty(),
-                                        "--strategy ps does not save checkpoints through the "
-                                        "trainer yet; drop --checkpoint-dir");
                           if (!started_as_rank()) {
                             auto launch = launcher::LaunchOptions::parameter_server(
                                 args->workers, args->servers, own_command_line());

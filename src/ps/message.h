@@ -44,7 +44,9 @@ enum class MessageType : uint16_t {
   kPush,        ///< worker -> server: gradients; clock = the worker's clock they were computed at
   kPull,        ///< worker -> server: clock = pushes done, version = the shard version it has
   kParams,      ///< server -> worker: key ranges changed since that version; version = now
-  kSum,         ///< worker -> server: blob = doubles to sum over workers; clock = round
+  kSum,         ///< worker -> server: blob = doubles to sum over workers; clock = round;
+                ///< version 1 = a checkpoint barrier: the server saves its shard (checkpoint_path)
+                ///< once every live worker has joined the round, before answering
   kSumResult,   ///< server -> worker: blob = the sums
   kBye,         ///< worker -> server: this worker is done
   kOk,          ///< server -> worker: done

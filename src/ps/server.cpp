@@ -60,6 +60,7 @@ struct Deferred {
 struct SumRound {
   std::map<int, std::vector<double>> values;
   std::vector<Deferred> waiting;
+  bool checkpoint = false;  // a worker asked for the shard to be saved when the round completes
 };
 
 }  // namespace
@@ -381,6 +382,7 @@ struct Server::Impl {
     std::vector<double> values(m.blob.size() / sizeof(double));
     if (!values.empty()) std::memcpy(values.data(), m.blob.data(), m.blob.size());
     SumRound& round = sum_rounds[m.header.clock];
+    round.checkpoint |= m.header.version == 1;
     round.values[rank] = std::move(values);
     round.waiting.push_back({m.routing_id, m.header});
     serve_sums();
@@ -405,8 +407,22 @@ struct Server::Impl {
       }
       const std::string blob(reinterpret_cast<const char*>(sums.data()),
                              sums.size() * sizeof(double));
+      // Every live worker waits here, its pushes applied: the shard is the state they all see.
+      std::string failed;
+      if (round.checkpoint && !options.checkpoint_path.empty() && initialized) {
+        try {
+          save_checkpoint();
+        } catch (const std::exception& e) {
+          failed = "saving the shard to " + options.checkpoint_path + " failed: " + e.what();
+          log(failed);
+        }
+      }
       for (const Deferred& w : round.waiting) {
-        reply(w.routing_id, MessageType::kSumResult, w.request, blob);
+        if (failed.empty()) {
+          reply(w.routing_id, MessageType::kSumResult, w.request, blob);
+        } else {
+          reply_error(w.routing_id, w.request, failed);
+        }
       }
       it = sum_rounds.erase(it);
     }

@@ -251,6 +251,23 @@ std::vector<double> Worker::all_reduce_sum(const std::vector<double>& values) {
   return sums;
 }
 
+void Worker::barrier(bool checkpoint) {
+  // A sum round of nothing on every server; the rounds share the worker's counter, and each
+  // server completes its own once all live workers have joined it.
+  const int64_t round = impl_->sum_round++;
+  std::vector<int64_t> sent(impl_->sockets.size());
+  for (size_t s = 0; s < impl_->sockets.size(); ++s) {
+    OutMessage out(MessageType::kSum, impl_->options.rank, ++impl_->seq);
+    out.header.clock = round;
+    out.header.version = checkpoint ? 1 : 0;
+    sent[s] = out.header.seq;
+    impl_->send(s, out, checkpoint ? "checkpoint barrier" : "barrier");
+  }
+  for (size_t s = 0; s < impl_->sockets.size(); ++s) {
+    impl_->await(s, sent[s], checkpoint ? "checkpoint barrier" : "barrier");
+  }
+}
+
 void Worker::close() {
   if (impl_->closed) return;
   impl_->closed = true;

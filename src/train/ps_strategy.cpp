@@ -1,6 +1,7 @@
 #include "shoal/train/ps_strategy.h"
 
 #include <torch/optim/optimizer.h>
+#include <torch/optim/sgd.h>
 
 #include "shoal/error.h"
 #include "shoal/train/trainer.h"
@@ -8,16 +9,15 @@
 namespace shoal::train {
 namespace {
 
-// No options of its own: the learning rate and momentum are the servers'.
-struct PsOptimizerOptions : torch::optim::OptimizerCloneableOptions<PsOptimizerOptions> {};
-
 // The trainer's optimizer under a parameter server: step() is push + pull; the update itself
-// happens on the servers.
+// happens on the servers. Its options are SGD's with the run's lr and momentum, so that a
+// trainer checkpoint records them as PyTorch's SGD would; the momentum buffers live on the
+// servers (and in their shard checkpoints), so it keeps no state.
 class PsOptimizer : public torch::optim::Optimizer {
  public:
-  PsOptimizer(std::vector<at::Tensor> params, ps::Worker* worker)
+  PsOptimizer(std::vector<at::Tensor> params, torch::optim::SGDOptions options, ps::Worker* worker)
       : Optimizer({torch::optim::OptimizerParamGroup(std::move(params))},
-                  std::make_unique<PsOptimizerOptions>()),
+                  std::make_unique<torch::optim::SGDOptions>(options)),
         worker_(worker) {}
 
   at::Tensor step(LossClosure closure) override {
@@ -64,7 +64,14 @@ void PsStrategy::prepare(TrainState& state) {
   }
   worker_ = std::make_unique<ps::Worker>(options_, std::move(parameters));
   worker_->init();
-  state.optimizer = std::make_unique<PsOptimizer>(std::move(tensors), worker_.get());
+  torch::optim::SGDOptions sgd(0);
+  if (state.optimizer && !state.optimizer->param_groups().empty()) {
+    if (auto* given = dynamic_cast<torch::optim::SGDOptions*>(
+            &state.optimizer->param_groups().front().options())) {
+      sgd = *given;
+    }
+  }
+  state.optimizer = std::make_unique<PsOptimizer>(std::move(tensors), sgd, worker_.get());
 }
 
 at::Tensor PsStrategy::epoch_indices(int64_t dataset_size, int64_t epoch, uint64_t seed) {
@@ -78,9 +85,11 @@ void PsStrategy::all_reduce_sum(std::vector<double>& values) {
 
 void PsStrategy::synchronize(TrainState&) {
   SHOAL_CHECK(worker_ != nullptr, "PsStrategy: synchronize before prepare()");
-  // A sum round completes only when every live worker has joined it, and a worker joins after
-  // its pushes were acknowledged (applied): after it, the servers hold everyone's last update.
-  worker_->all_reduce_sum({});
+  // The barrier completes only when every live worker has joined it, and a worker joins after
+  // its pushes were acknowledged (applied): after it, the servers hold everyone's last update,
+  // and servers with a checkpoint path have saved it (the trainer's checkpoint that follows
+  // holds the same weights).
+  worker_->barrier(/*checkpoint=*/true);
   worker_->pull();
 }
 

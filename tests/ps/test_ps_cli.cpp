@@ -11,6 +11,7 @@
 #include <regex>
 #include <sstream>
 
+#include "shoal/checkpoint/serialization.h"
 #include "testing/idx_files.h"
 #include "testing/multi_rank.h"
 
@@ -60,6 +61,59 @@ TEST(PsCli, ShoalRunStartsServersAndWorkers) {
     EXPECT_LE(std::stoll((*it)[4]), 1) << "ssp(1) bound:\n" << stderr_text;
   }
   EXPECT_EQ(servers, 2) << stderr_text;
+}
+
+
+// `shoal train --strategy ps --checkpoint-dir`: the servers save their shards (values and
+// momentum, in PyTorch's format) whenever the workers save theirs; a run stopped after epoch 1
+// and resumed with --resume ends with the very weights of an uninterrupted 2-epoch run (bsp is
+// deterministic with 2 workers), with two servers splitting the tensors.
+TEST(PsCli, CheckpointAndResumeEqualUninterruptedTraining) {
+  if (!shoal::testing::have_real_fashion_mnist()) {
+    shoal::testing::skip_program("Fashion-MNIST is not installed (apt-get install dataset-fashion-mnist)");
+  }
+  const char* dir = std::getenv("SHOAL_BINARY_DIR");
+  if (dir == nullptr) shoal::testing::skip_program("SHOAL_BINARY_DIR is not set (run through ctest)");
+  const std::string shoal = std::string(dir) + "/apps/shoal/shoal";
+  const std::string work = shoal::testing::temp_path("ps-ckpt");
+  fs::create_directories(work);
+  const std::string common =
+      shoal + " train --strategy ps --workers 2 --servers 2 --model mlp --train-samples 1200 "
+      "--test-samples 300 --batch-size 50 --lr 0.05 --momentum 0.9 --threads 1 --no-progress ";
+  auto run = [&](const std::string& args, const std::string& log) {
+    const std::string command = common + args + " >" + log + " 2>&1";
+    const int status = std::system(command.c_str());
+    const std::string text = slurp(log);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << command << "\n" << text;
+    return text;
+  };
+  run("--epochs 2 --dump-parameters " + work + "/whole", work + "/whole.log");
+  run("--epochs 1 --checkpoint-dir " + work + "/ckpt", work + "/first.log");
+  for (int s = 0; s < 2; ++s) {
+    const std::string shard = work + "/ckpt/ps-server" + std::to_string(s) + ".pt";
+    ASSERT_TRUE(fs::exists(shard)) << shard;
+    // PyTorch reads it: a dict of tensors with the momentum buffers.
+    const std::string check =
+        "/usr/bin/python3 -c \"import sys, torch; d = torch.load(sys.argv[1]); "
+        "assert isinstance(d, dict) and any(k.endswith('.momentum_buffer') for k in d)\" " +
+        shard;
+    EXPECT_EQ(std::system(check.c_str()), 0) << check;
+  }
+  const std::string resumed = run("--epochs 2 --checkpoint-dir " + work + "/ckpt --resume "
+                                  "--dump-parameters " + work + "/resumed", work + "/resumed.log");
+  EXPECT_NE(resumed.find("resumed from"), std::string::npos) << resumed;
+  for (int rank = 0; rank < 2; ++rank) {
+    const std::string suffix = ".rank" + std::to_string(rank) + ".pt";
+    const auto whole = shoal::checkpoint::load_state_dict_file(work + "/whole" + suffix);
+    const auto again = shoal::checkpoint::load_state_dict_file(work + "/resumed" + suffix);
+    ASSERT_EQ(whole.size(), again.size());
+    for (const auto& item : whole) {
+      const at::Tensor& other = again[item.key()];
+      EXPECT_LE((item.value() - other).abs().max().item<double>(), 1e-6)
+          << "worker " << rank << " " << item.key() << ": the resumed run differs";
+    }
+  }
+  fs::remove_all(work);
 }
 
 }  // namespace

@@ -61,6 +61,10 @@ class Worker {
   void step();
   /// Sums `values` over the live workers (through server 0).
   std::vector<double> all_reduce_sum(const std::vector<double>& values);
+  /// Returns once every live worker has called it (on every server): all their pushes are
+  /// applied. With `checkpoint`, each server that has a checkpoint_path saves its shard there
+  /// first, so the files hold exactly the state every worker pulls next.
+  void barrier(bool checkpoint = false);
   /// Tells every server this worker is done (idempotent; the destructor calls it, ignoring errors).
   void close();
 
