@@ -2,6 +2,8 @@
 
 #include <torch/torch.h>
 
+#include <cctype>
+#include <cstdlib>
 #include <map>
 #include <unordered_set>
 #include <sstream>
@@ -11,6 +13,15 @@
 #include "shoal/memory/cpu_allocator.h"
 
 namespace shoal::parallel {
+
+bool DistributedDataParallelOptions::debug_detail_from_env() {
+  const char* value = std::getenv("SHOAL_DEBUG");
+  if (value == nullptr) return false;
+  std::string level(value);
+  for (char& c : level) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return level == "detail";
+}
+
 namespace {
 
 // Room for one parameter's description when ranks disagree ("name\tshape\tdtype").

@@ -287,7 +287,45 @@ void Reducer::mark_ready(size_t index) {
     view.copy_(grad);
     if (options_.gradient_as_bucket_view) param.mutable_grad() = view;
   }
-  if (--bucket.pending == 0) launch_ready_buckets();
+  // Under debug_detail nothing is launched before every rank knows every rank's used set.
+  if (--bucket.pending == 0 && !options_.debug_detail) launch_ready_buckets();
+}
+
+void Reducer::check_used_on_every_rank() {
+  const int world = group_->size();
+  at::Tensor mine = torch::empty({static_cast<int64_t>(params_.size())}, torch::kInt);
+  auto acc = mine.accessor<int, 1>();
+  for (size_t i = 0; i < params_.size(); ++i) acc[i] = ready_[i];
+  std::vector<at::Tensor> all;
+  for (int r = 0; r < world; ++r) all.push_back(torch::empty_like(mine));
+  group_->allgather(all, mine)->wait();
+  std::ostringstream report;
+  size_t listed = 0;
+  size_t unused = 0;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    std::vector<int> without;
+    std::vector<int> with;
+    for (int r = 0; r < world; ++r) (all[r][static_cast<int64_t>(i)].item<int>() ? with : without).push_back(r);
+    if (without.empty()) continue;
+    ++unused;
+    if (listed++ >= 10) continue;
+    const auto ranks = [](const std::vector<int>& list) {
+      std::string text;
+      for (size_t k = 0; k < list.size(); ++k) text += (k ? "," : "") + std::to_string(list[k]);
+      return text.empty() ? std::string("none") : text;
+    };
+    report << (listed > 1 ? "; " : "") << "'" << names_[i] << "' got no gradient on rank(s) "
+           << ranks(without) << " (a gradient on rank(s) " << ranks(with) << ")";
+  }
+  if (unused == 0) return;
+  if (unused > 10) report << "; ... (" << unused - 10 << " more)";
+  in_backward_ = false;
+  expect_hooks_ = false;
+  SHOAL_THROW(Error, group_->rank_prefix(), " DistributedDataParallel (SHOAL_DEBUG=detail): ",
+              unused, " parameter(s) got no gradient in this backward pass on some rank: ",
+              report.str(), ". Every rank must compute gradients for the same parameters: use "
+              "them in the loss on every rank, or construct DistributedDataParallel with "
+              "find_unused_parameters = true.");
 }
 
 void Reducer::launch_ready_buckets() {
@@ -349,6 +387,10 @@ void Reducer::finalize_backward() {
   in_backward_ = false;
   expect_hooks_ = false;
   const auto wait_start = std::chrono::steady_clock::now();
+  if (options_.debug_detail) {
+    check_used_on_every_rank();
+    launch_ready_buckets();
+  }
   if (next_bucket_ < buckets_.size()) {
     // Some gradients never arrived: wait for what was launched (the other ranks launched it too),
     // then explain, as PyTorch does, instead of leaving the other ranks hanging.

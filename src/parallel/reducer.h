@@ -83,6 +83,8 @@ class Reducer {
   /// gradients still missing (the outer backward goes on; the next hook queues it again).
   void on_backward_end();
   void finalize_backward();
+  /// debug_detail: every rank learns every rank's used set; throws on every rank when they differ.
+  void check_used_on_every_rank();
   /// Whether this iteration finds and exchanges unused parameters (find_unused_parameters, or the
   /// first iteration of static_graph).
   bool tracks_unused() const;

@@ -242,6 +242,56 @@ TEST(DdpUnused, WithoutTheFlagAnUnusedParameterIsAClearErrorNotAHang) {
   });
 }
 
+// SHOAL_DEBUG=detail (debug_detail): a parameter used on rank 0 and not on rank 1 fails on both
+// ranks, naming the parameter and the ranks on each side (without it, rank 0 would wait for a
+// reduction rank 1 never starts); and when every rank uses every parameter, training is exactly
+// what it is without the mode.
+TEST(DdpUnused, DebugDetailNamesTheRanksWhereTheUsedSetDiffers) {
+  std::vector<std::vector<torch::Tensor>> trained[2];
+  for (int detail = 0; detail < 2; ++detail) {
+    trained[detail].resize(2);
+    with_groups(2, [&](int rank, std::shared_ptr<comm::ProcessGroup> group) {
+      // Ranks are threads: the weights and data come from generators of their own, not from
+      // the process's (which the other rank's thread may be drawing from).
+      auto g = at::make_generator<at::CPUGeneratorImpl>(3);
+      Branchy model;
+      {
+        torch::NoGradGuard no_grad;
+        for (auto& p : model->parameters()) p.copy_(torch::randn(p.sizes(), g) * 0.3);
+      }
+      auto options = small_buckets();
+      options.debug_detail = detail == 1;
+      DistributedDataParallel ddp(model, group, options);
+      torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.1));
+      auto x = torch::randn({4, 6}, g) + rank;
+      if (detail == 1) {
+        try {
+          ddp.forward(x, /*use_branch=*/rank == 0).sum().backward();
+          ADD_FAILURE() << "expected an error on rank " << rank;
+        } catch (const Error& e) {
+          const std::string what = e.what();
+          EXPECT_NE(what.find("'branch.weight' got no gradient on rank(s) 1 (a gradient on "
+                              "rank(s) 0)"), std::string::npos) << what;
+          EXPECT_NE(what.find("'branch.bias'"), std::string::npos) << what;
+          EXPECT_EQ(what.find("'trunk.weight'"), std::string::npos) << what;
+        }
+        opt.zero_grad();
+      }
+      for (int step = 0; step < 3; ++step) {
+        opt.zero_grad();
+        ddp.forward(x, /*use_branch=*/true).sum().backward();
+        opt.step();
+      }
+      trained[detail][rank] = clone_all(model->parameters());
+    });
+  }
+  for (int rank = 0; rank < 2; ++rank) {
+    for (size_t i = 0; i < trained[0][rank].size(); ++i) {
+      EXPECT_TRUE(torch::equal(trained[0][rank][i], trained[1][rank][i])) << "rank " << rank;
+    }
+  }
+}
+
 // ---- buffers -------------------------------------------------------------------------------------
 
 struct WithBatchNormImpl : torch::nn::Module {

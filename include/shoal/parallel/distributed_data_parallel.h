@@ -75,6 +75,15 @@ struct DistributedDataParallelOptions {
   /// large freed blocks back and every step faults them in again, at a rate that differs from rank
   /// to rank, so the fastest rank waits at each reduction. A process-wide setting.
   bool tune_cpu_allocator = true;
+  /// PyTorch's TORCH_DISTRIBUTED_DEBUG=DETAIL for the gradients: before reducing, the ranks
+  /// exchange which parameters got a gradient, and when one did not on some rank every rank fails
+  /// with the parameters' names and the ranks where each was used and unused (instead of one rank
+  /// failing and the others waiting for a reduction that never comes). Buckets are then reduced
+  /// after backward instead of during it: slower, for finding the bug. Defaults to
+  /// SHOAL_DEBUG=detail in the environment. Every rank must use the same setting.
+  bool debug_detail = debug_detail_from_env();
+
+  static bool debug_detail_from_env();
 };
 
 /// What the reducer measured, for benchmarks (seconds summed over iterations).
