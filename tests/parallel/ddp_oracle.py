@@ -13,9 +13,11 @@ way by the C++ test. Writes OUT_DIR/CASE.rankR.f64 for every rank R: raw little-
 each parameter (named_parameters order, flattened), then each parameter's .grad (NaN where it is
 None), then each buffer (named_buffers order).
 """
+import functools
 import os
 import sys
 import tempfile
+from typing import Callable, NamedTuple, Optional, Sequence
 
 import numpy as np
 import torch
@@ -196,42 +198,152 @@ class ReorderNet(nn.Module):
         return F.log_softmax(self.out(torch.relu(self.hidden(x))), 1)
 
 
+class EmbNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(10, 4, sparse=True)
+        self.fc = nn.Linear(4, 3)
+
+    def forward(self, idx):
+        return F.log_softmax(self.fc(self.emb(idx)), 1)
+
+
+class ConvNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(2, 4, 3)
+        self.fc = nn.Linear(64, 3)
+
+    def forward(self, x):
+        return F.log_softmax(self.fc(torch.relu(self.conv(x)).flatten(1)), 1)
+
+
 def sgd(model, weight_decay=0.0):
     return torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=weight_decay)
 
 
-def join(rank, **join_args):
-    model = JoinNet()
+def batches(shape, classes):
+    """batch(rank, step) of closed-form inputs of `shape` and labels of `classes` classes."""
+    return lambda rank, step: (inputs(rank, step, shape), labels(rank, step, shape[0], classes))
+
+
+# 5 samples of 6 features, 4 classes: the batch of JoinNet, BranchNet, TiedNet and FailNet.
+SMALL_BATCH = batches((5, 6), 4)
+
+
+def train(module, opt, rank, steps, batch=SMALL_BATCH, forward_args=(), after_backward=None,
+          after_step=None):
+    """The step every case shares, for each of `steps`: zero_grad (to zeros, not None), forward of
+    batch(rank, step) through `module`, nll_loss, backward, after_backward(), SGD step,
+    after_step()."""
+    for step in steps:
+        x, y = batch(rank, step)
+        opt.zero_grad(set_to_none=False)
+        F.nll_loss(module(x, *forward_args), y).backward()
+        if after_backward:
+            after_backward()
+        opt.step()
+        if after_step:
+            after_step()
+
+
+# ---- the cases that are only the shared step: a table -----------------------------------------
+
+class Case(NamedTuple):
+    """A case that is only the shared step: build `model`, init_params, wrap it in DDP(**ddp),
+    make `optimizer`, then train() over `steps`. The hooks take (model, ddp, rank)."""
+    model: Callable[[], nn.Module]
+    ddp: dict = {}
+    optimizer: Callable = sgd
+    steps: Sequence[int] = range(3)
+    batch: Callable = SMALL_BATCH
+    forward_args: tuple = ()
+    after_backward: Optional[Callable] = None
+    after_step: Optional[Callable] = None
+
+
+def run(rank, case):
+    model = case.model()
+    init_params(model)
+    ddp = nn.parallel.DistributedDataParallel(model, **case.ddp)
+
+    def hook(fn):  # a Case hook, bound to this model, DDP and rank
+        return None if fn is None else lambda: fn(model, ddp, rank)
+
+    train(ddp, case.optimizer(model), rank, case.steps, case.batch, case.forward_args,
+          hook(case.after_backward), hook(case.after_step))
+    return model
+
+
+def evaluate_unevenly(model, ddp, rank):
+    with torch.no_grad():  # a different number of evaluation batches on each rank
+        for i in range(3 if rank == 0 else 1):
+            ddp(inputs(rank, 10 + i, (4, 20)))
+
+
+def ignoring(model, names):
+    nn.parallel.DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, names)
+    return model
+
+
+def assert_grad_keeps_strides(model, ddp, rank):
+    assert model.conv.weight.grad.stride() == model.conv.weight.stride()
+
+
+TABLE = {
+    "uneven_evaluation": Case(SmallMlp, batch=batches((4, 20), 10), after_step=evaluate_unevenly),
+    "tied_weights": Case(TiedNet),
+    # PyTorch 1.13 cannot continue after an exception in backward ("Expected to have finished
+    # reduction in the prior iteration"); Shoal resets and continues, as if the failed step had
+    # not been taken: the oracle skips it (step 1).
+    "backward_exception": Case(FailNet, steps=(0, 2), forward_args=(False,)),
+    # Shoal checkpoints fc2 (a backward() inside backward, re-entrant); checkpointing does not
+    # change the math, so the oracle is the plain model.
+    "reentrant_checkpoint": Case(FailNet, forward_args=(False,)),
+    "sparse_embedding": Case(
+        EmbNet, optimizer=lambda model: torch.optim.SGD(model.parameters(), lr=0.1),
+        # rows overlap partly between ranks
+        batch=lambda rank, step: ((torch.arange(5) * (rank + 2) + step) % 10,
+                                  labels(rank, step, 5, 3))),
+    "static_graph": Case(BranchNet, ddp=dict(static_graph=True),
+                         optimizer=lambda model: sgd(model, weight_decay=0.01),
+                         forward_args=(True, False)),
+    "ignored_parameters": Case(
+        lambda: ignoring(JoinNet(), ["fc2.weight", "fc2.bias", "bn.running_mean"])),
+    "channels_last_bucket_view": Case(
+        lambda: ConvNet().to(memory_format=torch.channels_last),
+        ddp=dict(gradient_as_bucket_view=True),
+        batch=lambda rank, step: (
+            inputs(rank, step, (3, 2, 6, 6)).contiguous(memory_format=torch.channels_last),
+            labels(rank, step, 3, 3)),
+        after_backward=assert_grad_keeps_strides),
+}
+
+
+# ---- the cases a table would hide the point of ------------------------------------------------
+
+def join(rank, model, **join_args):
+    """Rank 0 runs out of inputs after 1 step, rank 1 after 4."""
     init_params(model)
     ddp = nn.parallel.DistributedDataParallel(model)
     opt = sgd(model)
     with ddp.join(**join_args):
-        for step in range(1 if rank == 0 else 4):
-            opt.zero_grad(set_to_none=False)
-            F.nll_loss(ddp(inputs(rank, step, (5, 6))), labels(rank, step, 5, 4)).backward()
-            opt.step()
+        train(ddp, opt, rank, range(1 if rank == 0 else 4))
     return model
 
 
 def case_join(rank):
-    return join(rank)
+    return join(rank, JoinNet())
 
 
 def case_join_divide_by_active_ranks(rank):
-    return join(rank, divide_by_initial_world_size=False)
+    return join(rank, JoinNet(), divide_by_initial_world_size=False)
 
 
 def case_join_throw_on_early_termination(rank):
     model = JoinNet()
-    init_params(model)
-    ddp = nn.parallel.DistributedDataParallel(model)
-    opt = sgd(model)
     try:
-        with ddp.join(throw_on_early_termination=True):
-            for step in range(1 if rank == 0 else 4):
-                opt.zero_grad(set_to_none=False)
-                F.nll_loss(ddp(inputs(rank, step, (5, 6))), labels(rank, step, 5, 4)).backward()
-                opt.step()
+        join(rank, model, throw_on_early_termination=True)
         raise AssertionError("no early termination")
     except RuntimeError as e:
         assert "exhausted" in str(e), str(e)
@@ -281,16 +393,15 @@ def case_unused_accumulation_none(rank):
 
 def sync_batch_norm(rank, dtype):
     # PyTorch 1.13's SyncBatchNorm runs on CUDA only; over 2 ranks it is by definition BatchNorm
-    # over both ranks' samples, with the loss averaged over them: the oracle.
+    # over both ranks' samples, with the loss averaged over them: the oracle (no DDP).
     model = BnNet().to(dtype)
     init_params(model)
-    opt = sgd(model)
-    for step in range(3):
+
+    def both_ranks(rank, step):
         x = torch.cat([inputs(r, step, (6, 4), offset=1e4) for r in range(2)]).to(dtype)
-        y = torch.cat([labels(r, step, 6, 3) for r in range(2)])
-        opt.zero_grad(set_to_none=False)
-        F.nll_loss(model(x), y).backward()
-        opt.step()
+        return x, torch.cat([labels(r, step, 6, 3) for r in range(2)])
+
+    train(model, sgd(model), rank, range(3), batch=both_ranks)
     return model
 
 
@@ -300,48 +411,6 @@ def case_sync_batch_norm_float(rank):
 
 def case_sync_batch_norm_double(rank):
     return sync_batch_norm(rank, torch.float64)
-
-
-def case_uneven_evaluation(rank):
-    model = SmallMlp()
-    init_params(model)
-    ddp = nn.parallel.DistributedDataParallel(model)
-    opt = sgd(model)
-    for step in range(3):
-        opt.zero_grad(set_to_none=False)
-        F.nll_loss(ddp(inputs(rank, step, (4, 20))), labels(rank, step, 4, 10)).backward()
-        opt.step()
-        with torch.no_grad():  # a different number of evaluation batches on each rank
-            for i in range(3 if rank == 0 else 1):
-                ddp(inputs(rank, 10 + i, (4, 20)))
-    return model
-
-
-def case_tied_weights(rank):
-    model = TiedNet()
-    init_params(model)
-    ddp = nn.parallel.DistributedDataParallel(model)
-    opt = sgd(model)
-    for step in range(3):
-        opt.zero_grad(set_to_none=False)
-        F.nll_loss(ddp(inputs(rank, step, (5, 6))), labels(rank, step, 5, 4)).backward()
-        opt.step()
-    return model
-
-
-def case_backward_exception(rank):
-    # PyTorch 1.13 cannot continue after an exception in backward ("Expected to have finished
-    # reduction in the prior iteration"); Shoal resets and continues, as if the failed step had
-    # not been taken: the oracle skips it (step 1).
-    model = FailNet()
-    init_params(model)
-    ddp = nn.parallel.DistributedDataParallel(model)
-    opt = sgd(model)
-    for step in (0, 2):
-        opt.zero_grad(set_to_none=False)
-        F.nll_loss(ddp(inputs(rank, step, (5, 6)), False), labels(rank, step, 5, 4)).backward()
-        opt.step()
-    return model
 
 
 def case_rebuild_after_no_sync(rank):
@@ -373,94 +442,8 @@ def case_retain_graph(rank):
     return model
 
 
-def case_reentrant_checkpoint(rank):
-    # Shoal checkpoints fc2 (a backward() inside backward, re-entrant); checkpointing does not
-    # change the math, so the oracle is the plain model.
-    model = FailNet()
-    init_params(model)
-    ddp = nn.parallel.DistributedDataParallel(model)
-    opt = sgd(model)
-    for step in range(3):
-        opt.zero_grad(set_to_none=False)
-        F.nll_loss(ddp(inputs(rank, step, (5, 6)), False), labels(rank, step, 5, 4)).backward()
-        opt.step()
-    return model
-
-
-class EmbNet(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.emb = nn.Embedding(10, 4, sparse=True)
-        self.fc = nn.Linear(4, 3)
-
-    def forward(self, idx):
-        return F.log_softmax(self.fc(self.emb(idx)), 1)
-
-
-def case_sparse_embedding(rank):
-    model = EmbNet()
-    init_params(model)
-    ddp = nn.parallel.DistributedDataParallel(model)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    for step in range(3):
-        opt.zero_grad(set_to_none=False)
-        idx = (torch.arange(5) * (rank + 2) + step) % 10  # rows overlap partly between ranks
-        F.nll_loss(ddp(idx), labels(rank, step, 5, 3)).backward()
-        opt.step()
-    return model
-
-
-def case_static_graph(rank):
-    model = BranchNet()
-    init_params(model)
-    ddp = nn.parallel.DistributedDataParallel(model, static_graph=True)
-    opt = sgd(model, weight_decay=0.01)
-    for step in range(3):
-        opt.zero_grad(set_to_none=False)
-        F.nll_loss(ddp(inputs(rank, step, (5, 6)), True, False), labels(rank, step, 5, 4)).backward()
-        opt.step()
-    return model
-
-
-def case_ignored_parameters(rank):
-    model = JoinNet()
-    init_params(model)
-    nn.parallel.DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(
-        model, ["fc2.weight", "fc2.bias", "bn.running_mean"])
-    ddp = nn.parallel.DistributedDataParallel(model)
-    opt = sgd(model)
-    for step in range(3):
-        opt.zero_grad(set_to_none=False)
-        F.nll_loss(ddp(inputs(rank, step, (5, 6))), labels(rank, step, 5, 4)).backward()
-        opt.step()
-    return model
-
-
-class ConvNet(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.conv = nn.Conv2d(2, 4, 3)
-        self.fc = nn.Linear(64, 3)
-
-    def forward(self, x):
-        return F.log_softmax(self.fc(torch.relu(self.conv(x)).flatten(1)), 1)
-
-
-def case_channels_last_bucket_view(rank):
-    model = ConvNet().to(memory_format=torch.channels_last)
-    init_params(model)
-    ddp = nn.parallel.DistributedDataParallel(model, gradient_as_bucket_view=True)
-    opt = sgd(model)
-    for step in range(3):
-        opt.zero_grad(set_to_none=False)
-        x = inputs(rank, step, (3, 2, 6, 6)).contiguous(memory_format=torch.channels_last)
-        F.nll_loss(ddp(x), labels(rank, step, 3, 3)).backward()
-        assert model.conv.weight.grad.stride() == model.conv.weight.stride()
-        opt.step()
-    return model
-
-
 CASES = {name[len("case_"):]: fn for name, fn in globals().items() if name.startswith("case_")}
+CASES.update({name: functools.partial(run, case=case) for name, case in TABLE.items()})
 
 
 def dump(model, path):

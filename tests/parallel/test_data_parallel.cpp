@@ -25,6 +25,7 @@ namespace {
 using shoal::testing::clone_all;
 using shoal::testing::make_batch;
 using shoal::testing::max_relative_difference;
+using shoal::testing::train_on_mlp_batches;
 
 constexpr int64_t kSteps = 50;
 constexpr double kTolerance = 1e-5;
@@ -48,19 +49,6 @@ std::vector<torch::Tensor> state_of(torch::nn::Module& module) {
   return all;
 }
 
-// `steps` SGD steps with momentum of `forward` (whose parameters are `params`) on make_batch.
-template <typename Forward>
-void train(const std::vector<torch::Tensor>& params, Forward forward, int64_t batch,
-           int64_t steps = kSteps) {
-  torch::optim::SGD sgd(params, torch::optim::SGDOptions(0.05).momentum(0.9));
-  for (int64_t step = 0; step < steps; ++step) {
-    auto [x, y] = make_batch("mlp", step, batch);
-    sgd.zero_grad();
-    torch::nll_loss(torch::log_softmax(forward(x), 1), y).backward();
-    sgd.step();
-  }
-}
-
 DataParallelOptions slots(int k) {
   std::vector<int64_t> ids;
   for (int i = 0; i < k; ++i) ids.push_back(i);
@@ -79,12 +67,14 @@ TEST_P(DataParallelTraining, EqualsSingleModelAfter50Steps) {
   torch::set_num_threads(1);
   const Case c = GetParam();
   auto reference = make_mlp(7);
-  train(reference->parameters(), [&](const torch::Tensor& x) { return reference->forward(x); },
-        c.batch);
+  train_on_mlp_batches(reference->parameters(),
+                       [&](const torch::Tensor& x) { return reference->forward(x); }, c.batch,
+                       kSteps);
 
   auto model = make_mlp(7);
   DataParallel<torch::nn::SequentialImpl> dp(model, slots(c.replicas));
-  train(dp.parameters(), [&](const torch::Tensor& x) { return dp.forward(x); }, c.batch);
+  train_on_mlp_batches(dp.parameters(), [&](const torch::Tensor& x) { return dp.forward(x); },
+                       c.batch, kSteps);
 
   const double diff = max_relative_difference(state_of(*model), state_of(*reference));
   EXPECT_LT(diff, kTolerance) << c.replicas << " replicas, batch " << c.batch;
@@ -132,13 +122,14 @@ TEST(DataParallel, ReplicaFactoryForNonCloneableModules) {
   shoal::testing::SmallMlp reference;
   torch::manual_seed(3);
   shoal::testing::SmallMlp model;
-  train(reference->parameters(), [&](const torch::Tensor& x) { return reference->forward(x); }, 10,
-        20);
+  train_on_mlp_batches(reference->parameters(),
+                       [&](const torch::Tensor& x) { return reference->forward(x); }, 10, 20);
   EXPECT_THROW((DataParallel<shoal::testing::SmallMlpImpl>(model.ptr(), slots(2))), InvalidArgument);
   DataParallel<shoal::testing::SmallMlpImpl> dp(model.ptr(), slots(2), [] {
     return std::make_shared<shoal::testing::SmallMlpImpl>();
   });
-  train(dp.parameters(), [&](const torch::Tensor& x) { return dp.forward(x); }, 10, 20);
+  train_on_mlp_batches(dp.parameters(), [&](const torch::Tensor& x) { return dp.forward(x); }, 10,
+                       20);
   EXPECT_LT(max_relative_difference(model->parameters(), reference->parameters()), kTolerance);
 }
 
@@ -175,14 +166,16 @@ TEST(DataParallel, BatchNormFollowsPytorchSemantics) {
     train_bn_oracle(oracle, replicas, 12);
     auto model = make_bn_mlp(11);
     DataParallel<torch::nn::SequentialImpl> dp(model, slots(replicas));
-    train(dp.parameters(), [&](const torch::Tensor& x) { return dp.forward(x); }, 12);
+    train_on_mlp_batches(dp.parameters(), [&](const torch::Tensor& x) { return dp.forward(x); },
+                         12, kSteps);
     EXPECT_LT(max_relative_difference(state_of(*model), state_of(*oracle)), kTolerance)
         << replicas << " replicas";
     // The running statistics are those of replica 0's chunks: with several replicas they differ
     // from the whole batch's (what the oracle and the model agree on is not trivially equal).
     if (replicas > 1) {
       auto whole = make_bn_mlp(11);
-      train(whole->parameters(), [&](const torch::Tensor& x) { return whole->forward(x); }, 12);
+      train_on_mlp_batches(whole->parameters(),
+                           [&](const torch::Tensor& x) { return whole->forward(x); }, 12, kSteps);
       EXPECT_GT(max_relative_difference(whole->buffers(), model->buffers()), 1e-3);
     }
     // Evaluation uses the running statistics, in every replica.
@@ -295,7 +288,8 @@ TEST(DataParallel, StateDictKeysAreTheModulesOwn) {
   torch::set_num_threads(1);
   auto model = make_bn_mlp(1);
   DataParallel<torch::nn::SequentialImpl> dp(model, slots(2));
-  train(dp.parameters(), [&](const torch::Tensor& x) { return dp.forward(x); }, 8, 3);
+  train_on_mlp_batches(dp.parameters(), [&](const torch::Tensor& x) { return dp.forward(x); }, 8,
+                       3);
   auto bare = make_bn_mlp(2);
   std::vector<std::string> keys, bare_keys;
   for (const auto& item : dp.named_parameters()) keys.push_back(item.key());

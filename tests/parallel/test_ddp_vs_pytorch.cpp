@@ -10,6 +10,7 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 
 #include "shoal/comm/init.h"
 #include "shoal/comm/store.h"
@@ -347,6 +348,21 @@ DistributedDataParallelOptions small_buckets() {
   return options;
 }
 
+// The step the cases share (ddp_oracle.py's train()), for step = 0 .. steps - 1: zero_grad (to
+// zeros), loss(step).backward(), after_backward(), SGD step, after_step().
+void train(torch::optim::Optimizer& optimizer, int steps,
+           const std::function<torch::Tensor(int step)>& loss,
+           const std::function<void()>& after_backward = nullptr,
+           const std::function<void()>& after_step = nullptr) {
+  for (int step = 0; step < steps; ++step) {
+    zero_grad(optimizer);
+    loss(step).backward();
+    if (after_backward) after_backward();
+    optimizer.step();
+    if (after_step) after_step();
+  }
+}
+
 torch::Tensor run_case(const std::string& name, int rank,
                        const std::shared_ptr<comm::ProcessGroup>& group) {
   auto nll = [](const torch::Tensor& out, const torch::Tensor& y) {
@@ -361,11 +377,9 @@ torch::Tensor run_case(const std::string& name, int rank,
       JoinOptions options;
       options.divide_by_initial_world_size = name == "join";
       auto join = ddp.join(options);
-      for (int step = 0; step < (rank == 0 ? 1 : 4); ++step) {
-        zero_grad(optimizer);
-        nll(ddp.forward(inputs(rank, step, {5, 6})), labels(rank, step, 5, 4)).backward();
-        optimizer.step();
-      }
+      train(optimizer, rank == 0 ? 1 : 4, [&](int step) {
+        return nll(ddp.forward(inputs(rank, step, {5, 6})), labels(rank, step, 5, 4));
+      });
     }
     return dump(*model);
   }
@@ -378,11 +392,9 @@ torch::Tensor run_case(const std::string& name, int rank,
       JoinOptions options;
       options.throw_on_early_termination = true;
       auto join = ddp.join(options);
-      for (int step = 0; step < (rank == 0 ? 1 : 4); ++step) {
-        zero_grad(optimizer);
-        nll(ddp.forward(inputs(rank, step, {5, 6})), labels(rank, step, 5, 4)).backward();
-        optimizer.step();
-      }
+      train(optimizer, rank == 0 ? 1 : 4, [&](int step) {
+        return nll(ddp.forward(inputs(rank, step, {5, 6})), labels(rank, step, 5, 4));
+      });
       join.finish();
       ADD_FAILURE() << "no early termination";
     } catch (const Error& e) {
@@ -425,12 +437,10 @@ torch::Tensor run_case(const std::string& name, int rank,
     init_params(*model);
     DistributedDataParallel ddp(model, group, small_buckets());
     auto optimizer = sgd(*model);
-    for (int step = 0; step < 3; ++step) {
-      zero_grad(optimizer);
+    train(optimizer, 3, [&](int step) {
       auto x = inputs(rank, step, {6, 4}, /*offset=*/1e4).to(dtype);  // mean 1e4, spread ~1
-      nll(ddp.forward(x), labels(rank, step, 6, 3)).backward();
-      optimizer.step();
-    }
+      return nll(ddp.forward(x), labels(rank, step, 6, 3));
+    });
     return dump(*model);
   }
   if (name == "uneven_evaluation") {
@@ -438,13 +448,13 @@ torch::Tensor run_case(const std::string& name, int rank,
     init_params(*model);
     DistributedDataParallel ddp(model, group, small_buckets());
     auto optimizer = sgd(*model);
-    for (int step = 0; step < 3; ++step) {
-      zero_grad(optimizer);
-      nll(ddp.forward(inputs(rank, step, {4, 20})), labels(rank, step, 4, 10)).backward();
-      optimizer.step();
-      torch::NoGradGuard no_grad;
+    auto loss = [&](int step) {
+      return nll(ddp.forward(inputs(rank, step, {4, 20})), labels(rank, step, 4, 10));
+    };
+    train(optimizer, 3, loss, nullptr, [&] {
+      torch::NoGradGuard no_grad;  // a different number of evaluation batches on each rank
       for (int i = 0; i < (rank == 0 ? 3 : 1); ++i) ddp.forward(inputs(rank, 10 + i, {4, 20}));
-    }
+    });
     return dump(*model);
   }
   if (name == "tied_weights") {
@@ -453,11 +463,9 @@ torch::Tensor run_case(const std::string& name, int rank,
     DistributedDataParallel ddp(model, group, small_buckets());
     EXPECT_EQ(ddp.parameters().size(), 5u);
     auto optimizer = sgd(*model);
-    for (int step = 0; step < 3; ++step) {
-      zero_grad(optimizer);
-      nll(ddp.forward(inputs(rank, step, {5, 6})), labels(rank, step, 5, 4)).backward();
-      optimizer.step();
-    }
+    train(optimizer, 3, [&](int step) {
+      return nll(ddp.forward(inputs(rank, step, {5, 6})), labels(rank, step, 5, 4));
+    });
     int64_t bucket_bytes = 0;
     for (auto b : ddp.stats().bucket_bytes) bucket_bytes += b;
     EXPECT_EQ(bucket_bytes, (36 + 6 + 6 + 24 + 4) * 4) << "a tied weight is reduced once";
@@ -527,11 +535,9 @@ torch::Tensor run_case(const std::string& name, int rank,
     init_params(*model);
     DistributedDataParallel ddp(model, group, small_buckets());
     auto optimizer = sgd(*model);
-    for (int step = 0; step < 3; ++step) {
-      zero_grad(optimizer);
-      nll(ddp.forward(inputs(rank, step, {5, 6}), false), labels(rank, step, 5, 4)).backward();
-      optimizer.step();
-    }
+    train(optimizer, 3, [&](int step) {
+      return nll(ddp.forward(inputs(rank, step, {5, 6}), false), labels(rank, step, 5, 4));
+    });
     return dump(*model);
   }
   if (name == "sparse_embedding") {
@@ -539,13 +545,11 @@ torch::Tensor run_case(const std::string& name, int rank,
     init_params(*model);
     DistributedDataParallel ddp(model, group, small_buckets());
     torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(0.1));
-    for (int step = 0; step < 3; ++step) {
-      zero_grad(optimizer);
+    auto loss = [&](int step) {
       auto idx = (torch::arange(5, torch::kLong) * (rank + 2) + step).remainder(10);
-      nll(ddp.forward(idx), labels(rank, step, 5, 3)).backward();
-      EXPECT_TRUE(model->emb->weight.grad().is_sparse());
-      optimizer.step();
-    }
+      return nll(ddp.forward(idx), labels(rank, step, 5, 3));
+    };
+    train(optimizer, 3, loss, [&] { EXPECT_TRUE(model->emb->weight.grad().is_sparse()); });
     return dump(*model);
   }
   if (name == "static_graph") {
@@ -555,12 +559,10 @@ torch::Tensor run_case(const std::string& name, int rank,
     options.static_graph = true;
     DistributedDataParallel ddp(model, group, options);
     auto optimizer = sgd(*model, 0.01);
-    for (int step = 0; step < 3; ++step) {
-      zero_grad(optimizer);
+    train(optimizer, 3, [&](int step) {
       auto out = ddp.forward(inputs(rank, step, {5, 6}), /*use_b=*/true, /*use_c=*/false);
-      nll(out, labels(rank, step, 5, 4)).backward();
-      optimizer.step();
-    }
+      return nll(out, labels(rank, step, 5, 4));
+    });
     EXPECT_TRUE(ddp.stats().static_graph);
     EXPECT_EQ(ddp.stats().unused_parameters, 2) << "c.weight and c.bias";
     return dump(*model);
@@ -572,11 +574,9 @@ torch::Tensor run_case(const std::string& name, int rank,
     options.params_and_buffers_to_ignore = {"fc2.weight", "fc2.bias", "bn.running_mean"};
     DistributedDataParallel ddp(model, group, options);
     auto optimizer = sgd(*model);
-    for (int step = 0; step < 3; ++step) {
-      zero_grad(optimizer);
-      nll(ddp.forward(inputs(rank, step, {5, 6})), labels(rank, step, 5, 4)).backward();
-      optimizer.step();
-    }
+    train(optimizer, 3, [&](int step) {
+      return nll(ddp.forward(inputs(rank, step, {5, 6})), labels(rank, step, 5, 4));
+    });
     return dump(*model);
   }
   if (name == "channels_last_bucket_view") {
@@ -590,13 +590,13 @@ torch::Tensor run_case(const std::string& name, int rank,
     options.gradient_as_bucket_view = true;
     DistributedDataParallel ddp(model, group, options);
     auto optimizer = sgd(*model);
-    for (int step = 0; step < 3; ++step) {
-      zero_grad(optimizer);
+    auto loss = [&](int step) {
       auto x = inputs(rank, step, {3, 2, 6, 6}).contiguous(at::MemoryFormat::ChannelsLast);
-      nll(ddp.forward(x), labels(rank, step, 3, 3)).backward();
+      return nll(ddp.forward(x), labels(rank, step, 3, 3));
+    };
+    train(optimizer, 3, loss, [&] {
       EXPECT_EQ(model->conv->weight.grad().strides(), model->conv->weight.strides());
-      optimizer.step();
-    }
+    });
     return dump(*model);
   }
   throw std::invalid_argument("unknown case " + name);

@@ -71,6 +71,21 @@ inline double max_relative_difference(const std::vector<torch::Tensor>& a,
   return worst;
 }
 
+/// `steps` SGD steps (lr 0.05, momentum 0.9) of `forward`, whose parameters are `params`, on
+/// make_batch("mlp", step, batch): nll_loss of log_softmax(forward(x)). Two runs give the same
+/// parameters when `forward` computes the same function however it splits the work.
+template <typename Forward>
+void train_on_mlp_batches(const std::vector<torch::Tensor>& params, Forward forward,
+                          int64_t batch, int64_t steps) {
+  torch::optim::SGD sgd(params, torch::optim::SGDOptions(0.05).momentum(0.9));
+  for (int64_t step = 0; step < steps; ++step) {
+    auto [x, y] = make_batch("mlp", step, batch);
+    sgd.zero_grad();
+    torch::nll_loss(torch::log_softmax(forward(x), 1), y).backward();
+    sgd.step();
+  }
+}
+
 inline std::vector<torch::Tensor> clone_all(const std::vector<torch::Tensor>& tensors) {
   std::vector<torch::Tensor> out;
   for (const auto& t : tensors) out.push_back(t.detach().clone());

@@ -16,6 +16,7 @@ namespace {
 
 using shoal::testing::make_batch;
 using shoal::testing::max_relative_difference;
+using shoal::testing::train_on_mlp_batches;
 
 constexpr int64_t kSteps = 20;
 constexpr double kTolerance = 1e-5;
@@ -28,17 +29,6 @@ torch::nn::Sequential make_net(uint64_t seed) {
                                torch::nn::Linear(32, 32), torch::nn::Tanh(),
                                torch::nn::Linear(32, 32), torch::nn::ReLU(),
                                torch::nn::Linear(32, 10));
-}
-
-template <typename Forward>
-void train(const std::vector<torch::Tensor>& params, Forward forward, int64_t batch) {
-  torch::optim::SGD sgd(params, torch::optim::SGDOptions(0.05).momentum(0.9));
-  for (int64_t step = 0; step < kSteps; ++step) {
-    auto [x, y] = make_batch("mlp", step, batch);
-    sgd.zero_grad();
-    torch::nll_loss(torch::log_softmax(forward(x), 1), y).backward();
-    sgd.step();
-  }
 }
 
 TEST(BalancedSplit, MinimisesTheLargestPart) {
@@ -60,12 +50,14 @@ TEST_P(ModelParallelTraining, EqualsUnsplitModelAfter20Steps) {
   torch::set_num_threads(1);
   const Case c = GetParam();
   auto reference = make_net(3);
-  train(reference->parameters(), [&](const torch::Tensor& x) { return reference->forward(x); }, 12);
+  train_on_mlp_batches(reference->parameters(),
+                       [&](const torch::Tensor& x) { return reference->forward(x); }, 12, kSteps);
 
   ModelParallel model(make_net(3), std::vector<at::Device>(c.parts, kCpu),
                       ModelParallelOptions().chunks(c.chunks));
   ASSERT_EQ(model->part_count(), static_cast<int64_t>(c.parts));
-  train(model->parameters(), [&](const torch::Tensor& x) { return model->forward(x); }, 12);
+  train_on_mlp_batches(model->parameters(),
+                       [&](const torch::Tensor& x) { return model->forward(x); }, 12, kSteps);
   EXPECT_LT(max_relative_difference(model->parameters(), reference->parameters()), kTolerance);
 }
 

@@ -7,8 +7,6 @@
 
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 
 #include "shoal/checkpoint/serialization.h"
 #include "testing/idx_files.h"
@@ -18,13 +16,6 @@ namespace shoal::pipeline {
 namespace {
 
 namespace fs = std::filesystem;
-
-std::string slurp(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
 
 // The last "final test accuracy: A" line of `out`, or "".
 std::string final_accuracy(const std::string& out) {
@@ -73,9 +64,9 @@ TEST(PipelineCli, TrainsLikeOneProcess) {
                                 "/" + c.name + " >" + out + " 2>" + dir + "/" + c.name + ".err";
     const int status = std::system(command.c_str());
     ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
-        << command << "\n" << slurp(dir + "/" + c.name + ".err");
-    accuracy[c.name] = final_accuracy(slurp(out));
-    EXPECT_FALSE(accuracy[c.name].empty()) << slurp(out);
+        << command << "\n" << shoal::testing::read_file(dir + "/" + c.name + ".err");
+    accuracy[c.name] = final_accuracy(shoal::testing::read_file(out));
+    EXPECT_FALSE(accuracy[c.name].empty()) << shoal::testing::read_file(out);
   }
   const auto reference = checkpoint::load_state_dict_file(dir + "/single.rank0.pt");
   for (const Case& c : cases) {

@@ -7,9 +7,7 @@
 
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <regex>
-#include <sstream>
 
 #include "shoal/checkpoint/serialization.h"
 #include "testing/idx_files.h"
@@ -18,13 +16,6 @@
 namespace {
 
 namespace fs = std::filesystem;
-
-std::string slurp(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
 
 TEST(PsCli, ShoalRunStartsServersAndWorkers) {
   if (!shoal::testing::have_real_fashion_mnist()) {
@@ -41,8 +32,8 @@ TEST(PsCli, ShoalRunStartsServersAndWorkers) {
       "--model mlp --epochs 1 --train-samples 3000 --test-samples 1000 --batch-size 64 "
       "--lr 0.05 --momentum 0.9 --no-progress >" + out + " 2>" + err;
   const int status = std::system(command.c_str());
-  const std::string stdout_text = slurp(out);
-  const std::string stderr_text = slurp(err);
+  const std::string stdout_text = shoal::testing::read_file(out);
+  const std::string stderr_text = shoal::testing::read_file(err);
   fs::remove(out);
   fs::remove(err);
   ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << stdout_text << stderr_text;

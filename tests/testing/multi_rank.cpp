@@ -15,7 +15,9 @@
 #include <cstdlib>
 #include <exception>
 #include <filesystem>
+#include <fstream>
 #include <mutex>
+#include <sstream>
 #include <stdexcept>
 #include <thread>
 
@@ -182,6 +184,13 @@ std::string temp_path(const std::string& stem) {
   std::string base = (dir != nullptr && *dir) ? dir : "/tmp";
   return base + "/shoal-test-" + stem + "-" + std::to_string(getpid()) + "-" +
          std::to_string(counter++);
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
 }
 
 void skip_program(Dependency dependency, const std::string& reason) {

@@ -93,6 +93,10 @@ inline bool wait_for_file(const std::string& path, Milliseconds timeout) {
 /// A fresh path under the temporary folder, unique to this process and call.
 std::string temp_path(const std::string& stem);
 
+/// The whole content of the file `path`, or "" when it cannot be read (say, a command's captured
+/// output that was never written).
+std::string read_file(const std::string& path);
+
 /// Exit code CTest treats as "skipped" (SKIP_RETURN_CODE).
 constexpr int kSkipExitCode = 77;
 
