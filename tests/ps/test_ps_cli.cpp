@@ -74,7 +74,7 @@ TEST(PsCli, CheckpointAndResumeEqualUninterruptedTraining) {
   auto run = [&](const std::string& args, const std::string& log) {
     const std::string command = common + args + " >" + log + " 2>&1";
     const int status = std::system(command.c_str());
-    const std::string text = slurp(log);
+    const std::string text = shoal::testing::read_file(log);
     EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << command << "\n" << text;
     return text;
   };
