@@ -13,6 +13,7 @@ namespace {
 struct RunArgs {
   int nproc_per_node = 1;
   int num_servers = 0;
+  bool tolerate_worker_failures = false;
   int nnodes = 1;
   int node_rank = 0;
   std::string master_addr = "127.0.0.1";
@@ -40,6 +41,9 @@ void add_run_command(CLI::App& root, std::vector<Command>& commands) {
                   "ROLE_NAME=worker); both roles get SHOAL_PS_NUM_SERVERS and SHOAL_PS_NUM_WORKERS")
       ->check(CLI::Range(0, 1024))
       ->capture_default_str();
+  app->add_flag("--tolerate-worker-failures", args->tolerate_worker_failures,
+                "a failed worker does not stop the others (parameter server under asp/ssp); a\n"
+                "failed server still stops the job");
   app->add_option("--nnodes", args->nnodes, "number of nodes of the job")->capture_default_str();
   app->add_option("--node-rank,--node_rank", args->node_rank, "this node's index, 0..nnodes-1")
       ->capture_default_str();
@@ -86,6 +90,7 @@ void add_run_command(CLI::App& root, std::vector<Command>& commands) {
                         options.master_port = args->master_port;
                         options.prefix_output = !args->no_prefix;
                         options.max_restarts = args->max_restarts;
+                        options.tolerate_worker_failures = args->tolerate_worker_failures;
                         SHOAL_CHECK_T(InvalidArgument,
                                       std::isfinite(args->grace_period_s) &&
                                           args->grace_period_s >= 0,

@@ -44,6 +44,7 @@ struct TrainArgs {
   int staleness = 2;
   int servers = 1;
   int workers = 2;
+  double worker_timeout_s = 60;
   // --strategy pipeline
   int stages = 2;
   int64_t micro_batches = 4;
@@ -62,6 +63,8 @@ int run_ps_server(const train::TrainOptions& options, const TrainArgs& args) {
   ps::ServerOptions server;
   server.consistency = ps::parse_consistency(args.consistency);
   server.staleness = args.staleness;
+  server.worker_timeout =
+      std::chrono::milliseconds(static_cast<long long>(args.worker_timeout_s * 1000));
   server.optimizer = std::make_shared<ps::Sgd>(ps::SgdOptions{options.lr, options.momentum});
   if (!options.checkpoint_dir.empty()) {
     // The shard (values and momentum buffers) beside the workers' checkpoints, saved whenever
@@ -203,6 +206,11 @@ void add_train_command(CLI::App& root, std::vector<Command>& commands) {
   app->add_option("--workers", args->workers, "With --strategy ps: worker processes")
       ->check(CLI::Range(1, 1024))
       ->capture_default_str();
+  app->add_option("--worker-timeout", args->worker_timeout_s,
+                  "With --strategy ps: seconds of silence after which a server presumes a worker\n"
+                  "dead (asp/ssp then go on without it; bsp fails)")
+      ->check(CLI::Range(0.1, 86400.0))
+      ->capture_default_str();
   app->add_option("--stages", args->stages,
                   "With --strategy pipeline: pipeline stages (one process each)")
       ->check(CLI::Range(1, 64))
@@ -332,6 +340,8 @@ void add_train_command(CLI::App& root, std::vector<Command>& commands) {
                             launch.max_restarts = args->max_restarts;
                             launch.log_name = "shoal train";
                             launch.verbose = false;
+                            // asp/ssp go on without a dead worker; bsp cannot.
+                            launch.tolerate_worker_failures = args->consistency != "bsp";
                             return launcher::launch(launch);
                           }
                           comm::InitOptions init;

@@ -161,7 +161,13 @@ void report(const LaunchOptions& options, const GroupResult& result,
   std::string line;
   switch (result.outcome) {
     case GroupResult::Outcome::kSucceeded:
-      return;
+      if (result.tolerated.empty()) return;
+      line = "finished without " + plural(static_cast<int>(result.tolerated.size()), "failed worker") +
+             ": ";
+      for (size_t i = 0; i < result.tolerated.size(); ++i) {
+        line += (i ? "; " : "") + result.tolerated[i];
+      }
+      break;
     case GroupResult::Outcome::kWorkerFailed:
       line = result.failed_label + " (pid " + std::to_string(result.failed_pid) + ") " +
              result.failed_status.describe() + "; " +
@@ -271,6 +277,8 @@ int launch(const LaunchOptions& options) {
   WorkerGroupOptions group_options;
   group_options.prefix_output = options.prefix_output;
   group_options.grace_period = options.grace_period;
+  group_options.tolerate_worker_failures = options.tolerate_worker_failures;
+  group_options.log_name = options.log_name;
   for (int restart = 0;; ++restart) {
     GroupResult result;
     {

@@ -1,5 +1,6 @@
 #include "launcher/worker_group.h"
 
+#include <cstdio>
 #include <poll.h>
 #include <signal.h>
 #include <unistd.h>
@@ -69,10 +70,26 @@ void WorkerGroup::read_output(int max_rounds) {
   }
 }
 
+int WorkerGroup::running_workers() const {
+  int n = 0;
+  for (const auto& worker : workers_) n += worker->running() && worker->spec().role == "worker";
+  return n;
+}
+
 void WorkerGroup::reap(GroupResult& result, Clock::time_point now) {
   for (auto& worker : workers_) {
     if (!worker->running() || !worker->poll_exit()) continue;
     if (stopping_ || worker->status().ok()) continue;
+    if (options_.tolerate_worker_failures && worker->spec().role == "worker" &&
+        running_workers() > 0) {
+      const std::string what = worker->spec().label + " (pid " + std::to_string(worker->pid()) +
+                               ") " + worker->status().describe();
+      result.tolerated.push_back(what);
+      std::fprintf(stderr, "%s: %s; the other workers go on without it\n",
+                   options_.log_name.c_str(), what.c_str());
+      std::fflush(stderr);
+      continue;
+    }
     // The first failure: stop the others.
     result.outcome = GroupResult::Outcome::kWorkerFailed;
     result.failed_label = worker->spec().label;

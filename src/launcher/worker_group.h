@@ -24,6 +24,11 @@ struct WorkerGroupOptions {
   bool prefix_output = true;
   /// Between SIGTERM and SIGKILL when the group is being stopped.
   std::chrono::milliseconds grace_period{5000};
+  /// A failed process of the "worker" role does not stop the group while another worker runs
+  /// (parameter-server training under asp/ssp goes on without it); servers' failures still do.
+  bool tolerate_worker_failures = false;
+  /// Names the launcher in what the group prints ("shoal run: ...").
+  std::string log_name = "shoal run";
 };
 
 /// How an attempt ended.
@@ -50,6 +55,9 @@ struct GroupResult {
   bool second_signal = false;
   /// Workers that could not be reaped even after SIGKILL (uninterruptible); normally 0.
   int unreaped = 0;
+  /// Failures the group went on without (tolerate_worker_failures): "rank 1 (pid 42) was
+  /// killed by SIGKILL".
+  std::vector<std::string> tolerated;
 };
 
 class WorkerGroup {
@@ -76,6 +84,8 @@ class WorkerGroup {
   void begin_stop(int signal, std::chrono::steady_clock::time_point now);
   void read_output(int max_rounds);
   void reap(GroupResult& result, std::chrono::steady_clock::time_point now);
+  /// Processes of the "worker" role still running.
+  int running_workers() const;
   void stop_now();
 
   std::vector<WorkerSpec> specs_;

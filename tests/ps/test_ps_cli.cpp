@@ -107,4 +107,36 @@ TEST(PsCli, CheckpointAndResumeEqualUninterruptedTraining) {
   fs::remove_all(work);
 }
 
+
+// `shoal run --tolerate-worker-failures` (what `shoal train --strategy ps` sets under asp/ssp):
+// worker 1 is killed (SIGKILL, by timeout) in the middle of training; the server presumes it dead
+// after --worker-timeout, worker 0 finishes its epoch and evaluates, and the job exits 0 with the
+// failure reported, instead of being stopped as a whole.
+TEST(PsCli, AspGoesOnWithoutAKilledWorker) {
+  if (!shoal::testing::have_real_fashion_mnist()) {
+    shoal::testing::skip_program("Fashion-MNIST is not installed (apt-get install dataset-fashion-mnist)");
+  }
+  const char* dir = std::getenv("SHOAL_BINARY_DIR");
+  if (dir == nullptr) shoal::testing::skip_program("SHOAL_BINARY_DIR is not set (run through ctest)");
+  const std::string shoal = std::string(dir) + "/apps/shoal/shoal";
+  const std::string log = shoal::testing::temp_path("ps-kill-log");
+  const std::string train = shoal + " train --strategy ps --consistency asp --worker-timeout 3 "
+                            "--model mlp --epochs 1 --train-samples 20000 --test-samples 1000 "
+                            "--batch-size 32 --lr 0.05 --threads 1 --no-progress";
+  const std::string script =
+      "if [ \"$ROLE_NAME\" = worker ] && [ \"$ROLE_RANK\" = 1 ]; then exec timeout -s KILL 3 " +
+      train + "; fi; exec " + train;
+  const std::string command = shoal + " run --master-port 0 --nproc-per-node 2 --num-servers 1 "
+                              "--tolerate-worker-failures sh -c '" + script + "' >" + log + " 2>&1";
+  const int status = std::system(command.c_str());
+  const std::string text = shoal::testing::read_file(log);
+  fs::remove(log);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << command << "\n" << text;
+  EXPECT_NE(text.find("rank 1 (pid"), std::string::npos) << text;
+  EXPECT_NE(text.find("the other workers go on without it"), std::string::npos) << text;
+  EXPECT_NE(text.find("finished without 1 failed worker"), std::string::npos) << text;
+  EXPECT_NE(text.find("final test accuracy"), std::string::npos) << text;
+  EXPECT_NE(text.find("1 workers presumed dead"), std::string::npos) << text;
+}
+
 }  // namespace

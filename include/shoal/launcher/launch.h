@@ -62,6 +62,11 @@ struct LaunchOptions {
   int max_restarts = 0;
   /// Print the launcher's notes (OMP_NUM_THREADS); the failure summary is printed regardless.
   bool verbose = true;
+  /// A worker that fails does not stop the job while another worker runs: parameter-server
+  /// training under asp/ssp goes on without it (`shoal train --strategy ps` sets this unless
+  /// --consistency bsp). A server's failure still stops everything. The exit status is 0 when
+  /// every other process succeeds; the failures are reported.
+  bool tolerate_worker_failures = false;
 
   /// The common case: `nproc_per_node` workers running `command` on one node.
   static LaunchOptions workers(int nproc_per_node, std::vector<std::string> command);
