@@ -8,25 +8,14 @@ the timed steps) and live_mb (heap in use at the end of forward and of backward,
 two more steps), each of the largest rank; MB = MiB.
 """
 import ctypes
-import argparse
 import json
-import os
 import resource
-import sys
-import tempfile
-import time
 
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn as nn
 import torch.nn.functional as F
 
-
-# The Python twins of Shoal's model registry (the same ones the oracle tests compare against), so
-# that both sides of the benchmark train exactly the same architecture.
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "models"))
-from pytorch_models import Cnn, Mlp  # noqa: E402
+from torch_common import argument_parser, make_model, run_ranks, timed_steps
 
 
 class _MallInfo2(ctypes.Structure):
@@ -46,12 +35,8 @@ def heap_bytes_in_use():
     return info.uordblks + info.hblkhd
 
 
-def worker(rank, args, init_file, out_dir):
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method="file://" + init_file, rank=rank,
-                            world_size=args.world)
-    torch.manual_seed(0)
-    model = Cnn() if args.model == "cnn" else Mlp()
+def worker(rank, args):
+    model = make_model(args.model)
     ddp = nn.parallel.DistributedDataParallel(
         model, gradient_as_bucket_view=args.gradient_as_bucket_view)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
@@ -68,14 +53,7 @@ def worker(rank, args, init_file, out_dir):
             samples.append(heap_bytes_in_use())
         opt.step()
 
-    for _ in range(args.warmup):
-        step()
-    dist.barrier()
-    start = time.perf_counter()
-    for _ in range(args.steps):
-        step()
-    dist.barrier()
-    seconds = time.perf_counter() - start
+    seconds = timed_steps(step, args.warmup, args.steps)
     rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
     pss_mb = float("nan")
     with open("/proc/self/smaps_rollup") as f:
@@ -87,25 +65,15 @@ def worker(rank, args, init_file, out_dir):
     for _ in range(2):
         step(samples)
     live_mb = max(samples) / 1048576.0
-    with open(os.path.join(out_dir, "rank%d.json" % rank), "w") as f:
-        json.dump({"seconds": seconds, "peak_rss_mb": rss_mb, "pss_mb": pss_mb, "live_mb": live_mb},
-                  f)
-    dist.destroy_process_group()
+    return {"seconds": seconds, "peak_rss_mb": rss_mb, "pss_mb": pss_mb, "live_mb": live_mb}
 
 
 def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--model", default="cnn")
-    parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--batch", type=int, default=64)
+    parser = argument_parser(steps=20, warmup=3, batch=64)
     parser.add_argument("--world", type=int, default=2)
-    parser.add_argument("--result", required=True)
     parser.add_argument("--gradient-as-bucket-view", action="store_true")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        mp.spawn(worker, args=(args, os.path.join(tmp, "init"), tmp), nprocs=args.world, join=True)
-        ranks = [json.load(open(os.path.join(tmp, "rank%d.json" % r))) for r in range(args.world)]
+    ranks = run_ranks(worker, args, args.world)
     seconds = max(r["seconds"] for r in ranks)
     with open(args.result, "w") as f:
         json.dump({"samples_per_s": args.world * args.batch * args.steps / seconds,

@@ -14,27 +14,15 @@ dp:        nn.DataParallel's algorithm on K CPU "devices", written out because i
 ddp:       K processes, DistributedDataParallel over gloo, batch B/K each.
 Writes one JSON object to FILE: samples_per_s, and for dp the per-step phase times in ms.
 """
-import argparse
 import json
-import os
-import sys
-import tempfile
 import threading
 import time
 
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn as nn
 import torch.nn.functional as F
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "models"))
-from pytorch_models import Cnn, Mlp  # noqa: E402
-
-
-def make_model(name):
-    torch.manual_seed(0)
-    return Cnn() if name == "cnn" else Mlp()
+from torch_common import argument_parser, make_model, run_ranks, timed_steps
 
 
 def data(batch):
@@ -138,10 +126,7 @@ def run_dp_module(args):
             "device_ids": len(model.device_ids)}
 
 
-def ddp_worker(rank, args, init_file, out_dir):
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method="file://" + init_file, rank=rank,
-                            world_size=args.replicas)
+def ddp_worker(rank, args):
     ddp = nn.parallel.DistributedDataParallel(make_model(args.model))
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
     x, y = data(args.batch)
@@ -153,37 +138,19 @@ def ddp_worker(rank, args, init_file, out_dir):
         F.cross_entropy(ddp(x), y).backward()
         opt.step()
 
-    for _ in range(args.warmup):
-        step()
-    dist.barrier()
-    start = time.perf_counter()
-    for _ in range(args.steps):
-        step()
-    dist.barrier()
-    with open(os.path.join(out_dir, "rank%d.json" % rank), "w") as f:
-        json.dump({"seconds": time.perf_counter() - start}, f)
-    dist.destroy_process_group()
+    return {"seconds": timed_steps(step, args.warmup, args.steps)}
 
 
 def run_ddp(args):
-    with tempfile.TemporaryDirectory() as tmp:
-        mp.spawn(ddp_worker, args=(args, os.path.join(tmp, "init"), tmp), nprocs=args.replicas,
-                 join=True)
-        seconds = max(json.load(open(os.path.join(tmp, "rank%d.json" % r)))["seconds"]
-                      for r in range(args.replicas))
+    seconds = max(r["seconds"] for r in run_ranks(ddp_worker, args, args.replicas))
     per_rank = args.batch // args.replicas
     return {"samples_per_s": per_rank * args.replicas * args.steps / seconds}
 
 
 def main():
-    parser = argparse.ArgumentParser()
+    parser = argument_parser(steps=10, warmup=2, batch=128)
     parser.add_argument("--mode", required=True, choices=["dp", "dp_module", "ddp"])
-    parser.add_argument("--model", default="cnn")
     parser.add_argument("--replicas", type=int, default=2)
-    parser.add_argument("--batch", type=int, default=128)
-    parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--result", required=True)
     args = parser.parse_args()
     run = {"dp": run_dp, "dp_module": run_dp_module, "ddp": run_ddp}[args.mode]
     with open(args.result, "w") as f:

@@ -13,10 +13,6 @@
 //
 // Without a launcher around it (no RANK/OMPI_COMM_WORLD_RANK in the environment) the bench starts
 // its own ranks: through shoal::launcher::launch(), or through mpirun when --backend names mpi.
-#include <sys/wait.h>
-#include <signal.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -26,10 +22,10 @@
 #include <memory>
 #include <sstream>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "allreduce_contenders.h"
+#include "bench_util.h"
 #include "commands.h"
 #include "shoal/comm/init.h"
 #include "shoal/error.h"
@@ -91,13 +87,6 @@ int64_t parse_bytes(const std::string& text, const char* option) {
   return static_cast<int64_t>(value * static_cast<double>(scale)) / 4 * 4;  // whole floats
 }
 
-double median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  const size_t n = values.size();
-  return n % 2 == 1 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
-}
-
-
 // bench/allreduce_torch.py: --torch-script, $SHOAL_SOURCE_DIR/bench, or next to the build tree.
 std::string find_torch_script(const std::string& given) {
   if (!given.empty()) return given;
@@ -125,7 +114,7 @@ double measure_memcpy(int samples) {
   for (int s = 0; s < samples; ++s) {
     const auto start = Clock::now();
     std::memcpy(target.data(), source.data(), kMemcpyBytes);
-    times.push_back(std::chrono::duration<double>(Clock::now() - start).count());
+    times.push_back(seconds_since(start));
     source[s % kMemcpyBytes] = static_cast<char>(target[(s * 4099) % kMemcpyBytes] + 1);
   }
   return median(times);
@@ -300,40 +289,16 @@ int run_under_mpirun(const BenchArgs& args) {
                                 std::to_string(args.nproc), "-x", "MASTER_ADDR=127.0.0.1", "-x",
                                 "MASTER_PORT=" + port, "-x", "OMP_NUM_THREADS=1"};
   for (auto& word : rank_command(args)) argv.push_back(word);
-  std::vector<char*> c_argv;
-  for (auto& a : argv) c_argv.push_back(a.data());
-  c_argv.push_back(nullptr);
-  std::fflush(stdout);
-  const pid_t pid = ::fork();
-  SHOAL_CHECK(pid >= 0, "fork: ", std::strerror(errno));
-  if (pid == 0) {
-    ::signal(SIGPIPE, SIG_DFL);
-    ::execvp(c_argv[0], c_argv.data());
-    std::fprintf(stderr, "shoal bench allreduce: cannot run mpirun: %s\n", std::strerror(errno));
-    ::_exit(127);
-  }
   // mpirun is in our process group: Ctrl-C reaches it, and it stops its ranks itself. Every wait
   // of the ranks is bounded (kBenchTimeout), so mpirun returns; should it not (a wedged mpirun),
-  // it is stopped after kMpirunDeadline, far beyond a whole sweep (about a minute).
-  constexpr auto kMpirunDeadline = std::chrono::minutes(30);
-  const auto deadline = std::chrono::steady_clock::now() + kMpirunDeadline;
-  int status = 0;
-  for (;;) {
-    const pid_t done = ::waitpid(pid, &status, WNOHANG);
-    if (done == pid) break;
-    SHOAL_CHECK(done == 0 || errno == EINTR, "waiting for mpirun: ", std::strerror(errno));
-    if (std::chrono::steady_clock::now() > deadline) {
-      ::kill(pid, SIGTERM);  // mpirun forwards it to its ranks
-      std::this_thread::sleep_for(std::chrono::seconds(10));
-      ::kill(pid, SIGKILL);
-      ::waitpid(pid, &status, 0);
-      SHOAL_THROW(TimeoutError, "shoal bench allreduce: mpirun (pid ", pid, ") ran past ",
-                  kMpirunDeadline.count(), " minutes and was stopped; its ranks' output above "
-                  "says where they were");
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  // it is stopped after 30 minutes, far beyond a whole sweep (about a minute): SIGTERM, which
+  // mpirun forwards to its ranks, then SIGKILL 10 s later.
+  RunProcessesOptions options;
+  options.benchmark = "shoal bench allreduce";
+  options.run = "mpirun";
+  options.deadline = std::chrono::minutes(30);
+  options.grace = std::chrono::seconds(10);
+  return run_processes({{argv}}, options);
 }
 
 int run_bench(const BenchArgs& args) {

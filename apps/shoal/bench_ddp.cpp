@@ -15,7 +15,6 @@
 // to 0), and `hidden_bytes_fraction` = share of the bucket bytes whose reduction had already
 // completed when backward ended (insensitive to peer skew).
 #include <sys/resource.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <torch/torch.h>
@@ -26,21 +25,17 @@
 #include <cstdio>
 #include <fstream>
 #include <map>
-#include <sstream>
 #include <string>
-#include <thread>
 #include <vector>
 
+#include "bench_util.h"
 #include "commands.h"
 #include "shoal/models/registry.h"
 #include "shoal/comm/init.h"
 #include "shoal/error.h"
+#include "shoal/launcher/launch.h"
 #include "shoal/memory/cpu_allocator.h"
 #include "shoal/parallel/distributed_data_parallel.h"
-
-#ifndef SHOAL_SOURCE_DIR
-#define SHOAL_SOURCE_DIR "."
-#endif
 
 namespace shoal::cli {
 namespace {
@@ -51,24 +46,18 @@ using Clock = std::chrono::steady_clock;
 // run (seconds), so only a hang hits it.
 constexpr std::chrono::seconds kModeDeadline{600};
 
-struct BenchArgs {
-  std::string model = "cnn";
+struct BenchArgs : StepBenchArgs, WorkerArgs {
+  BenchArgs() {  // bench ddp's defaults
+    steps = 20;
+    warmup = 3;
+  }
   std::vector<std::string> backends{"shm"};
-  int steps = 20;
-  int warmup = 3;
-  int rounds = 3;
   int batch = 64;
   int world = 2;
   double bucket_cap_mb = 0;        // 0: DDP's default
   double first_bucket_cap_mb = 0;  // 0: DDP's default
-  bool json = false;
-  std::string torch_script = std::string(SHOAL_SOURCE_DIR) + "/bench/ddp_torch.py";
-  // Hidden: what a re-executed worker is.
-  std::string worker;
-  int rank = 0;
-  std::string store;
-  std::string result;
-  bool bucket_view = false;
+  std::string torch_script = bench_script("ddp_torch.py");
+  bool bucket_view = false;  // hidden: a worker's gradient_as_bucket_view
 };
 
 double peak_rss_mb() {
@@ -104,21 +93,6 @@ Pss read_pss() {
   return pss;
 }
 
-void write_result(const std::string& path, const std::map<std::string, double>& values) {
-  std::ofstream out(path);
-  for (const auto& [key, value] : values) out << key << " " << value << "\n";
-  SHOAL_CHECK(out.good(), "bench ddp: cannot write ", path);
-}
-
-std::map<std::string, double> read_result(const std::string& path) {
-  std::map<std::string, double> values;
-  std::ifstream in(path);
-  std::string key;
-  double value;
-  while (in >> key >> value) values[key] = value;
-  return values;
-}
-
 // Times the phases of training steps: zero_grad + forward + loss, backward, optimizer step; and
 // with `sample_memory` (steps run after the timed ones), the largest heap in use at the end of
 // forward (activations held for backward) and of backward (gradients): live memory, steady from
@@ -144,7 +118,7 @@ struct PhaseTimer {
     backward += std::chrono::duration<double>(t2 - t1).count();
     optimizer += std::chrono::duration<double>(t3 - t2).count();
   }
-  void record(std::map<std::string, double>& result, int steps) const {
+  void record(Values& result, int steps) const {
     result["forward_ms"] = 1e3 * forward / steps;
     result["backward_ms"] = 1e3 * backward / steps;
     result["optimizer_ms"] = 1e3 * optimizer / steps;
@@ -154,7 +128,7 @@ struct PhaseTimer {
 // Memory after the timed steps: PSS now, and live memory (two more steps sampling the heap, plus
 // this rank's share of shared memory).
 template <class Forward, class Optimizer>
-void record_memory(Forward&& forward_loss, Optimizer& opt, std::map<std::string, double>& result) {
+void record_memory(Forward&& forward_loss, Optimizer& opt, Values& result) {
   const Pss pss = read_pss();
   result["pss_mb"] = pss.total_mb;
   PhaseTimer sampler;
@@ -174,7 +148,7 @@ void run_worker_with(const BenchArgs& args) {
   auto x = torch::randn({args.batch, 1, 28, 28});
   auto y = torch::randint(0, 10, {args.batch}, torch::kLong);
   torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
-  std::map<std::string, double> result;
+  Values result;
   double grad_bytes = 0;
   for (const auto& p : model->parameters()) grad_bytes += p.numel() * p.element_size();
   result["grad_mb"] = grad_bytes / 1048576.0;
@@ -185,7 +159,7 @@ void run_worker_with(const BenchArgs& args) {
     for (int i = 0; i < args.warmup; ++i) warm.step(forward_loss, optimizer);
     const auto start = Clock::now();
     for (int i = 0; i < args.steps; ++i) timed.step(forward_loss, optimizer);
-    result["seconds"] = std::chrono::duration<double>(Clock::now() - start).count();
+    result["seconds"] = seconds_since(start);
     timed.record(result, args.steps);
     record_memory(forward_loss, optimizer, result);
   } else {
@@ -204,7 +178,7 @@ void run_worker_with(const BenchArgs& args) {
     const auto start = Clock::now();
     for (int i = 0; i < args.steps; ++i) timed.step(forward_loss, optimizer);
     group->barrier()->wait();
-    result["seconds"] = std::chrono::duration<double>(Clock::now() - start).count();
+    result["seconds"] = seconds_since(start);
     timed.record(result, args.steps);
     // Memory of training, before the comm-only measurement below allocates its own buckets.
     result["peak_rss_mb"] = peak_rss_mb();
@@ -224,82 +198,16 @@ void run_worker_with(const BenchArgs& args) {
       for (auto& b : buckets) works.push_back(group->allreduce(b));
       for (auto& w : works) w->wait();
     }
-    result["comm_ms"] =
-        1e3 * std::chrono::duration<double>(Clock::now() - comm_start).count() / kCommRepeats;
+    result["comm_ms"] = 1e3 * seconds_since(comm_start) / kCommRepeats;
     result["buckets"] = static_cast<double>(buckets.size());
   }
   if (result.count("peak_rss_mb") == 0) result["peak_rss_mb"] = peak_rss_mb();
-  write_result(args.result, result);
+  write_values(args.result, result, "bench ddp");
 }
 
 int run_worker(const BenchArgs& args) {
   run_worker_with(args);
   return 0;
-}
-
-std::string self_exe() {
-  char path[4096];
-  const ssize_t n = readlink("/proc/self/exe", path, sizeof path - 1);
-  SHOAL_CHECK(n > 0, "bench ddp: cannot find this program's path (/proc/self/exe)");
-  path[n] = '\0';
-  return path;
-}
-
-// Starts every command line, waits for all (killing them all past the deadline); true if all
-// exited 0.
-bool run_all(const std::vector<std::vector<std::string>>& commands) {
-  std::vector<pid_t> pids;
-  for (const auto& command : commands) {
-    const pid_t pid = fork();
-    SHOAL_CHECK(pid >= 0, "bench ddp: fork failed");
-    if (pid == 0) {
-      std::vector<char*> argv;
-      for (const auto& a : command) argv.push_back(const_cast<char*>(a.c_str()));
-      argv.push_back(nullptr);
-      execv(argv[0], argv.data());
-      std::perror(argv[0]);
-      _exit(127);
-    }
-    pids.push_back(pid);
-  }
-  const auto deadline = Clock::now() + kModeDeadline;
-  bool ok = true;
-  size_t remaining = pids.size();
-  std::vector<bool> done(pids.size(), false);
-  while (remaining > 0) {
-    for (size_t i = 0; i < pids.size(); ++i) {
-      if (done[i]) continue;
-      int status = 0;
-      if (waitpid(pids[i], &status, WNOHANG) == pids[i]) {
-        done[i] = true;
-        --remaining;
-        ok = ok && WIFEXITED(status) && WEXITSTATUS(status) == 0;
-      }
-    }
-    if (remaining > 0 && Clock::now() > deadline) {
-      for (size_t i = 0; i < pids.size(); ++i) {
-        if (!done[i]) kill(pids[i], SIGKILL);
-        if (!done[i]) waitpid(pids[i], nullptr, 0);
-      }
-      return false;
-    }
-    if (remaining > 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  return ok;
-}
-
-double median(std::vector<double> v) {
-  if (v.empty()) return std::nan("");
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
-
-std::string json_number(double v) {
-  if (!std::isfinite(v)) return "null";
-  std::ostringstream out;
-  out << v;
-  return out.str();
 }
 
 // One line of the report: a mode with its options, and its samples over the rounds.
@@ -320,6 +228,15 @@ struct Mode {
     return it == samples.end() ? std::nan("") : median(it->second);
   }
 };
+
+// How the processes of one round of `mode` are run.
+RunProcessesOptions run_options(const Mode& mode) {
+  RunProcessesOptions options;
+  options.benchmark = "bench ddp";
+  options.run = "the " + mode.label() + " run";
+  options.deadline = kModeDeadline;
+  return options;
+}
 
 // Runs one round of `mode`, adding its values to mode.samples.
 void run_mode(const BenchArgs& args, const std::string& exe, const std::string& dir, int round,
@@ -345,13 +262,13 @@ void run_mode(const BenchArgs& args, const std::string& exe, const std::string& 
                                      std::to_string(args.batch), "--world",
                                      std::to_string(args.world), "--result", result};
     if (mode.bucket_view) command.push_back("--gradient-as-bucket-view");
-    SHOAL_CHECK(run_all({command}), "bench ddp: the PyTorch DDP run failed (", args.torch_script, ")");
-    std::ifstream in(result);
-    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    SHOAL_CHECK(run_processes({{command}}, run_options(mode)) == 0,
+                "bench ddp: the PyTorch DDP run failed (", args.torch_script, ")");
+    const Values values = read_json_numbers(result);
     for (const std::string field : {"samples_per_s", "peak_rss_mb", "pss_mb", "live_mb"}) {
-      auto at = text.find("\"" + field + "\":");
-      SHOAL_CHECK(at != std::string::npos, "bench ddp: ", args.torch_script, " wrote no ", field);
-      s[field].push_back(std::stod(text.substr(at + field.size() + 3)));
+      auto it = values.find(field);
+      SHOAL_CHECK(it != values.end(), "bench ddp: ", args.torch_script, " wrote no ", field);
+      s[field].push_back(it->second);
     }
     return;
   }
@@ -359,17 +276,18 @@ void run_mode(const BenchArgs& args, const std::string& exe, const std::string& 
   const int processes = mode.name == "single" ? 1 : args.world;
   const std::string store = dir + "/store_" + std::to_string(round) + "_" + mode.name + "_" +
                             mode.backend + (mode.bucket_view ? "_view" : "");
-  std::vector<std::vector<std::string>> commands;
+  std::vector<ChildProcess> ranks;
   for (int rank = 0; rank < processes; ++rank) {
     auto command = common(ddp ? "shoal" : "single", mode.backend);
     command.insert(command.end(), {"--rank", std::to_string(rank), "--store", store, "--result",
                                    dir + "/rank" + std::to_string(rank)});
-    commands.push_back(command);
+    ranks.push_back({command});
   }
-  SHOAL_CHECK(run_all(commands), "bench ddp: the ", mode.label(), " run failed");
+  SHOAL_CHECK(run_processes(ranks, run_options(mode)) == 0, "bench ddp: the ", mode.label(),
+              " run failed");
   double seconds = 0, rss = 0, pss = 0, live = 0;
   for (int rank = 0; rank < processes; ++rank) {
-    auto r = read_result(dir + "/rank" + std::to_string(rank));
+    auto r = read_values(dir + "/rank" + std::to_string(rank));
     seconds = std::max(seconds, r["seconds"]);
     rss = std::max(rss, r["peak_rss_mb"]);
     pss = std::max(pss, r["pss_mb"]);
@@ -400,7 +318,7 @@ int run_bench(const BenchArgs& args) {
     SHOAL_CHECK_T(InvalidArgument, comm::is_backend_available(backend), "bench ddp: backend '",
                   backend, "' is not built in (available: gloo, shm, and mpi where built)");
   }
-  const std::string exe = self_exe();
+  const std::string exe = launcher::self_executable();
   const std::string dir = "/tmp/shoal_bench_ddp_" + std::to_string(getpid());
   SHOAL_CHECK(std::system(("mkdir -p " + dir).c_str()) == 0, "bench ddp: cannot create ", dir);
   const bool have_torch =
@@ -508,14 +426,10 @@ void add_bench_ddp_command(CLI::App& bench, std::vector<Command>& commands) {
   auto args = std::make_shared<BenchArgs>();
   auto* app = bench.add_subcommand(
       "ddp", "DDP throughput: one process vs Shoal DDP vs PyTorch's Python DDP, side by side");
-  app->add_option("--model", args->model, "cnn or mlp")->capture_default_str();
+  add_step_options(*app, *args);
   app->add_option("--backend", args->backends,
                   "process group backends for Shoal's DDP, each measured (e.g. shm,gloo)")
       ->delimiter(',')
-      ->capture_default_str();
-  app->add_option("--steps", args->steps, "timed steps per run")->capture_default_str();
-  app->add_option("--warmup", args->warmup, "untimed steps first")->capture_default_str();
-  app->add_option("--rounds", args->rounds, "interleaved rounds (medians are reported)")
       ->capture_default_str();
   app->add_option("--batch-size,--batch", args->batch, "batch per rank")->capture_default_str();
   app->add_option("--nproc-per-node,--world", args->world, "ranks of the DDP runs")->capture_default_str();
@@ -524,13 +438,8 @@ void add_bench_ddp_command(CLI::App& bench, std::vector<Command>& commands) {
   app->add_option("--first-bucket-cap-mb", args->first_bucket_cap_mb,
                   "DDP first_bucket_cap_mb (0: DDP's default)")
       ->capture_default_str();
-  app->add_flag("--json", args->json, "one JSON object per line");
   app->add_option("--torch-script", args->torch_script, "PyTorch peer script")->capture_default_str();
-  // Hidden options of re-executed workers.
-  app->add_option("--worker", args->worker)->group("");
-  app->add_option("--rank", args->rank)->group("");
-  app->add_option("--store", args->store)->group("");
-  app->add_option("--result", args->result)->group("");
+  add_worker_options(*app, *args);
   app->add_flag("--gradient-as-bucket-view", args->bucket_view)->group("");
   commands.push_back({app, [args] { return args->worker.empty() ? run_bench(*args) : run_worker(*args); }});
 }

@@ -23,53 +23,35 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <fstream>
 #include <map>
-#include <sstream>
 #include <string>
 #include <vector>
 
+#include "bench_util.h"
 #include "commands.h"
 #include "shoal/comm/init.h"
 #include "shoal/comm/store.h"
 #include "shoal/error.h"
+#include "shoal/launcher/launch.h"
 #include "shoal/memory/cpu_allocator.h"
 #include "shoal/models/registry.h"
 #include "shoal/parallel/data_parallel.h"
 #include "shoal/parallel/distributed_data_parallel.h"
 
-#ifndef SHOAL_SOURCE_DIR
-#define SHOAL_SOURCE_DIR "."
-#endif
-
 namespace shoal::cli {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-using Values = std::map<std::string, double>;
 
-// How long one mode of one round may run before `timeout` kills it: far above a normal run.
-constexpr int kModeDeadlineSeconds = 600;
+// How long one mode of one round may run before its processes are killed: far above a normal
+// run (seconds), so only a hang hits it.
+constexpr std::chrono::seconds kModeDeadline{600};
 
-struct DpBenchArgs {
-  std::string model = "cnn";
+struct DpBenchArgs : StepBenchArgs, WorkerArgs {
   int replicas = 2;
   int batch = 128;  // global batch
-  int steps = 10;
-  int warmup = 2;
-  int rounds = 3;
-  bool json = false;
-  std::string torch_script = std::string(SHOAL_SOURCE_DIR) + "/bench/dp_torch.py";
-  // Hidden: what a re-executed worker is.
-  std::string worker;
-  int rank = 0;
-  std::string store;
-  std::string result;
+  std::string torch_script = bench_script("dp_torch.py");
 };
-
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
 
 // Trains `steps` timed steps (after `warmup`) of `forward` on (x, y); returns the seconds.
 template <typename Forward>
@@ -139,61 +121,7 @@ void run_worker(const DpBenchArgs& args) {
     SHOAL_THROW(InvalidArgument, "bench dp: unknown worker '", args.worker, "'");
   }
   result["optimizer_ms"] = 1e3 * optimizer_seconds / args.steps;
-  std::ofstream out(args.result);
-  for (const auto& [key, value] : result) out << key << " " << value << "\n";
-  SHOAL_CHECK(out.good(), "bench dp: cannot write ", args.result);
-}
-
-Values read_values(const std::string& path) {
-  Values values;
-  std::ifstream in(path);
-  std::string key;
-  double value;
-  while (in >> key >> value) values[key] = value;
-  return values;
-}
-
-// The numbers of the flat JSON object dp_torch.py writes.
-Values read_json_numbers(const std::string& path) {
-  std::ifstream in(path);
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  Values values;
-  size_t at = 0;
-  while ((at = text.find('"', at)) != std::string::npos) {
-    const size_t end = text.find('"', at + 1);
-    if (end == std::string::npos) break;
-    const std::string key = text.substr(at + 1, end - at - 1);
-    const size_t colon = text.find(':', end);
-    if (colon == std::string::npos) break;
-    values[key] = std::strtod(text.c_str() + colon + 1, nullptr);
-    at = text.find_first_of(",}", colon);
-  }
-  return values;
-}
-
-std::string quote(const std::string& word) { return "'" + word + "'"; }
-
-// Runs the command lines at once under `timeout`; true if every one exited 0.
-bool run_together(const std::vector<std::string>& commands) {
-  std::string script;
-  for (size_t i = 0; i < commands.size(); ++i) {
-    script += "timeout " + std::to_string(kModeDeadlineSeconds) + " " + commands[i] + " & p" +
-              std::to_string(i) + "=$!; ";
-  }
-  script += "ok=0; ";
-  for (size_t i = 0; i < commands.size(); ++i) {
-    script += "wait $p" + std::to_string(i) + " || ok=1; ";
-  }
-  script += "exit $ok";
-  return std::system(("sh -c " + quote(script)).c_str()) == 0;
-}
-
-std::string self_exe() {
-  char path[4096];
-  const ssize_t n = readlink("/proc/self/exe", path, sizeof path - 1);
-  SHOAL_CHECK(n > 0, "bench dp: cannot find this program's path (/proc/self/exe)");
-  path[n] = '\0';
-  return path;
+  write_values(args.result, result, "bench dp");
 }
 
 struct Mode {
@@ -201,38 +129,46 @@ struct Mode {
   std::map<std::string, std::vector<double>> samples;
   double get(const std::string& field) const {
     auto it = samples.find(field);
-    if (it == samples.end() || it->second.empty()) return std::nan("");
-    std::vector<double> v = it->second;
-    std::sort(v.begin(), v.end());
-    const size_t n = v.size();
-    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+    return it == samples.end() ? std::nan("") : median(it->second);
   }
 };
 
+// Runs the processes of one round of `mode`; true if every one exited 0.
+bool run_together(const Mode& mode, const std::vector<ChildProcess>& children) {
+  RunProcessesOptions options;
+  options.benchmark = "bench dp";
+  options.run = "the " + mode.name + " run";
+  options.deadline = kModeDeadline;
+  return run_processes(children, options) == 0;
+}
+
 void run_mode(const DpBenchArgs& args, const std::string& exe, const std::string& dir, int round,
               Mode& mode) {
-  const std::string common = " --model " + args.model + " --replicas " +
-                             std::to_string(args.replicas) + " --batch " +
-                             std::to_string(args.batch) + " --steps " + std::to_string(args.steps) +
-                             " --warmup " + std::to_string(args.warmup);
+  // `words`, then what both sides are given.
+  auto command = [&](std::vector<std::string> words) {
+    words.insert(words.end(), {"--model", args.model, "--replicas", std::to_string(args.replicas),
+                               "--batch", std::to_string(args.batch), "--steps",
+                               std::to_string(args.steps), "--warmup", std::to_string(args.warmup)});
+    return ChildProcess{words};
+  };
   Values values;
   if (mode.name.rfind("pytorch_", 0) == 0) {
     const std::string result = dir + "/" + mode.name + ".json";
     const std::string python_mode = mode.name.substr(std::string("pytorch_").size());
-    SHOAL_CHECK(run_together({"/usr/bin/python3 " + args.torch_script + " --mode " + python_mode +
-                              common + " --result " + result}),
+    SHOAL_CHECK(run_together(mode, {command({"/usr/bin/python3", args.torch_script, "--mode",
+                                              python_mode, "--result", result})}),
                 "bench dp: the ", mode.name, " run failed (", args.torch_script, ")");
     values = read_json_numbers(result);
   } else {
     const int processes = mode.name == "independent" || mode.name == "shoal_ddp" ? args.replicas : 1;
     const std::string store = dir + "/store_" + std::to_string(round) + "_" + mode.name;
-    std::vector<std::string> commands;
+    std::vector<ChildProcess> ranks;
     for (int rank = 0; rank < processes; ++rank) {
-      commands.push_back(exe + " bench dp" + common + " --worker " + mode.name + " --rank " +
-                         std::to_string(rank) + " --store " + store + " --result " + dir +
-                         "/rank" + std::to_string(rank));
+      ranks.push_back(command({exe, "bench", "dp", "--worker", mode.name, "--rank",
+                               std::to_string(rank), "--store", store, "--result",
+                               dir + "/rank" + std::to_string(rank)}));
     }
-    SHOAL_CHECK(run_together(commands), "bench dp: the ", mode.name, " run failed");
+    SHOAL_CHECK(run_together(mode, ranks), "bench dp: the ", mode.name, " run failed");
     double seconds = 0;
     for (int rank = 0; rank < processes; ++rank) {
       Values r = read_values(dir + "/rank" + std::to_string(rank));
@@ -263,7 +199,7 @@ int run_bench(const DpBenchArgs& args) {
                 args.replicas >= 2 && args.batch >= args.replicas && args.steps > 0 &&
                     args.rounds > 0,
                 "bench dp: needs --replicas >= 2, --batch >= --replicas, positive --steps, --rounds");
-  const std::string exe = self_exe();
+  const std::string exe = launcher::self_executable();
   const std::string dir = "/tmp/shoal_bench_dp_" + std::to_string(getpid());
   SHOAL_CHECK(std::system(("mkdir -p " + dir).c_str()) == 0, "bench dp: cannot create ", dir);
   const bool have_torch =
@@ -346,19 +282,11 @@ void add_bench_dp_command(CLI::App& bench, std::vector<Command>& commands) {
   auto args = std::make_shared<DpBenchArgs>();
   auto* app = bench.add_subcommand(
       "dp", "DataParallel throughput: one thread vs Shoal DP vs DDP vs PyTorch's, side by side");
-  app->add_option("--model", args->model, "cnn or mlp")->capture_default_str();
+  add_step_options(*app, *args);
   app->add_option("--replicas", args->replicas, "DP replicas and DDP ranks")->capture_default_str();
   app->add_option("--batch", args->batch, "global batch per step")->capture_default_str();
-  app->add_option("--steps", args->steps, "timed steps per run")->capture_default_str();
-  app->add_option("--warmup", args->warmup, "untimed steps first")->capture_default_str();
-  app->add_option("--rounds", args->rounds, "interleaved rounds (medians are reported)")
-      ->capture_default_str();
-  app->add_flag("--json", args->json, "one JSON object per line");
   app->add_option("--torch-script", args->torch_script, "PyTorch peer script")->capture_default_str();
-  app->add_option("--worker", args->worker)->group("");
-  app->add_option("--rank", args->rank)->group("");
-  app->add_option("--store", args->store)->group("");
-  app->add_option("--result", args->result)->group("");
+  add_worker_options(*app, *args);
   commands.push_back({app, [args] {
                         if (args->worker.empty()) return run_bench(*args);
                         run_worker(*args);

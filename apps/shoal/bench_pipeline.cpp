@@ -10,22 +10,19 @@
 // the batch) and one process alone train the same model on the same global batch. Processes are
 // forked from this one; every run's numbers are the median over --rounds rounds, the modes
 // interleaved so that the machine's noise spreads over all of them.
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <torch/torch.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <string>
-#include <thread>
 #include <vector>
 
+#include "bench_util.h"
 #include "commands.h"
 #include "shoal/comm/init.h"
 #include "shoal/error.h"
@@ -44,15 +41,11 @@ using Clock = std::chrono::steady_clock;
 // A run that takes longer than this is hung: its processes are killed.
 constexpr std::chrono::seconds kRunDeadline{300};
 
-struct PipelineBenchArgs {
-  std::string model = "mlp";
+struct PipelineBenchArgs : StepBenchArgs {
+  PipelineBenchArgs() { model = "mlp"; }  // bench pipeline's default
   int stages = 2;
   std::vector<int64_t> micro_batches{1, 4, 8};
   int batch = 64;
-  int steps = 10;
-  int warmup = 2;
-  int rounds = 3;
-  bool json = false;
 };
 
 struct RunSpec {
@@ -64,27 +57,6 @@ struct RunSpec {
     return std::string(pipeline::to_string(schedule)) + " M=" + std::to_string(micro_batches);
   }
 };
-
-using Values = std::map<std::string, double>;
-
-void write_values(const std::string& path, const Values& values) {
-  std::ofstream out(path);
-  for (const auto& [key, value] : values) out << key << " " << value << "\n";
-  SHOAL_CHECK(out.good(), "bench pipeline: cannot write ", path);
-}
-
-Values read_values(const std::string& path) {
-  Values values;
-  std::ifstream in(path);
-  std::string key;
-  double value;
-  while (in >> key >> value) values[key] = value;
-  return values;
-}
-
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
 
 // One rank of one run, in a forked child; writes its numbers to `result`.
 void run_rank(const PipelineBenchArgs& args, const RunSpec& spec, int rank, int world,
@@ -106,7 +78,7 @@ void run_rank(const PipelineBenchArgs& args, const RunSpec& spec, int rank, int 
     const auto start = Clock::now();
     for (int i = 0; i < args.steps; ++i) step();
     values["seconds"] = seconds_since(start);
-    write_values(result, values);
+    write_values(result, values, "bench pipeline");
     return;
   }
   auto store = comm::make_file_store(store_path, world);
@@ -127,7 +99,7 @@ void run_rank(const PipelineBenchArgs& args, const RunSpec& spec, int rank, int 
     for (int i = 0; i < args.steps; ++i) step();
     group->barrier()->wait();
     values["seconds"] = seconds_since(start);
-    write_values(result, values);
+    write_values(result, values, "bench pipeline");
     return;
   }
   torch::nn::Sequential seq = pipeline::as_sequential(*model);
@@ -158,7 +130,7 @@ void run_rank(const PipelineBenchArgs& args, const RunSpec& spec, int rank, int 
   values["peak_activation_mb"] = stats.peak_activation_bytes / 1048576.0;
   values["peak_in_flight"] = static_cast<double>(stats.peak_in_flight);
   values["layers"] = static_cast<double>(pipe.module()->size());
-  write_values(result, values);
+  write_values(result, values, "bench pipeline");
 }
 
 // Forks `world` ranks of `spec`; returns each rank's numbers (empty when the run failed).
@@ -166,59 +138,26 @@ std::vector<Values> run(const PipelineBenchArgs& args, const RunSpec& spec, int 
                         const std::string& dir) {
   static int counter = 0;
   const std::string stem = dir + "/run" + std::to_string(counter++);
-  std::vector<pid_t> pids;
+  std::vector<ChildProcess> ranks;
   for (int rank = 0; rank < world; ++rank) {
-    const pid_t pid = fork();
-    SHOAL_CHECK(pid >= 0, "bench pipeline: fork failed");
-    if (pid == 0) {
-      int code = 0;
-      try {
-        run_rank(args, spec, rank, world, stem + ".store", stem + ".rank" + std::to_string(rank));
-      } catch (const std::exception& e) {
-        std::fprintf(stderr, "bench pipeline: %s rank %d: %s\n", spec.label().c_str(), rank,
-                     e.what());
-        code = 1;
-      }
-      std::fflush(nullptr);
-      _exit(code);
-    }
-    pids.push_back(pid);
+    ChildProcess child;
+    child.function = [&, rank] {
+      run_rank(args, spec, rank, world, stem + ".store", stem + ".rank" + std::to_string(rank));
+      return 0;
+    };
+    child.label = spec.label() + " rank " + std::to_string(rank);
+    ranks.push_back(child);
   }
-  bool ok = true;
-  const auto deadline = Clock::now() + kRunDeadline;
-  for (pid_t pid : pids) {
-    int status = 0;
-    while (waitpid(pid, &status, WNOHANG) == 0) {
-      if (Clock::now() > deadline) {
-        for (pid_t p : pids) kill(p, SIGKILL);
-        waitpid(pid, &status, 0);
-        ok = false;
-        break;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    ok = ok && WIFEXITED(status) && WEXITSTATUS(status) == 0;
-  }
+  RunProcessesOptions options;
+  options.benchmark = "bench pipeline";
+  options.run = "the " + spec.label() + " run";
+  options.deadline = kRunDeadline;
   std::vector<Values> out;
-  if (!ok) return out;
+  if (run_processes(ranks, options) != 0) return out;
   for (int rank = 0; rank < world; ++rank) {
     out.push_back(read_values(stem + ".rank" + std::to_string(rank)));
   }
   return out;
-}
-
-double median(std::vector<double> v) {
-  if (v.empty()) return std::nan("");
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
-
-std::string json_number(double v) {
-  if (!std::isfinite(v)) return "null";
-  char text[64];
-  std::snprintf(text, sizeof text, "%.6g", v);
-  return text;
 }
 
 int run_bench(const PipelineBenchArgs& args) {
@@ -312,18 +251,13 @@ void add_bench_pipeline_command(CLI::App& bench, std::vector<Command>& commands)
       "pipeline",
       "Pipeline parallelism (GPipe, 1F1B) vs DDP: per-stage idle fraction vs (K-1)/(M+K-1),\n"
       "peak activation memory per stage, samples/s");
-  app->add_option("--model", args->model, "cnn or mlp")->capture_default_str();
+  add_step_options(*app, *args);
   app->add_option("--stages", args->stages, "pipeline stages K (= DDP ranks)")
       ->capture_default_str();
   app->add_option("--micro-batches", args->micro_batches, "micro-batch counts M to measure")
       ->delimiter(',')
       ->capture_default_str();
   app->add_option("--batch", args->batch, "global batch per step")->capture_default_str();
-  app->add_option("--steps", args->steps, "timed steps per run")->capture_default_str();
-  app->add_option("--warmup", args->warmup, "untimed steps first")->capture_default_str();
-  app->add_option("--rounds", args->rounds, "interleaved rounds (medians are reported)")
-      ->capture_default_str();
-  app->add_flag("--json", args->json, "one JSON object per line");
   commands.push_back({app, [args] { return run_bench(*args); }});
 }
 

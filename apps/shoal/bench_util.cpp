@@ -1,0 +1,228 @@
+// What the `shoal bench` subcommands share (bench_util.h).
+#include "bench_util.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <sstream>
+#include <thread>
+
+#include "launcher/exit_status.h"
+#include "shoal/error.h"
+
+#ifndef SHOAL_SOURCE_DIR
+#define SHOAL_SOURCE_DIR "."
+#endif
+
+namespace shoal::cli {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// How often run_processes looks whether its children have ended: short against any run
+// (seconds at least), long enough that the looking costs nothing.
+constexpr std::chrono::milliseconds kPollInterval{20};
+
+// In a child, after fork: runs the function or execs the command line; never returns.
+[[noreturn]] void become_child(const ChildProcess& child, const std::string& benchmark) {
+  if (child.quiet) {
+    const int null_fd = ::open("/dev/null", O_WRONLY);
+    if (null_fd >= 0) {
+      ::dup2(null_fd, STDOUT_FILENO);
+      ::dup2(null_fd, STDERR_FILENO);
+    }
+  }
+  if (child.function) {
+    int code = 1;
+    try {
+      code = child.function();
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "%s: %s%s%s\n", benchmark.c_str(), child.label.c_str(),
+                   child.label.empty() ? "" : ": ", e.what());
+    }
+    std::fflush(nullptr);
+    ::_exit(code);
+  }
+  // shoal ignores SIGPIPE, and an ignored disposition survives exec: a command starts with the
+  // default, as it would from a shell.
+  ::signal(SIGPIPE, SIG_DFL);
+  std::vector<char*> argv;
+  for (const auto& word : child.argv) argv.push_back(const_cast<char*>(word.c_str()));
+  argv.push_back(nullptr);
+  ::execvp(argv[0], argv.data());
+  std::fprintf(stderr, "%s: cannot run %s: %s\n", benchmark.c_str(), argv[0], std::strerror(errno));
+  ::_exit(127);
+}
+
+// Stops the children still running (statuses[i] < 0) and reaps them: SIGTERM and up to `grace`
+// for them to end, then SIGKILL.
+void stop_children(const std::vector<pid_t>& pids, std::vector<int>& statuses,
+                   std::chrono::seconds grace) {
+  auto signal_running = [&](int signal) {
+    for (size_t i = 0; i < pids.size(); ++i) {
+      if (statuses[i] < 0) ::kill(pids[i], signal);
+    }
+  };
+  if (grace.count() > 0) {
+    signal_running(SIGTERM);
+    const auto give_up = Clock::now() + grace;
+    bool running = true;
+    while (running && Clock::now() < give_up) {
+      std::this_thread::sleep_for(kPollInterval);
+      running = false;
+      for (size_t i = 0; i < pids.size(); ++i) {
+        int status = 0;
+        if (statuses[i] < 0 && ::waitpid(pids[i], &status, WNOHANG) == pids[i]) {
+          statuses[i] = launcher::ExitStatus::from_wait_status(status).shell_code();
+        }
+        running = running || statuses[i] < 0;
+      }
+    }
+  }
+  signal_running(SIGKILL);
+  for (size_t i = 0; i < pids.size(); ++i) {
+    int status = 0;
+    if (statuses[i] < 0 && ::waitpid(pids[i], &status, 0) == pids[i]) {
+      statuses[i] = launcher::ExitStatus::from_wait_status(status).shell_code();
+    }
+  }
+}
+
+}  // namespace
+
+void add_step_options(CLI::App& app, StepBenchArgs& args) {
+  app.add_option("--model", args.model, "cnn or mlp")->capture_default_str();
+  app.add_option("--steps", args.steps, "timed steps per run")->capture_default_str();
+  app.add_option("--warmup", args.warmup, "untimed steps first")->capture_default_str();
+  app.add_option("--rounds", args.rounds, "interleaved rounds (medians are reported)")
+      ->capture_default_str();
+  app.add_flag("--json", args.json, "one JSON object per line");
+}
+
+void add_worker_options(CLI::App& app, WorkerArgs& args) {
+  app.add_option("--worker", args.worker)->group("");
+  app.add_option("--rank", args.rank)->group("");
+  app.add_option("--store", args.store)->group("");
+  app.add_option("--result", args.result)->group("");
+}
+
+std::string bench_script(const std::string& name) {
+  return std::string(SHOAL_SOURCE_DIR) + "/bench/" + name;
+}
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+double median(std::vector<double> values) {
+  if (values.empty()) return std::nan("");
+  std::sort(values.begin(), values.end());
+  const size_t n = values.size();
+  return n % 2 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
+}
+
+std::string json_number(double value) {
+  if (!std::isfinite(value)) return "null";
+  char text[64];
+  std::snprintf(text, sizeof text, "%.6g", value);
+  return text;
+}
+
+void write_values(const std::string& path, const Values& values, const std::string& benchmark) {
+  std::ofstream out(path);
+  for (const auto& [key, value] : values) out << key << " " << value << "\n";
+  SHOAL_CHECK(out.good(), benchmark, ": cannot write ", path);
+}
+
+Values read_values(const std::string& path) {
+  Values values;
+  std::ifstream in(path);
+  std::string key;
+  double value;
+  while (in >> key >> value) values[key] = value;
+  return values;
+}
+
+Values read_json_numbers(const std::string& path) {
+  std::ifstream in(path);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  Values values;
+  size_t at = 0;
+  while ((at = text.find('"', at)) != std::string::npos) {
+    const size_t end = text.find('"', at + 1);
+    if (end == std::string::npos) break;
+    const std::string key = text.substr(at + 1, end - at - 1);
+    const size_t colon = text.find(':', end);
+    if (colon == std::string::npos) break;
+    values[key] = std::strtod(text.c_str() + colon + 1, nullptr);
+    at = text.find_first_of(",}", colon);
+  }
+  return values;
+}
+
+int run_processes(const std::vector<ChildProcess>& children, const RunProcessesOptions& options) {
+  // What this process has buffered would otherwise be written again by each function child.
+  std::fflush(nullptr);
+  std::vector<pid_t> pids;
+  std::vector<int> statuses;  // shell-style exit status of each child; -1 while it runs
+  for (const auto& child : children) {
+    SHOAL_CHECK_T(InvalidArgument, child.function || !child.argv.empty(), options.benchmark,
+                  ": a child process of ", options.run, " has neither a command nor a function");
+    const pid_t pid = ::fork();
+    if (pid == 0) become_child(child, options.benchmark);
+    if (pid < 0) {
+      const int error = errno;
+      stop_children(pids, statuses, std::chrono::seconds(0));
+      SHOAL_THROW(Error, options.benchmark, ": fork failed for ", options.run, ": ",
+                  std::strerror(error));
+    }
+    pids.push_back(pid);
+    statuses.push_back(-1);
+  }
+  const auto deadline = Clock::now() + options.deadline;
+  size_t running = pids.size();
+  while (running > 0) {
+    for (size_t i = 0; i < pids.size(); ++i) {
+      if (statuses[i] >= 0) continue;
+      int status = 0;
+      const pid_t done = ::waitpid(pids[i], &status, WNOHANG);
+      if (done == pids[i]) {
+        statuses[i] = launcher::ExitStatus::from_wait_status(status).shell_code();
+        --running;
+      } else if (done < 0 && errno != EINTR) {
+        const int error = errno;
+        stop_children(pids, statuses, std::chrono::seconds(0));
+        SHOAL_THROW(Error, options.benchmark, ": waiting for ", options.run, " (pid ", pids[i],
+                    "): ", std::strerror(error));
+      }
+    }
+    if (running == 0) break;
+    if (Clock::now() > deadline) {
+      std::string running_pids;
+      for (size_t i = 0; i < pids.size(); ++i) {
+        if (statuses[i] < 0) running_pids += (running_pids.empty() ? "" : ", ") + std::to_string(pids[i]);
+      }
+      stop_children(pids, statuses, options.grace);
+      SHOAL_THROW(TimeoutError, options.benchmark, ": ", options.run, " ran past ",
+                  options.deadline.count(), " s and was stopped (pid ", running_pids,
+                  "); its output above says where it was");
+    }
+    std::this_thread::sleep_for(kPollInterval);
+  }
+  for (const int status : statuses) {
+    if (status != 0) return status;
+  }
+  return 0;
+}
+
+}  // namespace shoal::cli
