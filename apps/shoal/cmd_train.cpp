@@ -45,6 +45,10 @@ struct TrainArgs {
   int servers = 1;
   int workers = 2;
   double worker_timeout_s = 60;
+  // --strategy ddp
+  std::string comm_hook = "allreduce";
+  int64_t powersgd_rank = 1;
+  int64_t powersgd_start_iter = 1000;
   // --strategy pipeline
   int stages = 2;
   int64_t micro_batches = 4;
@@ -206,6 +210,21 @@ void add_train_command(CLI::App& root, std::vector<Command>& commands) {
   app->add_option("--workers", args->workers, "With --strategy ps: worker processes")
       ->check(CLI::Range(1, 1024))
       ->capture_default_str();
+  app->add_option("--comm-hook", args->comm_hook,
+                  "With --strategy ddp: how gradients are reduced (PyTorch's register_comm_hook):\n"
+                  "allreduce (average), fp16 or bf16 (compressed on the wire), powersgd\n"
+                  "(low-rank, see --powersgd-rank and --powersgd-start-iter)")
+      ->check(CLI::IsMember({"allreduce", "fp16", "bf16", "powersgd"}))
+      ->capture_default_str();
+  app->add_option("--powersgd-rank", args->powersgd_rank,
+                  "With --comm-hook powersgd: rank of each gradient matrix's approximation")
+      ->check(CLI::Range(int64_t{1}, int64_t{1024}))
+      ->capture_default_str();
+  app->add_option("--powersgd-start-iter", args->powersgd_start_iter,
+                  "With --comm-hook powersgd: plain allreduce for this many steps first (PyTorch's\n"
+                  "start_powerSGD_iter)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 40))
+      ->capture_default_str();
   app->add_option("--worker-timeout", args->worker_timeout_s,
                   "With --strategy ps: seconds of silence after which a server presumes a worker\n"
                   "dead (asp/ssp then go on without it; bsp fails)")
@@ -329,6 +348,12 @@ void add_train_command(CLI::App& root, std::vector<Command>& commands) {
                         }
                         options->validate();
                         std::unique_ptr<train::Strategy> strategy;
+                        std::shared_ptr<parallel::PowerSGDState> power_sgd;
+                        SHOAL_CHECK_T(InvalidArgument,
+                                      args->comm_hook == "allreduce" ||
+                                          (args->strategy == "ddp" && args->model_parallel == 1),
+                                      "--comm-hook ", args->comm_hook,
+                                      " applies to --strategy ddp (without --model-parallel)");
                         if (args->strategy == "ddp" || args->strategy == "pipeline") {
                           if (!started_as_rank()) {
                             // Refuse a hopeless resume once, here, rather than once per rank.
@@ -357,7 +382,14 @@ void add_train_command(CLI::App& root, std::vector<Command>& commands) {
                             strategy = std::make_unique<train::ModelParallelDdpStrategy>(
                                 args->model_parallel, init);
                           } else {
-                            strategy = std::make_unique<train::DdpStrategy>(init);
+                            auto ddp = std::make_unique<train::DdpStrategy>(init);
+                            if (args->comm_hook == "powersgd") {
+                              power_sgd = std::make_shared<parallel::PowerSGDState>();
+                              power_sgd->matrix_approximation_rank = args->powersgd_rank;
+                              power_sgd->start_powerSGD_iter = args->powersgd_start_iter;
+                            }
+                            ddp->set_comm_hook(args->comm_hook, power_sgd);
+                            strategy = std::move(ddp);
                           }
                         } else if (args->strategy == "dp") {
                           // One intra-op thread per replica slot (DataParallelOptions' default).
@@ -387,6 +419,16 @@ void add_train_command(CLI::App& root, std::vector<Command>& commands) {
                           } else {
                             std::printf("final test accuracy: %.4f\n",
                                         result.final_test_accuracy());
+                          }
+                          if (power_sgd && power_sgd->iteration > 0) {
+                            std::fprintf(stderr,
+                                         "powersgd: %.0f bytes per step sent by this rank over %lld "
+                                         "steps (rank %lld, from step %lld)\n",
+                                         power_sgd->bytes_sent /
+                                             static_cast<double>(power_sgd->iteration),
+                                         static_cast<long long>(power_sgd->iteration),
+                                         static_cast<long long>(args->powersgd_rank),
+                                         static_cast<long long>(args->powersgd_start_iter));
                           }
                           std::fflush(stdout);
                         }

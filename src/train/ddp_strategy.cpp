@@ -16,10 +16,26 @@ DdpStrategy::DdpStrategy(std::shared_ptr<comm::ProcessGroup> group) : group_(std
 
 DdpStrategy::~DdpStrategy() = default;
 
+void DdpStrategy::set_comm_hook(const std::string& name,
+                                std::shared_ptr<parallel::PowerSGDState> power_sgd) {
+  SHOAL_CHECK_T(InvalidArgument,
+                name == "allreduce" || name == "fp16" || name == "bf16" || name == "powersgd",
+                "unknown communication hook '", name, "': use allreduce, fp16, bf16 or powersgd");
+  if (name == "powersgd" && !power_sgd) power_sgd = std::make_shared<parallel::PowerSGDState>();
+  SHOAL_CHECK_T(InvalidArgument, !power_sgd || power_sgd->matrix_approximation_rank >= 1,
+                "PowerSGD's matrix approximation rank must be at least 1, got ",
+                power_sgd ? power_sgd->matrix_approximation_rank : 0);
+  comm_hook_ = name;
+  power_sgd_ = name == "powersgd" ? std::move(power_sgd) : nullptr;
+}
+
 void DdpStrategy::prepare(TrainState& state) {
   // Any module: the type-independent DDP, around the model's own forward.
   auto ddp = std::make_shared<parallel::DistributedDataParallelBase>(state.model, group_);
   ddp_ = ddp;
+  if (comm_hook_ == "fp16") ddp->register_comm_hook(parallel::fp16_compress_hook(group_));
+  if (comm_hook_ == "bf16") ddp->register_comm_hook(parallel::bf16_compress_hook(group_));
+  if (comm_hook_ == "powersgd") ddp->register_comm_hook(parallel::powerSGD_hook(group_, power_sgd_));
   state.forward = [ddp, forward = state.model_forward](const at::Tensor& input) {
     ddp->prepare_for_forward();
     at::Tensor output = forward(input);

@@ -1,6 +1,7 @@
-// `shoal train --strategy dp --replicas K` and `--strategy ddp --model-parallel 2` as a user runs
-// them: on the same Fashion-MNIST samples they end with the parameters of single-process training
-// (dp) and of plain DDP (model parallel x DDP), to float tolerance.
+// `shoal train --strategy dp --replicas K`, `--strategy ddp --model-parallel 2` and `--comm-hook
+// powersgd` as a user runs them: on the same Fashion-MNIST samples the first two end with the
+// parameters of single-process training (dp) and of plain DDP (model parallel x DDP), to float
+// tolerance; PowerSGD's accuracy stays close to DDP's with fewer bytes.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <torch/torch.h>
@@ -64,6 +65,44 @@ TEST(DataParallelCli, ModelParallelDdpTrainsLikeDdp) {
   const auto ddp = train("--strategy ddp --nproc-per-node 2");
   EXPECT_LT(max_relative_difference(train("--strategy ddp --nproc-per-node 2 --model-parallel 2"), ddp),
             1e-5);
+}
+
+
+// `shoal train --strategy ddp --comm-hook powersgd` (PyTorch's powerSGD_hook, error feedback and
+// warm start) on the CNN and 12000 real Fashion-MNIST images: test accuracy within 2.5 points of
+// plain DDP's after the same epoch, sending under a quarter of the dense gradient's bytes. Measured
+// here: DDP 0.8445; PowerSGD rank 8 from step 10: 0.8325 at 555 KB/step against 4.8 MB dense
+// (rank 2: 0.7535 at 331 KB/step: low ranks need longer runs, as PyTorch's docs say).
+TEST(DdpCli, PowerSgdOnTheCnnStaysCloseToDdpWithFewerBytes) {
+  auto run = [](const std::string& hook) {
+    const std::string log = shoal::testing::temp_path("shoal-powersgd");
+    const std::string command =
+        shoal_binary() + " train --strategy ddp --nproc-per-node 2 --model cnn --epochs 1 "
+        "--train-samples 12000 --test-samples 2000 --batch-size 32 --lr 0.05 --threads 1 "
+        "--no-progress --comm-hook " + hook + " >" + log + " 2>&1";
+    const int status = std::system(command.c_str());
+    const std::string text = shoal::testing::read_file(log);
+    fs::remove(log);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << command << "\n" << text;
+    return text;
+  };
+  auto number_after = [](const std::string& text, const std::string& label) {
+    const size_t at = text.find(label);
+    EXPECT_NE(at, std::string::npos) << label << " in:\n" << text;
+    return at == std::string::npos ? -1.0 : std::stod(text.substr(at + label.size()));
+  };
+  const std::string plain = run("allreduce");
+  const std::string power = run("powersgd --powersgd-rank 8 --powersgd-start-iter 10");
+  const double plain_accuracy = number_after(plain, "final test accuracy: ");
+  const double power_accuracy = number_after(power, "final test accuracy: ");
+  const double bytes = number_after(power, "powersgd: ");
+  std::printf("test accuracy: ddp %.4f, powersgd %.4f (%.0f bytes per step)\n", plain_accuracy,
+              power_accuracy, bytes);
+  EXPECT_GT(plain_accuracy, 0.8) << plain;
+  EXPECT_GT(power_accuracy, plain_accuracy - 0.025) << power;
+  // The CNN has 1,199,882 parameters: 4.8 MB of float32 gradient per step when dense.
+  EXPECT_GT(bytes, 0);
+  EXPECT_LT(bytes, 1199882 * 4 / 4.0) << power;
 }
 
 }  // namespace

@@ -14,6 +14,7 @@
 #include <string>
 
 #include "shoal/comm/init.h"
+#include "shoal/parallel/comm_hooks.h"
 #include "shoal/train/strategy.h"
 
 namespace shoal::parallel {
@@ -31,6 +32,13 @@ class DdpStrategy : public Strategy {
   explicit DdpStrategy(std::shared_ptr<comm::ProcessGroup> group);
   ~DdpStrategy() override;
 
+  /// The communication hook prepare() registers (PyTorch's register_comm_hook): "allreduce"
+  /// (the default: average), "fp16" or "bf16" (fp16/bf16_compress_hook), or "powersgd"
+  /// (powerSGD_hook with `power_sgd`'s rank, start iteration, error feedback and warm start; the
+  /// caller may keep the state to read bytes_sent and iteration afterwards; null: defaults).
+  void set_comm_hook(const std::string& name,
+                     std::shared_ptr<parallel::PowerSGDState> power_sgd = nullptr);
+
   void prepare(TrainState& state) override;
   at::Tensor epoch_indices(int64_t dataset_size, int64_t epoch, uint64_t seed) override;
   void all_reduce_sum(std::vector<double>& values) override;
@@ -41,6 +49,8 @@ class DdpStrategy : public Strategy {
  private:
   std::shared_ptr<comm::ProcessGroup> group_;
   std::shared_ptr<parallel::DistributedDataParallelBase> ddp_;
+  std::string comm_hook_ = "allreduce";
+  std::shared_ptr<parallel::PowerSGDState> power_sgd_;
 };
 
 }  // namespace shoal::train
