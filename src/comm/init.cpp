@@ -9,6 +9,7 @@
 #include "comm/peer_directory.h"
 #include "comm/timeouts.h"
 #include "compat/c10d_store.h"
+#include "shoal/comm/flight_recorder.h"
 #include "shoal/error.h"
 
 namespace shoal::comm {
@@ -223,6 +224,8 @@ std::shared_ptr<ProcessGroup> new_process_group(const std::string& backend,
 }
 
 std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options) {
+  // A hung job can be asked what it was doing: kill -USR1 <pid> (flight_recorder.h).
+  install_dump_on_sigusr1();
   RankInfo info = detect_rank_info(options);
   const Milliseconds timeout =
       options.timeout == kGroupTimeout ? timeout_from_env(kJobTimeout) : options.timeout;

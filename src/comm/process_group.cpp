@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "shoal/comm/flight_recorder.h"
 #include "shoal/error.h"
 
 namespace shoal::comm {
@@ -46,13 +47,60 @@ ProcessGroup::ProcessGroup(int rank, int size, Milliseconds timeout)
   SHOAL_CHECK_T(InvalidArgument, timeout.count() > 0, "time-out must be positive, got ",
                 timeout.count(), " ms");
   check_collectives_ = collective_checks_from_env() == 1;
+  register_process_group(this);
 }
 
 void ProcessGroup::enable_collective_checks_by_default() {
   check_collectives_ = collective_checks_from_env() != 0;
 }
 
+ProcessGroup::~ProcessGroup() { unregister_process_group(this); }
+
 std::string ProcessGroup::rank_prefix() const { return comm::rank_prefix(rank_, size_); }
+
+std::shared_ptr<Work> ProcessGroup::record(const OpContext& ctx, std::shared_ptr<Work> work) {
+  std::lock_guard<std::mutex> lock(recent_mutex_);
+  // The labels make_context noted hold the context's details as later set by the caller (root,
+  // reduce op, peer): take them too.
+  for (auto it = recent_.rbegin(); it != recent_.rend(); ++it) {
+    if (it->label.sequence != ctx.sequence()) continue;
+    it->label = ctx.label;
+    it->work = work;
+    it->attached = true;
+    break;
+  }
+  return work;
+}
+
+void ProcessGroup::record_failure(const OpContext& ctx, std::exception_ptr error) {
+  auto work = std::make_shared<PromiseWork>(ctx.label, ctx.timeout);
+  work->finish_with_error(std::move(error));
+  record(ctx, work);  // completed: listed as released once this copy goes, never "in flight"
+}
+
+std::vector<std::string> ProcessGroup::recent_operations() const {
+  std::vector<Recorded> copy;
+  {
+    std::lock_guard<std::mutex> lock(recent_mutex_);
+    copy.assign(recent_.begin(), recent_.end());
+  }
+  const auto now = std::chrono::steady_clock::now();
+  std::vector<std::string> out;
+  for (const Recorded& op : copy) {
+    const auto work = op.work.lock();
+    char state[64];
+    if (op.attached && !work) {
+      std::snprintf(state, sizeof state, "released");  // its Work is gone: waited for, or dropped
+    } else if (!op.attached || !work->is_completed()) {
+      std::snprintf(state, sizeof state, "in flight for %.1f s",
+                    std::chrono::duration<double>(now - op.start).count());
+    } else {
+      std::snprintf(state, sizeof state, "done");
+    }
+    out.push_back(op.label.description() + ": " + state);
+  }
+  return out;
+}
 
 OpContext ProcessGroup::make_context(const char* name, Milliseconds timeout,
                                      const at::Tensor* tensor) {
@@ -68,6 +116,11 @@ OpContext ProcessGroup::make_context(const char* name, Milliseconds timeout,
     ctx.label.numel = tensor->numel();
     ctx.label.dtype = tensor->scalar_type();
   }
+  // Noted now, not when its Work exists: a rank stuck in the collective check (or in a backend
+  // that blocks before returning a Work) shows the operation in flight.
+  std::lock_guard<std::mutex> lock(recent_mutex_);
+  if (recent_.size() == kRecentOperations) recent_.pop_front();
+  recent_.push_back({ctx.label, std::chrono::steady_clock::now(), {}, false});
   return ctx;
 }
 
@@ -163,6 +216,16 @@ std::shared_ptr<Work> failed_work(const OpContext& ctx, std::exception_ptr error
 }  // namespace
 
 std::shared_ptr<Work> ProcessGroup::check_same_collective(const OpContext& ctx) {
+  {
+    // The caller has filled in the root and reduce op since make_context noted the operation.
+    std::lock_guard<std::mutex> lock(recent_mutex_);
+    for (auto it = recent_.rbegin(); it != recent_.rend(); ++it) {
+      if (it->label.sequence == ctx.sequence()) {
+        it->label = ctx.label;
+        break;
+      }
+    }
+  }
   if (!check_collectives_ || size_ == 1) return nullptr;
   const OpLabel& label = ctx.label;
   Fingerprint mine;
@@ -211,11 +274,11 @@ std::shared_ptr<Work> ProcessGroup::allreduce(at::Tensor& tensor,
   auto ctx = make_context("allreduce", options.timeout, &tensor);
   ctx.label.reduce_op = static_cast<int>(options.op);
   if (options.check) {
-    if (auto failed = check_same_collective(ctx)) return failed;
+    if (auto failed = check_same_collective(ctx)) return record(ctx, failed);
   }
   // Nothing to move: every rank has the same (empty) shape in a correct program.
-  if (tensor.numel() == 0) return make_completed_work(ctx.label);
-  return run_allreduce(tensor, options.op, ctx);
+  if (tensor.numel() == 0) return record(ctx, make_completed_work(ctx.label));
+  return recorded(ctx, [&] { return run_allreduce(tensor, options.op, ctx); });
 }
 
 std::shared_ptr<Work> ProcessGroup::broadcast(at::Tensor& tensor,
@@ -224,10 +287,10 @@ std::shared_ptr<Work> ProcessGroup::broadcast(at::Tensor& tensor,
   check_rank(*this, "broadcast", options.root, "root");
   auto ctx = make_context("broadcast", options.timeout, &tensor);
   ctx.label.root = options.root;
-  if (auto failed = check_same_collective(ctx)) return failed;
+  if (auto failed = check_same_collective(ctx)) return record(ctx, failed);
   // Nothing to move: every rank has the same (empty) shape in a correct program.
-  if (tensor.numel() == 0) return make_completed_work(ctx.label);
-  return run_broadcast(tensor, options.root, ctx);
+  if (tensor.numel() == 0) return record(ctx, make_completed_work(ctx.label));
+  return recorded(ctx, [&] { return run_broadcast(tensor, options.root, ctx); });
 }
 
 std::shared_ptr<Work> ProcessGroup::reduce(at::Tensor& tensor, const ReduceOptions& options) {
@@ -236,10 +299,10 @@ std::shared_ptr<Work> ProcessGroup::reduce(at::Tensor& tensor, const ReduceOptio
   auto ctx = make_context("reduce", options.timeout, &tensor);
   ctx.label.reduce_op = static_cast<int>(options.op);
   ctx.label.root = options.root;
-  if (auto failed = check_same_collective(ctx)) return failed;
+  if (auto failed = check_same_collective(ctx)) return record(ctx, failed);
   // Nothing to move: every rank has the same (empty) shape in a correct program.
-  if (tensor.numel() == 0) return make_completed_work(ctx.label);
-  return run_reduce(tensor, options.root, options.op, ctx);
+  if (tensor.numel() == 0) return record(ctx, make_completed_work(ctx.label));
+  return recorded(ctx, [&] { return run_reduce(tensor, options.root, options.op, ctx); });
 }
 
 std::shared_ptr<Work> ProcessGroup::allgather(std::vector<at::Tensor>& outputs,
@@ -248,10 +311,10 @@ std::shared_ptr<Work> ProcessGroup::allgather(std::vector<at::Tensor>& outputs,
   check_tensor(*this, "allgather", input, "input");
   check_list(*this, "allgather", outputs, input, "outputs");
   auto ctx = make_context("allgather", options.timeout, &input);
-  if (auto failed = check_same_collective(ctx)) return failed;
+  if (auto failed = check_same_collective(ctx)) return record(ctx, failed);
   // Nothing to move: every rank has the same (empty) shape in a correct program.
-  if (input.numel() == 0) return make_completed_work(ctx.label);
-  return run_allgather(outputs, input, ctx);
+  if (input.numel() == 0) return record(ctx, make_completed_work(ctx.label));
+  return recorded(ctx, [&] { return run_allgather(outputs, input, ctx); });
 }
 
 std::shared_ptr<Work> ProcessGroup::reduce_scatter(at::Tensor& output,
@@ -261,10 +324,10 @@ std::shared_ptr<Work> ProcessGroup::reduce_scatter(at::Tensor& output,
   check_list(*this, "reduce_scatter", inputs, output, "inputs");
   auto ctx = make_context("reduce_scatter", options.timeout, &output);
   ctx.label.reduce_op = static_cast<int>(options.op);
-  if (auto failed = check_same_collective(ctx)) return failed;
+  if (auto failed = check_same_collective(ctx)) return record(ctx, failed);
   // Nothing to move: every rank has the same (empty) shape in a correct program.
-  if (output.numel() == 0) return make_completed_work(ctx.label);
-  return run_reduce_scatter(output, inputs, options.op, ctx);
+  if (output.numel() == 0) return record(ctx, make_completed_work(ctx.label));
+  return recorded(ctx, [&] { return run_reduce_scatter(output, inputs, options.op, ctx); });
 }
 
 std::shared_ptr<Work> ProcessGroup::gather(std::vector<at::Tensor>& outputs,
@@ -274,10 +337,10 @@ std::shared_ptr<Work> ProcessGroup::gather(std::vector<at::Tensor>& outputs,
   if (rank_ == options.root) check_list(*this, "gather", outputs, input, "outputs");
   auto ctx = make_context("gather", options.timeout, &input);
   ctx.label.root = options.root;
-  if (auto failed = check_same_collective(ctx)) return failed;
+  if (auto failed = check_same_collective(ctx)) return record(ctx, failed);
   // Nothing to move: every rank has the same (empty) shape in a correct program.
-  if (input.numel() == 0) return make_completed_work(ctx.label);
-  return run_gather(outputs, input, options.root, ctx);
+  if (input.numel() == 0) return record(ctx, make_completed_work(ctx.label));
+  return recorded(ctx, [&] { return run_gather(outputs, input, options.root, ctx); });
 }
 
 std::shared_ptr<Work> ProcessGroup::scatter(at::Tensor& output, std::vector<at::Tensor>& inputs,
@@ -287,10 +350,10 @@ std::shared_ptr<Work> ProcessGroup::scatter(at::Tensor& output, std::vector<at::
   if (rank_ == options.root) check_list(*this, "scatter", inputs, output, "inputs");
   auto ctx = make_context("scatter", options.timeout, &output);
   ctx.label.root = options.root;
-  if (auto failed = check_same_collective(ctx)) return failed;
+  if (auto failed = check_same_collective(ctx)) return record(ctx, failed);
   // Nothing to move: every rank has the same (empty) shape in a correct program.
-  if (output.numel() == 0) return make_completed_work(ctx.label);
-  return run_scatter(output, inputs, options.root, ctx);
+  if (output.numel() == 0) return record(ctx, make_completed_work(ctx.label));
+  return recorded(ctx, [&] { return run_scatter(output, inputs, options.root, ctx); });
 }
 
 std::shared_ptr<Work> ProcessGroup::send(const at::Tensor& tensor, int dst,
@@ -305,8 +368,8 @@ std::shared_ptr<Work> ProcessGroup::send(const at::Tensor& tensor, int dst,
   ctx.label.peer_role = OpLabel::PeerRole::kDestination;
   ctx.label.tag = options.tag;
   // Nothing to move: every rank has the same (empty) shape in a correct program.
-  if (tensor.numel() == 0) return make_completed_work(ctx.label);
-  return run_send(tensor, dst, options.tag, ctx);
+  if (tensor.numel() == 0) return record(ctx, make_completed_work(ctx.label));
+  return recorded(ctx, [&] { return run_send(tensor, dst, options.tag, ctx); });
 }
 
 std::shared_ptr<Work> ProcessGroup::recv(at::Tensor& tensor, int src,
@@ -319,14 +382,14 @@ std::shared_ptr<Work> ProcessGroup::recv(at::Tensor& tensor, int src,
   ctx.label.peer_role = OpLabel::PeerRole::kSource;
   ctx.label.tag = options.tag;
   // Nothing to move: every rank has the same (empty) shape in a correct program.
-  if (tensor.numel() == 0) return make_completed_work(ctx.label);
-  return run_recv(tensor, src, options.tag, ctx);
+  if (tensor.numel() == 0) return record(ctx, make_completed_work(ctx.label));
+  return recorded(ctx, [&] { return run_recv(tensor, src, options.tag, ctx); });
 }
 
 std::shared_ptr<Work> ProcessGroup::barrier(const BarrierOptions& options) {
   auto ctx = make_context("barrier", options.timeout, nullptr);
-  if (auto failed = check_same_collective(ctx)) return failed;
-  return run_barrier(ctx);
+  if (auto failed = check_same_collective(ctx)) return record(ctx, failed);
+  return recorded(ctx, [&] { return run_barrier(ctx); });
 }
 
 at::Tensor ProcessGroup::empty_symmetric(int64_t numel, at::ScalarType dtype, Milliseconds timeout) {
@@ -335,7 +398,9 @@ at::Tensor ProcessGroup::empty_symmetric(int64_t numel, at::ScalarType dtype, Mi
   auto ctx = make_context("empty_symmetric", timeout, nullptr);
   ctx.label.numel = numel;
   ctx.label.dtype = dtype;
-  return run_empty_symmetric(numel, dtype, ctx);
+  at::Tensor tensor = run_empty_symmetric(numel, dtype, ctx);
+  record(ctx, make_completed_work(ctx.label));
+  return tensor;
 }
 
 at::Tensor ProcessGroup::run_empty_symmetric(int64_t numel, at::ScalarType dtype,

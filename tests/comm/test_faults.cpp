@@ -10,12 +10,15 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <thread>
 
+#include "shoal/comm/flight_recorder.h"
 #include "shoal/comm/init.h"
 #include "shoal/error.h"
 #include "testing/multi_rank.h"
@@ -338,6 +341,75 @@ TEST(MpiFaults, LateRankIsNamedInTheTimeout) {
   EXPECT_NE(output.find("FAULT-OK rank 0"), std::string::npos) << output;
   EXPECT_NE(output.find("FAULT-OK rank 1"), std::string::npos) << output;
   expect_all_reaped();
+}
+
+
+// A hung job says what it was doing: rank 0 is inside allreduce #2 that rank 1 has not joined;
+// SIGUSR1 (kill -USR1) makes the process print every group's recent operations to stderr, with
+// the hung one "in flight" and the finished one not; then rank 1 joins and both finish.
+TEST(FlightRecorder, SigusrOnePrintsTheOperationInFlight) {
+  install_dump_on_sigusr1();
+  auto store = make_hash_store(Milliseconds(30'000));
+  std::atomic<bool> dumped{false};
+  const std::string log = shoal::testing::temp_path("sigusr1-dump");
+  std::string text;
+  shoal::testing::run_threads(2, [&](int rank) {
+    torch::set_num_threads(1);
+    auto pg = new_process_group("gloo", store, rank, 2, Milliseconds(30'000));
+    at::Tensor t = torch::ones({1000});
+    pg->allreduce(t)->wait();
+    if (rank == 0) {
+      // The collective check makes allreduce itself block until rank 1 comes: the signal is sent
+      // from another thread once the operation shows as in flight.
+      std::thread observer([&] {
+        const auto start = Clock::now();
+        auto in_flight = [&] {
+          for (const std::string& op : pg->recent_operations()) {
+            if (op.find("allreduce #2") != std::string::npos &&
+                op.find("in flight") != std::string::npos) {
+              return true;
+            }
+          }
+          return false;
+        };
+        while (!in_flight() && seconds_since(start) < 10) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        }
+        // stderr into a file while the dump thread answers the signal.
+        std::fflush(stderr);
+        const int saved = ::dup(2);
+        const int file = ::open(log.c_str(), O_CREAT | O_TRUNC | O_WRONLY, 0600);
+        ::dup2(file, 2);
+        ::kill(::getpid(), SIGUSR1);
+        while (seconds_since(start) < 20) {
+          text = shoal::testing::read_file(log);
+          if (text.find("[rank 1/2]") != std::string::npos) break;
+          std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        }
+        std::fflush(stderr);
+        ::dup2(saved, 2);
+        ::close(saved);
+        ::close(file);
+        dumped = true;
+      });
+      pg->allreduce(t)->wait();
+      observer.join();
+    } else {
+      while (!dumped) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      pg->allreduce(t)->wait();
+      // Both done now: the same group reports nothing in flight.
+      for (const std::string& op : pg->recent_operations()) {
+        EXPECT_EQ(op.find("in flight"), std::string::npos) << op;
+      }
+    }
+  }, std::chrono::milliseconds(60'000));
+  std::filesystem::remove(log);
+  EXPECT_NE(text.find("recent operations of"), std::string::npos) << text;
+  EXPECT_NE(text.find("[rank 0/2] last 2 operation(s)"), std::string::npos) << text;
+  EXPECT_NE(text.find("allreduce #2 (4.0 kB float32, sum): in flight for"), std::string::npos)
+      << text;
+  EXPECT_EQ(text.find("allreduce #1 (4.0 kB float32, sum): in flight"), std::string::npos) << text;
+  EXPECT_NE(text.find("[rank 1/2] last 1 operation(s)"), std::string::npos) << text;
 }
 
 }  // namespace

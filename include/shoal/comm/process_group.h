@@ -14,8 +14,11 @@
 #include <ATen/core/Tensor.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
+#include <deque>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -90,7 +93,7 @@ struct OpContext {
 
 class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
  public:
-  virtual ~ProcessGroup() = default;
+  virtual ~ProcessGroup();
   ProcessGroup(const ProcessGroup&) = delete;
   ProcessGroup& operator=(const ProcessGroup&) = delete;
 
@@ -159,6 +162,13 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   /// "[rank 1/4]".
   std::string rank_prefix() const;
 
+  /// This group's last operations (at most kRecentOperations), oldest first, each as
+  /// "allreduce #12 (4.0 MB float32, sum): in flight for 3.2 s", "...: done" or "...: released"
+  /// (its Work is gone): what a hung job
+  /// was doing (SIGUSR1 prints it for every group, see flight_recorder.h).
+  std::vector<std::string> recent_operations() const;
+  static constexpr size_t kRecentOperations = 16;
+
  protected:
   ProcessGroup(int rank, int size, Milliseconds timeout);
 
@@ -198,6 +208,20 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   /// For a backend's constructor: turns check_collectives() on unless SHOAL_CHECK_COLLECTIVES=0.
   void enable_collective_checks_by_default();
 
+  /// Notes `work` (the operation `ctx` names) among recent_operations(); returns it.
+  std::shared_ptr<Work> record(const OpContext& ctx, std::shared_ptr<Work> work);
+  /// record(ctx, run()); when run() throws, the operation is noted as failed, then rethrown.
+  template <typename Run>
+  std::shared_ptr<Work> recorded(const OpContext& ctx, Run&& run) {
+    try {
+      return record(ctx, run());
+    } catch (...) {
+      record_failure(ctx, std::current_exception());
+      throw;
+    }
+  }
+  void record_failure(const OpContext& ctx, std::exception_ptr error);
+
  private:
   int rank_;
   int size_;
@@ -209,6 +233,15 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   // every collective, so it must not allocate per call.
   at::Tensor fingerprint_in_;
   std::vector<at::Tensor> fingerprint_all_;
+
+  struct Recorded {
+    OpLabel label;
+    std::chrono::steady_clock::time_point start;
+    std::weak_ptr<Work> work;
+    bool attached = false;  ///< record() has given the Work (until then: in flight)
+  };
+  mutable std::mutex recent_mutex_;
+  std::deque<Recorded> recent_;
 
   // Exchanges this collective's fingerprint with every rank; returns a failed Work when they
   // disagree (or the exchange failed), null when the collective may run.
