@@ -12,22 +12,11 @@ import subprocess
 import sys
 import tempfile
 
+from test_script_support import FASHION_MNIST, require_fashion_mnist, skip
+
 SHOAL = sys.argv[1]
-
-
-def skip(why):
-    # Under SHOAL_REQUIRE_ORACLES=1 (CI, where the set-up installs everything) a missing
-    # dependency is a failure, not a skip.
-    if os.environ.get("SHOAL_REQUIRE_ORACLES") == "1":
-        print("FAILED: %s (required: SHOAL_REQUIRE_ORACLES=1)" % why)
-        sys.exit(1)
-    print("skipped: %s" % why)
-    sys.exit(77)
-
-
-DATA = "/usr/share/datasets/fashion-mnist"
-if not os.path.exists(os.path.join(DATA, "train-images-idx3-ubyte.gz")):
-    skip("Fashion-MNIST is not installed")
+DATA = FASHION_MNIST
+require_fashion_mnist()
 try:
     import torch
 except ImportError:
