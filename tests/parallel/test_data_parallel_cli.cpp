@@ -10,23 +10,14 @@
 #include <filesystem>
 
 #include "shoal/checkpoint/serialization.h"
-#include "testing/idx_files.h"
 #include "testing/multi_rank.h"
+#include "testing/shoal_cli.h"
 
 namespace {
 
 namespace fs = std::filesystem;
 
-std::string shoal_binary() {
-  const char* dir = std::getenv("SHOAL_BINARY_DIR");
-  if (dir == nullptr) shoal::testing::skip_program("SHOAL_BINARY_DIR is not set (run through ctest)");
-  const std::string path = std::string(dir) + "/apps/shoal/shoal";
-  if (!fs::exists(path)) shoal::testing::skip_program(path + " is not built");
-  if (!shoal::testing::have_real_fashion_mnist()) {
-    shoal::testing::skip_program("Fashion-MNIST is not installed (apt-get install dataset-fashion-mnist)");
-  }
-  return path;
-}
+std::string shoal_binary() { return shoal::testing::shoal_cli_with_dataset(); }
 
 // Trains the MLP on 256 samples with `strategy_args`; returns rank 0's final parameters.
 shoal::checkpoint::StateDict train(const std::string& strategy_args) {

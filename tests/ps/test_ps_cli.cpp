@@ -10,20 +10,15 @@
 #include <regex>
 
 #include "shoal/checkpoint/serialization.h"
-#include "testing/idx_files.h"
 #include "testing/multi_rank.h"
+#include "testing/shoal_cli.h"
 
 namespace {
 
 namespace fs = std::filesystem;
 
 TEST(PsCli, ShoalRunStartsServersAndWorkers) {
-  if (!shoal::testing::have_real_fashion_mnist()) {
-    shoal::testing::skip_program("Fashion-MNIST is not installed (apt-get install dataset-fashion-mnist)");
-  }
-  const char* dir = std::getenv("SHOAL_BINARY_DIR");
-  if (dir == nullptr) shoal::testing::skip_program("SHOAL_BINARY_DIR is not set (run through ctest)");
-  const std::string shoal = std::string(dir) + "/apps/shoal/shoal";
+  const std::string shoal = shoal::testing::shoal_cli_with_dataset();
   const std::string out = shoal::testing::temp_path("ps-cli-out");
   const std::string err = shoal::testing::temp_path("ps-cli-err");
   const std::string command =
@@ -60,12 +55,7 @@ TEST(PsCli, ShoalRunStartsServersAndWorkers) {
 // and resumed with --resume ends with the very weights of an uninterrupted 2-epoch run (bsp is
 // deterministic with 2 workers), with two servers splitting the tensors.
 TEST(PsCli, CheckpointAndResumeEqualUninterruptedTraining) {
-  if (!shoal::testing::have_real_fashion_mnist()) {
-    shoal::testing::skip_program("Fashion-MNIST is not installed (apt-get install dataset-fashion-mnist)");
-  }
-  const char* dir = std::getenv("SHOAL_BINARY_DIR");
-  if (dir == nullptr) shoal::testing::skip_program("SHOAL_BINARY_DIR is not set (run through ctest)");
-  const std::string shoal = std::string(dir) + "/apps/shoal/shoal";
+  const std::string shoal = shoal::testing::shoal_cli_with_dataset();
   const std::string work = shoal::testing::temp_path("ps-ckpt");
   fs::create_directories(work);
   const std::string common =
@@ -113,12 +103,7 @@ TEST(PsCli, CheckpointAndResumeEqualUninterruptedTraining) {
 // after --worker-timeout, worker 0 finishes its epoch and evaluates, and the job exits 0 with the
 // failure reported, instead of being stopped as a whole.
 TEST(PsCli, AspGoesOnWithoutAKilledWorker) {
-  if (!shoal::testing::have_real_fashion_mnist()) {
-    shoal::testing::skip_program("Fashion-MNIST is not installed (apt-get install dataset-fashion-mnist)");
-  }
-  const char* dir = std::getenv("SHOAL_BINARY_DIR");
-  if (dir == nullptr) shoal::testing::skip_program("SHOAL_BINARY_DIR is not set (run through ctest)");
-  const std::string shoal = std::string(dir) + "/apps/shoal/shoal";
+  const std::string shoal = shoal::testing::shoal_cli_with_dataset();
   const std::string log = shoal::testing::temp_path("ps-kill-log");
   const std::string train = shoal + " train --strategy ps --consistency asp --worker-timeout 3 "
                             "--model mlp --epochs 1 --train-samples 20000 --test-samples 1000 "
