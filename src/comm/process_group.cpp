@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -58,31 +59,31 @@ ProcessGroup::~ProcessGroup() { unregister_process_group(this); }
 
 std::string ProcessGroup::rank_prefix() const { return comm::rank_prefix(rank_, size_); }
 
-std::shared_ptr<Work> ProcessGroup::record(const OpContext& ctx, std::shared_ptr<Work> work) {
-  std::lock_guard<std::mutex> lock(recent_mutex_);
-  // The labels make_context noted hold the context's details as later set by the caller (root,
-  // reduce op, peer): take them too.
-  for (auto it = recent_.rbegin(); it != recent_.rend(); ++it) {
-    if (it->label.sequence != ctx.sequence()) continue;
-    it->label = ctx.label;
-    it->work = work;
-    it->attached = true;
-    break;
-  }
-  return work;
+ProcessGroup::Recorded* ProcessGroup::recent_slot(uint64_t sequence) {
+  Recorded& slot = recent_[sequence % kRecentOperations];
+  return slot.label.sequence == sequence ? &slot : nullptr;
 }
 
-void ProcessGroup::record_failure(const OpContext& ctx, std::exception_ptr error) {
-  auto work = std::make_shared<PromiseWork>(ctx.label, ctx.timeout);
-  work->finish_with_error(std::move(error));
-  record(ctx, work);  // completed: listed as released once this copy goes, never "in flight"
+std::shared_ptr<Work> ProcessGroup::record(const OpContext& ctx, std::shared_ptr<Work> work) {
+  std::lock_guard<std::mutex> lock(recent_mutex_);
+  // The label make_context noted lacks what the caller filled in since (root, reduce op, peer).
+  if (Recorded* slot = recent_slot(ctx.sequence())) {
+    slot->label = ctx.label;
+    slot->work = work;
+    slot->attached = true;
+  }
+  return work;
 }
 
 std::vector<std::string> ProcessGroup::recent_operations() const {
   std::vector<Recorded> copy;
   {
     std::lock_guard<std::mutex> lock(recent_mutex_);
-    copy.assign(recent_.begin(), recent_.end());
+    const uint64_t count = std::min<uint64_t>(newest_recorded_, kRecentOperations);
+    for (uint64_t seq = newest_recorded_ + 1 - count; seq <= newest_recorded_ && count > 0; ++seq) {
+      const Recorded& slot = recent_[seq % kRecentOperations];
+      if (slot.label.sequence == seq) copy.push_back(slot);
+    }
   }
   const auto now = std::chrono::steady_clock::now();
   std::vector<std::string> out;
@@ -119,8 +120,9 @@ OpContext ProcessGroup::make_context(const char* name, Milliseconds timeout,
   // Noted now, not when its Work exists: a rank stuck in the collective check (or in a backend
   // that blocks before returning a Work) shows the operation in flight.
   std::lock_guard<std::mutex> lock(recent_mutex_);
-  if (recent_.size() == kRecentOperations) recent_.pop_front();
-  recent_.push_back({ctx.label, std::chrono::steady_clock::now(), {}, false});
+  recent_[ctx.label.sequence % kRecentOperations] = {ctx.label, std::chrono::steady_clock::now(),
+                                                     {}, false};
+  newest_recorded_ = std::max(newest_recorded_, ctx.label.sequence);
   return ctx;
 }
 
@@ -215,16 +217,15 @@ std::shared_ptr<Work> failed_work(const OpContext& ctx, std::exception_ptr error
 
 }  // namespace
 
+void ProcessGroup::record_failure(const OpContext& ctx, std::exception_ptr error) {
+  record(ctx, failed_work(ctx, std::move(error)));  // listed as released, never "in flight"
+}
+
 std::shared_ptr<Work> ProcessGroup::check_same_collective(const OpContext& ctx) {
   {
     // The caller has filled in the root and reduce op since make_context noted the operation.
     std::lock_guard<std::mutex> lock(recent_mutex_);
-    for (auto it = recent_.rbegin(); it != recent_.rend(); ++it) {
-      if (it->label.sequence == ctx.sequence()) {
-        it->label = ctx.label;
-        break;
-      }
-    }
+    if (Recorded* slot = recent_slot(ctx.sequence())) slot->label = ctx.label;
   }
   if (!check_collectives_ || size_ == 1) return nullptr;
   const OpLabel& label = ctx.label;

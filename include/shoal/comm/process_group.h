@@ -16,7 +16,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
-#include <deque>
+#include <array>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -240,8 +240,13 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
     std::weak_ptr<Work> work;
     bool attached = false;  ///< record() has given the Work (until then: in flight)
   };
+  // A fixed ring, slot = sequence % kRecentOperations: noting an operation on the hot path
+  // (every bucket's allreduce) allocates nothing.
   mutable std::mutex recent_mutex_;
-  std::deque<Recorded> recent_;
+  std::array<Recorded, kRecentOperations> recent_{};
+  uint64_t newest_recorded_ = 0;  ///< sequence of the last noted operation (0: none)
+  /// The slot holding operation `sequence`, or null once the ring has moved past it.
+  Recorded* recent_slot(uint64_t sequence);
 
   // Exchanges this collective's fingerprint with every rank; returns a failed Work when they
   // disagree (or the exchange failed), null when the collective may run.
