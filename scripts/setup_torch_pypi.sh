@@ -24,9 +24,15 @@ if [ "${1:-}" = "--prefix" ]; then
   echo "$TARGET/torch"
   exit 0
 fi
+# numpy came later (the DDP oracle of the 2.x leg needs it): an install that predates it is
+# topped up below instead of being redone.
+TOP_UP=0
 if [ -f "$TARGET/.complete" ]; then
-  echo "$TARGET/torch"
-  exit 0
+  if [ -d "$TARGET/numpy" ]; then
+    echo "$TARGET/torch"
+    exit 0
+  fi
+  TOP_UP=1
 fi
 
 # The CUDA libraries LibTorch 2.15's libraries load (DT_NEEDED), each with the PyPI wheel that
@@ -49,6 +55,8 @@ NEEDED_CUDA_LIBS=(
 # Pure-Python dependencies of `import torch` (for torchrun and the Python peer).
 PYTHON_DEPS=(filelock "typing-extensions>=4.13.0" "sympy>=1.13.3" mpmath "networkx>=2.5.1"
              jinja2 markupsafe "fsspec>=0.8.5")
+# And what the PyTorch oracle scripts import besides torch (test_ddp_vs_pytorch on the 2.x leg).
+ORACLE_DEPS=(numpy)
 
 if [ "$TORCH_VERSION" != "2.15.0" ]; then
   echo "setup_torch_pypi: note: the CUDA library pins below are those of torch 2.15.0" >&2
@@ -88,8 +96,6 @@ done
 
 DL="$CACHE/downloads/torch-$TORCH_VERSION"
 mkdir -p "$DL"
-echo "setup_torch_pypi: downloading torch==$TORCH_VERSION (LibTorch 2.x, ~540 MB) and" \
-     "${#wheels[@]} CUDA library wheel(s) the machine lacks: ${wheels[*]-none}" >&2
 # Linux x86-64 wheels for glibc 2.17 to 2.28 (Debian 12 has 2.36; torch's wheel needs 2.28).
 PLATFORMS=(--platform manylinux2014_x86_64)
 for minor in $(seq 17 28); do PLATFORMS+=(--platform "manylinux_2_${minor}_x86_64"); done
@@ -103,9 +109,25 @@ fetch() {
     exit 1
   fi
 }
+if [ "$TOP_UP" = 1 ]; then
+  top="$CACHE/downloads/top-up"
+  rm -rf "$top" && mkdir -p "$top"
+  DL="$top" fetch "${ORACLE_DEPS[@]}"
+  if ! "${PIP[@]}" install --quiet --no-deps --no-compile --no-index --target "$TARGET" \
+        "$top"/*.whl >"$CACHE/pip-install.log" 2>&1; then
+    echo "setup_torch_pypi: error: adding ${ORACLE_DEPS[*]} to $TARGET failed;" \
+         "see $CACHE/pip-install.log" >&2
+    exit 1
+  fi
+  echo "setup_torch_pypi: added ${ORACLE_DEPS[*]} to $TARGET" >&2
+  echo "$TARGET/torch"
+  exit 0
+fi
+echo "setup_torch_pypi: downloading torch==$TORCH_VERSION (LibTorch 2.x, ~540 MB) and" \
+     "${#wheels[@]} CUDA library wheel(s) the machine lacks: ${wheels[*]-none}" >&2
 fetch "torch==$TORCH_VERSION"
 if [ ${#wheels[@]} -gt 0 ]; then fetch "${wheels[@]}"; fi
-fetch "${PYTHON_DEPS[@]}"
+fetch "${PYTHON_DEPS[@]}" "${ORACLE_DEPS[@]}"
 
 # Install into a fresh folder, then mark it complete (an interrupted run starts over).
 rm -rf "$TARGET"

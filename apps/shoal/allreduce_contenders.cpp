@@ -151,12 +151,16 @@ void MemoryFloorContender::allreduce(at::Tensor& tensor) {
 
 // ---- TorchContender ----------------------------------------------------------------------------
 
-TorchContender::TorchContender(int rank, int world_size, const std::string& script) : rank_(rank) {
+TorchContender::TorchContender(int rank, int world_size, const std::string& script,
+                               std::vector<std::string> python, std::string name)
+    : name_(std::move(name)), rank_(rank) {
   if (rank_ != 0) return;
   const std::string port = std::to_string(launcher::pick_free_port());
   const std::string nproc = std::to_string(world_size);
-  std::vector<std::string> argv{"/usr/bin/python3", script, "--serve", "--nproc", nproc,
-                                "--port", port};
+  std::vector<std::string> argv = std::move(python);
+  std::string shown;  // the command, for the message when it does not start
+  for (const auto& word : argv) shown += word + " ";
+  argv.insert(argv.end(), {script, "--serve", "--nproc", nproc, "--port", port});
   int to_child[2], from_child[2];
   SHOAL_CHECK(::pipe2(to_child, O_CLOEXEC) == 0 && ::pipe2(from_child, O_CLOEXEC) == 0,
               "pipe: ", std::strerror(errno));
@@ -178,7 +182,7 @@ TorchContender::TorchContender(int rank, int world_size, const std::string& scri
   out_ = from_child[0];
   const std::string hello = read_line();
   SHOAL_CHECK(hello == "ready", "bench/allreduce_torch.py did not start (said '", hello,
-              "'); run it alone to see why: /usr/bin/python3 ", script, " --nproc ", nproc);
+              "'); run it alone to see why: ", shown, script, " --nproc ", nproc);
 }
 
 TorchContender::~TorchContender() {

@@ -95,17 +95,21 @@ class TorchContender : public Contender {
   /// Why 120 s: importing torch and meeting its peers can take a minute on a loaded machine.
   static constexpr int kReplyTimeoutMs = 120'000;
 
-  TorchContender(int rank, int world_size, const std::string& script);
+  /// `python`: the command that runs the script (a TorchPeer's); `name`: "torch_gloo" (Debian's
+  /// PyTorch) or "torch2_gloo" (PyTorch 2.x from PyPI).
+  TorchContender(int rank, int world_size, const std::string& script,
+                 std::vector<std::string> python, std::string name);
   ~TorchContender() override;
   TorchContender(const TorchContender&) = delete;
   TorchContender& operator=(const TorchContender&) = delete;
 
-  std::string name() const override { return "torch_gloo"; }
+  std::string name() const override { return name_; }
   void warm_up(int64_t bytes, int iterations) override;
   double measure(int64_t bytes, int iterations) override;
 
  private:
   double request(int64_t bytes, int iterations, int warmup);
+  std::string name_;
   std::string read_line();
 
   int rank_;

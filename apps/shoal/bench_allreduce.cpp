@@ -132,6 +132,18 @@ void print_json(const std::string& backend, int world_size, int64_t bytes, int i
 
 // The process group backend a contender runs on (its timing's barrier for the floors), after
 // checking that it is built in.
+// torch_gloo: Debian's PyTorch (1.13); torch2_gloo: PyTorch 2.x from PyPI, side by side.
+bool is_torch_contender(const std::string& name) {
+  return name == "torch_gloo" || name == "torch2_gloo";
+}
+
+TorchPeer torch_peer_of(const std::string& contender) {
+  TorchPeer peer = find_torch_peer(contender == "torch_gloo" ? "debian" : "pypi", "bench allreduce");
+  SHOAL_CHECK_T(InvalidArgument, peer.available(), "bench allreduce: the ", contender,
+                " contender needs that PyTorch (see the note above), or leave it out of --backend");
+  return peer;
+}
+
 std::string check_contender(const std::string& name) {
   const std::string backend = name == "shm_symmetric" || name == "floor_staged" ||
                                       name == "floor_inplace" ? "shm"
@@ -139,7 +151,7 @@ std::string check_contender(const std::string& name) {
                                                               : name;
   SHOAL_CHECK_T(InvalidArgument, comm::is_backend_available(backend), "backend '", name,
                 "' is not built into this shoal; choose from gloo, shm, shm_symmetric, mpi, "
-                "openmpi, hierarchical, torch_gloo, floor_staged, floor_inplace");
+                "openmpi, hierarchical, torch_gloo, torch2_gloo, floor_staged, floor_inplace");
   return backend;
 }
 
@@ -158,9 +170,12 @@ int run_rank(const BenchArgs& args) {
   std::shared_ptr<comm::Store> store;
   std::vector<std::unique_ptr<Contender>> contenders;
   for (const std::string& backend : split(args.backends, ',')) {
-    if (backend == "torch_gloo") {
-      contenders.push_back(
-          std::make_unique<TorchContender>(rank, n, find_torch_script(args.torch_script)));
+    if (is_torch_contender(backend)) {
+      // Checked once by the parent; here only the command is needed (rank 0 starts the script).
+      const TorchPeer peer =
+          find_torch_peer(backend == "torch_gloo" ? "debian" : "pypi", "bench allreduce", false);
+      contenders.push_back(std::make_unique<TorchContender>(
+          rank, n, find_torch_script(args.torch_script), peer.python, backend));
       continue;
     }
     const bool symmetric = backend == "shm_symmetric";
@@ -310,10 +325,12 @@ int run_bench(const BenchArgs& args) {
                 parse_bytes(args.min_bytes, "--min-bytes") <= parse_bytes(args.max_bytes, "--max-bytes"),
                 "--min-bytes ", args.min_bytes, " is above --max-bytes ", args.max_bytes);
   for (const std::string& backend : split(args.backends, ',')) {
-    if (backend != "torch_gloo") check_contender(backend);
-  }
-  if (std::find(backends.begin(), backends.end(), "torch_gloo") != backends.end()) {
-    find_torch_script(args.torch_script);
+    if (!is_torch_contender(backend)) {
+      check_contender(backend);
+    } else {
+      find_torch_script(args.torch_script);
+      torch_peer_of(backend);
+    }
   }
   const bool has_mpi = std::find(backends.begin(), backends.end(), "mpi") != backends.end() ||
                        std::find(backends.begin(), backends.end(), "openmpi") != backends.end();
@@ -341,7 +358,7 @@ void add_bench_allreduce_command(CLI::App& bench, std::vector<Command>& commands
       "mpirun. Several backends (--backend gloo,shm,torch_gloo) run interleaved, medians reported.");
   app->add_option("--backend", args->backends,
                   "comma-separated: gloo, shm, shm_symmetric, mpi, openmpi (MPI_Allreduce itself), "
-                  "hierarchical, torch_gloo (PyTorch's gloo), floor_staged and floor_inplace (no "
+                  "hierarchical, torch_gloo (PyTorch's gloo), torch2_gloo (PyTorch 2.x's gloo, from PyPI), floor_staged and floor_inplace (no "
                   "communication: the memory work alone)")
       ->capture_default_str();
   app->add_option("--nproc-per-node,--nproc", args->nproc, "ranks to start (when not started by a launcher)")

@@ -57,6 +57,7 @@ struct BenchArgs : StepBenchArgs, WorkerArgs {
   double bucket_cap_mb = 0;        // 0: DDP's default
   double first_bucket_cap_mb = 0;  // 0: DDP's default
   std::string torch_script = bench_script("ddp_torch.py");
+  std::vector<std::string> torch_peers{"debian"};  // the PyTorch peers measured (--torch)
   bool bucket_view = false;  // hidden: a worker's gradient_as_bucket_view
 };
 
@@ -215,10 +216,12 @@ struct Mode {
   std::string name;     // single, independent, shoal_ddp, pytorch_ddp
   std::string backend;  // empty for single and independent
   bool bucket_view = false;
+  TorchPeer peer;       // pytorch_ddp: which PyTorch runs it
   std::map<std::string, std::vector<double>> samples;  // field -> one value per round
 
   std::string label() const {
     std::string text = name;
+    if (!peer.version.empty()) text += " " + peer.version;
     if (!backend.empty()) text += " (" + backend + ")";
     if (bucket_view) text += " view";
     return text;
@@ -256,11 +259,12 @@ void run_mode(const BenchArgs& args, const std::string& exe, const std::string& 
   auto& s = mode.samples;
   if (mode.name == "pytorch_ddp") {
     const std::string result = dir + "/pytorch";
-    std::vector<std::string> command{"/usr/bin/python3", args.torch_script, "--model", args.model,
-                                     "--steps", std::to_string(args.steps), "--warmup",
-                                     std::to_string(args.warmup), "--batch",
-                                     std::to_string(args.batch), "--world",
-                                     std::to_string(args.world), "--result", result};
+    std::vector<std::string> command = mode.peer.python;
+    command.insert(command.end(), {args.torch_script, "--model", args.model, "--steps",
+                                   std::to_string(args.steps), "--warmup",
+                                   std::to_string(args.warmup), "--batch",
+                                   std::to_string(args.batch), "--world",
+                                   std::to_string(args.world), "--result", result});
     if (mode.bucket_view) command.push_back("--gradient-as-bucket-view");
     SHOAL_CHECK(run_processes({{command}}, run_options(mode)) == 0,
                 "bench ddp: the PyTorch DDP run failed (", args.torch_script, ")");
@@ -321,19 +325,20 @@ int run_bench(const BenchArgs& args) {
   const std::string exe = launcher::self_executable();
   const std::string dir = "/tmp/shoal_bench_ddp_" + std::to_string(getpid());
   SHOAL_CHECK(std::system(("mkdir -p " + dir).c_str()) == 0, "bench ddp: cannot create ", dir);
-  const bool have_torch =
-      std::system("/usr/bin/python3 -c 'import torch.distributed as d; assert d.is_gloo_available()'"
-                  " >/dev/null 2>&1") == 0;
-  if (!have_torch) std::fprintf(stderr, "bench ddp: /usr/bin/python3 has no torch; pytorch_ddp skipped\n");
+  std::vector<TorchPeer> peers;
+  for (const auto& name : args.torch_peers) {
+    TorchPeer peer = find_torch_peer(name, "bench ddp");
+    if (peer.available()) peers.push_back(peer);
+  }
 
   std::vector<Mode> modes{{"single", ""}, {"independent", ""}};
   for (const auto& backend : args.backends) {
     modes.push_back({"shoal_ddp", backend, false});
     modes.push_back({"shoal_ddp", backend, true});
   }
-  if (have_torch) {
-    modes.push_back({"pytorch_ddp", "gloo", false});
-    modes.push_back({"pytorch_ddp", "gloo", true});
+  for (const auto& peer : peers) {
+    modes.push_back({"pytorch_ddp", "gloo", false, peer});
+    modes.push_back({"pytorch_ddp", "gloo", true, peer});
   }
   for (int round = 0; round < args.rounds; ++round) {
     for (auto& mode : modes) run_mode(args, exe, dir, round, mode);
@@ -342,16 +347,20 @@ int run_bench(const BenchArgs& args) {
 
   const Mode& single = modes[0];
   const Mode& independent = modes[1];
-  auto pytorch_rate = [&](bool view) {
+  // vs_pt: against the first PyTorch peer given (--torch), with the same bucket views.
+  auto pytorch_rate = [&](bool view, const std::string& version) {
     for (const auto& m : modes) {
-      if (m.name == "pytorch_ddp" && m.bucket_view == view) return m.get("samples_per_s");
+      if (m.name == "pytorch_ddp" && m.bucket_view == view &&
+          (version.empty() || m.peer.version == version)) {
+        return m.get("samples_per_s");
+      }
     }
     return std::nan("");
   };
   if (!args.json) {
     std::printf("bench ddp: model %s, %d ranks x batch %d, %d steps, median of %d rounds\n",
                 args.model.c_str(), args.world, args.batch, args.steps, args.rounds);
-    std::printf("%-24s %10s %8s %8s %7s %7s %7s %7s %7s %7s %7s %7s %7s\n", "mode", "samples/s",
+    std::printf("%-32s %10s %8s %8s %7s %7s %7s %7s %7s %7s %7s %7s %7s\n", "mode", "samples/s",
                 "peak MB", "+MB", "+live", "effic.", "of_ceil", "vs_pt", "fwd ms", "bwd ms", "opt ms",
                 "wait ms", "hidden");
   }
@@ -361,7 +370,16 @@ int run_bench(const BenchArgs& args) {
     const double efficiency = parallel ? rate / (args.world * single.get("samples_per_s")) : std::nan("");
     const bool ddp = mode.name == "shoal_ddp" || mode.name == "pytorch_ddp";
     const double of_ceiling = ddp ? rate / independent.get("samples_per_s") : std::nan("");
-    const double vs = mode.name == "shoal_ddp" ? rate / pytorch_rate(mode.bucket_view) : std::nan("");
+    const double vs =
+        mode.name == "shoal_ddp" ? rate / pytorch_rate(mode.bucket_view, "") : std::nan("");
+    // Against every PyTorch peer: {"1.13.1": 1.31, "2.15.0": 1.12}.
+    std::string vs_each = "{";
+    for (const auto& peer : peers) {
+      const double v =
+          mode.name == "shoal_ddp" ? rate / pytorch_rate(mode.bucket_view, peer.version) : std::nan("");
+      vs_each += (vs_each.size() > 1 ? ", \"" : "\"") + peer.version + "\": " + json_number(v);
+    }
+    vs_each += "}";
     const double extra_mb = mode.get("peak_rss_mb") - single.get("peak_rss_mb");
     // Against `independent`: the same number of processes sharing the same library pages.
     const double extra_pss =
@@ -374,7 +392,8 @@ int run_bench(const BenchArgs& args) {
           "\"batch_per_rank\": %d, \"gradient_as_bucket_view\": %s, \"samples_per_s\": %s, "
           "\"peak_rss_mb\": %s, \"extra_rss_mb\": %s, \"pss_mb\": %s, \"extra_pss_mb\": %s, "
           "\"live_mb\": %s, \"extra_live_mb\": %s, \"grad_mb\": %s, \"efficiency\": %s, "
-          "\"of_ceiling\": %s, \"vs_pytorch\": %s, \"forward_ms\": %s, \"backward_ms\": %s, "
+          "\"of_ceiling\": %s, \"vs_pytorch\": %s, \"vs_pytorch_by_version\": %s, \"torch\": %s, "
+          "\"forward_ms\": %s, \"backward_ms\": %s, "
           "\"optimizer_ms\": %s, \"wait_ms\": %s, \"overlap\": %s, \"hidden_bytes_fraction\": %s, "
           "\"buckets\": %s, \"rounds\": %d}\n",
           mode.name.c_str(), args.model.c_str(),
@@ -385,7 +404,9 @@ int run_bench(const BenchArgs& args) {
           json_number(extra_pss).c_str(), json_number(mode.get("live_mb")).c_str(),
           json_number(extra_live).c_str(), json_number(single.get("grad_mb")).c_str(),
           json_number(efficiency).c_str(), json_number(of_ceiling).c_str(),
-          json_number(vs).c_str(), json_number(mode.get("forward_ms")).c_str(),
+          json_number(vs).c_str(), vs_each.c_str(),
+          mode.peer.version.empty() ? "null" : ("\"" + mode.peer.version + "\"").c_str(),
+          json_number(mode.get("forward_ms")).c_str(),
           json_number(mode.get("backward_ms")).c_str(), json_number(mode.get("optimizer_ms")).c_str(),
           json_number(mode.get("wait_ms")).c_str(), json_number(mode.get("overlap")).c_str(),
           json_number(mode.get("hidden_bytes_fraction")).c_str(),
@@ -397,7 +418,7 @@ int run_bench(const BenchArgs& args) {
         std::snprintf(text, sizeof text, format, v);
         return std::string(text);
       };
-      std::printf("%-24s %10.1f %8.1f %8s %7s %7s %7s %7s %7s %7s %7s %7s %7s\n",
+      std::printf("%-32s %10.1f %8.1f %8s %7s %7s %7s %7s %7s %7s %7s %7s %7s\n",
                   mode.label().c_str(), rate, mode.get("peak_rss_mb"),
                   cell(extra_mb, "%+.1f").c_str(), cell(extra_live, "%+.1f").c_str(),
                   cell(efficiency, "%.2f").c_str(), cell(of_ceiling, "%.2f").c_str(),
@@ -410,7 +431,7 @@ int run_bench(const BenchArgs& args) {
   }
   if (!args.json) {
     std::printf("efficiency = samples/s / (%d x single); of_ceil = samples/s / independent (%d "
-                "processes without communication); vs_pt = Shoal / PyTorch DDP with the same "
+                "processes without communication); vs_pt = Shoal / PyTorch DDP (the first --torch peer) with the same "
                 "gradient_as_bucket_view; +MB = peak RSS - single's (shared memory counted in full by every "
                 "rank); +live = live memory - single's (heap in use at the end of forward and of "
                 "backward, the larger, plus the rank's share of shared memory; JSON also has PSS); "
@@ -439,6 +460,7 @@ void add_bench_ddp_command(CLI::App& bench, std::vector<Command>& commands) {
                   "DDP first_bucket_cap_mb (0: DDP's default)")
       ->capture_default_str();
   app->add_option("--torch-script", args->torch_script, "PyTorch peer script")->capture_default_str();
+  add_torch_option(*app, args->torch_peers);
   add_worker_options(*app, *args);
   app->add_flag("--gradient-as-bucket-view", args->bucket_view)->group("");
   commands.push_back({app, [args] { return args->worker.empty() ? run_bench(*args) : run_worker(*args); }});

@@ -120,6 +120,68 @@ std::string bench_script(const std::string& name) {
   return std::string(SHOAL_SOURCE_DIR) + "/bench/" + name;
 }
 
+namespace {
+
+// Runs `command` through the shell; its stdout with the trailing newline removed, or "" on failure.
+std::string shell_output(const std::string& command) {
+  std::string out;
+  if (FILE* pipe = ::popen(command.c_str(), "r")) {
+    char buffer[256];
+    while (std::fgets(buffer, sizeof buffer, pipe)) out += buffer;
+    if (::pclose(pipe) != 0) return "";
+  }
+  while (!out.empty() && (out.back() == '\n' || out.back() == '\r')) out.pop_back();
+  return out;
+}
+
+std::string shell_quote(const std::string& word) {
+  std::string quoted = "'";
+  for (char c : word) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return quoted + "'";
+}
+
+}  // namespace
+
+TorchPeer find_torch_peer(const std::string& name, const std::string& benchmark, bool probe) {
+  TorchPeer peer;
+  peer.name = name;
+  if (name == "debian") {
+    peer.python = {"/usr/bin/python3"};
+  } else if (name == "pypi") {
+    // The folder scripts/setup_torch_pypi.sh installs the wheel into (it prints <folder>/torch).
+    const std::string script = std::string(SHOAL_SOURCE_DIR) + "/scripts/setup_torch_pypi.sh";
+    const std::string torch_dir = shell_output("bash " + shell_quote(script) + " --prefix");
+    const std::string folder = torch_dir.substr(0, torch_dir.rfind('/'));
+    // The wheel is for CPython 3.11: the python3 first on PATH, as test_torchrun.sh uses.
+    peer.python = {"/usr/bin/env", "PYTHONPATH=" + folder, "python3"};
+  } else {
+    SHOAL_THROW(InvalidArgument, benchmark, ": --torch '", name, "' is not known; use debian "
+                "(python3-torch 1.13) and/or pypi (PyTorch 2.x from scripts/setup_torch_pypi.sh)");
+  }
+  if (!probe) return peer;
+  std::string command;
+  for (const auto& word : peer.python) command += shell_quote(word) + " ";
+  peer.version = shell_output(
+      command + "-c 'import torch, torch.distributed as d; assert d.is_gloo_available(); "
+                "print(torch.__version__.split(\"+\")[0])' 2>/dev/null");
+  if (!peer.available()) {
+    std::fprintf(stderr, "%s: the %s PyTorch cannot be imported (%s); its modes are skipped%s\n",
+                 benchmark.c_str(), name.c_str(), command.c_str(),
+                 name == "pypi" ? " (install it with scripts/setup_torch_pypi.sh)"
+                                : " (install python3-torch)");
+  }
+  return peer;
+}
+
+void add_torch_option(CLI::App& app, std::vector<std::string>& peers) {
+  app.add_option("--torch", peers,
+                 "PyTorch peers, each measured: debian (python3-torch 1.13), pypi (PyTorch 2.x "
+                 "from scripts/setup_torch_pypi.sh)")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"debian", "pypi"}))
+      ->capture_default_str();
+}
+
 double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }

@@ -45,6 +45,26 @@ void add_worker_options(CLI::App& app, WorkerArgs& args);
 /// The path of bench/`name` in the source tree, where the PyTorch peer scripts are.
 std::string bench_script(const std::string& name);
 
+/// A Python with PyTorch that runs the peer scripts: Debian's python3-torch (1.13) or PyTorch 2.x
+/// from PyPI (scripts/setup_torch_pypi.sh's folder on PYTHONPATH), so that one run can compare
+/// Shoal with both, side by side.
+struct TorchPeer {
+  std::string name;                 ///< "debian" or "pypi", as given to --torch
+  std::string version;              ///< torch.__version__ ("1.13.1"), empty when unavailable
+  std::vector<std::string> python;  ///< the command that runs the scripts: {"/usr/bin/python3"}
+  bool available() const { return !version.empty(); }
+  /// "pytorch 1.13.1"
+  std::string label() const { return "pytorch " + version; }
+};
+
+/// The peer named `name` ("debian" or "pypi"); its version is empty (and a note printed on stderr
+/// with what to do) when that PyTorch cannot be imported with gloo. `benchmark` starts the note.
+/// Without `probe`, only the command is filled in (no Python is started; the version stays empty).
+TorchPeer find_torch_peer(const std::string& name, const std::string& benchmark, bool probe = true);
+
+/// Registers --torch (a list of debian, pypi; default debian) into `peers`.
+void add_torch_option(CLI::App& app, std::vector<std::string>& peers);
+
 /// Named numbers: what a worker process reports, and what a report line is made of.
 using Values = std::map<std::string, double>;
 

@@ -1,14 +1,19 @@
 #include "shoal/comm/init.h"
 
 #include <cstdlib>
+#include <map>
 #include <sstream>
 #include <thread>
 
 #include "comm/backends.h"
 #include "comm/gloo/process_group_gloo.h"
+#include "comm/multi_device/process_group_multi_device.h"
 #include "comm/peer_directory.h"
 #include "comm/timeouts.h"
 #include "compat/c10d_store.h"
+#if SHOAL_HAVE_NCCL
+#include "compat/nccl_group.h"
+#endif
 #include "shoal/comm/flight_recorder.h"
 #include "shoal/error.h"
 
@@ -121,6 +126,16 @@ RankInfo detect_rank_info(const InitOptions& options) {
 }
 
 bool is_backend_available(const std::string& backend) {
+  if (is_multi_device_spec(backend)) {
+    try {
+      for (const auto& part : parse_multi_device_spec(backend)) {
+        if (!is_backend_available(part.second)) return false;
+      }
+      return true;
+    } catch (const InvalidArgument&) {
+      return false;
+    }
+  }
   if (backend == "gloo" || backend == "shm" || backend == "hierarchical") return true;
   if (backend == "mpi") return SHOAL_HAVE_MPI;
   if (backend == "nccl") return SHOAL_HAVE_NCCL;
@@ -129,7 +144,30 @@ bool is_backend_available(const std::string& backend) {
 
 namespace {
 
+// Whether `auto` should give CUDA tensors to NCCL: built against a CUDA LibTorch and a GPU seen.
+bool cuda_available_for_nccl() {
+#if SHOAL_HAVE_NCCL
+  return compat::cuda_device_count() > 0;
+#else
+  return false;
+#endif
+}
+
 std::shared_ptr<ProcessGroup> create_backend(const std::string& name, const BackendArgs& args) {
+  if (is_multi_device_spec(name)) {
+    // A backend per device type, each meeting in a store prefix of its own ("cpu:shm,cuda:nccl").
+    std::map<c10::DeviceType, std::shared_ptr<ProcessGroup>> children;
+    for (const auto& [type, backend] : parse_multi_device_spec(name)) {
+      SHOAL_CHECK_T(InvalidArgument, !is_multi_device_spec(backend) && backend != "auto", "backend '",
+                    name, "': each device type needs a concrete backend, not '", backend, "'");
+      BackendArgs child = args;
+      if (args.store) {
+        child.store = make_prefix_store(type == c10::DeviceType::CPU ? "cpu" : "cuda", args.store);
+      }
+      children[type] = create_backend(backend, child);
+    }
+    return std::make_shared<ProcessGroupMultiDevice>(std::move(children), args.timeout);
+  }
   if (name == "gloo") return create_gloo_backend(args);
   if (name == "shm") return create_shm_backend(args);
   if (name == "hierarchical") return create_hierarchical_backend(args);
@@ -153,7 +191,8 @@ std::shared_ptr<ProcessGroup> create_backend(const std::string& name, const Back
 #endif
   }
   SHOAL_THROW(InvalidArgument, "unknown backend '", name,
-              "'; choose one of auto, shm, gloo, mpi, nccl, hierarchical");
+              "'; choose one of auto, shm, gloo, mpi, nccl, hierarchical, or one per device type "
+              "(cpu:shm,cuda:nccl)");
 }
 
 // Checks that the ranks that met agree on the job, and that every rank came. Polls rather than
@@ -241,6 +280,9 @@ std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options) {
     } else {
       // Shared memory on one host; across hosts, shared memory inside each and Gloo between them.
       backend = one_host ? "shm" : "hierarchical";
+      // With a GPU, CUDA tensors go to NCCL and CPU tensors still to shm/hierarchical, as
+      // PyTorch 2.x's default group does ("cpu:gloo,cuda:nccl").
+      if (cuda_available_for_nccl()) backend = "cpu:" + backend + ",cuda:nccl";
     }
   }
 

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "comm/host_staging.h"
 #include "shoal/comm/flight_recorder.h"
 #include "shoal/error.h"
 
@@ -138,6 +139,9 @@ void check_tensor(const ProcessGroup& pg, const char* op, const at::Tensor& tens
                 op, ": dtype ", c10::toString(tensor.scalar_type()),
                 " is not supported; use float32, float64, float16, bfloat16, int32, int64, "
                 "uint8 or int8");
+  SHOAL_CHECK_T(InvalidArgument, tensor.device().is_cpu() || tensor.is_cuda(), pg.rank_prefix(), " ",
+                op, ": the ", what, " is on ", tensor.device().str(),
+                "; only CPU and CUDA tensors can be communicated");
   SHOAL_CHECK_T(InvalidArgument, tensor.is_contiguous(), pg.rank_prefix(), " ", op, ": the ",
                 what, " (sizes ", tensor.sizes(), ", strides ", tensor.strides(),
                 ") is not contiguous; call .contiguous() first and copy the result back");
@@ -279,7 +283,9 @@ std::shared_ptr<Work> ProcessGroup::allreduce(at::Tensor& tensor,
   }
   // Nothing to move: every rank has the same (empty) shape in a correct program.
   if (tensor.numel() == 0) return record(ctx, make_completed_work(ctx.label));
-  return recorded(ctx, [&] { return run_allreduce(tensor, options.op, ctx); });
+  HostStaging staging(!takes_cuda_tensors());
+  at::Tensor& t = staging.tensor(tensor, true, true);
+  return recorded(ctx, [&] { return staging.finish(run_allreduce(t, options.op, ctx)); });
 }
 
 std::shared_ptr<Work> ProcessGroup::broadcast(at::Tensor& tensor,
@@ -291,7 +297,9 @@ std::shared_ptr<Work> ProcessGroup::broadcast(at::Tensor& tensor,
   if (auto failed = check_same_collective(ctx)) return record(ctx, failed);
   // Nothing to move: every rank has the same (empty) shape in a correct program.
   if (tensor.numel() == 0) return record(ctx, make_completed_work(ctx.label));
-  return recorded(ctx, [&] { return run_broadcast(tensor, options.root, ctx); });
+  HostStaging staging(!takes_cuda_tensors());
+  at::Tensor& t = staging.tensor(tensor, rank_ == options.root, rank_ != options.root);
+  return recorded(ctx, [&] { return staging.finish(run_broadcast(t, options.root, ctx)); });
 }
 
 std::shared_ptr<Work> ProcessGroup::reduce(at::Tensor& tensor, const ReduceOptions& options) {
@@ -303,7 +311,9 @@ std::shared_ptr<Work> ProcessGroup::reduce(at::Tensor& tensor, const ReduceOptio
   if (auto failed = check_same_collective(ctx)) return record(ctx, failed);
   // Nothing to move: every rank has the same (empty) shape in a correct program.
   if (tensor.numel() == 0) return record(ctx, make_completed_work(ctx.label));
-  return recorded(ctx, [&] { return run_reduce(tensor, options.root, options.op, ctx); });
+  HostStaging staging(!takes_cuda_tensors());
+  at::Tensor& t = staging.tensor(tensor, true, true);
+  return recorded(ctx, [&] { return staging.finish(run_reduce(t, options.root, options.op, ctx)); });
 }
 
 std::shared_ptr<Work> ProcessGroup::allgather(std::vector<at::Tensor>& outputs,
@@ -315,7 +325,10 @@ std::shared_ptr<Work> ProcessGroup::allgather(std::vector<at::Tensor>& outputs,
   if (auto failed = check_same_collective(ctx)) return record(ctx, failed);
   // Nothing to move: every rank has the same (empty) shape in a correct program.
   if (input.numel() == 0) return record(ctx, make_completed_work(ctx.label));
-  return recorded(ctx, [&] { return run_allgather(outputs, input, ctx); });
+  HostStaging staging(!takes_cuda_tensors());
+  const at::Tensor& in = staging.input(input);
+  auto& outs = staging.list(outputs, false, true);
+  return recorded(ctx, [&] { return staging.finish(run_allgather(outs, in, ctx)); });
 }
 
 std::shared_ptr<Work> ProcessGroup::reduce_scatter(at::Tensor& output,
@@ -328,7 +341,10 @@ std::shared_ptr<Work> ProcessGroup::reduce_scatter(at::Tensor& output,
   if (auto failed = check_same_collective(ctx)) return record(ctx, failed);
   // Nothing to move: every rank has the same (empty) shape in a correct program.
   if (output.numel() == 0) return record(ctx, make_completed_work(ctx.label));
-  return recorded(ctx, [&] { return run_reduce_scatter(output, inputs, options.op, ctx); });
+  HostStaging staging(!takes_cuda_tensors());
+  at::Tensor& out = staging.tensor(output, false, true);
+  auto& ins = staging.list(inputs, true, false);
+  return recorded(ctx, [&] { return staging.finish(run_reduce_scatter(out, ins, options.op, ctx)); });
 }
 
 std::shared_ptr<Work> ProcessGroup::gather(std::vector<at::Tensor>& outputs,
@@ -341,7 +357,10 @@ std::shared_ptr<Work> ProcessGroup::gather(std::vector<at::Tensor>& outputs,
   if (auto failed = check_same_collective(ctx)) return record(ctx, failed);
   // Nothing to move: every rank has the same (empty) shape in a correct program.
   if (input.numel() == 0) return record(ctx, make_completed_work(ctx.label));
-  return recorded(ctx, [&] { return run_gather(outputs, input, options.root, ctx); });
+  HostStaging staging(!takes_cuda_tensors());
+  const at::Tensor& in = staging.input(input);
+  auto& outs = staging.list(outputs, false, true);
+  return recorded(ctx, [&] { return staging.finish(run_gather(outs, in, options.root, ctx)); });
 }
 
 std::shared_ptr<Work> ProcessGroup::scatter(at::Tensor& output, std::vector<at::Tensor>& inputs,
@@ -354,7 +373,10 @@ std::shared_ptr<Work> ProcessGroup::scatter(at::Tensor& output, std::vector<at::
   if (auto failed = check_same_collective(ctx)) return record(ctx, failed);
   // Nothing to move: every rank has the same (empty) shape in a correct program.
   if (output.numel() == 0) return record(ctx, make_completed_work(ctx.label));
-  return recorded(ctx, [&] { return run_scatter(output, inputs, options.root, ctx); });
+  HostStaging staging(!takes_cuda_tensors());
+  at::Tensor& out = staging.tensor(output, false, true);
+  auto& ins = staging.list(inputs, true, false);
+  return recorded(ctx, [&] { return staging.finish(run_scatter(out, ins, options.root, ctx)); });
 }
 
 std::shared_ptr<Work> ProcessGroup::send(const at::Tensor& tensor, int dst,
@@ -370,7 +392,9 @@ std::shared_ptr<Work> ProcessGroup::send(const at::Tensor& tensor, int dst,
   ctx.label.tag = options.tag;
   // Nothing to move: every rank has the same (empty) shape in a correct program.
   if (tensor.numel() == 0) return record(ctx, make_completed_work(ctx.label));
-  return recorded(ctx, [&] { return run_send(tensor, dst, options.tag, ctx); });
+  HostStaging staging(!takes_cuda_tensors());
+  const at::Tensor& t = staging.input(tensor);
+  return recorded(ctx, [&] { return staging.finish(run_send(t, dst, options.tag, ctx)); });
 }
 
 std::shared_ptr<Work> ProcessGroup::recv(at::Tensor& tensor, int src,
@@ -384,7 +408,9 @@ std::shared_ptr<Work> ProcessGroup::recv(at::Tensor& tensor, int src,
   ctx.label.tag = options.tag;
   // Nothing to move: every rank has the same (empty) shape in a correct program.
   if (tensor.numel() == 0) return record(ctx, make_completed_work(ctx.label));
-  return recorded(ctx, [&] { return run_recv(tensor, src, options.tag, ctx); });
+  HostStaging staging(!takes_cuda_tensors());
+  at::Tensor& t = staging.tensor(tensor, false, true);
+  return recorded(ctx, [&] { return staging.finish(run_recv(t, src, options.tag, ctx)); });
 }
 
 std::shared_ptr<Work> ProcessGroup::barrier(const BarrierOptions& options) {

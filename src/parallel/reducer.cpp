@@ -202,7 +202,12 @@ void Reducer::prepare_for_backward(const std::vector<at::Tensor>& outputs) {
 }
 
 void Reducer::autograd_hook(size_t index) {
-  if (!(ever_prepared_ ? expect_hooks_ : grad_sync_)) return;
+  if (!(ever_prepared_ ? expect_hooks_ : grad_sync_)) {
+    // A no_sync() backward: on PyTorch 2.x a gradient accumulated here makes the parameter
+    // locally used in the next synchronised step (its .grad is reduced then); 1.13 forgets it.
+    if (no_sync_use_counts_ && params_[index].grad().defined()) locally_used_[index] = 1;
+    return;
+  }
   if (!in_backward_) {
     begin_backward();
   } else if (!callback_queued_) {
@@ -245,7 +250,8 @@ void Reducer::begin_backward() {
   in_backward_ = true;
   backward_start_ = std::chrono::steady_clock::now();
   std::fill(ready_.begin(), ready_.end(), 0);
-  std::fill(locally_used_.begin(), locally_used_.end(), 0);
+  // Cleared after each synchronised reduction; what no_sync() passes used since then stays.
+  if (!no_sync_use_counts_) std::fill(locally_used_.begin(), locally_used_.end(), 0);
   for (auto& bucket : buckets_) {
     bucket.pending = bucket.variables.size();
     bucket.work.reset();

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "compat/autograd_hooks.h"
+#include "compat/ddp_semantics.h"
 #include "shoal/comm/process_group.h"
 #include "shoal/parallel/distributed_data_parallel.h"
 
@@ -124,6 +125,8 @@ class Reducer {
   // earlier no_sync() micro-batches does not count; their accumulated .grad is still reduced when
   // another rank uses the parameter).
   std::vector<char> locally_used_;
+  // As the PyTorch built against (compat/ddp_semantics.h): no_sync() passes mark use too.
+  const bool no_sync_use_counts_ = compat::ddp_no_sync_use_counts();
   std::vector<size_t> unused_;           // from prepare_for_backward (find_unused_parameters)
   bool unused_known_ = false;
   bool static_known_ = false;            // static_graph: the first iteration is over

@@ -6,8 +6,10 @@
 #include <torch/torch.h>
 
 #include <atomic>
+#include <cctype>
 
 #include "collective_checks.h"
+#include "comm/multi_device/process_group_multi_device.h"
 #include "shoal/comm/init.h"
 #include "shoal/error.h"
 #include "testing/multi_rank.h"
@@ -43,7 +45,9 @@ struct Case {
 };
 
 std::string case_name(const ::testing::TestParamInfo<Case>& info) {
-  return info.param.backend + "_w" + std::to_string(info.param.world_size) + "_" +
+  std::string backend = info.param.backend;  // "cpu:shm" -> "cpu_shm": test names are identifiers
+  for (char& c : backend) c = std::isalnum(static_cast<unsigned char>(c)) ? c : '_';
+  return backend + "_w" + std::to_string(info.param.world_size) + "_" +
          all_checks()[info.param.check].name;
 }
 
@@ -61,7 +65,9 @@ TEST_P(Collectives, OnThreads) {
 
 std::vector<Case> cases() {
   std::vector<Case> out;
-  for (const std::string backend : {"gloo", "shm", "hierarchical"}) {
+  // "cpu:shm": the multi-device group (PyTorch 2.x's "cpu:gloo,cuda:nccl") passing CPU tensors
+  // through to its CPU backend, with the collective check done once, by the outer group.
+  for (const std::string backend : {"gloo", "shm", "hierarchical", "cpu:shm"}) {
     for (int w = 1; w <= 4; ++w) {
       for (size_t check = 0; check < all_checks().size(); ++check) {
         out.push_back({backend, w, check});
@@ -72,6 +78,78 @@ std::vector<Case> cases() {
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, Collectives, ::testing::ValuesIn(cases()), case_name);
+
+// A backend per device type: CPU tensors go to the CPU backend only (its operation count moves,
+// the CUDA backend's does not), the collective check still catches a mismatch (run by the outer
+// group, once), sub-groups are multi-device too, and a bad spec is refused naming what is wrong.
+TEST(MultiDevice, CpuTensorsGoToTheCpuBackendAndTheCheckStillHolds) {
+  torch::set_num_threads(1);
+  auto store = make_hash_store(Milliseconds(30'000));
+  shoal::testing::run_threads(2, [&](int rank) {
+    // gloo stands in for nccl as the CUDA backend: no GPU here, and only CPU tensors are used.
+    auto pg = new_process_group("cpu:shm,cuda:gloo", store, rank, 2, Milliseconds(10'000));
+    EXPECT_EQ(pg->backend_name(), "cpu:shm,cuda:gloo");
+    auto* multi = dynamic_cast<ProcessGroupMultiDevice*>(pg.get());
+    ASSERT_NE(multi, nullptr);
+    ProcessGroup* cpu = multi->backend_for(c10::DeviceType::CPU);
+    ProcessGroup* cuda = multi->backend_for(c10::DeviceType::CUDA);
+    ASSERT_NE(cpu, nullptr);
+    ASSERT_NE(cuda, nullptr);
+    EXPECT_EQ(cpu->backend_name(), "shm");
+    EXPECT_EQ(cuda->backend_name(), "gloo");
+    EXPECT_EQ(multi->backend_for(c10::DeviceType::Meta), nullptr);
+    EXPECT_TRUE(pg->check_collectives());
+    EXPECT_FALSE(cpu->check_collectives());
+    const uint64_t cuda_before = cuda->sequence_number();
+
+    auto t = torch::full({5}, static_cast<float>(rank + 1));
+    pg->allreduce(t)->wait();
+    EXPECT_TRUE(torch::equal(t, torch::full({5}, 3.0f)));
+    auto b = torch::full({3}, static_cast<double>(rank));
+    pg->broadcast(b, {1})->wait();
+    EXPECT_TRUE(torch::equal(b, torch::ones({3}, torch::kDouble)));
+    pg->barrier()->wait();
+    EXPECT_EQ(cuda->sequence_number(), cuda_before);
+    EXPECT_GE(cpu->sequence_number(), 3u);
+
+    // A mismatch (different element counts) is a clear error on both ranks, not a hang.
+    auto wrong = torch::zeros({rank == 0 ? 4 : 6});
+    try {
+      pg->allreduce(wrong)->wait();
+      ADD_FAILURE() << "mismatched allreduce did not fail on rank " << rank;
+    } catch (const shoal::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("allreduce"), std::string::npos) << e.what();
+    }
+
+    auto sub = pg->new_group({0, 1});
+    ASSERT_NE(sub, nullptr);
+    EXPECT_EQ(sub->backend_name(), "cpu:shm,cuda:gloo");
+    auto s = torch::full({2}, 1.0f);
+    sub->allreduce(s)->wait();
+    EXPECT_TRUE(torch::equal(s, torch::full({2}, 2.0f)));
+  });
+}
+
+TEST(MultiDevice, BadSpecsAreRefusedNamingTheProblem) {
+  auto store = make_hash_store(Milliseconds(5'000));
+  auto expect_refused = [&](const std::string& spec, const std::string& words) {
+    try {
+      new_process_group(spec, store, 0, 1, Milliseconds(5'000));
+      ADD_FAILURE() << spec << " was accepted";
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << spec << ": " << e.what();
+    }
+  };
+  expect_refused("cuda:gloo", "has no cpu part");
+  expect_refused("cpu:shm,xpu:gloo", "device type 'xpu' is not known");
+  expect_refused("cpu:shm,cpu:gloo", "twice");
+  expect_refused("cpu:", "is not DEVICE:BACKEND");
+  expect_refused("cpu:auto", "concrete backend");
+  expect_refused("cpu:tcp", "unknown backend 'tcp'");
+  EXPECT_TRUE(is_backend_available("cpu:shm,cuda:gloo"));
+  EXPECT_FALSE(is_backend_available("cpu:shm,xpu:gloo"));
+  EXPECT_EQ(is_backend_available("cpu:gloo,cuda:nccl"), is_backend_available("nccl"));
+}
 
 // Ranks as forked processes meeting through a file store: every check, every element count.
 class CollectivesAcrossProcesses : public ::testing::TestWithParam<int> {};
@@ -115,7 +193,9 @@ TEST(ProcessGroupArguments, NonContiguousIsRefusedClearly) {
 // has: name, sequence number, size, dtype and the operation's own details.
 TEST(OpLabels, WorkDescribesItsOperation) {
   auto store = make_hash_store(Milliseconds(30'000));
-  for (const std::string backend : {"gloo", "shm", "hierarchical"}) {
+  // "cpu:shm": the multi-device group (PyTorch 2.x's "cpu:gloo,cuda:nccl") passing CPU tensors
+  // through to its CPU backend, with the collective check done once, by the outer group.
+  for (const std::string backend : {"gloo", "shm", "hierarchical", "cpu:shm"}) {
     SCOPED_TRACE(backend);
     shoal::testing::run_threads(2, [&](int rank) {
       auto pg = new_process_group(backend, make_prefix_store(backend, store), rank, 2,

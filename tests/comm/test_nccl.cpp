@@ -50,11 +50,15 @@ TEST(Nccl, WithoutGpuOrNcclTheErrorSaysWhatToUse) {
 
 // Every rank r contributes (r + 1) * [1, 2, ..., n]: sums, averages, gathers and blocks of the
 // reduce-scatter are known exactly (small integers in float32).
-void check_collectives(int rank, int world, const std::string& store_path) {
+// `backend`: nccl; shm or gloo (CUDA tensors staged through pinned host memory, so several ranks
+// may share one GPU); cpu:shm,cuda:nccl (the multi-device group `auto` builds with a GPU).
+void check_collectives(int rank, int world, const std::string& store_path,
+                       const std::string& backend = "nccl") {
   auto store = shoal::comm::make_file_store(store_path, world, Milliseconds(60'000));
-  auto pg = shoal::comm::new_process_group("nccl", store, rank, world, Milliseconds(60'000));
-  SHOAL_CHECK(pg->backend_name() == "nccl", "backend is ", pg->backend_name());
-  const auto cuda = torch::TensorOptions().dtype(torch::kFloat).device(torch::kCUDA, rank);
+  auto pg = shoal::comm::new_process_group(backend, store, rank, world, Milliseconds(60'000));
+  SHOAL_CHECK(pg->backend_name() == backend, "backend is ", pg->backend_name());
+  const auto cuda =
+      torch::TensorOptions().dtype(torch::kFloat).device(torch::kCUDA, rank % kGpus);
   const int64_t n = 1000 * world;
   const auto base = torch::arange(1, n + 1, cuda);
   const double tri = world * (world + 1) / 2.0;  // sum of (r + 1)
@@ -92,6 +96,12 @@ void check_collectives(int rank, int world, const std::string& store_path) {
   pg->barrier()->wait();
 
   auto on_cpu = torch::ones({4});
+  if (backend != "nccl") {  // host backends and the multi-device group take CPU tensors as well
+    pg->allreduce(on_cpu)->wait();
+    SHOAL_CHECK(torch::equal(on_cpu, torch::full({4}, static_cast<float>(world))), "rank ", rank,
+                ": CPU allreduce on ", backend);
+    return;
+  }
   try {
     pg->allreduce(on_cpu);
     SHOAL_THROW(shoal::Error, "rank ", rank, ": a CPU tensor was accepted");
@@ -105,6 +115,35 @@ TEST(Nccl, CollectivesOnOneGpuPerProcess) {
   const int world = std::min(kGpus, 4);
   auto results = shoal::testing::run_processes(
       world, [&](int rank, const std::string& path) { check_collectives(rank, world, path); },
+      Milliseconds(180'000));
+  for (const auto& r : results) {
+    EXPECT_TRUE(r.ok()) << "rank " << r.rank << " exit " << r.exit_code << ": " << r.error;
+  }
+}
+
+// shm and gloo on CUDA tensors: staged through pinned host memory, results back on the device.
+TEST(Nccl, HostBackendsStageCudaTensors) {
+  if (kGpus == 0) GTEST_SKIP() << "no GPU";
+  for (const std::string backend : {"shm", "gloo"}) {
+    auto results = shoal::testing::run_processes(
+        2, [&](int rank, const std::string& path) { check_collectives(rank, 2, path, backend); },
+        Milliseconds(180'000));
+    for (const auto& r : results) {
+      EXPECT_TRUE(r.ok()) << backend << " rank " << r.rank << " exit " << r.exit_code << ": "
+                          << r.error;
+    }
+  }
+}
+
+// The group `--backend auto` builds with a GPU: CUDA tensors to NCCL, CPU tensors to shm.
+TEST(Nccl, MultiDeviceGroupSendsEachTensorToItsBackend) {
+  if (kGpus == 0) GTEST_SKIP() << "no GPU";
+  const int world = std::min(kGpus, 4);
+  auto results = shoal::testing::run_processes(
+      world,
+      [&](int rank, const std::string& path) {
+        check_collectives(rank, world, path, "cpu:shm,cuda:nccl");
+      },
       Milliseconds(180'000));
   for (const auto& r : results) {
     EXPECT_TRUE(r.ok()) << "rank " << r.rank << " exit " << r.exit_code << ": " << r.error;

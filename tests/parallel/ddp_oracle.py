@@ -363,9 +363,10 @@ def unused_accumulation(rank, view, set_to_none=False):
     opt.zero_grad(set_to_none=set_to_none)
     with ddp.no_sync():
         loss(0, True, True).backward()
-    # b unused on rank 0 but used on rank 1: rank 0's accumulated .grad is reduced; c unused on
-    # every rank: its .grad is left alone (the replicas then differ, as in PyTorch), except as a
-    # bucket view, which is reduced.
+    # b unused on rank 0 but used on rank 1: rank 0's accumulated .grad is reduced. c is used only
+    # in the no_sync() pass: PyTorch 1.13 leaves its .grad alone on every rank (the replicas then
+    # differ), except as a bucket view, which is reduced; PyTorch 2.x counts the no_sync() use and
+    # reduces it (the replicas stay equal). Shoal does what the PyTorch it is built against does.
     loss(1, rank == 1, False).backward()
     opt.step()
     opt.zero_grad(set_to_none=set_to_none)

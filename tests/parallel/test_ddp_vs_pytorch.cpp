@@ -1,10 +1,13 @@
-// Shoal's DistributedDataParallel against PyTorch's own (Debian's python3-torch, gloo, 2 processes):
+// Shoal's DistributedDataParallel against PyTorch's own (gloo, 2 processes) — on each LibTorch leg
+// its own PyTorch: Debian's python3-torch 1.13 on the 1.13 leg, PyTorch 2.x from the same PyPI
+// wheel on the 2.x leg (SHOAL_ORACLE_PYTHON, set by CMake there), where the two differ
+// (compat/ddp_semantics.h):
 // the same model, initial weights and data order give the same parameters after 50 SGD steps; and
 // the less common paths (join with uneven inputs, find_unused_parameters with gradient
 // accumulation, SyncBatchNorm with a large mean, uneven evaluation, tied weights, an exception in
 // backward) give the same parameters, gradients and buffers on every rank as PyTorch
 // (ddp_oracle.py cases, one launch for all of them), with the ranks' replicas equal.
-// Exits 77 (skipped) when /usr/bin/python3 has no torch with gloo.
+// Exits 77 (skipped) when the oracle's Python has no torch with gloo.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -24,6 +27,14 @@ namespace shoal::parallel {
 namespace {
 
 constexpr int kWorld = 2;
+
+// The command that runs the oracle: SHOAL_ORACLE_PYTHON ("env PYTHONPATH=... python3" on the 2.x
+// leg), else Debian's Python with python3-torch.
+std::string oracle_python() {
+  const char* given = std::getenv("SHOAL_ORACLE_PYTHON");
+  return given && *given ? given : "/usr/bin/python3";
+}
+
 constexpr int kSteps = 50;
 constexpr int64_t kBatchPerRank = 4;
 
@@ -89,7 +100,7 @@ void compare_with_pytorch(const std::string& model_name) {
 
   const char* source = std::getenv("SHOAL_SOURCE_DIR");
   const std::string script = std::string(source ? source : "..") + "/tests/parallel/ddp_oracle.py";
-  const std::string command = "timeout 120 /usr/bin/python3 " + script + " " + model_name + " " +
+  const std::string command = "timeout 180 " + oracle_python() + " " + script + " " + model_name + " " +
                               init + " " + data + " " + torch_out + " " + std::to_string(kSteps) +
                               " " + std::to_string(kBatchPerRank) + " " + std::to_string(kWorld);
   ASSERT_EQ(std::system(command.c_str()), 0) << command;
@@ -143,9 +154,10 @@ void compare_with_pytorch(const std::string& model_name) {
 class VsPyTorch : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    if (std::system("/usr/bin/python3 -c 'import torch.distributed as d, numpy; "
-                    "assert d.is_gloo_available()' >/dev/null 2>&1") != 0) {
-      shoal::testing::skip_program("/usr/bin/python3 has no torch with gloo (python3-torch)");
+    if (std::system((oracle_python() + " -c 'import torch.distributed as d, numpy; "
+                                        "assert d.is_gloo_available()' >/dev/null 2>&1")
+                        .c_str()) != 0) {
+      shoal::testing::skip_program(oracle_python() + " has no torch with gloo and numpy");
     }
   }
 };
@@ -631,7 +643,7 @@ class Cases : public VsPyTorch {
     std::string names;
     for (const char* c : kCases) names += (names.empty() ? "" : ",") + std::string(c);
     const char* source = std::getenv("SHOAL_SOURCE_DIR");
-    const std::string command = "timeout 180 /usr/bin/python3 " +
+    const std::string command = "timeout 300 " + oracle_python() + " " +
                                 std::string(source ? source : "..") +
                                 "/tests/parallel/ddp_oracle.py cases " + dir_ + " " + names;
     oracle_status_ = std::system(command.c_str());

@@ -18,8 +18,11 @@
 namespace shoal::comm {
 
 struct InitOptions {
-  /// "auto" (shm on one host, hierarchical across hosts, nccl for CUDA), "gloo", "shm", "mpi",
-  /// "nccl", "hierarchical". The SHOAL_BACKEND environment variable overrides "auto".
+  /// "auto" (shm on one host, hierarchical across hosts; with a GPU and NCCL built in,
+  /// "cpu:shm,cuda:nccl": CUDA tensors to NCCL), "gloo", "shm", "mpi",
+  /// "nccl", "hierarchical", or a backend per device type as in PyTorch 2.x: "cpu:gloo,cuda:nccl"
+  /// (CPU tensors to the first, CUDA tensors to the second). The SHOAL_BACKEND environment
+  /// variable overrides "auto".
   std::string backend = "auto";
   /// "env://" (default), "tcp://host:port", "file:///path/to/file".
   std::string init_method = "env://";

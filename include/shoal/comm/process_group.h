@@ -144,6 +144,12 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   /// Whether `tensor` lies in memory from this group's empty_symmetric().
   virtual bool is_symmetric(const at::Tensor& tensor) const { return false; }
 
+  /// Whether the backend works on CUDA tensors itself (nccl, or a multi-device group with a CUDA
+  /// backend). The others work on host memory: their public methods copy CUDA tensors into pinned
+  /// host memory and the results back once the operation completes (as PyTorch's gloo does), so
+  /// every backend takes CUDA tensors; NCCL avoids the copies.
+  virtual bool takes_cuda_tensors() const { return false; }
+
   /// A group over `ranks` (ranks of this group, ascending). Every rank of this group must call it
   /// with the same list, in the same order as other collectives; ranks not in the list get null.
   std::shared_ptr<ProcessGroup> new_group(const std::vector<int>& ranks);

@@ -32,6 +32,7 @@ class ProcessGroupNccl : public ProcessGroup {
 
   std::string backend_name() const override { return "nccl"; }
   int device() const { return device_; }
+  bool takes_cuda_tensors() const override { return true; }
 
  protected:
   std::shared_ptr<Work> run_allreduce(at::Tensor& tensor, ReduceOp op,
