@@ -193,9 +193,7 @@ TEST(ProcessGroupArguments, NonContiguousIsRefusedClearly) {
 // has: name, sequence number, size, dtype and the operation's own details.
 TEST(OpLabels, WorkDescribesItsOperation) {
   auto store = make_hash_store(Milliseconds(30'000));
-  // "cpu:shm": the multi-device group (PyTorch 2.x's "cpu:gloo,cuda:nccl") passing CPU tensors
-  // through to its CPU backend, with the collective check done once, by the outer group.
-  for (const std::string backend : {"gloo", "shm", "hierarchical", "cpu:shm"}) {
+  for (const std::string backend : {"gloo", "shm", "hierarchical"}) {
     SCOPED_TRACE(backend);
     shoal::testing::run_threads(2, [&](int rank) {
       auto pg = new_process_group(backend, make_prefix_store(backend, store), rank, 2,
