@@ -267,12 +267,16 @@ TEST(PipelineMemory, RecomputeAnd1F1BHoldLessThanGPipe) {
 
 // ---- K x R grid: pipelines of 2 stages, 2 data-parallel replicas ----------------------------------
 
-TEST(PipelineGrid, TwoStagesTimesTwoReplicasTrainLikeOneProcess) {
+class PipelineGrid : public ::testing::TestWithParam<uint64_t> {};
+
+// Two seeds: seed 0 once left the grid 9e-4 away from the reference (an older tree; 21 seeds
+// pass at 1e-5 now), so it stays checked beside the original seed.
+TEST_P(PipelineGrid, TwoStagesTimesTwoReplicasTrainLikeOneProcess) {
   torch::set_num_threads(1);
   constexpr int kStages = 2;
   constexpr int kReplicas = 2;
   constexpr int kWorld = kStages * kReplicas;
-  const uint64_t seed = 21;
+  const uint64_t seed = GetParam();
   const Reference ref = train_reference(seed);
   std::vector<torch::nn::Sequential> models;
   for (int r = 0; r < kWorld; ++r) {
@@ -326,6 +330,8 @@ TEST(PipelineGrid, TwoStagesTimesTwoReplicasTrainLikeOneProcess) {
     EXPECT_NEAR(mean, ref.losses[step], 1e-5 * std::abs(ref.losses[step])) << step;
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Seeds, PipelineGrid, ::testing::Values(uint64_t{0}, uint64_t{21}));
 
 // ---- failures -------------------------------------------------------------------------------------
 
