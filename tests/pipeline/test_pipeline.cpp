@@ -267,11 +267,11 @@ TEST(PipelineMemory, RecomputeAnd1F1BHoldLessThanGPipe) {
 
 // ---- K x R grid: pipelines of 2 stages, 2 data-parallel replicas ----------------------------------
 
-class PipelineGrid : public ::testing::TestWithParam<uint64_t> {};
+class GridEquivalence : public ::testing::TestWithParam<uint64_t> {};
 
 // Two seeds: seed 0 once left the grid 9e-4 away from the reference (an older tree; 21 seeds
 // pass at 1e-5 now), so it stays checked beside the original seed.
-TEST_P(PipelineGrid, TwoStagesTimesTwoReplicasTrainLikeOneProcess) {
+TEST_P(GridEquivalence, TwoStagesTimesTwoReplicasTrainLikeOneProcess) {
   torch::set_num_threads(1);
   constexpr int kStages = 2;
   constexpr int kReplicas = 2;
@@ -331,7 +331,7 @@ TEST_P(PipelineGrid, TwoStagesTimesTwoReplicasTrainLikeOneProcess) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Seeds, PipelineGrid, ::testing::Values(uint64_t{0}, uint64_t{21}));
+INSTANTIATE_TEST_SUITE_P(Seeds, GridEquivalence, ::testing::Values(uint64_t{0}, uint64_t{21}));
 
 // ---- failures -------------------------------------------------------------------------------------
 
