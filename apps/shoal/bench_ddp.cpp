@@ -33,6 +33,7 @@
 #include "shoal/models/registry.h"
 #include "shoal/comm/init.h"
 #include "shoal/error.h"
+#include "shoal/log.h"
 #include "shoal/launcher/launch.h"
 #include "shoal/memory/cpu_allocator.h"
 #include "shoal/parallel/distributed_data_parallel.h"
@@ -324,7 +325,7 @@ int run_bench(const BenchArgs& args) {
   const bool have_torch =
       std::system("/usr/bin/python3 -c 'import torch.distributed as d; assert d.is_gloo_available()'"
                   " >/dev/null 2>&1") == 0;
-  if (!have_torch) std::fprintf(stderr, "bench ddp: /usr/bin/python3 has no torch; pytorch_ddp skipped\n");
+  if (!have_torch) log::warn("bench ddp: /usr/bin/python3 has no torch; pytorch_ddp skipped");
 
   std::vector<Mode> modes{{"single", ""}, {"independent", ""}};
   for (const auto& backend : args.backends) {
