@@ -52,7 +52,7 @@ if(NOT SHOAL_TORCH_LIBDIR IN_LIST CMAKE_CXX_IMPLICIT_LINK_DIRECTORIES)
     string(APPEND SHOAL_PC_LIBS " -Wl,-rpath-link,${dir}")
   endforeach()
 endif()
-set(SHOAL_PC_LIBS_PRIVATE "-lrt")
+set(SHOAL_PC_LIBS_PRIVATE "-lspdlog -lfmt -lrt")
 if(SHOAL_HAVE_MPI)
   foreach(library ${MPI_C_LIBRARIES})
     string(APPEND SHOAL_PC_LIBS_PRIVATE " ${library}")
@@ -68,7 +68,7 @@ install(FILES ${PROJECT_BINARY_DIR}/shoal.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}
 # ---- Debian package (make deb) -------------------------------------------------------------------
 # One package with the libraries, headers, CMake and pkg-config files and the CLI. Its Depends are
 # the Debian packages a user's build against it needs (LibTorch's headers and CMake files, MPI's,
-# zlib's), plus what dpkg-shlibdeps finds for the binaries.
+# zlib's, spdlog's for libshoal.a), plus what dpkg-shlibdeps finds for the binaries.
 set(CPACK_GENERATOR DEB)
 set(CPACK_PACKAGE_NAME shoal)
 set(CPACK_PACKAGE_VENDOR "Shoal developers")
@@ -78,7 +78,7 @@ set(CPACK_PACKAGE_VERSION ${PROJECT_VERSION})
 set(CPACK_PACKAGING_INSTALL_PREFIX /usr)
 set(CPACK_DEBIAN_FILE_NAME DEB-DEFAULT)
 set(CPACK_DEBIAN_PACKAGE_SECTION libdevel)
-set(SHOAL_DEB_DEPENDS "libtorch-dev (>= 1.13), zlib1g-dev, cmake (>= 3.18) | pkg-config")
+set(SHOAL_DEB_DEPENDS "libtorch-dev (>= 1.13), zlib1g-dev, libspdlog-dev (>= 1:1.10), cmake (>= 3.18) | pkg-config")
 if(SHOAL_HAVE_MPI)
   string(APPEND SHOAL_DEB_DEPENDS ", libopenmpi-dev")
 endif()

@@ -13,6 +13,9 @@ PACKAGES=(
   zlib1g-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libcli11-dev
+  libspdlog-dev           # diagnostics with levels (SHOAL_LOG_LEVEL); brings libfmt-dev
+  nlohmann-json3-dev      # metrics and benchmark JSON
+  librsvg2-dev libcairo2-dev  # `shoal plot -o run.png` (optional: SHOAL_WITH_PNG)
   dataset-fashion-mnist   # real Fashion-MNIST, gzipped IDX files
   python3-torch           # PyTorch 1.13: numerical oracle and performance peer
   procps                  # ps/pgrep used by process tests

@@ -33,6 +33,7 @@
 #include "shoal/models/registry.h"
 #include "shoal/comm/init.h"
 #include "shoal/error.h"
+#include "shoal/log.h"
 #include "shoal/launcher/launch.h"
 #include "shoal/memory/cpu_allocator.h"
 #include "shoal/parallel/distributed_data_parallel.h"

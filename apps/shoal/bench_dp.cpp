@@ -32,6 +32,7 @@
 #include "shoal/comm/init.h"
 #include "shoal/comm/store.h"
 #include "shoal/error.h"
+#include "shoal/log.h"
 #include "shoal/launcher/launch.h"
 #include "shoal/memory/cpu_allocator.h"
 #include "shoal/models/registry.h"
@@ -204,7 +205,7 @@ int run_bench(const DpBenchArgs& args) {
   SHOAL_CHECK(std::system(("mkdir -p " + dir).c_str()) == 0, "bench dp: cannot create ", dir);
   const bool have_torch =
       std::system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") == 0;
-  if (!have_torch) std::fprintf(stderr, "bench dp: /usr/bin/python3 has no torch; PyTorch modes skipped\n");
+  if (!have_torch) log::warn("bench dp: /usr/bin/python3 has no torch; PyTorch modes skipped");
   std::vector<Mode> modes{{"single"}, {"independent"}, {"shoal_dp"}, {"shoal_ddp"}};
   if (have_torch) {
     for (const char* name : {"pytorch_dp_module", "pytorch_dp", "pytorch_ddp"}) modes.push_back({name});

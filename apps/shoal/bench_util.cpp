@@ -17,8 +17,11 @@
 #include <sstream>
 #include <thread>
 
+#include <nlohmann/json.hpp>
+
 #include "launcher/exit_status.h"
 #include "shoal/error.h"
+#include "shoal/log.h"
 
 #ifndef SHOAL_SOURCE_DIR
 #define SHOAL_SOURCE_DIR "."
@@ -47,8 +50,7 @@ constexpr std::chrono::milliseconds kPollInterval{20};
     try {
       code = child.function();
     } catch (const std::exception& e) {
-      std::fprintf(stderr, "%s: %s%s%s\n", benchmark.c_str(), child.label.c_str(),
-                   child.label.empty() ? "" : ": ", e.what());
+      log::error(benchmark, ": ", child.label, child.label.empty() ? "" : ": ", e.what());
     }
     std::fflush(nullptr);
     ::_exit(code);
@@ -60,7 +62,7 @@ constexpr std::chrono::milliseconds kPollInterval{20};
   for (const auto& word : child.argv) argv.push_back(const_cast<char*>(word.c_str()));
   argv.push_back(nullptr);
   ::execvp(argv[0], argv.data());
-  std::fprintf(stderr, "%s: cannot run %s: %s\n", benchmark.c_str(), argv[0], std::strerror(errno));
+  log::error(benchmark, ": cannot run ", argv[0], ": ", std::strerror(errno));
   ::_exit(127);
 }
 
@@ -165,10 +167,10 @@ TorchPeer find_torch_peer(const std::string& name, const std::string& benchmark,
       command + "-c 'import torch, torch.distributed as d; assert d.is_gloo_available(); "
                 "print(torch.__version__.split(\"+\")[0])' 2>/dev/null");
   if (!peer.available()) {
-    std::fprintf(stderr, "%s: the %s PyTorch cannot be imported (%s); its modes are skipped%s\n",
-                 benchmark.c_str(), name.c_str(), command.c_str(),
-                 name == "pypi" ? " (install it with scripts/setup_torch_pypi.sh)"
-                                : " (install python3-torch)");
+    log::warn(benchmark, ": the ", name, " PyTorch cannot be imported (", command,
+              "); its modes are skipped",
+              name == "pypi" ? " (install it with scripts/setup_torch_pypi.sh)"
+                             : " (install python3-torch)");
   }
   return peer;
 }
@@ -217,17 +219,13 @@ Values read_values(const std::string& path) {
 
 Values read_json_numbers(const std::string& path) {
   std::ifstream in(path);
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   Values values;
-  size_t at = 0;
-  while ((at = text.find('"', at)) != std::string::npos) {
-    const size_t end = text.find('"', at + 1);
-    if (end == std::string::npos) break;
-    const std::string key = text.substr(at + 1, end - at - 1);
-    const size_t colon = text.find(':', end);
-    if (colon == std::string::npos) break;
-    values[key] = std::strtod(text.c_str() + colon + 1, nullptr);
-    at = text.find_first_of(",}", colon);
+  if (!in.good()) return values;
+  // A peer that died mid-write leaves a partial object: no values, as for a missing file.
+  const nlohmann::json object = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (!object.is_object()) return values;
+  for (const auto& [key, value] : object.items()) {
+    if (value.is_number()) values[key] = value.get<double>();
   }
   return values;
 }

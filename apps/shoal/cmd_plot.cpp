@@ -1,10 +1,12 @@
 // `shoal plot`: the metrics of one or more runs (`shoal train --metrics FILE`, JSON lines) as one
-// SVG picture a browser shows: loss, test accuracy and samples/s, each against optimizer steps and
-// against time, the runs overlaid in different colours.
+// SVG picture a browser shows (or, with -o FILE.png, the same picture as PNG: plot_png.h): loss,
+// test accuracy and samples/s, each against optimizer steps and against time, the runs overlaid
+// in different colours.
 //
 // Every series is an SVG <polyline class="series"> with data-run, data-metric and data-x
 // attributes, so that tools (and the tests) can find what was drawn.
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -14,7 +16,10 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "commands.h"
+#include "plot_png.h"
 #include "shoal/error.h"
 
 namespace shoal::cli {
@@ -29,81 +34,34 @@ struct Record {
   std::map<std::string, std::string> strings;
 };
 
-/// Parses one flat JSON object of strings, numbers, booleans and nulls (what MetricsWriter
-/// writes). Throws InvalidArgument naming `where` on anything else.
-class LineParser {
- public:
-  LineParser(const std::string& text, std::string where) : text_(text), where_(std::move(where)) {}
-
-  Record parse() {
-    Record record;
-    skip_space();
-    expect('{');
-    skip_space();
-    if (peek() == '}') {
-      ++pos_;
-      return record;
-    }
-    while (true) {
-      skip_space();
-      const std::string key = parse_string();
-      skip_space();
-      expect(':');
-      skip_space();
-      const char c = peek();
-      if (c == '"') {
-        record.strings[key] = parse_string();
-      } else if (c == 't' || c == 'f' || c == 'n') {
-        const std::string word = text_.substr(pos_, c == 'f' ? 5 : 4);
-        if (word != "true" && word != "false" && word != "null") fail("a value");
-        pos_ += word.size();
-        if (word == "null") record.numbers[key] = NAN;  // MetricsWriter writes NaN as null
-      } else {
-        const char* begin = text_.c_str() + pos_;
-        char* end = nullptr;
-        const double value = std::strtod(begin, &end);
-        if (end == begin) fail("a number");
-        pos_ += static_cast<size_t>(end - begin);
-        record.numbers[key] = value;
-      }
-      skip_space();
-      if (peek() == ',') {
-        ++pos_;
-        continue;
-      }
-      expect('}');
-      return record;
+/// One metrics line (a flat JSON object, as MetricsWriter writes it) as a Record: its strings
+/// and numbers; null is NaN (MetricsWriter writes NaN as null), booleans and nested values are
+/// left out. Throws InvalidArgument naming `where` when the line is not a JSON object.
+Record parse_record(const std::string& line, const std::string& where) {
+  nlohmann::json object;
+  try {
+    object = nlohmann::json::parse(line);
+  } catch (const nlohmann::json::parse_error& e) {
+    // e.what() is "[json.exception.parse_error.101] parse error at line 1, column 7: ...".
+    const std::string what = e.what();
+    const size_t at = what.find("] ");
+    SHOAL_THROW(InvalidArgument, where, ": not a metrics line (",
+                at == std::string::npos ? what : what.substr(at + 2), ")");
+  }
+  SHOAL_CHECK_T(InvalidArgument, object.is_object(), where,
+                ": not a metrics line (expected a JSON object, found ", object.type_name(), ")");
+  Record record;
+  for (const auto& [key, value] : object.items()) {
+    if (value.is_string()) {
+      record.strings[key] = value.get<std::string>();
+    } else if (value.is_number()) {
+      record.numbers[key] = value.get<double>();
+    } else if (value.is_null()) {
+      record.numbers[key] = NAN;
     }
   }
-
- private:
-  char peek() const { return pos_ < text_.size() ? text_[pos_] : '\0'; }
-  void skip_space() {
-    while (pos_ < text_.size() && std::isspace(static_cast<unsigned char>(text_[pos_]))) ++pos_;
-  }
-  [[noreturn]] void fail(const char* wanted) const {
-    SHOAL_THROW(InvalidArgument, where_, ": not a metrics line (expected ", wanted,
-                " at column ", pos_ + 1, ")");
-  }
-  void expect(char c) {
-    if (peek() != c) fail(std::string(1, c).c_str());
-    ++pos_;
-  }
-  std::string parse_string() {
-    expect('"');
-    std::string out;
-    while (pos_ < text_.size() && text_[pos_] != '"') {
-      if (text_[pos_] == '\\' && pos_ + 1 < text_.size()) ++pos_;
-      out += text_[pos_++];
-    }
-    expect('"');
-    return out;
-  }
-
-  const std::string& text_;
-  std::string where_;
-  size_t pos_ = 0;
-};
+  return record;
+}
 
 std::vector<Record> read_metrics(const std::string& path) {
   std::ifstream in(path);
@@ -116,7 +74,7 @@ std::vector<Record> read_metrics(const std::string& path) {
     SHOAL_CHECK_T(InvalidArgument, line.size() <= kMaxLineBytes, path, ":", number,
                   ": line longer than 1 MiB");
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    records.push_back(LineParser(line, path + ":" + std::to_string(number)).parse());
+    records.push_back(parse_record(line, path + ":" + std::to_string(number)));
     SHOAL_CHECK_T(InvalidArgument, records.size() <= kMaxRecords, path, ": more than ",
                   kMaxRecords, " lines");
   }
@@ -179,11 +137,15 @@ std::pair<double, double> range_of(const std::vector<double>& values) {
   return {lo, hi};
 }
 
+constexpr double kPanelW = 520, kPanelH = 240, kMarginL = 70, kMarginT = 60, kGapX = 90,
+                 kGapY = 70;
+/// The picture's size in pixels (1230 x 970).
+constexpr int kWidth = static_cast<int>(kMarginL + 2 * kPanelW + kGapX + 30);
+constexpr int kHeight = static_cast<int>(kMarginT + 3 * kPanelH + 2 * kGapY + 50);
+
 std::string render_svg(const std::vector<Series>& series, const std::vector<std::string>& runs) {
-  constexpr double kPanelW = 520, kPanelH = 240, kMarginL = 70, kMarginT = 60, kGapX = 90,
-                   kGapY = 70;
-  const double width = kMarginL + 2 * kPanelW + kGapX + 30;
-  const double height = kMarginT + 3 * kPanelH + 2 * kGapY + 50;
+  const double width = kWidth;
+  const double height = kHeight;
   std::ostringstream svg;
   svg << "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
       << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << width << "\" height=\"" << height
@@ -270,6 +232,14 @@ std::string render_svg(const std::vector<Series>& series, const std::vector<std:
   return svg.str();
 }
 
+/// Whether `path` asks for PNG: it ends in ".png" (any case); anything else is written as SVG.
+bool is_png(const std::string& path) {
+  if (path.size() < 4) return false;
+  std::string ending = path.substr(path.size() - 4);
+  for (char& c : ending) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return ending == ".png";
+}
+
 struct PlotArgs {
   std::vector<std::string> files;
   std::vector<std::string> names;
@@ -282,14 +252,17 @@ void add_plot_command(CLI::App& root, std::vector<Command>& commands) {
   auto args = std::make_shared<PlotArgs>();
   auto* app = root.add_subcommand(
       "plot",
-      "Draw the metrics of one or more runs (shoal train --metrics FILE) as an SVG picture:\n"
-      "loss, test accuracy and samples/s against optimizer steps and against time, the runs\n"
-      "overlaid for comparison. Open the SVG in a browser.");
+      "Draw the metrics of one or more runs (shoal train --metrics FILE) as an SVG or PNG\n"
+      "picture: loss, test accuracy and samples/s against optimizer steps and against time, the\n"
+      "runs overlaid for comparison. Open the SVG in a browser.");
   app->add_option("FILE", args->files, "metrics files (JSON lines), one per run")->required();
-  app->add_option("-o,--output", args->output, "the SVG file to write")->capture_default_str();
+  app->add_option("-o,--output", args->output,
+                  std::string("the file to write: PNG when it ends in .png") +
+                      (png_supported() ? "" : " (not built in)") + ", else SVG")
+      ->capture_default_str();
   app->add_option("--name", args->names,
                   "a name per run for the legend (default: the file names), in FILE order");
-  app->footer("Example: shoal plot base.jsonl big-batch.jsonl -o compare.svg");
+  app->footer("Example: shoal plot base.jsonl big-batch.jsonl -o compare.svg (or compare.png)");
 
   commands.push_back({app, [args] {
     SHOAL_CHECK_T(InvalidArgument, args->names.empty() || args->names.size() == args->files.size(),
@@ -327,11 +300,15 @@ void add_plot_command(CLI::App& root, std::vector<Command>& commands) {
                     " has no step or epoch metrics to draw (written by shoal train --metrics?)");
     }
     const std::string svg = render_svg(series, runs);
-    std::ofstream out(args->output, std::ios::trunc);
-    SHOAL_CHECK(out.good(), "cannot write ", args->output);
-    out << svg;
-    out.flush();
-    SHOAL_CHECK(out.good(), "writing ", args->output, " failed");
+    if (is_png(args->output)) {
+      write_png(svg, kWidth, kHeight, args->output);
+    } else {
+      std::ofstream out(args->output, std::ios::trunc);
+      SHOAL_CHECK(out.good(), "cannot write ", args->output);
+      out << svg;
+      out.flush();
+      SHOAL_CHECK(out.good(), "writing ", args->output, " failed");
+    }
     std::printf("wrote %s: %zu run%s, %zu series\n", args->output.c_str(), runs.size(),
                 runs.size() == 1 ? "" : "s", series.size());
     return 0;

@@ -15,10 +15,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fmt/format.h>
 #include <fstream>
 
 #include "commands.h"
 #include "shoal/error.h"
+#include "shoal/log.h"
 #include "shoal/comm/init.h"
 #include "shoal/launcher/launch.h"
 #include "shoal/models/registry.h"
@@ -83,13 +85,10 @@ int run_ps_server(const train::TrainOptions& options, const TrainArgs& args) {
     }
   }
   const ps::ServerStats stats = ps::serve(job, server);
-  std::fprintf(stderr,
-               "ps server %d: %lld pushes, %lld updates, max staleness %lld, %lld pulls waited, "
-               "%lld messages rejected, %zu workers presumed dead\n",
-               job.role_rank, static_cast<long long>(stats.pushes),
-               static_cast<long long>(stats.updates), static_cast<long long>(stats.max_staleness),
-               static_cast<long long>(stats.deferred_pulls), static_cast<long long>(stats.rejected),
-               stats.dead_workers.size());
+  log::info("ps server ", job.role_rank, ": ", stats.pushes, " pushes, ", stats.updates,
+            " updates, max staleness ", stats.max_staleness, ", ", stats.deferred_pulls,
+            " pulls waited, ", stats.rejected, " messages rejected, ", stats.dead_workers.size(),
+            " workers presumed dead");
   return 0;
 }
 
@@ -339,12 +338,11 @@ void add_train_command(CLI::App& root, std::vector<Command>& commands) {
                         if (threads->count() == 0) options->threads = std::max(1, cores / local);
                         const int used = std::max(1, options->threads) * local;
                         if (used > cores && (!(ddp || pipelined) || as_rank) && rank_info.local_rank == 0) {
-                          std::fprintf(stderr,
-                                       "shoal: warning: %d process%s x %d thread%s on %d core%s: "
-                                       "oversubscribed, steps will be slow (see --threads)\n",
-                                       local, local == 1 ? "" : "es", std::max(1, options->threads),
-                                       options->threads == 1 ? "" : "s", cores,
-                                       cores == 1 ? "" : "s");
+                          log::warn("shoal: warning: ", local, " process", local == 1 ? "" : "es",
+                                    " x ", std::max(1, options->threads), " thread",
+                                    options->threads == 1 ? "" : "s", " on ", cores, " core",
+                                    cores == 1 ? "" : "s",
+                                    ": oversubscribed, steps will be slow (see --threads)");
                         }
                         options->validate();
                         std::unique_ptr<train::Strategy> strategy;
@@ -421,14 +419,12 @@ void add_train_command(CLI::App& root, std::vector<Command>& commands) {
                                         result.final_test_accuracy());
                           }
                           if (power_sgd && power_sgd->iteration > 0) {
-                            std::fprintf(stderr,
-                                         "powersgd: %.0f bytes per step sent by this rank over %lld "
-                                         "steps (rank %lld, from step %lld)\n",
-                                         power_sgd->bytes_sent /
-                                             static_cast<double>(power_sgd->iteration),
-                                         static_cast<long long>(power_sgd->iteration),
-                                         static_cast<long long>(args->powersgd_rank),
-                                         static_cast<long long>(args->powersgd_start_iter));
+                            log::info(fmt::format(
+                                "powersgd: {:.0f} bytes per step sent by this rank over {} steps "
+                                "(rank {}, from step {})",
+                                power_sgd->bytes_sent / static_cast<double>(power_sgd->iteration),
+                                power_sgd->iteration, args->powersgd_rank,
+                                args->powersgd_start_iter));
                           }
                           std::fflush(stdout);
                         }

@@ -33,6 +33,8 @@ std::string without_command_prefix(std::string message) {
   return message;
 }
 
+// The line that explains a non-zero exit is the command's result, not a diagnostic: it is written
+// whatever SHOAL_LOG_LEVEL says (shoal/log.h).
 int report(const std::string& message, int status) {
   std::fprintf(stderr, "shoal: error: %s\n", without_command_prefix(message).c_str());
   return status;

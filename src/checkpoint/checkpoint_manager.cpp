@@ -14,6 +14,7 @@
 #include "checkpoint/atomic_file.h"
 #include "shoal/comm/process_group.h"
 #include "shoal/error.h"
+#include "shoal/log.h"
 
 namespace shoal::checkpoint {
 namespace {
@@ -144,9 +145,9 @@ std::optional<TrainingState> CheckpointManager::load_latest(const LoadOptions& o
   auto point = load_latest_intact(dir_, options, options_.prefix);
   if (!point) return std::nullopt;
   for (const auto& why : point->skipped) {
-    std::fprintf(stderr, "shoal: skipping an unreadable checkpoint: %s\n", why.c_str());
+    log::warn("shoal: skipping an unreadable checkpoint: ", why);
   }
-  if (!point->skipped.empty()) std::fprintf(stderr, "shoal: resuming from %s instead\n", point->path.c_str());
+  if (!point->skipped.empty()) log::warn("shoal: resuming from ", point->path, " instead");
   return std::move(point->state);
 }
 
@@ -172,6 +173,7 @@ std::string CheckpointManager::write(const TrainingState& state) {
       if (all[i].second != file) ::unlink((dir_ + "/" + all[i].second).c_str());
     }
   }
+  log::debug("shoal: saved checkpoint ", path, " (epoch ", copy.epoch, ", step ", copy.step, ")");
   return path;
 }
 

@@ -1,5 +1,10 @@
 #include "shoal/checkpoint/training_state.h"
 
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+
 #include "shoal/checkpoint/serialization.h"
 #include "shoal/error.h"
 
@@ -28,15 +33,20 @@ int64_t as_int(const c10::IValue& value, const std::string& what, const std::str
   SHOAL_THROW(CheckpointError, where, ": '", what, "' is not an integer");
 }
 
+/// The shortest text that reads back as `value` (std::to_string would print 1e-7 as "0.000000").
+std::string shortest_text(double value) {
+  char text[32];
+  for (int digits = 6; digits <= 17; ++digits) {
+    std::snprintf(text, sizeof(text), "%.*g", digits, value);
+    if (std::strtod(text, nullptr) == value) break;
+  }
+  return text;
+}
+
 std::string to_config_string(const c10::IValue& value) {
   if (value.isString()) return value.toStringRef();
   if (value.isInt()) return std::to_string(value.toInt());
-  if (value.isDouble()) {
-    std::ostringstream out;
-    out.precision(17);
-    out << value.toDouble();
-    return out.str();
-  }
+  if (value.isDouble()) return shortest_text(value.toDouble());
   if (value.isBool()) return value.toBool() ? "true" : "false";
   if (value.isNone()) return "";
   std::ostringstream out;
@@ -118,6 +128,56 @@ OptimizerState optimizer_from_ivalue(const c10::IValue& value, const std::string
 
 const char* version() { return kVersion; }
 
+std::optional<double> config_number(const TrainingState& state, const std::string& key,
+                                    const std::string& where) {
+  const auto found = state.config.find(key);
+  if (found == state.config.end()) return std::nullopt;
+  const c10::IValue& value = found->second;
+  double number = NAN;
+  if (value.isInt()) {
+    number = static_cast<double>(value.toInt());
+  } else if (value.isDouble()) {
+    number = value.toDouble();
+  } else if (value.isString()) {
+    const std::string& text = value.toStringRef();
+    char* end = nullptr;
+    number = std::strtod(text.c_str(), &end);
+    if (end == text.c_str() || *end != '\0') number = NAN;
+  }
+  SHOAL_CHECK_T(CheckpointError, std::isfinite(number), where, " has config ", key, " = ",
+                to_config_string(value), ", which is not a number");
+  return number;
+}
+
+std::optional<int64_t> config_integer(const TrainingState& state, const std::string& key,
+                                      const std::string& where) {
+  const auto found = state.config.find(key);
+  if (found == state.config.end()) return std::nullopt;
+  const c10::IValue& value = found->second;
+  if (value.isInt()) return value.toInt();
+  if (value.isString()) {
+    const std::string& text = value.toStringRef();
+    char* end = nullptr;
+    errno = 0;
+    // Seeds were saved as unsigned text: above 2^63 they wrap, as they do in the int64 saved now.
+    const bool negative = !text.empty() && text[0] == '-';
+    const int64_t parsed = negative ? std::strtoll(text.c_str(), &end, 10)
+                                    : static_cast<int64_t>(std::strtoull(text.c_str(), &end, 10));
+    if (end != text.c_str() && *end == '\0' && errno == 0) return parsed;
+  }
+  const std::optional<double> number = config_number(state, key, where);
+  SHOAL_CHECK_T(CheckpointError, *number == std::floor(*number) && std::fabs(*number) < 9.2e18,
+                where, " has config ", key, " = ", to_config_string(value),
+                ", which is not an integer");
+  return static_cast<int64_t>(*number);
+}
+
+std::string config_text(const TrainingState& state, const std::string& key,
+                        const std::string& fallback) {
+  const auto found = state.config.find(key);
+  return found == state.config.end() ? fallback : to_config_string(found->second);
+}
+
 c10::IValue to_ivalue(const TrainingState& state) {
   GenericDict out = string_dict();
   out.insert("model", state_dict_to_ivalue(state.model));
@@ -131,7 +191,7 @@ c10::IValue to_ivalue(const TrainingState& state) {
   sampler.insert("seed", state.sampler.seed);
   out.insert("sampler", sampler);
   GenericDict config = string_dict();
-  for (const auto& [key, value] : state.config) config.insert(key, value);
+  for (const auto& [key, value] : state.config) config.insert(key, value);  // int, float, str
   out.insert("config", config);
   out.insert("world_size", state.world_size);
   out.insert("shoal_version", state.shoal_version.empty() ? std::string(kVersion) : state.shoal_version);
@@ -174,8 +234,11 @@ TrainingState training_state_from_ivalue(const c10::IValue& object, const std::s
     if (auto s = lookup(sampler, "seed"); !s.isNone()) out.sampler.seed = as_int(s, "sampler.seed", where);
   }
   if (auto v = lookup(dict, "config"); v.isGenericDict()) {
+    // Kept as they are: numbers (this version), strings (older ones; config_number reads both).
     for (const auto& item : v.toGenericDict()) {
-      out.config[to_config_string(item.key())] = to_config_string(item.value());
+      const c10::IValue& value = item.value();
+      const bool plain = value.isString() || value.isInt() || value.isDouble() || value.isBool();
+      out.config[to_config_string(item.key())] = plain ? value : c10::IValue(to_config_string(value));
     }
   }
   if (auto v = lookup(dict, "shoal_version"); v.isString()) out.shoal_version = v.toStringRef();

@@ -16,6 +16,7 @@
 #endif
 #include "shoal/comm/flight_recorder.h"
 #include "shoal/error.h"
+#include "shoal/log.h"
 
 namespace shoal::comm {
 namespace {
@@ -291,6 +292,10 @@ std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options) {
   args.size = info.world_size;
   args.timeout = timeout;
   args.info = info;
+  log::debug("[rank ", info.rank, "/", info.world_size, "] init_process_group: backend ", backend,
+             ", rank information from ", info.source, ", init method ",
+             backend == "mpi" ? std::string("mpi") : options.init_method, ", timeout ",
+             timeout.count(), " ms");
   if (backend == "mpi") return create_backend(backend, args);
 
   std::shared_ptr<Store> store;

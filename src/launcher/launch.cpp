@@ -20,6 +20,7 @@
 #include "launcher/worker_group.h"
 #include "security/auth_token.h"
 #include "shoal/error.h"
+#include "shoal/log.h"
 
 extern char** environ;
 
@@ -145,8 +146,7 @@ std::vector<WorkerSpec> plan_workers(const LaunchOptions& options, int master_po
 }
 
 void say(const LaunchOptions& options, const std::string& line) {
-  std::fprintf(stderr, "%s: %s\n", options.log_name.c_str(), line.c_str());
-  std::fflush(stderr);
+  log::info(options.log_name, ": ", line);
 }
 
 std::string plural(int n, const char* noun) {

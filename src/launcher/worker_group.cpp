@@ -11,6 +11,7 @@
 #include "launcher/line_prefixer.h"
 #include "launcher/signal_relay.h"
 #include "shoal/error.h"
+#include "shoal/log.h"
 
 namespace shoal::launcher {
 
@@ -85,9 +86,7 @@ void WorkerGroup::reap(GroupResult& result, Clock::time_point now) {
       const std::string what = worker->spec().label + " (pid " + std::to_string(worker->pid()) +
                                ") " + worker->status().describe();
       result.tolerated.push_back(what);
-      std::fprintf(stderr, "%s: %s; the other workers go on without it\n",
-                   options_.log_name.c_str(), what.c_str());
-      std::fflush(stderr);
+      log::warn(options_.log_name, ": ", what, "; the other workers go on without it");
       continue;
     }
     // The first failure: stop the others.

@@ -15,6 +15,7 @@
 #include "shoal/checkpoint/serialization.h"
 #include "ps/message.h"
 #include "shoal/error.h"
+#include "shoal/log.h"
 
 namespace shoal::ps {
 namespace {
@@ -95,9 +96,9 @@ struct Server::Impl {
   }
 
   void log(const std::string& line) const {
-    if (!options.verbose) return;
-    std::fprintf(stderr, "%s %s\n", name().c_str(), line.c_str());
-    std::fflush(stderr);
+    // --verbose shows these at the default level; SHOAL_LOG_LEVEL=debug shows them always.
+    const log::Level level = options.verbose ? log::Level::kInfo : log::Level::kDebug;
+    if (log::enabled(level)) log::write(level, name() + " " + line);
   }
 
   void reply(const std::string& to, MessageType type, const Header& request, std::string blob = {}) {

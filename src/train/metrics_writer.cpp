@@ -1,7 +1,10 @@
 #include "shoal/train/metrics_writer.h"
 
+#include <nlohmann/json.hpp>
+
 #include <cerrno>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 
 #include "shoal/error.h"
@@ -9,58 +12,38 @@
 namespace shoal::train {
 namespace {
 
-std::string quote(const std::string& text) {
-  std::string out = "\"";
-  for (const char c : text) {
-    switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\t': out += "\\t"; break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          char escaped[8];
-          std::snprintf(escaped, sizeof escaped, "\\u%04x", c);
-          out += escaped;
-        } else {
-          out += c;
-        }
-    }
-  }
-  return out + "\"";
+// 9 significant digits round-trip a float exactly; enough for every metric here, and the lines
+// stay short (the shortest text of the rounded double has at most 9 digits).
+double nine_digits(double value) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.9g", value);
+  return std::strtod(text, nullptr);
 }
 
 }  // namespace
 
 JsonLine& JsonLine::add(const std::string& key, double value) {
-  if (!std::isfinite(value)) {
-    fields_.emplace_back(key, "null");  // JSON has no NaN or infinity
-    return *this;
-  }
-  // 9 significant digits round-trip a float exactly; enough for every metric here.
-  char text[32];
-  std::snprintf(text, sizeof text, "%.9g", value);
-  fields_.emplace_back(key, text);
+  fields_.emplace_back(key, std::isfinite(value) ? nine_digits(value) : value);
   return *this;
 }
 
 JsonLine& JsonLine::add(const std::string& key, int64_t value) {
-  fields_.emplace_back(key, std::to_string(value));
+  fields_.emplace_back(key, value);
   return *this;
 }
 
 JsonLine& JsonLine::add(const std::string& key, const std::string& value) {
-  fields_.emplace_back(key, quote(value));
+  fields_.emplace_back(key, value);
   return *this;
 }
 
 std::string JsonLine::str() const {
-  std::string out = "{";
-  for (size_t i = 0; i < fields_.size(); ++i) {
-    if (i > 0) out += ',';
-    out += quote(fields_[i].first) + ':' + fields_[i].second;
+  nlohmann::ordered_json object = nlohmann::ordered_json::object();
+  for (const auto& [key, value] : fields_) {
+    std::visit([&, &key = key](const auto& v) { object[key] = v; }, value);  // NaN, inf: null
   }
-  return out + '}';
+  // Bytes that are not UTF-8 (a path) become U+FFFD rather than an exception mid-training.
+  return object.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
 }
 
 MetricsWriter::MetricsWriter(const std::string& path) : path_(path) {

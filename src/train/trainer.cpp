@@ -13,6 +13,7 @@
 #include "shoal/checkpoint/training_state.h"
 #include "shoal/data/fashion_mnist.h"
 #include "shoal/error.h"
+#include "shoal/log.h"
 #include "shoal/memory/cpu_allocator.h"
 #include "shoal/models/registry.h"
 #include "shoal/train/metrics_writer.h"
@@ -148,13 +149,12 @@ checkpoint::TrainingState load_resume_checkpoint(const TrainOptions& options, st
                 options.checkpoint_dir, "; run without --resume to start from scratch");
   const char* rank = std::getenv("RANK");
   if (!point->skipped.empty() && (rank == nullptr || std::string(rank) == "0")) {
-    for (const auto& why : point->skipped) std::fprintf(stderr, "shoal: --resume skips %s\n", why.c_str());
-    std::fprintf(stderr, "shoal: --resume falls back to %s, the newest intact checkpoint\n", point->path.c_str());
+    for (const auto& why : point->skipped) log::warn("shoal: --resume skips ", why);
+    log::warn("shoal: --resume falls back to ", point->path, ", the newest intact checkpoint");
   }
   const std::optional<std::string> latest = point->path;
   checkpoint::TrainingState saved = std::move(point->state);
-  const auto model = saved.config.find("model");
-  const std::string saved_model = model == saved.config.end() ? "unknown" : model->second;
+  const std::string saved_model = checkpoint::config_text(saved, "model", "unknown");
   SHOAL_CHECK_T(CheckpointError, saved_model == options.model, "--resume: ", *latest,
                 " is a checkpoint of model '", saved_model, "', not '", options.model,
                 "'; pass --model ", saved_model, " or another --checkpoint-dir");
@@ -176,41 +176,30 @@ std::string number_text(double value) {
   return text;
 }
 
-/// The checkpoint config's value of `key` as a finite number, or nothing when absent.
-std::optional<double> config_number(const std::map<std::string, std::string>& config,
-                                    const std::string& key, const std::string& where) {
-  const auto found = config.find(key);
-  if (found == config.end()) return std::nullopt;
-  char* end = nullptr;
-  const double value = std::strtod(found->second.c_str(), &end);
-  SHOAL_CHECK_T(CheckpointError, end != found->second.c_str() && *end == '\0' && std::isfinite(value),
-                "--resume: ", where, " has config ", key, " = '", found->second,
-                "', which is not a number");
-  return value;
-}
-
 }  // namespace
 
 void inherit_checkpoint_config(TrainOptions& options, const checkpoint::TrainingState& saved,
                                const std::set<std::string>& given, const std::string& where) {
-  const auto& config = saved.config;
+  using checkpoint::config_integer;
+  using checkpoint::config_number;
+  const std::string who = "--resume: " + where;
   // Hyper-parameters the command line did not set continue as the checkpoint had them; the ones
   // it set win (and run_training reports the change).
-  if (auto lr = config_number(config, "lr", where); lr && !given.count("lr")) options.lr = *lr;
-  if (auto m = config_number(config, "momentum", where); m && !given.count("momentum")) {
+  if (auto lr = config_number(saved, "lr", who); lr && !given.count("lr")) options.lr = *lr;
+  if (auto m = config_number(saved, "momentum", who); m && !given.count("momentum")) {
     options.momentum = *m;
   }
-  if (auto b = config_number(config, "batch_size", where); b && !given.count("batch_size")) {
+  if (auto b = config_integer(saved, "batch_size", who); b && !given.count("batch_size")) {
     SHOAL_CHECK_T(CheckpointError, *b >= 1 && *b <= 1e9, "--resume: ", where,
                   " has batch_size ", *b);
     options.batch_size = static_cast<int64_t>(*b);
   }
-  if (auto e = config_number(config, "epochs", where); e && !given.count("epochs")) {
+  if (auto e = config_integer(saved, "epochs", who); e && !given.count("epochs")) {
     SHOAL_CHECK_T(CheckpointError, *e >= 1 && *e <= 1e9, "--resume: ", where, " has epochs ", *e);
     options.epochs = static_cast<int64_t>(*e);
   }
   // The seed fixes the order of the samples: another one cannot continue the same epochs.
-  if (auto seed = config_number(config, "seed", where)) {
+  if (auto seed = config_integer(saved, "seed", who)) {
     const auto saved_seed = static_cast<uint64_t>(*seed);
     SHOAL_CHECK_T(InvalidArgument, !given.count("seed") || options.seed == saved_seed,
                   "--resume: ", where, " was trained with --seed ", saved_seed,
@@ -238,19 +227,17 @@ std::string Trainer::resume() {
       sgd.momentum(options_.momentum);
     }
   }
-  const auto note = [&](const char* key, const std::string& now) {
-    const auto found = saved.config.find(key);
-    if (found == saved.config.end()) return;
-    const double before = std::strtod(found->second.c_str(), nullptr);
-    if (std::strtod(now.c_str(), nullptr) != before) {
+  const auto note = [&](const char* key, double now) {
+    const std::optional<double> before = checkpoint::config_number(saved, key, path);
+    if (before && *before != now) {
       resume_changes_ += std::string(resume_changes_.empty() ? "" : ", ") + key + " " +
-                         found->second + " -> " + now;
+                         checkpoint::config_text(saved, key) + " -> " + number_text(now);
     }
   };
-  note("lr", number_text(options_.lr));
-  note("momentum", number_text(options_.momentum));
-  note("batch_size", std::to_string(options_.batch_size));
-  note("epochs", std::to_string(options_.epochs));
+  note("lr", options_.lr);
+  note("momentum", options_.momentum);
+  note("batch_size", static_cast<double>(options_.batch_size));
+  note("epochs", static_cast<double>(options_.epochs));
   return path;
 }
 
@@ -266,14 +253,14 @@ void Trainer::save_checkpoint(int64_t completed_epochs, int64_t samples_seen) {
   state.sampler.samples_seen = samples_seen;
   state.sampler.seed = static_cast<int64_t>(options_.seed);
   state.world_size = strategy_->world_size();
-  // Numbers in their shortest exact text (std::to_string would print lr 1e-7 as "0.000000").
+  // Numbers as numbers: Python's torch.load gives float and int (older checkpoints held strings).
   state.config = {{"model", options_.model},
-                  {"lr", number_text(options_.lr)},
-                  {"momentum", number_text(options_.momentum)},
-                  {"batch_size", std::to_string(options_.batch_size)},
-                  {"seed", std::to_string(options_.seed)},
-                  {"epochs", std::to_string(options_.epochs)},
-                  {"world_size", std::to_string(strategy_->world_size())}};
+                  {"lr", options_.lr},
+                  {"momentum", options_.momentum},
+                  {"batch_size", options_.batch_size},
+                  {"seed", static_cast<int64_t>(options_.seed)},
+                  {"epochs", options_.epochs},
+                  {"world_size", static_cast<int64_t>(strategy_->world_size())}};
   manager.save(state, strategy_->process_group());
 }
 
@@ -463,17 +450,12 @@ TrainResult run_training(const TrainOptions& options, std::unique_ptr<Strategy> 
     const int64_t test_size = options.test_limit > 0
                                   ? std::min(options.test_limit, test_set.images().size(0))
                                   : test_set.images().size(0);
-    std::fprintf(stderr,
-                 "shoal train: %s (%lld parameters), Fashion-MNIST %lld train / %lld test images "
-                 "from %s, batch %lld%s, lr %g, momentum %g, seed %llu, %d process%s x %d "
-                 "threads\n",
-                 options.model.c_str(), static_cast<long long>(parameters),
-                 static_cast<long long>(train_size), static_cast<long long>(test_size),
-                 options.data_dir.c_str(), static_cast<long long>(options.batch_size),
-                 world > 1 ? " per rank" : "", options.lr, options.momentum,
-                 static_cast<unsigned long long>(options.seed), world, world > 1 ? "es" : "",
-                 torch::get_num_threads());
-    std::fflush(stderr);
+    // Doubles go through a stream with its default precision: what printf's %g shows.
+    log::info("shoal train: ", options.model, " (", parameters, " parameters), Fashion-MNIST ",
+              train_size, " train / ", test_size, " test images from ", options.data_dir,
+              ", batch ", options.batch_size, world > 1 ? " per rank" : "", ", lr ", options.lr,
+              ", momentum ", options.momentum, ", seed ", options.seed, ", ", world, " process",
+              world > 1 ? "es" : "", " x ", torch::get_num_threads(), " threads");
   }
   Trainer trainer(options, std::move(model), std::move(strategy));
   // Restarted by `shoal run --max-restarts` (or torchrun) after a worker died: carry on from the
@@ -485,11 +467,9 @@ TrainResult run_training(const TrainOptions& options, std::unique_ptr<Strategy> 
     const std::string path = trainer.resume();
     if (reports) {
       const std::string& changes = trainer.resume_changes();
-      std::fprintf(stderr, "shoal train: resumed from %s (epoch %lld, step %lld)%s%s\n",
-                   path.c_str(), static_cast<long long>(trainer.state().epoch + 1),
-                   static_cast<long long>(trainer.state().step),
-                   changes.empty() ? "" : "; changed from the checkpoint: ", changes.c_str());
-      std::fflush(stderr);
+      log::info("shoal train: resumed from ", path, " (epoch ", trainer.state().epoch + 1, ", step ",
+                trainer.state().step, ")", changes.empty() ? "" : "; changed from the checkpoint: ",
+                changes);
     }
   }
   return trainer.fit({train_set.images(), train_set.targets()},

@@ -99,7 +99,12 @@ TEST_F(CheckpointFormat, CrossesToPythonAndBack) {
   TrainingState state = capture(*net, &sgd);
   state.epoch = 2;
   state.step = 3;
-  state.config["model"] = "mlp";
+  // The trainer's configuration, numbers as numbers: Python must see float and int.
+  state.config["model"] = std::string("mlp");
+  state.config["lr"] = 0.05;
+  state.config["momentum"] = 0.9;
+  state.config["batch_size"] = int64_t{32};
+  state.config["seed"] = int64_t{7};
   save_state_dict(state.model, path("shoal_sd.pt"));
   save_training_state(state, path("shoal_full.pt"));
 
@@ -110,8 +115,24 @@ TEST_F(CheckpointFormat, CrossesToPythonAndBack) {
   for (const char* file : {"py_sd.pt", "py_full.pt", "py_dp.pt", "py_sd_p4.pt"}) {
     EXPECT_EQ(compare_state_dicts(load_state_dict_file(path(file)), state.model), "") << file;
   }
+  const TrainingState ours = load_training_state(path("shoal_full.pt"));
+  ASSERT_TRUE(ours.config.at("lr").isDouble() && ours.config.at("batch_size").isInt());
+  EXPECT_EQ(ours.config.at("lr").toDouble(), 0.05);
+  EXPECT_EQ(shoal::checkpoint::config_integer(ours, "seed", "shoal_full.pt"), 7);
+  EXPECT_EQ(shoal::checkpoint::config_text(ours, "model"), "mlp");
+
   const TrainingState back = load_training_state(path("py_full.pt"));
   EXPECT_EQ(back.epoch, 2);
+  // py_full.pt holds its config as strings, as Shoal's checkpoints did before: still read.
+  ASSERT_TRUE(back.config.at("lr").isString());
+  EXPECT_EQ(shoal::checkpoint::config_number(back, "lr", "py_full.pt"), 0.05);
+  EXPECT_EQ(shoal::checkpoint::config_integer(back, "batch_size", "py_full.pt"), 32);
+  // A seed above 2^63 (saved as unsigned text) comes back as the same 64 bits.
+  EXPECT_EQ(static_cast<uint64_t>(*shoal::checkpoint::config_integer(back, "seed", "py_full.pt")),
+            18446744073709551615ull);
+  EXPECT_FALSE(shoal::checkpoint::config_number(back, "absent", "py_full.pt").has_value());
+  EXPECT_THROW(shoal::checkpoint::config_number(back, "model", "py_full.pt"), shoal::CheckpointError);
+  EXPECT_THROW(shoal::checkpoint::config_integer(back, "momentum", "py_full.pt"), shoal::CheckpointError);
   ASSERT_EQ(back.optimizer.param_groups.size(), 1u);
   EXPECT_EQ(back.optimizer.param_groups[0].options.at("lr").toDouble(), 0.05);
   ASSERT_EQ(back.optimizer.state.size(), state.optimizer.state.size());

@@ -315,7 +315,7 @@ TEST_F(CheckpointResume, CliInspectsAndConverts) {
   TrainingState state = capture(*net, &sgd);
   state.epoch = 4;
   state.step = 321;
-  state.config["lr"] = "0.1";
+  state.config["lr"] = 0.1;
   const std::string file = dir_ + "/full.pt";
   save_training_state(state, file);
 

@@ -32,7 +32,13 @@ def check_and_resave(d, epoch, step):
 
     full = torch.load(os.path.join(d, "shoal_full.pt"))
     assert full["epoch"] == epoch and full["step"] == step, (full["epoch"], full["step"])
-    assert full["config"]["model"] == "mlp", full["config"]
+    config = full["config"]
+    assert config["model"] == "mlp", config
+    # Numbers as numbers, not strings.
+    assert type(config["lr"]) is float and config["lr"] == 0.05, config
+    assert type(config["momentum"]) is float and config["momentum"] == 0.9, config
+    assert type(config["batch_size"]) is int and config["batch_size"] == 32, config
+    assert type(config["seed"]) is int and config["seed"] == 7, config
     assert full["rng_state"].dtype == torch.uint8
     assert full["shoal_version"] == "0.1.0"
     m.load_state_dict(full["model"])
@@ -51,8 +57,11 @@ def check_and_resave(d, epoch, step):
     opt = torch.optim.SGD(m.parameters(), lr=0.5, momentum=0.0)
     opt.load_state_dict(full["optimizer"])
     torch.save(m.state_dict(), os.path.join(d, "py_sd.pt"))
-    torch.save({"model": m.state_dict(), "optimizer": opt.state_dict(), "epoch": epoch},
-               os.path.join(d, "py_full.pt"))
+    # The config as Shoal 0.1 wrote it before numbers were numbers: every value a string.
+    old_config = {"model": "mlp", "lr": "0.05", "momentum": "0.9", "batch_size": "32",
+                  "seed": "18446744073709551615"}
+    torch.save({"model": m.state_dict(), "optimizer": opt.state_dict(), "epoch": epoch,
+                "config": old_config}, os.path.join(d, "py_full.pt"))
     torch.save(nn.DataParallel(m).state_dict(), os.path.join(d, "py_dp.pt"))
     # Newer pickle protocols (FRAME, MEMOIZE, STACK_GLOBAL, SHORT_BINUNICODE) as torch.save can be asked for.
     torch.save(m.state_dict(), os.path.join(d, "py_sd_p4.pt"), pickle_protocol=4)

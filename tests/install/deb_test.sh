@@ -17,7 +17,7 @@ deb=$(ls -t "$build"/shoal_*.deb | head -n1)
 [ -s "$deb" ] || fail "cpack wrote no .deb"
 depends=$(dpkg-deb -f "$deb" Depends)
 echo "deb_test: $deb: Depends: $depends"
-for package in libtorch-dev zlib1g-dev; do
+for package in libtorch-dev zlib1g-dev libspdlog-dev; do
   grep -q "$package" <<<"$depends" || fail "Depends lacks $package"
 done
 contents=$(dpkg-deb -c "$deb")

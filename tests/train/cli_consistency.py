@@ -124,12 +124,17 @@ with tempfile.TemporaryDirectory() as tmp:
         return state["optimizer"]["param_groups"][0]["lr"], state["config"]
 
     lr, config = saved_lr()
-    check(abs(lr - 0.03) < 1e-12 and config["lr"] == "0.03", f"checkpoint holds lr 0.03 ({lr}, {config})")
+    check(abs(lr - 0.03) < 1e-12 and config["lr"] == 0.03, f"checkpoint holds lr 0.03 ({lr}, {config})")
+    # The configuration holds numbers, not strings (torch.load gives float and int).
+    check(type(config["lr"]) is float and type(config["momentum"]) is float
+          and all(type(config[k]) is int for k in ("batch_size", "epochs", "seed", "world_size"))
+          and config["batch_size"] == 32 and config["epochs"] == 1 and type(config["model"]) is str,
+          f"checkpoint config types ({config})")
     run = shoal("train", *SMALL, "--epochs", "2", "--lr", "0.01", "--checkpoint-dir", ckpt, "--resume")
     check(run.returncode == 0 and "lr 0.03 -> 0.01" in run.stderr,
           "--resume --lr 0.01 says the lr changed", run)
     lr, config = saved_lr()
-    check(abs(lr - 0.01) < 1e-12 and config["lr"] == "0.01",
+    check(abs(lr - 0.01) < 1e-12 and config["lr"] == 0.01,
           f"--resume --lr 0.01 trained at 0.01 ({lr}, {config})")
     # Without --lr the resumed run keeps the checkpoint's (0.01 now), not the default 0.05.
     run = shoal("train", *SMALL, "--epochs", "3", "--checkpoint-dir", ckpt, "--resume")

@@ -39,11 +39,13 @@ std::string shoal_binary() {
   return path;
 }
 
-// Runs `shoal train ARGS` with stdout and stderr captured separately.
-CliResult shoal_train(const std::string& args) {
+// Runs `shoal train ARGS` with stdout and stderr captured separately; `env` ("NAME=value ...")
+// is added to the environment.
+CliResult shoal_train(const std::string& args, const std::string& env = {}) {
   const std::string out = shoal::testing::temp_path("shoal-cli-out");
   const std::string err = shoal::testing::temp_path("shoal-cli-err");
-  const std::string command = shoal_binary() + " train " + args + " >" + out + " 2>" + err;
+  const std::string command =
+      (env.empty() ? "" : "env " + env + " ") + shoal_binary() + " train " + args + " >" + out + " 2>" + err;
   const int status = std::system(command.c_str());
   CliResult run;
   run.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
@@ -132,9 +134,36 @@ TEST(CliTrain, TrainsOnASmallDatasetAndReportsAccuracy) {
   // stderr is not a terminal here: plain progress lines, no carriage returns.
   EXPECT_NE(run.err.find("step 4/8"), std::string::npos) << run.err;
   EXPECT_EQ(run.err.find('\r'), std::string::npos);
+  // The header is an info message: shown at the default SHOAL_LOG_LEVEL.
+  EXPECT_NE(run.err.find("shoal train: mlp ("), std::string::npos) << run.err;
   // 8 steps per epoch, a step line every 4: 2 per epoch, and one epoch line each.
   EXPECT_EQ(count_lines(written), 6) << written;
   EXPECT_NE(written.find("\"event\":\"epoch\",\"epoch\":2"), std::string::npos) << written;
+}
+
+// SHOAL_LOG_LEVEL=warn silences Shoal's info messages (the header) but not the progress lines,
+// the result on stdout, or the error line of a failing command; =debug adds the debug ones.
+TEST(CliTrain, LogLevelFiltersDiagnosticsOnly) {
+  const std::string dir = shoal::testing::make_small_dataset_dir(128, 32);
+  const std::string ckpt = dir + "/ckpt";
+  const std::string small = "--model mlp --epochs 1 --batch-size 32 --threads 1 --log-interval 2 "
+                            "--data-dir " + dir;
+  const CliResult quiet = shoal_train(small, "SHOAL_LOG_LEVEL=warn");
+  const CliResult chatty = shoal_train(small + " --checkpoint-dir " + ckpt, "SHOAL_LOG_LEVEL=debug");
+  const CliResult failing = shoal_train("--batch-size 0 --no-progress", "SHOAL_LOG_LEVEL=off");
+  fs::remove_all(dir);
+  ASSERT_EQ(quiet.exit_code, 0) << quiet.err;
+  EXPECT_EQ(quiet.err.find("shoal train: mlp ("), std::string::npos) << quiet.err;
+  EXPECT_NE(quiet.err.find("step 2/4"), std::string::npos) << quiet.err;
+  EXPECT_NE(quiet.out.find("final test accuracy: "), std::string::npos) << quiet.out;
+
+  ASSERT_EQ(chatty.exit_code, 0) << chatty.err;
+  EXPECT_NE(chatty.err.find("shoal train: mlp ("), std::string::npos) << chatty.err;
+  EXPECT_NE(chatty.err.find("shoal: saved checkpoint " + ckpt + "/"), std::string::npos) << chatty.err;
+
+  EXPECT_EQ(failing.exit_code, 2);
+  EXPECT_EQ(count_lines(failing.err), 1) << failing.err;
+  EXPECT_EQ(failing.err.rfind("shoal: error: ", 0), 0u) << failing.err;
 }
 
 }  // namespace

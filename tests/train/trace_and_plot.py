@@ -10,14 +10,19 @@
 2. Two single-process runs with --metrics are drawn by `shoal plot` into one SVG: it parses as
    XML and holds, per run, one polyline per metric and axis whose points are the metrics' values
    mapped linearly (checked against the JSON lines).
+3. The same plot with -o run.png: a PNG (signature, IHDR) of the SVG's size, decoded here (zlib
+   and PNG's row filters) to show the white page, dark text and axes, and both runs' colours.
+   When the build has no PNG support (SHOAL_HAVE_PNG=OFF), it must say so: one line, exit 2.
 Uses the real Fashion-MNIST (256 images); exit 77 (skipped) when it is missing.
 """
 import json
 import os
 import re
+import struct
 import subprocess
 import sys
 import tempfile
+import zlib
 import xml.etree.ElementTree as ET
 
 from test_script_support import FASHION_MNIST, require_fashion_mnist
@@ -30,12 +35,56 @@ SMALL = ["--data-dir", DATA, "--model", "mlp", "--train-samples", "256", "--test
          "--batch-size", "32", "--threads", "1", "--no-progress"]
 
 
-def shoal(*args):
+def shoal(*args, check=True):
     env = dict(os.environ, OMP_NUM_THREADS="1")
     run = subprocess.run([SHOAL, *args], capture_output=True, text=True, env=env, timeout=180)
-    if run.returncode != 0:
+    if check and run.returncode != 0:
         sys.exit(f"shoal {' '.join(args)} failed ({run.returncode}):\n{run.stderr}")
     return run
+
+
+def read_png(path):
+    """(width, height, rows of (r, g, b, a) pixels) of an 8-bit RGB or RGBA, non-interlaced PNG."""
+    with open(path, "rb") as f:
+        data = f.read()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", f"{path}: no PNG signature: {data[:8]!r}"
+    at, chunks = 8, []
+    while at < len(data):
+        length, kind = struct.unpack(">I4s", data[at:at + 8])
+        body = data[at + 8:at + 8 + length]
+        crc, = struct.unpack(">I", data[at + 8 + length:at + 12 + length])
+        assert zlib.crc32(kind + body) == crc, f"{path}: bad CRC in {kind}"
+        chunks.append((kind, body))
+        at += 12 + length
+    assert chunks[0][0] == b"IHDR" and chunks[-1][0] == b"IEND", [c[0] for c in chunks]
+    width, height, depth, colour, _, _, interlace = struct.unpack(">IIBBBBB", chunks[0][1])
+    assert depth == 8 and colour in (2, 6) and interlace == 0, (depth, colour, interlace)
+    channels = 4 if colour == 6 else 3
+    raw = zlib.decompress(b"".join(body for kind, body in chunks if kind == b"IDAT"))
+    stride = width * channels
+    assert len(raw) == height * (stride + 1), (len(raw), width, height)
+    rows, previous = [], bytearray(stride)
+    for y in range(height):
+        kind, line = raw[y * (stride + 1)], bytearray(raw[y * (stride + 1) + 1:(y + 1) * (stride + 1)])
+        for i in range(stride):
+            left = line[i - channels] if i >= channels else 0
+            up, corner = previous[i], previous[i - channels] if i >= channels else 0
+            if kind == 1:
+                line[i] = (line[i] + left) & 255
+            elif kind == 2:
+                line[i] = (line[i] + up) & 255
+            elif kind == 3:
+                line[i] = (line[i] + (left + up) // 2) & 255
+            elif kind == 4:
+                p = left + up - corner
+                pa, pb, pc = abs(p - left), abs(p - up), abs(p - corner)
+                line[i] = (line[i] + (left if pa <= pb and pa <= pc else up if pb <= pc else corner)) & 255
+            else:
+                assert kind == 0, f"{path}: row {y} has filter {kind}"
+        rows.append([tuple(line[x:x + channels]) + ((255,) if channels == 3 else ())
+                     for x in range(0, stride, channels)])
+        previous = line
+    return width, height, rows
 
 
 with tempfile.TemporaryDirectory() as tmp:
@@ -119,4 +168,36 @@ with tempfile.TemporaryDirectory() as tmp:
     legend = [t.text for t in root.iter(ns + "text") if t.text in runs]
     assert sorted(legend) == sorted(runs), legend
     print(f"plot: {len(lines)} series of {len(runs)} runs")
+
+    # ---- the same plot as PNG ------------------------------------------------------------
+    png_path = f"{tmp}/run.png"
+    run = shoal("plot", f"{tmp}/a.jsonl", f"{tmp}/b.jsonl", "-o", png_path, check=False)
+    if os.environ.get("SHOAL_HAVE_PNG", "OFF") != "ON":
+        assert run.returncode == 2, (run.returncode, run.stderr)
+        assert run.stderr.count("\n") == 1 and run.stderr.startswith("shoal: error: "), run.stderr
+        assert "PNG support is not built in" in run.stderr and "librsvg2-dev" in run.stderr, run.stderr
+        assert not os.path.exists(png_path)
+        print("plot: PNG is not built in, and says so")
+    else:
+        assert run.returncode == 0, (run.returncode, run.stderr)
+        width, height, rows = read_png(png_path)
+        assert (width, height) == (int(float(root.get("width"))), int(float(root.get("height")))), \
+            (width, height, root.get("width"), root.get("height"))
+        counts = {}
+        for row in rows:
+            for pixel in row:
+                counts[pixel] = counts.get(pixel, 0) + 1
+        opaque = sum(n for p, n in counts.items() if p[3] == 255)
+        assert opaque == width * height, f"{width * height - opaque} pixels are not opaque"
+        white = counts.get((255, 255, 255, 255), 0)
+        assert 0.5 * width * height < white < width * height, f"{white} white pixels"
+        dark = sum(n for p, n in counts.items() if max(p[:3]) < 100)
+        assert dark > 1000, f"only {dark} dark pixels (text, axes)"
+        # The runs' colours (#1f77b4, #d62728) as drawn: legend squares and lines, antialiased
+        # at their edges, so nearby colours count.
+        for name, (r, g, b) in (("a", (0x1f, 0x77, 0xb4)), ("b", (0xd6, 0x27, 0x28))):
+            near = sum(n for p, n in counts.items()
+                       if abs(p[0] - r) + abs(p[1] - g) + abs(p[2] - b) < 30)
+            assert near >= 14 * 14, f"run {name}: {near} pixels of its colour"
+        print(f"plot: PNG {width}x{height}, {len(counts)} distinct colours, {white} white pixels")
 print("trace_and_plot: all checks passed")

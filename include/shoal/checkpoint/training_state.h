@@ -22,6 +22,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -66,7 +67,11 @@ struct TrainingState {
   int64_t step = 0;                            ///< optimizer steps taken so far (global)
   at::Tensor rng_state;                        ///< torch's default CPU generator (uint8), or undefined
   SamplerState sampler;
-  std::map<std::string, std::string> config;   ///< the configuration that produced this state
+  /// The configuration that produced this state, as Python sees it in torch.load: numbers as
+  /// int or float ("lr", "batch_size", ...), names as str ("model"). Checkpoints of Shoal 0.1
+  /// before this stored every value as a string; they load with those strings (see
+  /// config_number).
+  std::map<std::string, c10::IValue> config;
   int64_t world_size = 1;                      ///< informational: the world size that saved it
   std::string shoal_version;                   ///< filled in when saved
 };
@@ -107,6 +112,22 @@ c10::IValue to_ivalue(const TrainingState& state);
 /// 'state_dict' and 'optimizer'/'optimizer_state_dict', or a bare state dict. `where` names the
 /// file in errors. A "module." prefix on the model's keys is removed.
 TrainingState training_state_from_ivalue(const c10::IValue& object, const std::string& where);
+
+/// The config value under `key` as a number: an int or float, or a string holding one (what older
+/// checkpoints stored); nothing when `key` is absent. Throws CheckpointError naming `where` when the
+/// value is not a finite number.
+std::optional<double> config_number(const TrainingState& state, const std::string& key,
+                                    const std::string& where);
+
+/// Like config_number, for integers (epochs, seeds): exact beyond 2^53. Throws CheckpointError
+/// when the value is not an integer.
+std::optional<int64_t> config_integer(const TrainingState& state, const std::string& key,
+                                      const std::string& where);
+
+/// The config value under `key` as text (a string as it is, a number as its shortest exact
+/// text), or `fallback` when absent.
+std::string config_text(const TrainingState& state, const std::string& key,
+                        const std::string& fallback = {});
 
 /// Shoal's version ("0.1.0").
 const char* version();

@@ -12,11 +12,14 @@
 #include <memory>
 #include <string>
 #include <utility>
+#include <variant>
 #include <vector>
 
 namespace shoal::train {
 
-/// One JSON object under construction: keys in insertion order, numbers and strings.
+/// One JSON object under construction: keys in insertion order, numbers and strings. Written
+/// with nlohmann-json; a double keeps 9 significant digits (a float round-trips exactly), a
+/// non-finite one is written as null (JSON has no NaN).
 class JsonLine {
  public:
   JsonLine& add(const std::string& key, double value);
@@ -28,7 +31,7 @@ class JsonLine {
   std::string str() const;
 
  private:
-  std::vector<std::pair<std::string, std::string>> fields_;  // key, already-encoded value
+  std::vector<std::pair<std::string, std::variant<double, int64_t, std::string>>> fields_;
 };
 
 /// Appends JSON lines to a file; a writer built with an empty path is disabled and writes nothing.

@@ -19,6 +19,7 @@
 #include "comm/shm/reduce_kernels.h"
 #include "comm/timeouts.h"
 #include "shoal/error.h"
+#include "shoal/log.h"
 
 namespace shoal::comm::shm {
 
@@ -699,10 +700,10 @@ at::Tensor ProcessGroupShm::run_empty_symmetric(int64_t numel, at::ScalarType dt
   region->segment.unlink();  // every rank has mapped it, or none will use it
   if (!everyone) {
     if (!warned_no_symmetric_.exchange(true)) {
-      std::fprintf(stderr, "%s: shared memory for a symmetric tensor of %zu bytes is not "
-                   "available (%s); using ordinary memory (collectives on it copy through the "
-                   "group's buffers)\n", ctx.prefix().c_str(), bytes,
-                   failure.empty() ? "another rank could not map it" : failure.c_str());
+      log::warn(ctx.prefix(), ": shared memory for a symmetric tensor of ", bytes,
+                " bytes is not available (",
+                failure.empty() ? std::string("another rank could not map it") : failure,
+                "); using ordinary memory (collectives on it copy through the group's buffers)");
     }
     return torch::empty({numel}, options);
   }
