@@ -129,7 +129,8 @@ bool is_backend_available(const std::string& backend) {
 
 namespace {
 
-std::shared_ptr<ProcessGroup> create_backend(const std::string& name, const BackendArgs& args) {
+std::shared_ptr<ProcessGroup> create_named_backend(const std::string& name,
+                                                   const BackendArgs& args) {
   if (name == "gloo") return create_gloo_backend(args);
   if (name == "shm") return create_shm_backend(args);
   if (name == "hierarchical") return create_hierarchical_backend(args);
@@ -154,6 +155,14 @@ std::shared_ptr<ProcessGroup> create_backend(const std::string& name, const Back
   }
   SHOAL_THROW(InvalidArgument, "unknown backend '", name,
               "'; choose one of auto, shm, gloo, mpi, nccl, hierarchical");
+}
+
+// Every backend's time-outs then name every rank's last operations (hang_reporter.h). The
+// hierarchical backend's time-outs arise in its sub-groups, which report for themselves.
+std::shared_ptr<ProcessGroup> create_backend(const std::string& name, const BackendArgs& args) {
+  auto group = create_named_backend(name, args);
+  if (name != "hierarchical") group->enable_hang_reports(args.store, "shoal/hang");
+  return group;
 }
 
 // Checks that the ranks that met agree on the job, and that every rank came. Polls rather than
