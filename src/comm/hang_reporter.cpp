@@ -152,7 +152,7 @@ std::string HangReporter::gather(Milliseconds budget) {
     if (mine.empty()) return "";
     store_->set_string(scope_ + "/hang/" + std::to_string(rank_), mine);
     reports[rank_] = decode(mine);
-    // Poll every missing rank's key until it holds an answer to this request (or a later one).
+    // Poll every missing rank's key until it holds an answer to this incident's requests.
     int missing = size_ - 1;
     auto pause = Milliseconds(5);
     int64_t published = request;
@@ -169,7 +169,10 @@ std::string HangReporter::gather(Milliseconds budget) {
         const std::string key = scope_ + "/hang/" + std::to_string(r);
         if (!store_->check({key})) continue;
         Report theirs = decode(store_->get_string(key));
-        if (theirs.present && theirs.request >= request) {
+        // Answers to this request, or to another rank's request of the same incident: each rank
+        // asks once, so one incident's requests are at most size_ consecutive numbers (a rank
+        // that asked first and has already exited answered only its own).
+        if (theirs.present && theirs.request > request - size_) {
           reports[r] = std::move(theirs);
           --missing;
         }

@@ -8,7 +8,9 @@
 //
 // How: the rank whose operation failed increments the request counter "<scope>/hang/request",
 // publishes its own summary under "<scope>/hang/<rank>" (tagged with the request number) and reads
-// the others' for at most kHangReportBudget. Every rank answers a request from a thread of its own
+// the others' for at most kHangReportBudget, taking an answer to any of the last `size` requests
+// (the ranks that fail together each ask once; the first may answer and exit before the last
+// asks). A report from the end of an earlier incident of the same group may so be shown. Every rank answers a request from a thread of its own
 // (one per process, for every group), which looks at the counter every kHangPollInterval: so a
 // rank that is blocked in a collective, or busy elsewhere and not calling any (the one that is
 // behind), still answers; a rank that is dead or stopped does not, and the report says so.
