@@ -1,22 +1,44 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets in fuzz/ with clang (build-fuzz/) and runs each for SECONDS
-# (default 30), starting from the corpus in fuzz/corpus/<target> when there is one. Exits non-zero
-# when a target finds a crash (its reproducer is left in build-fuzz/).
+# (default 30), starting from its seed corpus in fuzz/corpus/<target>. Exits non-zero when a
+# target finds a crash, a leak of its limits or a time-out (its reproducer, crash-*, is left in
+# build-fuzz/ and its last lines are printed).
+#
+#   scripts/fuzz.sh [SECONDS]       build and run every target (CI: .ci/run, 20 s each)
+#   scripts/fuzz.sh --make-corpus   rewrite fuzz/corpus/ with Shoal's own encoders
 set -euo pipefail
 cd "$(dirname "$0")/.."
+TARGETS=(fuzz_idx_reader fuzz_unpickler fuzz_zip_directory fuzz_checksum_manifest fuzz_store_wire
+         fuzz_ps_message fuzz_stage_header)
+command -v clang++ >/dev/null || { echo "fuzz: clang++ is missing (apt-get install clang libclang-rt-14-dev)" >&2; exit 77; }
+start=$SECONDS
+cmake -S fuzz -B build-fuzz -G Ninja -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+      -DCMAKE_CXX_COMPILER_LAUNCHER="$(command -v ccache || true)" >/dev/null
+if [ "${1:-}" = --make-corpus ]; then
+  cmake --build build-fuzz -j "${JOBS:-2}" --target make_corpus
+  rm -rf fuzz/corpus && build-fuzz/make_corpus fuzz/corpus
+  find fuzz/corpus -type f | sort
+  exit 0
+fi
 SECONDS_EACH=${1:-30}
-command -v clang++ >/dev/null || { echo "fuzz: clang++ is missing (apt-get install clang)" >&2; exit 77; }
-cmake -S fuzz -B build-fuzz -G Ninja -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
-cmake --build build-fuzz -j "${JOBS:-1}"
+cmake --build build-fuzz -j "${JOBS:-2}" --target "${TARGETS[@]}"
+echo "fuzz: built in $((SECONDS - start)) s"
 status=0
-for target in fuzz_idx_reader fuzz_unpickler fuzz_zip_directory fuzz_store_wire; do
+for target in "${TARGETS[@]}"; do
+  # The seeds are copied: libFuzzer adds what it finds to the first corpus directory.
   corpus=build-fuzz/corpus/$target
   mkdir -p "$corpus"
   [ -d "fuzz/corpus/$target" ] && cp -n fuzz/corpus/$target/* "$corpus"/ 2>/dev/null || true
-  echo "fuzz: $target for ${SECONDS_EACH}s"
-  if ! (cd build-fuzz && ASAN_OPTIONS=detect_leaks=0 ./$target -max_total_time="$SECONDS_EACH" \
-        -rss_limit_mb=1024 -max_len=65536 "corpus/$target" 2>&1 | tail -3); then
+  log=build-fuzz/$target.log
+  if (cd build-fuzz && ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1 ./$target \
+        -max_total_time="$SECONDS_EACH" -rss_limit_mb=1024 -timeout=10 -max_len=65536 \
+        -print_final_stats=1 "corpus/$target" >"$target.log" 2>&1); then
+    echo "fuzz: $target: $(grep -m1 -o 'stat::number_of_executed_units: *[0-9]*' "$log" | grep -o '[0-9]*$') runs in ${SECONDS_EACH} s, no crash"
+  else
     status=1
+    echo "fuzz: $target FAILED; the last lines of $log:" >&2
+    tail -n 40 "$log" >&2
   fi
 done
+echo "fuzz: $([ $status = 0 ] && echo passed || echo FAILED) in $((SECONDS - start)) s"
 exit $status

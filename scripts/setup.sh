@@ -19,6 +19,7 @@ PACKAGES=(
   dataset-fashion-mnist   # real Fashion-MNIST, gzipped IDX files
   python3-torch           # PyTorch 1.13: numerical oracle and performance peer
   procps                  # ps/pgrep used by process tests
+  clang libclang-rt-14-dev  # the libFuzzer targets in fuzz/ (CI runs them: scripts/fuzz.sh)
 )
 
 missing=()

@@ -1,13 +1,13 @@
 #include "shoal/checkpoint/serialization.h"
 
 #include <sys/stat.h>
-#include <zlib.h>
 
 #include <cstring>
 #include <fstream>
 #include <map>
 
 #include "checkpoint/atomic_file.h"
+#include "checkpoint/checksum_manifest.h"
 #include "checkpoint/pickler.h"
 #include "checkpoint/unpickler.h"
 #include "checkpoint/zip_directory.h"
@@ -17,27 +17,9 @@
 namespace shoal::checkpoint {
 namespace {
 
-// Record holding "<name> <size> <crc32>" per line for every other record. torch.load ignores
-// records it does not know, and LibTorch's zip reader does not check the zip's own CRCs.
-constexpr const char* kChecksumRecord = "shoal_checksum";
-
 // Largest size a deflated (non-tensor) record may inflate to. torch.save compresses nothing; a
 // pickle of a large optimizer state is a few MB.
 constexpr uint64_t kMaxInflatedRecord = uint64_t{64} << 20;
-
-uint32_t crc32_of(const void* data, size_t size) {
-  // zlib's crc32 takes a 32-bit length: feed large records in 1 GiB pieces.
-  constexpr size_t kPiece = size_t{1} << 30;
-  uLong crc = ::crc32(0L, Z_NULL, 0);
-  const auto* p = static_cast<const Bytef*>(data);
-  while (size > 0) {
-    const size_t n = std::min(size, kPiece);
-    crc = ::crc32(crc, p, static_cast<uInt>(n));
-    p += n;
-    size -= n;
-  }
-  return static_cast<uint32_t>(crc);
-}
 
 std::string first_line(const char* text) {
   std::string s(text);
@@ -45,10 +27,9 @@ std::string first_line(const char* text) {
   return nl == std::string::npos ? s : s.substr(0, nl);
 }
 
-struct Checksum {
-  size_t size = 0;
-  uint32_t crc = 0;
-};
+using detail::Checksum;
+using detail::crc32_of;
+using detail::kChecksumRecord;
 
 /// An opened archive whose records are checked against the saved checksums as they are read.
 class CheckedArchive {
@@ -122,26 +103,8 @@ class CheckedArchive {
     }
   }
 
-  // The manifest is all or nothing: a line that does not read as "<name> <size> <crc32>" means the
-  // file is damaged, and loading without the checks would hide exactly that.
   void parse_manifest(const std::string& text) {
-    std::istringstream lines(text);
-    std::string line;
-    size_t number = 0;
-    while (std::getline(lines, line)) {
-      ++number;
-      std::istringstream fields(line);
-      std::string name, size, crc, rest;
-      fields >> name >> size >> crc;
-      const bool ok = !name.empty() && !size.empty() && size.size() <= 19 && crc.size() == 8 &&
-                      size.find_first_not_of("0123456789") == std::string::npos &&
-                      crc.find_first_not_of("0123456789abcdef") == std::string::npos && !(fields >> rest);
-      SHOAL_CHECK_T(CheckpointError, ok, path_, ": the checksum manifest (record '", kChecksumRecord,
-                    "') is unreadable at line ", number, ": the file is corrupt");
-      checksums_[name] = Checksum{std::stoull(size), static_cast<uint32_t>(std::stoul(crc, nullptr, 16))};
-    }
-    SHOAL_CHECK_T(CheckpointError, !checksums_.empty(), path_, ": the checksum manifest (record '",
-                  kChecksumRecord, "') is empty: the file is corrupt");
+    checksums_ = detail::parse_checksum_manifest(text, path_);
   }
 
   std::string raw(const std::string& name) {
@@ -171,10 +134,7 @@ void save(const c10::IValue& object, const std::string& path) {
         [&file](const void* data, size_t size) { return file.append(data, size); });
     auto put = [&](const std::string& name, const void* data, size_t size) {
       writer.write(name, data, size);
-      manifest += name + " " + std::to_string(size) + " ";
-      char hex[16];
-      std::snprintf(hex, sizeof(hex), "%08x", crc32_of(data, size));
-      manifest += std::string(hex) + "\n";
+      manifest += detail::manifest_line(name, size, crc32_of(data, size));
     };
     put("data.pkl", pickle.data(), pickle.size());
     put("byteorder", "little", 6);

@@ -73,7 +73,14 @@ void install_dump_on_sigusr1() {
     if (setting != nullptr && std::strcmp(setting, "0") == 0) return;
     struct sigaction current {};
     if (::sigaction(SIGUSR1, nullptr, &current) != 0) return;
-    if (current.sa_handler != SIG_DFL || (current.sa_flags & SA_SIGINFO)) return;  // the program's
+    if (current.sa_flags & SA_SIGINFO) return;  // the program's own handler
+    if (current.sa_handler == SIG_IGN) {
+      // Ignored: by `shoal run` until now (replace it), or by the program (keep it).
+      const char* launcher = std::getenv(kSigusr1IgnoredEnv);
+      if (launcher == nullptr || std::strcmp(launcher, "1") != 0) return;
+    } else if (current.sa_handler != SIG_DFL) {
+      return;  // the program's own handler
+    }
     int fds[2];
     if (::pipe(fds) != 0) return;
     g_wake_fd = fds[1];

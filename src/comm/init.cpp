@@ -154,7 +154,10 @@ bool cuda_available_for_nccl() {
 #endif
 }
 
-std::shared_ptr<ProcessGroup> create_backend(const std::string& name, const BackendArgs& args) {
+std::shared_ptr<ProcessGroup> create_backend(const std::string& name, const BackendArgs& args);
+
+std::shared_ptr<ProcessGroup> create_named_backend(const std::string& name,
+                                                   const BackendArgs& args) {
   if (is_multi_device_spec(name)) {
     // A backend per device type, each meeting in a store prefix of its own ("cpu:shm,cuda:nccl").
     std::map<c10::DeviceType, std::shared_ptr<ProcessGroup>> children;
@@ -194,6 +197,17 @@ std::shared_ptr<ProcessGroup> create_backend(const std::string& name, const Back
   SHOAL_THROW(InvalidArgument, "unknown backend '", name,
               "'; choose one of auto, shm, gloo, mpi, nccl, hierarchical, or one per device type "
               "(cpu:shm,cuda:nccl)");
+}
+
+// Every backend's time-outs then name every rank's last operations (hang_reporter.h). The
+// hierarchical and multi-device groups' time-outs arise in their sub-groups, which report for
+// themselves.
+std::shared_ptr<ProcessGroup> create_backend(const std::string& name, const BackendArgs& args) {
+  auto group = create_named_backend(name, args);
+  if (name != "hierarchical" && !is_multi_device_spec(name)) {
+    group->enable_hang_reports(args.store, "shoal/hang");
+  }
+  return group;
 }
 
 // Checks that the ranks that met agree on the job, and that every rank came. Polls rather than

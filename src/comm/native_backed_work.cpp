@@ -1,5 +1,6 @@
 #include "comm/native_backed_work.h"
 
+#include "comm/hang_reporter.h"
 #include "comm/peer_directory.h"
 #include "shoal/error.h"
 
@@ -18,7 +19,8 @@ void NativeBackedWork::finish(Milliseconds timeout) {
     if (!native_->wait(timeout)) {
       const std::string blamed = peers_ ? peers_->diagnose(sequence_number(), kDiagnoseBudget) : "";
       SHOAL_THROW(TimeoutError, label().prefix(), " timed out after ", timeout.count(), " ms",
-                  blamed.empty() ? "" : " waiting for ", blamed);
+                  blamed.empty() ? "" : " waiting for ", blamed,
+                  reports_ ? reports_->gather() : std::string());
     }
     if (on_success_) on_success_();
     finished_ = true;
@@ -37,7 +39,9 @@ void NativeBackedWork::finish(Milliseconds timeout) {
         label().prefix(), timed_out ? " timed out" : " failed", " after ", elapsed.count(), " ms",
         blamed.empty() ? "" : " waiting for ", blamed, ": ", cause);
     try {
-      if (timed_out) SHOAL_THROW(TimeoutError, message);
+      if (timed_out) {
+        SHOAL_THROW(TimeoutError, message, reports_ ? reports_->gather() : std::string());
+      }
       SHOAL_THROW(PeerError, message);
     } catch (...) {
       error_ = std::current_exception();

@@ -8,6 +8,7 @@
 // Thread safety: as Work (any thread may wait; the first waiter finishes the operation).
 #pragma once
 
+#include <atomic>
 #include <exception>
 #include <functional>
 #include <memory>
@@ -19,25 +20,39 @@
 
 namespace shoal::comm {
 
+class HangReporter;
 class PeerDirectory;
 
 class NativeBackedWork : public Work {
  public:
-  /// `on_success` runs once, on the waiting thread, when the operation has succeeded.
+  /// `on_success` runs once, on the waiting thread, when the operation has succeeded. `reports`
+  /// (may be null) adds every rank's last operations to a time-out's message.
   NativeBackedWork(const OpContext& ctx, std::unique_ptr<compat::NativeWork> native,
-                   std::shared_ptr<PeerDirectory> peers, std::function<void()> on_success)
+                   std::shared_ptr<PeerDirectory> peers, std::shared_ptr<HangReporter> reports,
+                   std::function<void()> on_success)
       : Work(ctx.label),
         timeout_(ctx.timeout),
         native_(std::move(native)),
         peers_(std::move(peers)),
+        reports_(std::move(reports)),
         on_success_(std::move(on_success)) {}
 
   bool is_completed() override {
-    std::lock_guard<std::mutex> lock(mutex_);
+    if (finished_.load(std::memory_order_acquire)) return true;
+    // A wait holds mutex_ for as long as it waits: is_completed never blocks on it (the flight
+    // recorder and the hang report ask from other threads, and from the waiting thread itself).
+    if (waiters_.load(std::memory_order_acquire) > 0) return false;
+    std::unique_lock<std::mutex> lock(mutex_, std::try_to_lock);
+    if (!lock.owns_lock()) return false;
     return finished_ || native_->is_completed();
   }
 
   void wait(Milliseconds timeout) override {
+    waiters_.fetch_add(1, std::memory_order_acq_rel);  // before the lock: see is_completed()
+    struct Leave {
+      std::atomic<int>& waiters;
+      ~Leave() { waiters.fetch_sub(1, std::memory_order_acq_rel); }
+    } leave{waiters_};
     std::lock_guard<std::mutex> lock(mutex_);
     if (!finished_) finish(timeout == kGroupTimeout ? timeout_ : timeout);
     if (error_) std::rethrow_exception(error_);
@@ -55,8 +70,10 @@ class NativeBackedWork : public Work {
   Milliseconds timeout_;
   std::unique_ptr<compat::NativeWork> native_;
   std::shared_ptr<PeerDirectory> peers_;
+  std::shared_ptr<HangReporter> reports_;
   std::function<void()> on_success_;
-  bool finished_ = false;
+  std::atomic<bool> finished_{false};
+  std::atomic<int> waiters_{0};
   std::exception_ptr error_;
 };
 

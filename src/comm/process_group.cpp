@@ -7,8 +7,10 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "comm/hang_reporter.h"
 #include "comm/host_staging.h"
 #include "shoal/comm/flight_recorder.h"
+#include "shoal/comm/store.h"
 #include "shoal/error.h"
 
 namespace shoal::comm {
@@ -56,9 +58,68 @@ void ProcessGroup::enable_collective_checks_by_default() {
   check_collectives_ = collective_checks_from_env() != 0;
 }
 
-ProcessGroup::~ProcessGroup() { unregister_process_group(this); }
+ProcessGroup::~ProcessGroup() {
+  if (hang_reporter_) hang_reporter_->close();  // no summary of this group is made after this
+  unregister_process_group(this);
+}
+
+void ProcessGroup::enable_hang_reports(std::shared_ptr<Store> store, const std::string& scope) {
+  if (store == nullptr || hang_reporter_) return;
+  hang_reporter_ = HangReporter::create(std::move(store), scope, rank_, size_, [this] {
+    // The newest operation noted, and the newest whose Work has completed or is gone. The slots
+    // are copied first: Work::is_completed() is not called under recent_mutex_.
+    std::vector<Recorded> ops;
+    {
+      std::lock_guard<std::mutex> lock(recent_mutex_);
+      const uint64_t count = std::min<uint64_t>(newest_recorded_, kRecentOperations);
+      for (uint64_t seq = newest_recorded_ + 1 - count; seq <= newest_recorded_ && count > 0;
+           ++seq) {
+        const Recorded& slot = recent_[seq % kRecentOperations];
+        if (slot.label.sequence == seq) ops.push_back(slot);
+      }
+    }
+    RankSummary summary;
+    if (ops.empty()) {
+      summary.text = "no operation yet";
+      return summary;
+    }
+    const Recorded* completed = nullptr;
+    for (const Recorded& op : ops) {
+      const auto work = op.work.lock();
+      if (op.attached && (!work || work->is_completed())) completed = &op;
+    }
+    const Recorded& started = ops.back();
+    char age[64];
+    if (&started == completed) {
+      std::snprintf(age, sizeof age, "completed");
+    } else {
+      std::snprintf(age, sizeof age, "in flight for %.1f s",
+                    std::chrono::duration<double>(std::chrono::steady_clock::now() -
+                                                  started.start).count());
+    }
+    summary.last_started = started.label.sequence;
+    summary.text = "started " + started.describe() + ", " + age;
+    if (completed != nullptr) {
+      summary.last_completed = completed->label.sequence;
+      if (completed != &started) summary.text += "; completed " + completed->describe();
+    } else {
+      summary.text += "; none of its last " + std::to_string(ops.size()) + " completed";
+    }
+    return summary;
+  });
+}
+
+std::string ProcessGroup::hang_report() const {
+  return hang_reporter_ ? hang_reporter_->gather() : std::string();
+}
 
 std::string ProcessGroup::rank_prefix() const { return comm::rank_prefix(rank_, size_); }
+
+std::string ProcessGroup::Recorded::describe() const {
+  std::string text = label.description();
+  if (note[0] != '\0') text += std::string(" [") + note + "]";
+  return text;
+}
 
 ProcessGroup::Recorded* ProcessGroup::recent_slot(uint64_t sequence) {
   Recorded& slot = recent_[sequence % kRecentOperations];
@@ -99,7 +160,7 @@ std::vector<std::string> ProcessGroup::recent_operations() const {
     } else {
       std::snprintf(state, sizeof state, "done");
     }
-    out.push_back(op.label.description() + ": " + state);
+    out.push_back(op.describe() + ": " + state);
   }
   return out;
 }
@@ -278,6 +339,13 @@ std::shared_ptr<Work> ProcessGroup::allreduce(at::Tensor& tensor,
   check_tensor(*this, "allreduce", tensor);
   auto ctx = make_context("allreduce", options.timeout, &tensor);
   ctx.label.reduce_op = static_cast<int>(options.op);
+  if (options.note != nullptr) {
+    std::lock_guard<std::mutex> lock(recent_mutex_);
+    if (Recorded* slot = recent_slot(ctx.sequence())) {
+      std::strncpy(slot->note, options.note, kNoteBytes - 1);
+      slot->note[kNoteBytes - 1] = '\0';
+    }
+  }
   if (options.check) {
     if (auto failed = check_same_collective(ctx)) return record(ctx, failed);
   }
@@ -446,6 +514,10 @@ std::shared_ptr<ProcessGroup> ProcessGroup::new_group(const std::vector<int>& ra
   auto it = std::find(ranks.begin(), ranks.end(), rank_);
   if (it == ranks.end()) return nullptr;
   auto group = run_new_group(ranks, static_cast<int>(it - ranks.begin()), group_id);
+  if (hang_reporter_) {
+    group->enable_hang_reports(hang_reporter_->store(),
+                               hang_reporter_->scope() + "/g" + std::to_string(group_id));
+  }
   // Every member must have finished connecting before any of them may use or drop the group.
   group->barrier()->wait();
   return group;

@@ -3,6 +3,8 @@
 #include <sys/stat.h>
 #include <zlib.h>
 
+#include <ATen/Functions.h>
+
 #include <cerrno>
 #include <algorithm>
 #include <cstring>

@@ -17,6 +17,7 @@
 
 #include "comm/shm/shared_segment.h"
 #include "launcher/signal_relay.h"
+#include "shoal/comm/flight_recorder.h"
 #include "launcher/worker_group.h"
 #include "security/auth_token.h"
 #include "shoal/error.h"
@@ -126,6 +127,9 @@ std::vector<WorkerSpec> plan_workers(const LaunchOptions& options, int master_po
       // The job's token: every store connection proves it knows it (security/auth_token.h). One
       // given to the launcher (e.g. the same on every node) is passed on as it is.
       env[security::kTokenEnv] = token;
+      // Workers start with SIGUSR1 ignored (worker_process.cpp); this tells init_process_group
+      // that the ignore is the launcher's, not the program's, so the dump handler may replace it.
+      env[comm::kSigusr1IgnoredEnv] = "1";
       env["TORCHELASTIC_RESTART_COUNT"] = std::to_string(restart);
       env["TORCHELASTIC_MAX_RESTARTS"] = std::to_string(options.max_restarts);
       if (base.count("OMP_NUM_THREADS") == 0) env["OMP_NUM_THREADS"] = "1";

@@ -1,4 +1,4 @@
-// SignalRelay: turns SIGINT, SIGTERM, SIGHUP, SIGQUIT and SIGCHLD into bytes on a pipe that the launcher's
+// SignalRelay: turns SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1 and SIGCHLD into bytes on a pipe that the launcher's
 // monitoring loop polls together with its workers' output (the self-pipe trick), so that the loop
 // never sleeps through a signal and the handlers themselves do nothing but one write().
 //
@@ -27,7 +27,8 @@ class SignalRelay {
 
  private:
   // SIGHUP (the terminal closed) and SIGQUIT stop the job like SIGINT: forwarded to the workers.
-  static constexpr int kSignals[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGCHLD};
+  // SIGUSR1 asks every worker for its recent operations (flight_recorder.h) and stops nothing.
+  static constexpr int kSignals[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGCHLD};
   static constexpr size_t kCount = sizeof(kSignals) / sizeof(kSignals[0]);
   int read_fd_ = -1;
   int write_fd_ = -1;

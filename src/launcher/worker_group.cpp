@@ -137,6 +137,17 @@ GroupResult WorkerGroup::run(SignalRelay& relay) {
 
     for (int signal : relay.drain()) {
       if (signal == SIGCHLD) continue;  // reaped below
+      if (signal == SIGUSR1) {
+        // Workers start with SIGUSR1 ignored (worker_process.cpp) until init_process_group
+        // installs the dump: one that never does is not killed by it.
+        const int running = count_running();
+        if (!stopping_ && running > 0) {
+          signal_all(SIGUSR1);
+          std::fprintf(stderr, "shoal run: received SIGUSR1; asked %d worker%s for their recent "
+                       "operations\n", running, running == 1 ? "" : "s");
+        }
+        continue;
+      }
       if (!stopping_) {
         result.outcome = GroupResult::Outcome::kInterrupted;
         result.interrupt_signal = signal;

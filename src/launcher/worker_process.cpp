@@ -32,13 +32,18 @@ void close_fd(int& fd) {
   ::prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (::getppid() != launcher) ::_exit(128 + SIGKILL);
   // Dispositions set to "ignore" (shoal ignores SIGPIPE) and blocked signals survive exec;
-  // a worker starts with the defaults, as it would from a shell.
+  // a worker starts with the defaults, as it would from a shell, except SIGUSR1: it starts
+  // ignored (also across exec), so that the launcher's SIGUSR1 relay cannot kill a worker that
+  // has not installed the dump handler (yet, or ever); init_process_group installs it over the
+  // ignore when SHOAL_SIGUSR1_IGNORED=1 says the ignore is the launcher's (flight_recorder.h).
   struct sigaction action {};
   action.sa_handler = SIG_DFL;
   sigemptyset(&action.sa_mask);
   for (int s = 1; s < NSIG; ++s) {
     if (s != SIGKILL && s != SIGSTOP) ::sigaction(s, &action, nullptr);
   }
+  action.sa_handler = SIG_IGN;
+  ::sigaction(SIGUSR1, &action, nullptr);
   sigset_t none;
   sigemptyset(&none);
   ::sigprocmask(SIG_SETMASK, &none, nullptr);

@@ -46,6 +46,7 @@ CommHook compress_hook(std::shared_ptr<comm::ProcessGroup> group, at::ScalarType
     auto compressed = bucket.buffer().to(wire_type).div_(group->size());
     comm::AllreduceOptions options;
     options.check = false;  // identical on every rank by construction, as in allreduce_hook
+    options.note = bucket.note().c_str();
     auto work = group->allreduce(compressed, options);
     at::Tensor buffer = bucket.buffer();
     return then(std::move(work), [buffer, compressed]() mutable {
@@ -90,6 +91,7 @@ CommHook allreduce_hook(std::shared_ptr<comm::ProcessGroup> group) {
     // every rank builds the same buckets), so the per-collective check would only add a blocking
     // round trip before each bucket's reduction.
     options.check = false;
+    options.note = bucket.note().c_str();
     return group->allreduce(bucket.buffer(), options);
   };
 }

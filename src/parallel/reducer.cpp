@@ -152,6 +152,17 @@ void Reducer::build_buckets(const std::vector<size_t>& order) {
     for (size_t index : bucket.variables) params.push_back(params_[index]);
     bucket.hook_view = std::make_unique<GradBucket>(b, b + 1 == assignment.size(), bucket.contents,
                                                     bucket.views, std::move(params));
+    // Its first parameters' names, as many as fit in a hang report's note.
+    std::string note = "bucket " + std::to_string(b) + ":";
+    for (size_t i = 0; i < bucket.variables.size(); ++i) {
+      const std::string& name = names_[bucket.variables[i]];
+      if (i > 0 && note.size() + name.size() + 2 >= comm::ProcessGroup::kNoteBytes) {
+        note += " ...";
+        break;
+      }
+      note += (i == 0 ? " " : ", ") + name;
+    }
+    bucket.hook_view->set_note(std::move(note));
   }
   buckets_ = std::move(buckets);
 }

@@ -8,32 +8,6 @@
 #include "shoal/error.h"
 
 namespace shoal::pipeline {
-namespace {
-
-// "SHOALPIP": catches a stream that is out of step (a message read as a header that is not one).
-constexpr int64_t kMagic = 0x5348'4F41'4C50'4950;
-
-const char* kind_name(StageTransport::Kind kind) {
-  switch (kind) {
-    case StageTransport::Kind::kActivation:
-      return "activation";
-    case StageTransport::Kind::kGradient:
-      return "gradient";
-    case StageTransport::Kind::kError:
-      return "error";
-  }
-  return "unknown";
-}
-
-bool allowed_dtype(int64_t code) {
-  for (at::ScalarType type : {at::kFloat, at::kDouble, at::kHalf, at::kBFloat16, at::kLong,
-                              at::kInt}) {
-    if (code == static_cast<int64_t>(type)) return true;
-  }
-  return false;
-}
-
-}  // namespace
 
 StageTransport::StageTransport(std::shared_ptr<comm::ProcessGroup> group,
                                std::vector<int> stage_ranks, int stage, int64_t max_message_bytes,
@@ -50,25 +24,21 @@ std::string StageTransport::describe_stage(int stage) const {
 
 at::Tensor StageTransport::make_header(Kind kind, int64_t step, int64_t micro_batch,
                                        const at::Tensor& tensor, int64_t error_bytes) const {
-  at::Tensor header = at::zeros({kHeaderWords}, at::kLong);
-  int64_t* h = header.data_ptr<int64_t>();
-  h[0] = kMagic;
-  h[1] = static_cast<int64_t>(kind);
-  h[2] = step;
-  h[3] = micro_batch;
-  if (kind == Kind::kError) {
-    h[4] = static_cast<int64_t>(at::kByte);
-    h[5] = 1;
-    h[6] = error_bytes;
-    return header;
+  StageHeader header;
+  header.kind = kind;
+  header.step = step;
+  header.micro_batch = micro_batch;
+  header.error_bytes = error_bytes;
+  if (kind != Kind::kError) {
+    SHOAL_CHECK_T(InvalidArgument, tensor.dim() <= kMaxDims, group_->rank_prefix(), " pipeline ",
+                  describe_stage(stage_), ": a ", kind_name(kind), " with ", tensor.dim(),
+                  " dimensions cannot be sent (at most ", kMaxDims, ")");
+    header.dtype = tensor.scalar_type();
+    header.sizes = tensor.sizes().vec();
   }
-  SHOAL_CHECK_T(InvalidArgument, tensor.dim() <= kMaxDims, group_->rank_prefix(), " pipeline ",
-                describe_stage(stage_), ": a ", kind_name(kind), " with ", tensor.dim(),
-                " dimensions cannot be sent (at most ", kMaxDims, ")");
-  h[4] = static_cast<int64_t>(tensor.scalar_type());
-  h[5] = tensor.dim();
-  for (int64_t d = 0; d < tensor.dim(); ++d) h[6 + d] = tensor.size(d);
-  return header;
+  at::Tensor words = at::empty({kHeaderWords}, at::kLong);
+  header.encode(words.data_ptr<int64_t>());
+  return words;
 }
 
 void StageTransport::send(Kind kind, int64_t step, int64_t micro_batch, const at::Tensor& tensor,
@@ -92,47 +62,26 @@ at::Tensor StageTransport::recv(Kind kind, int64_t step, int64_t micro_batch, in
                                            " (step ", step, ") from ", describe_stage(from));
   at::Tensor header = at::empty({kHeaderWords}, at::kLong);
   receive(header, from, options, what);
-  const int64_t* h = header.data_ptr<int64_t>();
-  SHOAL_CHECK_T(PeerError, h[0] == kMagic, what, " failed: the message is not a pipeline header "
-                "(the two stages are out of step)");
-  const int64_t got_kind = h[1];
-  if (got_kind == static_cast<int64_t>(Kind::kError)) {
+  const int64_t* words = header.data_ptr<int64_t>();
+  // Also when its error text's length is out of bounds: that stage failed.
+  if (words[1] == static_cast<int64_t>(Kind::kError)) failed_neighbour_ = from;
+  const StageHeader got = StageHeader::decode(words, max_message_bytes_, what);
+  if (got.kind == Kind::kError) {
     failed_neighbour_ = from;
-    const int64_t bytes = h[6];
-    SHOAL_CHECK_T(PeerError, bytes >= 0 && bytes <= kMaxErrorBytes, what, ": ",
-                  describe_stage(from), " failed (its error message of ", bytes,
-                  " bytes is out of bounds)");
     std::string text;
-    if (bytes > 0) {
-      at::Tensor message = at::empty({bytes}, at::kByte);
+    if (got.error_bytes > 0) {
+      at::Tensor message = at::empty({got.error_bytes}, at::kByte);
       receive(message, from, options, what);
       text.assign(reinterpret_cast<const char*>(message.data_ptr<uint8_t>()),
-                  static_cast<size_t>(bytes));
+                  static_cast<size_t>(got.error_bytes));
     }
     SHOAL_THROW(PeerError, group_->rank_prefix(), " pipeline ", describe_stage(stage_),
                 " stopped: ", describe_stage(from), " reported: ", text);
   }
-  SHOAL_CHECK_T(PeerError, got_kind == static_cast<int64_t>(kind) && h[2] == step &&
-                               h[3] == micro_batch,
-                what, " failed: got a message of kind ", got_kind, " for micro-batch ", h[3],
-                " of step ", h[2], " (the stages run different schedules or micro-batch counts)");
-  SHOAL_CHECK_T(PeerError, allowed_dtype(h[4]), what, " failed: unsupported dtype code ", h[4]);
-  const int64_t dims = h[5];
-  SHOAL_CHECK_T(PeerError, dims >= 0 && dims <= kMaxDims, what, " failed: ", dims,
-                " dimensions in the header (at most ", kMaxDims, ")");
-  const auto dtype = static_cast<at::ScalarType>(h[4]);
-  std::vector<int64_t> sizes;
-  int64_t bytes = static_cast<int64_t>(c10::elementSize(dtype));
-  for (int64_t d = 0; d < dims; ++d) {
-    const int64_t size = h[6 + d];
-    SHOAL_CHECK_T(PeerError, size >= 0, what, " failed: negative size ", size, " in the header");
-    SHOAL_CHECK_T(PeerError, size == 0 || bytes <= max_message_bytes_ / size, what,
-                  " failed: the header announces more than max_message_bytes (",
-                  max_message_bytes_, " bytes)");
-    bytes *= size;
-    sizes.push_back(size);
-  }
-  at::Tensor tensor = at::empty(sizes, at::TensorOptions().dtype(dtype));
+  SHOAL_CHECK_T(PeerError, got.kind == kind && got.step == step && got.micro_batch == micro_batch,
+                what, " failed: got a ", kind_name(got.kind), " for micro-batch ", got.micro_batch,
+                " of step ", got.step, " (the stages run different schedules or micro-batch counts)");
+  at::Tensor tensor = at::empty(got.sizes, at::TensorOptions().dtype(got.dtype));
   if (tensor.numel() > 0) receive(tensor, from, options, what);
   return tensor;
 }

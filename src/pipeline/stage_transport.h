@@ -1,9 +1,9 @@
 // StageTransport: the messages between neighbouring pipeline stages, over a ProcessGroup's
 // send/recv.
 //
-// Every message is a fixed-size header (int64[kHeaderWords]: magic, kind, step, micro-batch,
-// dtype, rank count, sizes), then the tensor. The receiver checks the header against what its
-// schedule expects (kind, step, micro-batch) and bounds the size before it allocates. An error
+// Every message is a fixed-size header (StageHeader: magic, kind, step, micro-batch, dtype, rank
+// count, sizes), then the tensor. The receiver checks the header against what its schedule
+// expects (kind, step, micro-batch) and bounds the size before it allocates. An error
 // message is a header of kind kError followed by the (bounded) text of the error.
 // Messages toward the next stage use tag kForwardTag, toward the previous one kBackwardTag: each
 // direction between two stages carries one ordered stream.
@@ -18,18 +18,18 @@
 #include <string>
 #include <vector>
 
+#include "pipeline/stage_header.h"
 #include "shoal/comm/process_group.h"
 
 namespace shoal::pipeline {
 
 class StageTransport {
  public:
-  enum class Kind : int64_t { kActivation = 1, kGradient = 2, kError = 3 };
+  using Kind = StageHeader::Kind;
 
-  static constexpr int kHeaderWords = 16;
-  static constexpr int kMaxDims = kHeaderWords - 6;
-  /// Error texts are cut to this length: enough for a message naming rank, stage and cause.
-  static constexpr int64_t kMaxErrorBytes = 4096;
+  static constexpr int kHeaderWords = StageHeader::kWords;
+  static constexpr int kMaxDims = StageHeader::kMaxDims;
+  static constexpr int64_t kMaxErrorBytes = StageHeader::kMaxErrorBytes;
   static constexpr int kForwardTag = 1;
   static constexpr int kBackwardTag = 2;
 

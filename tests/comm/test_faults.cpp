@@ -412,5 +412,143 @@ TEST(FlightRecorder, SigusrOnePrintsTheOperationInFlight) {
   EXPECT_NE(text.find("[rank 1/2] last 1 operation(s)"), std::string::npos) << text;
 }
 
+
+// Hang forensics: when a collective times out, the error names every rank's last started and
+// last completed operation, gathered through the store. Rank 2 stops calling collectives after
+// allreduce #2 (it waits for the others' files: busy elsewhere, alive); ranks 0 and 1 time out in
+// allreduce #3 and their errors show rank 2 behind, in #2, with its DDP-style note.
+class HangReport : public ::testing::TestWithParam<const char*> {};
+
+constexpr Milliseconds kHangTimeout{2000};
+
+std::shared_ptr<ProcessGroup> hang_group(const char* backend, int rank, int size,
+                                         const std::string& store_path) {
+  torch::set_num_threads(1);
+  auto store = make_file_store(store_path, size, Milliseconds(30'000));
+  return new_process_group(backend, store, rank, size, kHangTimeout);
+}
+
+// The report lines of `what` a rank must show, or a description of what is missing.
+std::string missing_report_lines(const std::string& what, const std::vector<std::string>& lines) {
+  std::string missing;
+  for (const auto& line : lines) {
+    if (what.find(line) == std::string::npos) missing += "\n  missing: " + line;
+  }
+  return missing.empty() ? "" : missing + "\nin: " + what;
+}
+
+TEST_P(HangReport, EveryRankNamesEveryRanksLastOperation) {
+  const char* backend = GetParam();
+  constexpr int kWorld = 3;
+  auto results = shoal::testing::run_processes(
+      kWorld,
+      [backend](int rank, const std::string& path) {
+        auto pg = hang_group(backend, rank, kWorld, path);
+        auto t = torch::ones({16});
+        pg->allreduce(t)->wait();
+        AllreduceOptions bucket;
+        bucket.note = "bucket 0: fc.weight, fc.bias";
+        pg->allreduce(t, bucket)->wait();
+        const auto gave_up = [&](int r) { return path + ".gave-up." + std::to_string(r); };
+        if (rank == 2) {
+          // Behind: alive, but not calling collectives until both others have their error.
+          if (!shoal::testing::wait_for_files({gave_up(0), gave_up(1)}, Milliseconds(30'000))) {
+            throw std::runtime_error("ranks 0 and 1 never gave up on rank 2");
+          }
+          return;
+        }
+        struct SignalOnExit {  // also when the expectation throws: rank 2 must not wait in vain
+          std::string path;
+          ~SignalOnExit() { shoal::testing::touch_file(path); }
+        } signal{gave_up(rank)};
+        const auto start = Clock::now();
+        try {
+          pg->allreduce(t)->wait();
+        } catch (const shoal::Error& e) {
+          // shm: the first rank to time out aborts the group, so the other fails at once naming
+          // the abort; both carry the table.
+          const std::string what = e.what();
+          const std::string missing = missing_report_lines(
+              what, {"every rank's last operations (gathered through the store",
+                     "rank 0: started allreduce #3 (64 B float32, sum), in flight for",
+                     "; completed allreduce #2 (64 B float32, sum) [bucket 0: fc.weight, fc.bias]",
+                     "rank 1: started allreduce #3 (64 B float32, sum), in flight for",
+                     "rank 2: started allreduce #2 (64 B float32, sum) [bucket 0: fc.weight, "
+                     "fc.bias], completed  <- behind"});
+          if (!missing.empty()) throw std::runtime_error(missing);
+          const double elapsed = seconds_since(start);
+          if (elapsed > shoal::testing::fault_deadline_seconds(kHangTimeout)) {
+            throw std::runtime_error("the error came after " + std::to_string(elapsed) + " s");
+          }
+          std::printf("rank %d got, after %.2f s: %s\n", rank, elapsed, what.c_str());
+          return;
+        }
+        throw std::runtime_error("allreduce #3 did not fail although rank 2 never joined it");
+      },
+      Milliseconds(30'000));
+  for (const auto& r : results) EXPECT_TRUE(r.ok()) << describe(r);
+  expect_all_reaped();
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, HangReport, ::testing::Values("shm", "gloo"),
+                         [](const auto& info) { return std::string(info.param); });
+
+// A stopped rank (SIGSTOP: all its threads stand still) cannot answer: the report says so, and
+// the others' errors still come within the time-out plus the report's budget. Over a TCP store
+// served by rank 0 (as env:// does): a file store's lock, held by a rank stopped at that moment,
+// would stall the others' store requests.
+TEST(HangReportStopped, StoppedRankHasNoReport) {
+  constexpr int kWorld = 3;
+  const int port = shoal::testing::free_port();
+  auto results = shoal::testing::run_processes(
+      kWorld,
+      [port](int rank, const std::string& path) {
+        torch::set_num_threads(1);
+        auto store = make_tcp_store("127.0.0.1", port, kWorld, rank == 0, Milliseconds(30'000));
+        auto pg = new_process_group("gloo", store, rank, kWorld, kHangTimeout);
+        auto t = torch::ones({16});
+        pg->allreduce(t)->wait();
+        if (rank == 2) {
+          std::ofstream(path + ".pid.tmp") << ::getpid();
+          std::filesystem::rename(path + ".pid.tmp", path + ".pid");
+          ::raise(SIGSTOP);  // rank 0 kills it once it has its error
+          return;
+        }
+        const auto start = Clock::now();
+        try {
+          pg->allreduce(t)->wait();
+        } catch (const shoal::Error& e) {
+          const std::string what = e.what();
+          const double elapsed = seconds_since(start);
+          if (rank == 0) {  // the stopped rank is not needed any more
+            std::ifstream pid_file(path + ".pid");
+            int pid = 0;
+            if (pid_file >> pid && pid > 0) ::kill(pid, SIGKILL);
+          }
+          const std::string missing = missing_report_lines(
+              what, {"rank 0: started allreduce #2", "rank 1: started allreduce #2",
+                     "rank 2: no report (dead or stopped?)"});
+          if (!missing.empty()) throw std::runtime_error(missing);
+          if (elapsed > shoal::testing::fault_deadline_seconds(kHangTimeout) + 2.0) {
+            throw std::runtime_error("the error came after " + std::to_string(elapsed) + " s");
+          }
+          std::printf("rank %d got, after %.2f s: %s\n", rank, elapsed, what.c_str());
+          // Rank 0 serves the store: it stays until rank 1 has its report.
+          if (rank == 1) shoal::testing::touch_file(path + ".reported.1");
+          if (rank == 0 && !shoal::testing::wait_for_file(path + ".reported.1", Milliseconds(20'000))) {
+            throw std::runtime_error("rank 1 never got its report");
+          }
+          return;
+        }
+        throw std::runtime_error("allreduce #2 did not fail although rank 2 is stopped");
+      },
+      Milliseconds(30'000));
+  ASSERT_EQ(results.size(), 3u);
+  EXPECT_TRUE(results[0].ok()) << describe(results[0]);
+  EXPECT_TRUE(results[1].ok()) << describe(results[1]);
+  EXPECT_EQ(results[2].signal, SIGKILL) << describe(results[2]);
+  expect_all_reaped();
+}
+
 }  // namespace
 }  // namespace shoal::comm

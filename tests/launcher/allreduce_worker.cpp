@@ -2,9 +2,16 @@
 // MASTER_ADDR:MASTER_PORT, as `shoal run` sets them), allreduces, and checks the sum.
 // Exits 0 and prints "rank R/N sum ok" when the result is right, 1 otherwise.
 // SHOAL_TEST_FAIL_ATTEMPT=N: rank 1 exits 3 in torchrun's restart attempt N (restart tests).
+// SHOAL_TEST_SIGUSR1_DIR=DIR: after the allreduce, each rank creates DIR/ready.<rank>; then rank
+// 0 starts a second allreduce, which rank 1 joins only once DIR/go exists (the SIGUSR1 test asks
+// both for their recent operations meanwhile).
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <string>
+#include <thread>
 
 #include "shoal/comm/init.h"
 #include "shoal/error.h"
@@ -29,6 +36,18 @@ int main() {
     if (!torch::equal(tensor, expected)) {
       std::fprintf(stderr, "rank %d/%d: wrong allreduce result\n", pg->rank(), n);
       return 1;
+    }
+    if (const char* dir = std::getenv("SHOAL_TEST_SIGUSR1_DIR")) {
+      const std::string base = std::string(dir) + "/";
+      std::ofstream(base + "ready." + std::to_string(pg->rank())).flush();
+      if (pg->rank() == 1) {
+        // A handshake with the test, bounded: the test creates the file once it saw the dumps.
+        const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+        while (!std::filesystem::exists(base + "go") && std::chrono::steady_clock::now() < until) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        }
+      }
+      pg->allreduce(tensor)->wait();
     }
     std::printf("rank %d/%d sum ok\n", pg->rank(), n);
     return 0;

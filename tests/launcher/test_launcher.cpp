@@ -13,11 +13,13 @@
 #include <netinet/in.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <set>
 #include <sstream>
@@ -126,8 +128,22 @@ class ShoalProcess {
   }
   pid_t pid() const { return pid_; }
 
+  /// Reads stderr until `done(what it wrote so far)` or `timeout`; what it read is also in wait()'s
+  /// result. The text read so far.
+  std::string read_err_until(const std::function<bool(const std::string&)>& done,
+                             Milliseconds timeout) {
+    const auto until = Clock::now() + timeout;
+    while (!done(early_err_) && Clock::now() < until && err_fd_ >= 0) {
+      pollfd p{err_fd_, POLLIN, 0};
+      ::poll(&p, 1, 20);
+      drain(err_fd_, early_err_);
+    }
+    return early_err_;
+  }
+
   RunResult wait(Milliseconds deadline = Milliseconds(30'000)) {
     RunResult result;
+    result.err = early_err_;
     const auto until = start_ + deadline;
     Clock::time_point exited_at{};
     while (true) {
@@ -178,6 +194,7 @@ class ShoalProcess {
   pid_t pid_ = -1;
   int out_fd_ = -1;
   int err_fd_ = -1;
+  std::string early_err_;  // stderr read by read_err_until()
   bool reaped_ = false;
   Clock::time_point start_;
 };
@@ -356,6 +373,64 @@ while true; do sleep 0.05; done)");
       EXPECT_TRUE(fs::exists(dir_ / (name + "." + std::to_string(rank)))) << name << " rank " << rank;
     }
   }
+}
+
+size_t count_of(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+TEST_F(Launcher, SigusrOneToTheLauncherPrintsEveryWorkersOperationsAndTheJobGoesOn) {
+  // kill -USR1 <shoal run>: every worker prints its flight recorder (rank 0 inside allreduce #2,
+  // which rank 1 has not joined yet), and the job then finishes normally.
+  const std::string worker =
+      std::string(std::getenv("SHOAL_BINARY_DIR")) + "/tests/launcher/launcher_allreduce_worker";
+  ASSERT_TRUE(fs::exists(worker)) << worker << " is not built";
+  ShoalProcess shoal({"run", "--nproc-per-node", "2", "--master-port", "0", worker},
+                     {{"SHOAL_TEST_SIGUSR1_DIR", dir_.string()}});
+  ASSERT_TRUE(wait_for_files({dir_ / "ready.0", dir_ / "ready.1"}, Milliseconds(30'000)));
+  ::kill(shoal.pid(), SIGUSR1);
+  const std::string err = shoal.read_err_until([](const std::string& text) {
+    return count_of(text, "[rank 0/2] last") + count_of(text, "[rank 1/2] last") >= 2;
+  }, Milliseconds(20'000));
+  shoal::testing::touch_file((dir_ / "go").string());
+  const auto result = shoal.wait(Milliseconds(60'000));
+  EXPECT_EQ(result.code, 0) << result.out << result.err;
+  EXPECT_NE(err.find("shoal run: received SIGUSR1; asked 2 workers for their recent operations"),
+            std::string::npos) << err;
+  EXPECT_NE(err.find("[rank 0] shoal: recent operations of 1 process group(s) in pid"),
+            std::string::npos) << err;
+  EXPECT_NE(err.find("[rank 1] shoal: recent operations of 1 process group(s) in pid"),
+            std::string::npos) << err;
+  EXPECT_NE(err.find("[rank 0]     allreduce #1 (4.0 kB float32, sum)"), std::string::npos)
+      << err;
+  EXPECT_NE(err.find("[rank 1]     allreduce #1 (4.0 kB float32, sum)"), std::string::npos)
+      << err;
+  auto lines = lines_of(result.out);
+  std::sort(lines.begin(), lines.end());
+  EXPECT_EQ(lines, (std::vector<std::string>{"[rank 0] rank 0/2 sum ok", "[rank 1] rank 1/2 sum ok"}));
+}
+
+TEST_F(Launcher, SigusrOneDoesNotKillAWorkerWithoutTheHandler) {
+  // A bash worker never installs Shoal's handler: the relayed SIGUSR1 must not end it (it starts
+  // with SIGUSR1 ignored, which a non-interactive shell cannot even trap).
+  const auto worker = script("plain.sh", R"(touch "$DIR/ready.$RANK"
+while [ ! -e "$DIR/go" ]; do sleep 0.01; done
+echo "rank $RANK done")");
+  ShoalProcess shoal({"run", "--nproc-per-node", "2", worker});
+  ASSERT_TRUE(wait_for_files({dir_ / "ready.0", dir_ / "ready.1"}, Milliseconds(10'000)));
+  ::kill(shoal.pid(), SIGUSR1);
+  const std::string err = shoal.read_err_until([](const std::string& text) {
+    return text.find("received SIGUSR1") != std::string::npos;
+  }, Milliseconds(10'000));
+  EXPECT_NE(err.find("shoal run: received SIGUSR1; asked 2 workers"), std::string::npos) << err;
+  shoal::testing::touch_file((dir_ / "go").string());
+  const auto result = shoal.wait();
+  EXPECT_EQ(result.code, 0) << result.err;
+  auto lines = lines_of(result.out);
+  std::sort(lines.begin(), lines.end());
+  EXPECT_EQ(lines, (std::vector<std::string>{"[rank 0] rank 0 done", "[rank 1] rank 1 done"}));
 }
 
 TEST_F(Launcher, WorkersEndWhenTheLauncherIsKilled) {

@@ -27,6 +27,9 @@
 
 namespace shoal::comm {
 
+class HangReporter;
+class Store;
+
 struct AllreduceOptions {
   ReduceOp op = ReduceOp::kSum;
   Milliseconds timeout = kGroupTimeout;
@@ -34,6 +37,9 @@ struct AllreduceOptions {
   /// collectives are identical on every rank by construction (DDP's buckets, verified once when
   /// DDP is built). Every rank must pass the same value.
   bool check = true;
+  /// Shown beside this operation in hang reports and recent_operations() (DDP: "bucket 3:
+  /// fc2.weight, fc2.bias"); its first kNoteBytes - 1 characters are copied, nothing allocated.
+  const char* note = nullptr;
 };
 
 struct BroadcastOptions {
@@ -174,6 +180,15 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   /// was doing (SIGUSR1 prints it for every group, see flight_recorder.h).
   std::vector<std::string> recent_operations() const;
   static constexpr size_t kRecentOperations = 16;
+  /// Room for an operation's note (AllreduceOptions::note), including its terminating zero.
+  static constexpr size_t kNoteBytes = 64;
+
+  /// From now on, when an operation of this group times out, its error names every rank's last
+  /// started and last completed operation, gathered through `store` (keys under `scope`), so one
+  /// message shows who is behind and where. init_process_group's groups and their new_group()s
+  /// have it; off the failure path it costs one small store request per group every 0.5 s (on
+  /// a thread of its own), nothing per operation.
+  void enable_hang_reports(std::shared_ptr<Store> store, const std::string& scope);
 
  protected:
   ProcessGroup(int rank, int size, Milliseconds timeout);
@@ -228,6 +243,13 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   }
   void record_failure(const OpContext& ctx, std::exception_ptr error);
 
+  /// For a backend about to report a time-out (or a stopped peer): every rank's last operations,
+  /// a block of lines starting with a newline, to append to the message; "" when hang reports
+  /// are off. Waits at most about 2 s for the other ranks. Never throws.
+  std::string hang_report() const;
+  /// What hang_report() uses, for Work objects that build their own time-out messages; may be null.
+  std::shared_ptr<HangReporter> hang_reporter() const { return hang_reporter_; }
+
  private:
   int rank_;
   int size_;
@@ -245,12 +267,16 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
     std::chrono::steady_clock::time_point start;
     std::weak_ptr<Work> work;
     bool attached = false;  ///< record() has given the Work (until then: in flight)
+    char note[kNoteBytes] = {};  ///< AllreduceOptions::note, cut short; "" when none
+    /// "allreduce #12 (4.0 MB float32, avg) [bucket 3: fc2.weight]"
+    std::string describe() const;
   };
   // A fixed ring, slot = sequence % kRecentOperations: noting an operation on the hot path
   // (every bucket's allreduce) allocates nothing.
   mutable std::mutex recent_mutex_;
   std::array<Recorded, kRecentOperations> recent_{};
   uint64_t newest_recorded_ = 0;  ///< sequence of the last noted operation (0: none)
+  std::shared_ptr<HangReporter> hang_reporter_;
   /// The slot holding operation `sequence`, or null once the ring has moved past it.
   Recorded* recent_slot(uint64_t sequence);
 

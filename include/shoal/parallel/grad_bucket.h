@@ -18,6 +18,7 @@
 #include <cstddef>
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "shoal/comm/work.h"
@@ -44,6 +45,10 @@ class GradBucket {
   const std::vector<at::Tensor>& gradients() const { return gradients_; }
   /// The bucket's parameters, in the order of their slices in buffer().
   const std::vector<at::Tensor>& parameters() const { return parameters_; }
+  /// "bucket 3: fc2.weight, fc2.bias" (DDP sets it): pass it as AllreduceOptions::note so that
+  /// hang reports say which bucket an allreduce was.
+  const std::string& note() const { return note_; }
+  void set_note(std::string note) { note_ = std::move(note); }
 
  private:
   size_t index_;
@@ -51,6 +56,7 @@ class GradBucket {
   at::Tensor buffer_;
   std::vector<at::Tensor> gradients_;
   std::vector<at::Tensor> parameters_;
+  std::string note_;
 };
 
 /// A communication hook: starts reducing the bucket, returns the pending work (see the contract

@@ -114,6 +114,10 @@ ProcessGroupHierarchical::ProcessGroupHierarchical(std::shared_ptr<Store> store,
   }
   flat_ = std::make_shared<ProcessGroupGloo>(make_prefix_store("hier/flat", store_), rank, size,
                                              timeout, gloo);
+  // A time-out inside a sub-group names every member's last operations (its own numbering).
+  local_->enable_hang_reports(store_, "hier/hang/local/" + std::to_string(my_host_));
+  if (leaders_) leaders_->enable_hang_reports(store_, "hier/hang/leaders");
+  flat_->enable_hang_reports(store_, "hier/hang/flat");
   queue_ = std::make_shared<shm::OpQueue>("hierarchical");
   // No rank may use or drop its sub-groups before every rank has finished connecting all of
   // them: a rank tearing down its Gloo groups early can strand a peer still connecting to it.

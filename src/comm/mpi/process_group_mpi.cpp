@@ -413,7 +413,7 @@ void ProcessGroupMpi::execute(Task& task) {
                   who.empty() ? "ranks that had already given up on it (every other rank "
                                 "reported a failure of this operation)"
                               : who,
-                  kTimeoutHint);
+                  kTimeoutHint, hang_report());
     }
     if (started.finish) started.finish();
     task.work->finish();

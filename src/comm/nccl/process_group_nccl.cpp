@@ -45,7 +45,7 @@ void ProcessGroupNccl::require_cuda(const at::Tensor& tensor, const OpContext& c
 
 std::shared_ptr<Work> ProcessGroupNccl::track(const OpContext& ctx,
                                               std::unique_ptr<compat::NativeWork> native) {
-  return std::make_shared<NativeBackedWork>(ctx, std::move(native), peers_, nullptr);
+  return std::make_shared<NativeBackedWork>(ctx, std::move(native), peers_, hang_reporter(), nullptr);
 }
 
 std::shared_ptr<Work> ProcessGroupNccl::run_allreduce(at::Tensor& tensor, ReduceOp op,

@@ -321,7 +321,9 @@ void ProcessGroupShm::fail_waiting(int peer, const Running& op, const char* why)
     message = detail::str_cat(op.ctx->prefix(), " timed out after ", waited, " ms waiting for ",
                               who, ", which ", where, kTimeoutHint);
   }
-  abort(message);
+  abort(message);  // first: the other ranks fail at once, and gather their reports meanwhile
+  // Who is behind and where: every rank's last operations (not needed when the peer is dead).
+  if (std::strcmp(why, "exited") != 0) message += hang_report();
   if (timeout) SHOAL_THROW(TimeoutError, message);
   SHOAL_THROW(PeerError, message);
 }

@@ -1,0 +1,208 @@
+#include "comm/hang_reporter.h"
+
+#include <pthread.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <thread>
+#include <vector>
+
+#include "shoal/error.h"
+
+namespace shoal::comm {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// The reporters of this process, answered by one thread. Never destroyed: groups may go away
+// during static destruction.
+struct Answerer {
+  std::mutex mutex;
+  std::vector<std::weak_ptr<HangReporter>> reporters;
+  bool started = false;
+};
+
+Answerer*& answerer() {
+  static Answerer* instance = new Answerer();
+  return instance;
+}
+
+// A child of fork() has none of the parent's threads: it starts its own answerer when it makes a
+// group (the parent's state, perhaps copied with the mutex held, is left behind).
+void after_fork_in_child() { answerer() = new Answerer(); }
+
+void answer_loop() {
+  for (;;) {
+    std::this_thread::sleep_for(kHangPollInterval);
+    std::vector<std::shared_ptr<HangReporter>> live;
+    {
+      Answerer* a = answerer();
+      std::lock_guard<std::mutex> lock(a->mutex);
+      auto& list = a->reporters;
+      list.erase(std::remove_if(list.begin(), list.end(), [](auto& w) { return w.expired(); }),
+                 list.end());
+      for (auto& w : list) {
+        if (auto r = w.lock()) live.push_back(std::move(r));
+      }
+    }
+    // Store requests outside the lock: a store that hangs delays only this thread.
+    for (auto& reporter : live) {
+      if (!reporter->poll()) {
+        Answerer* a = answerer();
+        std::lock_guard<std::mutex> lock(a->mutex);
+        auto& list = a->reporters;
+        list.erase(std::remove_if(list.begin(), list.end(),
+                                  [&](auto& w) { return w.lock() == reporter; }),
+                   list.end());
+      }
+    }
+  }
+}
+
+void add_reporter(const std::shared_ptr<HangReporter>& reporter) {
+  static const int registered = pthread_atfork(nullptr, nullptr, after_fork_in_child);
+  (void)registered;
+  Answerer* a = answerer();
+  std::lock_guard<std::mutex> lock(a->mutex);
+  a->reporters.push_back(reporter);
+  if (!a->started) {
+    a->started = true;
+    std::thread(answer_loop).detach();
+  }
+}
+
+struct Report {
+  bool present = false;
+  int64_t request = 0;
+  RankSummary summary;
+};
+
+// "<request> <last started> <last completed>\n<text>"
+Report decode(const std::string& value) {
+  Report report;
+  unsigned long long request = 0, started = 0, completed = 0;
+  int used = 0;
+  if (std::sscanf(value.c_str(), "%llu %llu %llu\n%n", &request, &started, &completed, &used) < 3) {
+    return report;
+  }
+  report.present = true;
+  report.request = static_cast<int64_t>(request);
+  report.summary.last_started = started;
+  report.summary.last_completed = completed;
+  report.summary.text = value.substr(static_cast<size_t>(used));
+  return report;
+}
+
+}  // namespace
+
+std::shared_ptr<HangReporter> HangReporter::create(std::shared_ptr<Store> store, std::string scope,
+                                                   int rank, int size, Summarize summarize) {
+  std::shared_ptr<HangReporter> reporter(
+      new HangReporter(std::move(store), std::move(scope), rank, size, std::move(summarize)));
+  if (size > 1) add_reporter(reporter);
+  return reporter;
+}
+
+HangReporter::HangReporter(std::shared_ptr<Store> store, std::string scope, int rank, int size,
+                           Summarize summarize)
+    : store_(std::move(store)),
+      scope_(std::move(scope)),
+      rank_(rank),
+      size_(size),
+      summarize_(std::move(summarize)) {}
+
+HangReporter::~HangReporter() = default;
+
+void HangReporter::close() {
+  std::lock_guard<std::mutex> lock(summarize_mutex_);
+  closed_ = true;
+  summarize_ = nullptr;
+}
+
+std::string HangReporter::encode(int64_t request) {
+  std::lock_guard<std::mutex> lock(summarize_mutex_);
+  if (closed_) return "";
+  const RankSummary mine = summarize_();
+  return std::to_string(request) + " " + std::to_string(mine.last_started) + " " +
+         std::to_string(mine.last_completed) + "\n" + mine.text;
+}
+
+bool HangReporter::poll() {
+  try {
+    const int64_t request = store_->add(scope_ + "/hang/request", 0);
+    if (request <= answered_) return true;
+    const std::string value = encode(request);
+    if (value.empty()) return false;  // closed: its group is going away
+    store_->set_string(scope_ + "/hang/" + std::to_string(rank_), value);
+    answered_ = request;
+    return true;
+  } catch (...) {
+    return false;  // the store is gone (rank 0 exited): nobody can ask any more
+  }
+}
+
+std::string HangReporter::gather(Milliseconds budget) {
+  const auto start = Clock::now();
+  const auto deadline = start + budget;
+  std::vector<Report> reports(size_);
+  try {
+    const int64_t request = store_->add(scope_ + "/hang/request", 1);
+    const std::string mine = encode(request);
+    if (mine.empty()) return "";
+    store_->set_string(scope_ + "/hang/" + std::to_string(rank_), mine);
+    reports[rank_] = decode(mine);
+    // Poll every missing rank's key until it holds an answer to this incident's requests.
+    int missing = size_ - 1;
+    auto pause = Milliseconds(5);
+    int64_t published = request;
+    while (missing > 0) {
+      // Another rank may have asked since: answer it too (this rank's answering thread may have
+      // answered it already and been overwritten by the publication above).
+      if (const int64_t newest = store_->add(scope_ + "/hang/request", 0); newest > published) {
+        const std::string again = encode(newest);
+        if (!again.empty()) store_->set_string(scope_ + "/hang/" + std::to_string(rank_), again);
+        published = newest;
+      }
+      for (int r = 0; r < size_; ++r) {
+        if (r == rank_ || reports[r].present) continue;
+        const std::string key = scope_ + "/hang/" + std::to_string(r);
+        if (!store_->check({key})) continue;
+        Report theirs = decode(store_->get_string(key));
+        // Answers to this request, or to another rank's request of the same incident: each rank
+        // asks once, so one incident's requests are at most size_ consecutive numbers (a rank
+        // that asked first and has already exited answered only its own).
+        if (theirs.present && theirs.request > request - size_) {
+          reports[r] = std::move(theirs);
+          --missing;
+        }
+      }
+      if (missing == 0 || Clock::now() + pause > deadline) break;
+      std::this_thread::sleep_for(pause);
+      pause = std::min(pause * 2, Milliseconds(50));
+    }
+  } catch (...) {
+    // The store is gone or failing: report what was gathered, if anything.
+  }
+  uint64_t newest = 0;
+  for (const Report& r : reports) {
+    if (r.present) newest = std::max(newest, r.summary.last_started);
+  }
+  const double took = std::chrono::duration<double>(Clock::now() - start).count();
+  char header[128];
+  std::snprintf(header, sizeof header,
+                "\nevery rank's last operations (gathered through the store in %.1f s):", took);
+  std::string out = header;
+  for (int r = 0; r < size_; ++r) {
+    out += "\n  rank " + std::to_string(r) + ": ";
+    if (!reports[r].present) {
+      out += "no report (dead or stopped?)";
+      continue;
+    }
+    out += reports[r].summary.text;
+    if (reports[r].summary.last_started < newest) out += "  <- behind";
+  }
+  return out;
+}
+
+}  // namespace shoal::comm

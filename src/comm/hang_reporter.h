@@ -1,0 +1,90 @@
+// HangReporter: on a time-out, every rank's last started and last completed operation, gathered
+// through the store, so that one message shows who is behind and where:
+//
+//   every rank's last operations (gathered through the store in 0.4 s):
+//     rank 0: started allreduce #5 (4 B float32, sum), in flight for 2.0 s; completed allreduce #4 (...)
+//     rank 1: started allreduce #4 (4 B float32, sum), done; completed allreduce #4 (...)  <- behind
+//     rank 2: no report (dead or stopped?)
+//
+// How: the rank whose operation failed increments the request counter "<scope>/hang/request",
+// publishes its own summary under "<scope>/hang/<rank>" (tagged with the request number) and reads
+// the others' for at most kHangReportBudget, taking an answer to any of the last `size` requests
+// (the ranks that fail together each ask once; the first may answer and exit before the last
+// asks). A report from the end of an earlier incident of the same group may so be shown. Every rank answers a request from a thread of its own
+// (one per process, for every group), which looks at the counter every kHangPollInterval: so a
+// rank that is blocked in a collective, or busy elsewhere and not calling any (the one that is
+// behind), still answers; a rank that is dead or stopped does not, and the report says so.
+//
+// Cost: nothing on a collective's path (no allocation, no store traffic); off it, one small store
+// request per group every kHangPollInterval; the report itself only when an operation failed.
+//
+// Thread safety: gather() from any thread; close() before the summarised object goes away.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "shoal/comm/op_label.h"
+#include "shoal/comm/store.h"
+
+namespace shoal::comm {
+
+/// How long a failing rank waits for the others' reports. Why 2 s: several poll intervals for a
+/// live rank to answer, short next to any time-out (the error must not come much later).
+constexpr Milliseconds kHangReportBudget{2000};
+/// How often each rank looks for a request. Why 0.5 s: answers well within the budget, at two
+/// tiny store requests per second and group.
+constexpr Milliseconds kHangPollInterval{500};
+
+/// One rank's summary of its recent operations.
+struct RankSummary {
+  uint64_t last_started = 0;    ///< sequence number; 0: none yet
+  uint64_t last_completed = 0;  ///< sequence number; 0: none yet
+  /// "started allreduce #5 (...), in flight for 2.0 s; completed allreduce #4 (...)"
+  std::string text;
+};
+
+class HangReporter {
+ public:
+  using Summarize = std::function<RankSummary()>;
+
+  /// Starts answering requests for this rank (`summarize` is called on the answering thread and
+  /// by gather()). `scope` keeps groups that share a store apart.
+  static std::shared_ptr<HangReporter> create(std::shared_ptr<Store> store, std::string scope,
+                                              int rank, int size, Summarize summarize);
+  ~HangReporter();
+
+  /// The table above, starting with a newline; empty when the store cannot be reached. Waits at
+  /// most `budget` for the other ranks. Never throws.
+  std::string gather(Milliseconds budget = kHangReportBudget);
+
+  /// Stops calling `summarize`; returns once no call is running. Idempotent.
+  void close();
+
+  const std::shared_ptr<Store>& store() const { return store_; }
+  const std::string& scope() const { return scope_; }
+
+  /// For the answering thread: answers a new request, if any. False once the store is gone.
+  bool poll();
+
+ private:
+  HangReporter(std::shared_ptr<Store> store, std::string scope, int rank, int size,
+               Summarize summarize);
+  /// This rank's summary tagged with `request`, as stored; empty once closed.
+  std::string encode(int64_t request);
+
+  std::shared_ptr<Store> store_;
+  std::string scope_;
+  int rank_;
+  int size_;
+  std::mutex summarize_mutex_;  // held while summarize_ runs; close() takes it
+  Summarize summarize_;
+  bool closed_ = false;
+  int64_t answered_ = 0;  // the answering thread's last answered request
+};
+
+}  // namespace shoal::comm
