@@ -1,5 +1,8 @@
 #include "comm/hang_reporter.h"
 
+#include <future>
+#include <thread>
+
 #include <pthread.h>
 
 #include <algorithm>
@@ -143,6 +146,21 @@ bool HangReporter::poll() {
 }
 
 std::string HangReporter::gather(Milliseconds budget) {
+  auto answer = std::make_shared<std::promise<std::string>>();
+  std::future<std::string> table = answer->get_future();
+  std::thread([self = shared_from_this(), budget, answer] {
+    answer->set_value(self->gather_through_store(budget));
+  }).detach();
+  if (table.wait_for(budget + kHangStoreSlack) == std::future_status::ready) return table.get();
+  char line[160];
+  std::snprintf(line, sizeof line,
+                "\nevery rank's last operations: the store did not answer within %.1f s (is its "
+                "host, rank 0's, cut off?)",
+                std::chrono::duration<double>(budget + kHangStoreSlack).count());
+  return line;
+}
+
+std::string HangReporter::gather_through_store(Milliseconds budget) {
   const auto start = Clock::now();
   const auto deadline = start + budget;
   std::vector<Report> reports(size_);

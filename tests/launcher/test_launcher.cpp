@@ -280,8 +280,10 @@ TEST_F(Launcher, FailingRankStopsTheOthersAndItsStatusIsReturned) {
 echo $$ > "$DIR/pid.$RANK"
 sleep 60 &
 echo $! > "$DIR/child.$RANK"
+touch "$DIR/ready.$RANK"
 if [ "$RANK" = 1 ]; then
-  while [ ! -e "$DIR/pid.0" ] || [ ! -e "$DIR/pid.2" ]; do sleep 0.02; done
+  # ready.N comes after both pid files are written (waiting for pid.N raced with its writing).
+  while [ ! -e "$DIR/ready.0" ] || [ ! -e "$DIR/ready.2" ]; do sleep 0.02; done
   date +%s.%N > "$DIR/failed_at"
   exit 3
 fi
