@@ -154,7 +154,7 @@ void compare_with_pytorch(const std::string& model_name) {
 class VsPyTorch : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    if (std::system((oracle_python() + " -c 'import torch.distributed as d, numpy; "
+    if (std::system(("timeout 120 " + oracle_python() + " -c 'import torch.distributed as d, numpy; "
                                         "assert d.is_gloo_available()' >/dev/null 2>&1")
                         .c_str()) != 0) {
       shoal::testing::skip_program(oracle_python() + " has no torch with gloo and numpy");
