@@ -14,6 +14,11 @@
 // reductions take on their own (includes waiting for a slower peer, so a loaded machine drives it
 // to 0), and `hidden_bytes_fraction` = share of the bucket bytes whose reduction had already
 // completed when backward ended (insensitive to peer skew).
+// --comm-hook allreduce,fp16,powersgd adds, in the same rounds, a shoal_ddp mode (first backend,
+// without bucket view) per hook other than the default allreduce; every shoal_ddp mode reports
+// the bytes rank 0 passed to its collectives per step (`sent_kb`): the buckets for allreduce, half
+// of them for fp16/bf16, PowerSGD's P, Q and uncompressed tensors (rank --powersgd-rank,
+// compressing from the first timed step: start_powerSGD_iter = max(2, warmup)).
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -36,6 +41,7 @@
 #include "shoal/log.h"
 #include "shoal/launcher/launch.h"
 #include "shoal/memory/cpu_allocator.h"
+#include "shoal/parallel/comm_hooks.h"
 #include "shoal/parallel/distributed_data_parallel.h"
 
 namespace shoal::cli {
@@ -59,6 +65,8 @@ struct BenchArgs : StepBenchArgs, WorkerArgs {
   double first_bucket_cap_mb = 0;  // 0: DDP's default
   std::string torch_script = bench_script("ddp_torch.py");
   std::vector<std::string> torch_peers{"debian"};  // the PyTorch peers measured (--torch)
+  std::vector<std::string> comm_hooks{"allreduce"};  // a worker: its one hook
+  int64_t powersgd_rank = 2;
   bool bucket_view = false;  // hidden: a worker's gradient_as_bucket_view
 };
 
@@ -172,11 +180,22 @@ void run_worker_with(const BenchArgs& args) {
     if (args.bucket_cap_mb > 0) options.bucket_cap_mb = args.bucket_cap_mb;
     if (args.first_bucket_cap_mb > 0) options.first_bucket_cap_mb = args.first_bucket_cap_mb;
     DistributedDataParallel<models::Model> ddp(model, group, options);
+    const std::string hook = args.comm_hooks.at(0);
+    std::shared_ptr<parallel::PowerSGDState> power_sgd;
+    if (hook == "fp16") ddp.register_comm_hook(parallel::fp16_compress_hook(group));
+    if (hook == "bf16") ddp.register_comm_hook(parallel::bf16_compress_hook(group));
+    if (hook == "powersgd") {
+      power_sgd = std::make_shared<parallel::PowerSGDState>();
+      power_sgd->matrix_approximation_rank = args.powersgd_rank;
+      power_sgd->start_powerSGD_iter = std::max(2, args.warmup);  // every timed step compressed
+      ddp.register_comm_hook(parallel::powerSGD_hook(group, power_sgd));
+    }
     auto forward_loss = [&] { return torch::cross_entropy_loss(ddp.forward(x), y); };
     PhaseTimer warm, timed;
     for (int i = 0; i < args.warmup; ++i) warm.step(forward_loss, optimizer);
     group->barrier()->wait();
     const auto before = ddp.stats();
+    const double power_sgd_before = power_sgd ? power_sgd->bytes_sent : 0;
     const auto start = Clock::now();
     for (int i = 0; i < args.steps; ++i) timed.step(forward_loss, optimizer);
     group->barrier()->wait();
@@ -185,6 +204,11 @@ void run_worker_with(const BenchArgs& args) {
     // Memory of training, before the comm-only measurement below allocates its own buckets.
     result["peak_rss_mb"] = peak_rss_mb();
     const auto after = ddp.stats();
+    // What this rank passed to its collectives per timed step (the hooks send what they reduce).
+    const double bucket_bytes = (after.reduced_bytes - before.reduced_bytes) / args.steps;
+    double sent = hook == "fp16" || hook == "bf16" ? bucket_bytes / 2 : bucket_bytes;
+    if (power_sgd) sent = (power_sgd->bytes_sent - power_sgd_before) / args.steps;
+    result["sent_bytes"] = sent;
     record_memory(forward_loss, optimizer, result);
     result["wait_ms"] = 1e3 * (after.wait_seconds - before.wait_seconds) / args.steps;
     result["hidden_fraction"] = (after.hidden_bytes - before.hidden_bytes) /
@@ -217,6 +241,7 @@ struct Mode {
   std::string name;     // single, independent, shoal_ddp, pytorch_ddp
   std::string backend;  // empty for single and independent
   bool bucket_view = false;
+  std::string hook = "allreduce";  // shoal_ddp's communication hook
   TorchPeer peer;       // pytorch_ddp: which PyTorch runs it
   std::map<std::string, std::vector<double>> samples;  // field -> one value per round
 
@@ -225,6 +250,7 @@ struct Mode {
     if (!peer.version.empty()) text += " " + peer.version;
     if (!backend.empty()) text += " (" + backend + ")";
     if (bucket_view) text += " view";
+    if (hook != "allreduce") text += " " + hook;
     return text;
   }
   double get(const std::string& field) const {
@@ -253,7 +279,9 @@ void run_mode(const BenchArgs& args, const std::string& exe, const std::string& 
                                      std::to_string(args.batch), "--world",
                                      std::to_string(args.world), "--bucket-cap-mb",
                                      std::to_string(args.bucket_cap_mb), "--first-bucket-cap-mb",
-                                     std::to_string(args.first_bucket_cap_mb), "--worker", worker};
+                                     std::to_string(args.first_bucket_cap_mb), "--comm-hook",
+                                     mode.hook, "--powersgd-rank",
+                                     std::to_string(args.powersgd_rank), "--worker", worker};
     if (mode.bucket_view) command.push_back("--gradient-as-bucket-view");
     return command;
   };
@@ -280,7 +308,7 @@ void run_mode(const BenchArgs& args, const std::string& exe, const std::string& 
   const bool ddp = mode.name == "shoal_ddp";
   const int processes = mode.name == "single" ? 1 : args.world;
   const std::string store = dir + "/store_" + std::to_string(round) + "_" + mode.name + "_" +
-                            mode.backend + (mode.bucket_view ? "_view" : "");
+                            mode.backend + (mode.bucket_view ? "_view" : "") + "_" + mode.hook;
   std::vector<ChildProcess> ranks;
   for (int rank = 0; rank < processes; ++rank) {
     auto command = common(ddp ? "shoal" : "single", mode.backend);
@@ -306,6 +334,7 @@ void run_mode(const BenchArgs& args, const std::string& exe, const std::string& 
       s["overlap"].push_back(std::clamp(1.0 - r["wait_ms"] / std::max(r["comm_ms"], 1e-9), 0.0, 1.0));
       s["hidden_bytes_fraction"].push_back(r["hidden_fraction"]);
       s["buckets"].push_back(r["buckets"]);
+      s["sent_bytes"].push_back(r["sent_bytes"]);
     }
   }
   s["samples_per_s"].push_back(processes * args.batch * args.steps / seconds);
@@ -333,13 +362,24 @@ int run_bench(const BenchArgs& args) {
   }
 
   std::vector<Mode> modes{{"single", ""}, {"independent", ""}};
+  for (const auto& hook : args.comm_hooks) {
+    SHOAL_CHECK_T(InvalidArgument,
+                  hook == "allreduce" || hook == "fp16" || hook == "bf16" || hook == "powersgd",
+                  "bench ddp: --comm-hook takes allreduce, fp16, bf16 and powersgd, not '", hook,
+                  "'");
+  }
+  SHOAL_CHECK_T(InvalidArgument, args.powersgd_rank >= 1, "bench ddp: --powersgd-rank must be >= 1");
   for (const auto& backend : args.backends) {
     modes.push_back({"shoal_ddp", backend, false});
     modes.push_back({"shoal_ddp", backend, true});
+    if (backend != args.backends.front()) continue;
+    for (const auto& hook : args.comm_hooks) {
+      if (hook != "allreduce") modes.push_back({"shoal_ddp", backend, false, hook});
+    }
   }
   for (const auto& peer : peers) {
-    modes.push_back({"pytorch_ddp", "gloo", false, peer});
-    modes.push_back({"pytorch_ddp", "gloo", true, peer});
+    modes.push_back({"pytorch_ddp", "gloo", false, "allreduce", peer});
+    modes.push_back({"pytorch_ddp", "gloo", true, "allreduce", peer});
   }
   for (int round = 0; round < args.rounds; ++round) {
     for (auto& mode : modes) run_mode(args, exe, dir, round, mode);
@@ -361,9 +401,9 @@ int run_bench(const BenchArgs& args) {
   if (!args.json) {
     std::printf("bench ddp: model %s, %d ranks x batch %d, %d steps, median of %d rounds\n",
                 args.model.c_str(), args.world, args.batch, args.steps, args.rounds);
-    std::printf("%-32s %10s %8s %8s %7s %7s %7s %7s %7s %7s %7s %7s %7s\n", "mode", "samples/s",
-                "peak MB", "+MB", "+live", "effic.", "of_ceil", "vs_pt", "fwd ms", "bwd ms", "opt ms",
-                "wait ms", "hidden");
+    std::printf("%-32s %10s %8s %8s %7s %7s %7s %7s %7s %7s %7s %7s %7s %9s\n", "mode",
+                "samples/s", "peak MB", "+MB", "+live", "effic.", "of_ceil", "vs_pt", "fwd ms",
+                "bwd ms", "opt ms", "wait ms", "hidden", "sent_kb");
   }
   for (const auto& mode : modes) {
     const double rate = mode.get("samples_per_s");
@@ -381,6 +421,7 @@ int run_bench(const BenchArgs& args) {
       vs_each += (vs_each.size() > 1 ? ", \"" : "\"") + peer.version + "\": " + json_number(v);
     }
     vs_each += "}";
+    const double sent = mode.get("sent_bytes");
     const double extra_mb = mode.get("peak_rss_mb") - single.get("peak_rss_mb");
     // Against `independent`: the same number of processes sharing the same library pages.
     const double extra_pss =
@@ -396,7 +437,7 @@ int run_bench(const BenchArgs& args) {
           "\"of_ceiling\": %s, \"vs_pytorch\": %s, \"vs_pytorch_by_version\": %s, \"torch\": %s, "
           "\"forward_ms\": %s, \"backward_ms\": %s, "
           "\"optimizer_ms\": %s, \"wait_ms\": %s, \"overlap\": %s, \"hidden_bytes_fraction\": %s, "
-          "\"buckets\": %s, \"rounds\": %d}\n",
+          "\"buckets\": %s, \"comm_hook\": %s, \"sent_bytes_per_step\": %s, \"rounds\": %d}\n",
           mode.name.c_str(), args.model.c_str(),
           mode.backend.empty() ? "null" : ("\"" + mode.backend + "\"").c_str(),
           mode.name == "single" ? 1 : args.world, args.batch, mode.bucket_view ? "true" : "false",
@@ -411,7 +452,9 @@ int run_bench(const BenchArgs& args) {
           json_number(mode.get("backward_ms")).c_str(), json_number(mode.get("optimizer_ms")).c_str(),
           json_number(mode.get("wait_ms")).c_str(), json_number(mode.get("overlap")).c_str(),
           json_number(mode.get("hidden_bytes_fraction")).c_str(),
-          json_number(mode.get("buckets")).c_str(), args.rounds);
+          json_number(mode.get("buckets")).c_str(),
+          mode.name == "shoal_ddp" ? ("\"" + mode.hook + "\"").c_str() : "null",
+          json_number(sent).c_str(), args.rounds);
     } else {
       auto cell = [](double v, const char* format) {
         if (!std::isfinite(v)) return std::string("-");
@@ -419,7 +462,7 @@ int run_bench(const BenchArgs& args) {
         std::snprintf(text, sizeof text, format, v);
         return std::string(text);
       };
-      std::printf("%-32s %10.1f %8.1f %8s %7s %7s %7s %7s %7s %7s %7s %7s %7s\n",
+      std::printf("%-32s %10.1f %8.1f %8s %7s %7s %7s %7s %7s %7s %7s %7s %7s %9s\n",
                   mode.label().c_str(), rate, mode.get("peak_rss_mb"),
                   cell(extra_mb, "%+.1f").c_str(), cell(extra_live, "%+.1f").c_str(),
                   cell(efficiency, "%.2f").c_str(), cell(of_ceiling, "%.2f").c_str(),
@@ -427,7 +470,8 @@ int run_bench(const BenchArgs& args) {
                   cell(mode.get("backward_ms"), "%.2f").c_str(),
                   cell(mode.get("optimizer_ms"), "%.2f").c_str(),
                   cell(mode.get("wait_ms"), "%.2f").c_str(),
-                  cell(mode.get("hidden_bytes_fraction"), "%.2f").c_str());
+                  cell(mode.get("hidden_bytes_fraction"), "%.2f").c_str(),
+                  cell(sent / 1024, "%.1f").c_str());
     }
   }
   if (!args.json) {
@@ -436,7 +480,8 @@ int run_bench(const BenchArgs& args) {
                 "gradient_as_bucket_view; +MB = peak RSS - single's (shared memory counted in full by every "
                 "rank); +live = live memory - single's (heap in use at the end of forward and of "
                 "backward, the larger, plus the rank's share of shared memory; JSON also has PSS); "
-                "MB = MiB; gradients: %.1f MB\n",
+                "MB = MiB; sent_kb = KiB rank 0 passed to its collectives per step; gradients: %.1f "
+                "MB\n",
                 args.world, args.world, single.get("grad_mb"));
   }
   return 0;
@@ -462,6 +507,14 @@ void add_bench_ddp_command(CLI::App& bench, std::vector<Command>& commands) {
       ->capture_default_str();
   app->add_option("--torch-script", args->torch_script, "PyTorch peer script")->capture_default_str();
   add_torch_option(*app, args->torch_peers);
+  app->add_option("--comm-hook", args->comm_hooks,
+                  "communication hooks of Shoal's DDP, each measured (allreduce, fp16, bf16, "
+                  "powersgd; allreduce is the default DDP modes)")
+      ->delimiter(',')
+      ->capture_default_str();
+  app->add_option("--powersgd-rank", args->powersgd_rank,
+                  "with --comm-hook powersgd: PowerSGD's matrix_approximation_rank")
+      ->capture_default_str();
   add_worker_options(*app, *args);
   app->add_flag("--gradient-as-bucket-view", args->bucket_view)->group("");
   commands.push_back({app, [args] { return args->worker.empty() ? run_bench(*args) : run_worker(*args); }});

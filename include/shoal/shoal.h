@@ -26,6 +26,7 @@
 #include "shoal/parallel/comm_hooks.h"
 #include "shoal/parallel/distributed_data_parallel.h"
 #include "shoal/parallel/grad_bucket.h"
+#include "shoal/parallel/join.h"
 #include "shoal/parallel/sync_batch_norm.h"
 
 #include "shoal/data/distributed_sampler.h"

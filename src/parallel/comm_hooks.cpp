@@ -115,27 +115,53 @@ CommHook bf16_compress_wrapper(CommHook hook) {
 
 namespace {
 
-// Gram-Schmidt on the columns of `matrix` (n x r), in place.
-void orthogonalize(at::Tensor& matrix) {
-  constexpr double kEpsilon = 1e-8;  // a zero column stays finite (PyTorch adds an epsilon too)
-  const int64_t columns = matrix.size(1);
+// PyTorch's _orthogonalize on a (1, n, r) matrix, in place: Gram-Schmidt for r <= 2 and half
+// types, QR otherwise (the same operations, so the same numbers, as PyTorch's hook).
+void orthogonalize(const at::Tensor& matrices, double epsilon) {
+  static constexpr int64_t kRows[] = {1};  // the dimension each column's entries run along
+  const int64_t columns = matrices.size(2);
+  const auto dtype = matrices.scalar_type();
+  if (columns > 2 && dtype != at::kHalf && dtype != at::kBFloat16) {
+    matrices.copy_(std::get<0>(torch::linalg_qr(matrices, "reduced")));
+    return;
+  }
   for (int64_t i = 0; i < columns; ++i) {
-    auto column = matrix.narrow(1, i, 1);
-    column.div_(column.norm().add_(kEpsilon));
+    auto column = matrices.narrow(2, i, 1);
+    auto norm = torch::linalg_vector_norm(column, 2, at::IntArrayRef(kRows), /*keepdim=*/true);
+    if (epsilon == 0) {
+      column.div_(norm);
+    } else {
+      column.div_(norm + epsilon);
+    }
     if (i + 1 < columns) {
-      auto rest = matrix.narrow(1, i + 1, columns - i - 1);
-      rest.sub_(column * (column * rest).sum(0, /*keepdim=*/true));
+      auto rest = matrices.narrow(2, i + 1, columns - i - 1);
+      rest.sub_((column * rest).sum(at::IntArrayRef(kRows), /*keepdim=*/true) * column);
     }
   }
 }
 
-// One bucket's PowerSGD step after the P allreduce: the Q allreduce is left in flight.
+// PyTorch's state.rng.randint(1_000_000_000), with state.rng = numpy's RandomState(random_seed):
+// MT19937 seeded like std::mt19937, draws masked to 30 bits until one is below 10^9.
+uint64_t next_q_seed(PowerSGDState& state) {
+  if (!state.rng_seeded) {
+    state.rng.seed(static_cast<std::mt19937::result_type>(state.random_seed & 0xffffffffu));
+    state.rng_seeded = true;
+  }
+  constexpr uint32_t kBound = 1'000'000'000, kMask = (1u << 30) - 1;
+  uint32_t value = 0;
+  do {
+    value = static_cast<uint32_t>(state.rng()) & kMask;
+  } while (value >= kBound);
+  return value;
+}
+
+// One bucket's PowerSGD step between the hook and its wait.
 struct PowerSgdBucket {
   at::Tensor input_copy;                 // the gradients with the error added, for feedback
-  std::vector<at::Tensor> matrices;      // views of the bucket compressed as n x m matrices
-  std::vector<at::Tensor> ps, qs;        // n x r and m x r, views into the P and Q memories
-  at::Tensor uncompressed_views_memory;  // flattened vectors and small matrices, reduced whole
-  std::vector<at::Tensor> uncompressed;  // views of the bucket reduced uncompressed
+  std::vector<at::Tensor> matrices;      // (1, n, m) views of the bucket, grouped by shape
+  std::vector<at::Tensor> ps, qs;        // (1, n, r) and (1, m, r) views into the P, Q memories
+  at::Tensor uncompressed_memory;        // the other tensors, flattened, reduced whole
+  std::vector<at::Tensor> uncompressed;  // their views in the bucket
 };
 
 }  // namespace
@@ -145,117 +171,138 @@ CommHook powerSGD_hook(std::shared_ptr<comm::ProcessGroup> group,
   SHOAL_CHECK_T(InvalidArgument, group != nullptr, "powerSGD_hook: the process group is null");
   SHOAL_CHECK_T(InvalidArgument, state != nullptr && state->matrix_approximation_rank > 0,
                 "powerSGD_hook: needs a state with matrix_approximation_rank >= 1");
+  SHOAL_CHECK_T(InvalidArgument,
+                state->start_powerSGD_iter > 1 || !(state->use_error_feedback || state->warm_start),
+                "powerSGD_hook: start_powerSGD_iter must be > 1 with use_error_feedback or "
+                "warm_start (DDP rebuilds its buckets after the first iteration), not ",
+                state->start_powerSGD_iter);
   CommHook plain = allreduce_hook(group);
   return [group, state, plain](GradBucket& bucket) -> std::shared_ptr<comm::Work> {
     torch::NoGradGuard no_grad;
-    auto advance = [state, &bucket] {
-      if (bucket.is_last()) ++state->iteration;
-    };
+    at::Tensor buffer = bucket.buffer();
     if (state->iteration < state->start_powerSGD_iter) {
-      advance();
-      state->bytes_sent +=
-          static_cast<double>(bucket.buffer().numel() * bucket.buffer().element_size());
+      if (bucket.is_last()) ++state->iteration;
+      state->bytes_sent += static_cast<double>(buffer.numel() * buffer.element_size());
       return plain(bucket);
     }
     const double world = group->size();
     const size_t index = bucket.index();
-    at::Tensor buffer = bucket.buffer();
     auto pb = std::make_shared<PowerSgdBucket>();
     if (state->use_error_feedback) {
-      auto& error = state->error[index];
-      if (error.defined() && error.sizes() == buffer.sizes()) {
-        buffer.add_(error);
+      auto it = state->error.find(index);
+      if (it != state->error.end() && it->second.sizes() == buffer.sizes()) {
+        buffer.add_(it->second);
       } else {
-        error = torch::zeros_like(buffer);
+        state->error[index] = torch::zeros_like(buffer);
       }
       pb->input_copy = buffer.clone();
     }
-    // Split the bucket: matrices worth compressing, and the rest (vectors, small matrices).
-    int64_t offset = 0, p_total = 0, q_total = 0, uncompressed_total = 0;
-    std::vector<std::pair<int64_t, int64_t>> ranks_of;  // (n, m) per matrix
+    // Split the bucket (views of the current buffer, which a compress wrapper may have replaced):
+    // matrices worth compressing, grouped by shape in order of first appearance (PyTorch's
+    // order, which decides which random numbers each Q gets), and the rest.
+    std::vector<std::pair<std::pair<int64_t, int64_t>, std::vector<at::Tensor>>> by_shape;
+    int64_t offset = 0, p_total = 0, q_total = 0;
+    const int64_t wanted_rank = state->matrix_approximation_rank;
     for (const auto& g : bucket.gradients()) {
-      auto t = buffer.narrow(0, offset, g.numel());
+      auto flat = buffer.narrow(0, offset, g.numel());
       offset += g.numel();
-      if (g.dim() > 1) {
-        const int64_t n = g.size(0), m = g.numel() / std::max<int64_t>(n, 1);
-        const int64_t r = std::min<int64_t>({n, m, state->matrix_approximation_rank});
-        if ((n + m) * r < n * m) {
-          pb->matrices.push_back(t.view({n, m}));
+      if (g.dim() >= 1 && g.numel() > 0) {
+        const int64_t n = g.size(0), m = g.numel() / n;
+        const int64_t r = std::min({n, m, wanted_rank});
+        if (static_cast<double>((n + m) * r) * state->min_compression_rate <
+            static_cast<double>(n * m)) {
+          auto matrix = flat.view({1, n, m});
+          auto same = std::find_if(by_shape.begin(), by_shape.end(),
+                                   [&](const auto& e) { return e.first == std::make_pair(n, m); });
+          if (same == by_shape.end()) {
+            by_shape.push_back({{n, m}, {matrix}});
+          } else {
+            same->second.push_back(matrix);
+          }
           p_total += n * r;
           q_total += m * r;
           continue;
         }
       }
-      pb->uncompressed.push_back(t);
-      uncompressed_total += t.numel();
+      pb->uncompressed.push_back(flat);
+    }
+    for (auto& entry : by_shape) {
+      for (auto& matrix : entry.second) pb->matrices.push_back(matrix);
     }
     // P and Q memories, kept between iterations (warm start reuses Q).
-    auto& p_memory = state->p_memory[index];
-    auto& q_memory = state->q_memory[index];
-    const bool fresh_q = !state->warm_start || !q_memory.defined() || q_memory.numel() != q_total;
-    if (!p_memory.defined() || p_memory.numel() != p_total) {
-      p_memory = torch::empty({p_total}, buffer.options());
-    }
+    auto p_it = state->p_memory.find(index);
+    const bool fresh_q = !state->warm_start || p_it == state->p_memory.end() ||
+                         p_it->second.numel() != p_total ||
+                         state->q_memory[index].numel() != q_total;
     if (fresh_q) {
-      // The same random Q on every rank: a generator seeded from the state, bucket and step.
-      auto generator = at::make_generator<at::CPUGeneratorImpl>(
-          state->random_seed + 1000003ull * index + static_cast<uint64_t>(state->iteration));
-      q_memory = torch::randn({q_total}, generator, buffer.options());
+      state->p_memory[index] = torch::empty({p_total}, buffer.options());
+      state->q_memory[index] = torch::empty({q_total}, buffer.options());
     }
+    at::Tensor p_memory = state->p_memory[index];
+    at::Tensor q_memory = state->q_memory[index];
     int64_t p_offset = 0, q_offset = 0;
     for (const auto& matrix : pb->matrices) {
-      const int64_t n = matrix.size(0), m = matrix.size(1);
-      const int64_t r = std::min<int64_t>({n, m, state->matrix_approximation_rank});
-      pb->ps.push_back(p_memory.narrow(0, p_offset, n * r).view({n, r}));
-      pb->qs.push_back(q_memory.narrow(0, q_offset, m * r).view({m, r}));
+      const int64_t n = matrix.size(1), m = matrix.size(2);
+      const int64_t r = std::min({n, m, wanted_rank});
+      pb->ps.push_back(p_memory.narrow(0, p_offset, n * r).view({1, n, r}));
+      pb->qs.push_back(q_memory.narrow(0, q_offset, m * r).view({1, m, r}));
       p_offset += n * r;
       q_offset += m * r;
     }
-    if (fresh_q) {
-      for (auto& q : pb->qs) orthogonalize(q);
+    const double epsilon = state->orthogonalization_epsilon;
+    if (!fresh_q) {
+      for (auto& q : pb->qs) orthogonalize(q, epsilon);
+    } else if (!pb->qs.empty()) {
+      // The same random Qs on every rank, and the ones PyTorch's hook draws (see random_seed).
+      auto generator = at::make_generator<at::CPUGeneratorImpl>(next_q_seed(*state));
+      for (auto& q : pb->qs) {
+        q.copy_(torch::randn(q.sizes(), generator, torch::TensorOptions().dtype(q.dtype())));
+        orthogonalize(q, epsilon);
+      }
     }
-    // Uncompressed part and P = M Q (summed over ranks), then P orthonormalised.
+    for (size_t i = 0; i < pb->matrices.size(); ++i) {
+      torch::bmm_out(pb->ps[i], pb->matrices[i], pb->qs[i]);
+    }
+    // The uncompressed tensors and P = M Q (summed over ranks), then P orthonormalised.
     comm::AllreduceOptions sum;
     sum.check = false;  // identical on every rank by construction, as in allreduce_hook
     std::shared_ptr<comm::Work> uncompressed_work;
-    if (uncompressed_total > 0) {
-      std::vector<at::Tensor> flat;
-      for (const auto& t : pb->uncompressed) flat.push_back(t);
-      pb->uncompressed_views_memory = torch::cat(flat);
-      uncompressed_work = group->allreduce(pb->uncompressed_views_memory, sum);
-    }
-    for (size_t i = 0; i < pb->matrices.size(); ++i) {
-      torch::matmul_out(pb->ps[i], pb->matrices[i], pb->qs[i]);
+    int64_t uncompressed_total = 0;
+    if (!pb->uncompressed.empty()) {
+      pb->uncompressed_memory = torch::cat(pb->uncompressed);
+      uncompressed_total = pb->uncompressed_memory.numel();
+      uncompressed_work = group->allreduce(pb->uncompressed_memory, sum);
     }
     if (p_total > 0) group->allreduce(p_memory, sum)->wait();
-    for (auto& p : pb->ps) orthogonalize(p);
+    for (auto& p : pb->ps) orthogonalize(p, epsilon);
     // Q = M^T P, summed over ranks: the approximation is P Q^T / world.
     for (size_t i = 0; i < pb->matrices.size(); ++i) {
-      torch::matmul_out(pb->qs[i], pb->matrices[i].t(), pb->ps[i]);
+      torch::bmm_out(pb->qs[i], pb->matrices[i].transpose(1, 2), pb->ps[i]);
     }
     std::shared_ptr<comm::Work> q_work =
         q_total > 0 ? group->allreduce(q_memory, sum) : std::shared_ptr<comm::Work>();
     state->bytes_sent += static_cast<double>((p_total + q_total + uncompressed_total) *
                                              static_cast<int64_t>(buffer.element_size()));
-    advance();
+    if (bucket.is_last()) ++state->iteration;
     auto finish = [state, pb, buffer, index, world, q_memory, uncompressed_work]() mutable {
       torch::NoGradGuard no_grad;
       if (uncompressed_work) {
         uncompressed_work->wait();
+        pb->uncompressed_memory.div_(world);
         int64_t at = 0;
         for (auto& t : pb->uncompressed) {
-          t.copy_(pb->uncompressed_views_memory.narrow(0, at, t.numel()).div_(world));
+          t.copy_(pb->uncompressed_memory.narrow(0, at, t.numel()));
           at += t.numel();
         }
       }
       q_memory.div_(world);
       for (size_t i = 0; i < pb->matrices.size(); ++i) {
-        torch::matmul_out(pb->matrices[i], pb->ps[i], pb->qs[i].t());
+        torch::bmm_out(pb->matrices[i], pb->ps[i], pb->qs[i].transpose(1, 2));
       }
       if (state->use_error_feedback) state->error[index] = pb->input_copy - buffer;
-      if (!state->warm_start) {
-        state->p_memory.erase(index);
-        state->q_memory.erase(index);
+      if (!state->warm_start) {  // PyTorch clears every bucket's memories
+        state->p_memory.clear();
+        state->q_memory.clear();
       }
     };
     if (q_work) return then(std::move(q_work), std::move(finish));

@@ -187,44 +187,19 @@ NoSyncGuard::~NoSyncGuard() {
   if (reducer_ != nullptr) reducer_->set_grad_sync(previous_);
 }
 
-// ---- Join --------------------------------------------------------------------------------------
+// ---- DDP's join hook ----------------------------------------------------------------------
 
-Join::Join(DistributedDataParallelBase* ddp, JoinOptions options) : ddp_(ddp) {
-  SHOAL_CHECK_T(InvalidArgument, !ddp_->join_active_,
-                "DistributedDataParallel::join(): a join scope is already open");
-  ddp_->join_active_ = true;
-  ddp_->join_options_ = options;
-}
+// PyTorch's _DDPJoinHook: a joined rank shadows the collectives of the active ranks' forward and
+// backward; at the end, every rank takes the model of the highest last joiner.
+class DdpJoinHook : public JoinHook {
+ public:
+  explicit DdpJoinHook(DistributedDataParallelBase* ddp) : ddp_(ddp) {}
+  void main_hook(const JoinStep& step) override { ddp_->shadow_step(step); }
+  void post_hook(bool is_last_joiner) override { ddp_->sync_final_model(is_last_joiner); }
 
-Join::Join(Join&& other) noexcept : ddp_(other.ddp_), finished_(other.finished_) {
-  other.finished_ = true;
-}
-
-Join::~Join() noexcept(false) {
-  if (finished_) return;
-  if (std::uncaught_exceptions() > 0) {
-    ddp_->join_active_ = false;
-    return;
-  }
-  finish();
-}
-
-int64_t Join::finish() {
-  SHOAL_CHECK(!finished_, "Join::finish() called twice");
-  finished_ = true;
-  int64_t shadowed = 0;
-  try {
-    while (ddp_->shadow_step()) ++shadowed;
-    // As PyTorch: the model of the last rank to run out of data (the highest such rank) is
-    // everybody's: parameters and buffers, so every replica ends equal.
-    ddp_->sync_final_model(/*is_last_joiner=*/shadowed == 0);
-  } catch (...) {
-    ddp_->join_active_ = false;
-    throw;
-  }
-  ddp_->join_active_ = false;
-  return shadowed;
-}
+ private:
+  DistributedDataParallelBase* ddp_;
+};
 
 // ---- DistributedDataParallelBase ---------------------------------------------------------------
 
@@ -300,16 +275,17 @@ void DistributedDataParallelBase::prepare_for_forward() {
   // evaluation under NoGradGuard and no_sync() forwards communicate nothing (except the buffer
   // broadcast when the previous forward was synchronised, as in PyTorch).
   const bool sync = grad_mode && reducer_->grad_sync();
-  if (join_active_) {
-    const JoinFlags flags = allreduce_join_flag(true, grad_mode, sync);
-    if (flags.active_ranks < group_->size() && join_options_.throw_on_early_termination) {
-      forward_prepared_ = false;
-      SHOAL_THROW(Error, group_->rank_prefix(), " DistributedDataParallel::join: ",
-                  group_->size() - flags.active_ranks, " rank(s) exhausted their inputs "
-                  "(throw_on_early_termination): stopping on every rank");
+  if (join_config().enable) {
+    std::optional<JoinStep> notified;
+    try {
+      notified = Join::notify_join_context(*this, {grad_mode ? 1 : 0, sync ? 1 : 0});
+    } catch (...) {
+      forward_prepared_ = false;  // throw_on_early_termination: this forward does not run
+      throw;
     }
+    const JoinFlags flags = join_flags(true, grad_mode, sync, notified);
     // PyTorch's divide_by_initial_world_size = false: average over the ranks with data.
-    reducer_->set_gradient_scale(join_options_.divide_by_initial_world_size
+    reducer_->set_gradient_scale(divide_by_initial_world_size_
                                      ? 1.0
                                      : static_cast<double>(group_->size()) / flags.active_ranks);
   }
@@ -359,7 +335,7 @@ int DistributedDataParallelBase::find_common_rank(bool candidate) {
 void DistributedDataParallelBase::broadcast_buffers(bool has_data) {
   // Inside join, rank 0 may have run out of data and hold stale statistics: the source is the
   // highest rank that still has data (PyTorch's _find_common_rank).
-  const int root = join_active_ ? find_common_rank(has_data) : 0;
+  const int root = join_config().enable ? find_common_rank(has_data) : 0;
   broadcast_coalesced(*group_, synced_buffers_, root);
 }
 
@@ -371,31 +347,53 @@ void DistributedDataParallelBase::sync_final_model(bool is_last_joiner) {
   broadcast_coalesced(*group_, state, root);
 }
 
-DistributedDataParallelBase::JoinFlags DistributedDataParallelBase::allreduce_join_flag(
-    bool has_data, bool grad_mode, bool sync) {
-  auto flag = torch::tensor({has_data ? 1 : 0, grad_mode ? 1 : 0, sync ? 1 : 0}, torch::kInt);
-  group_->allreduce(flag)->wait();
-  auto acc = flag.accessor<int, 1>();
-  return {acc[0], acc[1] > 0, acc[2] > 0};
+DistributedDataParallelBase::JoinFlags DistributedDataParallelBase::join_flags(
+    bool has_data, bool grad_mode, bool sync, const std::optional<JoinStep>& notified) {
+  JoinStep step;
+  if (notified) {
+    step = *notified;
+  } else {
+    // DDP is not the first joinable: its own allreduce, at the same place on every rank (PyTorch
+    // spends one on the sync flag here too).
+    auto flag = torch::tensor({has_data ? 1 : 0, grad_mode ? 1 : 0, sync ? 1 : 0}, torch::kInt)
+                    .to(join_device());
+    group_->allreduce(flag)->wait();
+    auto summed = flag.cpu();
+    auto acc = summed.accessor<int, 1>();
+    step.active_ranks = acc[0];
+    step.flags = {acc[1], acc[2]};
+  }
+  SHOAL_CHECK(step.flags.size() == 2, group_->rank_prefix(),
+              " DistributedDataParallel: the join allreduce carried ", step.flags.size(),
+              " flags, not DDP's 2");
+  return {step.active_ranks, step.flags[0] > 0, step.flags[1] > 0};
 }
 
-bool DistributedDataParallelBase::shadow_step() {
-  const JoinFlags flags = allreduce_join_flag(false, false, false);
-  if (flags.active_ranks == 0) return false;
-  SHOAL_CHECK(!join_options_.throw_on_early_termination, group_->rank_prefix(),
-              " DistributedDataParallel::join: this rank exhausted its inputs while ",
-              flags.active_ranks, " rank(s) still have data (throw_on_early_termination)");
+void DistributedDataParallelBase::shadow_step(const JoinStep& step) {
+  const JoinFlags flags = join_flags(false, false, false,
+                                     join_config().is_first_joinable ? std::optional<JoinStep>(step)
+                                                                     : std::nullopt);
   // Mirror exactly the collectives of the active ranks' step (see the header comment).
   if (flags.grad_mode) reducer_->rebuild_buckets();
   if (will_sync_buffers()) broadcast_buffers(/*has_data=*/false);
   require_forward_param_sync_ = flags.sync;
   if (flags.sync) reducer_->shadow_backward();
-  return true;
+}
+
+std::unique_ptr<JoinHook> DistributedDataParallelBase::join_hook(const JoinOptions& options) {
+  divide_by_initial_world_size_ = options.divide_by_initial_world_size;
+  return std::make_unique<DdpJoinHook>(this);
+}
+
+c10::Device DistributedDataParallelBase::join_device() const {
+  return synced_params_.empty() ? c10::Device(c10::kCPU) : synced_params_[0].device();
 }
 
 NoSyncGuard DistributedDataParallelBase::no_sync() { return NoSyncGuard(reducer_.get()); }
 
-Join DistributedDataParallelBase::join(JoinOptions options) { return Join(this, options); }
+Join DistributedDataParallelBase::join(JoinOptions options) {
+  return Join({std::ref<Joinable>(*this)}, options);
+}
 
 void DistributedDataParallelBase::register_comm_hook(CommHook hook) {
   reducer_->set_comm_hook(std::move(hook));

@@ -688,14 +688,15 @@ TEST(BenchAllreduceFormat, StartsItsOwnRanksAndPrintsJsonLines) {
 // for, and ratios that follow from the rates on the lines (the PyTorch modes only where
 // /usr/bin/python3 has torch); the live-memory bounds below are real measurements.
 TEST(BenchDdpFormat, ReportsEveryModeAsJsonLines) {
-  const auto result = run_shoal({"bench", "ddp", "--model", "mlp", "--steps", "2", "--warmup", "1",
-                                 "--rounds", "1", "--backend", "shm", "--json"},
+  const auto result = run_shoal({"bench", "ddp", "--model", "mlp", "--steps", "2", "--warmup", "2",
+                                 "--rounds", "1", "--backend", "shm", "--comm-hook",
+                                 "allreduce,fp16,powersgd", "--json"},
                                 {}, Milliseconds(240'000));
   ASSERT_EQ(result.code, 0) << result.err;
   const auto lines = lines_of(result.out);
-  ASSERT_GE(lines.size(), 4u) << result.out;
-  const std::vector<std::string> modes{"single", "independent", "shoal_ddp", "shoal_ddp",
-                                       "pytorch_ddp", "pytorch_ddp"};
+  ASSERT_GE(lines.size(), 6u) << result.out;
+  const std::vector<std::string> modes{"single",    "independent", "shoal_ddp",  "shoal_ddp",
+                                       "shoal_ddp", "shoal_ddp",   "pytorch_ddp", "pytorch_ddp"};
   const double single = json_number(lines[0], "samples_per_s");
   ASSERT_GT(single, 0) << lines[0];
   for (size_t i = 0; i < lines.size(); ++i) {
@@ -713,6 +714,22 @@ TEST(BenchDdpFormat, ReportsEveryModeAsJsonLines) {
   }
   EXPECT_NE(lines[3].find("\"gradient_as_bucket_view\": true"), std::string::npos) << lines[3];
   EXPECT_GT(json_number(lines[2], "buckets"), 0) << lines[2];
+
+  // The hooks, next to the default: bytes sent per step are the gradients (7.2 MiB), half of them
+  // for fp16, and PowerSGD rank 2's P and Q ((n + m) x 2 for fc1 1024 x 784, fc2 1024 x 1024,
+  // fc3 10 x 1024) plus the uncompressed biases: 35 KiB.
+  const char* hooks[] = {"allreduce", "allreduce", "fp16", "powersgd"};
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_NE(lines[2 + i].find(std::string("\"comm_hook\": \"") + hooks[i] + "\""),
+              std::string::npos)
+        << lines[2 + i];
+  }
+  const double dense = json_number(lines[2], "sent_bytes_per_step");
+  EXPECT_NEAR(dense, json_number(lines[0], "grad_mb") * 1048576, 0.01 * dense) << lines[2];
+  EXPECT_NEAR(json_number(lines[4], "sent_bytes_per_step"), dense / 2, 0.01 * dense) << lines[4];
+  const double power = 4.0 * ((1024 + 784) * 2 + (1024 + 1024) * 2 + (10 + 1024) * 2 + 1024 * 2 + 10);
+  EXPECT_NEAR(json_number(lines[5], "sent_bytes_per_step"), power, 1.0) << lines[5];
+  EXPECT_NE(lines[0].find("\"comm_hook\": null"), std::string::npos) << lines[0];
 
   // Live memory (heap in use + shared memory share), which does not depend on what the allocator
   // keeps: DDP costs one copy of the gradients (its buckets) plus its communication buffers;

@@ -25,6 +25,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
+from torch.distributed.algorithms.join import Join, Joinable, JoinHook
 
 
 class SmallCnn(nn.Module):
@@ -348,6 +350,99 @@ def case_join_throw_on_early_termination(rank):
     except RuntimeError as e:
         assert "exhausted" in str(e), str(e)
     return model
+
+
+class StepCounter(Joinable):
+    """A user's joinable that communicates each step: allreduces a 1 (a 0 when joined), adds the
+    sum to `total`; its post_hook records is_last_joiner."""
+
+    class Hook(JoinHook):
+        def __init__(self, counter):
+            self.counter = counter
+
+        def main_hook(self):
+            self.counter.add(torch.zeros(1, dtype=torch.float64))
+            self.counter.shadowed += 1
+
+        def post_hook(self, is_last_joiner):
+            self.counter.last_joiner = float(is_last_joiner)
+
+    def __init__(self):
+        super().__init__()
+        self.total, self.shadowed, self.last_joiner = 0.0, 0.0, -1.0
+
+    def add(self, t):
+        dist.all_reduce(t)
+        self.total += t.item()
+
+    def step(self):
+        Join.notify_join_context(self)
+        self.add(torch.ones(1, dtype=torch.float64))
+
+    def join_hook(self, **kwargs):
+        return StepCounter.Hook(self)
+
+    @property
+    def join_device(self):
+        return torch.device("cpu")
+
+    @property
+    def join_process_group(self):
+        return dist.group.WORLD
+
+    def results(self):
+        return torch.tensor([self.total, self.shadowed, self.last_joiner], dtype=torch.float64)
+
+
+def join_with_counter(rank, counter_first):
+    """Join over DDP and a StepCounter, uneven inputs as join(); the counter steps after the
+    optimizer (DDP first) or before the forward (counter first). The counter's results are
+    dumped as a buffer of the model."""
+    model = JoinNet()
+    init_params(model)
+    ddp = nn.parallel.DistributedDataParallel(model)
+    opt = sgd(model)
+    counter = StepCounter()
+    with Join([counter, ddp] if counter_first else [ddp, counter]):
+        for step in range(1 if rank == 0 else 4):
+            if counter_first:
+                counter.step()
+            x, y = SMALL_BATCH(rank, step)
+            opt.zero_grad(set_to_none=False)
+            F.nll_loss(ddp(x), y).backward()
+            opt.step()
+            if not counter_first:
+                counter.step()
+    model.register_buffer("counter", counter.results())
+    return model
+
+
+def case_join_joinable(rank):
+    return join_with_counter(rank, counter_first=False)
+
+
+def case_join_joinable_first(rank):
+    return join_with_counter(rank, counter_first=True)
+
+
+def power_sgd(rank, model, batch, matrix_rank):
+    """PyTorch's own PowerSGD hook (error feedback, warm start, Qs from random_seed 0), from
+    iteration 2, for 6 steps; one bucket (the default sizes)."""
+    init_params(model)
+    ddp = nn.parallel.DistributedDataParallel(model)
+    state = powersgd.PowerSGDState(None, matrix_approximation_rank=matrix_rank,
+                                   start_powerSGD_iter=2)
+    ddp.register_comm_hook(state, powersgd.powerSGD_hook)
+    train(ddp, sgd(model), rank, range(6), batch)
+    return model
+
+
+def case_powersgd_rank2(rank):  # Gram-Schmidt; conv2 viewed as 8 x 36; conv1 too small to gain
+    return power_sgd(rank, SmallCnn(), batches((4, 1, 12, 12), 10), 2)
+
+
+def case_powersgd_rank4(rank):  # QR; fc3 (10 x 32) fails min_compression_rate
+    return power_sgd(rank, SmallMlp(), batches((4, 20), 10), 4)
 
 
 def unused_accumulation(rank, view, set_to_none=False):

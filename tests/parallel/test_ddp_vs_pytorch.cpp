@@ -18,7 +18,9 @@
 #include "shoal/comm/init.h"
 #include "shoal/comm/store.h"
 #include "shoal/error.h"
+#include "shoal/parallel/comm_hooks.h"
 #include "shoal/parallel/distributed_data_parallel.h"
+#include "shoal/parallel/join.h"
 #include "shoal/parallel/sync_batch_norm.h"
 #include "test_models.h"
 #include "testing/multi_rank.h"
@@ -375,6 +377,63 @@ void train(torch::optim::Optimizer& optimizer, int steps,
   }
 }
 
+// A user's joinable that communicates each step (ddp_oracle.py's StepCounter): allreduces a 1 (a
+// 0 when joined) and adds the sum to `total`; its post_hook records is_last_joiner.
+class StepCounter : public Joinable {
+ public:
+  explicit StepCounter(std::shared_ptr<comm::ProcessGroup> group) : group_(std::move(group)) {}
+
+  void step() {
+    Join::notify_join_context(*this);
+    add(torch::ones({1}, torch::kDouble));
+  }
+  std::unique_ptr<JoinHook> join_hook(const JoinOptions&) override {
+    return std::make_unique<Hook>(this);
+  }
+  std::shared_ptr<comm::ProcessGroup> join_process_group() const override { return group_; }
+  torch::Tensor results() const {
+    return torch::tensor({total_, shadowed_, last_joiner_}, torch::kDouble);
+  }
+
+ private:
+  struct Hook : JoinHook {
+    explicit Hook(StepCounter* counter) : counter(counter) {}
+    void main_hook(const JoinStep&) override {
+      counter->add(torch::zeros({1}, torch::kDouble));
+      counter->shadowed_ += 1;
+    }
+    void post_hook(bool is_last_joiner) override { counter->last_joiner_ = is_last_joiner; }
+    StepCounter* counter;
+  };
+  void add(torch::Tensor t) {
+    group_->allreduce(t)->wait();
+    total_ += t.item<double>();
+  }
+
+  std::shared_ptr<comm::ProcessGroup> group_;
+  double total_ = 0, shadowed_ = 0, last_joiner_ = -1;
+};
+
+// PyTorch's powerSGD_hook from iteration 2 for 6 steps, one bucket (the default sizes): the same
+// random Qs (random_seed 0), so the same numbers.
+template <typename Model>
+torch::Tensor power_sgd(int rank, const std::shared_ptr<comm::ProcessGroup>& group,
+                        std::vector<int64_t> shape, int64_t matrix_rank) {
+  Model model;
+  init_params(*model);
+  DistributedDataParallel ddp(model, group);
+  auto state = std::make_shared<PowerSGDState>();
+  state->matrix_approximation_rank = matrix_rank;
+  state->start_powerSGD_iter = 2;
+  ddp.register_comm_hook(powerSGD_hook(group, state));
+  auto optimizer = sgd(*model);
+  train(optimizer, 6, [&](int step) {
+    return torch::nll_loss(ddp.forward(inputs(rank, step, shape)), labels(rank, step, shape[0], 10));
+  });
+  EXPECT_EQ(state->iteration, 6);
+  return dump(*model);
+}
+
 torch::Tensor run_case(const std::string& name, int rank,
                        const std::shared_ptr<comm::ProcessGroup>& group) {
   auto nll = [](const torch::Tensor& out, const torch::Tensor& y) {
@@ -414,6 +473,32 @@ torch::Tensor run_case(const std::string& name, int rank,
     }
     return dump(*model);
   }
+  if (name == "join_joinable" || name == "join_joinable_first") {
+    const bool counter_first = name == "join_joinable_first";
+    JoinNet model;
+    init_params(*model);
+    DistributedDataParallel ddp(model, group, small_buckets());
+    auto optimizer = sgd(*model);
+    StepCounter counter(group);
+    {
+      Join join = counter_first ? Join({counter, ddp}) : Join({ddp, counter});
+      for (int step = 0; step < (rank == 0 ? 1 : 4); ++step) {
+        if (counter_first) counter.step();
+        zero_grad(optimizer);
+        nll(ddp.forward(inputs(rank, step, {5, 6})), labels(rank, step, 5, 4)).backward();
+        optimizer.step();
+        if (!counter_first) counter.step();
+      }
+      EXPECT_EQ(join.finish(), rank == 0 ? 3 : 0);
+    }
+    EXPECT_FALSE(ddp.join_config().enable) << "the scope ended";
+    model->register_buffer("counter", counter.results());
+    return dump(*model);
+  }
+  if (name == "powersgd_rank2") {
+    return power_sgd<shoal::testing::SmallCnn>(rank, group, {4, 1, 12, 12}, 2);
+  }
+  if (name == "powersgd_rank4") return power_sgd<shoal::testing::SmallMlp>(rank, group, {4, 20}, 4);
   if (name == "unused_accumulation" || name == "unused_accumulation_view" ||
       name == "unused_accumulation_none") {
     const bool set_to_none = name == "unused_accumulation_none";
@@ -617,6 +702,10 @@ torch::Tensor run_case(const std::string& name, int rank,
 const char* const kCases[] = {"join",
                               "join_divide_by_active_ranks",
                               "join_throw_on_early_termination",
+                              "join_joinable",
+                              "join_joinable_first",
+                              "powersgd_rank2",
+                              "powersgd_rank4",
                               "unused_accumulation",
                               "unused_accumulation_view",
                               "unused_accumulation_none",
@@ -715,6 +804,13 @@ int Cases::oracle_status_ = -1;
 TEST_F(Cases, JoinEndsWithEqualReplicasAndActiveRanksBuffers) { check("join"); }
 TEST_F(Cases, JoinDividesByActiveRanks) { check("join_divide_by_active_ranks"); }
 TEST_F(Cases, JoinThrowsOnEarlyTermination) { check("join_throw_on_early_termination"); }
+// Join over DDP and a user's joinable (a counter allreduced each step), in either order: the same
+// parameters, buffers, counter totals, shadowed steps and is_last_joiner as PyTorch's Join.
+TEST_F(Cases, JoinWithACustomJoinable) { check("join_joinable"); }
+TEST_F(Cases, JoinWithACustomJoinableFirst) { check("join_joinable_first"); }
+// PyTorch's own powerSGD_hook (error feedback, warm start, its random Qs) after 4 compressed steps.
+TEST_F(Cases, PowerSgdRank2MatchesPyTorchsHook) { check("powersgd_rank2"); }
+TEST_F(Cases, PowerSgdRank4QrMatchesPyTorchsHook) { check("powersgd_rank4"); }
 TEST_F(Cases, FindUnusedKeepsAccumulatedGradients) { check("unused_accumulation"); }
 TEST_F(Cases, FindUnusedKeepsAccumulatedGradientsAsBucketView) {
   check("unused_accumulation_view");

@@ -35,6 +35,7 @@
 #include <torch/nn/pimpl.h>
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -42,6 +43,7 @@
 
 #include "shoal/comm/process_group.h"
 #include "shoal/parallel/grad_bucket.h"
+#include "shoal/parallel/join.h"
 
 namespace shoal::parallel {
 
@@ -116,43 +118,21 @@ class NoSyncGuard {
   bool previous_ = true;
 };
 
-/// Training with uneven inputs (PyTorch's Join / `with ddp.join():`): inside the scope, each
-/// forward starts with an allreduce of an "I still have data" flag. A rank whose data ran out
-/// calls finish() (or leaves the scope), and shadows the other ranks' steps — taking part in their
-/// collectives with zero gradients, its own .grad untouched — until every rank has finished.
-/// Gradients are averaged over the full world size (PyTorch's divide_by_initial_world_size).
-/// Buffers are broadcast from the highest rank that still has data; when every rank has finished,
-/// every rank takes the parameters and buffers of the highest rank among the last to finish, so
-/// all replicas are equal, as in PyTorch.
-/// PyTorch's Join arguments and DDP's join() arguments, with PyTorch's defaults.
-struct JoinOptions {
-  /// Average over the full world size even when some ranks have finished (their zeros count);
-  /// false: over the ranks that still have data at that step.
-  bool divide_by_initial_world_size = true;
-  /// Instead of shadowing, every rank throws shoal::Error as soon as one rank runs out of data
-  /// (the step in which that is detected does not run).
-  bool throw_on_early_termination = false;
-};
-
-class Join {
- public:
-  explicit Join(DistributedDataParallelBase* ddp, JoinOptions options = {});
-  Join(Join&& other) noexcept;
-  Join(const Join&) = delete;
-  Join& operator=(const Join&) = delete;
-  Join& operator=(Join&&) = delete;
-  /// Calls finish() unless it ran or an exception is unwinding the stack.
-  ~Join() noexcept(false);
-  /// Shadows the other ranks until all of them have finished. Returns the number of steps shadowed.
-  int64_t finish();
-
- private:
-  DistributedDataParallelBase* ddp_;
-  bool finished_ = false;
-};
-
-/// The type-independent part of DistributedDataParallel (see the file comment).
-class DistributedDataParallelBase {
+/// Training with uneven inputs: `auto join = ddp.join(options);` is `Join join({ddp}, options)`
+/// (shoal/parallel/join.h; PyTorch's `with ddp.join():`), and DDP is a Joinable that can share a
+/// scope with other joinables (`Join join({ddp, optimizer})`). Inside the scope, each forward
+/// starts with the join allreduce (when DDP is the first joinable; otherwise DDP allreduces its
+/// own flags there), which also carries whether the ranks with data run this forward in grad
+/// mode and with a synchronised backward. A rank whose data ran out shadows the other ranks'
+/// steps (DDP's main_hook), taking part in their collectives with zero gradients, its own .grad
+/// untouched, until every rank has finished. Gradients are averaged over the full world size
+/// (PyTorch's divide_by_initial_world_size). Buffers are broadcast from the highest rank that
+/// still has data; when every rank has finished (DDP's post_hook), every rank takes the parameters
+/// and buffers of the highest rank among the last to finish, so all replicas are equal, as in
+/// PyTorch.
+///
+/// This class is the type-independent part of DistributedDataParallel (see the file comment).
+class DistributedDataParallelBase : public Joinable {
  public:
   DistributedDataParallelBase(std::shared_ptr<torch::nn::Module> module,
                               std::shared_ptr<comm::ProcessGroup> group,
@@ -171,8 +151,15 @@ class DistributedDataParallelBase {
 
   /// Backward passes inside the guard's lifetime accumulate gradients without communicating.
   NoSyncGuard no_sync();
-  /// Starts a join scope for uneven inputs (see Join).
+  /// Starts a join scope for uneven inputs over this DDP alone (see Join).
   Join join(JoinOptions options = {});
+
+  // Joinable: DDP's hook shadows the forward's and backward's collectives and ends with the
+  // last joiner's model on every rank; it carries two flags (grad mode, synchronised backward).
+  std::unique_ptr<JoinHook> join_hook(const JoinOptions& options) override;
+  c10::Device join_device() const override;
+  std::shared_ptr<comm::ProcessGroup> join_process_group() const override { return group_; }
+  size_t join_flag_count() const override { return 2; }
 
   /// Replaces the default allreduce-and-average with `hook` (PyTorch's register_comm_hook).
   /// Call before the first backward.
@@ -196,7 +183,8 @@ class DistributedDataParallelBase {
   std::shared_ptr<torch::nn::Module> base_module_;
 
  private:
-  friend class Join;
+  friend class DdpJoinHook;
+  /// What the join allreduce says about the ranks with data at this step.
   struct JoinFlags {
     int active_ranks = 0;  ///< ranks that still have data
     bool grad_mode = false;  ///< some active rank runs this forward in grad mode
@@ -209,10 +197,13 @@ class DistributedDataParallelBase {
   int find_common_rank(bool candidate);
   /// End of join: every rank takes the parameters and buffers of the highest last joiner.
   void sync_final_model(bool is_last_joiner);
-  /// One shadow step of a joined rank; false once no rank has data any more.
-  bool shadow_step();
-  /// Allreduces the join flags (this rank's: has data, grad mode, synchronised backward).
-  JoinFlags allreduce_join_flag(bool has_data, bool grad_mode, bool sync);
+  /// One shadow step of a joined rank (DDP's main_hook), given the step's join allreduce.
+  void shadow_step(const JoinStep& step);
+  /// The join flags of this step (this rank's: has data, grad mode, synchronised backward):
+  /// from Join::notify_join_context() when DDP is the first joinable (`notified`), otherwise
+  /// from an allreduce of DDP's own.
+  JoinFlags join_flags(bool has_data, bool grad_mode, bool sync,
+                       const std::optional<JoinStep>& notified);
 
   std::shared_ptr<comm::ProcessGroup> group_;
   DistributedDataParallelOptions options_;
@@ -220,8 +211,7 @@ class DistributedDataParallelBase {
   // What DDP synchronises: the parameters (each once) and buffers not ignored.
   std::vector<at::Tensor> synced_params_;
   std::vector<at::Tensor> synced_buffers_;
-  bool join_active_ = false;
-  JoinOptions join_options_;
+  bool divide_by_initial_world_size_ = true;  // set by join_hook(), as in PyTorch
   bool forward_prepared_ = false;
   // PyTorch's require_forward_param_sync: the previous forward prepared a synchronised backward.
   bool require_forward_param_sync_ = true;
