@@ -10,12 +10,12 @@
 
 #include <algorithm>
 #include <climits>
+#include <cmath>
 #include <set>
 #include <thread>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
-#include <fmt/format.h>
 #include <fstream>
 
 #include "commands.h"
@@ -419,12 +419,13 @@ void add_train_command(CLI::App& root, std::vector<Command>& commands) {
                                         result.final_test_accuracy());
                           }
                           if (power_sgd && power_sgd->iteration > 0) {
-                            log::info(fmt::format(
-                                "powersgd: {:.0f} bytes per step sent by this rank over {} steps "
-                                "(rank {}, from step {})",
-                                power_sgd->bytes_sent / static_cast<double>(power_sgd->iteration),
-                                power_sgd->iteration, args->powersgd_rank,
-                                args->powersgd_start_iter));
+                            log::info("powersgd: ",
+                                      static_cast<long long>(std::llround(
+                                          power_sgd->bytes_sent /
+                                          static_cast<double>(power_sgd->iteration))),
+                                      " bytes per step sent by this rank over ",
+                                      power_sgd->iteration, " steps (rank ", args->powersgd_rank,
+                                      ", from step ", args->powersgd_start_iter, ")");
                           }
                           std::fflush(stdout);
                         }
