@@ -42,6 +42,9 @@ std::string OpLabel::description() const {
   std::string inner = this->detail;
   if (inner.empty() && numel >= 0 && dtype != at::ScalarType::Undefined) {
     inner = describe_elements(numel, dtype);
+    if (device != c10::DeviceType::CPU) {
+      inner += detail::str_cat(" on ", c10::DeviceTypeName(device, /*lower_case=*/true));
+    }
     if (peer_role == PeerRole::kDestination) inner += detail::str_cat(" to rank ", peer);
     if (peer_role == PeerRole::kSource) inner += detail::str_cat(" from rank ", peer);
     if (reduce_op >= 0) {

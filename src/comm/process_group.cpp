@@ -178,6 +178,7 @@ OpContext ProcessGroup::make_context(const char* name, Milliseconds timeout,
   if (tensor != nullptr) {
     ctx.label.numel = tensor->numel();
     ctx.label.dtype = tensor->scalar_type();
+    ctx.label.device = tensor->device().type();
   }
   // Noted now, not when its Work exists: a rank stuck in the collective check (or in a backend
   // that blocks before returning a Work) shows the operation in flight.
@@ -240,11 +241,13 @@ constexpr int kCollectiveCount = sizeof kCollectiveNames / sizeof kCollectiveNam
 // What every rank must agree on for one collective (the sequence number is shown, not compared:
 // point-to-point operations are numbered too, and only the pair involved sees them).
 struct Fingerprint {
-  enum Field { kOp, kSequence, kNumel, kDtype, kRoot, kReduceOp, kFields };
-  int64_t field[kFields] = {0, 0, 0, -1, -1, -1};
+  enum Field { kOp, kSequence, kNumel, kDtype, kDevice, kRoot, kReduceOp, kFields };
+  int64_t field[kFields] = {0, 0, 0, -1, 0, -1, -1};
 
   bool same_collective(const Fingerprint& other) const {
-    for (int f : {kOp, kNumel, kDtype, kRoot, kReduceOp}) {
+    // The device type too: a multi-device group sends a CPU and a CUDA tensor to different
+    // backends, so ranks that disagree on it would wait for each other until the time-out.
+    for (int f : {kOp, kNumel, kDtype, kDevice, kRoot, kReduceOp}) {
       if (field[f] != other.field[f]) return false;
     }
     return true;
@@ -260,6 +263,7 @@ struct Fingerprint {
     if (field[kDtype] >= 0) {
       label.numel = field[kNumel];
       label.dtype = static_cast<at::ScalarType>(field[kDtype]);
+      label.device = static_cast<c10::DeviceType>(field[kDevice]);
     }
     label.reduce_op = static_cast<int>(field[kReduceOp]);
     label.root = static_cast<int>(field[kRoot]);
@@ -300,6 +304,7 @@ std::shared_ptr<Work> ProcessGroup::check_same_collective(const OpContext& ctx) 
   if (label.numel >= 0) {
     mine.field[Fingerprint::kNumel] = label.numel;
     mine.field[Fingerprint::kDtype] = static_cast<int64_t>(label.dtype);
+    mine.field[Fingerprint::kDevice] = static_cast<int64_t>(label.device);
   }
   mine.field[Fingerprint::kRoot] = label.root;
   mine.field[Fingerprint::kReduceOp] = label.reduce_op;

@@ -249,5 +249,19 @@ TEST(OpLabels, PrefixNamesTheRank) {
   EXPECT_EQ(label.description(), "reduce #7 (group 2, 3 ranks)");
 }
 
+// A CUDA tensor's operation says so (a multi-device group's ranks that disagree on the device are
+// told which device each used); a CPU tensor's reads as before.
+TEST(OpLabels, NameTheDeviceWhenItIsNotTheCpu) {
+  OpLabel label;
+  label.name = "allreduce";
+  label.sequence = 3;
+  label.numel = 1024;
+  label.dtype = at::kFloat;
+  label.reduce_op = static_cast<int>(ReduceOp::kSum);
+  EXPECT_EQ(label.description(), "allreduce #3 (4.0 kB float32, sum)");
+  label.device = c10::DeviceType::CUDA;
+  EXPECT_EQ(label.description(), "allreduce #3 (4.0 kB float32 on cuda, sum)");
+}
+
 }  // namespace
 }  // namespace shoal::comm

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <chrono>
 #include <cstdio>
 #include <fstream>
 
@@ -143,6 +144,37 @@ TEST(Nccl, MultiDeviceGroupSendsEachTensorToItsBackend) {
       world,
       [&](int rank, const std::string& path) {
         check_collectives(rank, world, path, "cpu:shm,cuda:nccl");
+      },
+      Milliseconds(180'000));
+  for (const auto& r : results) {
+    EXPECT_TRUE(r.ok()) << "rank " << r.rank << " exit " << r.exit_code << ": " << r.error;
+  }
+}
+
+// Ranks that pass a CPU tensor and a CUDA tensor to the same collective of a multi-device group
+// would wait on different backends until the time-out: the collective check compares the device
+// type and every rank fails at once, naming the other's device. (cuda:gloo, so that two ranks can
+// share one GPU.)
+TEST(Nccl, MultiDeviceGroupRefusesRanksThatDisagreeOnTheDevice) {
+  if (kGpus == 0) GTEST_SKIP() << "no GPU";
+  auto results = shoal::testing::run_processes(
+      2,
+      [&](int rank, const std::string& path) {
+        auto store = shoal::comm::make_file_store(path, 2, Milliseconds(60'000));
+        auto pg = shoal::comm::new_process_group("cpu:shm,cuda:gloo", store, rank, 2,
+                                                 Milliseconds(60'000));
+        auto t = rank == 0 ? torch::ones({256}) : torch::ones({256}, torch::kCUDA);
+        const auto start = std::chrono::steady_clock::now();
+        try {
+          pg->allreduce(t)->wait();
+          SHOAL_THROW(shoal::Error, "rank ", rank, ": the mismatch was not caught");
+        } catch (const shoal::PeerError& e) {
+          const std::string what = e.what();
+          SHOAL_CHECK(what.find("does not match rank") != std::string::npos, what);
+          SHOAL_CHECK(what.find("on cuda") != std::string::npos, what);
+        }
+        SHOAL_CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(30),
+                    "rank ", rank, ": the mismatch took the time-out to be found");
       },
       Milliseconds(180'000));
   for (const auto& r : results) {

@@ -1,13 +1,14 @@
 // What one communication operation is, for its error and time-out messages.
 //
 // Every collective and point-to-point call gets a label: a few numbers (rank, sequence number,
-// element count, dtype, reduce op, root or peer, tag) and nothing else. The text a message needs
+// element count, dtype, device type, reduce op, root or peer, tag) and nothing else. The text a message needs
 // ("[rank 1/4] allreduce #12 (4.0 MB float32, sum)") is built from them only when a message is
 // written, so that an operation that succeeds, nearly all of them, allocates no strings at all.
 //
 // Thread safety: a label is an immutable value; copy it freely.
 #pragma once
 
+#include <c10/core/DeviceType.h>
 #include <c10/core/ScalarType.h>
 
 #include <cstdint>
@@ -27,6 +28,8 @@ struct OpLabel {
   int size = 1;           ///< the group's size
   int64_t numel = -1;     ///< elements of the operation's tensor; -1: no tensor
   at::ScalarType dtype = at::ScalarType::Undefined;
+  /// The tensor's device type; described only when it is not the CPU ("4.0 MB float32 on cuda").
+  c10::DeviceType device = c10::DeviceType::CPU;
   int reduce_op = -1;     ///< a ReduceOp, or -1
   int root = -1;          ///< a collective's root, or -1
   int peer = -1;          ///< a send's destination or a receive's source, or -1
