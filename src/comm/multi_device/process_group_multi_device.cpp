@@ -18,6 +18,15 @@ const char* type_name(c10::DeviceType type) {
   }
 }
 
+// The CPU child, which gives the group its rank and size (checked before the base is built).
+const ProcessGroup& cpu_child(
+    const std::map<c10::DeviceType, std::shared_ptr<ProcessGroup>>& children) {
+  auto it = children.find(c10::DeviceType::CPU);
+  SHOAL_CHECK_T(InvalidArgument, it != children.end() && it->second,
+                "a multi-device process group needs a CPU backend (e.g. cpu:shm,cuda:nccl)");
+  return *it->second;
+}
+
 }  // namespace
 
 bool is_multi_device_spec(const std::string& spec) { return spec.find(':') != std::string::npos; }
@@ -55,12 +64,8 @@ std::map<c10::DeviceType, std::string> parse_multi_device_spec(const std::string
 
 ProcessGroupMultiDevice::ProcessGroupMultiDevice(
     std::map<c10::DeviceType, std::shared_ptr<ProcessGroup>> children, Milliseconds timeout)
-    : ProcessGroup(children.count(c10::DeviceType::CPU) ? children.at(c10::DeviceType::CPU)->rank() : 0,
-                   children.count(c10::DeviceType::CPU) ? children.at(c10::DeviceType::CPU)->size() : 1,
-                   timeout),
+    : ProcessGroup(cpu_child(children).rank(), cpu_child(children).size(), timeout),
       children_(std::move(children)) {
-  SHOAL_CHECK_T(InvalidArgument, children_.count(c10::DeviceType::CPU) == 1,
-                "a multi-device process group needs a CPU backend");
   for (auto& [type, group] : children_) {
     SHOAL_CHECK_T(InvalidArgument, group && group->rank() == rank() && group->size() == size(),
                   rank_prefix(), " the ", type_name(type),
