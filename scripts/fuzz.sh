@@ -12,6 +12,8 @@ TARGETS=(fuzz_idx_reader fuzz_unpickler fuzz_zip_directory fuzz_checksum_manifes
          fuzz_ps_message fuzz_stage_header)
 command -v clang++ >/dev/null || { echo "fuzz: clang++ is missing (apt-get install clang libclang-rt-14-dev)" >&2; exit 77; }
 start=$SECONDS
+# Paths under the checkout are hashed relative to it: another clone (CI's) reuses the objects.
+export CCACHE_BASEDIR="$PWD"
 cmake -S fuzz -B build-fuzz -G Ninja -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=RelWithDebInfo \
       -DCMAKE_CXX_COMPILER_LAUNCHER="$(command -v ccache || true)" >/dev/null
 if [ "${1:-}" = --make-corpus ]; then
