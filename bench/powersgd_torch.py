@@ -3,7 +3,7 @@ side of `shoal train --strategy ddp --model cnn --comm-hook powersgd`, to see wh
 reaches on the same setting (gloo, one thread per rank).
 
 usage: powersgd_torch.py [--rank R] [--start-iter N] [--batch 64] [--lr 0.08] [--momentum 0.9]
-                         [--world 2] [--epochs 1]
+                         [--world 2] [--epochs 1] [--train-samples N] [--test-samples N]
 --rank 0 trains without a hook (plain DDP). Prints the final test accuracy and, with PowerSGD, the
 elements sent per step after compression started.
 """
@@ -50,6 +50,10 @@ def worker(rank, args, init):
     dist.init_process_group("gloo", init_method="file://" + init, rank=rank, world_size=args.world)
     x, y = load("train")
     tx, ty = load("t10k")
+    if args.train_samples > 0:  # the first N, as shoal train --train-samples
+        x, y = x[:args.train_samples], y[:args.train_samples]
+    if args.test_samples > 0:
+        tx, ty = tx[:args.test_samples], ty[:args.test_samples]
     torch.manual_seed(0)
     model = Cnn()
     ddp = torch.nn.parallel.DistributedDataParallel(model)
@@ -89,6 +93,8 @@ def main():
     parser.add_argument("--momentum", type=float, default=0.9)
     parser.add_argument("--world", type=int, default=2)
     parser.add_argument("--epochs", type=int, default=1)
+    parser.add_argument("--train-samples", type=int, default=0)
+    parser.add_argument("--test-samples", type=int, default=0)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         mp.spawn(worker, args=(args, os.path.join(tmp, "init")), nprocs=args.world, join=True)

@@ -255,7 +255,7 @@ TEST(OpLabels, NameTheDeviceWhenItIsNotTheCpu) {
   OpLabel label;
   label.name = "allreduce";
   label.sequence = 3;
-  label.numel = 1024;
+  label.numel = 1000;
   label.dtype = at::kFloat;
   label.reduce_op = static_cast<int>(ReduceOp::kSum);
   EXPECT_EQ(label.description(), "allreduce #3 (4.0 kB float32, sum)");
