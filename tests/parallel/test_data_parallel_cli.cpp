@@ -60,14 +60,15 @@ TEST(DataParallelCli, ModelParallelDdpTrainsLikeDdp) {
 
 
 // `shoal train --strategy ddp --comm-hook powersgd` (PyTorch's powerSGD_hook, error feedback and
-// warm start) on the CNN and 12000 real Fashion-MNIST images: test accuracy within 3.5 points of
+// warm start) on the CNN and 12000 real Fashion-MNIST images: test accuracy within 5 points of
 // plain DDP's after the same epoch, sending under a quarter of the dense gradient's bytes.
-// Measured here (LibTorch 1.13): DDP 0.8405; PowerSGD rank 8 from step 10: 0.8140 at 556 KB/step
-// against 4.8 MB dense. PyTorch 1.13's own hook on the same setting loses as much
-// (bench/powersgd_torch.py --rank 8 --start-iter 10 --batch 32 --lr 0.05 --train-samples 12000
-// --test-samples 2000: DDP 0.8420, PowerSGD 0.8220): so short a run is not enough for the
-// compressed gradient to catch up, and the bound leaves room for that, not for a broken hook
-// (the hook's numbers are compared with PyTorch's bit for bit in test_ddp_vs_pytorch).
+// So short a run leaves the compressed gradient behind in PyTorch too, by an amount that moves
+// with rounding; PyTorch's own hook on this setting (bench/powersgd_torch.py --rank 8
+// --start-iter 10 --batch 32 --lr 0.05 --momentum 0.9 --train-samples 12000 --test-samples 2000):
+//   PyTorch 1.13: DDP 0.8420, PowerSGD 0.8220   Shoal on LibTorch 1.13: 0.8405, 0.8140
+//   PyTorch 2.15: DDP 0.8525, PowerSGD 0.8125   Shoal on LibTorch 2.15: 0.8525, 0.8125
+// (556 KB/step against 4.8 MB dense). The bound is for a broken hook, not for that gap; the
+// hook's numbers are compared with PyTorch's bit for bit in test_ddp_vs_pytorch.
 TEST(DdpCli, PowerSgdOnTheCnnStaysCloseToDdpWithFewerBytes) {
   auto run = [](const std::string& hook) {
     const std::string log = shoal::testing::temp_path("shoal-powersgd");
@@ -94,7 +95,7 @@ TEST(DdpCli, PowerSgdOnTheCnnStaysCloseToDdpWithFewerBytes) {
   std::printf("test accuracy: ddp %.4f, powersgd %.4f (%.0f bytes per step)\n", plain_accuracy,
               power_accuracy, bytes);
   EXPECT_GT(plain_accuracy, 0.8) << plain;
-  EXPECT_GT(power_accuracy, plain_accuracy - 0.035) << power;
+  EXPECT_GT(power_accuracy, plain_accuracy - 0.05) << power;
   // The CNN has 1,199,882 parameters: 4.8 MB of float32 gradient per step when dense.
   EXPECT_GT(bytes, 0);
   EXPECT_LT(bytes, 1199882 * 4 / 4.0) << power;
