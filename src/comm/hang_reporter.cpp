@@ -133,6 +133,8 @@ std::string HangReporter::encode(int64_t request) {
 
 bool HangReporter::poll() {
   try {
+    store_->add(scope_ + "/alive/" + std::to_string(rank_), 1);
+    watch_heartbeats();
     const int64_t request = store_->add(scope_ + "/hang/request", 0);
     if (request <= answered_) return true;
     const std::string value = encode(request);
@@ -143,6 +145,56 @@ bool HangReporter::poll() {
   } catch (...) {
     return false;  // the store is gone (rank 0 exited): nobody can ask any more
   }
+}
+
+void HangReporter::watch_heartbeats() {
+  {
+    std::lock_guard<std::mutex> lock(beats_mutex_);
+    if (Clock::now() >= watch_until_) return;  // nobody is waiting long
+  }
+  std::vector<int64_t> beat(size_, 0);
+  for (int r = 0; r < size_; ++r) {
+    if (r != rank_) beat[r] = store_->add(scope_ + "/alive/" + std::to_string(r), 0);
+  }
+  const auto now = Clock::now();
+  std::lock_guard<std::mutex> lock(beats_mutex_);
+  if (beat_.empty()) {
+    beat_ = std::move(beat);
+    moved_at_.assign(size_, now);
+  } else {
+    for (int r = 0; r < size_; ++r) {
+      if (beat[r] != beat_[r]) {
+        beat_[r] = beat[r];
+        moved_at_[r] = now;
+      }
+    }
+  }
+  last_reading_ = now;
+}
+
+std::vector<Silence> HangReporter::silent_ranks(Milliseconds limit) {
+  std::lock_guard<std::mutex> lock(beats_mutex_);
+  const auto now = Clock::now();
+  if (now >= watch_until_) {  // a new watch: what an earlier one saw is out of date
+    watch_since_ = now;
+    last_reading_ = now;
+    beat_.clear();
+    moved_at_.clear();
+  }
+  watch_until_ = now + 4 * kHangPollInterval;
+  std::vector<Silence> silent;
+  const auto since_reading = std::chrono::duration_cast<Milliseconds>(now - last_reading_);
+  if (since_reading >= limit) {
+    // The answering thread has not completed a reading for that long: its store calls hang.
+    silent.push_back({-1, since_reading});
+    return silent;
+  }
+  for (size_t r = 0; r < moved_at_.size(); ++r) {
+    if (static_cast<int>(r) == rank_) continue;
+    const auto still = std::chrono::duration_cast<Milliseconds>(now - moved_at_[r]);
+    if (still >= limit) silent.push_back({static_cast<int>(r), still});
+  }
+  return silent;
 }
 
 std::string HangReporter::gather(Milliseconds budget) {

@@ -15,6 +15,12 @@
 // rank that is blocked in a collective, or busy elsewhere and not calling any (the one that is
 // behind), still answers; a rank that is dead or stopped does not, and the report says so.
 //
+// Heartbeat: the answering thread also increments "<scope>/alive/<rank>" at every poll. While a
+// rank waits long in an operation it asks (silent_ranks()) for the other ranks whose heartbeat has
+// stood still; the answering thread then reads every rank's counter at each poll, for as long as
+// somebody keeps asking. A stopped process (SIGSTOP, a debugger) or a host cut off stops beating;
+// a rank that is merely slow (evaluating, saving) keeps beating and is waited for.
+//
 // Cost: nothing on a collective's path (no allocation, no store traffic); off it, one small store
 // request per group every kHangPollInterval; the report itself only when an operation failed.
 //
@@ -22,11 +28,13 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "shoal/comm/op_label.h"
 #include "shoal/comm/store.h"
@@ -43,6 +51,12 @@ constexpr Milliseconds kHangPollInterval{500};
 /// that answers at all answers in milliseconds; one whose host is cut off would hold the error
 /// for the store's whole time-out (the netns test: 40 s more).
 constexpr Milliseconds kHangStoreSlack{500};
+
+/// A rank whose heartbeat has stood still (rank -1: the store itself has not answered the watch).
+struct Silence {
+  int rank = -1;
+  Milliseconds silent_for{0};
+};
 
 /// One rank's summary of its recent operations.
 struct RankSummary {
@@ -67,6 +81,13 @@ class HangReporter : public std::enable_shared_from_this<HangReporter> {
   /// off): the store calls run on a thread of their own, left to finish by themselves. Never throws.
   std::string gather(Milliseconds budget = kHangReportBudget);
 
+  /// The ranks whose heartbeat has not moved for at least `limit`, as seen by this process's
+  /// answering thread, which watches every rank's heartbeat for a few poll intervals after each
+  /// call (so a waiter calls it every poll interval or so). Empty at the first calls (the watch
+  /// needs `limit` to see silence) and when everyone beats. Never blocks on the store; never
+  /// throws.
+  std::vector<Silence> silent_ranks(Milliseconds limit);
+
   /// Stops calling `summarize`; returns once no call is running. Idempotent.
   void close();
 
@@ -83,6 +104,8 @@ class HangReporter : public std::enable_shared_from_this<HangReporter> {
   std::string gather_through_store(Milliseconds budget);
   /// This rank's summary tagged with `request`, as stored; empty once closed.
   std::string encode(int64_t request);
+  /// For the answering thread, while a watch is asked for: reads every rank's heartbeat.
+  void watch_heartbeats();
 
   std::shared_ptr<Store> store_;
   std::string scope_;
@@ -92,6 +115,15 @@ class HangReporter : public std::enable_shared_from_this<HangReporter> {
   Summarize summarize_;
   bool closed_ = false;
   int64_t answered_ = 0;  // the answering thread's last answered request
+
+  // The heartbeat watch, under beats_mutex_. beat_ is empty until the first reading of a watch.
+  using TimePoint = std::chrono::steady_clock::time_point;
+  std::mutex beats_mutex_;
+  TimePoint watch_until_{};   // the answering thread watches until then
+  TimePoint watch_since_{};   // when this watch was first asked for
+  TimePoint last_reading_{};  // the answering thread's last complete reading of this watch
+  std::vector<int64_t> beat_;        // each rank's counter at the last reading
+  std::vector<TimePoint> moved_at_;  // when each rank's counter was last seen to change
 };
 
 }  // namespace shoal::comm

@@ -26,16 +26,21 @@ class PeerDirectory;
 class NativeBackedWork : public Work {
  public:
   /// `on_success` runs once, on the waiting thread, when the operation has succeeded. `reports`
-  /// (may be null) adds every rank's last operations to a time-out's message.
+  /// (may be null) adds every rank's last operations to a time-out's message. With
+  /// `watch_heartbeats` (and `reports`) a wait longer than a poll interval also watches the other
+  /// ranks' heartbeats, and fails once one has stood still for silent_peer_timeout(): for
+  /// operations whose native wait may be called again after returning false (Gloo's collectives;
+  /// not its send/recv, which a timed-out wait completes with an error).
   NativeBackedWork(const OpContext& ctx, std::unique_ptr<compat::NativeWork> native,
                    std::shared_ptr<PeerDirectory> peers, std::shared_ptr<HangReporter> reports,
-                   std::function<void()> on_success)
+                   std::function<void()> on_success, bool watch_heartbeats = false)
       : Work(ctx.label),
         timeout_(ctx.timeout),
         native_(std::move(native)),
         peers_(std::move(peers)),
         reports_(std::move(reports)),
-        on_success_(std::move(on_success)) {}
+        on_success_(std::move(on_success)),
+        watch_heartbeats_(watch_heartbeats && reports_ != nullptr) {}
 
   bool is_completed() override {
     if (finished_.load(std::memory_order_acquire)) return true;
@@ -65,6 +70,9 @@ class NativeBackedWork : public Work {
 
  private:
   void finish(Milliseconds timeout);
+  /// native_->wait(timeout), in slices that watch the heartbeats (see the constructor); throws
+  /// PeerError naming a silent peer.
+  bool wait_native(Milliseconds timeout);
 
   std::mutex mutex_;
   Milliseconds timeout_;
@@ -72,6 +80,7 @@ class NativeBackedWork : public Work {
   std::shared_ptr<PeerDirectory> peers_;
   std::shared_ptr<HangReporter> reports_;
   std::function<void()> on_success_;
+  bool watch_heartbeats_;
   std::atomic<bool> finished_{false};
   std::atomic<int> waiters_{0};
   std::exception_ptr error_;

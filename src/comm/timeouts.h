@@ -17,6 +17,21 @@ constexpr Milliseconds kJobTimeout{600'000};
 /// How long a peer on this host may stay stopped while another rank waits for it.
 constexpr Milliseconds kStoppedPeerTimeout{5'000};
 
+/// How long a peer's heartbeat (every kHangPollInterval, from a thread of its own) may stand
+/// still while another rank waits for it in a Gloo operation before it is presumed stopped or cut
+/// off: the heartbeat finds stopped peers on other hosts, where the kernel's process state cannot
+/// be read. A peer that is slow but alive keeps beating and is waited for. Why 10 s: twenty
+/// missed beats, beyond any scheduling delay of a loaded machine. SHOAL_HEARTBEAT_TIMEOUT
+/// changes it.
+constexpr Milliseconds kSilentPeerTimeout{10'000};
+
+/// SHOAL_HEARTBEAT_TIMEOUT (as SHOAL_TIMEOUT: 10000, 10s, 500ms), else kSilentPeerTimeout.
+Milliseconds silent_peer_timeout();
+
+/// The duration in environment variable `name` (milliseconds, or with a unit: 30s, 500ms), else
+/// `fallback`; InvalidArgument when it is not a positive duration.
+Milliseconds duration_from_env(const char* name, Milliseconds fallback);
+
 /// Appended to every time-out message: how to wait longer.
 constexpr const char* kTimeoutHint =
     " (to wait longer, set SHOAL_TIMEOUT, e.g. SHOAL_TIMEOUT=1800s, or InitOptions::timeout)";

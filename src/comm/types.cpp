@@ -3,12 +3,13 @@
 #include <cstdlib>
 #include <string>
 
+#include "comm/timeouts.h"
 #include "shoal/error.h"
 
 namespace shoal::comm {
 
-Milliseconds timeout_from_env(Milliseconds fallback) {
-  const char* raw = std::getenv("SHOAL_TIMEOUT");
+Milliseconds duration_from_env(const char* name, Milliseconds fallback) {
+  const char* raw = std::getenv(name);
   if (raw == nullptr || *raw == '\0') return fallback;
   std::string text(raw);
   double scale = 1.0;
@@ -22,9 +23,19 @@ Milliseconds timeout_from_env(Milliseconds fallback) {
   char* end = nullptr;
   double value = std::strtod(number.c_str(), &end);
   SHOAL_CHECK_T(InvalidArgument, end != number.c_str() && *end == '\0' && value > 0,
-                "SHOAL_TIMEOUT='", text,
+                name, "='", text,
                 "' is not a positive duration; use milliseconds (30000) or seconds (30s)");
   return Milliseconds(static_cast<int64_t>(value * scale));
+}
+
+Milliseconds timeout_from_env(Milliseconds fallback) {
+  return duration_from_env("SHOAL_TIMEOUT", fallback);
+}
+
+Milliseconds silent_peer_timeout() {
+  static const Milliseconds limit =
+      duration_from_env("SHOAL_HEARTBEAT_TIMEOUT", kSilentPeerTimeout);
+  return limit;
 }
 
 const char* to_string(ReduceOp op) {

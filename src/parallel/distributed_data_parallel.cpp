@@ -355,13 +355,8 @@ DistributedDataParallelBase::JoinFlags DistributedDataParallelBase::join_flags(
   } else {
     // DDP is not the first joinable: its own allreduce, at the same place on every rank (PyTorch
     // spends one on the sync flag here too).
-    auto flag = torch::tensor({has_data ? 1 : 0, grad_mode ? 1 : 0, sync ? 1 : 0}, torch::kInt)
-                    .to(join_device());
-    group_->allreduce(flag)->wait();
-    auto summed = flag.cpu();
-    auto acc = summed.accessor<int, 1>();
-    step.active_ranks = acc[0];
-    step.flags = {acc[1], acc[2]};
+    step = detail::allreduce_join_step(*group_, join_device(), has_data,
+                                       {grad_mode ? 1 : 0, sync ? 1 : 0});
   }
   SHOAL_CHECK(step.flags.size() == 2, group_->rank_prefix(),
               " DistributedDataParallel: the join allreduce carried ", step.flags.size(),

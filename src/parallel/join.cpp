@@ -9,13 +9,23 @@
 namespace shoal::parallel {
 namespace {
 
-// The join allreduce: [has data, flags...] summed over the ranks.
+Joinable& non_null(Joinable* joinable) {
+  SHOAL_CHECK_T(InvalidArgument, joinable != nullptr, "Join: the joinable is null");
+  return *joinable;
+}
+
+}  // namespace
+
+namespace detail {
+
 JoinStep allreduce_join_step(comm::ProcessGroup& group, const c10::Device& device, bool has_data,
                              const std::vector<int>& flags) {
   std::vector<int> values{has_data ? 1 : 0};
   values.insert(values.end(), flags.begin(), flags.end());
   auto tensor = torch::tensor(values, torch::kInt).to(device);
-  group.allreduce(tensor)->wait();
+  comm::AllreduceOptions options;
+  options.note = "join";
+  group.allreduce(tensor, options)->wait();
   auto summed = tensor.cpu();
   auto acc = summed.accessor<int, 1>();
   JoinStep step;
@@ -24,12 +34,7 @@ JoinStep allreduce_join_step(comm::ProcessGroup& group, const c10::Device& devic
   return step;
 }
 
-Joinable& non_null(Joinable* joinable) {
-  SHOAL_CHECK_T(InvalidArgument, joinable != nullptr, "Join: the joinable is null");
-  return *joinable;
-}
-
-}  // namespace
+}  // namespace detail
 
 Join::Join(std::vector<std::reference_wrapper<Joinable>> joinables, JoinOptions options)
     : options_(options) {
@@ -90,7 +95,8 @@ int64_t Join::finish() {
   try {
     const std::vector<int> no_flags(joinables_[0]->join_flag_count(), 0);
     while (true) {
-      const JoinStep step = allreduce_join_step(*group_, device_, /*has_data=*/false, no_flags);
+      const JoinStep step =
+          detail::allreduce_join_step(*group_, device_, /*has_data=*/false, no_flags);
       if (step.active_ranks == 0) break;
       SHOAL_CHECK(!options_.throw_on_early_termination, group_->rank_prefix(),
                   " Join: this rank exhausted its inputs while ", step.active_ranks,
@@ -115,7 +121,8 @@ std::optional<JoinStep> Join::notify_join_context(Joinable& joinable,
                 "Join::notify_join_context: ", flags.size(), " flags given, the joinable declares ",
                 joinable.join_flag_count());
   auto group = joinable.join_process_group();
-  JoinStep step = allreduce_join_step(*group, joinable.join_device(), /*has_data=*/true, flags);
+  JoinStep step =
+      detail::allreduce_join_step(*group, joinable.join_device(), /*has_data=*/true, flags);
   if (config.throw_on_early_termination && step.active_ranks < group->size()) {
     SHOAL_THROW(Error, group->rank_prefix(), " Join: ", group->size() - step.active_ranks,
                 " rank(s) exhausted their inputs (throw_on_early_termination): stopping on every "

@@ -550,5 +550,73 @@ TEST(HangReportStopped, StoppedRankHasNoReport) {
   expect_all_reaped();
 }
 
+// The heartbeat separates stopped from slow on a backend that cannot read the peer's process
+// state (Gloo, as between hosts): with a long group time-out (60 s) and SHOAL_HEARTBEAT_TIMEOUT
+// of 2 s, a rank that sleeps 4 s before joining is waited for (its answering thread keeps
+// beating), and a rank stopped by SIGSTOP is named, with its heartbeat, well before the time-out.
+TEST(Heartbeat, GlooWaitsForASlowRankAndNamesAStoppedOneInSeconds) {
+  constexpr int kWorld = 3;
+  constexpr Milliseconds kLongTimeout{60'000};
+  const int port = shoal::testing::free_port();
+  auto results = shoal::testing::run_processes(
+      kWorld,
+      [port](int rank, const std::string& path) {
+        ::setenv("SHOAL_HEARTBEAT_TIMEOUT", "2s", 1);
+        torch::set_num_threads(1);
+        auto store = make_tcp_store("127.0.0.1", port, kWorld, rank == 0, Milliseconds(60'000));
+        auto pg = new_process_group("gloo", store, rank, kWorld, kLongTimeout);
+        auto t = torch::ones({16});
+        pg->allreduce(t)->wait();
+        // Slow, not stopped: rank 1 comes 4 s late, twice the heartbeat limit.
+        const auto slow_start = Clock::now();
+        if (rank == 1) std::this_thread::sleep_for(std::chrono::milliseconds(4000));
+        pg->allreduce(t)->wait();
+        const double slow = seconds_since(slow_start);
+        if (slow < 3.5) throw std::runtime_error("allreduce #2 ended after " + std::to_string(slow) + " s");
+        if (t[0].item<float>() != 9.0f) throw std::runtime_error("allreduce #2 gave a wrong sum");
+        if (rank == 2) {
+          std::ofstream(path + ".pid.tmp") << ::getpid();
+          std::filesystem::rename(path + ".pid.tmp", path + ".pid");
+          ::raise(SIGSTOP);  // rank 0 kills it once it has its error
+          return;
+        }
+        const auto start = Clock::now();
+        try {
+          pg->allreduce(t)->wait();
+        } catch (const shoal::PeerError& e) {
+          const std::string what = e.what();
+          const double elapsed = seconds_since(start);
+          if (rank == 0) {
+            std::ifstream pid_file(path + ".pid");
+            int pid = 0;
+            if (pid_file >> pid && pid > 0) ::kill(pid, SIGKILL);
+          }
+          for (const char* expected : {"allreduce #3", "waiting for rank 2 (", "heartbeat has stood still",
+                                       "SHOAL_HEARTBEAT_TIMEOUT", "rank 2: no report"}) {
+            if (what.find(expected) == std::string::npos) {
+              throw std::runtime_error(std::string("the error lacks '") + expected + "': " + what);
+            }
+          }
+          // 2 s of silence, up to a poll interval to see it, the 2 s report budget, load.
+          if (elapsed < 1.5 || elapsed > 12.0) {
+            throw std::runtime_error("the error came after " + std::to_string(elapsed) + " s: " + what);
+          }
+          std::printf("rank %d got, after %.2f s: %s\n", rank, elapsed, what.c_str());
+          if (rank == 1) shoal::testing::touch_file(path + ".reported.1");
+          if (rank == 0 && !shoal::testing::wait_for_file(path + ".reported.1", Milliseconds(30'000))) {
+            throw std::runtime_error("rank 1 never got its error");
+          }
+          return;
+        }
+        throw std::runtime_error("allreduce #3 did not fail although rank 2 is stopped");
+      },
+      Milliseconds(90'000));
+  ASSERT_EQ(results.size(), 3u);
+  EXPECT_TRUE(results[0].ok()) << describe(results[0]);
+  EXPECT_TRUE(results[1].ok()) << describe(results[1]);
+  EXPECT_EQ(results[2].signal, SIGKILL) << describe(results[2]);
+  expect_all_reaped();
+}
+
 }  // namespace
 }  // namespace shoal::comm

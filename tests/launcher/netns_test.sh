@@ -3,6 +3,8 @@
 # `shoal run --nnodes 2 --nproc-per-node 2` on each, DDP training across them on the hierarchical
 # backend (shared memory inside a node, Gloo between nodes), to completion. Then the same job with
 # the link cut mid-run: every rank must exit with a clear error within the time-out; none hangs.
+# Last, a worker of the other node stopped (SIGSTOP) under a 120 s time-out: the heartbeat names
+# it on node 0 in seconds (a stopped process on another host cannot be seen by its process state).
 # Exits 77 (skipped) where namespaces cannot be made (not root, no CAP_SYS_ADMIN, no iproute2).
 #   netns_test.sh SHOAL_BINARY
 set -uo pipefail
@@ -81,4 +83,29 @@ echo "--- node 1"; grep -h "rank" "$WORK/cut1.log" | grep -i "error\|timed out\|
 [ $s0 -ne 0 ] && [ $s1 -ne 0 ] || { echo "netns: a node succeeded although the link was cut"; exit 1; }
 [ $took -le 60 ] || { echo "netns: took $took s, more than the 20 s time-out allows"; exit 1; }
 grep -qi "rank" "$WORK/cut0.log" && grep -qi "rank" "$WORK/cut1.log" || exit 1
+
+echo "netns: a worker stopped on the other node"
+ip -n "$NS1" link set "${TAG}1" up
+SHOAL_TIMEOUT=120s SHOAL_HEARTBEAT_TIMEOUT=5s node 0 "$NS0" "${TAG}0" node0 "$WORK/stop0.log" --epochs 50 & p0=$!
+SHOAL_TIMEOUT=120s SHOAL_HEARTBEAT_TIMEOUT=5s node 1 "$NS1" "${TAG}1" node1 "$WORK/stop1.log" --epochs 50 & p1=$!
+for _ in $(seq 150); do grep -q "epoch\|step" "$WORK/stop0.log" 2>/dev/null && break; sleep 0.1; done
+sleep 2
+# Rank 2: node 1's first worker, its host's leader in the Gloo group between the hosts.
+victim=""
+for pid in $(ip netns pids "$NS1"); do
+  if tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qx "RANK=2" &&
+     tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q " train "; then victim=$pid; fi
+done
+[ -n "$victim" ] || { echo "netns: rank 2's process not found"; exit 1; }
+kill -STOP "$victim"
+stopped=$(date +%s)
+wait $p0; s0=$?
+took=$(( $(date +%s) - stopped ))
+kill -9 "$victim" 2>/dev/null
+wait $p1
+echo "netns: node 0 exited $s0 $took s after rank 2 was stopped"
+grep -h "heartbeat" "$WORK/stop0.log" | head -2
+[ $s0 -ne 0 ] || { echo "netns: node 0 succeeded although rank 2 was stopped"; exit 1; }
+[ $took -le 40 ] || { echo "netns: took $took s: the heartbeat (5 s) did not name the stopped rank"; exit 1; }
+grep -q "heartbeat has stood still" "$WORK/stop0.log" || { tail -20 "$WORK/stop0.log"; exit 1; }
 echo "netns: ok"

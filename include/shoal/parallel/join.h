@@ -131,6 +131,14 @@ class Join {
   bool finished_ = false;
 };
 
+namespace detail {
+/// The join allreduce of one step: [has data, flags...] summed over the ranks of `group`, on
+/// `device` (noted "join" in hang reports). Join uses it, and DDP when it is not the first
+/// joinable.
+JoinStep allreduce_join_step(comm::ProcessGroup& group, const c10::Device& device, bool has_data,
+                             const std::vector<int>& flags);
+}  // namespace detail
+
 }  // namespace shoal::parallel
 
 namespace shoal {

@@ -42,12 +42,19 @@ ProcessGroupGloo::ProcessGroupGloo(std::shared_ptr<Store> store, int rank, int s
 
 ProcessGroupGloo::~ProcessGroupGloo() = default;
 
+std::shared_ptr<Work> ProcessGroupGloo::collective_work(const OpContext& ctx,
+                                                        std::unique_ptr<compat::NativeWork> native,
+                                                        std::function<void()> on_success) {
+  return std::make_shared<NativeBackedWork>(ctx, std::move(native), peers_, hang_reporter(),
+                                            std::move(on_success), /*watch_heartbeats=*/true);
+}
+
 std::shared_ptr<Work> ProcessGroupGloo::run_allreduce(at::Tensor& tensor, ReduceOp op,
                                                       const OpContext& ctx) {
   at::Tensor work = native_view(tensor);
   auto native = gloo_->allreduce(work, native_op(op), ctx.timeout);
   const int n = size();
-  return std::make_shared<NativeBackedWork>(ctx, std::move(native), peers_, hang_reporter(), [=]() mutable {
+  return collective_work(ctx, std::move(native), [=]() mutable {
     if (op == ReduceOp::kAvg) {
       if (work.is_floating_point()) {
         work.div_(n);
@@ -63,7 +70,7 @@ std::shared_ptr<Work> ProcessGroupGloo::run_broadcast(at::Tensor& tensor, int ro
                                                       const OpContext& ctx) {
   at::Tensor work = native_view(tensor);
   auto native = gloo_->broadcast(work, root, ctx.timeout);
-  return std::make_shared<NativeBackedWork>(ctx, std::move(native), peers_, hang_reporter(), [=]() mutable {
+  return collective_work(ctx, std::move(native), [=]() mutable {
     if (!work.is_same(tensor)) tensor.copy_(work);
   });
 }
@@ -74,7 +81,7 @@ std::shared_ptr<Work> ProcessGroupGloo::run_reduce(at::Tensor& tensor, int root,
   auto native = gloo_->reduce(work, root, native_op(op), ctx.timeout);
   const int n = size();
   const bool is_root = rank() == root;
-  return std::make_shared<NativeBackedWork>(ctx, std::move(native), peers_, hang_reporter(), [=]() mutable {
+  return collective_work(ctx, std::move(native), [=]() mutable {
     if (!is_root) return;
     if (op == ReduceOp::kAvg) {
       if (work.is_floating_point()) {
@@ -91,7 +98,7 @@ std::shared_ptr<Work> ProcessGroupGloo::run_allgather(std::vector<at::Tensor>& o
                                                       const at::Tensor& input,
                                                       const OpContext& ctx) {
   auto native = gloo_->allgather(outputs, input, ctx.timeout);
-  return std::make_shared<NativeBackedWork>(ctx, std::move(native), peers_, hang_reporter(), nullptr);
+  return collective_work(ctx, std::move(native), nullptr);
 }
 
 std::shared_ptr<Work> ProcessGroupGloo::run_reduce_scatter(at::Tensor& output,
@@ -106,7 +113,7 @@ std::shared_ptr<Work> ProcessGroupGloo::run_reduce_scatter(at::Tensor& output,
   const int n = size();
   const int64_t block = output.numel();
   const int64_t offset = block * rank();
-  return std::make_shared<NativeBackedWork>(ctx, std::move(native), peers_, hang_reporter(), [=]() mutable {
+  return collective_work(ctx, std::move(native), [=]() mutable {
     at::Tensor mine = flat.narrow(0, offset, block);
     if (op == ReduceOp::kAvg) {
       mine = mine.is_floating_point() ? mine / n : mine.floor_divide(n);
@@ -120,7 +127,7 @@ std::shared_ptr<Work> ProcessGroupGloo::run_gather(std::vector<at::Tensor>& outp
                                                    const OpContext& ctx) {
   std::vector<at::Tensor> none;
   auto native = gloo_->gather(rank() == root ? outputs : none, input, root, ctx.timeout);
-  return std::make_shared<NativeBackedWork>(ctx, std::move(native), peers_, hang_reporter(), nullptr);
+  return collective_work(ctx, std::move(native), nullptr);
 }
 
 std::shared_ptr<Work> ProcessGroupGloo::run_scatter(at::Tensor& output,
@@ -128,7 +135,7 @@ std::shared_ptr<Work> ProcessGroupGloo::run_scatter(at::Tensor& output,
                                                     const OpContext& ctx) {
   std::vector<at::Tensor> none;
   auto native = gloo_->scatter(output, rank() == root ? inputs : none, root, ctx.timeout);
-  return std::make_shared<NativeBackedWork>(ctx, std::move(native), peers_, hang_reporter(), nullptr);
+  return collective_work(ctx, std::move(native), nullptr);
 }
 
 std::shared_ptr<Work> ProcessGroupGloo::run_send(const at::Tensor& tensor, int dst, int tag,
@@ -145,7 +152,7 @@ std::shared_ptr<Work> ProcessGroupGloo::run_recv(at::Tensor& tensor, int src, in
 
 std::shared_ptr<Work> ProcessGroupGloo::run_barrier(const OpContext& ctx) {
   auto native = gloo_->barrier(ctx.timeout);
-  return std::make_shared<NativeBackedWork>(ctx, std::move(native), peers_, hang_reporter(), nullptr);
+  return collective_work(ctx, std::move(native), nullptr);
 }
 
 std::shared_ptr<ProcessGroup> ProcessGroupGloo::run_new_group(const std::vector<int>& ranks,

@@ -6,6 +6,7 @@
 // Thread safety: as ProcessGroup.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -14,6 +15,7 @@
 
 namespace shoal::compat {
 class GlooGroup;
+class NativeWork;
 }
 
 namespace shoal::comm {
@@ -58,6 +60,12 @@ class ProcessGroupGloo : public ProcessGroup {
                                               uint64_t group_id) override;
 
  private:
+  /// The Work of a collective: its wait watches the other ranks' heartbeats (a peer stopped on
+  /// another host is named in seconds, not at the time-out). Send and recv are not watched.
+  std::shared_ptr<Work> collective_work(const OpContext& ctx,
+                                        std::unique_ptr<compat::NativeWork> native,
+                                        std::function<void()> on_success);
+
   std::shared_ptr<Store> store_;
   GlooOptions options_;
   std::unique_ptr<compat::GlooGroup> gloo_;
