@@ -41,8 +41,9 @@ bool NativeBackedWork::wait_native(Milliseconds timeout) {
                     " (is the store's host stopped or cut off?)",
                     reports_->gather());
       }
+      const std::string where = peers_ ? peers_->describe(s.rank) : "?";
       SHOAL_THROW(PeerError, label().prefix(), " failed after ", waited, " ms waiting for ",
-                  "rank ", s.rank, peers_ ? " (" + peers_->describe(s.rank) + ")" : "",
+                  "rank ", s.rank, where == "?" ? "" : " (" + where + ")",
                   ": its heartbeat has stood still for ", seconds,
                   " (the process is stopped: SIGSTOP, Ctrl-Z or a debugger; or its host is cut "
                   "off). A rank that is only slow keeps beating and is waited for; "

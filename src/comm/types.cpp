@@ -33,9 +33,8 @@ Milliseconds timeout_from_env(Milliseconds fallback) {
 }
 
 Milliseconds silent_peer_timeout() {
-  static const Milliseconds limit =
-      duration_from_env("SHOAL_HEARTBEAT_TIMEOUT", kSilentPeerTimeout);
-  return limit;
+  // Read at each long wait, not cached: a process may set it after its first group.
+  return duration_from_env("SHOAL_HEARTBEAT_TIMEOUT", kSilentPeerTimeout);
 }
 
 const char* to_string(ReduceOp op) {
