@@ -155,6 +155,17 @@ uint64_t next_q_seed(PowerSGDState& state) {
   return value;
 }
 
+// A tensor of `sizes` like `like`, kept in `cache[index]` from step to step.
+at::Tensor reused(std::map<size_t, at::Tensor>& cache, size_t index, at::IntArrayRef sizes,
+                  const at::Tensor& like) {
+  at::Tensor& t = cache[index];
+  if (!t.defined() || t.sizes() != sizes || t.options().dtype() != like.options().dtype() ||
+      t.device() != like.device()) {
+    t = torch::empty(sizes, like.options());
+  }
+  return t;
+}
+
 // One bucket's PowerSGD step between the hook and its wait.
 struct PowerSgdBucket {
   at::Tensor input_copy;                 // the gradients with the error added, for feedback
@@ -195,7 +206,8 @@ CommHook powerSGD_hook(std::shared_ptr<comm::ProcessGroup> group,
       } else {
         state->error[index] = torch::zeros_like(buffer);
       }
-      pb->input_copy = buffer.clone();
+      pb->input_copy = reused(state->input_copy, index, buffer.sizes(), buffer);
+      pb->input_copy.copy_(buffer);
     }
     // Split the bucket (views of the current buffer, which a compress wrapper may have replaced):
     // matrices worth compressing, grouped by shape in order of first appearance (PyTorch's
@@ -269,7 +281,10 @@ CommHook powerSGD_hook(std::shared_ptr<comm::ProcessGroup> group,
     std::shared_ptr<comm::Work> uncompressed_work;
     int64_t uncompressed_total = 0;
     if (!pb->uncompressed.empty()) {
-      pb->uncompressed_memory = torch::cat(pb->uncompressed);
+      int64_t total = 0;
+      for (const auto& t : pb->uncompressed) total += t.numel();
+      pb->uncompressed_memory = reused(state->uncompressed_memory, index, {total}, buffer);
+      torch::cat_out(pb->uncompressed_memory, pb->uncompressed);
       uncompressed_total = pb->uncompressed_memory.numel();
       uncompressed_work = group->allreduce(pb->uncompressed_memory, sum);
     }
@@ -299,7 +314,7 @@ CommHook powerSGD_hook(std::shared_ptr<comm::ProcessGroup> group,
       for (size_t i = 0; i < pb->matrices.size(); ++i) {
         torch::bmm_out(pb->matrices[i], pb->ps[i], pb->qs[i].transpose(1, 2));
       }
-      if (state->use_error_feedback) state->error[index] = pb->input_copy - buffer;
+      if (state->use_error_feedback) torch::sub_out(state->error[index], pb->input_copy, buffer);
       if (!state->warm_start) {  // PyTorch clears every bucket's memories
         state->p_memory.clear();
         state->q_memory.clear();

@@ -59,6 +59,9 @@ struct PowerSGDState {
   int64_t iteration = 0;  ///< synchronised backward passes seen (incremented at the last bucket)
   double bytes_sent = 0;  ///< bytes this rank passed to allreduces (all iterations)
   std::map<size_t, at::Tensor> error, p_memory, q_memory;  ///< per bucket index
+  /// Per bucket index, reused from step to step (no allocation once the buckets are stable): the
+  /// gradients with the error added, and the uncompressed tensors flattened.
+  std::map<size_t, at::Tensor> input_copy, uncompressed_memory;
   std::mt19937 rng;         ///< the seeds' generator, seeded from random_seed at the first use
   bool rng_seeded = false;
 };
