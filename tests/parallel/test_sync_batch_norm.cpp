@@ -73,7 +73,14 @@ TEST(SyncBatchNorm, EvaluationDoesNotCommunicate) {
       2,
       [&](int rank) {
         auto group = comm::new_process_group("gloo", store, rank, 2);
-        if (rank != 0) return;
+        // Rank 1 waits in a barrier while rank 0 evaluates (a collective of rank 0's would meet
+        // the barrier and fail the collective check), and does not tear its Gloo pairs down
+        // while rank 0 may still be finishing their set-up (seen once under load: "Connection
+        // closed by peer" in rank 1's constructor).
+        if (rank != 0) {
+          group->barrier()->wait();
+          return;
+        }
         torch::nn::BatchNorm1d tracked(3);
         {
           torch::NoGradGuard no_grad;
@@ -92,6 +99,7 @@ TEST(SyncBatchNorm, EvaluationDoesNotCommunicate) {
                                      group);
         sync_untracked->eval();
         EXPECT_TRUE(torch::allclose(sync_untracked(x), untracked(x), 1e-6, 1e-6));
+        group->barrier()->wait();
       },
       std::chrono::milliseconds(20'000));
 }
