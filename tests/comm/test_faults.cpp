@@ -493,6 +493,36 @@ TEST_P(HangReport, EveryRankNamesEveryRanksLastOperation) {
 INSTANTIATE_TEST_SUITE_P(Backends, HangReport, ::testing::Values("shm", "gloo"),
                          [](const auto& info) { return std::string(info.param); });
 
+// The stopped-rank tests: rank 2 publishes its pid and stops itself (all its threads stand still);
+// rank 0 kills it once it has its error; rank 0, which serves the store, stays until rank 1 has
+// its error too.
+void stop_self(const std::string& path) {
+  std::ofstream(path + ".pid.tmp") << ::getpid();
+  std::filesystem::rename(path + ".pid.tmp", path + ".pid");
+  ::raise(SIGSTOP);
+}
+
+void kill_stopped(const std::string& path) {
+  std::ifstream pid_file(path + ".pid");
+  int pid = 0;
+  if (pid_file >> pid && pid > 0) ::kill(pid, SIGKILL);
+}
+
+void keep_store_for_rank_one(int rank, const std::string& path) {
+  if (rank == 1) shoal::testing::touch_file(path + ".reported.1");
+  if (rank == 0 && !shoal::testing::wait_for_file(path + ".reported.1", Milliseconds(30'000))) {
+    throw std::runtime_error("rank 1 never got its error");
+  }
+}
+
+void expect_rank_two_stopped_and_killed(const std::vector<ProcessResult>& results) {
+  ASSERT_EQ(results.size(), 3u);
+  EXPECT_TRUE(results[0].ok()) << describe(results[0]);
+  EXPECT_TRUE(results[1].ok()) << describe(results[1]);
+  EXPECT_EQ(results[2].signal, SIGKILL) << describe(results[2]);
+  expect_all_reaped();
+}
+
 // A stopped rank (SIGSTOP: all its threads stand still) cannot answer: the report says so, and
 // the others' errors still come within the time-out plus the report's budget. Over a TCP store
 // served by rank 0 (as env:// does): a file store's lock, held by a rank stopped at that moment,
@@ -509,9 +539,7 @@ TEST(HangReportStopped, StoppedRankHasNoReport) {
         auto t = torch::ones({16});
         pg->allreduce(t)->wait();
         if (rank == 2) {
-          std::ofstream(path + ".pid.tmp") << ::getpid();
-          std::filesystem::rename(path + ".pid.tmp", path + ".pid");
-          ::raise(SIGSTOP);  // rank 0 kills it once it has its error
+          stop_self(path);
           return;
         }
         const auto start = Clock::now();
@@ -520,11 +548,7 @@ TEST(HangReportStopped, StoppedRankHasNoReport) {
         } catch (const shoal::Error& e) {
           const std::string what = e.what();
           const double elapsed = seconds_since(start);
-          if (rank == 0) {  // the stopped rank is not needed any more
-            std::ifstream pid_file(path + ".pid");
-            int pid = 0;
-            if (pid_file >> pid && pid > 0) ::kill(pid, SIGKILL);
-          }
+          if (rank == 0) kill_stopped(path);  // the stopped rank is not needed any more
           const std::string missing = missing_report_lines(
               what, {"rank 0: started allreduce #2", "rank 1: started allreduce #2",
                      "rank 2: no report (dead or stopped?)"});
@@ -533,21 +557,13 @@ TEST(HangReportStopped, StoppedRankHasNoReport) {
             throw std::runtime_error("the error came after " + std::to_string(elapsed) + " s");
           }
           std::printf("rank %d got, after %.2f s: %s\n", rank, elapsed, what.c_str());
-          // Rank 0 serves the store: it stays until rank 1 has its report.
-          if (rank == 1) shoal::testing::touch_file(path + ".reported.1");
-          if (rank == 0 && !shoal::testing::wait_for_file(path + ".reported.1", Milliseconds(20'000))) {
-            throw std::runtime_error("rank 1 never got its report");
-          }
+          keep_store_for_rank_one(rank, path);
           return;
         }
         throw std::runtime_error("allreduce #2 did not fail although rank 2 is stopped");
       },
       Milliseconds(30'000));
-  ASSERT_EQ(results.size(), 3u);
-  EXPECT_TRUE(results[0].ok()) << describe(results[0]);
-  EXPECT_TRUE(results[1].ok()) << describe(results[1]);
-  EXPECT_EQ(results[2].signal, SIGKILL) << describe(results[2]);
-  expect_all_reaped();
+  expect_rank_two_stopped_and_killed(results);
 }
 
 // The heartbeat separates stopped from slow on a backend that cannot read the peer's process
@@ -575,9 +591,7 @@ TEST(Heartbeat, GlooWaitsForASlowRankAndNamesAStoppedOneInSeconds) {
         if (slow < 3.5) throw std::runtime_error("allreduce #2 ended after " + std::to_string(slow) + " s");
         if (t[0].item<float>() != 9.0f) throw std::runtime_error("allreduce #2 gave a wrong sum");
         if (rank == 2) {
-          std::ofstream(path + ".pid.tmp") << ::getpid();
-          std::filesystem::rename(path + ".pid.tmp", path + ".pid");
-          ::raise(SIGSTOP);  // rank 0 kills it once it has its error
+          stop_self(path);
           return;
         }
         const auto start = Clock::now();
@@ -586,11 +600,7 @@ TEST(Heartbeat, GlooWaitsForASlowRankAndNamesAStoppedOneInSeconds) {
         } catch (const shoal::PeerError& e) {
           const std::string what = e.what();
           const double elapsed = seconds_since(start);
-          if (rank == 0) {
-            std::ifstream pid_file(path + ".pid");
-            int pid = 0;
-            if (pid_file >> pid && pid > 0) ::kill(pid, SIGKILL);
-          }
+          if (rank == 0) kill_stopped(path);
           for (const char* expected : {"allreduce #3", "waiting for rank 2 (", "heartbeat has stood still",
                                        "SHOAL_HEARTBEAT_TIMEOUT", "rank 2: no report"}) {
             if (what.find(expected) == std::string::npos) {
@@ -602,20 +612,13 @@ TEST(Heartbeat, GlooWaitsForASlowRankAndNamesAStoppedOneInSeconds) {
             throw std::runtime_error("the error came after " + std::to_string(elapsed) + " s: " + what);
           }
           std::printf("rank %d got, after %.2f s: %s\n", rank, elapsed, what.c_str());
-          if (rank == 1) shoal::testing::touch_file(path + ".reported.1");
-          if (rank == 0 && !shoal::testing::wait_for_file(path + ".reported.1", Milliseconds(30'000))) {
-            throw std::runtime_error("rank 1 never got its error");
-          }
+          keep_store_for_rank_one(rank, path);
           return;
         }
         throw std::runtime_error("allreduce #3 did not fail although rank 2 is stopped");
       },
       Milliseconds(90'000));
-  ASSERT_EQ(results.size(), 3u);
-  EXPECT_TRUE(results[0].ok()) << describe(results[0]);
-  EXPECT_TRUE(results[1].ok()) << describe(results[1]);
-  EXPECT_EQ(results[2].signal, SIGKILL) << describe(results[2]);
-  expect_all_reaped();
+  expect_rank_two_stopped_and_killed(results);
 }
 
 }  // namespace
