@@ -176,8 +176,7 @@ std::vector<Silence> HangReporter::silent_ranks(Milliseconds limit) {
   std::lock_guard<std::mutex> lock(beats_mutex_);
   const auto now = Clock::now();
   if (now >= watch_until_) {  // a new watch: what an earlier one saw is out of date
-    watch_since_ = now;
-    last_reading_ = now;
+    last_reading_ = now;  // the watch's store silence counts from here
     beat_.clear();
     moved_at_.clear();
   }

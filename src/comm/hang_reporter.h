@@ -120,8 +120,7 @@ class HangReporter : public std::enable_shared_from_this<HangReporter> {
   using TimePoint = std::chrono::steady_clock::time_point;
   std::mutex beats_mutex_;
   TimePoint watch_until_{};   // the answering thread watches until then
-  TimePoint watch_since_{};   // when this watch was first asked for
-  TimePoint last_reading_{};  // the answering thread's last complete reading of this watch
+  TimePoint last_reading_{};  // the last complete reading of this watch (or its start)
   std::vector<int64_t> beat_;        // each rank's counter at the last reading
   std::vector<TimePoint> moved_at_;  // when each rank's counter was last seen to change
 };

@@ -393,8 +393,12 @@ TEST_F(Launcher, SigusrOneToTheLauncherPrintsEveryWorkersOperationsAndTheJobGoes
                      {{"SHOAL_TEST_SIGUSR1_DIR", dir_.string()}});
   ASSERT_TRUE(wait_for_files({dir_ / "ready.0", dir_ / "ready.1"}, Milliseconds(30'000)));
   ::kill(shoal.pid(), SIGUSR1);
+  // Until both dumps are whole: each header arrives before its operation lines, so waiting for
+  // the two headers alone read rank 1's dump cut short once (CI, LibTorch 2.15 leg).
   const std::string err = shoal.read_err_until([](const std::string& text) {
-    return count_of(text, "[rank 0/2] last") + count_of(text, "[rank 1/2] last") >= 2;
+    return count_of(text, "[rank 0/2] last") + count_of(text, "[rank 1/2] last") >= 2 &&
+           text.find("[rank 0]     allreduce #1 (4.0 kB float32, sum)") != std::string::npos &&
+           text.find("[rank 1]     allreduce #1 (4.0 kB float32, sum)") != std::string::npos;
   }, Milliseconds(20'000));
   shoal::testing::touch_file((dir_ / "go").string());
   const auto result = shoal.wait(Milliseconds(60'000));

@@ -1,4 +1,4 @@
-// asp and ssp train on the real Fashion-MNIST to within three points of bsp's test accuracy
+// asp and ssp train on the real Fashion-MNIST to within 2.5 points of bsp's test accuracy
 // (mean of the last two of three epochs; the issue asks for one point, see below). To fit the
 // test budget: the MLP (the CNN costs ~10x the compute per sample here), 2 workers x batch 64
 // on the first 8000 training images for three epochs, the full 10000-image test set; the
@@ -20,7 +20,9 @@ constexpr int kWorkers = 2;
 constexpr int64_t kTrainSamples = 8000;
 // Why momentum 0.5: asynchrony itself acts as momentum (Mitliagkas et al., 2016: about 1 - 1/W),
 // so 0.9 on top overshoots under asp/ssp while bsp does not; 0.5 leaves room for it.
-constexpr double kLr = 0.1;
+// Why 0.05: at 0.1 one epoch's accuracy swung by 2-3 points under asp (a CI run on LibTorch 2.15:
+// asp 3.2 points below bsp); at 0.05 the gaps measured were 0.4-1.8 points.
+constexpr double kLr = 0.05;
 constexpr double kMomentum = 0.5;
 
 double train_accuracy(Consistency consistency, const train::TensorData& train_data,
@@ -57,7 +59,7 @@ double train_accuracy(Consistency consistency, const train::TensorData& train_da
   return accuracy[0];
 }
 
-TEST(PsFashionMnist, AspAndSspWithinThreePointsOfBsp) {
+TEST(PsFashionMnist, AspAndSspWithinTwoAndAHalfPointsOfBsp) {
   if (!shoal::testing::have_real_fashion_mnist()) {
     shoal::testing::skip_program("Fashion-MNIST is not installed (apt-get install dataset-fashion-mnist)");
   }
@@ -72,13 +74,12 @@ TEST(PsFashionMnist, AspAndSspWithinThreePointsOfBsp) {
   const double ssp = train_accuracy(Consistency::kSsp, train_data, test_data);
   std::printf("test accuracy: bsp %.4f, asp %.4f, ssp(2) %.4f\n", bsp, asp, ssp);
   EXPECT_GT(bsp, 0.79) << "bsp learned";
-  // The issue asks for one point; at this budget (three epochs of 8000 images, where accuracy
-  // still swings from epoch to epoch) that is not reliable. Measured gaps to bsp, last epoch only,
-  // over five runs (two beside two busy loops, one in CI on LibTorch 2.15): asp -2.7 .. +0.7
-  // points, ssp -1.9 .. +0.1; averaged over the last two epochs the CI run's were -1.8 and -1.5.
-  // Asserted at 3 points on that average.
-  EXPECT_LE(std::abs(asp - bsp), 0.03);
-  EXPECT_LE(std::abs(ssp - bsp), 0.03);
+  // The issue asks for one point; at this budget (three epochs of 8000 images) that is not
+  // reliable. Measured gaps to bsp (mean of the last two epochs) at lr 0.05 over eight runs, four
+  // of them two at a time: asp -1.5 .. +0.3 points, ssp -1.8 .. -0.5 (bsp 0.805-0.808). Asserted
+  // at 2.5 points.
+  EXPECT_LE(std::abs(asp - bsp), 0.025);
+  EXPECT_LE(std::abs(ssp - bsp), 0.025);
 }
 
 }  // namespace
