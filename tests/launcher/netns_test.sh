@@ -52,6 +52,20 @@ node() {
     --master-addr 10.77.0.1 --master-port 29777 "$SHOAL" "${TRAIN[@]}" "$@" >"$log" 2>&1
 }
 
+# wait_within PID SECONDS: PID's exit status, or 124 (after killing it) when it runs longer, so
+# that a node that does not end fails this test with a message instead of the CTest time-out.
+wait_within() {
+  local pid=$1 limit=$2
+  for _ in $(seq $((limit * 10))); do
+    kill -0 "$pid" 2>/dev/null || { wait "$pid"; return $?; }
+    sleep 0.1
+  done
+  echo "netns: a node did not end within $limit s"
+  kill -9 "$pid" 2>/dev/null
+  wait "$pid" 2>/dev/null
+  return 124
+}
+
 echo "netns: DDP across two namespaces"
 start=$(date +%s)
 node 0 "$NS0" "${TAG}0" node0 "$WORK/ok0.log" & p0=$!
@@ -99,10 +113,10 @@ done
 [ -n "$victim" ] || { echo "netns: rank 2's process not found"; exit 1; }
 kill -STOP "$victim"
 stopped=$(date +%s)
-wait $p0; s0=$?
+wait_within $p0 60; s0=$?
 took=$(( $(date +%s) - stopped ))
 kill -9 "$victim" 2>/dev/null
-wait $p1
+wait_within $p1 30
 echo "netns: node 0 exited $s0 $took s after rank 2 was stopped"
 grep -h "heartbeat" "$WORK/stop0.log" | head -2
 [ $s0 -ne 0 ] || { echo "netns: node 0 succeeded although rank 2 was stopped"; exit 1; }
