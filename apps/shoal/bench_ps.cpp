@@ -9,10 +9,17 @@
 // to be slower, and the ratio says by how much.
 //
 // Part 2, time to accuracy with one worker slowed 2x (the case asynchrony is for): servers and
-// workers are threads of this process; the last worker sleeps as long as each of its steps took
-// to compute. Every mode trains for the same wall time; worker 0 keeps a timestamped copy of its
-// weights every few steps, evaluated afterwards on the test set (so evaluation costs training
-// nothing), and the report gives the first time each mode reached --target.
+// workers are threads of this process; a slowed step sleeps as long as it took to compute. Every
+// mode trains for the same wall time; worker 0 keeps a timestamped copy of its weights every few
+// steps, evaluated afterwards on the test set (so evaluation costs training nothing), and the
+// report gives the first time each mode reached --target. Two straggler patterns:
+// - persistent: the last worker is slowed on every step. asp gains (the fast worker never
+//   waits); ssp cannot, by construction: once the fast worker is s clocks ahead it waits for the
+//   slow one, so its long-run pace is the slow worker's, as under bsp.
+// - rotating: at any moment one worker is slowed, a different one every --straggler-phase of its
+//   steps (transient stragglers, as on a shared cluster). bsp runs every step at the slow pace,
+//   since some worker is always slow; ssp absorbs a phase's lag within its bound s and runs at
+//   the workers' mean pace (Ho et al., 2013).
 #include <unistd.h>
 
 #include <torch/torch.h>
@@ -57,6 +64,8 @@ struct PsBenchArgs {
   double momentum = 0.9;
   double target = 0.78;
   double seconds = 30;
+  std::string straggler = "both";  // persistent, rotating or both
+  int straggler_phase = 2;         // rotating: steps of one worker's slow phase
   bool json = false;
   bool skip_throughput = false;
 };
@@ -113,9 +122,16 @@ struct Snapshot {
   std::vector<at::Tensor> weights;
 };
 
-// Trains for args.seconds with the last worker slowed 2x; returns worker 0's snapshots.
+// Whether worker `rank`'s step `step` is slowed under the pattern (see the file comment).
+bool is_slowed(const PsBenchArgs& args, bool rotating, int rank, int64_t step) {
+  if (!rotating) return rank == args.workers - 1;
+  return (step / args.straggler_phase) % args.workers == rank;
+}
+
+// Trains for args.seconds with stragglers as `rotating` says; returns worker 0's snapshots.
 std::vector<Snapshot> train_slowed(const PsBenchArgs& args, ps::Consistency consistency,
-                                   const train::TensorData& train_data, int64_t* total_steps) {
+                                   bool rotating, const train::TensorData& train_data,
+                                   int64_t* total_steps) {
   ps::ServerOptions options;
   options.num_workers = args.workers;
   options.consistency = consistency;
@@ -152,8 +168,8 @@ std::vector<Snapshot> train_slowed(const PsBenchArgs& args, ps::Consistency cons
         const int64_t n = train_data.size();
         const at::Tensor order = train::shuffled_indices(n, 0, 0);
         int64_t position = rank * args.batch;
-        const bool slowed = rank == args.workers - 1;
         for (int64_t step = 0; !stop.load(); ++step) {
+          const bool slowed = is_slowed(args, rotating, rank, step);
           if (position + args.batch > n) position = rank * args.batch;
           const at::Tensor idx = order.slice(0, position, position + args.batch);
           position += int64_t{args.batch} * args.workers;
@@ -192,6 +208,55 @@ std::vector<Snapshot> train_slowed(const PsBenchArgs& args, ps::Consistency cons
   return snapshots;
 }
 
+// Part 2 for one straggler pattern: each mode's time to args.target.
+void report_time_to_accuracy(const PsBenchArgs& args, bool rotating,
+                             const train::TensorData& train_data,
+                             const train::TensorData& test_data) {
+  const std::string pattern = rotating ? "rotating" : "persistent";
+  double bsp_time = -1;
+  for (const ps::Consistency mode :
+       {ps::Consistency::kBsp, ps::Consistency::kAsp, ps::Consistency::kSsp}) {
+    int64_t steps = 0;
+    const std::vector<Snapshot> snapshots = train_slowed(args, mode, rotating, train_data, &steps);
+    auto model = models::create(args.model, 0);
+    double reached = -1;
+    double best = 0;
+    for (const Snapshot& snap : snapshots) {
+      {
+        torch::NoGradGuard no_grad;
+        auto params = model->parameters();
+        for (size_t i = 0; i < params.size(); ++i) params[i].copy_(snap.weights[i]);
+      }
+      const train::EvalResult eval = train::evaluate(
+          *model, [&](const at::Tensor& x) { return model->forward(x); }, test_data, 500);
+      best = std::max(best, eval.accuracy);
+      if (eval.accuracy >= args.target) {
+        reached = snap.seconds;
+        break;
+      }
+    }
+    if (mode == ps::Consistency::kBsp) bsp_time = reached;
+    const char* name = ps::consistency_name(mode);
+    report(args,
+           train::JsonLine()
+               .add("part", "time_to_accuracy")
+               .add("straggler", pattern)
+               .add("mode", name)
+               .add("target", args.target)
+               .add("seconds", reached)
+               .add("best_accuracy", best)
+               .add("steps", steps)
+               .add("speedup_vs_bsp", reached > 0 && bsp_time > 0 ? bsp_time / reached : 0.0),
+           std::string("time to ") + std::to_string(args.target) + "  " + pattern +
+               " straggler  " + name + "  " +
+               (reached > 0 ? std::to_string(reached) + " s" : std::string("not reached")) +
+               " (best " + std::to_string(best) + ", " + std::to_string(steps) + " steps" +
+               (reached > 0 && bsp_time > 0
+                    ? ", " + std::to_string(bsp_time / reached) + " x bsp's speed)"
+                    : ")"));
+  }
+}
+
 int run_bench_ps(const PsBenchArgs& args) {
   torch::set_num_threads(1);
   if (!args.skip_throughput) {
@@ -222,46 +287,8 @@ int run_bench_ps(const PsBenchArgs& args) {
                                      train_set.targets().slice(0, 0, n)};
   const train::TensorData test_data{test_set.images().slice(0, 0, 2000),
                                     test_set.targets().slice(0, 0, 2000)};
-  double bsp_time = -1;
-  for (const ps::Consistency mode :
-       {ps::Consistency::kBsp, ps::Consistency::kAsp, ps::Consistency::kSsp}) {
-    int64_t steps = 0;
-    const std::vector<Snapshot> snapshots = train_slowed(args, mode, train_data, &steps);
-    auto model = models::create(args.model, 0);
-    double reached = -1;
-    double best = 0;
-    for (const Snapshot& snap : snapshots) {
-      {
-        torch::NoGradGuard no_grad;
-        auto params = model->parameters();
-        for (size_t i = 0; i < params.size(); ++i) params[i].copy_(snap.weights[i]);
-      }
-      const train::EvalResult eval = train::evaluate(
-          *model, [&](const at::Tensor& x) { return model->forward(x); }, test_data, 500);
-      best = std::max(best, eval.accuracy);
-      if (eval.accuracy >= args.target) {
-        reached = snap.seconds;
-        break;
-      }
-    }
-    if (mode == ps::Consistency::kBsp) bsp_time = reached;
-    const char* name = ps::consistency_name(mode);
-    report(args,
-           train::JsonLine()
-               .add("part", "time_to_accuracy")
-               .add("mode", name)
-               .add("target", args.target)
-               .add("seconds", reached)
-               .add("best_accuracy", best)
-               .add("steps", steps)
-               .add("speedup_vs_bsp", reached > 0 && bsp_time > 0 ? bsp_time / reached : 0.0),
-           std::string("time to ") + std::to_string(args.target) + "  " + name + "  " +
-               (reached > 0 ? std::to_string(reached) + " s" : std::string("not reached")) +
-               " (best " + std::to_string(best) + ", " + std::to_string(steps) + " steps" +
-               (reached > 0 && bsp_time > 0
-                    ? ", " + std::to_string(bsp_time / reached) + " x bsp's speed)"
-                    : ")"));
-  }
+  if (args.straggler != "rotating") report_time_to_accuracy(args, false, train_data, test_data);
+  if (args.straggler != "persistent") report_time_to_accuracy(args, true, train_data, test_data);
   return 0;
 }
 
@@ -284,6 +311,15 @@ void add_bench_ps_command(CLI::App& bench, std::vector<Command>& commands) {
   app->add_option("--target", args->target, "test accuracy to reach (part 2)")
       ->capture_default_str();
   app->add_option("--seconds", args->seconds, "training time per mode (part 2)")
+      ->capture_default_str();
+  app->add_option("--straggler", args->straggler,
+                  "part 2: persistent (the last worker slowed on every step), rotating (one\n"
+                  "worker at a time, a different one every --straggler-phase steps), or both")
+      ->check(CLI::IsMember({"persistent", "rotating", "both"}))
+      ->capture_default_str();
+  app->add_option("--straggler-phase", args->straggler_phase,
+                  "rotating: steps of each worker's slow phase")
+      ->check(CLI::PositiveNumber)
       ->capture_default_str();
   app->add_flag("--skip-throughput", args->skip_throughput, "only part 2");
   app->add_flag("--json", args->json, "one JSON object per line");

@@ -154,6 +154,13 @@ void add_train_command(CLI::App& root, std::vector<Command>& commands) {
                  ->capture_default_str();
   auto* momentum = app->add_option("--momentum", options->momentum, "SGD momentum, in [0, 1)")
                        ->capture_default_str();
+  auto* lr_schedule =
+      app->add_option("--lr-schedule", options->lr_schedule,
+                      "constant, or cosine: PyTorch's CosineAnnealingLR over every step of the run\n"
+                      "(T_max = epochs x steps per epoch, eta_min 0), stepped after each step; with\n"
+                      "--strategy ps the servers' SGD follows it")
+          ->check(CLI::IsMember({"constant", "cosine"}))
+          ->capture_default_str();
   auto* seed = app->add_option("--seed", options->seed,
                                "Seeds the initial weights and the shuffle: the same seed gives the "
                                "same run (>= 0)")
@@ -296,7 +303,7 @@ void add_train_command(CLI::App& root, std::vector<Command>& commands) {
       "  shoal train --strategy ps --consistency ssp --staleness 2 --servers 2 --workers 4");
 
   commands.push_back({app, [options, args, threads, nproc, epochs, batch_size, lr, momentum,
-                            seed] {
+                            lr_schedule, seed] {
                         if (args->no_progress) options->progress = train::ProgressMode::kNone;
                         if (args->replicas == 0) args->replicas = args->strategy == "dp" ? 2 : 1;
                         const bool ddp = args->strategy == "ddp";
@@ -324,6 +331,7 @@ void add_train_command(CLI::App& root, std::vector<Command>& commands) {
                           std::set<std::string> given;
                           if (lr->count() > 0) given.insert("lr");
                           if (momentum->count() > 0) given.insert("momentum");
+                          if (lr_schedule->count() > 0) given.insert("lr_schedule");
                           if (batch_size->count() > 0) given.insert("batch_size");
                           if (epochs->count() > 0) given.insert("epochs");
                           if (seed->count() > 0) given.insert("seed");

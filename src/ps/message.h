@@ -33,7 +33,8 @@
 namespace shoal::ps {
 
 constexpr uint32_t kMagic = 0x53505331;  // "SPS1"
-constexpr uint16_t kFormatVersion = 1;
+// Version 2: a push carries the learning-rate factor of the worker's schedule in its blob.
+constexpr uint16_t kFormatVersion = 2;
 
 enum class MessageType : uint16_t {
   kHello = 1,   ///< worker -> server: rank in header
@@ -41,7 +42,9 @@ enum class MessageType : uint16_t {
   kAuth,        ///< worker -> server: blob = HMAC-SHA256 answer
   kWelcome,     ///< server -> worker: let in
   kInit,        ///< worker -> server: initial values of the server's key ranges
-  kPush,        ///< worker -> server: gradients; clock = the worker's clock they were computed at
+  kPush,        ///< worker -> server: gradients; clock = the worker's clock they were computed at;
+                ///< blob = 8 bytes, a double: the factor on the optimizer's learning rate for
+                ///< this clock (the worker's schedule, e.g. cosine; 1 without one)
   kPull,        ///< worker -> server: clock = pushes done, version = the shard version it has
   kParams,      ///< server -> worker: key ranges changed since that version; version = now
   kSum,         ///< worker -> server: blob = doubles to sum over workers; clock = round;

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <limits>
@@ -51,7 +52,28 @@ struct Entry {
 struct Pending {  // bsp: gradients of one clock being summed
   std::set<int> ranks;
   std::map<uint32_t, at::Tensor> sums;
+  double lr_factor_sum = 0;  // the pushes' schedule factors (equal when the workers agree)
 };
+
+// Why 1e4: a schedule's factor scales the base learning rate; beyond that it only diverges, and
+// a forged value must not reach the optimizer.
+constexpr double kMaxLrFactor = 1e4;
+
+// The learning-rate factor of a push (its blob); false when the blob is not one.
+bool push_lr_factor(const std::string& blob, double* factor, std::string* why) {
+  if (blob.size() != sizeof(double)) {
+    *why = "push with a " + std::to_string(blob.size()) +
+           "-byte blob, expected the 8-byte learning-rate factor";
+    return false;
+  }
+  std::memcpy(factor, blob.data(), sizeof(double));
+  if (!std::isfinite(*factor) || *factor < 0 || *factor > kMaxLrFactor) {
+    *why = "push with learning-rate factor " + std::to_string(*factor) + ", expected one in [0, " +
+           std::to_string(kMaxLrFactor) + "]";
+    return false;
+  }
+  return true;
+}
 
 struct Deferred {
   std::string routing_id;
@@ -232,9 +254,9 @@ struct Server::Impl {
     ++stats.staleness_counts[staleness];
   }
 
-  void apply(uint32_t key, const at::Tensor& grad) {
+  void apply(uint32_t key, const at::Tensor& grad, double lr_factor) {
     Entry& entry = shard.at(key);
-    options.optimizer->step(key, entry.value, grad);
+    options.optimizer->step(key, entry.value, grad, lr_factor);
     entry.version = version;
   }
 
@@ -246,6 +268,12 @@ struct Server::Impl {
     const std::string bad = check_keys(m);
     if (!bad.empty()) {
       reject(m.routing_id, "push: " + bad, true, &m.header);
+      return;
+    }
+    double lr_factor = 1;
+    std::string why;
+    if (!push_lr_factor(m.blob, &lr_factor, &why)) {
+      reject(m.routing_id, why, true, &m.header);
       return;
     }
     WorkerState& worker = workers[static_cast<size_t>(rank)];
@@ -269,12 +297,15 @@ struct Server::Impl {
         }
       }
       step.ranks.insert(rank);
+      step.lr_factor_sum += lr_factor;
     } else {
       // Each push counts as 1/W of a step, so that one round of W pushes moves the weights as
       // far as one bsp step (the mean gradient) and the same learning rate serves every mode.
       ++version;
       const double scale = 1.0 / options.num_workers;
-      for (size_t i = 0; i < m.keys.size(); ++i) apply(m.keys[i].key, m.tensor(i).mul(scale));
+      for (size_t i = 0; i < m.keys.size(); ++i) {
+        apply(m.keys[i].key, m.tensor(i).mul(scale), lr_factor);
+      }
       std::lock_guard<std::mutex> lock(stats_mutex);
       ++stats.updates;
     }
@@ -297,7 +328,8 @@ struct Server::Impl {
       }
       ++version;
       const double scale = 1.0 / static_cast<double>(found->second.ranks.size());
-      for (auto& [key, sum] : found->second.sums) apply(key, sum.mul_(scale));
+      const double lr_factor = found->second.lr_factor_sum * scale;
+      for (auto& [key, sum] : found->second.sums) apply(key, sum.mul_(scale), lr_factor);
       pending.erase(found);
       ++bsp_applied;
       std::lock_guard<std::mutex> lock(stats_mutex);

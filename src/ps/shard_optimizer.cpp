@@ -2,7 +2,7 @@
 
 namespace shoal::ps {
 
-void Sgd::step(uint32_t key, at::Tensor& param, const at::Tensor& grad) {
+void Sgd::step(uint32_t key, at::Tensor& param, const at::Tensor& grad, double lr_factor) {
   at::Tensor direction = grad;
   if (options_.momentum != 0) {
     auto found = momentum_buffers_.find(key);
@@ -13,7 +13,7 @@ void Sgd::step(uint32_t key, at::Tensor& param, const at::Tensor& grad) {
     }
     direction = found->second;
   }
-  param.add_(direction, -options_.lr);
+  param.add_(direction, -options_.lr * lr_factor);
 }
 
 std::map<std::string, at::Tensor> Sgd::state(uint32_t key) const {

@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "ps/auth.h"
@@ -27,6 +28,7 @@ struct Worker::Impl {
   int64_t clock = 0;
   int64_t sum_round = 0;
   double pull_seconds = 0;
+  double lr_factor = 1;
   bool closed = false;
 
   std::string name() const {
@@ -139,6 +141,7 @@ struct Worker::Impl {
         return grad.defined() ? grad.contiguous() : at::Tensor();
       });
       out.header.clock = clock;
+      out.blob.assign(reinterpret_cast<const char*>(&lr_factor), sizeof(lr_factor));
       sent[s] = out.header.seq;
       send(s, out, "push");
     }
@@ -282,6 +285,14 @@ void Worker::close() {
   const auto timeout = std::min(impl_->options.timeout, std::chrono::milliseconds(5000));
   for (size_t s = 0; s < impl_->sockets.size(); ++s) impl_->await(s, sent[s], "bye", timeout);
 }
+
+void Worker::set_lr_factor(double factor) {
+  SHOAL_CHECK_T(InvalidArgument, std::isfinite(factor) && factor >= 0, impl_->name(),
+                " set_lr_factor: the factor must be finite and >= 0, got ", factor);
+  impl_->lr_factor = factor;
+}
+
+double Worker::lr_factor() const { return impl_->lr_factor; }
 
 int Worker::rank() const { return impl_->options.rank; }
 int Worker::num_workers() const { return impl_->options.num_workers; }

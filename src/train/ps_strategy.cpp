@@ -18,11 +18,16 @@ class PsOptimizer : public torch::optim::Optimizer {
   PsOptimizer(std::vector<at::Tensor> params, torch::optim::SGDOptions options, ps::Worker* worker)
       : Optimizer({torch::optim::OptimizerParamGroup(std::move(params))},
                   std::make_unique<torch::optim::SGDOptions>(options)),
-        worker_(worker) {}
+        worker_(worker),
+        base_lr_(options.lr()) {}
 
   at::Tensor step(LossClosure closure) override {
     at::Tensor loss;
     if (closure) loss = closure();
+    // A schedule (the trainer's lr_schedule) changed this group's lr: the servers step with
+    // their lr times the same factor.
+    const double lr = param_groups().front().options().get_lr();
+    worker_->set_lr_factor(base_lr_ > 0 ? lr / base_lr_ : 1.0);
     worker_->step();
     return loss;
   }
@@ -31,6 +36,7 @@ class PsOptimizer : public torch::optim::Optimizer {
 
  private:
   ps::Worker* worker_;
+  double base_lr_;
 };
 
 ps::WorkerOptions options_from_job() {

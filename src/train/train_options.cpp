@@ -19,6 +19,8 @@ void TrainOptions::validate() const {
                 "learning rate must be a finite number in (0, ", kMaxLearningRate, "], got ", lr);
   SHOAL_CHECK_T(InvalidArgument, momentum >= 0 && momentum < 1,
                 "momentum must be in [0, 1), got ", momentum);
+  SHOAL_CHECK_T(InvalidArgument, lr_schedule == "constant" || lr_schedule == "cosine",
+                "learning-rate schedule must be constant or cosine, got '", lr_schedule, "'");
   SHOAL_CHECK_T(InvalidArgument, threads >= 0, "threads must be >= 0 (0 = LibTorch's default), got ",
                 threads);
   SHOAL_CHECK_T(InvalidArgument, log_interval >= 0,
@@ -41,6 +43,15 @@ void TrainOptions::validate() const {
                 "--init-from and --resume both set the weights; pass one of them");
   SHOAL_CHECK_T(InvalidArgument, stop_after_steps >= 0, "stop-after-steps must be >= 0, got ",
                 stop_after_steps);
+}
+
+double lr_schedule_factor(const std::string& schedule, int64_t step, int64_t total_steps) {
+  if (schedule == "constant") return 1;
+  SHOAL_CHECK_T(InvalidArgument, schedule == "cosine", "unknown learning-rate schedule '",
+                schedule, "' (constant or cosine)");
+  if (total_steps <= 0 || step >= total_steps) return 0;
+  const double pi = std::acos(-1.0);
+  return (1 + std::cos(pi * static_cast<double>(step) / static_cast<double>(total_steps))) / 2;
 }
 
 }  // namespace shoal::train

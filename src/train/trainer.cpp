@@ -136,6 +136,16 @@ Trainer::Trainer(TrainOptions options, std::shared_ptr<torch::nn::Module> module
   state_.model_forward = std::move(forward);
   state_.optimizer = std::move(optimizer);
   state_.loss = std::move(loss);
+  for (const auto& group : state_.optimizer->param_groups()) base_lrs_.push_back(group.options().get_lr());
+}
+
+void Trainer::apply_lr_schedule(int64_t total_steps) {
+  if (options_.lr_schedule == "constant") return;  // the optimizer's lr is the user's business
+  const double factor = lr_schedule_factor(options_.lr_schedule, state_.step, total_steps);
+  auto& groups = state_.optimizer->param_groups();
+  for (size_t g = 0; g < groups.size(); ++g) {
+    groups[g].options().set_lr(base_lrs_.at(g) * factor);
+  }
 }
 
 Trainer::~Trainer() = default;
@@ -188,6 +198,12 @@ void inherit_checkpoint_config(TrainOptions& options, const checkpoint::Training
   if (auto lr = config_number(saved, "lr", who); lr && !given.count("lr")) options.lr = *lr;
   if (auto m = config_number(saved, "momentum", who); m && !given.count("momentum")) {
     options.momentum = *m;
+  }
+  if (!given.count("lr_schedule")) {
+    options.lr_schedule = checkpoint::config_text(saved, "lr_schedule", options.lr_schedule);
+    SHOAL_CHECK_T(CheckpointError,
+                  options.lr_schedule == "constant" || options.lr_schedule == "cosine",
+                  "--resume: ", where, " has lr_schedule '", options.lr_schedule, "'");
   }
   if (auto b = config_integer(saved, "batch_size", who); b && !given.count("batch_size")) {
     SHOAL_CHECK_T(CheckpointError, *b >= 1 && *b <= 1e9, "--resume: ", where,
@@ -257,6 +273,7 @@ void Trainer::save_checkpoint(int64_t completed_epochs, int64_t samples_seen) {
   state.config = {{"model", options_.model},
                   {"lr", options_.lr},
                   {"momentum", options_.momentum},
+                  {"lr_schedule", options_.lr_schedule},
                   {"batch_size", options_.batch_size},
                   {"seed", static_cast<int64_t>(options_.seed)},
                   {"epochs", options_.epochs},
@@ -275,6 +292,13 @@ TrainResult Trainer::fit(const TensorData& train, const TensorData& test) {
   if (!prepared_) {
     strategy_->prepare(state_);
     prepared_ = true;
+    // A strategy that replaced the optimizer (the parameter server's) starts from its lrs.
+    if (base_lrs_.size() != state_.optimizer->param_groups().size()) {
+      base_lrs_.clear();
+      for (const auto& group : state_.optimizer->param_groups()) {
+        base_lrs_.push_back(group.options().get_lr());
+      }
+    }
   }
   const bool reports = strategy_->rank() == 0;
   const bool checkpoints = !options_.checkpoint_dir.empty();
@@ -314,6 +338,8 @@ TrainResult Trainer::fit(const TensorData& train, const TensorData& test) {
     const int64_t skip = std::min(local, resume_samples_seen_ / replicas);
     resume_samples_seen_ = 0;
     const int64_t steps = (local - skip + batch - 1) / batch;
+    // The schedule's T_max: every step of every epoch of the run, resumed or not.
+    const int64_t run_steps = options_.epochs * ((local + batch - 1) / batch);
     progress.start_epoch(epoch, steps, (local - skip) * replicas);
     state_.model->train();
 
@@ -325,6 +351,7 @@ TrainResult Trainer::fit(const TensorData& train, const TensorData& test) {
       const int64_t begin = skip + s * batch;
       const int64_t end = std::min(local, begin + batch);
       const at::Tensor batch_indices = indices.slice(0, begin, end);
+      apply_lr_schedule(run_steps);
       const double loss = strategy_->train_step(state_, train.inputs.index_select(0, batch_indices),
                                                 train.targets.index_select(0, batch_indices));
       const auto count = static_cast<double>(end - begin);
@@ -454,7 +481,9 @@ TrainResult run_training(const TrainOptions& options, std::unique_ptr<Strategy> 
     log::info("shoal train: ", options.model, " (", parameters, " parameters), Fashion-MNIST ",
               train_size, " train / ", test_size, " test images from ", options.data_dir,
               ", batch ", options.batch_size, world > 1 ? " per rank" : "", ", lr ", options.lr,
-              ", momentum ", options.momentum, ", seed ", options.seed, ", ", world, " process",
+              ", momentum ", options.momentum,
+              options.lr_schedule == "constant" ? "" : ", lr schedule " + options.lr_schedule,
+              ", seed ", options.seed, ", ", world, " process",
               world > 1 ? "es" : "", " x ", torch::get_num_threads(), " threads");
   }
   Trainer trainer(options, std::move(model), std::move(strategy));

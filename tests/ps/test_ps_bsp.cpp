@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "shoal/checkpoint/serialization.h"
+#include "shoal/train/train_options.h"
 
 #include "ps_testing.h"
 #include "testing/multi_rank.h"
@@ -31,12 +32,18 @@ Data make_data(int workers) {
   return {torch::randn({n, 8}), torch::randint(0, 4, {n}, torch::kLong)};
 }
 
-// Single-process reference: step t uses rows [t*W*b, (t+1)*W*b).
-testing::TinyNet reference(const Data& data, int workers) {
+// The learning-rate factor of step t: 1, or the trainer's cosine schedule over the 50 steps.
+double lr_factor(const std::string& schedule, int t) {
+  return train::lr_schedule_factor(schedule, t, kSteps);
+}
+
+// Single-process reference: step t uses rows [t*W*b, (t+1)*W*b), at lr kLr * factor.
+testing::TinyNet reference(const Data& data, int workers, const std::string& schedule = "constant") {
   auto net = testing::make_tiny_net(7);
   torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(kLr).momentum(kMomentum));
   const int64_t global = int64_t{workers} * kBatch;
   for (int t = 0; t < kSteps; ++t) {
+    sgd.param_groups().front().options().set_lr(kLr * lr_factor(schedule, t));
     sgd.zero_grad();
     const auto rows = torch::indexing::Slice(t * global, (t + 1) * global);
     torch::nn::functional::cross_entropy(net->forward(data.inputs.index({rows})),
@@ -49,7 +56,8 @@ testing::TinyNet reference(const Data& data, int workers) {
 
 // Trains steps [first, last) with W worker threads against `set`; returns the workers' nets.
 std::vector<testing::TinyNet> train_workers(testing::ServerSet& set, const Data& data, int workers,
-                                            int first, int last) {
+                                            int first, int last,
+                                            const std::string& schedule = "constant") {
   std::vector<testing::TinyNet> nets(workers, nullptr);
   shoal::testing::run_threads(workers, [&](int rank) {
     // Different initial weights on purpose: init() must give every worker rank 0's (or, after a
@@ -67,6 +75,7 @@ std::vector<testing::TinyNet> train_workers(testing::ServerSet& set, const Data&
       torch::nn::functional::cross_entropy(net->forward(data.inputs.index({rows})),
                                            data.targets.index({rows}))
           .backward();
+      worker.set_lr_factor(lr_factor(schedule, t));
       worker.step();
     }
     worker.close();
@@ -126,6 +135,21 @@ void expect_bsp_equals_single_process(int num_servers, int workers) {
 
 TEST(PsBsp, TwoWorkersOneServerEqualsSingleProcess) { expect_bsp_equals_single_process(1, 2); }
 TEST(PsBsp, ThreeWorkersTwoServersEqualsSingleProcess) { expect_bsp_equals_single_process(2, 3); }
+
+// A schedule rides on the pushes: each step's factor scales the servers' lr, so bsp with the
+// cosine schedule equals single-process SGD whose lr follows it (momentum buffer included).
+TEST(PsBsp, CosineScheduleEqualsSingleProcessWithTheSameSchedule) {
+  torch::set_num_threads(1);
+  constexpr int kWorkers = 2;
+  const Data data = make_data(kWorkers);
+  testing::TinyNet expected = reference(data, kWorkers, "cosine");
+  testing::TinyNet constant = reference(data, kWorkers);
+  testing::ServerSet set(2, bsp_options(kWorkers));
+  const std::vector<testing::TinyNet> nets = train_workers(set, data, kWorkers, 0, kSteps, "cosine");
+  expect_equal_to_reference(nets, expected, "cosine schedule");
+  // The schedule made a difference the comparison can see.
+  EXPECT_GT((constant->fc1->weight - expected->fc1->weight).abs().max().item<double>(), 1e-3);
+}
 
 
 // Servers save their shards (values and momentum buffers) after 20 steps; new servers restored

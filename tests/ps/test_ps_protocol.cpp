@@ -152,6 +152,59 @@ TEST(PsServer, RejectsMalformedMessagesAndKeepsServing) {
   EXPECT_EQ(set.servers[0]->stats().finished_workers, std::vector<int>{0});
 }
 
+// A push's learning-rate factor (its 8-byte blob) is checked before anything is applied: a
+// missing, NaN, negative or huge factor is refused with an answer naming it, and the shard is
+// unchanged.
+TEST(PsServer, RefusesAPushWhoseLearningRateFactorIsNotOne) {
+  ServerOptions options;
+  options.num_workers = 1;
+  options.auth_token_from_env = false;
+  options.verbose = false;
+  options.optimizer = std::make_shared<Sgd>(SgdOptions{0.5, 0});
+  ServerSet set(1, options);
+  RawPeer peer(set.endpoints()[0]);
+  peer.send({header_bytes(MessageType::kHello, 0, 0), "", ""});
+  auto welcome = peer.answer();
+  ASSERT_TRUE(welcome.has_value());
+  ASSERT_EQ(welcome->type(), MessageType::kWelcome);
+  const std::string values(4 * sizeof(float), '\0');  // four zeros
+  peer.send({header_bytes(MessageType::kInit, 0, 1), "", key_bytes(0, 0, 4), values});
+  auto ok = peer.answer();
+  ASSERT_TRUE(ok.has_value());
+  ASSERT_EQ(ok->type(), MessageType::kOk);
+  const float ones[4] = {1, 1, 1, 1};
+  const std::string grad(reinterpret_cast<const char*>(ones), sizeof(ones));
+  const auto factor_blob = [](double f) {
+    return std::string(reinterpret_cast<const char*>(&f), sizeof(f));
+  };
+  int expected_rejections = 0;
+  for (const std::string& blob : {std::string(), std::string("abc"), factor_blob(NAN),
+                                  factor_blob(-1), factor_blob(1e9)}) {
+    peer.send({header_bytes(MessageType::kPush, 0, 1), blob, key_bytes(0, 0, 4), grad});
+    auto refused = peer.answer();
+    ASSERT_TRUE(refused.has_value());
+    EXPECT_EQ(refused->type(), MessageType::kError);
+    EXPECT_NE(refused->blob.find("learning-rate factor"), std::string::npos) << refused->blob;
+    ++expected_rejections;
+  }
+  EXPECT_EQ(set.servers[0]->stats().rejected, expected_rejections);
+  EXPECT_EQ(set.servers[0]->stats().updates, 0) << "nothing applied";
+  // A good factor is applied: param -= lr * factor * grad = 0.5 * 0.25 * 1.
+  peer.send({header_bytes(MessageType::kPush, 0, 1), factor_blob(0.25), key_bytes(0, 0, 4), grad});
+  auto applied = peer.answer();
+  ASSERT_TRUE(applied.has_value());
+  EXPECT_EQ(applied->type(), MessageType::kOk);
+  peer.send({header_bytes(MessageType::kPull, 0, 0), "", ""});
+  auto params = peer.answer();
+  ASSERT_TRUE(params.has_value());
+  ASSERT_EQ(params->type(), MessageType::kParams);
+  ASSERT_EQ(params->keys.size(), 1u);
+  EXPECT_TRUE(torch::allclose(params->tensor(0), torch::full({4}, -0.125f)))
+      << params->tensor(0);
+  set.servers[0]->stop();
+  set.join();
+}
+
 TEST(PsServer, RefusesPeersWithoutTheToken) {
   ServerOptions options;
   options.num_workers = 1;

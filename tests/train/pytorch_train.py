@@ -1,10 +1,11 @@
 """The PyTorch twin of Shoal's single-process trainer, for the oracle test.
 
-Usage: pytorch_train.py MODEL SEED DATA_SEED SIZE EPOCHS BATCH LR MOMENTUM OUT
+Usage: pytorch_train.py MODEL SEED DATA_SEED SIZE EPOCHS BATCH LR MOMENTUM OUT [SCHEDULE]
 Data as shoal::data::SyntheticDataset makes it (randn inputs [SIZE,1,28,28] and a randn teacher
 [784,10] from one generator seeded DATA_SEED; labels = argmax in float64), the model built after
 torch.manual_seed(SEED), SGD with momentum, cross-entropy, and each epoch's order the permutation
-DistributedSampler(shuffle=True, seed=SEED) gives after set_epoch(epoch).
+DistributedSampler(shuffle=True, seed=SEED) gives after set_epoch(epoch). SCHEDULE "cosine":
+CosineAnnealingLR(T_max = every step of the run), stepped after each optimizer step.
 Prints one line per epoch: the mean training loss. Writes the final parameters to OUT as
 little-endian float32, in registration order.
 """
@@ -33,6 +34,10 @@ def main():
     torch.manual_seed(seed)
     model = {"cnn": Cnn, "mlp": Mlp}[name]()
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
+    scheduler = None
+    if len(sys.argv) > 10 and sys.argv[10] == "cosine":
+        steps = epochs * ((size + batch - 1) // batch)
+        scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=steps)
     for epoch in range(epochs):
         order = torch.randperm(size, generator=torch.Generator().manual_seed(seed + epoch))
         total = 0.0
@@ -42,6 +47,8 @@ def main():
             loss = F.cross_entropy(model(x[idx]), y[idx])
             loss.backward()
             opt.step()
+            if scheduler is not None:
+                scheduler.step()
             total += loss.item() * len(idx)
         print(repr(total / size))
     with open(out, "wb") as f:

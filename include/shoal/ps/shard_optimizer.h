@@ -2,7 +2,9 @@
 // buffers, ...) lives on the server, keyed by key id, and is saved with the shard.
 //
 // To add an optimizer, derive from ShardOptimizer: step() updates one key range in place from
-// its gradient; state() / load_state() expose the per-key tensors for checkpoints.
+// its gradient, with its learning rate times the factor the pushing worker's schedule gives
+// (PyTorch's LambdaLR: lr = base lr x factor; 1 without a schedule); state() / load_state()
+// expose the per-key tensors for checkpoints.
 //
 // Thread safety: used by one server thread. Each Server works on its own clone() of the
 // optimizer in ServerOptions, so one ServerOptions can start several servers in one process.
@@ -20,8 +22,9 @@ namespace shoal::ps {
 class ShardOptimizer {
  public:
   virtual ~ShardOptimizer() = default;
-  /// Updates `param` (a flat float32 range, in place) with `grad` (same shape).
-  virtual void step(uint32_t key, at::Tensor& param, const at::Tensor& grad) = 0;
+  /// Updates `param` (a flat float32 range, in place) with `grad` (same shape), at the learning
+  /// rate times `lr_factor` (finite, >= 0).
+  virtual void step(uint32_t key, at::Tensor& param, const at::Tensor& grad, double lr_factor) = 0;
   /// Per-key state tensors by name ("momentum_buffer"); empty when the key has none yet.
   virtual std::map<std::string, at::Tensor> state(uint32_t key) const = 0;
   /// Restores what state() returned.
@@ -31,7 +34,8 @@ class ShardOptimizer {
 };
 
 /// torch.optim.SGD's update (dampening 0, no Nesterov, no weight decay):
-/// buf = grad on the first step, else momentum * buf + grad; param -= lr * buf.
+/// buf = grad on the first step, else momentum * buf + grad; param -= lr * lr_factor * buf
+/// (a scheduler changing SGD's lr changes it for the whole buffer, as here).
 struct SgdOptions {
   double lr = 0.01;
   double momentum = 0;
@@ -40,7 +44,7 @@ struct SgdOptions {
 class Sgd : public ShardOptimizer {
  public:
   explicit Sgd(SgdOptions options) : options_(options) {}
-  void step(uint32_t key, at::Tensor& param, const at::Tensor& grad) override;
+  void step(uint32_t key, at::Tensor& param, const at::Tensor& grad, double lr_factor) override;
   std::map<std::string, at::Tensor> state(uint32_t key) const override;
   void load_state(uint32_t key, const std::map<std::string, at::Tensor>& state) override;
   std::unique_ptr<ShardOptimizer> clone() const override;

@@ -59,6 +59,12 @@ class Worker {
   void pull();
   /// push() then pull().
   void step();
+  /// The factor on the servers' learning rate that the following pushes carry (a schedule's
+  /// value for the coming clocks, as PyTorch's LambdaLR: lr = base lr x factor); 1 by default.
+  /// Under bsp a step uses the mean of its pushes' factors. The trainer sets it from
+  /// TrainOptions::lr_schedule.
+  void set_lr_factor(double factor);
+  double lr_factor() const;
   /// Sums `values` over the live workers (through server 0).
   std::vector<double> all_reduce_sum(const std::vector<double>& values);
   /// Returns once every live worker has called it (on every server): all their pushes are

@@ -30,6 +30,12 @@ struct TrainOptions {
   double lr = 0.05;
   /// SGD momentum (PyTorch's formulation: buf = momentum * buf + grad; p -= lr * buf).
   double momentum = 0.9;
+  /// How the learning rate changes over the run: "constant", or "cosine" (PyTorch's
+  /// CosineAnnealingLR with T_max = every optimizer step of the run and eta_min 0, stepped after
+  /// each optimizer step: step t trains at lr * (1 + cos(pi * t / T_max)) / 2). Applies to every
+  /// parameter group of any optimizer, and under the parameter server to the servers' optimizer
+  /// (each push carries its step's factor).
+  std::string lr_schedule = "constant";
   /// Seeds the model's initial weights and the per-epoch shuffle; same seed, same run.
   uint64_t seed = 0;
   /// LibTorch intra-op threads (torch::set_num_threads); 0 leaves the current setting.
@@ -70,5 +76,10 @@ struct TrainOptions {
   /// Throws shoal::InvalidArgument naming the first option that cannot work.
   void validate() const;
 };
+
+/// The factor lr_schedule gives the learning rate of optimizer step `step` (0-based) of a run of
+/// `total_steps`: 1 for "constant"; (1 + cos(pi * step / total_steps)) / 2 for "cosine" (0 from
+/// step total_steps on, as CosineAnnealingLR's closed form at T_max).
+double lr_schedule_factor(const std::string& schedule, int64_t step, int64_t total_steps);
 
 }  // namespace shoal::train
