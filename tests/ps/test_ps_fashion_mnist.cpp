@@ -1,8 +1,15 @@
-// asp and ssp train on the real Fashion-MNIST to within 2.5 points of bsp's test accuracy
-// (mean of the last two of three epochs; the issue asks for one point, see below). To fit the
-// test budget: the MLP (the CNN costs ~10x the compute per sample here), 2 workers x batch 64
-// on the first 8000 training images for three epochs, the full 10000-image test set; the
-// built-in Trainer with PsStrategy in each worker thread, one server.
+// asp and ssp train on the real Fashion-MNIST to within one point of bsp's test accuracy after
+// the same three epochs, all three with the cosine learning-rate schedule (--lr-schedule cosine,
+// carried by every push). To fit the test budget: the MLP (the CNN costs ~10x the compute per
+// sample here), 2 workers x batch 64 on the first 8000 training images, the full 10000-image test
+// set; the built-in Trainer with PsStrategy in each worker thread, one server.
+//
+// Why the schedule: with a constant rate one end-of-epoch evaluation swings by 2-3 points under
+// asp (measured gaps to bsp, mean of the last two epochs, lr 0.05: asp -2.8 .. +0.3, ssp -1.8 ..
+// -0.5 points); annealing the rate to 0 anneals the stale updates' noise with it (measured with
+// the schedule, final epoch: asp -0.3 .. +0.1, ssp -0.4 .. 0.0 points over five runs, on a loaded
+// machine). On the CNN (one epoch of all 60000 images) the gap is wider, asp 1.4-3.1 points,
+// and not asserted here (see issue 13).
 #include <gtest/gtest.h>
 
 #include "ps_testing.h"
@@ -43,23 +50,20 @@ double train_accuracy(Consistency consistency, const train::TensorData& train_da
     to.batch_size = 64;
     to.lr = kLr;
     to.momentum = kMomentum;
+    to.lr_schedule = "cosine";
     to.threads = 0;
     to.progress = train::ProgressMode::kNone;
     to.log_interval = 0;
     auto strategy = std::make_unique<train::PsStrategy>(testing::worker_options(set, rank, kWorkers));
     train::Trainer trainer(to, models::create("mlp", 0), std::move(strategy));
-    // The mean of the last two epochs' test accuracy: one epoch's swings by 2-3 points at this
-    // learning rate, in bsp as much as in asp (measured 0.8200 then 0.8126 for bsp).
-    const auto epochs = trainer.fit(train_data, test_data).epochs;
-    accuracy[rank] = (epochs[epochs.size() - 1].test_accuracy +
-                      epochs[epochs.size() - 2].test_accuracy) / 2;
+    accuracy[rank] = trainer.fit(train_data, test_data).final_test_accuracy();
   }, std::chrono::milliseconds(120000));
   set.join();
   EXPECT_EQ(accuracy[0], accuracy[1]) << "metrics are summed over the workers";
   return accuracy[0];
 }
 
-TEST(PsFashionMnist, AspAndSspWithinTwoAndAHalfPointsOfBsp) {
+TEST(PsFashionMnist, AspAndSspWithinOnePointOfBspWithTheCosineSchedule) {
   if (!shoal::testing::have_real_fashion_mnist()) {
     shoal::testing::skip_program("Fashion-MNIST is not installed (apt-get install dataset-fashion-mnist)");
   }
@@ -74,12 +78,8 @@ TEST(PsFashionMnist, AspAndSspWithinTwoAndAHalfPointsOfBsp) {
   const double ssp = train_accuracy(Consistency::kSsp, train_data, test_data);
   std::printf("test accuracy: bsp %.4f, asp %.4f, ssp(2) %.4f\n", bsp, asp, ssp);
   EXPECT_GT(bsp, 0.79) << "bsp learned";
-  // The issue asks for one point; at this budget (three epochs of 8000 images) that is not
-  // reliable. Measured gaps to bsp (mean of the last two epochs) at lr 0.05 over eight runs, four
-  // of them two at a time: asp -1.5 .. +0.3 points, ssp -1.8 .. -0.5 (bsp 0.805-0.808). Asserted
-  // at 2.5 points.
-  EXPECT_LE(std::abs(asp - bsp), 0.025);
-  EXPECT_LE(std::abs(ssp - bsp), 0.025);
+  EXPECT_LE(std::abs(asp - bsp), 0.01);
+  EXPECT_LE(std::abs(ssp - bsp), 0.01);
 }
 
 }  // namespace
