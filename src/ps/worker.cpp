@@ -292,8 +292,6 @@ void Worker::set_lr_factor(double factor) {
   impl_->lr_factor = factor;
 }
 
-double Worker::lr_factor() const { return impl_->lr_factor; }
-
 int Worker::rank() const { return impl_->options.rank; }
 int Worker::num_workers() const { return impl_->options.num_workers; }
 int64_t Worker::clock() const { return impl_->clock; }

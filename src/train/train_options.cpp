@@ -19,7 +19,7 @@ void TrainOptions::validate() const {
                 "learning rate must be a finite number in (0, ", kMaxLearningRate, "], got ", lr);
   SHOAL_CHECK_T(InvalidArgument, momentum >= 0 && momentum < 1,
                 "momentum must be in [0, 1), got ", momentum);
-  SHOAL_CHECK_T(InvalidArgument, lr_schedule == "constant" || lr_schedule == "cosine",
+  SHOAL_CHECK_T(InvalidArgument, known_lr_schedule(lr_schedule),
                 "learning-rate schedule must be constant or cosine, got '", lr_schedule, "'");
   SHOAL_CHECK_T(InvalidArgument, threads >= 0, "threads must be >= 0 (0 = LibTorch's default), got ",
                 threads);
@@ -43,6 +43,10 @@ void TrainOptions::validate() const {
                 "--init-from and --resume both set the weights; pass one of them");
   SHOAL_CHECK_T(InvalidArgument, stop_after_steps >= 0, "stop-after-steps must be >= 0, got ",
                 stop_after_steps);
+}
+
+bool known_lr_schedule(const std::string& schedule) {
+  return schedule == "constant" || schedule == "cosine";
 }
 
 double lr_schedule_factor(const std::string& schedule, int64_t step, int64_t total_steps) {

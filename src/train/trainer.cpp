@@ -47,6 +47,13 @@ std::unique_ptr<torch::optim::Optimizer> make_sgd(const TrainOptions& options,
       model->parameters(), torch::optim::SGDOptions(options.lr).momentum(options.momentum));
 }
 
+/// Each parameter group's learning rate, in order: the schedule's base values.
+std::vector<double> group_lrs(const torch::optim::Optimizer& optimizer) {
+  std::vector<double> lrs;
+  for (const auto& group : optimizer.param_groups()) lrs.push_back(group.options().get_lr());
+  return lrs;
+}
+
 }  // namespace
 
 at::Tensor cross_entropy_loss(const at::Tensor& output, const at::Tensor& target) {
@@ -136,7 +143,8 @@ Trainer::Trainer(TrainOptions options, std::shared_ptr<torch::nn::Module> module
   state_.model_forward = std::move(forward);
   state_.optimizer = std::move(optimizer);
   state_.loss = std::move(loss);
-  for (const auto& group : state_.optimizer->param_groups()) base_lrs_.push_back(group.options().get_lr());
+  // Taken before a resume() can load a checkpoint's (scheduled) lrs into the optimizer.
+  base_lrs_ = group_lrs(*state_.optimizer);
 }
 
 void Trainer::apply_lr_schedule(int64_t total_steps) {
@@ -201,9 +209,9 @@ void inherit_checkpoint_config(TrainOptions& options, const checkpoint::Training
   }
   if (!given.count("lr_schedule")) {
     options.lr_schedule = checkpoint::config_text(saved, "lr_schedule", options.lr_schedule);
-    SHOAL_CHECK_T(CheckpointError,
-                  options.lr_schedule == "constant" || options.lr_schedule == "cosine",
-                  "--resume: ", where, " has lr_schedule '", options.lr_schedule, "'");
+    SHOAL_CHECK_T(CheckpointError, known_lr_schedule(options.lr_schedule), "--resume: ", where,
+                  " has lr_schedule '", options.lr_schedule,
+                  "', which this build does not know; pass --lr-schedule constant or cosine");
   }
   if (auto b = config_integer(saved, "batch_size", who); b && !given.count("batch_size")) {
     SHOAL_CHECK_T(CheckpointError, *b >= 1 && *b <= 1e9, "--resume: ", where,
@@ -252,6 +260,11 @@ std::string Trainer::resume() {
   };
   note("lr", options_.lr);
   note("momentum", options_.momentum);
+  const std::string saved_schedule = checkpoint::config_text(saved, "lr_schedule", "constant");
+  if (saved_schedule != options_.lr_schedule) {
+    resume_changes_ += std::string(resume_changes_.empty() ? "" : ", ") + "lr_schedule " +
+                       saved_schedule + " -> " + options_.lr_schedule;
+  }
   note("batch_size", static_cast<double>(options_.batch_size));
   note("epochs", static_cast<double>(options_.epochs));
   return path;
@@ -292,12 +305,10 @@ TrainResult Trainer::fit(const TensorData& train, const TensorData& test) {
   if (!prepared_) {
     strategy_->prepare(state_);
     prepared_ = true;
-    // A strategy that replaced the optimizer (the parameter server's) starts from its lrs.
+    // The parameter server's strategy replaces the optimizer by one group with the first
+    // group's lr; with several groups given, its own lr is the base.
     if (base_lrs_.size() != state_.optimizer->param_groups().size()) {
-      base_lrs_.clear();
-      for (const auto& group : state_.optimizer->param_groups()) {
-        base_lrs_.push_back(group.options().get_lr());
-      }
+      base_lrs_ = group_lrs(*state_.optimizer);
     }
   }
   const bool reports = strategy_->rank() == 0;

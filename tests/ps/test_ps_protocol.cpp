@@ -155,7 +155,7 @@ TEST(PsServer, RejectsMalformedMessagesAndKeepsServing) {
 // A push's learning-rate factor (its 8-byte blob) is checked before anything is applied: a
 // missing, NaN, negative or huge factor is refused with an answer naming it, and the shard is
 // unchanged.
-TEST(PsServer, RefusesAPushWhoseLearningRateFactorIsNotOne) {
+TEST(PsServer, RefusesAPushWithABadLearningRateFactor) {
   ServerOptions options;
   options.num_workers = 1;
   options.auth_token_from_env = false;

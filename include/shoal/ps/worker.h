@@ -64,7 +64,6 @@ class Worker {
   /// Under bsp a step uses the mean of its pushes' factors. The trainer sets it from
   /// TrainOptions::lr_schedule.
   void set_lr_factor(double factor);
-  double lr_factor() const;
   /// Sums `values` over the live workers (through server 0).
   std::vector<double> all_reduce_sum(const std::vector<double>& values);
   /// Returns once every live worker has called it (on every server): all their pushes are

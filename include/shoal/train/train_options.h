@@ -77,6 +77,9 @@ struct TrainOptions {
   void validate() const;
 };
 
+/// Whether `schedule` is a learning-rate schedule the trainer knows ("constant", "cosine").
+bool known_lr_schedule(const std::string& schedule);
+
 /// The factor lr_schedule gives the learning rate of optimizer step `step` (0-based) of a run of
 /// `total_steps`: 1 for "constant"; (1 + cos(pi * step / total_steps)) / 2 for "cosine" (0 from
 /// step total_steps on, as CosineAnnealingLR's closed form at T_max).

@@ -176,7 +176,7 @@ class Trainer {
   bool prepared_ = false;
   /// Samples of the current epoch the job consumed before it was resumed (all ranks together).
   int64_t resume_samples_seen_ = 0;
-  /// Each parameter group's learning rate as given (the schedule's base), and the steps of the run.
+  /// Each parameter group's learning rate as given: the schedule's base values.
   std::vector<double> base_lrs_;
   /// Sets every parameter group's lr for the coming step of `total_steps` (lr_schedule).
   void apply_lr_schedule(int64_t total_steps);
