@@ -6,6 +6,7 @@ the same flag names across train/run/bench, --init-from and --resume with change
 Uses the real Fashion-MNIST (a few hundred images) and Debian's PyTorch to read and write
 state dicts. Exit 77 (skipped) when either is missing.
 """
+import math
 import os
 import re
 import subprocess
@@ -145,6 +146,36 @@ with tempfile.TemporaryDirectory() as tmp:
     # Another seed would reorder the samples being continued: refused.
     usage_error(["train", *SMALL, "--epochs", "4", "--seed", "5", "--checkpoint-dir", ckpt,
                  "--resume"], "--seed")
+
+    # --lr-schedule is inherited on --resume like lr: a cosine run resumed without the option
+    # keeps annealing, over the resumed run's epochs (T steps in all), its last step at
+    # lr x (1 + cos(pi (T-1) / T)) / 2, the base lr staying in the config; given again as
+    # constant, the change is said and the lr is the base. 256 samples / batch 32: 8 steps an epoch.
+    def last_cosine_lr(base, total_steps):
+        return base * (1 + math.cos(math.pi * (total_steps - 1) / total_steps)) / 2
+
+    ckpt = f"{tmp}/ckpt_cosine"
+    run = shoal("train", *SMALL, "--lr", "0.04", "--epochs", "1", "--lr-schedule", "cosine",
+                "--checkpoint-dir", ckpt)
+    check(run.returncode == 0, "first epoch with --lr-schedule cosine", run)
+    lr, config = saved_lr()
+    check(config["lr_schedule"] == "cosine" and config["lr"] == 0.04
+          and abs(lr - last_cosine_lr(0.04, 8)) < 1e-12,
+          f"a one-epoch cosine run anneals over 8 steps and saves the schedule ({lr}, {config})")
+    run = shoal("train", *SMALL, "--epochs", "2", "--checkpoint-dir", ckpt, "--resume")
+    check(run.returncode == 0 and "lr_schedule" not in run.stderr,
+          "--resume without --lr-schedule changes nothing", run)
+    lr, config = saved_lr()
+    check(config["lr_schedule"] == "cosine" and config["lr"] == 0.04
+          and abs(lr - last_cosine_lr(0.04, 16)) < 1e-12,
+          f"--resume --epochs 2 without --lr-schedule keeps cosine, over 16 steps ({lr}, {config})")
+    run = shoal("train", *SMALL, "--epochs", "3", "--checkpoint-dir", ckpt, "--resume",
+                "--lr-schedule", "constant")
+    check(run.returncode == 0 and "lr_schedule cosine -> constant" in run.stderr,
+          "--resume --lr-schedule constant says the schedule changed", run)
+    lr, config = saved_lr()
+    check(config["lr_schedule"] == "constant" and abs(lr - 0.04) < 1e-12,
+          f"--resume --lr-schedule constant trains at the base lr ({lr}, {config})")
 
     # A diverging run (lr at the limit) stops with an error and a non-zero exit.
     run = shoal("train", *SMALL, "--lr", "10000", "--momentum", "0.9")
