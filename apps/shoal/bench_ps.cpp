@@ -240,8 +240,8 @@ double time_to_target(const PsBenchArgs& args, const std::vector<Snapshot>& snap
 std::string seconds_list(const std::vector<double>& values) {
   std::string text;
   for (const double v : values) {
-    char one[32];
-    std::snprintf(one, sizeof(one), std::isfinite(v) ? "%.2f" : "-", v);
+    char one[32] = "-";  // not reached
+    if (std::isfinite(v)) std::snprintf(one, sizeof(one), "%.2f", v);
     text += (text.empty() ? "" : " ") + std::string(one);
   }
   return text;
