@@ -61,6 +61,17 @@ class SmallMlp(nn.Module):
 SAMPLE_SHAPES = {"cnn": (1, 12, 12), "mlp": (20,)}
 
 
+def finish():
+    """Ends a rank once its results are written: destroys the group, then leaves without the
+    interpreter's finalization. On 2 busy cores PyTorch 2.x's gloo once aborted a rank there
+    ("terminate called without an active exception", SIGABRT) after every result was written; what
+    is left to run at that point is only teardown, so it is skipped."""
+    dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
 def worker(rank, args, init_file):
     model_name, init_path, data_path, out_path, steps, batch, world = args
     torch.set_num_threads(1)
@@ -92,7 +103,7 @@ def worker(rank, args, init_file):
     if rank == 0:
         out = torch.cat([p.detach().flatten() for p in model.parameters()])
         out.numpy().astype("<f4").tofile(out_path)
-    dist.destroy_process_group()
+    finish()
 
 
 # ---- cases ------------------------------------------------------------------------------------
@@ -562,7 +573,8 @@ def cases_worker(rank, out_dir, names, init_file):
         model = CASES[name](rank)
         dump(model, os.path.join(out_dir, "%s.rank%d.f64" % (name, rank)))
         dist.barrier()
-    dist.destroy_process_group()
+        print("ddp_oracle rank %d: case %s done" % (rank, name), file=sys.stderr, flush=True)
+    finish()
 
 
 def main():

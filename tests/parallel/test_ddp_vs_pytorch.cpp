@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <functional>
@@ -35,6 +36,19 @@ constexpr int kWorld = 2;
 std::string oracle_python() {
   const char* given = std::getenv("SHOAL_ORACLE_PYTHON");
   return given && *given ? given : "/usr/bin/python3";
+}
+
+// Runs an oracle command; a failed run is said and run once more (PyTorch's own gloo teardown has
+// aborted a rank on a loaded machine after its results were written, see ddp_oracle.py finish()),
+// so only a failure that repeats fails the tests. Returns the last run's status.
+int run_oracle(const std::string& command) {
+  int status = std::system(command.c_str());
+  if (status != 0) {
+    std::fprintf(stderr, "the PyTorch oracle exited with status %d; running it once more: %s\n",
+                 status, command.c_str());
+    status = std::system(command.c_str());
+  }
+  return status;
 }
 
 constexpr int kSteps = 50;
@@ -105,7 +119,7 @@ void compare_with_pytorch(const std::string& model_name) {
   const std::string command = "timeout 180 " + oracle_python() + " " + script + " " + model_name + " " +
                               init + " " + data + " " + torch_out + " " + std::to_string(kSteps) +
                               " " + std::to_string(kBatchPerRank) + " " + std::to_string(kWorld);
-  ASSERT_EQ(std::system(command.c_str()), 0) << command;
+  ASSERT_EQ(run_oracle(command), 0) << command;
 
   auto results = shoal::testing::run_processes(kWorld, [&](int rank, const std::string& store_path) {
     torch::set_num_threads(1);
@@ -735,7 +749,7 @@ class Cases : public VsPyTorch {
     const std::string command = "timeout 300 " + oracle_python() + " " +
                                 std::string(source ? source : "..") +
                                 "/tests/parallel/ddp_oracle.py cases " + dir_ + " " + names;
-    oracle_status_ = std::system(command.c_str());
+    oracle_status_ = run_oracle(command);
   }
   static void TearDownTestSuite() { std::system(("rm -rf " + dir_).c_str()); }
 
