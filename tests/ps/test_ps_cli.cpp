@@ -1,7 +1,8 @@
 // End to end: `shoal run --num-servers 2 --nproc-per-node 2 shoal train --strategy ps ...` with
 // SHOAL_AUTH_TOKEN set starts two servers and two workers (roles in the environment, server
-// endpoints through the rendezvous store, every connection authenticated), trains the MLP on a
-// slice of the real Fashion-MNIST under ssp(1) and exits 0; each server reports what it observed.
+// endpoints through the rendezvous store, every connection authenticated), trains the MLP for two
+// epochs on a slice of the real Fashion-MNIST under ssp(1) and exits 0; each server reports what
+// it observed.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
@@ -24,7 +25,7 @@ TEST(PsCli, ShoalRunStartsServersAndWorkers) {
   const std::string command =
       "SHOAL_AUTH_TOKEN=test-token " + shoal + " run --master-port 0 --nproc-per-node 2 "
       "--num-servers 2 " + shoal + " train --strategy ps --consistency ssp --staleness 1 "
-      "--model mlp --epochs 1 --train-samples 3000 --test-samples 1000 --batch-size 64 "
+      "--model mlp --epochs 2 --train-samples 3000 --test-samples 1000 --batch-size 64 "
       "--lr 0.05 --momentum 0.9 --no-progress >" + out + " 2>" + err;
   const int status = std::system(command.c_str());
   const std::string stdout_text = shoal::testing::read_file(out);
@@ -37,9 +38,12 @@ TEST(PsCli, ShoalRunStartsServersAndWorkers) {
   ASSERT_TRUE(std::regex_search(stdout_text, match,
                                 std::regex("final test accuracy: ([0-9.]+)")))
       << stdout_text;
+  // Measured: one epoch ends at 0.65-0.71 on a quiet machine and hit 0.600 once under CI's load;
+  // two epochs end at 0.70-0.78 with four runs side by side, so 0.6 says "it learned" with margin.
   EXPECT_GT(std::stod(match[1]), 0.6) << stdout_text;
   int servers = 0;
-  const std::regex server_line("ps server ([01]): ([0-9]+) pushes, ([0-9]+) updates, max staleness ([0-9]+)");
+  const std::regex server_line(
+      "ps server ([01]): ([0-9]+) pushes, ([0-9]+) updates, max staleness ([0-9]+)");
   for (auto it = std::sregex_iterator(stderr_text.begin(), stderr_text.end(), server_line);
        it != std::sregex_iterator(); ++it) {
     ++servers;
