@@ -9,8 +9,8 @@
 // Why momentum 0.5 (measured 2026-12-03, this machine, six epochs): at 0.75 asp and ssp(1) ended
 // 0.7-1.0 points below bsp (bsp 0.8766; asp 0.8672, 0.8682; ssp 0.8695, 0.8663) with a higher
 // training loss (0.23-0.25 against 0.21): asynchrony itself acts as momentum (Mitliagkas et al.,
-// 2016: about 1 - 1/W), so on top of 0.75 the stale steps overshoot. At 0.5: bsp 0.8622 and
-// 0.8628; asp +0.10, +0.23, -0.36, -0.30 points; ssp(2) -0.19, -0.13.
+// 2016: about 1 - 1/W), so on top of 0.75 the stale steps overshoot. At 0.5: bsp 0.8622, 0.8628,
+// 0.8672; asp +0.10, +0.23, -0.36, -0.30, -0.66 points; ssp(2) -0.19, -0.13, -0.72.
 // Why six epochs: after four, asp was still behind (bsp 0.8490-0.8515; asp -0.76, -1.15, -0.79,
 // -0.77 points; ssp(2) -0.59, -0.32, -0.21, -0.64): asp's first epoch ends at a higher training
 // loss (1.19 against 1.00) and the gap closes as the schedule anneals.
