@@ -30,6 +30,7 @@ namespace {
 constexpr int kWorkers = 2;
 constexpr int64_t kTrainSamples = 8000;
 constexpr int kEpochs = 6;
+constexpr int kStaleness = 2;
 constexpr double kLr = 0.1;
 constexpr double kMomentum = 0.5;
 
@@ -38,7 +39,7 @@ double train_accuracy(Consistency consistency, const train::TensorData& train_da
   ServerOptions options;
   options.num_workers = kWorkers;
   options.consistency = consistency;
-  options.staleness = 2;
+  options.staleness = kStaleness;
   options.optimizer = std::make_shared<Sgd>(SgdOptions{kLr, kMomentum});
   options.auth_token_from_env = false;
   options.verbose = false;
@@ -56,7 +57,7 @@ double train_accuracy(Consistency consistency, const train::TensorData& train_da
     to.progress = train::ProgressMode::kNone;
     to.log_interval = 0;
     auto strategy = std::make_unique<train::PsStrategy>(testing::worker_options(set, rank, kWorkers));
-    train::Trainer trainer(to, models::create("cnn", 0), std::move(strategy));
+    train::Trainer trainer(to, models::create(to.model, to.seed), std::move(strategy));
     accuracy[rank] = trainer.fit(train_data, test_data).final_test_accuracy();
   }, std::chrono::milliseconds(300000));
   set.join();
@@ -77,10 +78,11 @@ TEST(PsFashionMnist, AspAndSspWithinOnePointOfBspWithTheCosineSchedule) {
   const double bsp = train_accuracy(Consistency::kBsp, train_data, test_data);
   const double asp = train_accuracy(Consistency::kAsp, train_data, test_data);
   const double ssp = train_accuracy(Consistency::kSsp, train_data, test_data);
-  std::printf("test accuracy: bsp %.4f, asp %.4f, ssp(2) %.4f\n", bsp, asp, ssp);
+  std::printf("test accuracy: bsp %.4f, asp %.4f, ssp(%d) %.4f\n", bsp, asp, kStaleness, ssp);
   EXPECT_GT(bsp, 0.82) << "bsp learned";
-  EXPECT_LE(std::abs(asp - bsp), 0.01);
-  EXPECT_LE(std::abs(ssp - bsp), 0.01);
+  EXPECT_LE(std::abs(asp - bsp), 0.01) << "asp ended more than one point from bsp";
+  EXPECT_LE(std::abs(ssp - bsp), 0.01)
+      << "ssp(" << kStaleness << ") ended more than one point from bsp";
 }
 
 }  // namespace
