@@ -34,6 +34,18 @@ namespace shoal::ps {
 namespace {
 
 constexpr int kWorkers = 2;
+constexpr int kBatch = 64;
+constexpr int kStaleness = 2;
+
+// Fashion-MNIST parsed once per process: both comparisons slice the same training set.
+struct Datasets {
+  data::FashionMnist train{data::FashionMnist::kDefaultRoot, true};
+  data::FashionMnist test{data::FashionMnist::kDefaultRoot, false};
+};
+const Datasets& datasets() {
+  static const Datasets loaded;
+  return loaded;
+}
 
 // What one comparison trains: the model, how many of the training images, for how long, with
 // which rate and server momentum.
@@ -50,7 +62,7 @@ double train_accuracy(const Recipe& recipe, Consistency consistency,
   ServerOptions options;
   options.num_workers = kWorkers;
   options.consistency = consistency;
-  options.staleness = 2;
+  options.staleness = kStaleness;
   options.optimizer = std::make_shared<Sgd>(SgdOptions{recipe.lr, recipe.momentum});
   options.auth_token_from_env = false;
   options.verbose = false;
@@ -60,7 +72,7 @@ double train_accuracy(const Recipe& recipe, Consistency consistency,
     train::TrainOptions to;
     to.model = recipe.model;
     to.epochs = recipe.epochs;
-    to.batch_size = 64;
+    to.batch_size = kBatch;
     to.lr = recipe.lr;
     to.momentum = recipe.momentum;
     to.lr_schedule = "cosine";
@@ -76,15 +88,15 @@ double train_accuracy(const Recipe& recipe, Consistency consistency,
   return accuracy[0];
 }
 
-// Trains `recipe` under bsp, asp and ssp(2) and asserts the two asynchronous modes within one
+// Trains `recipe` under bsp, asp and ssp and asserts the two asynchronous modes within one
 // point of bsp, which must reach `bsp_floor`.
 void expect_asp_and_ssp_within_one_point(const Recipe& recipe, double bsp_floor) {
   if (!shoal::testing::have_real_fashion_mnist()) {
     shoal::testing::skip_program("Fashion-MNIST is not installed (apt-get install dataset-fashion-mnist)");
   }
   torch::set_num_threads(1);
-  const data::FashionMnist train_set(data::FashionMnist::kDefaultRoot, true);
-  const data::FashionMnist test_set(data::FashionMnist::kDefaultRoot, false);
+  const data::FashionMnist& train_set = datasets().train;
+  const data::FashionMnist& test_set = datasets().test;
   const train::TensorData train_data{train_set.images().slice(0, 0, recipe.train_samples),
                                      train_set.targets().slice(0, 0, recipe.train_samples)};
   const train::TensorData test_data{test_set.images(), test_set.targets()};
@@ -92,9 +104,9 @@ void expect_asp_and_ssp_within_one_point(const Recipe& recipe, double bsp_floor)
   const double asp = train_accuracy(recipe, Consistency::kAsp, train_data, test_data);
   const double ssp = train_accuracy(recipe, Consistency::kSsp, train_data, test_data);
   std::printf("%s, %lld images x %d epochs, lr %g, momentum %g: test accuracy bsp %.4f, asp %.4f "
-              "(%+.2f points), ssp(2) %.4f (%+.2f points)\n",
+              "(%+.2f points), ssp(%d) %.4f (%+.2f points)\n",
               recipe.model, static_cast<long long>(recipe.train_samples), recipe.epochs, recipe.lr,
-              recipe.momentum, bsp, asp, 100 * (asp - bsp), ssp, 100 * (ssp - bsp));
+              recipe.momentum, bsp, asp, 100 * (asp - bsp), kStaleness, ssp, 100 * (ssp - bsp));
   EXPECT_GT(bsp, bsp_floor) << recipe.model << ": bsp learned";
   EXPECT_LE(std::abs(asp - bsp), 0.01) << recipe.model << ": asp ended more than one point from bsp";
   EXPECT_LE(std::abs(ssp - bsp), 0.01) << recipe.model << ": ssp ended more than one point from bsp";
