@@ -349,20 +349,24 @@ TEST(MpiFaults, LateRankIsNamedInTheTimeout) {
 // the hung one "in flight" and the finished one not; then rank 1 joins and both finish.
 TEST(FlightRecorder, SigusrOnePrintsTheOperationInFlight) {
   install_dump_on_sigusr1();
-  auto store = make_hash_store(Milliseconds(30'000));
+  auto store = make_hash_store(Milliseconds(60'000));
+  // Rank 1 has finished allreduce #1 (its Work released): set by rank 1's own thread, which a
+  // loaded machine may schedule long after rank 0 has returned from the same allreduce.
+  std::atomic<bool> first_done{false};
   std::atomic<bool> dumped{false};
+  std::string not_ready;  // why the dump was not taken, if it was not
   const std::string log = shoal::testing::temp_path("sigusr1-dump");
   std::string text;
   shoal::testing::run_threads(2, [&](int rank) {
     torch::set_num_threads(1);
-    auto pg = new_process_group("gloo", store, rank, 2, Milliseconds(30'000));
+    auto pg = new_process_group("gloo", store, rank, 2, Milliseconds(60'000));
     at::Tensor t = torch::ones({1000});
     pg->allreduce(t)->wait();
     if (rank == 0) {
       // The collective check makes allreduce itself block until rank 1 comes: the signal is sent
-      // from another thread once the operation shows as in flight.
+      // from another thread once the operation shows as in flight here and rank 1 is done with
+      // allreduce #1 (conditions waited for, each with a deadline, never a sleep).
       std::thread observer([&] {
-        const auto start = Clock::now();
         auto in_flight = [&] {
           for (const std::string& op : pg->recent_operations()) {
             if (op.find("allreduce #2") != std::string::npos &&
@@ -372,20 +376,26 @@ TEST(FlightRecorder, SigusrOnePrintsTheOperationInFlight) {
           }
           return false;
         };
-        while (!in_flight() && seconds_since(start) < 10) {
-          std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        if (!shoal::testing::wait_until([&] { return in_flight() && first_done.load(); },
+                                        Milliseconds(30'000))) {
+          not_ready = std::string("after 30 s: allreduce #2 ") +
+                      (in_flight() ? "in flight" : "not in flight") + " on rank 0, rank 1 " +
+                      (first_done ? "done" : "not done") + " with allreduce #1";
+          dumped = true;
+          return;
         }
-        // stderr into a file while the dump thread answers the signal.
+        // stderr into a file while the dump thread answers the signal; the dump is one write of
+        // every group's lines, rank 1's among them.
         std::fflush(stderr);
         const int saved = ::dup(2);
         const int file = ::open(log.c_str(), O_CREAT | O_TRUNC | O_WRONLY, 0600);
         ::dup2(file, 2);
         ::kill(::getpid(), SIGUSR1);
-        while (seconds_since(start) < 20) {
+        shoal::testing::wait_until([&] {
           text = shoal::testing::read_file(log);
-          if (text.find("[rank 1/2]") != std::string::npos) break;
-          std::this_thread::sleep_for(std::chrono::milliseconds(20));
-        }
+          return text.find("[rank 0/2]") != std::string::npos &&
+                 text.find("[rank 1/2]") != std::string::npos;
+        }, Milliseconds(30'000));
         std::fflush(stderr);
         ::dup2(saved, 2);
         ::close(saved);
@@ -395,15 +405,19 @@ TEST(FlightRecorder, SigusrOnePrintsTheOperationInFlight) {
       pg->allreduce(t)->wait();
       observer.join();
     } else {
-      while (!dumped) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      first_done = true;
+      if (!shoal::testing::wait_until([&] { return dumped.load(); }, Milliseconds(60'000))) {
+        throw std::runtime_error("rank 0 never took the dump");
+      }
       pg->allreduce(t)->wait();
       // Both done now: the same group reports nothing in flight.
       for (const std::string& op : pg->recent_operations()) {
         EXPECT_EQ(op.find("in flight"), std::string::npos) << op;
       }
     }
-  }, std::chrono::milliseconds(60'000));
+  }, std::chrono::milliseconds(120'000));
   std::filesystem::remove(log);
+  ASSERT_EQ(not_ready, "");
   EXPECT_NE(text.find("recent operations of"), std::string::npos) << text;
   EXPECT_NE(text.find("[rank 0/2] last 2 operation(s)"), std::string::npos) << text;
   EXPECT_NE(text.find("allreduce #2 (4.0 kB float32, sum): in flight for"), std::string::npos)
@@ -583,18 +597,38 @@ TEST(Heartbeat, GlooWaitsForASlowRankAndNamesAStoppedOneInSeconds) {
         auto pg = new_process_group("gloo", store, rank, kWorld, kLongTimeout);
         auto t = torch::ones({16});
         pg->allreduce(t)->wait();
-        // Slow, not stopped: rank 1 comes 4 s late, twice the heartbeat limit.
+        // Slow, not stopped: rank 1 comes 4 s late, twice the heartbeat limit. Late after the
+        // others have started their clocks (a handshake): a loaded machine may schedule them long
+        // after rank 1 left allreduce #1, and then they would wait less than 4 s.
+        const auto marked = [&](const char* what, int r) {
+          return path + "." + what + "." + std::to_string(r);
+        };
+        if (rank == 1 && !shoal::testing::wait_for_files({marked("slow-start", 0),
+                                                          marked("slow-start", 2)},
+                                                         Milliseconds(30'000))) {
+          throw std::runtime_error("ranks 0 and 2 never reached allreduce #2");
+        }
         const auto slow_start = Clock::now();
-        if (rank == 1) std::this_thread::sleep_for(std::chrono::milliseconds(4000));
+        if (rank == 1) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(4000));  // the injected delay
+        } else {
+          shoal::testing::touch_file(marked("slow-start", rank));
+        }
         pg->allreduce(t)->wait();
         const double slow = seconds_since(slow_start);
         if (slow < 3.5) throw std::runtime_error("allreduce #2 ended after " + std::to_string(slow) + " s");
         if (t[0].item<float>() != 9.0f) throw std::runtime_error("allreduce #2 gave a wrong sum");
         if (rank == 2) {
+          // Stopped once the others' clocks run, so that its silence falls within what they time.
+          if (!shoal::testing::wait_for_files({marked("started-3", 0), marked("started-3", 1)},
+                                              Milliseconds(30'000))) {
+            throw std::runtime_error("ranks 0 and 1 never reached allreduce #3");
+          }
           stop_self(path);
           return;
         }
         const auto start = Clock::now();
+        shoal::testing::touch_file(marked("started-3", rank));
         try {
           pg->allreduce(t)->wait();
         } catch (const shoal::PeerError& e) {

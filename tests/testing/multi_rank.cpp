@@ -167,15 +167,22 @@ void touch_file(const std::string& path) {
   ::close(fd);
 }
 
-bool wait_for_files(const std::vector<std::string>& paths, Milliseconds timeout) {
+bool wait_until(const std::function<bool()>& condition, Milliseconds timeout) {
   const auto until = std::chrono::steady_clock::now() + timeout;
-  for (const auto& path : paths) {
-    while (::access(path.c_str(), F_OK) != 0) {
-      if (std::chrono::steady_clock::now() > until) return false;
-      std::this_thread::sleep_for(Milliseconds(5));
-    }
+  while (!condition()) {
+    if (std::chrono::steady_clock::now() > until) return condition();  // one last look
+    std::this_thread::sleep_for(Milliseconds(5));
   }
   return true;
+}
+
+bool wait_for_files(const std::vector<std::string>& paths, Milliseconds timeout) {
+  return wait_until([&] {
+    for (const auto& path : paths) {
+      if (::access(path.c_str(), F_OK) != 0) return false;
+    }
+    return true;
+  }, timeout);
 }
 
 std::string temp_path(const std::string& stem) {

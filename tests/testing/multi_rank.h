@@ -81,6 +81,11 @@ inline double fault_deadline_seconds(Milliseconds timeout) {
 /// Creates the empty file `path`: a signal from one process (or thread) of a test to another.
 void touch_file(const std::string& path);
 
+/// Waits until `condition()` holds (polled every few milliseconds); false when `timeout` passed
+/// first. How a test waits for another thread or process to have done something: on the thing
+/// itself, with a deadline, never on a sleep that assumes it has been scheduled by then.
+bool wait_until(const std::function<bool()>& condition, Milliseconds timeout);
+
 /// Waits until every file of `paths` exists; false when `timeout` passed first. A handshake in
 /// place of a sleep: the waiter goes on exactly when the other side has done what it waits for.
 bool wait_for_files(const std::vector<std::string>& paths, Milliseconds timeout);
