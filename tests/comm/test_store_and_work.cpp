@@ -61,7 +61,8 @@ void check_store(Store& store, Store& peer) {
   EXPECT_EQ(store.timeout(), Milliseconds(30'000));
   // And a key set meanwhile by the peer ends the wait.
   std::thread setter([&] {
-    while (!peer.check({"ready-to-set"})) std::this_thread::sleep_for(Milliseconds(1));
+    // Set even when the signal never shows: then get() below has its own error to report.
+    shoal::testing::wait_until([&] { return peer.check({"ready-to-set"}); }, Milliseconds(30'000));
     peer.set("late", std::vector<uint8_t>{9});
   });
   store.set("ready-to-set", std::vector<uint8_t>{});
