@@ -12,6 +12,7 @@
 #include "ps_testing.h"
 #include "shoal/error.h"
 #include "shoal/ps/partition.h"
+#include "testing/multi_rank.h"
 
 namespace shoal::ps {
 namespace {
@@ -61,8 +62,9 @@ struct RawPeer {
                   i + 1 < frames.size() ? zmq::send_flags::sndmore : zmq::send_flags::none);
     }
   }
-  // The answer (type and blob), or nullopt when none came within `timeout`.
-  std::optional<InMessage> answer(milliseconds timeout = milliseconds(3000)) {
+  // The answer (type and blob), or nullopt when none came within `timeout` (by default long
+  // enough for a server thread of a loaded machine).
+  std::optional<InMessage> answer(milliseconds timeout = milliseconds(10000)) {
     ReceiveResult got = receive_message(socket, timeout, Limits{}, false);
     return std::move(got.message);
   }
@@ -143,9 +145,8 @@ TEST(PsServer, RejectsMalformedMessagesAndKeepsServing) {
     EXPECT_FALSE(peer.answer(milliseconds(500)).has_value());
   }
   // Eight rejected (the oversized frame never reaches the server's code).
-  for (int i = 0; i < 100 && set.servers[0]->stats().rejected < 8; ++i) {
-    std::this_thread::sleep_for(milliseconds(20));
-  }
+  shoal::testing::wait_until([&] { return set.servers[0]->stats().rejected >= 8; },
+                             milliseconds(30000));
   EXPECT_EQ(set.servers[0]->stats().rejected, 8);
   train_a_little(set);
   set.join();
