@@ -66,6 +66,19 @@ wait_within() {
   return 124
 }
 
+# wait_for_training LOG PID: returns once LOG shows a finished epoch (training runs), or fails the
+# test when PID ended first or nothing came within 120 s (a loaded machine starts slowly; the
+# fault below must hit a running job, not one still starting).
+wait_for_training() {
+  local log=$1 pid=$2
+  for _ in $(seq 1200); do
+    grep -q "epoch" "$log" 2>/dev/null && return 0
+    kill -0 "$pid" 2>/dev/null || { echo "netns: the job ended before training ran"; tail -20 "$log"; exit 1; }
+    sleep 0.1
+  done
+  echo "netns: no epoch after 120 s"; tail -20 "$log"; exit 1
+}
+
 echo "netns: DDP across two namespaces"
 start=$(date +%s)
 node 0 "$NS0" "${TAG}0" node0 "$WORK/ok0.log" & p0=$!
@@ -83,8 +96,8 @@ echo "netns: the link cut mid-run"
 start=$(date +%s)
 node 0 "$NS0" "${TAG}0" node0 "$WORK/cut0.log" --epochs 50 & p0=$!
 node 1 "$NS1" "${TAG}1" node1 "$WORK/cut1.log" --epochs 50 & p1=$!
-# Cut once training runs (the first epoch line or 15 s).
-for _ in $(seq 150); do grep -q "epoch\|step" "$WORK/cut0.log" 2>/dev/null && break; sleep 0.1; done
+# Cut once training runs, a little into its next epoch.
+wait_for_training "$WORK/cut0.log" $p0
 sleep 2
 ip -n "$NS1" link set "${TAG}1" down
 cut=$(date +%s)
@@ -102,7 +115,7 @@ echo "netns: a worker stopped on the other node"
 ip -n "$NS1" link set "${TAG}1" up
 SHOAL_TIMEOUT=120s SHOAL_HEARTBEAT_TIMEOUT=5s node 0 "$NS0" "${TAG}0" node0 "$WORK/stop0.log" --epochs 50 & p0=$!
 SHOAL_TIMEOUT=120s SHOAL_HEARTBEAT_TIMEOUT=5s node 1 "$NS1" "${TAG}1" node1 "$WORK/stop1.log" --epochs 50 & p1=$!
-for _ in $(seq 150); do grep -q "epoch\|step" "$WORK/stop0.log" 2>/dev/null && break; sleep 0.1; done
+wait_for_training "$WORK/stop0.log" $p0
 sleep 2
 # Rank 2: node 1's first worker, its host's leader in the Gloo group between the hosts.
 victim=""
