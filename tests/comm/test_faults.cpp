@@ -31,6 +31,9 @@ using shoal::testing::ProcessResult;
 
 // Short, so that the whole file runs in seconds; long enough for a loaded 2-core machine.
 constexpr Milliseconds kTimeout{3000};
+// For the collectives before a fault is injected: a loaded machine may start one rank seconds
+// after the others, and no time-out may end a test before its fault.
+constexpr AllreduceOptions kBeforeTheFault{ReduceOp::kSum, Milliseconds(30'000)};
 
 double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
@@ -84,7 +87,7 @@ TEST(GlooFaults, KilledRankIsNamedByTheOthers) {
       [](int rank, const std::string& path) {
         auto pg = gloo_group(rank, kWorld, path);
         auto t = torch::ones({1024});
-        for (int i = 0; i < 10; ++i) pg->allreduce(t)->wait();
+        for (int i = 0; i < 10; ++i) pg->allreduce(t, kBeforeTheFault)->wait();
         if (rank == 2) raise(SIGKILL);
         expect_named_failure(*pg, [&] {
           for (int i = 0; i < 1'000'000; ++i) pg->allreduce(t)->wait();
@@ -105,7 +108,7 @@ TEST(GlooFaults, LateRankIsNamedInTheTimeout) {
       [](int rank, const std::string& path) {
         auto pg = gloo_group(rank, kWorld, path);
         auto t = torch::ones({1024});
-        pg->allreduce(t)->wait();
+        pg->allreduce(t, kBeforeTheFault)->wait();
         // Rank 2 comes late by a handshake, not a sleep: only once both others got their error.
         const auto gave_up = [&](int r) { return path + ".gave-up." + std::to_string(r); };
         if (rank == 2) {
@@ -459,8 +462,8 @@ TEST_P(HangReport, EveryRankNamesEveryRanksLastOperation) {
       [backend](int rank, const std::string& path) {
         auto pg = hang_group(backend, rank, kWorld, path);
         auto t = torch::ones({16});
-        pg->allreduce(t)->wait();
-        AllreduceOptions bucket;
+        pg->allreduce(t, kBeforeTheFault)->wait();
+        AllreduceOptions bucket = kBeforeTheFault;
         bucket.note = "bucket 0: fc.weight, fc.bias";
         pg->allreduce(t, bucket)->wait();
         const auto gave_up = [&](int r) { return path + ".gave-up." + std::to_string(r); };
@@ -551,7 +554,7 @@ TEST(HangReportStopped, StoppedRankHasNoReport) {
         auto store = make_tcp_store("127.0.0.1", port, kWorld, rank == 0, Milliseconds(30'000));
         auto pg = new_process_group("gloo", store, rank, kWorld, kHangTimeout);
         auto t = torch::ones({16});
-        pg->allreduce(t)->wait();
+        pg->allreduce(t, kBeforeTheFault)->wait();
         if (rank == 2) {
           stop_self(path);
           return;
