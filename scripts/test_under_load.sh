@@ -50,7 +50,14 @@ if ! command -v stress-ng >/dev/null; then
 fi
 
 hog_pid=""
+ctest_pid=""
 stop_hogs() {
+  if [ -n "$ctest_pid" ]; then  # interrupted: end the run in progress and its tests too
+    pkill -TERM -P "$ctest_pid" 2>/dev/null
+    kill -TERM "$ctest_pid" 2>/dev/null
+    wait "$ctest_pid" 2>/dev/null
+    ctest_pid=""
+  fi
   if [ -n "$hog_pid" ]; then
     # stress-ng's parent stops its workers on SIGTERM; they are killed outright if it does not.
     kill -TERM "$hog_pid" 2>/dev/null
@@ -78,12 +85,17 @@ for run in $(seq "$repeat"); do
   started=$SECONDS
   echo "=== run $run of $repeat: $(date -u '+%H:%M:%S') load $(cut -d' ' -f1-3 /proc/loadavg)"
   log=$(mktemp)
-  (cd "$build" && ctest --output-on-failure -j 2 "${ctest_args[@]}") 2>&1 | tee "$log"
-  status=${PIPESTATUS[0]}
+  # In the background and waited for, so that a signal to this script is acted on at once (a
+  # trap waits for a foreground command to end); ctest writes its output to the log as well.
+  (cd "$build" && exec ctest --output-on-failure -j 2 --output-log "$log" "${ctest_args[@]}") &
+  ctest_pid=$!
+  wait "$ctest_pid"
+  status=$?
+  ctest_pid=""
   took=$((SECONDS - started))
   summary=$(grep -E "tests passed|No tests were found" "$log" | tail -n 1)
   failed=$(sed -n '/The following tests FAILED:/,$p' "$log" | grep -E '^[[:space:]]+[0-9]+ - ' |
-           sed -E 's/^[[:space:]]+[0-9]+ - //' | tr '\n' ';')
+           sed -E 's/^[[:space:]]+[0-9]+ - //' | paste -sd ';')
   rm -f "$log"
   if [ "$status" -eq 0 ] && [ -n "$summary" ] && ! grep -q "No tests were found" <<<"$summary"; then
     results+=("run $run: PASS in ${took} s: $summary")
