@@ -1,5 +1,6 @@
 """PyTorch's side of Shoal's checkpoint tests: reads the files Shoal wrote and writes files for
-Shoal to read. Run by tests/checkpoint/*.cpp with Debian's /usr/bin/python3 (python3-torch)."""
+Shoal to read. Run by tests/checkpoint/*.cpp with Debian's /usr/bin/python3 (python3-torch). Each command
+prints "ORACLE OK <command>" last, once its checks passed: the C++ side requires that line."""
 import collections
 import os
 import sys
@@ -86,7 +87,7 @@ def check_and_resave(d, epoch, step):
     global MARKER
     MARKER = os.path.join(d, "pwned")
     torch.save({"x": Evil()}, os.path.join(d, "py_evil.pt"))
-    print("python: ok")
+    print("ORACLE OK check_and_resave", flush=True)
 
 
 def load_converted(path, prefix):
@@ -94,7 +95,7 @@ def load_converted(path, prefix):
     assert all(k.startswith(prefix) for k in sd), list(sd)
     m = net()
     m.load_state_dict({k[len(prefix):]: v for k, v in sd.items()})
-    print("python: converted ok")
+    print("ORACLE OK load_converted", flush=True)
 
 
 if __name__ == "__main__":
