@@ -585,12 +585,15 @@ def main():
         with tempfile.TemporaryDirectory() as tmp:
             mp.spawn(cases_worker, args=(out_dir, names, os.path.join(tmp, "init")), nprocs=2,
                      join=True)
+        # The closing line (after every rank ended well): the C++ side requires it.
+        print("ORACLE OK %d cases" % len(names), flush=True)
         return
     model, init_path, data_path, out_path = sys.argv[1:5]
     steps, batch, world = (int(v) for v in sys.argv[5:8])
     args = (model, init_path, data_path, out_path, steps, batch, world)
     with tempfile.TemporaryDirectory() as tmp:
         mp.spawn(worker, args=(args, os.path.join(tmp, "init")), nprocs=world, join=True)
+    print("ORACLE OK %s %d steps" % (model, steps), flush=True)
 
 
 if __name__ == "__main__":
