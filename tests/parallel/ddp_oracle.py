@@ -153,13 +153,16 @@ class BranchNet(nn.Module):
 
 
 class BnNet(nn.Module):
+    # bn2 sits after a Linear: its input gradient (sums over every rank) reaches mid's parameters.
     def __init__(self):
         super().__init__()
         self.bn = nn.BatchNorm1d(4)
+        self.mid = nn.Linear(4, 4)
+        self.bn2 = nn.BatchNorm1d(4)
         self.fc = nn.Linear(4, 3)
 
     def forward(self, x):
-        return F.log_softmax(self.fc(self.bn(x)), 1)
+        return F.log_softmax(self.fc(self.bn2(self.mid(self.bn(x)))), 1)
 
 
 class TiedNet(nn.Module):

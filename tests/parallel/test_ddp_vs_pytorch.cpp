@@ -242,12 +242,20 @@ struct BranchNetImpl : torch::nn::Module {
 };
 TORCH_MODULE(BranchNet);
 
+// bn normalises the inputs with their large mean; bn2 sits after a Linear, so that its input
+// gradient (built from sums over every rank) reaches mid's parameters.
 struct SyncBnNetImpl : torch::nn::Module {
-  explicit SyncBnNetImpl(std::shared_ptr<comm::ProcessGroup> group)
-      : bn(register_module("bn", SyncBatchNorm(4, std::move(group)))),
+  explicit SyncBnNetImpl(const std::shared_ptr<comm::ProcessGroup>& group)
+      : bn(register_module("bn", SyncBatchNorm(4, group))),
+        mid(register_module("mid", Linear(4, 4))),
+        bn2(register_module("bn2", SyncBatchNorm(4, group))),
         fc(register_module("fc", Linear(4, 3))) {}
-  torch::Tensor forward(const torch::Tensor& x) { return torch::log_softmax(fc(bn(x)), 1); }
+  torch::Tensor forward(const torch::Tensor& x) {
+    return torch::log_softmax(fc(bn2(mid(bn(x)))), 1);
+  }
   SyncBatchNorm bn;
+  Linear mid;
+  SyncBatchNorm bn2;
   Linear fc;
 };
 TORCH_MODULE(SyncBnNet);
@@ -752,11 +760,12 @@ const char* const kCases[] = {"join",
 // How close each tensor of a case must be to PyTorch's, relative to its own magnitude.
 double tolerance(const std::string& name) {
   // Float32 inputs near 1e4 are quantised to 2^-10 (~1e-3) while their spread is ~1, and both
-  // sides compute the statistics in float32: the normalised values, and the gradients after them,
-  // agree only to ~1e-3 (measured 3.3e-3 in fc.weight's gradient). SyncBatchNorm without the
-  // variance of the ranks' means is 4e-2 off there; the float64 case holds the same arithmetic
-  // to 1e-10 (measured 7e-13).
-  if (name == "sync_batch_norm_float") return 1e-2;
+  // sides compute the statistics in float32: the tensors after the first normalisation agree to
+  // ~4e-4 only (measured 4.0e-4 on 1.13). Measured on the planted bugs, float32 and float64
+  // alike: the running variance updated with the biased variance 7.9e-3, the variance without
+  // the ranks' means' spread 0.63, the input gradient from local sums 151. The float64 case holds
+  // the same arithmetic to 1e-10 (measured 6.8e-13).
+  if (name == "sync_batch_norm_float") return 5e-3;
   if (name == "sync_batch_norm_double") return 1e-10;
   return 1e-5;
 }
