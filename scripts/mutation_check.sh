@@ -61,7 +61,7 @@ mutation sampler_drop_last_divisible src/data/distributed_sampler.cpp \
 mutation state_dict_prefix_first_key_only src/checkpoint/state_dict.cpp \
   $'  for (const auto& item : state) {\n    if (item.key().compare(0, prefix.size(), prefix) != 0) return false;\n  }\n  return true;' \
   $'  return state.begin()->key().compare(0, prefix.size(), prefix) == 0;' \
-  "test_checkpoint_format:-*CrossesToPython*" "" \
+  "test_checkpoint_format:-*CrossesToPython*" "test_checkpoint_format:*CrossesToPython*" \
   "the \"module.\" prefix is stripped when only the first key has it"
 
 mutation ddp_used_map_not_allreduced src/parallel/reducer.cpp \

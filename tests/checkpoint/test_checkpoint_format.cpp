@@ -86,6 +86,14 @@ TEST_F(CheckpointFormat, ValuesRoundTrip) {
   }
 }
 
+// A model with a child named "module" beside others (registered first, so that the first key
+// has the prefix): torch_oracle.py builds the same one in Python.
+struct ModuleChildImpl : torch::nn::Module {
+  torch::nn::Linear module{register_module("module", torch::nn::Linear(3, 2))};
+  torch::nn::Linear head{register_module("head", torch::nn::Linear(2, 2))};
+};
+TORCH_MODULE(ModuleChild);
+
 TEST_F(CheckpointFormat, CrossesToPythonAndBack) {
   SHOAL_REQUIRE_PYTHON_TORCH();
   torch::manual_seed(0);
@@ -159,6 +167,15 @@ TEST_F(CheckpointFormat, CrossesToPythonAndBack) {
     EXPECT_EQ(get("big").toInt(), int64_t{1} << 40);
     EXPECT_EQ(get("negbig").toInt(), -(int64_t{1} << 40));
   }
+
+  // PyTorch's names for a model with a child named "module" beside another stay as they are.
+  const std::vector<std::string> child_names = {"module.weight", "module.bias", "head.weight",
+                                                "head.bias"};
+  const StateDict child_state = load_state_dict_file(path("py_module_child.pt"));
+  EXPECT_EQ(child_state.keys(), child_names);
+  ModuleChild child;
+  EXPECT_TRUE(load_state_dict(*child, child_state).ok());
+  EXPECT_EQ(shoal::checkpoint::state_dict(*child).keys(), child_names);
 
   // The DataParallel file loads straight into an unwrapped model.
   auto fresh = make_net();
@@ -316,15 +333,8 @@ TEST_F(CheckpointFormat, StrictAndNonStrictLoading) {
   EXPECT_EQ(compare_state_dicts(shoal::checkpoint::state_dict(*other), state), "");
 }
 
-// A model with a child named "module" beside others (registered first, so the first key has the
-// prefix): its names are its own, as PyTorch's state_dict() gives them, and no step of saving,
+// ModuleChild's names are its own, as PyTorch's state_dict() gives them, and no step of saving,
 // reading or loading strips "module." from them. Only a prefix on every key is a wrapper's.
-struct ModuleChildImpl : torch::nn::Module {
-  torch::nn::Linear module{register_module("module", torch::nn::Linear(3, 2))};
-  torch::nn::Linear head{register_module("head", torch::nn::Linear(2, 2))};
-};
-TORCH_MODULE(ModuleChild);
-
 TEST_F(CheckpointFormat, ModulePrefixOnSomeKeysOnlyIsKept) {
   auto one = [](std::initializer_list<const char*> keys) {
     StateDict state;

@@ -64,6 +64,11 @@ def check_and_resave(d, epoch, step):
     torch.save({"model": m.state_dict(), "optimizer": opt.state_dict(), "epoch": epoch,
                 "config": old_config}, os.path.join(d, "py_full.pt"))
     torch.save(nn.DataParallel(m).state_dict(), os.path.join(d, "py_dp.pt"))
+    # A model with a child named "module" beside another: PyTorch keeps every name as it is.
+    child = nn.Module()
+    child.module = nn.Linear(3, 2)
+    child.head = nn.Linear(2, 2)
+    torch.save(child.state_dict(), os.path.join(d, "py_module_child.pt"))
     # Newer pickle protocols (FRAME, MEMOIZE, STACK_GLOBAL, SHORT_BINUNICODE) as torch.save can be asked for.
     torch.save(m.state_dict(), os.path.join(d, "py_sd_p4.pt"), pickle_protocol=4)
     # Views sharing one storage, torch.Size, bytes and wide integers.
