@@ -19,8 +19,10 @@
 #   --no-oracles    skip the PyTorch-oracle tests (quicker; the Python-free tests still run)
 #   --list          print the mutations and their tests, and exit
 #   -j N            build jobs (default 2)
-# Exit status: 0 every mutation caught; 1 one survived (or was caught only by oracles, or not by
-# them); 2 the unmutated tree fails a chosen test, a mutation did not apply or did not build.
+# Exit status: 0 every mutation caught; 1 a mutation survived, was caught by oracles only, or
+# (oracles on) by no oracle; 2 the unmutated tree fails a chosen test, or a mutation did not apply
+# or did not build. The scratch clone and its build (~600 MB) stay in build-mutation/ for the next
+# run; remove the folder to reclaim the space.
 set -uo pipefail
 
 REPO=$(git -C "$(dirname "$0")/.." rev-parse --show-toplevel) || exit 2
@@ -165,6 +167,7 @@ else
 fi
 
 # ---- the scratch clone -----------------------------------------------------------------------------
+rm -rf "$LOGS"
 mkdir -p "$WORK" "$LOGS"
 printf '#!/bin/sh\n# An interpreter that prints nothing and exits 0 (mutation python_prints_nothing).\nexit 0\n' \
   >"$FAKE_PYTHON"
@@ -288,7 +291,7 @@ if ! build_for "${ALL_SPECS[@]}"; then
 fi
 baseline_failed=0
 for spec in "${ALL_SPECS[@]}"; do
-  log="$LOGS/baseline.$(echo "$spec" | tr -c 'A-Za-z0-9_.-' '_').log"
+  log="$LOGS/baseline.$(printf '%s' "$spec" | tr -c 'A-Za-z0-9_.-' '_').log"
   result=$(run_spec "$spec" "$log")
   echo "  baseline $spec: $result"
   if [ "$result" != passed ]; then baseline_failed=1; fi
@@ -323,7 +326,7 @@ for name in "${CHOSEN[@]}"; do
   caught_plain=0
   caught_oracle=0
   for spec in "${specs[@]}"; do
-    log="$LOGS/$name.$(echo "$spec" | tr -c 'A-Za-z0-9_.-' '_').log"
+    log="$LOGS/$name.$(printf '%s' "$spec" | tr -c 'A-Za-z0-9_.-' '_').log"
     result=$(run_spec "$spec" "$log")
     if [ "$result" = FAILED ]; then
       caught+=("$spec")
