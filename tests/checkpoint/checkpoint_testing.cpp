@@ -15,14 +15,11 @@ torch::nn::Sequential make_net() {
                                torch::nn::Linear(8, 3));
 }
 
-int run_oracle(const std::string& args, std::string* output) {
+::testing::AssertionResult run_oracle(const std::string& args) {
   const char* source = std::getenv("SHOAL_SOURCE_DIR");
   const std::string script =
       std::string(source ? source : ".") + "/tests/checkpoint/torch_oracle.py";
-  const PythonResult result =
-      run_command("OMP_NUM_THREADS=1 /usr/bin/python3 " + script + " " + args);
-  if (output) *output = result.out + result.err;
-  return result.exit_code;
+  return oracle_succeeded(run_command("OMP_NUM_THREADS=1 /usr/bin/python3 " + script + " " + args));
 }
 
 std::string compare_state_dicts(const checkpoint::StateDict& a, const checkpoint::StateDict& b) {

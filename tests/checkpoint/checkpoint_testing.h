@@ -2,6 +2,7 @@
 // PyTorch oracle script, and bit-for-bit comparison of state dicts.
 #pragma once
 
+#include <gtest/gtest.h>
 #include <torch/nn/modules/container/sequential.h>
 
 #include <string>
@@ -19,8 +20,9 @@ namespace shoal::testing {
 /// Linear(4, 8), BatchNorm1d(8), ReLU, Linear(8, 3): the same keys as torch_oracle.py's net().
 torch::nn::Sequential make_net();
 
-/// Runs `/usr/bin/python3 torch_oracle.py ARGS`; returns its exit status and fills `output`.
-int run_oracle(const std::string& args, std::string* output = nullptr);
+/// Runs `/usr/bin/python3 torch_oracle.py ARGS`; success when it exited 0 with its closing line
+/// ("ORACLE OK ..."); else a failure showing its exit status and output.
+::testing::AssertionResult run_oracle(const std::string& args);
 
 /// "" when equal key by key, dtype and every bit; else what differs.
 std::string compare_state_dicts(const checkpoint::StateDict& a, const checkpoint::StateDict& b);

@@ -38,3 +38,4 @@ def copy(src, dst, mode):
 
 if __name__ == "__main__":
     copy(sys.argv[1], sys.argv[2], sys.argv[3])
+    print("ORACLE OK hostile_zip " + sys.argv[3], flush=True)  # the C++ side requires this line

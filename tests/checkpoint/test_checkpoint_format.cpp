@@ -86,6 +86,14 @@ TEST_F(CheckpointFormat, ValuesRoundTrip) {
   }
 }
 
+// A model with a child named "module" beside others (registered first, so that the first key
+// has the prefix): torch_oracle.py builds the same one in Python.
+struct ModuleChildImpl : torch::nn::Module {
+  torch::nn::Linear module{register_module("module", torch::nn::Linear(3, 2))};
+  torch::nn::Linear head{register_module("head", torch::nn::Linear(2, 2))};
+};
+TORCH_MODULE(ModuleChild);
+
 TEST_F(CheckpointFormat, CrossesToPythonAndBack) {
   SHOAL_REQUIRE_PYTHON_TORCH();
   torch::manual_seed(0);
@@ -108,8 +116,7 @@ TEST_F(CheckpointFormat, CrossesToPythonAndBack) {
   save_state_dict(state.model, path("shoal_sd.pt"));
   save_training_state(state, path("shoal_full.pt"));
 
-  std::string output;
-  ASSERT_EQ(shoal::testing::run_oracle("check_and_resave " + dir_ + " 2 3", &output), 0) << output;
+  ASSERT_TRUE(shoal::testing::run_oracle("check_and_resave " + dir_ + " 2 3"));
 
   // Python's plain OrderedDict state dict, its full dict, and a DataParallel model's keys.
   for (const char* file : {"py_sd.pt", "py_full.pt", "py_dp.pt", "py_sd_p4.pt"}) {
@@ -160,6 +167,15 @@ TEST_F(CheckpointFormat, CrossesToPythonAndBack) {
     EXPECT_EQ(get("big").toInt(), int64_t{1} << 40);
     EXPECT_EQ(get("negbig").toInt(), -(int64_t{1} << 40));
   }
+
+  // PyTorch's names for a model with a child named "module" beside another stay as they are.
+  const std::vector<std::string> child_names = {"module.weight", "module.bias", "head.weight",
+                                                "head.bias"};
+  const StateDict child_state = load_state_dict_file(path("py_module_child.pt"));
+  EXPECT_EQ(child_state.keys(), child_names);
+  ModuleChild child;
+  EXPECT_TRUE(load_state_dict(*child, child_state).ok());
+  EXPECT_EQ(shoal::checkpoint::state_dict(*child).keys(), child_names);
 
   // The DataParallel file loads straight into an unwrapped model.
   auto fresh = make_net();
@@ -315,6 +331,51 @@ TEST_F(CheckpointFormat, StrictAndNonStrictLoading) {
   auto other = make_net();
   load_state_dict(*other, add_prefix(state, "module."));
   EXPECT_EQ(compare_state_dicts(shoal::checkpoint::state_dict(*other), state), "");
+}
+
+// ModuleChild's names are its own, as PyTorch's state_dict() gives them, and no step of saving,
+// reading or loading strips "module." from them. Only a prefix on every key is a wrapper's.
+TEST_F(CheckpointFormat, ModulePrefixOnSomeKeysOnlyIsKept) {
+  auto one = [](std::initializer_list<const char*> keys) {
+    StateDict state;
+    for (const char* key : keys) state.insert(key, torch::zeros({1}));
+    return state;
+  };
+  EXPECT_FALSE(all_keys_have_prefix(one({"module.weight", "head.weight"}), kWrapperPrefix));
+  EXPECT_FALSE(all_keys_have_prefix(one({"head.weight", "module.weight"}), kWrapperPrefix));
+  EXPECT_FALSE(all_keys_have_prefix(one({"module.a", "module.b", "c"}), kWrapperPrefix));
+  EXPECT_TRUE(all_keys_have_prefix(one({"module.a", "module.b", "module.c"}), kWrapperPrefix));
+  EXPECT_FALSE(all_keys_have_prefix(one({}), kWrapperPrefix));
+
+  const std::vector<std::string> names = {"module.weight", "module.bias", "head.weight", "head.bias"};
+  ModuleChild model;
+  const StateDict state = shoal::checkpoint::state_dict(*model);
+  EXPECT_EQ(state.keys(), names);
+
+  // Written and read back (torch.save format), the names stay.
+  save_state_dict(state, path("module_child.pt"));
+  EXPECT_EQ(load_state_dict_file(path("module_child.pt")).keys(), names);
+  save_training_state(capture(*model, nullptr), path("module_child_full.pt"));
+  EXPECT_EQ(load_training_state(path("module_child_full.pt")).model.keys(), names);
+
+  // Loaded strictly into a fresh model: every value lands under its own name.
+  ModuleChild fresh;
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& p : fresh->parameters()) p.fill_(7);
+  }
+  const auto result = load_state_dict(*fresh, load_state_dict_file(path("module_child.pt")));
+  EXPECT_TRUE(result.ok());
+  EXPECT_EQ(compare_state_dicts(shoal::checkpoint::state_dict(*fresh), state), "");
+
+  // The same model wrapped (every key "module."-prefixed, as DDP saves it) loads too.
+  ModuleChild unwrapped;
+  load_state_dict(*unwrapped, add_prefix(state, kWrapperPrefix));
+  EXPECT_EQ(compare_state_dicts(shoal::checkpoint::state_dict(*unwrapped), state), "");
+
+  // strip_prefix removes it where it is; all_keys_have_prefix decides whether to call it.
+  EXPECT_EQ(strip_prefix(state, kWrapperPrefix).keys(),
+            (std::vector<std::string>{"weight", "bias", "head.weight", "head.bias"}));
 }
 
 TEST_F(CheckpointFormat, StateDictMatchesPythonOrder) {

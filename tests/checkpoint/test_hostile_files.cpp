@@ -16,6 +16,7 @@
 #include "shoal/checkpoint/state_dict.h"
 #include "shoal/error.h"
 #include "testing/child_process.h"
+#include "testing/python.h"
 
 namespace shoal::checkpoint {
 namespace {
@@ -155,7 +156,7 @@ class CompressedRecords : public HostileFiles {
     const std::string out = path(mode + ".pt");
     const std::string script = std::string(std::getenv("SHOAL_SOURCE_DIR")) + "/tests/checkpoint/hostile_zip.py";
     const std::string command = "/usr/bin/python3 " + script + " " + path("good.pt") + " " + out + " " + mode;
-    EXPECT_EQ(std::system(command.c_str()), 0) << command;
+    EXPECT_TRUE(shoal::testing::oracle_succeeded(shoal::testing::run_command(command))) << command;
     return out;
   }
 };

@@ -1,5 +1,6 @@
 """PyTorch's side of Shoal's checkpoint tests: reads the files Shoal wrote and writes files for
-Shoal to read. Run by tests/checkpoint/*.cpp with Debian's /usr/bin/python3 (python3-torch)."""
+Shoal to read. Run by tests/checkpoint/*.cpp with Debian's /usr/bin/python3 (python3-torch). Each command
+prints "ORACLE OK <command>" last, once its checks passed: the C++ side requires that line."""
 import collections
 import os
 import sys
@@ -63,6 +64,11 @@ def check_and_resave(d, epoch, step):
     torch.save({"model": m.state_dict(), "optimizer": opt.state_dict(), "epoch": epoch,
                 "config": old_config}, os.path.join(d, "py_full.pt"))
     torch.save(nn.DataParallel(m).state_dict(), os.path.join(d, "py_dp.pt"))
+    # A model with a child named "module" beside another: PyTorch keeps every name as it is.
+    child = nn.Module()
+    child.module = nn.Linear(3, 2)
+    child.head = nn.Linear(2, 2)
+    torch.save(child.state_dict(), os.path.join(d, "py_module_child.pt"))
     # Newer pickle protocols (FRAME, MEMOIZE, STACK_GLOBAL, SHORT_BINUNICODE) as torch.save can be asked for.
     torch.save(m.state_dict(), os.path.join(d, "py_sd_p4.pt"), pickle_protocol=4)
     # Views sharing one storage, torch.Size, bytes and wide integers.
@@ -86,7 +92,7 @@ def check_and_resave(d, epoch, step):
     global MARKER
     MARKER = os.path.join(d, "pwned")
     torch.save({"x": Evil()}, os.path.join(d, "py_evil.pt"))
-    print("python: ok")
+    print("ORACLE OK check_and_resave", flush=True)
 
 
 def load_converted(path, prefix):
@@ -94,7 +100,7 @@ def load_converted(path, prefix):
     assert all(k.startswith(prefix) for k in sd), list(sd)
     m = net()
     m.load_state_dict({k[len(prefix):]: v for k, v in sd.items()})
-    print("python: converted ok")
+    print("ORACLE OK load_converted", flush=True)
 
 
 if __name__ == "__main__":

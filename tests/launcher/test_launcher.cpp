@@ -563,10 +563,12 @@ TEST_F(Launcher, MasterPortZeroPicksOneBindablePortForAll) {
   const auto worker = script("port.sh", R"(
 echo "$MASTER_PORT" > "$DIR/port.$RANK"
 if [ "$RANK" = 0 ]; then
-  /usr/bin/python3 -c 'import os, socket; s = socket.socket(); s.bind(("", int(os.environ["MASTER_PORT"])))' || exit 9
+  /usr/bin/python3 -c 'import os, socket; s = socket.socket(); s.bind(("", int(os.environ["MASTER_PORT"]))); print("ORACLE OK bound")' > "$DIR/bound" || exit 9
 fi)");
   const auto result = run_shoal({"run", "--nproc-per-node", "3", "--master-port", "0", worker});
   ASSERT_EQ(result.code, 0) << "rank 0 could not bind the chosen port: " << result.err;
+  // The bind really ran (an interpreter that does nothing would exit 0 as well).
+  EXPECT_EQ(read_file(dir_ / "bound"), "ORACLE OK bound\n");
   std::set<std::string> ports;
   for (int rank = 0; rank < 3; ++rank) ports.insert(read_file(dir_ / ("port." + std::to_string(rank))));
   ASSERT_EQ(ports.size(), 1u) << "ranks were given different ports";

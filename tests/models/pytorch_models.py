@@ -60,6 +60,7 @@ def main():
             print(pname, p.numel())
             f.write(p.detach().contiguous().numpy().astype("<f4").tobytes())
         f.write(logits.numpy().astype("<f4").tobytes())
+    print("ORACLE OK pytorch_models %s" % name, flush=True)  # the C++ side requires this line
 
 
 if __name__ == "__main__":

@@ -2,10 +2,8 @@
 // torch.manual_seed(seed), gets bit-identical initial weights, the same parameter order, and the
 // same logits (to float tolerance) as shoal::models::create(name, seed).
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 #include <torch/torch.h>
 
-#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -13,6 +11,7 @@
 
 #include "shoal/models/registry.h"
 #include "testing/multi_rank.h"
+#include "testing/python.h"
 
 namespace shoal::models {
 namespace {
@@ -26,17 +25,18 @@ std::string run_python(const std::string& name, uint64_t seed, std::vector<float
   const std::string out = shoal::testing::temp_path("shoal-pytorch-model");
   const std::string command = std::string(kPython) + " " + source + "/tests/models/pytorch_models.py " +
                               name + " " + std::to_string(seed) + " " + out;
-  std::string listing;
-  FILE* pipe = ::popen(command.c_str(), "r");
-  EXPECT_NE(pipe, nullptr);
-  char line[256];
-  while (pipe != nullptr && std::fgets(line, sizeof line, pipe) != nullptr) listing += line;
-  const int status = pipe != nullptr ? ::pclose(pipe) : -1;
+  const auto run = shoal::testing::run_command(command);
   // The script exits 77 when it cannot import torch (importing it is the slow part: once only).
-  if (WIFEXITED(status) && WEXITSTATUS(status) == 77) {
+  if (run.exit_code == shoal::testing::kNoTorchExitCode) {
     shoal::testing::skip_program(shoal::testing::Dependency::kPythonTorch, "python3-torch is not installed");
   }
-  EXPECT_EQ(status, 0) << command;
+  EXPECT_TRUE(shoal::testing::oracle_succeeded(run)) << command;
+  // The listing without its closing line.
+  std::string listing;
+  std::istringstream lines(run.out);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind(shoal::testing::kOracleClosing, 0) != 0) listing += line + "\n";
+  }
   std::ifstream in(out, std::ios::binary | std::ios::ate);
   const auto bytes = static_cast<size_t>(in.tellg());
   in.seekg(0);

@@ -153,13 +153,16 @@ class BranchNet(nn.Module):
 
 
 class BnNet(nn.Module):
+    # bn2 sits after a Linear: its input gradient (sums over every rank) reaches mid's parameters.
     def __init__(self):
         super().__init__()
         self.bn = nn.BatchNorm1d(4)
+        self.mid = nn.Linear(4, 4)
+        self.bn2 = nn.BatchNorm1d(4)
         self.fc = nn.Linear(4, 3)
 
     def forward(self, x):
-        return F.log_softmax(self.fc(self.bn(x)), 1)
+        return F.log_softmax(self.fc(self.bn2(self.mid(self.bn(x)))), 1)
 
 
 class TiedNet(nn.Module):
@@ -585,12 +588,15 @@ def main():
         with tempfile.TemporaryDirectory() as tmp:
             mp.spawn(cases_worker, args=(out_dir, names, os.path.join(tmp, "init")), nprocs=2,
                      join=True)
+        # The closing line (after every rank ended well): the C++ side requires it.
+        print("ORACLE OK %d cases" % len(names), flush=True)
         return
     model, init_path, data_path, out_path = sys.argv[1:5]
     steps, batch, world = (int(v) for v in sys.argv[5:8])
     args = (model, init_path, data_path, out_path, steps, batch, world)
     with tempfile.TemporaryDirectory() as tmp:
         mp.spawn(worker, args=(args, os.path.join(tmp, "init")), nprocs=world, join=True)
+    print("ORACLE OK %s %d steps" % (model, steps), flush=True)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <cmath>
+#include <map>
 #include <set>
 
 #include "shoal/comm/init.h"
@@ -446,6 +447,197 @@ TEST(DdpUnused, PrepareForBackwardWithSeveralOutputs) {
   // The right head, used only by the second output, got a gradient; the unused layer none.
   EXPECT_GT(grads[0][4].abs().sum().item<double>(), 0);
   EXPECT_EQ(grads[0][6].abs().sum().item<double>(), 0);
+}
+
+// Two branches that the ranks use differently in the same step, a shared trunk and a layer no
+// rank uses: with find_unused_parameters each rank's used set differs, and only the union over
+// the ranks (the allreduced used map) says which gradients to write.
+struct TwoBranchesImpl : torch::nn::Module {
+  TwoBranchesImpl()
+      : trunk(register_module("trunk", torch::nn::Linear(5, 4))),
+        a(register_module("a", torch::nn::Linear(4, 3))),
+        b(register_module("b", torch::nn::Linear(4, 3))),
+        never(register_module("never", torch::nn::Linear(4, 3))) {}
+  torch::Tensor forward(torch::Tensor x, bool use_a, bool use_b) {
+    auto h = torch::tanh(trunk(x));
+    auto out = torch::zeros({x.size(0), 3}, x.options());
+    if (use_a) out = out + a(h);
+    if (use_b) out = out + b(h).pow(2);
+    return out;
+  }
+  torch::nn::Linear trunk, a, b, never;
+};
+TORCH_MODULE(TwoBranches);
+
+// Ranks that use different parameters in the same step: every rank ends with the average over
+// the ranks of each rank's own gradient (zero where a rank did not use the parameter), as
+// PyTorch's DDP gives; a parameter no rank used keeps no gradient. The reference runs the same
+// model on each rank's data in one thread and averages, all in float64, so agreement is to 1e-12.
+TEST(DdpUnused, RanksUsingDifferentBranchesGetTheAverageOfEveryRanksGradients) {
+  for (int world : {2, 3}) {
+    SCOPED_TRACE("world " + std::to_string(world));
+    // Step 0: rank 0 uses a, rank 1 uses b, rank 2 both. Step 1: the other way round.
+    auto uses = [](int step, int rank) {
+      const bool first = rank % 2 == step % 2;
+      return std::make_pair(rank == 2 || first, rank == 2 || !first);
+    };
+    auto data = [](int step, int rank) {
+      auto g = at::make_generator<at::CPUGeneratorImpl>(40 + 10 * step + rank);
+      return std::make_pair(torch::randn({3, 5}, g, torch::kDouble),
+                            torch::randn({3, 3}, g, torch::kDouble));
+    };
+    auto initial = [](TwoBranches& model) {
+      torch::NoGradGuard no_grad;
+      auto g = at::make_generator<at::CPUGeneratorImpl>(8);
+      model->to(torch::kDouble);
+      for (auto& p : model->parameters()) p.copy_(torch::randn(p.sizes(), g, torch::kDouble));
+    };
+    constexpr int kSteps = 2;
+    constexpr double kLr = 0.1;
+    // The reference: each rank's gradient alone, averaged over the ranks; plain SGD.
+    TwoBranches reference;
+    initial(reference);
+    std::vector<std::vector<torch::Tensor>> expected(kSteps);  // per step, per parameter
+    std::vector<std::vector<bool>> expected_defined(kSteps);
+    for (int step = 0; step < kSteps; ++step) {
+      const auto params = reference->parameters();
+      std::vector<torch::Tensor> sum;
+      std::vector<bool> any(params.size(), false);
+      for (const auto& p : params) sum.push_back(torch::zeros_like(p));
+      for (int rank = 0; rank < world; ++rank) {
+        for (auto& p : params) p.mutable_grad().reset();
+        auto [x, y] = data(step, rank);
+        auto [use_a, use_b] = uses(step, rank);
+        torch::mse_loss(reference->forward(x, use_a, use_b), y).backward();
+        for (size_t i = 0; i < params.size(); ++i) {
+          if (!params[i].grad().defined()) continue;
+          sum[i] += params[i].grad();
+          any[i] = true;
+        }
+      }
+      torch::NoGradGuard no_grad;
+      for (size_t i = 0; i < params.size(); ++i) {
+        sum[i] /= world;
+        if (any[i]) params[i].sub_(kLr * sum[i]);
+      }
+      expected[step] = sum;
+      expected_defined[step] = any;
+    }
+    ASSERT_FALSE(expected_defined[0][6]) << "the layer 'never' is used by no rank";
+    ASSERT_TRUE(expected_defined[0][2] && expected_defined[0][4]);
+
+    std::vector<std::vector<std::vector<torch::Tensor>>> grads(world);  // rank, step, parameter
+    with_groups(world, [&](int rank, std::shared_ptr<comm::ProcessGroup> group) {
+      TwoBranches model;
+      initial(model);
+      auto options = small_buckets();
+      options.find_unused_parameters = true;
+      DistributedDataParallel ddp(model, group, options);
+      for (int step = 0; step < kSteps; ++step) {
+        for (auto& p : model->parameters()) p.mutable_grad().reset();
+        auto [x, y] = data(step, rank);
+        auto [use_a, use_b] = uses(step, rank);
+        torch::mse_loss(ddp.forward(x, use_a, use_b), y).backward();
+        std::vector<torch::Tensor> step_grads;
+        torch::NoGradGuard no_grad;
+        for (auto& p : model->parameters()) {
+          step_grads.push_back(p.grad().defined() ? p.grad().clone() : torch::Tensor());
+          if (p.grad().defined()) p.sub_(kLr * p.grad());
+        }
+        grads[rank].push_back(step_grads);
+      }
+    });
+    const auto names = TwoBranches()->named_parameters().keys();
+    for (int rank = 0; rank < world; ++rank) {
+      for (int step = 0; step < kSteps; ++step) {
+        for (size_t i = 0; i < names.size(); ++i) {
+          const auto& got = grads[rank][step][i];
+          const std::string where = "rank " + std::to_string(rank) + " step " +
+                                    std::to_string(step) + " " + names[i];
+          ASSERT_EQ(got.defined(), static_cast<bool>(expected_defined[step][i]))
+              << where << ": gradient defined differently from PyTorch's DDP";
+          if (!got.defined()) continue;
+          const double error = (got - expected[step][i]).abs().max().item<double>();
+          EXPECT_LE(error, 1e-12 * std::max(1.0, expected[step][i].abs().max().item<double>()))
+              << where;
+        }
+      }
+    }
+  }
+}
+
+// ---- bucket order --------------------------------------------------------------------------------
+
+// Records, for each call of the communication hook, the bucket's index and its parameters as
+// positions in the module's registration order, then reduces as the default hook does.
+struct BucketLog {
+  std::vector<size_t> calls;                        // bucket indices, in the order reduced
+  std::map<size_t, std::vector<size_t>> contents;  // bucket index -> parameter positions
+};
+
+CommHook recording_hook(std::shared_ptr<comm::ProcessGroup> group,
+                        std::vector<torch::Tensor> registered, BucketLog* log) {
+  auto inner = allreduce_hook(group);
+  return [inner, registered, log](GradBucket& bucket) {
+    log->calls.push_back(bucket.index());
+    std::vector<size_t> positions;
+    for (const auto& p : bucket.parameters()) {
+      size_t k = 0;
+      while (k < registered.size() && !registered[k].is_same(p)) ++k;
+      positions.push_back(k);
+    }
+    log->contents[bucket.index()] = positions;
+    return inner(bucket);
+  };
+}
+
+// The initial buckets hold the parameters in reverse registration order (gradients arrive roughly
+// in that order, so the first bucket is ready first): bucket 0 holds the last registered
+// parameters, and reading the buckets in index order gives the parameters last to first. Observed
+// through a comm hook in the first backward (before any rebuild from the arrival order), with one
+// parameter per bucket and with several.
+template <typename Holder>
+void expect_reverse_registration_buckets(const std::string& model_name, double first_cap_mb,
+                                         double cap_mb) {
+  SCOPED_TRACE(model_name + " caps " + std::to_string(first_cap_mb) + "/" + std::to_string(cap_mb) +
+               " MB");
+  const size_t n = Holder()->parameters().size();
+  std::vector<BucketLog> logs(2);
+  with_groups(2, [&](int rank, std::shared_ptr<comm::ProcessGroup> group) {
+    Holder model;
+    DistributedDataParallelOptions options;
+    options.first_bucket_cap_mb = first_cap_mb;
+    options.bucket_cap_mb = cap_mb;
+    DistributedDataParallel ddp(model, group, options);
+    ddp.register_comm_hook(recording_hook(group, model->parameters(), &logs[rank]));
+    auto [x, y] = make_batch(model_name, 0, 2);
+    torch::nll_loss(ddp.forward(x), y).backward();
+  });
+  std::vector<size_t> reversed;
+  for (size_t k = n; k-- > 0;) reversed.push_back(k);
+  for (int rank = 0; rank < 2; ++rank) {
+    const BucketLog& log = logs[rank];
+    ASSERT_GE(log.calls.size(), 2u) << "rank " << rank << ": the test needs several buckets";
+    for (size_t i = 0; i < log.calls.size(); ++i) {
+      EXPECT_EQ(log.calls[i], i) << "rank " << rank << ": buckets reduced out of order";
+    }
+    std::vector<size_t> read;
+    for (const auto& [index, positions] : log.contents) {
+      read.insert(read.end(), positions.begin(), positions.end());
+    }
+    EXPECT_EQ(read, reversed) << "rank " << rank
+                              << ": the buckets, read in index order, are not the parameters in "
+                                 "reverse registration order";
+    if (first_cap_mb < 1e-6) EXPECT_EQ(log.calls.size(), n) << "one parameter per bucket";
+  }
+}
+
+TEST(DdpBuckets, InitialBucketsFollowReverseRegistrationOrder) {
+  constexpr double kOneParameter = 1e-9;  // every bucket is full after one parameter
+  expect_reverse_registration_buckets<SmallMlp>("mlp", kOneParameter, kOneParameter);
+  expect_reverse_registration_buckets<SmallMlp>("mlp", 0.0005, 0.004);
+  expect_reverse_registration_buckets<SmallCnn>("cnn", kOneParameter, kOneParameter);
+  expect_reverse_registration_buckets<SmallCnn>("cnn", 0.0005, 0.004);
 }
 
 // ---- join ----------------------------------------------------------------------------------------

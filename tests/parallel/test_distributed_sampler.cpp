@@ -68,6 +68,55 @@ TEST(DistributedSampler, DropLastDropsTheTail) {
   EXPECT_EQ(all_ranks(2, 3, o)[0].size(), 0u);
 }
 
+// drop_last, worked out by hand from PyTorch's definition: every rank gets floor(n / replicas)
+// indices (a dataset that divides evenly loses nothing: 12 on 3 ranks is 4 each), the kept ones are
+// the first replicas * floor(n / replicas) of the epoch's order, each exactly once, dealt round-robin.
+TEST(DistributedSampler, DropLastKeepsEveryIndexWhenTheSizeDivides) {
+  for (size_t n : {0, 1, 2, 3, 4, 5, 6, 8, 9, 11, 12, 13, 16, 17}) {
+    for (int replicas : {1, 2, 3, 4}) {
+      for (bool shuffle : {false, true}) {
+        SCOPED_TRACE("n=" + std::to_string(n) + " replicas=" + std::to_string(replicas) +
+                     (shuffle ? " shuffled" : " in order"));
+        DistributedSamplerOptions o;
+        o.drop_last = true;
+        o.shuffle = shuffle;
+        o.seed = 9;
+        const size_t per_rank = n / static_cast<size_t>(replicas);
+        const size_t kept = per_rank * static_cast<size_t>(replicas);
+        // The epoch's order with nothing dropped (one rank holding everything) is the reference.
+        DistributedSamplerOptions whole = o;
+        whole.drop_last = false;
+        const auto order = DistributedSampler(n, 0, 1, whole).indices();
+        ASSERT_EQ(order.size(), n);
+        const auto parts = all_ranks(n, replicas, o);
+        std::set<size_t> seen;
+        for (int r = 0; r < replicas; ++r) {
+          ASSERT_EQ(parts[r].size(), per_rank) << "rank " << r;
+          for (size_t k = 0; k < per_rank; ++k) {
+            EXPECT_EQ(parts[r][k], order[k * replicas + r]) << "rank " << r << " position " << k;
+          }
+          seen.insert(parts[r].begin(), parts[r].end());
+        }
+        EXPECT_EQ(seen.size(), kept) << "an index repeated";
+        if (n % replicas == 0) {
+          EXPECT_EQ(seen.size(), n) << "a dataset that divides evenly lost indices";
+        }
+        DistributedSampler sampler(n, 0, replicas, o);
+        EXPECT_EQ(sampler.size(), per_rank);
+        EXPECT_EQ(sampler.total_size(), kept);
+      }
+    }
+  }
+  // The example, written out: 12 samples on 3 ranks, in order.
+  DistributedSamplerOptions o;
+  o.drop_last = true;
+  o.shuffle = false;
+  const auto parts = all_ranks(12, 3, o);
+  EXPECT_EQ(parts[0], (std::vector<size_t>{0, 3, 6, 9}));
+  EXPECT_EQ(parts[1], (std::vector<size_t>{1, 4, 7, 10}));
+  EXPECT_EQ(parts[2], (std::vector<size_t>{2, 5, 8, 11}));
+}
+
 TEST(DistributedSampler, SetEpochChangesTheOrderDeterministically) {
   DistributedSampler a(100, 0, 2), b(100, 0, 2);
   auto first = a.indices();
@@ -136,7 +185,11 @@ struct SamplerCase {
 
 const std::vector<SamplerCase> kSamplerCases = {
     {10, 3, true, 4, false, 2},    {10, 3, true, 0, true, 0}, {1000, 4, true, 17, false, 5},
-    {7, 2, false, 0, false, 0},    {5, 8, true, 1, false, 3}, {60000, 3, true, 0, false, 1}};
+    {7, 2, false, 0, false, 0},    {5, 8, true, 1, false, 3}, {60000, 3, true, 0, false, 1},
+    // drop_last with sizes that divide (nothing dropped) and that do not, shuffled and in order.
+    {12, 3, false, 0, true, 0},    {12, 3, true, 5, true, 1}, {12, 4, true, 2, true, 0},
+    {13, 4, false, 0, true, 0},    {13, 4, true, 3, true, 2}, {8, 2, true, 0, true, 4},
+    {3, 4, true, 0, true, 0},      {60000, 4, true, 1, true, 1}};
 
 // Runs `prelude`, then imports torch (exit kNoTorchExitCode without it) and prints one
 // DistributedSampler's indices per case and rank, in /usr/bin/python3 (torch imported once: it is
@@ -153,10 +206,12 @@ shoal::testing::PythonResult run_sampler_oracle(const std::string& prelude) {
              << ")\ns.set_epoch(" << c.epoch << ")\nprint(\" \".join(map(str, s)))\n";
     }
   }
+  script << shoal::testing::closing_line_code(std::to_string(kSamplerCases.size()) + " cases");
   return shoal::testing::run_python_code(script.str());
 }
 
-// Asserts each printed index list equals ours. A failed script is a failure showing its stderr.
+// Asserts each printed index list equals ours. A failed script, or one that did not print its
+// closing line, is a failure showing its output.
 void expect_equals_python_sampler(const shoal::testing::PythonResult& result) {
   ASSERT_TRUE(shoal::testing::oracle_succeeded(result));
   std::istringstream lines(result.out);
@@ -193,7 +248,14 @@ TEST(DistributedSampler, EqualsPythonsDistributedSampler) {
 shoal::testing::PythonResult unshuffled_first_line() {
   shoal::testing::PythonResult result;
   result.exit_code = 0;
-  result.out = "0 3 6 9\n";
+  result.out = "0 3 6 9\nORACLE OK 1 cases\n";
+  return result;
+}
+
+// An interpreter that printed nothing and exited 0.
+shoal::testing::PythonResult silent_oracle() {
+  shoal::testing::PythonResult result;
+  result.exit_code = 0;
   return result;
 }
 
@@ -202,6 +264,7 @@ TEST(DistributedSampler, BrokenOracleIsAFailureNotASkip) {
       expect_equals_python_sampler(run_sampler_oracle("raise RuntimeError('oracle broken on purpose')\n")),
       "oracle broken on purpose");
   EXPECT_FATAL_FAILURE(expect_equals_python_sampler(unshuffled_first_line()), "rank=0");
+  EXPECT_FATAL_FAILURE(expect_equals_python_sampler(silent_oracle()), "without its closing line");
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 // SyncBatchNorm on 2 ranks (threads) equals BatchNorm over the whole batch in one process:
 // output, input gradients, summed weight/bias gradients and running statistics.
+#include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -59,6 +60,103 @@ TEST(SyncBatchNorm, MatchesBatchNormOverTheFullBatch) {
   for (int r = 0; r < kWorld; ++r) {
     EXPECT_TRUE(torch::allclose(means[r], bn->running_mean, 1e-5, 1e-6));
     EXPECT_TRUE(torch::allclose(vars[r], bn->running_var, 1e-5, 1e-6));
+  }
+}
+
+// Largest difference between `actual` and `expected` relative to expected's own magnitude (at
+// least 1): each tensor is held to its own scale.
+double relative_error(const torch::Tensor& actual, const torch::Tensor& expected) {
+  return (actual - expected).abs().max().item<double>() /
+         std::max(1.0, expected.abs().max().item<double>());
+}
+
+// In float64, to 1e-12: ranks whose inputs have different means (and different batch sizes), so
+// the global variance is the ranks' variances plus the variance of their means (the between-rank
+// term); output, input gradients, weight and bias gradients and the running statistics after two
+// steps equal BatchNorm2d's over the concatenated batch in one process.
+TEST(SyncBatchNorm, Float64MatchesBatchNormOverTheConcatenatedBatchWithDifferentRankMeans) {
+  torch::set_num_threads(1);
+  constexpr int kWorld = 3;
+  constexpr int kSteps = 2;
+  const int64_t sizes[kWorld] = {2, 3, 5};
+  const int64_t offsets[kWorld + 1] = {0, 2, 5, 10};
+  auto g = at::make_generator<at::CPUGeneratorImpl>(5);
+  std::vector<torch::Tensor> xs, dys;  // per step: the whole batch and the gradient of the output
+  for (int step = 0; step < kSteps; ++step) {
+    std::vector<torch::Tensor> parts;
+    for (int r = 0; r < kWorld; ++r) {
+      // Rank r's samples centred on 4 r, with a spread of its own.
+      parts.push_back(torch::randn({sizes[r], 3, 2, 3}, g, torch::kDouble) * (1 + r) + 4.0 * r);
+    }
+    xs.push_back(torch::cat(parts));
+    dys.push_back(torch::randn({offsets[kWorld], 3, 2, 3}, g, torch::kDouble));
+  }
+  torch::nn::BatchNorm2d bn(3);
+  bn->to(torch::kDouble);
+  {
+    torch::NoGradGuard no_grad;
+    bn->weight.copy_(torch::rand({3}, g, torch::kDouble) + 0.5);
+    bn->bias.copy_(torch::rand({3}, g, torch::kDouble) - 0.5);
+  }
+  const auto weight0 = bn->weight.detach().clone(), bias0 = bn->bias.detach().clone();
+  std::vector<torch::Tensor> out_full, grad_full, weight_grad_full, bias_grad_full;
+  for (int step = 0; step < kSteps; ++step) {
+    bn->zero_grad();
+    auto x = xs[step].clone().requires_grad_(true);
+    auto out = bn(x);
+    (out * dys[step]).sum().backward();
+    out_full.push_back(out.detach());
+    grad_full.push_back(x.grad());
+    weight_grad_full.push_back(bn->weight.grad().clone());
+    bias_grad_full.push_back(bn->bias.grad().clone());
+  }
+
+  auto store = comm::make_hash_store(std::chrono::milliseconds(60'000));
+  // [rank][step]
+  std::vector<std::vector<torch::Tensor>> outs(kWorld), grads(kWorld), weight_grads(kWorld),
+      bias_grads(kWorld);
+  std::vector<torch::Tensor> means(kWorld), vars(kWorld);
+  shoal::testing::run_threads(kWorld, [&](int rank) {
+    auto group = comm::new_process_group("gloo", store, rank, kWorld);
+    SyncBatchNorm sync(3, group);
+    sync->to(torch::kDouble);
+    {
+      torch::NoGradGuard no_grad;
+      sync->weight.copy_(weight0);
+      sync->bias.copy_(bias0);
+    }
+    for (int step = 0; step < kSteps; ++step) {
+      sync->zero_grad();
+      auto xr = xs[step].narrow(0, offsets[rank], sizes[rank]).clone().requires_grad_(true);
+      auto out = sync(xr);
+      (out * dys[step].narrow(0, offsets[rank], sizes[rank])).sum().backward();
+      outs[rank].push_back(out.detach());
+      grads[rank].push_back(xr.grad());
+      weight_grads[rank].push_back(sync->weight.grad().clone());
+      bias_grads[rank].push_back(sync->bias.grad().clone());
+    }
+    means[rank] = sync->running_mean.clone();
+    vars[rank] = sync->running_var.clone();
+  });
+  constexpr double kTolerance = 1e-12;
+  for (int step = 0; step < kSteps; ++step) {
+    SCOPED_TRACE("step " + std::to_string(step));
+    std::vector<torch::Tensor> out_parts, grad_parts;
+    auto weight_grad = torch::zeros({3}, torch::kDouble), bias_grad = torch::zeros({3}, torch::kDouble);
+    for (int r = 0; r < kWorld; ++r) {
+      out_parts.push_back(outs[r][step]);
+      grad_parts.push_back(grads[r][step]);
+      weight_grad += weight_grads[r][step];
+      bias_grad += bias_grads[r][step];
+    }
+    EXPECT_LE(relative_error(torch::cat(out_parts), out_full[step]), kTolerance) << "output";
+    EXPECT_LE(relative_error(torch::cat(grad_parts), grad_full[step]), kTolerance) << "input gradient";
+    EXPECT_LE(relative_error(weight_grad, weight_grad_full[step]), kTolerance) << "weight gradient";
+    EXPECT_LE(relative_error(bias_grad, bias_grad_full[step]), kTolerance) << "bias gradient";
+  }
+  for (int r = 0; r < kWorld; ++r) {
+    EXPECT_LE(relative_error(means[r], bn->running_mean), kTolerance) << "running_mean, rank " << r;
+    EXPECT_LE(relative_error(vars[r], bn->running_var), kTolerance) << "running_var, rank " << r;
   }
 }
 

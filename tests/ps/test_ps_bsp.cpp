@@ -12,6 +12,7 @@
 
 #include "ps_testing.h"
 #include "testing/multi_rank.h"
+#include "testing/python.h"
 
 namespace shoal::ps {
 namespace {
@@ -188,8 +189,9 @@ TEST(PsBsp, ResumesFromServerCheckpoints) {
   const std::string check =
       "/usr/bin/python3 -c \"import sys, torch; d = torch.load(sys.argv[1]); "
       "assert isinstance(d, dict) and len(d) == " + std::to_string(saved.size()) +
-      "; assert any(k.endswith('.momentum_buffer') for k in d)\" " + path(0);
-  EXPECT_EQ(std::system(check.c_str()), 0) << check;
+      "; assert any(k.endswith('.momentum_buffer') for k in d); "
+      "print('ORACLE OK torch.load read the shard')\" " + path(0);
+  EXPECT_TRUE(shoal::testing::oracle_succeeded(shoal::testing::run_command(check))) << check;
 
   testing::ServerSet set(0, bsp_options(kWorkers));
   start_servers(set, /*restore=*/true);

@@ -13,6 +13,7 @@
 #include "shoal/checkpoint/serialization.h"
 #include "testing/multi_rank.h"
 #include "testing/shoal_cli.h"
+#include "testing/python.h"
 
 namespace {
 
@@ -80,9 +81,10 @@ TEST(PsCli, CheckpointAndResumeEqualUninterruptedTraining) {
     // PyTorch reads it: a dict of tensors with the momentum buffers.
     const std::string check =
         "/usr/bin/python3 -c \"import sys, torch; d = torch.load(sys.argv[1]); "
-        "assert isinstance(d, dict) and any(k.endswith('.momentum_buffer') for k in d)\" " +
+        "assert isinstance(d, dict) and any(k.endswith('.momentum_buffer') for k in d); "
+        "print('ORACLE OK torch.load read the shard')\" " +
         shard;
-    EXPECT_EQ(std::system(check.c_str()), 0) << check;
+    EXPECT_TRUE(shoal::testing::oracle_succeeded(shoal::testing::run_command(check))) << check;
   }
   const std::string resumed = run("--epochs 2 --checkpoint-dir " + work + "/ckpt --resume "
                                   "--dump-parameters " + work + "/resumed", work + "/resumed.log");

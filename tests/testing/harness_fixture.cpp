@@ -32,4 +32,14 @@ TEST(Fixture, BrokenOracle) {
   EXPECT_TRUE(shoal::testing::oracle_succeeded(result));
 }
 
+// An interpreter that prints nothing and exits 0 (what a broken or replaced /usr/bin/python3 does).
+TEST(Fixture, SilentOracle) {
+  EXPECT_TRUE(shoal::testing::oracle_succeeded(shoal::testing::run_python_code("pass\n")));
+}
+
+TEST(Fixture, OracleWithItsClosingLine) {
+  EXPECT_TRUE(shoal::testing::oracle_succeeded(
+      shoal::testing::run_python_code("print('checked')\n" + shoal::testing::closing_line_code("1 case"))));
+}
+
 }  // namespace

@@ -37,7 +37,30 @@ std::string slurp_and_remove(const std::string& path) {
   return text;
 }
 
+// `text` as a Python string literal (no quotes or backslashes expected; they are escaped anyway).
+std::string python_literal(const std::string& text) {
+  std::string literal = "'";
+  for (char c : text) {
+    if (c == '\'' || c == '\\') literal += '\\';
+    literal += c;
+  }
+  return literal + "'";
+}
+
 }  // namespace
+
+std::string closing_line_code(const std::string& what) {
+  return "print(" + python_literal(std::string(kOracleClosing) + " " + what) +
+         ", flush=True)\n";
+}
+
+bool has_closing_line(const std::string& output) {
+  size_t end = output.find_last_not_of(" \t\r\n");
+  if (end == std::string::npos) return false;
+  const size_t start = output.rfind('\n', end);
+  const size_t begin = start == std::string::npos ? 0 : start + 1;
+  return output.compare(begin, std::char_traits<char>::length(kOracleClosing), kOracleClosing) == 0;
+}
 
 std::string PythonResult::describe() const {
   return "exit " + std::to_string(exit_code) + "; stderr:\n" + err;
@@ -64,8 +87,16 @@ PythonResult run_python(const std::vector<std::string>& args) {
 PythonResult run_python_code(const std::string& code) { return run_python({"-c", code}); }
 
 ::testing::AssertionResult oracle_succeeded(const PythonResult& result) {
-  if (result.ok()) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << "the PyTorch oracle failed: " << result.describe();
+  if (!result.ok()) {
+    return ::testing::AssertionFailure() << "the PyTorch oracle failed: " << result.describe();
+  }
+  if (!has_closing_line(result.out)) {
+    return ::testing::AssertionFailure()
+           << "the PyTorch oracle exited 0 without its closing line '" << kOracleClosing
+           << " ...' (it did not run its checks to the end); stdout:\n"
+           << result.out << "\nstderr:\n" << result.err;
+  }
+  return ::testing::AssertionSuccess();
 }
 
 }  // namespace shoal::testing

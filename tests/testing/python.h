@@ -20,6 +20,19 @@ constexpr int kNoTorchExitCode = 77;
 constexpr const char* kImportTorchOrExit =
     "import sys\ntry:\n    import torch\nexcept ImportError:\n    sys.exit(77)\n";
 
+/// The start of the line an oracle script prints last, once every check of it has passed:
+/// "ORACLE OK <what it did>" (e.g. "ORACLE OK 14 cases"). An oracle that exits 0 without it has not
+/// run (an interpreter that does nothing, a script cut short, a check that returned early): the
+/// tests fail then, never pass. Scripts run by CTest itself are checked for it by
+/// tests/testing/require_closing_line.sh.
+constexpr const char* kOracleClosing = "ORACLE OK";
+
+/// A Python statement that prints the closing line "ORACLE OK <what>" (flushed).
+std::string closing_line_code(const std::string& what);
+
+/// True when the last non-empty line of `output` starts with kOracleClosing.
+bool has_closing_line(const std::string& output);
+
 /// How one run of /usr/bin/python3 ended.
 struct PythonResult {
   int exit_code = -1;  ///< exit status, or -1 when it did not exit normally
@@ -40,7 +53,8 @@ PythonResult run_python(const std::vector<std::string>& args);
 /// Runs the program text `code` (`/usr/bin/python3 -c code`).
 PythonResult run_python_code(const std::string& code);
 
-/// Success when the oracle exited 0; else a failure naming the exit status and its stderr.
+/// Success when the oracle exited 0 and printed its closing line last (kOracleClosing); else a
+/// failure naming the exit status, its stderr and, without the closing line, its stdout.
 ::testing::AssertionResult oracle_succeeded(const PythonResult& result);
 
 }  // namespace shoal::testing

@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "testing/multi_rank.h"
+#include "testing/python.h"
 
 namespace {
 
@@ -82,6 +83,34 @@ TEST(Harness, BrokenOracleFailsAndShowsItsStderr) {
   EXPECT_EQ(o.exit_code, 1) << o.output;
   EXPECT_NE(o.output.find("exit 3"), std::string::npos) << o.output;
   EXPECT_NE(o.output.find("the oracle broke on purpose"), std::string::npos) << o.output;
+}
+
+// An oracle that exits 0 but never printed its closing line did not run its checks: a failure.
+TEST(Harness, SilentOracleFails) {
+  const auto silent = run_fixture("Fixture.SilentOracle");
+  EXPECT_EQ(silent.exit_code, 1) << silent.output;
+  EXPECT_NE(silent.output.find("without its closing line 'ORACLE OK"), std::string::npos)
+      << silent.output;
+  const auto closed = run_fixture("Fixture.OracleWithItsClosingLine");
+  EXPECT_EQ(closed.exit_code, 0) << closed.output;
+}
+
+// The CTest wrapper of script tests: the script's status when it printed its closing line last;
+// a failure (1) when it exited 0 without it; a skip (77) stays a skip.
+TEST(Harness, ScriptTestsRequireTheirClosingLine) {
+  const char* source = std::getenv("SHOAL_SOURCE_DIR");
+  const std::string wrapper =
+      std::string(source ? source : "..") + "/tests/testing/require_closing_line.sh";
+  const auto run = [&](const std::string& script) {
+    return shoal::testing::run_command("bash " + wrapper + " sh -c '" + script + "'");
+  };
+  EXPECT_EQ(run("echo checked; echo ORACLE OK 3 checks").exit_code, 0);
+  const auto silent = run("exit 0");
+  EXPECT_EQ(silent.exit_code, 1);
+  EXPECT_NE(silent.err.find("closing line"), std::string::npos) << silent.err;
+  EXPECT_EQ(run("echo ORACLE OK; echo more output").exit_code, 1);
+  EXPECT_EQ(run("echo ORACLE OK early; exit 3").exit_code, 3);
+  EXPECT_EQ(run("exit 77").exit_code, 77);
 }
 
 }  // namespace

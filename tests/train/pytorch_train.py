@@ -54,6 +54,7 @@ def main():
     with open(out, "wb") as f:
         for p in model.parameters():
             f.write(p.detach().contiguous().numpy().astype("<f4").tobytes())
+    print("ORACLE OK pytorch_train %s" % name, flush=True)  # the C++ side requires this line
 
 
 if __name__ == "__main__":

@@ -2,21 +2,18 @@
 // (num_replicas=1, shuffle=True, seed=seed) yields after set_epoch(epoch), so a run's data order
 // can be reproduced in Python.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 #include <torch/torch.h>
 
-#include <cstdio>
-#include <cstdlib>
 #include <sstream>
 
 #include "shoal/train/strategy.h"
 #include "testing/multi_rank.h"
+#include "testing/python.h"
 
 namespace {
 
 TEST(ShuffleVsPyTorch, MatchesDistributedSampler) {
-  const char* script =
-      "/usr/bin/python3 -c \""
+  const std::string script =
       "import sys\n"
       "try:\n"
       "    import torch.utils.data as d\n"
@@ -25,19 +22,15 @@ TEST(ShuffleVsPyTorch, MatchesDistributedSampler) {
       "for seed, epoch in ((0, 0), (0, 1), (123, 4)):\n"
       "    s = d.DistributedSampler(range(1000), num_replicas=1, rank=0, shuffle=True, seed=seed)\n"
       "    s.set_epoch(epoch)\n"
-      "    print(' '.join(map(str, list(s))))\n"
-      "\"";
-  FILE* pipe = ::popen(script, "r");
-  ASSERT_NE(pipe, nullptr);
-  std::string text;
-  char buffer[4096];
-  while (std::fgets(buffer, sizeof buffer, pipe) != nullptr) text += buffer;
-  const int status = ::pclose(pipe);
+      "    print(' '.join(map(str, list(s))))\n" +
+      shoal::testing::closing_line_code("3 permutations");
+  const auto result = shoal::testing::run_python_code(script);
   // Exit 77: torch cannot be imported (checked inside, so that torch is imported once only).
-  if (WIFEXITED(status) && WEXITSTATUS(status) == 77) {
+  if (result.exit_code == shoal::testing::kNoTorchExitCode) {
     shoal::testing::skip_program(shoal::testing::Dependency::kPythonTorch, "python3-torch is not installed");
   }
-  ASSERT_EQ(status, 0);
+  ASSERT_TRUE(shoal::testing::oracle_succeeded(result));
+  const std::string& text = result.out;
   std::istringstream lines(text);
   for (const auto& [seed, epoch] : {std::pair<uint64_t, int64_t>{0, 0}, {0, 1}, {123, 4}}) {
     std::string line;

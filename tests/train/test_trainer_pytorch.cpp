@@ -1,10 +1,8 @@
 // Oracle: Shoal's single-process trainer and the same loop in Python PyTorch (Debian's
 // python3-torch), from the same seed, data and order, end with the same parameters and losses.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 #include <torch/torch.h>
 
-#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -14,6 +12,7 @@
 #include "shoal/models/registry.h"
 #include "shoal/train/trainer.h"
 #include "testing/multi_rank.h"
+#include "testing/python.h"
 
 namespace shoal::train {
 namespace {
@@ -51,17 +50,17 @@ void check_against_pytorch(const std::string& model_name, int64_t size, int64_t 
   command << "/usr/bin/python3 " << source << "/tests/train/pytorch_train.py " << model_name << " "
           << seed << " " << data_seed << " " << size << " " << epochs << " " << batch << " " << lr
           << " " << momentum << " " << out << " " << schedule;
-  FILE* pipe = ::popen(command.str().c_str(), "r");
-  ASSERT_NE(pipe, nullptr);
-  std::vector<double> losses;
-  char line[128];
-  while (std::fgets(line, sizeof line, pipe) != nullptr) losses.push_back(std::stod(line));
-  const int status = ::pclose(pipe);
+  const auto run = shoal::testing::run_command(command.str());
   // The script exits 77 when it cannot import torch (importing it is the slow part: once only).
-  if (WIFEXITED(status) && WEXITSTATUS(status) == 77) {
+  if (run.exit_code == shoal::testing::kNoTorchExitCode) {
     shoal::testing::skip_program(shoal::testing::Dependency::kPythonTorch, "python3-torch is not installed");
   }
-  ASSERT_EQ(status, 0) << command.str();
+  ASSERT_TRUE(shoal::testing::oracle_succeeded(run)) << command.str();
+  std::vector<double> losses;  // one line per epoch, then the closing line
+  std::istringstream lines(run.out);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind(shoal::testing::kOracleClosing, 0) != 0) losses.push_back(std::stod(line));
+  }
 
   ASSERT_EQ(losses.size(), result.epochs.size());
   for (size_t i = 0; i < losses.size(); ++i) {

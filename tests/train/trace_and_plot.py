@@ -200,4 +200,5 @@ with tempfile.TemporaryDirectory() as tmp:
                        if abs(p[0] - r) + abs(p[1] - g) + abs(p[2] - b) < 30)
             assert near >= 14 * 14, f"run {name}: {near} pixels of its colour"
         print(f"plot: PNG {width}x{height}, {len(counts)} distinct colours, {white} white pixels")
-print("trace_and_plot: all checks passed")
+# The closing line: CTest (tests/testing/require_closing_line.sh) fails the test without it.
+print("ORACLE OK trace_and_plot: all checks passed", flush=True)
