@@ -48,7 +48,7 @@ constexpr int kMaxIters = 200;
 // Why 64 MiB: well beyond the last-level cache, so memcpy measures memory, not cache.
 constexpr int64_t kMemcpyBytes = int64_t{64} << 20;
 
-struct BenchArgs {
+struct AllreduceBenchArgs {
   std::string backends = "gloo";
   int nproc = 2;
   std::string min_bytes = "4KiB";
@@ -155,7 +155,7 @@ std::string check_contender(const std::string& name) {
   return backend;
 }
 
-int run_rank(const BenchArgs& args) {
+int run_rank(const AllreduceBenchArgs& args) {
   const comm::RankInfo info = comm::detect_rank_info();
   const int rank = info.rank;
   const int n = info.world_size;
@@ -277,7 +277,7 @@ int run_rank(const BenchArgs& args) {
 
 // ---- starting the ranks ------------------------------------------------------------------------
 
-std::vector<std::string> rank_command(const BenchArgs& args) {
+std::vector<std::string> rank_command(const AllreduceBenchArgs& args) {
   std::vector<std::string> command{launcher::self_executable(), "bench", "allreduce",
                                    "--backend", args.backends,
                                    "--min-bytes", args.min_bytes,
@@ -293,7 +293,7 @@ std::vector<std::string> rank_command(const BenchArgs& args) {
   return command;
 }
 
-int run_under_mpirun(const BenchArgs& args) {
+int run_under_mpirun(const AllreduceBenchArgs& args) {
   const std::string port = std::to_string(launcher::pick_free_port());
   // --bind-to none: mpirun binds each rank to one CPU by default, and everything the rank starts
   // inherits that: Shoal's worker threads would share one CPU with the rank's main thread, and
@@ -316,7 +316,7 @@ int run_under_mpirun(const BenchArgs& args) {
   return run_processes({{argv}}, options);
 }
 
-int run_bench(const BenchArgs& args) {
+int run_allreduce_bench(const AllreduceBenchArgs& args) {
   if (comm::detect_rank_info().source != "default") return run_rank(args);
   const auto backends = split(args.backends, ',');
   // Mistakes are reported once, here, rather than by every rank.
@@ -350,7 +350,7 @@ int run_bench(const BenchArgs& args) {
 }  // namespace
 
 void add_bench_allreduce_command(CLI::App& bench, std::vector<Command>& commands) {
-  auto args = std::make_shared<BenchArgs>();
+  auto args = std::make_shared<AllreduceBenchArgs>();
   auto* app = bench.add_subcommand(
       "allreduce",
       "Latency and bus bandwidth (bytes x 2(n-1)/n / time) of float32 allreduce per backend,\n"
@@ -384,7 +384,7 @@ void add_bench_allreduce_command(CLI::App& bench, std::vector<Command>& commands
                   "--backend has mpi, else shoal's launcher), shoal, mpirun")
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "shoal", "mpirun"}));
-  commands.push_back({app, [args] { return run_bench(*args); }});
+  commands.push_back({app, [args] { return run_allreduce_bench(*args); }});
 }
 
 }  // namespace shoal::cli

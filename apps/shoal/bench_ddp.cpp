@@ -49,12 +49,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// How long one mode of one round may take before its processes are killed: far above a normal
-// run (seconds), so only a hang hits it.
-constexpr std::chrono::seconds kModeDeadline{600};
 
-struct BenchArgs : StepBenchArgs, WorkerArgs {
-  BenchArgs() {  // bench ddp's defaults
+struct DdpBenchArgs : StepBenchArgs, WorkerArgs {
+  DdpBenchArgs() {  // bench ddp's defaults
     steps = 20;
     warmup = 3;
   }
@@ -147,7 +144,7 @@ void record_memory(Forward&& forward_loss, Optimizer& opt, Values& result) {
   result["live_mb"] = sampler.peak_heap_bytes / 1048576.0 + pss.shared_memory_mb;
 }
 
-void run_worker_with(const BenchArgs& args) {
+void run_worker_with(const DdpBenchArgs& args) {
   // Every Shoal mode, the DDP-less ones too, with the allocator settings Shoal's DDP and Trainer
   // use, so that the comparison measures DDP alone (SHOAL_TUNE_MALLOC=0 measures without them).
   memory::tune_cpu_allocator();
@@ -231,13 +228,13 @@ void run_worker_with(const BenchArgs& args) {
   write_values(args.result, result, "bench ddp");
 }
 
-int run_worker(const BenchArgs& args) {
+int run_worker(const DdpBenchArgs& args) {
   run_worker_with(args);
   return 0;
 }
 
 // One line of the report: a mode with its options, and its samples over the rounds.
-struct Mode {
+struct DdpMode {
   std::string name;     // single, independent, shoal_ddp, pytorch_ddp
   std::string backend;  // empty for single and independent
   bool bucket_view = false;
@@ -260,17 +257,16 @@ struct Mode {
 };
 
 // How the processes of one round of `mode` are run.
-RunProcessesOptions run_options(const Mode& mode) {
+RunProcessesOptions run_options(const DdpMode& mode) {
   RunProcessesOptions options;
   options.benchmark = "bench ddp";
   options.run = "the " + mode.label() + " run";
-  options.deadline = kModeDeadline;
   return options;
 }
 
 // Runs one round of `mode`, adding its values to mode.samples.
-void run_mode(const BenchArgs& args, const std::string& exe, const std::string& dir, int round,
-              Mode& mode) {
+void run_mode(const DdpBenchArgs& args, const std::string& exe, const std::string& dir, int round,
+              DdpMode& mode) {
   auto common = [&](const std::string& worker, const std::string& backend) {
     std::vector<std::string> command{exe, "bench", "ddp", "--model", args.model, "--backend",
                                      backend.empty() ? "shm" : backend, "--steps",
@@ -343,7 +339,7 @@ void run_mode(const BenchArgs& args, const std::string& exe, const std::string& 
   s["live_mb"].push_back(live);
 }
 
-int run_bench(const BenchArgs& args) {
+int run_ddp_bench(const DdpBenchArgs& args) {
   SHOAL_CHECK_T(InvalidArgument, args.model == "cnn" || args.model == "mlp",
                 "bench ddp: --model must be cnn or mlp, not '", args.model, "'");
   SHOAL_CHECK_T(InvalidArgument, args.steps > 0 && args.rounds > 0 && args.batch > 0 && args.world >= 2,
@@ -361,7 +357,7 @@ int run_bench(const BenchArgs& args) {
     if (peer.available()) peers.push_back(peer);
   }
 
-  std::vector<Mode> modes{{"single", ""}, {"independent", ""}};
+  std::vector<DdpMode> modes{{"single", ""}, {"independent", ""}};
   for (const auto& hook : args.comm_hooks) {
     SHOAL_CHECK_T(InvalidArgument,
                   hook == "allreduce" || hook == "fp16" || hook == "bf16" || hook == "powersgd",
@@ -386,8 +382,8 @@ int run_bench(const BenchArgs& args) {
   }
   std::system(("rm -rf " + dir).c_str());
 
-  const Mode& single = modes[0];
-  const Mode& independent = modes[1];
+  const DdpMode& single = modes[0];
+  const DdpMode& independent = modes[1];
   // vs_pt: against the first PyTorch peer given (--torch), with the same bucket views.
   auto pytorch_rate = [&](bool view, const std::string& version) {
     for (const auto& m : modes) {
@@ -490,7 +486,7 @@ int run_bench(const BenchArgs& args) {
 }  // namespace
 
 void add_bench_ddp_command(CLI::App& bench, std::vector<Command>& commands) {
-  auto args = std::make_shared<BenchArgs>();
+  auto args = std::make_shared<DdpBenchArgs>();
   auto* app = bench.add_subcommand(
       "ddp", "DDP throughput: one process vs Shoal DDP vs PyTorch's Python DDP, side by side");
   add_step_options(*app, *args);
@@ -517,7 +513,7 @@ void add_bench_ddp_command(CLI::App& bench, std::vector<Command>& commands) {
       ->capture_default_str();
   add_worker_options(*app, *args);
   app->add_flag("--gradient-as-bucket-view", args->bucket_view)->group("");
-  commands.push_back({app, [args] { return args->worker.empty() ? run_bench(*args) : run_worker(*args); }});
+  commands.push_back({app, [args] { return args->worker.empty() ? run_ddp_bench(*args) : run_worker(*args); }});
 }
 
 }  // namespace shoal::cli

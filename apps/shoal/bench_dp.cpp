@@ -44,9 +44,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// How long one mode of one round may run before its processes are killed: far above a normal
-// run (seconds), so only a hang hits it.
-constexpr std::chrono::seconds kModeDeadline{600};
 
 struct DpBenchArgs : StepBenchArgs, WorkerArgs {
   int replicas = 2;
@@ -125,7 +122,7 @@ void run_worker(const DpBenchArgs& args) {
   write_values(args.result, result, "bench dp");
 }
 
-struct Mode {
+struct DpMode {
   std::string name;
   std::map<std::string, std::vector<double>> samples;
   double get(const std::string& field) const {
@@ -135,16 +132,15 @@ struct Mode {
 };
 
 // Runs the processes of one round of `mode`; true if every one exited 0.
-bool run_together(const Mode& mode, const std::vector<ChildProcess>& children) {
+bool run_together(const DpMode& mode, const std::vector<ChildProcess>& children) {
   RunProcessesOptions options;
   options.benchmark = "bench dp";
   options.run = "the " + mode.name + " run";
-  options.deadline = kModeDeadline;
   return run_processes(children, options) == 0;
 }
 
 void run_mode(const DpBenchArgs& args, const std::string& exe, const std::string& dir, int round,
-              Mode& mode) {
+              DpMode& mode) {
   // `words`, then what both sides are given.
   auto command = [&](std::vector<std::string> words) {
     words.insert(words.end(), {"--model", args.model, "--replicas", std::to_string(args.replicas),
@@ -193,7 +189,7 @@ void run_mode(const DpBenchArgs& args, const std::string& exe, const std::string
   for (const auto& [key, value] : values) mode.samples[key].push_back(value);
 }
 
-int run_bench(const DpBenchArgs& args) {
+int run_dp_bench(const DpBenchArgs& args) {
   SHOAL_CHECK_T(InvalidArgument, args.model == "cnn" || args.model == "mlp",
                 "bench dp: --model must be cnn or mlp, not '", args.model, "'");
   SHOAL_CHECK_T(InvalidArgument,
@@ -206,7 +202,7 @@ int run_bench(const DpBenchArgs& args) {
   const bool have_torch =
       std::system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") == 0;
   if (!have_torch) log::warn("bench dp: /usr/bin/python3 has no torch; PyTorch modes skipped");
-  std::vector<Mode> modes{{"single"}, {"independent"}, {"shoal_dp"}, {"shoal_ddp"}};
+  std::vector<DpMode> modes{{"single"}, {"independent"}, {"shoal_dp"}, {"shoal_ddp"}};
   if (have_torch) {
     for (const char* name : {"pytorch_dp_module", "pytorch_dp", "pytorch_ddp"}) modes.push_back({name});
   }
@@ -289,7 +285,7 @@ void add_bench_dp_command(CLI::App& bench, std::vector<Command>& commands) {
   app->add_option("--torch-script", args->torch_script, "PyTorch peer script")->capture_default_str();
   add_worker_options(*app, *args);
   commands.push_back({app, [args] {
-                        if (args->worker.empty()) return run_bench(*args);
+                        if (args->worker.empty()) return run_dp_bench(*args);
                         run_worker(*args);
                         return 0;
                       }});

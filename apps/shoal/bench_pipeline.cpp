@@ -160,7 +160,7 @@ std::vector<Values> run(const PipelineBenchArgs& args, const RunSpec& spec, int 
   return out;
 }
 
-int run_bench(const PipelineBenchArgs& args) {
+int run_pipeline_bench(const PipelineBenchArgs& args) {
   SHOAL_CHECK_T(InvalidArgument, args.stages >= 2, "bench pipeline: --stages must be at least 2");
   for (int64_t m : args.micro_batches) {
     SHOAL_CHECK_T(InvalidArgument, m >= 1 && m <= args.batch, "bench pipeline: ", m,
@@ -258,7 +258,7 @@ void add_bench_pipeline_command(CLI::App& bench, std::vector<Command>& commands)
       ->delimiter(',')
       ->capture_default_str();
   app->add_option("--batch", args->batch, "global batch per step")->capture_default_str();
-  commands.push_back({app, [args] { return run_bench(*args); }});
+  commands.push_back({app, [args] { return run_pipeline_bench(*args); }});
 }
 
 }  // namespace shoal::cli

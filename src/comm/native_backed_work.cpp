@@ -9,14 +9,6 @@
 #include "shoal/error.h"
 
 namespace shoal::comm {
-namespace {
-
-// How long a failed operation waits for the other ranks to report the same failure, so that the
-// silent one can be named. Short: the error must arrive within about the time-out.
-constexpr Milliseconds kDiagnoseBudget{2000};
-
-}  // namespace
-
 bool NativeBackedWork::wait_native(Milliseconds timeout) {
   if (!watch_heartbeats_ || timeout <= kHangPollInterval) return native_->wait(timeout);
   using Clock = std::chrono::steady_clock;

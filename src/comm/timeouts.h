@@ -25,6 +25,11 @@ constexpr Milliseconds kStoppedPeerTimeout{5'000};
 /// changes it.
 constexpr Milliseconds kSilentPeerTimeout{10'000};
 
+/// How long a failed or timed-out operation waits for the other ranks to report the same failure,
+/// so that the silent one can be named (at most half the operation's time-out where it is short).
+/// Short: the error must arrive within about the time-out.
+constexpr Milliseconds kDiagnoseBudget{2'000};
+
 /// SHOAL_HEARTBEAT_TIMEOUT (as SHOAL_TIMEOUT: 10000, 10s, 500ms), else kSilentPeerTimeout.
 Milliseconds silent_peer_timeout();
 

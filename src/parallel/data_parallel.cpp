@@ -7,6 +7,7 @@
 
 #include <mutex>
 
+#include "parallel/shape_text.h"
 #include "parallel/replica_threads.h"
 #include "shoal/error.h"
 
@@ -17,12 +18,6 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
-}
-
-std::string shape_of(const at::Tensor& t) {
-  std::ostringstream out;
-  out << t.sizes();
-  return out.str();
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "parallel/reducer.h"
+#include "parallel/shape_text.h"
 #include "shoal/error.h"
 #include "shoal/memory/cpu_allocator.h"
 
@@ -26,12 +27,6 @@ namespace {
 
 // Room for one parameter's description when ranks disagree ("name\tshape\tdtype").
 constexpr int64_t kDescriptionBytes = 512;
-
-std::string shape_of(const at::Tensor& t) {
-  std::ostringstream out;
-  out << t.sizes();
-  return out.str();
-}
 
 std::string describe(const std::string& name, const at::Tensor& t) {
   return name + "\t" + shape_of(t) + "\t" + std::string(c10::toString(t.scalar_type())) + "\t" +

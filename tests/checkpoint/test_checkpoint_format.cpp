@@ -16,7 +16,7 @@
 #include "shoal/error.h"
 
 namespace shoal::checkpoint {
-namespace {
+namespace test_checkpoint_format {
 
 using shoal::testing::compare_state_dicts;
 using shoal::testing::make_net;
@@ -387,5 +387,5 @@ TEST_F(CheckpointFormat, StateDictMatchesPythonOrder) {
   EXPECT_EQ(keys, expected);
 }
 
-}  // namespace
+}  // namespace test_checkpoint_format
 }  // namespace shoal::checkpoint

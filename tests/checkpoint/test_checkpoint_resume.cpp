@@ -18,7 +18,7 @@
 #include "testing/multi_rank.h"
 
 namespace shoal::checkpoint {
-namespace {
+namespace test_checkpoint_resume {
 
 using shoal::testing::compare_state_dicts;
 using shoal::testing::make_net;
@@ -349,5 +349,5 @@ TEST_F(CheckpointResume, CliInspectsAndConverts) {
   EXPECT_TRUE(shoal::testing::run_oracle("load_converted " + out + " net."));
 }
 
-}  // namespace
+}  // namespace test_checkpoint_resume
 }  // namespace shoal::checkpoint

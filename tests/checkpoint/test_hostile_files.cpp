@@ -19,7 +19,7 @@
 #include "testing/python.h"
 
 namespace shoal::checkpoint {
-namespace {
+namespace test_hostile_files {
 
 using shoal::testing::ChildOutcome;
 using shoal::testing::run_in_child;
@@ -232,5 +232,5 @@ TEST_F(HostileFiles, ResumeFallsBackToNewestIntactCheckpoint) {
   }
 }
 
-}  // namespace
+}  // namespace test_hostile_files
 }  // namespace shoal::checkpoint

@@ -15,7 +15,7 @@
 #include "testing/multi_rank.h"
 
 namespace shoal::comm {
-namespace {
+namespace test_collectives {
 
 using shoal::comm::testing::all_checks;
 using shoal::comm::testing::element_counts;
@@ -263,5 +263,5 @@ TEST(OpLabels, NameTheDeviceWhenItIsNotTheCpu) {
   EXPECT_EQ(label.description(), "allreduce #3 (4.0 kB float32 on cuda, sum)");
 }
 
-}  // namespace
+}  // namespace test_collectives
 }  // namespace shoal::comm

@@ -10,7 +10,7 @@
 #include "shoal/error.h"
 
 namespace shoal::comm {
-namespace {
+namespace test_env {
 
 const char* const kLauncherVariables[] = {
     "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
@@ -146,5 +146,5 @@ TEST_F(Environment, InconsistentSettingsAreInvalidArguments) {
   EXPECT_THROW(detect_rank_info(), InvalidArgument);
 }
 
-}  // namespace
+}  // namespace test_env
 }  // namespace shoal::comm

@@ -24,7 +24,7 @@
 #include "testing/multi_rank.h"
 
 namespace shoal::comm {
-namespace {
+namespace test_faults {
 
 using Clock = std::chrono::steady_clock;
 using shoal::testing::ProcessResult;
@@ -658,5 +658,5 @@ TEST(Heartbeat, GlooWaitsForASlowRankAndNamesAStoppedOneInSeconds) {
   expect_rank_two_stopped_and_killed(results);
 }
 
-}  // namespace
+}  // namespace test_faults
 }  // namespace shoal::comm

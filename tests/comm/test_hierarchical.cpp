@@ -18,7 +18,7 @@
 #include "testing/multi_rank.h"
 
 namespace shoal::comm {
-namespace {
+namespace test_hierarchical {
 
 using shoal::testing::ProcessResult;
 using shoal::testing::run_processes;
@@ -218,5 +218,5 @@ TEST(HierarchicalFaults, KilledRankFailsEveryoneNamingTheOperation) {
   EXPECT_NE(member_a.find("rank 0 aborted the group"), std::string::npos) << member_a;
 }
 
-}  // namespace
+}  // namespace test_hierarchical
 }  // namespace shoal::comm

@@ -25,7 +25,7 @@
 #include "testing/multi_rank.h"
 
 namespace shoal::comm {
-namespace {
+namespace test_shm {
 
 using shoal::testing::run_processes;
 using shoal::testing::run_threads;
@@ -486,5 +486,5 @@ TEST(Hierarchical, TwoPretendHostsOfTwoRanks) {
   for (const auto& r : results) EXPECT_TRUE(r.ok()) << messages(results);
 }
 
-}  // namespace
+}  // namespace test_shm
 }  // namespace shoal::comm

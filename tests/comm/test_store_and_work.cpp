@@ -17,7 +17,7 @@
 #include "testing/multi_rank.h"
 
 namespace shoal::comm {
-namespace {
+namespace test_store_and_work {
 
 using Clock = std::chrono::steady_clock;
 
@@ -198,5 +198,5 @@ TEST(HookThen, RunsAfterSuccessOnlyAndOnce) {
   EXPECT_THROW(parallel::then(nullptr, [] {}), InvalidArgument);
 }
 
-}  // namespace
+}  // namespace test_store_and_work
 }  // namespace shoal::comm

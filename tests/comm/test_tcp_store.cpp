@@ -24,7 +24,7 @@
 #include "testing/multi_rank.h"
 
 namespace shoal::comm {
-namespace {
+namespace test_tcp_store {
 
 using Clock = std::chrono::steady_clock;
 constexpr Milliseconds kTimeout{5000};
@@ -228,5 +228,5 @@ TEST(TcpStore, MissingMasterAddressIsAnErrorAboveOneRank) {
   ::unsetenv("MASTER_PORT");
 }
 
-}  // namespace
+}  // namespace test_tcp_store
 }  // namespace shoal::comm

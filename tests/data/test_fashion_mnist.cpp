@@ -11,7 +11,7 @@
 #include "testing/multi_rank.h"
 
 namespace shoal::data {
-namespace {
+namespace test_fashion_mnist {
 
 namespace fs = std::filesystem;
 using shoal::testing::idx_images;
@@ -225,5 +225,5 @@ TEST(FashionMnist, WorksWithLibTorchDataLoader) {
   EXPECT_EQ(seen, 10);
 }
 
-}  // namespace
+}  // namespace test_fashion_mnist
 }  // namespace shoal::data

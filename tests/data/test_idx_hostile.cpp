@@ -12,7 +12,7 @@
 #include "testing/idx_files.h"
 
 namespace shoal::data {
-namespace {
+namespace test_idx_hostile {
 
 namespace fs = std::filesystem;
 using shoal::testing::run_in_child;
@@ -79,5 +79,5 @@ TEST(IdxHostile, HeaderAnnouncingTooMuchIsRefusedBeforeAllocating) {
   expect_refused(path, "announces more than", 16 * 1024);
 }
 
-}  // namespace
+}  // namespace test_idx_hostile
 }  // namespace shoal::data

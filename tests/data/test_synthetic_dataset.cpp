@@ -7,7 +7,7 @@
 #include "shoal/error.h"
 
 namespace shoal::data {
-namespace {
+namespace test_synthetic_dataset {
 
 TEST(SyntheticDataset, SameSeedSameData) {
   SyntheticOptions options;
@@ -82,5 +82,5 @@ TEST(SyntheticDataset, RejectsBadOptions) {
   EXPECT_THROW(SyntheticDataset{options}, InvalidArgument);
 }
 
-}  // namespace
+}  // namespace test_synthetic_dataset
 }  // namespace shoal::data

@@ -12,7 +12,7 @@
 #include "testing/multi_rank.h"
 #include "testing/python.h"
 
-namespace {
+namespace test_examples {
 
 namespace fs = std::filesystem;
 
@@ -64,4 +64,4 @@ TEST(Examples, DdpFashionMnistUnderTheLauncher) {
   EXPECT_LT(losses[2], losses[0]) << two.out;
 }
 
-}  // namespace
+}  // namespace test_examples

@@ -29,7 +29,7 @@
 
 #include "testing/multi_rank.h"
 
-namespace {
+namespace test_launcher {
 
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
@@ -657,9 +657,9 @@ TEST_F(Launcher, TwoRanksMeetThroughEnvAndAllreduce) {
   EXPECT_EQ(lines, (std::vector<std::string>{"[rank 0] rank 0/2 sum ok", "[rank 1] rank 1/2 sum ok"}));
 }
 
-}  // namespace
+}  // namespace test_launcher
 
-namespace {
+namespace test_launcher {
 
 // The number after "key": in a one-line JSON object, or NaN.
 double json_number(const std::string& line, const std::string& key) {
@@ -767,4 +767,4 @@ TEST(BenchDdpFormat, ReportsEveryModeAsJsonLines) {
   EXPECT_LT(view_extra, grad_mb) << lines[3];
 }
 
-}  // namespace
+}  // namespace test_launcher

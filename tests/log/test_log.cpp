@@ -12,7 +12,7 @@
 
 #include "shoal/log.h"
 
-namespace {
+namespace test_log {
 
 using shoal::log::Level;
 
@@ -123,4 +123,4 @@ TEST(Log, ReadsTheLevelFromShoalLogLevel) {
             "using info\ni\nw\ne\n");
 }
 
-}  // namespace
+}  // namespace test_log

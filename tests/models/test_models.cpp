@@ -7,7 +7,7 @@
 #include "shoal/models/registry.h"
 
 namespace shoal::models {
-namespace {
+namespace test_models {
 
 std::vector<std::string> parameter_names(torch::nn::Module& module) {
   std::vector<std::string> names;
@@ -107,5 +107,5 @@ TEST(Models, StateDictRoundTripsByName) {
   EXPECT_TRUE(torch::equal(a->forward(x), b->forward(x)));
 }
 
-}  // namespace
+}  // namespace test_models
 }  // namespace shoal::models

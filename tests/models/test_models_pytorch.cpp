@@ -14,7 +14,7 @@
 #include "testing/python.h"
 
 namespace shoal::models {
-namespace {
+namespace test_models_pytorch {
 
 constexpr const char* kPython = "/usr/bin/python3";
 
@@ -73,5 +73,5 @@ void check(const std::string& name, uint64_t seed) {
 TEST(ModelsVsPyTorch, CnnInitMatches) { check("cnn", 42); }
 TEST(ModelsVsPyTorch, MlpInitMatches) { check("mlp", 7); }
 
-}  // namespace
+}  // namespace test_models_pytorch
 }  // namespace shoal::models

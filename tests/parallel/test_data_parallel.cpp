@@ -20,7 +20,7 @@
 #include "test_models.h"
 
 namespace shoal::parallel {
-namespace {
+namespace test_data_parallel {
 
 using shoal::testing::clone_all;
 using shoal::testing::make_batch;
@@ -316,5 +316,5 @@ TEST(DataParallel, RejectsMismatchedInputs) {
                InvalidArgument);
 }
 
-}  // namespace
+}  // namespace test_data_parallel
 }  // namespace shoal::parallel

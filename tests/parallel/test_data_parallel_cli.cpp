@@ -13,7 +13,7 @@
 #include "testing/multi_rank.h"
 #include "testing/shoal_cli.h"
 
-namespace {
+namespace test_data_parallel_cli {
 
 namespace fs = std::filesystem;
 
@@ -101,4 +101,4 @@ TEST(DdpCli, PowerSgdOnTheCnnStaysCloseToDdpWithFewerBytes) {
   EXPECT_LT(bytes, 1199882 * 4 / 4.0) << power;
 }
 
-}  // namespace
+}  // namespace test_data_parallel_cli

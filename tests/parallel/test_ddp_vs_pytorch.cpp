@@ -28,7 +28,7 @@
 #include "testing/python.h"
 
 namespace shoal::parallel {
-namespace {
+namespace test_ddp_vs_pytorch {
 
 constexpr int kWorld = 2;
 
@@ -918,5 +918,5 @@ TEST_F(Cases, StaticGraph) { check("static_graph"); }
 TEST_F(Cases, IgnoredParametersAndBuffersStayLocal) { check("ignored_parameters"); }
 TEST_F(Cases, BucketViewsKeepChannelsLast) { check("channels_last_bucket_view"); }
 
-}  // namespace
+}  // namespace test_ddp_vs_pytorch
 }  // namespace shoal::parallel

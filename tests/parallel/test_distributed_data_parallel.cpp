@@ -17,7 +17,7 @@
 #include "testing/multi_rank.h"
 
 namespace shoal::parallel {
-namespace {
+namespace test_distributed_data_parallel {
 
 using shoal::testing::clone_all;
 using shoal::testing::make_batch;
@@ -965,5 +965,5 @@ TEST(DdpState, NamesAreTheModulesOwn) {
   });
 }
 
-}  // namespace
+}  // namespace test_distributed_data_parallel
 }  // namespace shoal::parallel

@@ -15,7 +15,7 @@
 #include "testing/python.h"
 
 namespace shoal::data {
-namespace {
+namespace test_distributed_sampler {
 
 std::vector<std::vector<size_t>> all_ranks(size_t n, int replicas, DistributedSamplerOptions o,
                                            uint64_t epoch = 0) {
@@ -267,5 +267,5 @@ TEST(DistributedSampler, BrokenOracleIsAFailureNotASkip) {
   EXPECT_FATAL_FAILURE(expect_equals_python_sampler(silent_oracle()), "without its closing line");
 }
 
-}  // namespace
+}  // namespace test_distributed_sampler
 }  // namespace shoal::data

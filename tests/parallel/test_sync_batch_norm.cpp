@@ -10,7 +10,7 @@
 #include "testing/multi_rank.h"
 
 namespace shoal::parallel {
-namespace {
+namespace test_sync_batch_norm {
 
 TEST(SyncBatchNorm, MatchesBatchNormOverTheFullBatch) {
   torch::set_num_threads(1);
@@ -272,5 +272,5 @@ TEST(SyncBatchNorm, ConvertsBatchNormsAnywhereInContainersAndExplainsTypedMember
   }
 }
 
-}  // namespace
+}  // namespace test_sync_batch_norm
 }  // namespace shoal::parallel

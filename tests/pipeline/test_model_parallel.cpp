@@ -12,7 +12,7 @@
 #include "parallel/test_models.h"
 
 namespace shoal::pipeline {
-namespace {
+namespace test_model_parallel {
 
 using shoal::testing::make_batch;
 using shoal::testing::max_relative_difference;
@@ -105,5 +105,5 @@ TEST(ModelParallel, FailingPartIsNamed) {
   }
 }
 
-}  // namespace
+}  // namespace test_model_parallel
 }  // namespace shoal::pipeline

@@ -14,7 +14,7 @@
 #include "testing/multi_rank.h"
 
 namespace shoal::pipeline {
-namespace {
+namespace test_model_parallel_ddp {
 
 using shoal::testing::make_batch;
 using shoal::testing::max_relative_difference;
@@ -77,5 +77,5 @@ TEST_P(ModelParallelDdp, TwoRanksEqualSingleProcessWithGlobalBatch) {
 
 INSTANTIATE_TEST_SUITE_P(Backends, ModelParallelDdp, ::testing::Values("gloo", "shm"));
 
-}  // namespace
+}  // namespace test_model_parallel_ddp
 }  // namespace shoal::pipeline

@@ -21,7 +21,7 @@
 #include "testing/multi_rank.h"
 
 namespace shoal::pipeline {
-namespace {
+namespace test_pipeline {
 
 using Milliseconds = std::chrono::milliseconds;
 constexpr Milliseconds kTimeout{60'000};
@@ -434,5 +434,5 @@ TEST(DeadNeighbour, TheOtherStagesNameTheDeadStage) {
   }
 }
 
-}  // namespace
+}  // namespace test_pipeline
 }  // namespace shoal::pipeline

@@ -20,7 +20,7 @@
 #include "testing/multi_rank.h"
 
 namespace shoal::train {
-namespace {
+namespace test_pipeline_checkpoint {
 
 using Milliseconds = std::chrono::milliseconds;
 constexpr Milliseconds kTimeout{60'000};
@@ -176,5 +176,5 @@ TEST_F(PipelineTrainer, CheckpointFromPipelineResumesUnderDdpAndBack) {
               1e-5 * reference_.result.epochs.back().test_loss);
 }
 
-}  // namespace
+}  // namespace test_pipeline_checkpoint
 }  // namespace shoal::train

@@ -13,7 +13,7 @@
 #include "testing/multi_rank.h"
 
 namespace shoal::pipeline {
-namespace {
+namespace test_pipeline_cli {
 
 namespace fs = std::filesystem;
 
@@ -80,5 +80,5 @@ TEST(PipelineCli, TrainsLikeOneProcess) {
   fs::remove_all(dir);
 }
 
-}  // namespace
+}  // namespace test_pipeline_cli
 }  // namespace shoal::pipeline

@@ -15,7 +15,7 @@
 #include "testing/python.h"
 
 namespace shoal::ps {
-namespace {
+namespace test_ps_bsp {
 
 constexpr int kSteps = 50;
 constexpr int kBatch = 4;
@@ -200,5 +200,5 @@ TEST(PsBsp, ResumesFromServerCheckpoints) {
   std::filesystem::remove_all(dir);
 }
 
-}  // namespace
+}  // namespace test_ps_bsp
 }  // namespace shoal::ps

@@ -15,7 +15,7 @@
 #include "testing/shoal_cli.h"
 #include "testing/python.h"
 
-namespace {
+namespace test_ps_cli {
 
 namespace fs = std::filesystem;
 
@@ -130,4 +130,4 @@ TEST(PsCli, AspGoesOnWithoutAKilledWorker) {
   EXPECT_NE(text.find("1 workers presumed dead"), std::string::npos) << text;
 }
 
-}  // namespace
+}  // namespace test_ps_cli

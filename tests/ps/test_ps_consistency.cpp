@@ -16,7 +16,7 @@
 #include "testing/multi_rank.h"
 
 namespace shoal::ps {
-namespace {
+namespace test_ps_consistency {
 
 using std::chrono::milliseconds;
 
@@ -283,5 +283,5 @@ TEST(PsFaults, KilledServerFailsEveryWorkerNamingIt) {
   }
 }
 
-}  // namespace
+}  // namespace test_ps_consistency
 }  // namespace shoal::ps

@@ -31,7 +31,7 @@
 #include "testing/multi_rank.h"
 
 namespace shoal::ps {
-namespace {
+namespace test_ps_fashion_mnist {
 
 constexpr int kWorkers = 2;
 constexpr int kBatch = 64;
@@ -120,5 +120,5 @@ TEST(PsFashionMnist, MlpWithServerMomentumAspAndSspWithinOnePointOfBsp) {
   expect_asp_and_ssp_within_one_point({"mlp", 8000, 3, 0.05, 0.5}, 0.79);
 }
 
-}  // namespace
+}  // namespace test_ps_fashion_mnist
 }  // namespace shoal::ps

@@ -15,7 +15,7 @@
 #include "testing/multi_rank.h"
 
 namespace shoal::ps {
-namespace {
+namespace test_ps_protocol {
 
 using testing::ServerSet;
 using std::chrono::milliseconds;
@@ -242,5 +242,5 @@ TEST(PsServer, RefusesPeersWithoutTheToken) {
   train_a_little(set, "s3cret-token");
 }
 
-}  // namespace
+}  // namespace test_ps_protocol
 }  // namespace shoal::ps

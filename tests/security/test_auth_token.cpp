@@ -16,7 +16,7 @@
 #include "testing/multi_rank.h"
 
 namespace shoal::security {
-namespace {
+namespace test_auth_token {
 
 std::string hex(const Digest& d) {
   static const char* kHex = "0123456789abcdef";
@@ -151,5 +151,5 @@ TEST(AuthToken, GarbageIsRefused) {
   EXPECT_EQ(why, "not Shoal's handshake");
 }
 
-}  // namespace
+}  // namespace test_auth_token
 }  // namespace shoal::security

@@ -11,7 +11,7 @@
 #include "testing/multi_rank.h"
 #include "testing/python.h"
 
-namespace {
+namespace test_harness {
 
 struct Outcome {
   int exit_code = -1;
@@ -113,4 +113,4 @@ TEST(Harness, ScriptTestsRequireTheirClosingLine) {
   EXPECT_EQ(run("exit 77").exit_code, 77);
 }
 
-}  // namespace
+}  // namespace test_harness

@@ -13,7 +13,7 @@
 #include "testing/idx_files.h"
 #include "testing/multi_rank.h"
 
-namespace {
+namespace test_cli_train {
 
 namespace fs = std::filesystem;
 
@@ -166,4 +166,4 @@ TEST(CliTrain, LogLevelFiltersDiagnosticsOnly) {
   EXPECT_EQ(failing.err.rfind("shoal: error: ", 0), 0u) << failing.err;
 }
 
-}  // namespace
+}  // namespace test_cli_train

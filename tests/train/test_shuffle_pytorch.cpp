@@ -10,7 +10,7 @@
 #include "testing/multi_rank.h"
 #include "testing/python.h"
 
-namespace {
+namespace test_shuffle_pytorch {
 
 TEST(ShuffleVsPyTorch, MatchesDistributedSampler) {
   const std::string script =
@@ -45,4 +45,4 @@ TEST(ShuffleVsPyTorch, MatchesDistributedSampler) {
   }
 }
 
-}  // namespace
+}  // namespace test_shuffle_pytorch

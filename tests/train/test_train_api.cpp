@@ -15,7 +15,7 @@
 #include "testing/idx_files.h"
 
 namespace shoal::train {
-namespace {
+namespace test_train_api {
 
 TEST(TrainStep, IsOneSgdStepOnTheBatch) {
   torch::set_num_threads(1);
@@ -135,5 +135,5 @@ TEST(Progress, LinesAndNoneModes) {
   std::fclose(f);
 }
 
-}  // namespace
+}  // namespace test_train_api
 }  // namespace shoal::train

@@ -14,7 +14,7 @@
 #include "shoal/checkpoint/training_state.h"
 #include "testing/multi_rank.h"
 
-namespace {
+namespace test_train_distributed {
 
 namespace fs = std::filesystem;
 using shoal::checkpoint::StateDict;
@@ -206,4 +206,4 @@ TEST(TrainDistributed, RefusesHopelessResume) {
   EXPECT_NE(other.output.find("checkpoint of model 'cnn'"), std::string::npos) << other.output;
 }
 
-}  // namespace
+}  // namespace test_train_distributed

@@ -18,7 +18,7 @@
 #include "testing/multi_rank.h"
 
 namespace shoal::train {
-namespace {
+namespace test_trainer {
 
 TensorData synthetic(int64_t size, uint64_t seed) {
   data::SyntheticOptions options;
@@ -254,11 +254,11 @@ TEST(Trainer, GoesThroughTheStrategy) {
   EXPECT_EQ(trainer.state().step, 5);
 }
 
-}  // namespace
+}  // namespace test_trainer
 }  // namespace shoal::train
 
 namespace shoal::train {
-namespace {
+namespace test_trainer {
 
 // Any module, optimizer and loss: a linear regression y = 3x - 2 + noise-free, fitted with Adam
 // and MSE through the trainer, ends at the exact coefficients (to 1e-2) and reports no accuracy
@@ -389,5 +389,5 @@ TEST(Tracer, TrainersOnThreadsKeepTheirOwnTimelines) {
   std::filesystem::remove_all(dir);
 }
 
-}  // namespace
+}  // namespace test_trainer
 }  // namespace shoal::train

@@ -15,7 +15,7 @@
 #include "testing/python.h"
 
 namespace shoal::train {
-namespace {
+namespace test_trainer_pytorch {
 
 void check_against_pytorch(const std::string& model_name, int64_t size, int64_t epochs,
                            double lr, const std::string& schedule = "constant") {
@@ -90,5 +90,5 @@ TEST(TrainerVsPyTorch, MlpCosineScheduleMatchesCosineAnnealingLr) {
   check_against_pytorch("mlp", 256, 2, 0.1, "cosine");
 }
 
-}  // namespace
+}  // namespace test_trainer_pytorch
 }  // namespace shoal::train

@@ -15,9 +15,6 @@ namespace {
 
 // Tag of the failure notices on the control communicator (any value below MPI_TAG_UB works).
 constexpr int kFailureTag = 7001;
-// How long a timed-out operation waits for the other ranks' failure notices, to name the silent
-// ones. Short: the error must arrive within about the time-out; at most half the time-out.
-constexpr Milliseconds kDiagnoseBudget{2000};
 // Extra time Work::wait gives the worker beyond the operation's own time-out and the diagnosis,
 // so that the worker's precise error, not a generic one, reaches the caller.
 constexpr Milliseconds kWaitMargin{1000};
