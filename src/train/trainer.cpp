@@ -12,6 +12,7 @@
 #include "shoal/checkpoint/serialization.h"
 #include "shoal/checkpoint/training_state.h"
 #include "shoal/data/fashion_mnist.h"
+#include "shoal/comm/init.h"
 #include "shoal/error.h"
 #include "shoal/log.h"
 #include "shoal/memory/cpu_allocator.h"
@@ -165,8 +166,7 @@ checkpoint::TrainingState load_resume_checkpoint(const TrainOptions& options, st
   std::optional<checkpoint::ResumePoint> point = checkpoint::load_latest_intact(options.checkpoint_dir);
   SHOAL_CHECK_T(CheckpointError, point.has_value(), "--resume: no checkpoint in ",
                 options.checkpoint_dir, "; run without --resume to start from scratch");
-  const char* rank = std::getenv("RANK");
-  if (!point->skipped.empty() && (rank == nullptr || std::string(rank) == "0")) {
+  if (!point->skipped.empty() && comm::detect_rank_info().rank == 0) {
     for (const auto& why : point->skipped) log::warn("shoal: --resume skips ", why);
     log::warn("shoal: --resume falls back to ", point->path, ", the newest intact checkpoint");
   }

@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# Shoal under a real SLURM: munged, slurmctld and slurmd started on loopback (slurm_cluster.sh),
+# then, each a job of the cluster:
+#   1. `srun -N1 -n2 shoal train --strategy ddp` trains ONE job of world size 2 (one result line),
+#      ending with the same weights as `shoal train --strategy ddp --nproc-per-node 2`;
+#   2. `srun -n2 shoal train` without --strategy is refused with one line, and trains nothing;
+#   3. `srun -n2` of the DDP example, with no MASTER_* set, trains one 2-rank job;
+#   4. `sbatch --wait docs/slurm/train.sbatch` trains.
+# Exits 77 (skipped) when SLURM, munge or the dataset is missing, except under
+# SHOAL_REQUIRE_ORACLES=1 (CI, where scripts/setup.sh installs them), where that is a failure.
+#   slurm_test.sh SOURCE_DIR SHOAL_BINARY EXAMPLE_BINARY
+set -uo pipefail
+SRC=${1:?usage: slurm_test.sh SOURCE_DIR SHOAL_BINARY EXAMPLE_BINARY}
+SHOAL=${2:?}
+EXAMPLE=${3:?}
+skip() {
+  if [ "${SHOAL_REQUIRE_ORACLES:-0}" = 1 ]; then
+    echo "slurm: FAILED: $1 (SHOAL_REQUIRE_ORACLES=1 forbids skipping)"
+    exit 1
+  fi
+  echo "slurm: $1: skipped"
+  exit 77
+}
+[ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ] ||
+  skip "Fashion-MNIST missing (dataset-fashion-mnist)"
+. "$(dirname "$0")/slurm_cluster.sh"
+missing=$(slurm_cluster_missing) && skip "$missing is not installed (scripts/setup.sh installs slurm-wlm and munge)"
+
+WORK=$(mktemp -d /tmp/shoal-slurm.XXXXXX)
+chmod 755 "$WORK"
+cleanup() {
+  slurm_cluster_stop
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+slurm_cluster_start "$WORK/cluster"
+status=$?
+[ $status -eq 77 ] && skip "SLURM is not installed"
+[ $status -eq 0 ] || { echo "slurm: FAILED: the cluster did not start"; exit 1; }
+echo "slurm: cluster up ($(sinfo -h -o '%P %D %t %C'))"
+
+# Nothing of an outer launcher or an earlier rendezvous may leak into the jobs.
+unset MASTER_ADDR MASTER_PORT RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE OMPI_COMM_WORLD_RANK PMI_RANK
+export OMP_NUM_THREADS=1 SHOAL_TIMEOUT=60s
+failures=0
+fail() {
+  echo "slurm: FAILED: $1"
+  shift
+  for log in "$@"; do [ -f "$log" ] && { echo "--- $log"; tail -n 30 "$log"; }; done
+  failures=$((failures + 1))
+}
+TRAIN=(train --model mlp --epochs 1 --train-samples 2000 --test-samples 500 --batch-size 32
+       --lr 0.05 --seed 7 --no-progress)
+
+# 1. One DDP job of world size 2 under srun, the same as shoal's own launcher gives.
+start=$EPOCHREALTIME
+timeout 120 srun -N1 -n2 "$SHOAL" "${TRAIN[@]}" --strategy ddp --dump-parameters "$WORK/srun" \
+  >"$WORK/srun.out" 2>"$WORK/srun.err"
+status=$?
+srun_s=$(awk "BEGIN { printf \"%.1f\", $EPOCHREALTIME - $start }")
+results=$(grep -c "final test accuracy" "$WORK/srun.out")
+timeout 120 "$SHOAL" "${TRAIN[@]}" --strategy ddp --nproc-per-node 2 \
+  --dump-parameters "$WORK/local" >"$WORK/local.out" 2>"$WORK/local.err"
+local_status=$?
+if [ $status -ne 0 ] || [ "$results" -ne 1 ]; then
+  fail "srun -N1 -n2 shoal train --strategy ddp: exit $status, $results result lines (want 0, 1)" \
+    "$WORK/srun.out" "$WORK/srun.err"
+elif [ $local_status -ne 0 ]; then
+  fail "shoal train --strategy ddp --nproc-per-node 2: exit $local_status" "$WORK/local.err"
+elif ! cmp -s "$WORK/srun.rank0.pt" "$WORK/local.rank0.pt" ||
+     ! cmp -s "$WORK/srun.rank1.pt" "$WORK/local.rank1.pt" ||
+     ! cmp -s "$WORK/srun.rank0.pt" "$WORK/srun.rank1.pt"; then
+  fail "the final weights under srun differ from shoal's own launcher's (or between ranks)"
+  ls -l "$WORK"/*.pt
+else
+  echo "ok   srun -n2 shoal train --strategy ddp: one job of 2 ranks ($(grep final "$WORK/srun.out")," \
+       "$srun_s s), weights equal to --nproc-per-node 2's"
+fi
+[ -f "$WORK/srun.rank2.pt" ] && fail "a third rank dumped weights: more than one job ran"
+
+# 2. Without a strategy: refused, in one line, nothing trained.
+timeout 60 srun -N1 -n2 "$SHOAL" "${TRAIN[@]}" >"$WORK/single.out" 2>"$WORK/single.err"
+status=$?
+errors=$(grep -c "^shoal: error" "$WORK/single.err")  # srun adds its own per-task lines
+if [ $status -eq 0 ] || grep -q "final test accuracy" "$WORK/single.out" || [ "$errors" -ne 1 ] ||
+   ! grep -q "started as rank 0 of 2 by slurm.*--strategy ddp" "$WORK/single.err"; then
+  fail "srun -n2 shoal train (no strategy): exit $status, $errors error lines (want non-zero, 1)" \
+    "$WORK/single.out" "$WORK/single.err"
+else
+  echo "ok   srun -n2 shoal train without --strategy: refused ($(grep "^shoal: error" "$WORK/single.err"))"
+fi
+
+# 3. The DDP example, a user's own program, with nothing set by hand.
+timeout 120 srun -N1 -n2 "$EXAMPLE" 1 >"$WORK/example.out" 2>"$WORK/example.err"
+status=$?
+if [ $status -ne 0 ] || [ "$(grep -c "(2 ranks x" "$WORK/example.out")" -ne 1 ]; then
+  fail "srun -n2 example_ddp_fashion_mnist: exit $status" "$WORK/example.out" "$WORK/example.err"
+else
+  echo "ok   srun -n2 example_ddp_fashion_mnist: $(cat "$WORK/example.out")"
+fi
+
+# 4. The documented batch script, as a user submits it.
+mkdir -p "$WORK/batch"
+(cd "$WORK/batch" && SHOAL="$SHOAL" timeout 150 sbatch --wait --quiet "$SRC/docs/slurm/train.sbatch" \
+   "${TRAIN[@]:1}" >"$WORK/sbatch.log" 2>&1)
+status=$?
+out=$(ls "$WORK"/batch/shoal-ddp-*.out 2>/dev/null | head -n 1)
+if [ $status -ne 0 ] || [ -z "$out" ] || [ "$(grep -c "final test accuracy" "$out")" -ne 1 ] ||
+   ! compgen -G "$WORK/batch/checkpoints/*/*" >/dev/null; then
+  fail "sbatch --wait docs/slurm/train.sbatch: exit $status" "$WORK/sbatch.log" "$out"
+else
+  echo "ok   sbatch --wait docs/slurm/train.sbatch: $(grep "final test accuracy" "$out")"
+fi
+
+if [ $failures -ne 0 ]; then
+  slurm_cluster_logs
+  echo "slurm: $failures case(s) failed"
+  exit 1
+fi
+echo "slurm: all cases passed"
