@@ -5,7 +5,9 @@
 #      ending with the same weights as `shoal train --strategy ddp --nproc-per-node 2`;
 #   2. `srun -n2 shoal train` without --strategy is refused with one line, and trains nothing;
 #   3. `srun -n2` of the DDP example, with no MASTER_* set, trains one 2-rank job;
-#   4. `sbatch --wait docs/slurm/train.sbatch` trains.
+#   4. `sbatch --wait docs/slurm/train.sbatch` trains;
+# and no rank warns of oversubscription (srun's shared mask is divided, --cpu-bind=cores is one core
+# per rank).
 # Exits 77 (skipped) when SLURM, munge or the dataset is missing, except under
 # SHOAL_REQUIRE_ORACLES=1 (CI, where scripts/setup.sh installs them), where that is a failure.
 #   slurm_test.sh SOURCE_DIR SHOAL_BINARY EXAMPLE_BINARY
@@ -77,6 +79,7 @@ else
        "$srun_s s), weights equal to --nproc-per-node 2's"
 fi
 [ -f "$WORK/srun.rank2.pt" ] && fail "a third rank dumped weights: more than one job ran"
+grep -q oversubscribed "$WORK/srun.err" && fail "srun -n2 on 2 shared cores warned of oversubscription" "$WORK/srun.err"
 
 # 2. Without a strategy: refused, in one line, nothing trained.
 timeout 60 srun -N1 -n2 "$SHOAL" "${TRAIN[@]}" >"$WORK/single.out" 2>"$WORK/single.err"
@@ -110,6 +113,8 @@ if [ $status -ne 0 ] || [ -z "$out" ] || [ "$(grep -c "final test accuracy" "$ou
   fail "sbatch --wait docs/slurm/train.sbatch: exit $status" "$WORK/sbatch.log" "$out"
 else
   echo "ok   sbatch --wait docs/slurm/train.sbatch: $(grep "final test accuracy" "$out")"
+  # Its srun binds each rank to a core (--cpu-bind=cores): no warning.
+  grep -q oversubscribed "$out" && fail "srun --cpu-bind=cores warned of oversubscription" "$out"
 fi
 
 if [ $failures -ne 0 ]; then
