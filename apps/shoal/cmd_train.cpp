@@ -7,7 +7,10 @@
 // status; under `shoal run`, torchrun, mpirun or srun it runs as the rank the environment names
 // and never launches a job of its own.
 #include <sched.h>
+#include <signal.h>
 #include <unistd.h>
+
+#include <csignal>
 
 #include <algorithm>
 #include <climits>
@@ -130,6 +133,25 @@ bool bound_by_launcher() {
   cpu_set_t both;
   CPU_AND(&both, &own, &parent);
   return CPU_EQUAL(&both, &own) && CPU_COUNT(&own) < CPU_COUNT(&parent);
+}
+
+/// Exit status of a run stopped by the preemption warning, after its checkpoint was saved: 75,
+/// EX_TEMPFAIL of <sysexits.h> ("try again later"); the batch script requeues on it.
+constexpr int kExitPreempted = 75;
+
+volatile std::sig_atomic_t g_preempt_requested = 0;
+
+void on_preemption_signal(int) { g_preempt_requested = 1; }
+
+/// SIGUSR1 (what `sbatch --signal=USR1@90` sends before a time limit or preemption) asks the
+/// trainer to save a checkpoint at the next step boundary and stop. Replaces the flight recorder's
+/// dump-on-SIGUSR1 in this process (install_dump_on_sigusr1 keeps a program's own handler).
+void install_preemption_handler() {
+  struct sigaction action {};
+  action.sa_handler = on_preemption_signal;
+  sigemptyset(&action.sa_mask);
+  action.sa_flags = SA_RESTART;
+  ::sigaction(SIGUSR1, &action, nullptr);
 }
 
 }  // namespace
@@ -323,6 +345,9 @@ void add_train_command(CLI::App& root, std::vector<Command>& commands) {
                         // srun -n N): such a process never launches a job of its own.
                         const comm::RankInfo rank_info = comm::detect_rank_info();
                         const bool as_rank = rank_info.launched;
+                        // Preemption warnings from the start (SIGUSR1's default would kill):
+                        // not for ps, whose asynchronous workers do not step together.
+                        if (!ps_job) install_preemption_handler();
                         // Independent copies of one training are never what was meant.
                         SHOAL_CHECK_T(InvalidArgument, ddp || nproc->count() == 0,
                                       "--nproc-per-node ", args->nproc_per_node,
@@ -339,7 +364,9 @@ void add_train_command(CLI::App& root, std::vector<Command>& commands) {
                                       " ranks (or start one process), or the ranks would train "
                                       "independently");
                         }
-                        if (as_rank && nproc->count() > 0 && rank_info.rank == 0) {
+                        // (Not under torchrun's names: shoal train's own launcher passes it on.)
+                        if (as_rank && nproc->count() > 0 && rank_info.rank == 0 &&
+                            rank_info.source != "torchrun") {
                           log::warn("shoal train: --nproc-per-node ", args->nproc_per_node,
                                     " is ignored: started as rank 0 of ", rank_info.world_size,
                                     " by ", rank_info.source, ", whose ranks are the job");
@@ -448,9 +475,24 @@ void add_train_command(CLI::App& root, std::vector<Command>& commands) {
                           if (ps::job_from_env().is_server()) return run_ps_server(*options, *args);
                           strategy = std::make_unique<train::PsStrategy>();
                         }
+                        if (!ps_job) {
+                          options->stop_requested = [] { return g_preempt_requested != 0; };
+                        }
                         const bool reports = !strategy || strategy->rank() == 0;
                         const train::TrainResult result =
                             train::run_training(*options, std::move(strategy));
+                        if (result.preempted) {
+                          if (reports) {
+                            log::warn("shoal train: SIGUSR1 (preemption warning): stopped after step ",
+                                      result.step,
+                                      options->checkpoint_dir.empty()
+                                          ? std::string(" with nothing saved (no --checkpoint-dir)")
+                                          : ", checkpoint saved in " + options->checkpoint_dir +
+                                                "; run again with --resume to continue",
+                                      " (exit status ", kExitPreempted, ")");
+                          }
+                          return kExitPreempted;
+                        }
                         if (reports) {
                           if (result.stopped) {
                             std::printf("stopped after step %lld\n",

@@ -387,9 +387,24 @@ TrainResult Trainer::fit(const TensorData& train, const TensorData& test) {
         interval_samples = 0;
       }
       // The end-of-epoch checkpoint follows the last step, so no mid-epoch one there.
+      bool saved = false;
       if (checkpoints && options_.checkpoint_every > 0 &&
           state_.step % options_.checkpoint_every == 0 && s + 1 < steps) {
         save_checkpoint(epoch, end * replicas);
+        saved = true;
+      }
+      if (options_.stop_requested) {
+        // Every rank asks, every step, so that all stop after the same step.
+        std::vector<double> requested{options_.stop_requested() ? 1.0 : 0.0};
+        strategy_->all_reduce_sum(requested);
+        if (requested[0] > 0) {
+          // A resume continues after the samples consumed so far (all of them at an epoch's end).
+          if (checkpoints && !saved) save_checkpoint(epoch, end * replicas);
+          result.preempted = true;
+          result.step = state_.step;
+          write_trace();
+          return result;
+        }
       }
       if (options_.stop_after_steps > 0 && state_.step >= options_.stop_after_steps) {
         result.stopped = true;

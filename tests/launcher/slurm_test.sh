@@ -6,6 +6,8 @@
 #   2. `srun -n2 shoal train` without --strategy is refused with one line, and trains nothing;
 #   3. `srun -n2` of the DDP example, with no MASTER_* set, trains one 2-rank job;
 #   4. `sbatch --wait docs/slurm/train.sbatch` trains;
+#   5. SIGUSR1 mid-run (as --signal=USR1@90 sends) leaves a checkpoint and exit status 75, and the
+#      job submitted again resumes to the weights of an uninterrupted run;
 # and no rank warns of oversubscription (srun's shared mask is divided, --cpu-bind=cores is one core
 # per rank).
 # Exits 77 (skipped) when SLURM, munge or the dataset is missing, except under
@@ -115,6 +117,51 @@ else
   echo "ok   sbatch --wait docs/slurm/train.sbatch: $(grep "final test accuracy" "$out")"
   # Its srun binds each rank to a core (--cpu-bind=cores): no warning.
   grep -q oversubscribed "$out" && fail "srun --cpu-bind=cores warned of oversubscription" "$out"
+fi
+
+# 5. Preemption: SIGUSR1 to the job's ranks mid-run (what --signal=USR1@90 sends) leaves a
+# checkpoint and exit status 75; the job submitted again with the same CKPT resumes and ends with
+# the weights of an uninterrupted run.
+PRE=(--model mlp --epochs 3 --train-samples 8000 --test-samples 500 --batch-size 32 --lr 0.05
+     --seed 3 --no-progress)
+timeout 120 srun -N1 -n2 --cpu-bind=cores "$SHOAL" train --strategy ddp "${PRE[@]}" \
+  --dump-parameters "$WORK/whole" >"$WORK/whole.out" 2>&1 ||
+  fail "srun of the uninterrupted run: exit $?" "$WORK/whole.out"
+mkdir -p "$WORK/pre"
+{
+  (cd "$WORK/pre" && CKPT="$WORK/pre/ckpt" SHOAL_REQUEUE=0 SHOAL="$SHOAL" timeout 150 \
+     sbatch --parsable --wait "$SRC/docs/slurm/train.sbatch" "${PRE[@]}" --checkpoint-every 20 \
+     --dump-parameters "$WORK/pre/cut" >"$WORK/pre/job" 2>"$WORK/pre/sbatch.err")
+  echo $? >"$WORK/pre/status"
+} &
+waiter=$!
+# Signal once training runs: the first checkpoint is there.
+if slurm_wait 60 sh -c "ls '$WORK'/pre/ckpt/*.pt"; then
+  scancel --signal=USR1 "$(cat "$WORK/pre/job")"
+else
+  fail "no checkpoint within 60 s of submitting the job to preempt" "$WORK/pre/sbatch.err"
+fi
+wait $waiter
+status=$(cat "$WORK/pre/status")
+out=$(ls "$WORK"/pre/shoal-ddp-*.out 2>/dev/null | head -n 1)
+if [ "$status" != 75 ] || ! grep -q "preemption warning" "$out" || [ -e "$WORK/pre/cut.rank0.pt" ]; then
+  fail "SIGUSR1: job exit $status (want 75 with a checkpoint, before the end)" "$out"
+else
+  echo "ok   SIGUSR1 mid-run: exit 75, $(grep -o "stopped after step [0-9]*" "$out")"
+  rm -f "$out"
+  (cd "$WORK/pre" && CKPT="$WORK/pre/ckpt" SHOAL="$SHOAL" timeout 150 sbatch --wait --quiet \
+     "$SRC/docs/slurm/train.sbatch" "${PRE[@]}" --dump-parameters "$WORK/pre/resumed" \
+     >"$WORK/pre/sbatch2.err" 2>&1)
+  status=$?
+  out=$(ls "$WORK"/pre/shoal-ddp-*.out 2>/dev/null | head -n 1)
+  if [ $status -ne 0 ] || ! grep -q "resumed from" "$out" ||
+     ! cmp -s "$WORK/whole.rank0.pt" "$WORK/pre/resumed.rank0.pt" ||
+     ! cmp -s "$WORK/whole.rank1.pt" "$WORK/pre/resumed.rank1.pt"; then
+    fail "the re-submitted job: exit $status, or not resumed, or weights unlike the uninterrupted run's" \
+      "$out" "$WORK/pre/sbatch2.err"
+  else
+    echo "ok   re-submitted: resumed, final weights equal to an uninterrupted run's"
+  fi
 fi
 
 if [ $failures -ne 0 ]; then
