@@ -2,7 +2,9 @@
 //
 // Reads the rank and world size from the options, or from the environment the launchers set:
 // torchrun's RANK/WORLD_SIZE/LOCAL_RANK/LOCAL_WORLD_SIZE/MASTER_ADDR/MASTER_PORT (set by
-// `shoal run`), OpenMPI's OMPI_COMM_WORLD_*, or SLURM's SLURM_PROCID/SLURM_NTASKS/...
+// `shoal run`), OpenMPI's OMPI_COMM_WORLD_*, PMI's PMI_RANK/PMI_SIZE, or an srun step's
+// SLURM_PROCID/SLURM_STEP_NUM_TASKS/... with the rendezvous derived from the job
+// (detect_rank_info, src/comm/cluster_environment.cpp: the one place that decides this).
 // Inconsistent settings (rank >= world size, two processes claiming one rank, world sizes that
 // disagree) are reported as InvalidArgument, never hung on.
 //
