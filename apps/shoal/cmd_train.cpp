@@ -463,6 +463,14 @@ void add_train_command(CLI::App& root, std::vector<Command>& commands) {
                                                                                   options->model);
                         }
                         if (args->strategy == "ps") {
+                          // srun and mpirun give ranks, not the server and worker roles.
+                          SHOAL_CHECK_T(InvalidArgument,
+                                        !as_rank || rank_info.source == "torchrun",
+                                        "--strategy ps was started as rank ", rank_info.rank, " of ",
+                                        rank_info.world_size, " by ", rank_info.source,
+                                        ", which assigns no server and worker roles: start one "
+                                        "process (srun -n1 shoal train --strategy ps --servers S "
+                                        "--workers W), which starts them");
                           if (!as_rank) {
                             auto launch = launcher::LaunchOptions::parameter_server(
                                 args->workers, args->servers, own_command_line());

@@ -153,6 +153,19 @@ if ! cmp -s "$WORK/netns.rank0.pt" "$WORK/local.rank0.pt" ||
 fi
 echo "ok   srun -N2 --ntasks-per-node=1 across two namespaces: one job ($(grep final "$WORK/srun.out"), $took s), weights equal to one host's"
 
+# One `shoal run` per node under srun: nodes, node rank and master from SLURM, 2 workers on each.
+on "$NS0" snode0 timeout 150 srun -N2 --ntasks-per-node=1 "$SHOAL" run --nproc-per-node 2 \
+  "$SHOAL" "${TRAIN[@]}" --dump-parameters "$WORK/agents" >"$WORK/agents.out" 2>&1
+status=$?
+if [ $status -ne 0 ] || [ "$(grep -c "final test accuracy" "$WORK/agents.out")" -ne 1 ] ||
+   [ "$(ls "$WORK"/agents.rank*.pt 2>/dev/null | wc -l)" -ne 4 ] ||
+   ! cmp -s "$WORK/agents.rank0.pt" "$WORK/agents.rank3.pt"; then
+  echo "slurm netns: FAILED: srun -N2 shoal run --nproc-per-node 2: exit $status, want one 4-rank job"
+  tail -n 30 "$WORK/agents.out"
+  exit 1
+fi
+echo "ok   srun -N2 --ntasks-per-node=1 shoal run --nproc-per-node 2: one job of 4 ranks on 2 nodes ($(grep -o "final test accuracy.*" "$WORK/agents.out"))"
+
 # The documented batch script on two nodes: sbatch --nodes=2 --ntasks-per-node=1.
 SBATCH_SCRIPT="$(cd "$(dirname "$0")/../.." && pwd)/docs/slurm/train.sbatch"
 mkdir -p "$WORK/batch"

@@ -83,6 +83,17 @@ fi
 [ -f "$WORK/srun.rank2.pt" ] && fail "a third rank dumped weights: more than one job ran"
 grep -q oversubscribed "$WORK/srun.err" && fail "srun -n2 on 2 shared cores warned of oversubscription" "$WORK/srun.err"
 
+# 1b. srun of one task is no rank of a bigger job: shoal train launches its own 2 ranks there.
+timeout 120 srun -N1 -n1 "$SHOAL" "${TRAIN[@]}" --strategy ddp --nproc-per-node 2 \
+  --dump-parameters "$WORK/one" >"$WORK/one.out" 2>&1
+status=$?
+if [ $status -ne 0 ] || [ "$(grep -c "final test accuracy" "$WORK/one.out")" -ne 1 ] ||
+   ! cmp -s "$WORK/one.rank1.pt" "$WORK/local.rank1.pt"; then
+  fail "srun -n1 shoal train --strategy ddp --nproc-per-node 2: exit $status" "$WORK/one.out"
+else
+  echo "ok   srun -n1 shoal train --strategy ddp --nproc-per-node 2: its own 2 ranks, one job"
+fi
+
 # 2. Without a strategy: refused, in one line, nothing trained.
 timeout 60 srun -N1 -n2 "$SHOAL" "${TRAIN[@]}" >"$WORK/single.out" 2>"$WORK/single.err"
 status=$?
