@@ -19,6 +19,7 @@ PACKAGES=(
   dataset-fashion-mnist   # real Fashion-MNIST, gzipped IDX files
   python3-torch           # PyTorch 1.13: numerical oracle and performance peer
   procps                  # ps/pgrep used by process tests
+  slurm-wlm slurm-client munge  # a real SLURM that tests/launcher/slurm_test.sh starts on loopback
   clang libclang-rt-14-dev  # the libFuzzer targets in fuzz/ (CI runs them: scripts/fuzz.sh)
 )
 

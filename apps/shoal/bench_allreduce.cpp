@@ -11,7 +11,7 @@
 // every rank does at once only the memory work of shm's staged path, or one in-place pass over
 // its tensor, which bounds what any allreduce of private tensors can reach on this machine.
 //
-// Without a launcher around it (no RANK/OMPI_COMM_WORLD_RANK in the environment) the bench starts
+// Without a launcher around it (comm::detect_rank_info().launched is false) the bench starts
 // its own ranks: through shoal::launcher::launch(), or through mpirun when --backend names mpi.
 #include <algorithm>
 #include <chrono>
@@ -317,7 +317,7 @@ int run_under_mpirun(const AllreduceBenchArgs& args) {
 }
 
 int run_allreduce_bench(const AllreduceBenchArgs& args) {
-  if (comm::detect_rank_info().source != "default") return run_rank(args);
+  if (comm::detect_rank_info().launched) return run_rank(args);
   const auto backends = split(args.backends, ',');
   // Mistakes are reported once, here, rather than by every rank.
   SHOAL_CHECK_T(InvalidArgument, args.nproc >= 2, "--nproc-per-node ", args.nproc, " must be at least 2");

@@ -1,9 +1,18 @@
 // `shoal run`: starts N worker processes of a program with the torchrun environment
 // (torchrun's counterpart); a thin command line over shoal::launcher::launch().
+#include <sched.h>
+#include <torch/cuda.h>
+
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <memory>
+#include <random>
+#include <thread>
 
 #include "commands.h"
+#include "shoal/comm/init.h"
 #include "shoal/error.h"
 #include "shoal/launcher/launch.h"
 
@@ -11,18 +20,101 @@ namespace shoal::cli {
 namespace {
 
 struct RunArgs {
-  int nproc_per_node = 1;
+  std::string nproc_per_node = "1";
   int num_servers = 0;
   bool tolerate_worker_failures = false;
-  int nnodes = 1;
+  std::string nnodes = "1";
   int node_rank = 0;
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;
   bool no_prefix = false;
   double grace_period_s = 5;
   int max_restarts = 0;
+  // torchrun's rendezvous and agent flags
+  bool standalone = false;
+  std::string rdzv_backend = "static";
+  std::string rdzv_endpoint;
+  std::string rdzv_id = "none";
+  double monitor_interval_s = 5;
+  std::string start_method = "spawn";
+  std::string role;
+  bool no_python = false;
+  bool module = false;
+  bool run_path = false;
+  std::string log_dir;
+  std::string redirects = "0";
+  std::string tee = "0";
   std::vector<std::string> command;
 };
+
+// Why 29400: torchrun's default port for a c10d rendezvous endpoint given without one.
+constexpr int kDefaultRdzvPort = 29400;
+
+int parse_port(const std::string& text, const std::string& what) {
+  char* end = nullptr;
+  const long port = std::strtol(text.c_str(), &end, 10);
+  SHOAL_CHECK_T(InvalidArgument, !text.empty() && *end == '\0' && port >= 0 && port <= 65535,
+                what, ": '", text, "' is not a TCP port (0..65535)");
+  return static_cast<int>(port);
+}
+
+/// --nnodes N, or MIN:MAX with MIN == MAX; an elastic range is refused in one line.
+int parse_nnodes(const std::string& text) {
+  const size_t colon = text.find(':');
+  auto number = [&](const std::string& part) {
+    char* end = nullptr;
+    const long n = std::strtol(part.c_str(), &end, 10);
+    SHOAL_CHECK_T(InvalidArgument, !part.empty() && *end == '\0' && n >= 1 && n <= 65536,
+                  "--nnodes '", text, "' is not understood: give N or MIN:MAX, numbers >= 1");
+    return static_cast<int>(n);
+  };
+  if (colon == std::string::npos) return number(text);
+  const int low = number(text.substr(0, colon));
+  const int high = number(text.substr(colon + 1));
+  SHOAL_CHECK_T(InvalidArgument, low == high, "--nnodes ", text,
+                ": elastic membership (a node range) is not supported by shoal run; give a fixed "
+                "number of nodes, --nnodes N (or N:N), and --max-restarts to survive failures");
+  return low;
+}
+
+/// --nproc-per-node N | auto | cpu | gpu, as torchrun counts them (cpu: the cores this process
+/// may use, its affinity mask, where torchrun takes os.cpu_count()).
+int parse_nproc_per_node(const std::string& text) {
+  auto cpus = [] {
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
+    return std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  };
+  if (text == "cpu") return cpus();
+  const int gpus = static_cast<int>(torch::cuda::device_count());
+  if (text == "gpu") {
+    SHOAL_CHECK_T(InvalidArgument, gpus > 0, "--nproc-per-node gpu: no CUDA GPU is visible (",
+                  "this Shoal's LibTorch ", torch::cuda::is_available() ? "sees none" : "has no CUDA",
+                  "); give a number, or cpu");
+    return gpus;
+  }
+  if (text == "auto") return gpus > 0 ? gpus : cpus();
+  char* end = nullptr;
+  const long n = std::strtol(text.c_str(), &end, 10);
+  SHOAL_CHECK_T(InvalidArgument, !text.empty() && *end == '\0' && n >= 1 && n <= 65536,
+                "--nproc-per-node '", text, "' is not understood: give a number, auto, cpu or gpu");
+  return static_cast<int>(n);
+}
+
+/// A fresh job id for --standalone, as torchrun makes one (a random UUID).
+std::string random_run_id() {
+  std::random_device device;
+  std::mt19937_64 generator((static_cast<uint64_t>(device()) << 32) ^ device());
+  const uint64_t high = generator();
+  const uint64_t low = generator();
+  char text[40];
+  std::snprintf(text, sizeof(text), "%08x-%04x-4%03x-%04x-%012llx",
+                static_cast<unsigned>(high >> 32), static_cast<unsigned>((high >> 16) & 0xffff),
+                static_cast<unsigned>(high & 0xfff),
+                static_cast<unsigned>(0x8000 | ((low >> 48) & 0x3fff)),
+                static_cast<unsigned long long>(low & 0xffffffffffffULL));
+  return text;
+}
 
 }  // namespace
 
@@ -32,10 +124,13 @@ void add_run_command(CLI::App& root, std::vector<Command>& commands) {
       "run",
       "Start N processes of PROGRAM with the torchrun environment (RANK, LOCAL_RANK, WORLD_SIZE,\n"
       "LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT); everything after PROGRAM goes to it.\n"
-      "When one worker fails the others are stopped and shoal run exits with its status.");
-  app->add_option("--nproc-per-node,--nproc_per_node", args->nproc_per_node,
-                  "worker processes on this node")
+      "When one worker fails the others are stopped and shoal run exits with its status.\n"
+      "torchrun's flags are accepted, with its underscore spellings (docs/GUIDE.md has the table).\n"
+      "Under srun (one shoal run per node), --nnodes, --node-rank and the master come from SLURM.");
+  auto* nproc = app->add_option("--nproc-per-node,--nproc_per_node", args->nproc_per_node,
+                  "worker processes on this node: N, auto (GPUs, else CPUs), cpu or gpu")
       ->capture_default_str();
+  (void)nproc;
   app->add_option("--num-servers,--num_servers", args->num_servers,
                   "parameter-server processes on this node (ROLE_NAME=server; the workers get\n"
                   "ROLE_NAME=worker); both roles get SHOAL_PS_NUM_SERVERS and SHOAL_PS_NUM_WORKERS")
@@ -44,14 +139,56 @@ void add_run_command(CLI::App& root, std::vector<Command>& commands) {
   app->add_flag("--tolerate-worker-failures", args->tolerate_worker_failures,
                 "a failed worker does not stop the others (parameter server under asp/ssp); a\n"
                 "failed server still stops the job");
-  app->add_option("--nnodes", args->nnodes, "number of nodes of the job")->capture_default_str();
-  app->add_option("--node-rank,--node_rank", args->node_rank, "this node's index, 0..nnodes-1")
+  auto* nnodes = app->add_option("--nnodes", args->nnodes,
+                                 "number of nodes of the job: N, or MIN:MAX with MIN == MAX (no "
+                                 "elastic ranges)")
+                     ->capture_default_str();
+  auto* node_rank = app->add_option("--node-rank,--node_rank", args->node_rank,
+                                    "this node's index, 0..nnodes-1")
+                        ->capture_default_str();
+  auto* master_addr = app->add_option("--master-addr,--master_addr", args->master_addr,
+                                      "address of node 0, where rank 0 listens for the rendezvous")
+                          ->capture_default_str();
+  auto* master_port = app->add_option("--master-port,--master_port", args->master_port,
+                                      "port of the rendezvous; 0 picks a free one (single node only)")
+                          ->capture_default_str();
+  app->add_flag("--standalone", args->standalone,
+                "one node, a rendezvous on a free local port and a random --rdzv-id (torchrun's)");
+  app->add_option("--rdzv-backend,--rdzv_backend", args->rdzv_backend,
+                  "static (the master is --master-addr:--master-port) or c10d (the master is\n"
+                  "--rdzv-endpoint); node ranks are static either way (give --node-rank)")
+      ->check(CLI::IsMember({"static", "c10d"}))
       ->capture_default_str();
-  app->add_option("--master-addr,--master_addr", args->master_addr,
-                  "address of node 0, where rank 0 listens for the rendezvous")
+  app->add_option("--rdzv-endpoint,--rdzv_endpoint", args->rdzv_endpoint,
+                  "HOST[:PORT] where rank 0 serves the rendezvous (port default 29400)");
+  app->add_option("--rdzv-id,--rdzv_id", args->rdzv_id,
+                  "the job's id, given to the workers as TORCHELASTIC_RUN_ID")
       ->capture_default_str();
-  app->add_option("--master-port,--master_port", args->master_port,
-                  "port of the rendezvous; 0 picks a free one (single node only)")
+  app->add_option("--monitor-interval,--monitor_interval", args->monitor_interval_s,
+                  "seconds between torchrun's checks of its workers; accepted, and needless here:\n"
+                  "shoal run sees a worker's exit at once (SIGCHLD)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app->add_option("--start-method,--start_method", args->start_method,
+                  "Python's multiprocessing start method; accepted and ignored (workers are "
+                  "always fork+exec'd programs)")
+      ->check(CLI::IsMember({"spawn", "fork", "forkserver"}))
+      ->capture_default_str();
+  app->add_option("--role", args->role, "ROLE_NAME given to the workers (default worker)");
+  app->add_flag("--no-python,--no_python", args->no_python,
+                "accepted: PROGRAM is always run as it is (shoal run never prepends python)");
+  app->add_flag("-m,--module", args->module, "refused: run python -m MODULE as PROGRAM instead");
+  app->add_flag("--run-path,--run_path", args->run_path, "refused: give the program to run");
+  app->add_option("--log-dir,--log_dir", args->log_dir,
+                  "where --redirects and --tee write the workers' logs:\n"
+                  "DIR/RDZV_ID_XXXXXX/attempt_N/LOCAL_RANK/{stdout,stderr}.log")
+      ->type_name("DIR");
+  app->add_option("-r,--redirects", args->redirects,
+                  "streams written to the log file instead of the console: 0 none, 1 stdout,\n"
+                  "2 stderr, 3 both, or per local rank (0:3,1:0)")
+      ->capture_default_str();
+  app->add_option("-t,--tee", args->tee,
+                  "streams written to the log file and to the console (same values as --redirects)")
       ->capture_default_str();
   app->add_flag("--no-prefix", args->no_prefix,
                 "do not prefix worker output lines with \"[rank N] \"");
@@ -64,6 +201,8 @@ void add_run_command(CLI::App& root, std::vector<Command>& commands) {
       ->capture_default_str();
   app->footer(
       "Example: shoal run --nproc-per-node 2 ./train --epochs 3\n"
+      "         shoal run --standalone --nproc-per-node auto ./train\n"
+      "         shoal run --nnodes 2 --node-rank 0 --rdzv-backend c10d --rdzv-endpoint node0:29400 ./train\n"
       "         shoal run --nproc-per-node 2 --num-servers 1 ./ps_train   (parameter server)");
   // PROGRAM is the first positional word; it and every word after it (options included) are
   // the command. Extras are allowed so that "--" and unknown options reach the check below.
@@ -71,26 +210,91 @@ void add_run_command(CLI::App& root, std::vector<Command>& commands) {
   app->positionals_at_end();
   app->allow_extras();
 
-  commands.push_back({app, [app, args] {
+  commands.push_back({app, [app, args, nnodes, node_rank, master_addr, master_port] {
                         for (const auto& word : app->remaining()) {
                           SHOAL_CHECK_T(InvalidArgument, word == "--", "shoal run: unknown option '",
                                         word, "' (see shoal run --help)");
+                        }
+                        SHOAL_CHECK_T(InvalidArgument, !args->module,
+                                      "shoal run: -m/--module runs Python modules, which shoal run "
+                                      "does not do: give `python3 -m MODULE` as the program");
+                        SHOAL_CHECK_T(InvalidArgument, !args->run_path,
+                                      "shoal run: --run-path runs a script inside torchrun's own "
+                                      "Python, which shoal run does not have: give the program");
+                        const int nproc_per_node = parse_nproc_per_node(args->nproc_per_node);
+                        int node_count = parse_nnodes(args->nnodes);
+                        int this_node = args->node_rank;
+                        std::string addr = args->master_addr;
+                        int port = args->master_port;
+                        std::string run_id = args->rdzv_id;
+                        if (args->standalone) {
+                          // torchrun --standalone: one node, a free local port, a random id.
+                          SHOAL_CHECK_T(InvalidArgument, node_count == 1, "shoal run: --standalone ",
+                                        "is one node; drop --nnodes ", args->nnodes);
+                          addr = "localhost";
+                          port = 0;
+                          run_id = random_run_id();
+                        } else if (args->rdzv_backend == "c10d" || !args->rdzv_endpoint.empty()) {
+                          SHOAL_CHECK_T(InvalidArgument, !args->rdzv_endpoint.empty(),
+                                        "shoal run: --rdzv-backend c10d needs --rdzv-endpoint "
+                                        "HOST[:PORT] (node 0's address)");
+                          const std::string& endpoint = args->rdzv_endpoint;
+                          const size_t colon = endpoint.rfind(':');
+                          const bool has_port = colon != std::string::npos &&
+                                                endpoint.find(':') == colon;  // not an IPv6 literal
+                          addr = has_port ? endpoint.substr(0, colon) : endpoint;
+                          if (addr.size() > 2 && addr.front() == '[' && addr.back() == ']') {
+                            addr = addr.substr(1, addr.size() - 2);
+                          }
+                          port = has_port ? parse_port(endpoint.substr(colon + 1), "--rdzv-endpoint")
+                                          : kDefaultRdzvPort;
+                          SHOAL_CHECK_T(InvalidArgument, node_count == 1 || node_rank->count() > 0,
+                                        "shoal run: --rdzv-backend c10d across ", node_count,
+                                        " nodes: shoal run assigns node ranks statically, so give "
+                                        "each node its --node-rank (0..", node_count - 1, ")");
+                        }
+                        // One shoal run per node under srun: the job's shape comes from SLURM.
+                        const comm::RankInfo slurm = comm::detect_rank_info();
+                        if (slurm.source == "slurm" && slurm.launched) {
+                          if (nnodes->count() == 0) node_count = slurm.world_size;
+                          if (node_rank->count() == 0) this_node = slurm.rank;
+                          if (master_addr->count() == 0 && !args->standalone &&
+                              args->rdzv_endpoint.empty()) {
+                            addr = slurm.master_addr;
+                          }
+                          if (master_port->count() == 0 && !args->standalone &&
+                              args->rdzv_endpoint.empty()) {
+                            port = slurm.master_port;
+                          }
+                          if (args->rdzv_id == "none") {
+                            run_id = std::getenv("SLURM_JOB_ID") ? std::getenv("SLURM_JOB_ID") : "none";
+                          }
                         }
                         std::vector<std::string> command = args->command;
                         auto options =
                             args->num_servers > 0
                                 ? launcher::LaunchOptions::parameter_server(
-                                      args->nproc_per_node, args->num_servers, std::move(command),
-                                      args->nnodes)
-                                : launcher::LaunchOptions::workers(args->nproc_per_node,
+                                      nproc_per_node, args->num_servers, std::move(command),
+                                      node_count)
+                                : launcher::LaunchOptions::workers(nproc_per_node,
                                                                    std::move(command));
-                        options.nnodes = args->nnodes;
-                        options.node_rank = args->node_rank;
-                        options.master_addr = args->master_addr;
-                        options.master_port = args->master_port;
+                        if (!args->role.empty()) {
+                          SHOAL_CHECK_T(InvalidArgument, args->num_servers == 0,
+                                        "shoal run: --role names the workers of a plain job; a "
+                                        "parameter-server job's roles are worker and server");
+                          options.roles.front().env.emplace_back("ROLE_NAME", args->role);
+                        }
+                        options.nnodes = node_count;
+                        options.node_rank = this_node;
+                        options.master_addr = addr;
+                        options.master_port = port;
+                        options.run_id = run_id;
                         options.prefix_output = !args->no_prefix;
                         options.max_restarts = args->max_restarts;
                         options.tolerate_worker_failures = args->tolerate_worker_failures;
+                        options.log_dir = args->log_dir;
+                        options.redirects = launcher::StreamLogs::parse(args->redirects, "--redirects");
+                        options.tee = launcher::StreamLogs::parse(args->tee, "--tee");
                         SHOAL_CHECK_T(InvalidArgument,
                                       std::isfinite(args->grace_period_s) &&
                                           args->grace_period_s >= 0,

@@ -1,12 +1,16 @@
 // `shoal train`: the built-in trainer on the real Fashion-MNIST data, in one process or
 // data-parallel (--strategy ddp), with checkpoints and resume.
 //
-// With --strategy ddp outside a launcher (no RANK / OMPI_COMM_WORLD_RANK / PMI_RANK in the
-// environment), `shoal train` starts itself --nproc-per-node times through the launcher, with the
-// same arguments, and returns the job's exit status; under `shoal run`, torchrun or mpirun it runs
-// as the rank the environment names.
+// With --strategy ddp outside a launcher (comm::detect_rank_info().launched is false: no torchrun,
+// mpirun or PMI variables, and not a task of a multi-task srun step), `shoal train` starts itself
+// --nproc-per-node times through the launcher, with the same arguments, and returns the job's exit
+// status; under `shoal run`, torchrun, mpirun or srun it runs as the rank the environment names
+// and never launches a job of its own.
 #include <sched.h>
+#include <signal.h>
 #include <unistd.h>
+
+#include <csignal>
 
 #include <algorithm>
 #include <climits>
@@ -92,14 +96,6 @@ int run_ps_server(const train::TrainOptions& options, const TrainArgs& args) {
   return 0;
 }
 
-/// True when a launcher (shoal run, torchrun, mpirun, SLURM's srun) started this process as a rank.
-bool started_as_rank() {
-  for (const char* name : {"RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK"}) {
-    if (std::getenv(name) != nullptr) return true;
-  }
-  return false;
-}
-
 /// This process's own command line, read back from /proc (argv is not kept by CLI11).
 std::vector<std::string> own_command_line() {
   std::ifstream in("/proc/self/cmdline", std::ios::binary);
@@ -115,11 +111,47 @@ std::vector<std::string> own_command_line() {
   return words;
 }
 
-/// Cores this process may run on (its affinity mask, as taskset or a container limit it).
+/// Cores this process may run on: its own affinity mask (as taskset, a container, or a launcher's
+/// binding — mpirun --bind-to core, srun --cpu-bind=cores — limits it).
 int available_cores() {
   cpu_set_t set;
   if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
   return std::max(1u, std::thread::hardware_concurrency());
+}
+
+/// True when the launcher bound this process to cores of its own: its mask is narrower than the
+/// launcher's (its parent: mpirun's daemon, slurmstepd, shoal run). A process that inherited its
+/// launcher's whole mask shares those cores with the other local ranks; a bound one does not (a
+/// launcher binds ranks to disjoint cores: --bind-to core, --cpu-bind=cores).
+bool bound_by_launcher() {
+  cpu_set_t own;
+  cpu_set_t parent;
+  if (sched_getaffinity(0, sizeof(own), &own) != 0 ||
+      sched_getaffinity(getppid(), sizeof(parent), &parent) != 0) {
+    return false;
+  }
+  cpu_set_t both;
+  CPU_AND(&both, &own, &parent);
+  return CPU_EQUAL(&both, &own) && CPU_COUNT(&own) < CPU_COUNT(&parent);
+}
+
+/// Exit status of a run stopped by the preemption warning, after its checkpoint was saved: 75,
+/// EX_TEMPFAIL of <sysexits.h> ("try again later"); the batch script requeues on it.
+constexpr int kExitPreempted = 75;
+
+volatile std::sig_atomic_t g_preempt_requested = 0;
+
+void on_preemption_signal(int) { g_preempt_requested = 1; }
+
+/// SIGUSR1 (what `sbatch --signal=USR1@90` sends before a time limit or preemption) asks the
+/// trainer to save a checkpoint at the next step boundary and stop. Replaces the flight recorder's
+/// dump-on-SIGUSR1 in this process (install_dump_on_sigusr1 keeps a program's own handler).
+void install_preemption_handler() {
+  struct sigaction action {};
+  action.sa_handler = on_preemption_signal;
+  sigemptyset(&action.sa_mask);
+  action.sa_flags = SA_RESTART;
+  ::sigaction(SIGUSR1, &action, nullptr);
 }
 
 }  // namespace
@@ -309,19 +341,36 @@ void add_train_command(CLI::App& root, std::vector<Command>& commands) {
                         const bool ddp = args->strategy == "ddp";
                         const bool ps_job = args->strategy == "ps";
                         const bool pipelined = args->strategy == "pipeline";
-                        const bool as_rank = started_as_rank();
+                        // The one decision of "started as a rank" (torchrun, shoal run, mpirun,
+                        // srun -n N): such a process never launches a job of its own.
+                        const comm::RankInfo rank_info = comm::detect_rank_info();
+                        const bool as_rank = rank_info.launched;
+                        // Preemption warnings from the start (SIGUSR1's default would kill):
+                        // not for ps, whose asynchronous workers do not step together.
+                        if (!ps_job) install_preemption_handler();
                         // Independent copies of one training are never what was meant.
                         SHOAL_CHECK_T(InvalidArgument, ddp || nproc->count() == 0,
                                       "--nproc-per-node ", args->nproc_per_node,
                                       " needs --strategy ddp (without it every process would "
                                       "train alone)");
-                        const comm::RankInfo rank_info =
-                            as_rank ? comm::detect_rank_info() : comm::RankInfo{};
-                        SHOAL_CHECK_T(InvalidArgument, ddp || ps_job || pipelined || rank_info.world_size == 1,
-                                      "started as rank ", rank_info.rank, " of ",
+                        if (!(ddp || ps_job || pipelined) && as_rank && rank_info.world_size > 1) {
+                          // Refused once for the job (rank 0 says why), never trained N times.
+                          if (rank_info.rank != 0) return 2;
+                          SHOAL_THROW(InvalidArgument, "started as rank ", rank_info.rank, " of ",
+                                      rank_info.world_size, " by ", rank_info.source,
+                                      ", but --strategy is ", args->strategy,
+                                      ": pass --strategy ddp to train one job of ",
                                       rank_info.world_size,
-                                      " by a launcher, but --strategy is single: pass --strategy "
-                                      "ddp, or the ranks would train independently");
+                                      " ranks (or start one process), or the ranks would train "
+                                      "independently");
+                        }
+                        // (Not under torchrun's names: shoal train's own launcher passes it on.)
+                        if (as_rank && nproc->count() > 0 && rank_info.rank == 0 &&
+                            rank_info.source != "torchrun") {
+                          log::warn("shoal train: --nproc-per-node ", args->nproc_per_node,
+                                    " is ignored: started as rank 0 of ", rank_info.world_size,
+                                    " by ", rank_info.source, ", whose ranks are the job");
+                        }
                         options->validate();  // before reading a checkpoint for --resume
                         if (options->resume) {
                           // Hyper-parameters not given continue as the checkpoint had them; the
@@ -337,19 +386,30 @@ void add_train_command(CLI::App& root, std::vector<Command>& commands) {
                           if (seed->count() > 0) given.insert("seed");
                           train::inherit_checkpoint_config(*options, saved, given, where);
                         }
-                        // Threads: the cores this process may use, shared among the local ranks.
+                        // Threads: the cores in this process's own affinity mask, divided among
+                        // the local ranks that really share them (all of them, unless the launcher
+                        // bound each rank to cores of its own).
                         const int local =
                             as_rank ? rank_info.local_world_size
                                     : ddp ? args->nproc_per_node
                                           : pipelined ? args->stages * args->replicas : 1;
                         const int cores = available_cores();
-                        if (threads->count() == 0) options->threads = std::max(1, cores / local);
-                        const int used = std::max(1, options->threads) * local;
+                        const bool bound = as_rank && bound_by_launcher();
+                        const int sharing = bound ? 1 : local;
+                        if (threads->count() == 0) options->threads = std::max(1, cores / sharing);
+                        const int used = std::max(1, options->threads) * sharing;
+                        log::debug("shoal train: ", options->threads, " intra-op thread",
+                                   options->threads == 1 ? "" : "s", ": ", cores, " core",
+                                   cores == 1 ? "" : "s", " in this process's affinity mask, ",
+                                   bound ? "bound to this rank by the launcher"
+                                         : "shared by " + std::to_string(sharing) + " local process" +
+                                               (sharing == 1 ? "" : "es"));
                         if (used > cores && (!(ddp || pipelined) || as_rank) && rank_info.local_rank == 0) {
-                          log::warn("shoal: warning: ", local, " process", local == 1 ? "" : "es",
+                          log::warn("shoal: warning: ", sharing, " process", sharing == 1 ? "" : "es",
                                     " x ", std::max(1, options->threads), " thread",
                                     options->threads == 1 ? "" : "s", " on ", cores, " core",
                                     cores == 1 ? "" : "s",
+                                    bound ? " (bound by the launcher)" : "",
                                     ": oversubscribed, steps will be slow (see --threads)");
                         }
                         options->validate();
@@ -361,7 +421,7 @@ void add_train_command(CLI::App& root, std::vector<Command>& commands) {
                                       "--comm-hook ", args->comm_hook,
                                       " applies to --strategy ddp (without --model-parallel)");
                         if (args->strategy == "ddp" || args->strategy == "pipeline") {
-                          if (!started_as_rank()) {
+                          if (!as_rank) {
                             // Refuse a hopeless resume once, here, rather than once per rank.
                             if (options->resume) train::load_resume_checkpoint(*options);
                             auto launch = launcher::LaunchOptions::workers(
@@ -403,7 +463,15 @@ void add_train_command(CLI::App& root, std::vector<Command>& commands) {
                                                                                   options->model);
                         }
                         if (args->strategy == "ps") {
-                          if (!started_as_rank()) {
+                          // srun and mpirun give ranks, not the server and worker roles.
+                          SHOAL_CHECK_T(InvalidArgument,
+                                        !as_rank || rank_info.source == "torchrun",
+                                        "--strategy ps was started as rank ", rank_info.rank, " of ",
+                                        rank_info.world_size, " by ", rank_info.source,
+                                        ", which assigns no server and worker roles: start one "
+                                        "process (srun -n1 shoal train --strategy ps --servers S "
+                                        "--workers W), which starts them");
+                          if (!as_rank) {
                             auto launch = launcher::LaunchOptions::parameter_server(
                                 args->workers, args->servers, own_command_line());
                             launch.master_port = 0;
@@ -415,9 +483,24 @@ void add_train_command(CLI::App& root, std::vector<Command>& commands) {
                           if (ps::job_from_env().is_server()) return run_ps_server(*options, *args);
                           strategy = std::make_unique<train::PsStrategy>();
                         }
+                        if (!ps_job) {
+                          options->stop_requested = [] { return g_preempt_requested != 0; };
+                        }
                         const bool reports = !strategy || strategy->rank() == 0;
                         const train::TrainResult result =
                             train::run_training(*options, std::move(strategy));
+                        if (result.preempted) {
+                          if (reports) {
+                            log::warn("shoal train: SIGUSR1 (preemption warning): stopped after step ",
+                                      result.step,
+                                      options->checkpoint_dir.empty()
+                                          ? std::string(" with nothing saved (no --checkpoint-dir)")
+                                          : ", checkpoint saved in " + options->checkpoint_dir +
+                                                "; run again with --resume to continue",
+                                      " (exit status ", kExitPreempted, ")");
+                          }
+                          return kExitPreempted;
+                        }
                         if (reports) {
                           if (result.stopped) {
                             std::printf("stopped after step %lld\n",

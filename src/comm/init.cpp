@@ -36,30 +36,6 @@ int env_int(const char* name, int fallback) {
   return static_cast<int>(parsed);
 }
 
-// SLURM_TASKS_PER_NODE reads "2(x3),1": tasks on each node, in node order; returns node `node`'s.
-int slurm_tasks_on_node(const char* spec, int node) {
-  const std::string text(spec);
-  size_t pos = 0;
-  int index = 0;
-  while (pos < text.size()) {
-    size_t used = 0;
-    const int tasks = std::stoi(text.substr(pos), &used);
-    pos += used;
-    int repeat = 1;
-    if (pos < text.size() && text[pos] == '(') {
-      SHOAL_CHECK_T(InvalidArgument, text.compare(pos, 2, "(x") == 0,
-                    "SLURM_TASKS_PER_NODE='", text, "' is not understood");
-      pos += 2;
-      repeat = std::stoi(text.substr(pos), &used);
-      pos += used + 1;  // the number and ')'
-    }
-    if (node < index + repeat) return tasks;
-    index += repeat;
-    if (pos < text.size() && text[pos] == ',') ++pos;
-  }
-  SHOAL_THROW(InvalidArgument, "SLURM_TASKS_PER_NODE='", text, "' has no entry for node ", node);
-}
-
 bool is_loopback(const std::string& host) {
   return host == "localhost" || host.rfind("127.", 0) == 0 || host == "::1";
 }
@@ -71,60 +47,6 @@ bool torchelastic_agent_store() {
 }
 
 }  // namespace
-
-RankInfo detect_rank_info(const InitOptions& options) {
-  RankInfo info;
-  if (env("RANK") != nullptr || env("WORLD_SIZE") != nullptr) {
-    info.source = "torchrun";
-    info.rank = env_int("RANK", 0);
-    info.world_size = env_int("WORLD_SIZE", 1);
-    info.local_rank = env_int("LOCAL_RANK", info.rank);
-    info.local_world_size = env_int("LOCAL_WORLD_SIZE", info.world_size);
-  } else if (env("OMPI_COMM_WORLD_RANK") != nullptr) {
-    info.source = "openmpi";
-    info.rank = env_int("OMPI_COMM_WORLD_RANK", 0);
-    info.world_size = env_int("OMPI_COMM_WORLD_SIZE", 1);
-    info.local_rank = env_int("OMPI_COMM_WORLD_LOCAL_RANK", 0);
-    info.local_world_size = env_int("OMPI_COMM_WORLD_LOCAL_SIZE", info.world_size);
-  } else if (env("SLURM_PROCID") != nullptr) {
-    info.source = "slurm";
-    info.rank = env_int("SLURM_PROCID", 0);
-    info.world_size = env_int("SLURM_NTASKS", 1);
-    info.local_rank = env_int("SLURM_LOCALID", 0);
-    if (env("SLURM_NTASKS_PER_NODE") != nullptr) {
-      info.local_world_size = env_int("SLURM_NTASKS_PER_NODE", 1);
-    } else if (const char* spec = env("SLURM_TASKS_PER_NODE")) {
-      try {
-        info.local_world_size = slurm_tasks_on_node(spec, env_int("SLURM_NODEID", 0));
-      } catch (const std::logic_error&) {  // std::stoi on something that is not a number
-        SHOAL_THROW(InvalidArgument, "SLURM_TASKS_PER_NODE='", spec, "' is not understood");
-      }
-    } else {
-      info.local_world_size = 1;
-    }
-  }
-  if (options.rank >= 0 || options.world_size >= 0) {
-    info.source = "options";
-    if (options.rank >= 0) info.rank = options.rank;
-    if (options.world_size >= 0) info.world_size = options.world_size;
-    if (options.world_size >= 0 && env("LOCAL_WORLD_SIZE") == nullptr) {
-      info.local_rank = info.rank;
-      info.local_world_size = info.world_size;
-    }
-  }
-  if (const char* addr = env("MASTER_ADDR")) info.master_addr = addr;
-  info.master_port = env_int("MASTER_PORT", info.master_port);
-
-  SHOAL_CHECK_T(InvalidArgument, info.world_size >= 1, "world size is ", info.world_size,
-                " (from ", info.source, "); it must be at least 1");
-  SHOAL_CHECK_T(InvalidArgument, info.rank < info.world_size, "rank ", info.rank,
-                " is not below the world size ", info.world_size, " (from ", info.source,
-                "); ranks are 0..", info.world_size - 1);
-  SHOAL_CHECK_T(InvalidArgument, info.local_rank < std::max(1, info.local_world_size),
-                "local rank ", info.local_rank, " is not below the local world size ",
-                info.local_world_size, " (from ", info.source, ")");
-  return info;
-}
 
 bool is_backend_available(const std::string& backend) {
   if (is_multi_device_spec(backend)) {
@@ -319,11 +241,12 @@ std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options) {
       store = make_hash_store(timeout);
     } else {
       // Without them, two unrelated jobs on one host would silently meet on the same default.
-      SHOAL_CHECK_T(InvalidArgument, env("MASTER_ADDR") != nullptr && env("MASTER_PORT") != nullptr,
+      // SLURM derives them from the job (detect_rank_info); other launchers set them.
+      SHOAL_CHECK_T(InvalidArgument, !info.endpoint_source.empty(),
                     "[rank ", info.rank, "/", info.world_size, "] env:// rendezvous needs MASTER_ADDR and ",
                     "MASTER_PORT (", env("MASTER_ADDR") ? "MASTER_PORT" : "MASTER_ADDR",
                     " is not set): set both on every rank to rank 0's host and a free port, or start the ",
-                    "job with `shoal run`, which sets them");
+                    "job with `shoal run` or srun, which provide them");
       const bool multi_host = info.local_world_size < info.world_size;
       SHOAL_CHECK_T(InvalidArgument, !(multi_host && is_loopback(info.master_addr)),
                     "MASTER_ADDR=", info.master_addr, " is a loopback address but the job spans ",

@@ -86,7 +86,8 @@ std::string resolve_program(const std::string& program) {
   SHOAL_THROW(InvalidArgument, "cannot find program '", program, "' on PATH; give its path");
 }
 
-std::vector<WorkerSpec> plan_workers(const LaunchOptions& options, int master_port, int restart) {
+std::vector<WorkerSpec> plan_workers(const LaunchOptions& options, int master_port, int restart,
+                                     const std::string& log_root) {
   // The launcher's own environment, then the job's variables on top.
   std::map<std::string, std::string> base;
   for (char** var = environ; var != nullptr && *var != nullptr; ++var) {
@@ -132,6 +133,9 @@ std::vector<WorkerSpec> plan_workers(const LaunchOptions& options, int master_po
       env[comm::kSigusr1IgnoredEnv] = "1";
       env["TORCHELASTIC_RESTART_COUNT"] = std::to_string(restart);
       env["TORCHELASTIC_MAX_RESTARTS"] = std::to_string(options.max_restarts);
+      env["TORCHELASTIC_RUN_ID"] = options.run_id;
+      // shoal run serves no agent store: ranks meet on the store rank 0 serves (init.cpp).
+      env["TORCHELASTIC_USE_AGENT_STORE"] = "False";
       if (base.count("OMP_NUM_THREADS") == 0) env["OMP_NUM_THREADS"] = "1";
       for (const auto& [name, value] : role.env) env[name] = value;
 
@@ -142,6 +146,21 @@ std::vector<WorkerSpec> plan_workers(const LaunchOptions& options, int master_po
                                          : role.name + " " + std::to_string(role_rank);
       spec.program = program;
       spec.argv = role.command;
+      if (!log_root.empty()) {
+        // torchrun's layout: attempt_N/LOCAL_RANK/{stdout,stderr}.log (and its error file).
+        const std::string dir = log_root + "/attempt_" + std::to_string(restart) + "/" +
+                                std::to_string(local_rank);
+        std::error_code error;
+        std::filesystem::create_directories(dir, error);
+        SHOAL_CHECK(!error, "cannot create the log directory ", dir, ": ", error.message());
+        env["TORCHELASTIC_ERROR_FILE"] = dir + "/error.json";
+        const int redirected = options.redirects.of(local_rank);
+        const int teed = options.tee.of(local_rank);
+        if ((redirected | teed) & 1) spec.stdout_file = dir + "/stdout.log";
+        if ((redirected | teed) & 2) spec.stderr_file = dir + "/stderr.log";
+        spec.stdout_to_console = !(redirected & 1) || (teed & 1);
+        spec.stderr_to_console = !(redirected & 2) || (teed & 2);
+      }
       for (const auto& [name, value] : env) spec.env.push_back(name + "=" + value);
       specs.push_back(std::move(spec));
     }
@@ -197,6 +216,44 @@ void report(const LaunchOptions& options, const GroupResult& result,
 }
 
 }  // namespace
+
+int StreamLogs::of(int local_rank) const {
+  if (per_local_rank.empty()) return all;
+  const auto found = per_local_rank.find(local_rank);
+  return found == per_local_rank.end() ? 0 : found->second;
+}
+
+StreamLogs StreamLogs::parse(const std::string& text, const std::string& flag) {
+  auto fail = [&]() {
+    SHOAL_THROW(InvalidArgument, flag, " '", text, "' is not understood: give 0 (none), 1 (stdout), ",
+                "2 (stderr) or 3 (both) for every local rank, or LOCAL_RANK:VALUE pairs such as "
+                "0:3,1:1");
+  };
+  auto bits = [&](const std::string& digit) {
+    if (digit.size() != 1 || digit[0] < '0' || digit[0] > '3') fail();
+    return digit[0] - '0';
+  };
+  StreamLogs logs;
+  if (text.find(':') == std::string::npos) {
+    logs.all = bits(text);
+    return logs;
+  }
+  size_t start = 0;
+  while (start <= text.size()) {
+    size_t end = text.find(',', start);
+    if (end == std::string::npos) end = text.size();
+    const std::string pair = text.substr(start, end - start);
+    const size_t colon = pair.find(':');
+    if (colon == std::string::npos || colon == 0) fail();
+    for (size_t i = 0; i < colon; ++i) {
+      if (pair[i] < '0' || pair[i] > '9') fail();
+    }
+    if (colon > 6) fail();
+    logs.per_local_rank[std::stoi(pair.substr(0, colon))] = bits(pair.substr(colon + 1));
+    start = end + 1;
+  }
+  return logs;
+}
 
 LaunchOptions LaunchOptions::workers(int nproc_per_node, std::vector<std::string> command) {
   LaunchOptions options;
@@ -278,6 +335,25 @@ int launch(const LaunchOptions& options) {
                      " workers do not oversubscribe the cores; set OMP_NUM_THREADS to choose");
   }
 
+  // --redirects / --tee: one folder per launch, as torchrun makes (RUN_ID_XXXXXX).
+  std::string log_root;
+  if (options.redirects.any() || options.tee.any()) {
+    std::string parent = options.log_dir;
+    if (parent.empty()) {
+      const char* tmp = std::getenv("TMPDIR");
+      parent = tmp != nullptr && *tmp != '\0' ? tmp : "/tmp";
+    }
+    std::error_code error;
+    std::filesystem::create_directories(parent, error);
+    SHOAL_CHECK_T(InvalidArgument, !error, "--log-dir ", parent, " cannot be created: ",
+                  error.message());
+    std::string pattern = parent + "/" + options.run_id + "_XXXXXX";
+    SHOAL_CHECK_T(InvalidArgument, ::mkdtemp(pattern.data()) != nullptr, "--log-dir ", parent,
+                  ": cannot create a folder in it: ", std::strerror(errno));
+    log_root = pattern;
+    say(options, "worker logs in " + log_root);
+  }
+
   WorkerGroupOptions group_options;
   group_options.prefix_output = options.prefix_output;
   group_options.grace_period = options.grace_period;
@@ -287,7 +363,7 @@ int launch(const LaunchOptions& options) {
     GroupResult result;
     {
       SignalRelay relay;
-      WorkerGroup group(plan_workers(options, master_port, restart), group_options);
+      WorkerGroup group(plan_workers(options, master_port, restart, log_root), group_options);
       result = group.run(relay);
       // Shared-memory names a worker made but could not remove (killed while its group formed).
       comm::shm::SharedSegment::remove_segments_of(group.pids());

@@ -60,6 +60,11 @@ void LinePrefixer::flush() {
 }
 
 void LinePrefixer::write_line(const char* data, size_t size, bool add_newline) {
+  if (copy_fd_ >= 0) {
+    write_all(copy_fd_, data, size);
+    if (add_newline) write_all(copy_fd_, "\n", 1);
+  }
+  if (out_fd_ < 0) return;
   line_.assign(prefix_);
   line_.append(data, size);
   if (add_newline) line_.push_back('\n');

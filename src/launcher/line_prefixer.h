@@ -18,8 +18,10 @@ class LinePrefixer {
   /// Why 1 MiB: far above any sensible log line, small enough to hold for hundreds of workers.
   static constexpr size_t kMaxLineBytes = size_t{1} << 20;
 
-  /// Writes to `out_fd` (not owned); `prefix` is empty for no prefix.
+  /// Writes to `out_fd` (not owned; -1 for nowhere); `prefix` is empty for no prefix.
   LinePrefixer(std::string prefix, int out_fd);
+  /// Also writes every line, without the prefix, to `fd` (not owned; a log file).
+  void set_copy(int fd) { copy_fd_ = fd; }
 
   /// Takes `size` more bytes of the stream; writes out every line completed by them.
   void feed(const char* data, size_t size);
@@ -31,6 +33,7 @@ class LinePrefixer {
 
   std::string prefix_;
   int out_fd_;
+  int copy_fd_ = -1;
   std::string pending_;  ///< the unfinished line so far
   std::string line_;     ///< scratch buffer: prefix + line
 };

@@ -6,7 +6,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <fcntl.h>
+
 #include <cerrno>
+#include <cstring>
 
 #include "launcher/line_prefixer.h"
 #include "launcher/signal_relay.h"
@@ -20,7 +23,11 @@ using Clock = std::chrono::steady_clock;
 WorkerGroup::WorkerGroup(std::vector<WorkerSpec> specs, WorkerGroupOptions options)
     : specs_(std::move(specs)), options_(options) {}
 
-WorkerGroup::~WorkerGroup() { stop_now(); }
+WorkerGroup::~WorkerGroup() {
+  stop_now();
+  for (auto& prefixer : prefixers_) prefixer->flush();
+  for (int fd : log_fds_) ::close(fd);
+}
 
 int WorkerGroup::count_running() const {
   return static_cast<int>(std::count_if(workers_.begin(), workers_.end(),
@@ -104,9 +111,21 @@ GroupResult WorkerGroup::run(SignalRelay& relay) {
   GroupResult result;
   for (auto& spec : specs_) {
     const std::string prefix = options_.prefix_output ? "[" + spec.label + "] " : "";
-    prefixers_.push_back(std::make_unique<LinePrefixer>(prefix, STDOUT_FILENO));
-    prefixers_.push_back(std::make_unique<LinePrefixer>(prefix, STDERR_FILENO));
-    workers_.push_back(std::make_unique<WorkerProcess>(spec, options_.prefix_output));
+    const bool logged = !spec.stdout_file.empty() || !spec.stderr_file.empty();
+    prefixers_.push_back(std::make_unique<LinePrefixer>(
+        prefix, spec.stdout_to_console ? STDOUT_FILENO : -1));
+    prefixers_.push_back(std::make_unique<LinePrefixer>(
+        prefix, spec.stderr_to_console ? STDERR_FILENO : -1));
+    for (int stream = 0; stream < 2; ++stream) {
+      const std::string& path = stream == 0 ? spec.stdout_file : spec.stderr_file;
+      if (path.empty()) continue;
+      const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+      SHOAL_CHECK(fd >= 0, "cannot write ", spec.label, "'s log ", path, ": ",
+                  std::strerror(errno), "; check --log-dir");
+      log_fds_.push_back(fd);
+      prefixers_[prefixers_.size() - 2 + stream]->set_copy(fd);
+    }
+    workers_.push_back(std::make_unique<WorkerProcess>(spec, options_.prefix_output || logged));
   }
   try {
     for (auto& worker : workers_) {

@@ -92,6 +92,7 @@ class WorkerGroup {
   WorkerGroupOptions options_;
   std::vector<std::unique_ptr<WorkerProcess>> workers_;
   std::vector<int> pids_;  // every worker started, kept after they are reaped
+  std::vector<int> log_fds_;  // --log-dir files, closed with the group
   std::vector<std::unique_ptr<class LinePrefixer>> prefixers_;  // stdout, stderr per worker
   bool stopping_ = false;
   bool killed_ = false;

@@ -15,6 +15,12 @@ struct WorkerSpec {
   std::string program;             ///< resolved path of the program
   std::vector<std::string> argv;   ///< argv[0] is the program as the user wrote it
   std::vector<std::string> env;    ///< complete environment, "NAME=value"
+  /// torchrun's --redirects/--tee: each stream's log file ("" for none), and whether the stream
+  /// also reaches the launcher's console (false: redirected to the file only).
+  std::string stdout_file;
+  std::string stderr_file;
+  bool stdout_to_console = true;
+  bool stderr_to_console = true;
 };
 
 }  // namespace shoal::launcher

@@ -12,6 +12,7 @@
 #include "shoal/checkpoint/serialization.h"
 #include "shoal/checkpoint/training_state.h"
 #include "shoal/data/fashion_mnist.h"
+#include "shoal/comm/init.h"
 #include "shoal/error.h"
 #include "shoal/log.h"
 #include "shoal/memory/cpu_allocator.h"
@@ -165,8 +166,7 @@ checkpoint::TrainingState load_resume_checkpoint(const TrainOptions& options, st
   std::optional<checkpoint::ResumePoint> point = checkpoint::load_latest_intact(options.checkpoint_dir);
   SHOAL_CHECK_T(CheckpointError, point.has_value(), "--resume: no checkpoint in ",
                 options.checkpoint_dir, "; run without --resume to start from scratch");
-  const char* rank = std::getenv("RANK");
-  if (!point->skipped.empty() && (rank == nullptr || std::string(rank) == "0")) {
+  if (!point->skipped.empty() && comm::detect_rank_info().rank == 0) {
     for (const auto& why : point->skipped) log::warn("shoal: --resume skips ", why);
     log::warn("shoal: --resume falls back to ", point->path, ", the newest intact checkpoint");
   }
@@ -387,9 +387,24 @@ TrainResult Trainer::fit(const TensorData& train, const TensorData& test) {
         interval_samples = 0;
       }
       // The end-of-epoch checkpoint follows the last step, so no mid-epoch one there.
+      bool saved = false;
       if (checkpoints && options_.checkpoint_every > 0 &&
           state_.step % options_.checkpoint_every == 0 && s + 1 < steps) {
         save_checkpoint(epoch, end * replicas);
+        saved = true;
+      }
+      if (options_.stop_requested) {
+        // Every rank asks, every step, so that all stop after the same step.
+        std::vector<double> requested{options_.stop_requested() ? 1.0 : 0.0};
+        strategy_->all_reduce_sum(requested);
+        if (requested[0] > 0) {
+          // A resume continues after the samples consumed so far (all of them at an epoch's end).
+          if (checkpoints && !saved) save_checkpoint(epoch, end * replicas);
+          result.preempted = true;
+          result.step = state_.step;
+          write_trace();
+          return result;
+        }
       }
       if (options_.stop_after_steps > 0 && state_.step >= options_.stop_after_steps) {
         result.stopped = true;

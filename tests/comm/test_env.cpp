@@ -5,6 +5,8 @@
 #include <cstdlib>
 #include <map>
 #include <optional>
+#include <set>
+#include <string>
 
 #include "shoal/comm/init.h"
 #include "shoal/error.h"
@@ -16,7 +18,10 @@ const char* const kLauncherVariables[] = {
     "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
     "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
     "OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID",
-    "SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE", "SLURM_NODEID", "SHOAL_TIMEOUT"};
+    "SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE", "SLURM_NODEID", "SHOAL_TIMEOUT",
+    "SLURM_STEP_ID", "SLURM_STEPID", "SLURM_STEP_NUM_TASKS", "SLURM_STEP_TASKS_PER_NODE",
+    "SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST", "SLURM_JOB_ID", "SLURM_JOBID",
+    "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"};
 
 // Clears the launcher variables for the test and restores them afterwards.
 class Environment : public ::testing::Test {
@@ -100,7 +105,7 @@ TEST_F(Environment, OpenMpi) {
 }
 
 TEST_F(Environment, Slurm) {
-  set({{"SLURM_PROCID", "4"}, {"SLURM_NTASKS", "7"}, {"SLURM_LOCALID", "0"},
+  set({{"SLURM_PROCID", "4"}, {"SLURM_NTASKS", "7"}, {"SLURM_LOCALID", "0"}, {"SLURM_STEP_ID", "0"},
        {"SLURM_NODEID", "2"}, {"SLURM_TASKS_PER_NODE", "2(x2),3"}});
   RankInfo info = detect_rank_info();
   EXPECT_EQ(info.source, "slurm");
@@ -108,6 +113,7 @@ TEST_F(Environment, Slurm) {
   EXPECT_EQ(info.world_size, 7);
   EXPECT_EQ(info.local_rank, 0);
   EXPECT_EQ(info.local_world_size, 3);  // node 2 is the third entry of "2,2,3"
+  EXPECT_EQ(info.endpoint_source, "");   // no node list, no job id: nothing to derive from
 
   set({{"SLURM_NODEID", "1"}});
   EXPECT_EQ(detect_rank_info().local_world_size, 2);
@@ -116,6 +122,153 @@ TEST_F(Environment, Slurm) {
   unsetenv("SLURM_NTASKS_PER_NODE");
   set({{"SLURM_TASKS_PER_NODE", "two"}});
   EXPECT_THROW(detect_rank_info(), InvalidArgument);
+}
+
+TEST_F(Environment, LoneProcessIsNotLaunched) {
+  EXPECT_FALSE(detect_rank_info().launched);
+  EXPECT_EQ(detect_rank_info().endpoint_source, "");
+}
+
+TEST_F(Environment, TorchrunOpenMpiAndPmiAreLaunched) {
+  set({{"RANK", "0"}, {"WORLD_SIZE", "1"}});
+  EXPECT_TRUE(detect_rank_info().launched);  // shoal run --nproc-per-node 1: still a rank
+  unsetenv("RANK");
+  unsetenv("WORLD_SIZE");
+  set({{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "1"}});
+  EXPECT_TRUE(detect_rank_info().launched);
+  unsetenv("OMPI_COMM_WORLD_RANK");
+  unsetenv("OMPI_COMM_WORLD_SIZE");
+  set({{"PMI_RANK", "3"}, {"PMI_SIZE", "4"}, {"MPI_LOCALRANKID", "1"}, {"MPI_LOCALNRANKS", "2"}});
+  const RankInfo info = detect_rank_info();
+  EXPECT_EQ(info.source, "pmi");
+  EXPECT_TRUE(info.launched);
+  EXPECT_EQ(info.rank, 3);
+  EXPECT_EQ(info.world_size, 4);
+  EXPECT_EQ(info.local_rank, 1);
+  EXPECT_EQ(info.local_world_size, 2);
+}
+
+// The environment srun gives task PROCID of `srun -N1 -n2` (as a real srun printed it: job 1, step 0).
+void set_srun_task(int procid) {
+  setenv("SLURM_PROCID", std::to_string(procid).c_str(), 1);
+  setenv("SLURM_LOCALID", std::to_string(procid).c_str(), 1);
+  setenv("SLURM_NODEID", "0", 1);
+  setenv("SLURM_NTASKS", "2", 1);
+  setenv("SLURM_STEP_NUM_TASKS", "2", 1);
+  setenv("SLURM_STEP_TASKS_PER_NODE", "2", 1);
+  setenv("SLURM_TASKS_PER_NODE", "2", 1);
+  setenv("SLURM_STEP_ID", "0", 1);
+  setenv("SLURM_STEPID", "0", 1);
+  setenv("SLURM_JOB_ID", "1", 1);
+  setenv("SLURM_JOBID", "1", 1);
+  setenv("SLURM_STEP_NODELIST", "vm", 1);
+  setenv("SLURM_JOB_NODELIST", "vm", 1);
+}
+
+TEST_F(Environment, SrunStepIsOneJob) {
+  set_srun_task(1);
+  const RankInfo info = detect_rank_info();
+  EXPECT_EQ(info.source, "slurm");
+  EXPECT_TRUE(info.launched);
+  EXPECT_EQ(info.rank, 1);
+  EXPECT_EQ(info.world_size, 2);
+  EXPECT_EQ(info.local_rank, 1);
+  EXPECT_EQ(info.local_world_size, 2);
+  EXPECT_EQ(info.master_addr, "vm");
+  EXPECT_EQ(info.master_port, slurm_master_port(1, 0));
+  EXPECT_EQ(info.endpoint_source, "slurm");
+}
+
+TEST_F(Environment, SlurmStepCountsOverTheJob) {
+  // `srun -n2` inside `sbatch -n4 -N2`: the step's 2 tasks are the world, not the job's 4.
+  set_srun_task(0);
+  set({{"SLURM_NTASKS", "4"}, {"SLURM_TASKS_PER_NODE", "2(x2)"}, {"SLURM_STEP_TASKS_PER_NODE", "1(x2)"},
+       {"SLURM_STEP_NODELIST", "gpu[07-08]"}, {"SLURM_JOB_NODELIST", "gpu[01-02,07-08]"},
+       {"SLURM_STEP_ID", "3"}});
+  const RankInfo info = detect_rank_info();
+  EXPECT_EQ(info.world_size, 2);
+  EXPECT_EQ(info.local_world_size, 1);
+  EXPECT_EQ(info.master_addr, "gpu07");
+  EXPECT_EQ(info.master_port, slurm_master_port(1, 3));
+  // Without the step's list (older SLURM), the job's first host.
+  unsetenv("SLURM_STEP_NODELIST");
+  EXPECT_EQ(detect_rank_info().master_addr, "gpu01");
+}
+
+TEST_F(Environment, SlurmBatchScriptIsNotARank) {
+  // sbatch -n2 runs its script with SLURM_PROCID=0 and SLURM_NTASKS=2 but no step: not a rank.
+  set({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}, {"SLURM_LOCALID", "0"}, {"SLURM_NODEID", "0"},
+       {"SLURM_TASKS_PER_NODE", "2"}, {"SLURM_JOB_ID", "7"}, {"SLURM_JOB_NODELIST", "vm"}});
+  const RankInfo info = detect_rank_info();
+  EXPECT_EQ(info.source, "default");
+  EXPECT_FALSE(info.launched);
+  EXPECT_EQ(info.world_size, 1);
+}
+
+TEST_F(Environment, SrunOfOneTaskMayLaunch) {
+  set_srun_task(0);
+  set({{"SLURM_NTASKS", "1"}, {"SLURM_STEP_NUM_TASKS", "1"}, {"SLURM_STEP_TASKS_PER_NODE", "1"}});
+  const RankInfo info = detect_rank_info();
+  EXPECT_EQ(info.source, "slurm");
+  EXPECT_EQ(info.world_size, 1);
+  EXPECT_FALSE(info.launched);
+}
+
+TEST_F(Environment, MasterVariablesWinOverSlurm) {
+  set_srun_task(1);
+  set({{"MASTER_ADDR", "10.1.2.3"}});
+  RankInfo info = detect_rank_info();
+  EXPECT_EQ(info.master_addr, "10.1.2.3");
+  EXPECT_EQ(info.master_port, slurm_master_port(1, 0));  // only the port derived
+  set({{"MASTER_PORT", "29999"}});
+  info = detect_rank_info();
+  EXPECT_EQ(info.master_port, 29999);
+  EXPECT_EQ(info.endpoint_source, "env");
+  // Torchrun inside srun: torchrun's variables are this process's identity.
+  set({{"RANK", "3"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "1"}, {"LOCAL_WORLD_SIZE", "2"}});
+  info = detect_rank_info();
+  EXPECT_EQ(info.source, "torchrun");
+  EXPECT_EQ(info.rank, 3);
+}
+
+TEST_F(Environment, SlurmErrorsNameTheVariable) {
+  set_srun_task(0);
+  set({{"SLURM_STEP_NODELIST", "gpu[3-1]"}});
+  try {
+    detect_rank_info();
+    ADD_FAILURE() << "a backwards range was accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("SLURM_STEP_NODELIST='gpu[3-1]'"), std::string::npos)
+        << e.what();
+  }
+  set({{"SLURM_STEP_NODELIST", "vm"}, {"SLURM_STEP_TASKS_PER_NODE", "2(x"}});
+  try {
+    detect_rank_info();
+    ADD_FAILURE() << "a bad SLURM_STEP_TASKS_PER_NODE was accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("SLURM_STEP_TASKS_PER_NODE"), std::string::npos)
+        << e.what();
+  }
+}
+
+TEST_F(Environment, SlurmMasterPortFormula) {
+  EXPECT_EQ(slurm_master_port(0, 0), 15000);
+  EXPECT_EQ(slurm_master_port(1, 0), 15016);
+  EXPECT_EQ(slurm_master_port(1, 1), 15017);
+  EXPECT_EQ(slurm_master_port(1, 17), 15017);  // steps wrap after 16
+  for (long long job : {1LL, 936LL, 937LL, 123456789LL, 4294967295LL}) {
+    for (long long step = 0; step < 20; ++step) {
+      const int port = slurm_master_port(job, step);
+      EXPECT_GE(port, 15000);
+      EXPECT_LT(port, 30000);
+    }
+  }
+  // Consecutive jobs and concurrent steps of one job get different ports.
+  std::set<int> ports;
+  for (long long job = 100; job < 200; ++job) {
+    for (long long step = 0; step < 16; ++step) ports.insert(slurm_master_port(job, step));
+  }
+  EXPECT_EQ(ports.size(), 1600u);
 }
 
 TEST_F(Environment, OptionsOverrideTheEnvironment) {

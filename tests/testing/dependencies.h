@@ -17,6 +17,7 @@ enum class Dependency {
   kPythonTorch,  ///< /usr/bin/python3 with torch (Debian's python3-torch): required in CI
   kMpi,          ///< the mpi backend built in and mpirun: required in CI
   kDataset,      ///< Fashion-MNIST under /usr/share/datasets (dataset-fashion-mnist): required in CI
+  kSlurm,        ///< SLURM's clients and daemons (slurm-wlm, munge): required in CI
   kOptional,     ///< anything a CI run may lack (e.g. not running under ctest): never a failure
 };
 

@@ -21,6 +21,7 @@
 #pragma once
 
 #include <chrono>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -37,6 +38,18 @@ struct RoleSpec {
   std::vector<std::string> command;
   /// Extra environment variables for this role's processes (applied after the torchrun ones).
   std::vector<std::pair<std::string, std::string>> env;
+};
+
+/// torchrun's --redirects / --tee value: which of a worker's streams go to its log file, as bits
+/// (1 stdout, 2 stderr, 3 both), for every local rank ("3") or per local rank ("0:3,1:1").
+struct StreamLogs {
+  int all = 0;
+  std::map<int, int> per_local_rank;
+  /// The bits for one local rank.
+  int of(int local_rank) const;
+  bool any() const { return all != 0 || !per_local_rank.empty(); }
+  /// Parses torchrun's syntax; throws InvalidArgument naming `flag` for anything else.
+  static StreamLogs parse(const std::string& text, const std::string& flag);
 };
 
 struct LaunchOptions {
@@ -67,6 +80,14 @@ struct LaunchOptions {
   /// --consistency bsp). A server's failure still stops everything. The exit status is 0 when
   /// every other process succeeds; the failures are reported.
   bool tolerate_worker_failures = false;
+  /// torchrun's --rdzv-id: the job's name, given to the workers as TORCHELASTIC_RUN_ID.
+  std::string run_id = "none";
+  /// torchrun's --log-dir, --redirects and --tee: a worker's redirected streams go to
+  /// LOG_DIR/RUN_ID_XXXXXX/attempt_N/LOCAL_RANK/{stdout,stderr}.log only, its teed ones to that file
+  /// and to the console. Without a log_dir, a fresh directory under $TMPDIR (named on stderr).
+  std::string log_dir;
+  StreamLogs redirects;
+  StreamLogs tee;
 
   /// The common case: `nproc_per_node` workers running `command` on one node.
   static LaunchOptions workers(int nproc_per_node, std::vector<std::string> command);

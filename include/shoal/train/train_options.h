@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 
 namespace shoal::train {
@@ -72,6 +73,11 @@ struct TrainOptions {
   int64_t stop_after_steps = 0;
   /// Tests: when not empty, every rank saves its final weights to "<path>.rank<R>.pt".
   std::string dump_parameters;
+  /// Preemption (SLURM's --signal=USR1@90): asked after every optimizer step; when it returns true
+  /// on any rank (the ranks agree through one small all-reduce per step, so that all stop at the
+  /// same step), the trainer saves a checkpoint in checkpoint_dir and returns with
+  /// TrainResult::preempted. Empty: never asked, no extra all-reduce.
+  std::function<bool()> stop_requested;
 
   /// Throws shoal::InvalidArgument naming the first option that cannot work.
   void validate() const;

@@ -94,6 +94,9 @@ struct TrainResult {
   std::vector<EpochResult> epochs;
   /// True when options.stop_after_steps ended the run early (as an interruption would).
   bool stopped = false;
+  /// True when options.stop_requested ended the run (a checkpoint was saved at `step`).
+  bool preempted = false;
+  int64_t step = 0;
   /// Test accuracy after the last epoch.
   double final_test_accuracy() const { return epochs.empty() ? 0 : epochs.back().test_accuracy; }
 };

@@ -1,0 +1,132 @@
+# A real one-node SLURM cluster on loopback, for tests: sourced, not run.
+#
+#   . slurm_cluster.sh
+#   slurm_cluster_start DIR      # munged, slurmctld, slurmd under DIR; exports SLURM_CONF
+#   srun -n2 ...                 # the cluster's clients find it through SLURM_CONF
+#   slurm_cluster_stop           # stops the daemons (call it from an EXIT trap)
+#
+# Everything lives in DIR: the munge key and socket, slurm.conf, state, spool, logs and pid files;
+# the ports are free ones picked at start, so that clusters of concurrent tests do not meet. The
+# node is this host under its own short name (NodeAddr 127.0.0.1), declared with
+# SLURM_TEST_CPUS CPUs (default 4, config_overrides: more than the machine has is fine for jobs
+# this small) so that a job step and the batch step fit side by side.
+# slurm_cluster_start returns 77 when SLURM or munge is not installed (scripts/setup.sh installs
+# them) and 1, with the daemons' logs, when the cluster does not come up within 60 s.
+
+slurm_cluster_missing() {
+  local tool
+  for tool in munged slurmctld slurmd srun sbatch scontrol sinfo; do
+    command -v "$tool" >/dev/null 2>&1 || [ -x "/usr/sbin/$tool" ] || { echo "$tool"; return 0; }
+  done
+  return 1
+}
+
+# A TCP port free on loopback a moment ago.
+slurm_free_port() {
+  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+# slurm_wait SECONDS COMMAND...: runs COMMAND every 0.2 s until it succeeds; 1 after SECONDS.
+slurm_wait() {
+  local limit=$1
+  shift
+  local deadline=$(( $(date +%s) + limit ))
+  until "$@" >/dev/null 2>&1; do
+    [ "$(date +%s)" -ge "$deadline" ] && return 1
+    sleep 0.2
+  done
+}
+
+slurm_cluster_logs() {
+  local log
+  for log in "$SLURM_CLUSTER_DIR"/munged.log "$SLURM_CLUSTER_DIR"/slurmctld.log \
+             "$SLURM_CLUSTER_DIR"/slurmd.log; do
+    [ -f "$log" ] && { echo "--- $log"; tail -n 25 "$log"; }
+  done
+}
+
+slurm_cluster_start() {
+  local dir=$1 missing
+  if missing=$(slurm_cluster_missing); then
+    echo "slurm: $missing is not installed (scripts/setup.sh installs slurm-wlm and munge)"
+    return 77
+  fi
+  export PATH="$PATH:/usr/sbin"
+  SLURM_CLUSTER_DIR=$dir
+  mkdir -p "$dir/state" "$dir/spool" "$dir/munge"
+  chmod 711 "$dir/munge"  # clients reach the socket; nobody lists the key
+  # munged wants its key readable by its user only, and a socket directory nobody else may write.
+  head -c 1024 /dev/urandom >"$dir/munge/munge.key"
+  chmod 400 "$dir/munge/munge.key"
+  munged --force --key-file="$dir/munge/munge.key" --socket="$dir/munge/munge.sock" \
+    --pid-file="$dir/munge/munged.pid" --log-file="$dir/munged.log" \
+    --seed-file="$dir/munge/munged.seed" >"$dir/munged.out" 2>&1 ||
+    { echo "slurm: munged did not start"; cat "$dir/munged.out"; slurm_cluster_logs; return 1; }
+
+  local host ctld_port slurmd_port cpus=${SLURM_TEST_CPUS:-4}
+  host=$(hostname -s)
+  ctld_port=$(slurm_free_port)
+  slurmd_port=$(slurm_free_port)
+  local user
+  user=$(id -un)
+  cat >"$dir/slurm.conf" <<EOF
+ClusterName=shoaltest
+SlurmctldHost=$host(127.0.0.1)
+SlurmctldPort=$ctld_port
+SlurmdPort=$slurmd_port
+SlurmUser=$user
+SlurmdUser=$user
+AuthType=auth/munge
+CredType=cred/munge
+AuthInfo=socket=$dir/munge/munge.sock
+StateSaveLocation=$dir/state
+SlurmdSpoolDir=$dir/spool/%n
+SlurmctldPidFile=$dir/slurmctld.pid
+SlurmdPidFile=$dir/slurmd.pid
+SlurmctldLogFile=$dir/slurmctld.log
+SlurmdLogFile=$dir/slurmd.log
+SlurmdParameters=config_overrides
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/affinity
+SwitchType=switch/none
+MpiDefault=none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+SchedulerType=sched/builtin
+JobCompType=jobcomp/none
+AccountingStorageType=accounting_storage/none
+JobAcctGatherType=jobacct_gather/none
+ReturnToService=2
+MessageTimeout=30
+InactiveLimit=0
+KillWait=5
+MinJobAge=300
+NodeName=$host NodeAddr=127.0.0.1 CPUs=$cpus State=UNKNOWN
+PartitionName=debug Nodes=$host Default=YES MaxTime=INFINITE State=UP
+EOF
+  export SLURM_CONF=$dir/slurm.conf
+  slurmctld -c -f "$SLURM_CONF" >"$dir/slurmctld.out" 2>&1 ||
+    { echo "slurm: slurmctld did not start"; cat "$dir/slurmctld.out"; slurm_cluster_logs; return 1; }
+  slurmd -f "$SLURM_CONF" >"$dir/slurmd.out" 2>&1 ||
+    { echo "slurm: slurmd did not start"; cat "$dir/slurmd.out"; slurm_cluster_logs; return 1; }
+  # Up when the node is idle (not down or drained) for the controller.
+  if ! slurm_wait 60 sh -c "sinfo -h -N -o %t | grep -qx idle"; then
+    echo "slurm: the node did not become idle within 60 s: $(sinfo -h -N -o '%t %E' 2>&1)"
+    slurm_cluster_logs
+    return 1
+  fi
+}
+
+slurm_cluster_stop() {
+  [ -n "${SLURM_CLUSTER_DIR:-}" ] || return 0
+  local dir=$SLURM_CLUSTER_DIR pidfile pid
+  scancel --full --quiet -u "$(id -un)" >/dev/null 2>&1 || true
+  for pidfile in "$dir/slurmd.pid" "$dir/slurmctld.pid" "$dir/munge/munged.pid"; do
+    [ -f "$pidfile" ] || continue
+    pid=$(cat "$pidfile")
+    kill "$pid" 2>/dev/null || continue
+    for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    kill -9 "$pid" 2>/dev/null || true
+  done
+  SLURM_CLUSTER_DIR=
+}

@@ -1,0 +1,185 @@
+#!/usr/bin/env bash
+# Two SLURM nodes in two network namespaces (each with its own host name, and an /etc/hosts of the
+# test's own bind-mounted in its mount namespace), joined by a veth pair: slurmctld and the first
+# slurmd in one, the second slurmd in the other, munged shared through its socket file. Then
+# `srun -N2 --ntasks-per-node=1 shoal train --strategy ddp` trains ONE job across them, the
+# rendezvous at the first node of the step (nothing set by hand), to the weights of
+# `shoal train --strategy ddp --nproc-per-node 2` on one host; and `sbatch --nodes=2` of
+# docs/slurm/train.sbatch does the same.
+# Exits 77 (skipped) where namespaces cannot be made or SLURM is missing, except that a missing
+# SLURM or dataset under SHOAL_REQUIRE_ORACLES=1 (CI) fails.
+#   slurm_netns_test.sh SHOAL_BINARY
+set -uo pipefail
+SHOAL=${1:?usage: slurm_netns_test.sh SHOAL_BINARY}
+required_skip() {
+  [ "${SHOAL_REQUIRE_ORACLES:-0}" = 1 ] && { echo "slurm netns: FAILED: $1 (required)"; exit 1; }
+  echo "slurm netns: $1: skipped"; exit 77
+}
+[ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ] || required_skip "Fashion-MNIST missing"
+. "$(dirname "$0")/slurm_cluster.sh"
+missing=$(slurm_cluster_missing) && required_skip "$missing is not installed (scripts/setup.sh)"
+export PATH="$PATH:/usr/sbin"
+command -v ip >/dev/null && command -v unshare >/dev/null && command -v nsenter >/dev/null || { echo "slurm netns: ip/unshare missing: skipped"; exit 77; }
+
+TAG=shs$$
+NS0=${TAG}a
+NS1=${TAG}b
+WORK=$(mktemp -d /tmp/shoal-slurm-netns.XXXXXX)
+chmod 755 "$WORK"
+cleanup() {
+  for ns in "$NS0" "$NS1"; do ip netns pids "$ns" 2>/dev/null | xargs -r kill -9 2>/dev/null; done
+  [ -f "$WORK/munge/munged.pid" ] && kill "$(cat "$WORK/munge/munged.pid")" 2>/dev/null
+  sleep 0.2
+  ip netns del "$NS0" 2>/dev/null
+  ip netns del "$NS1" 2>/dev/null
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+if ! ip netns add "$NS0" 2>/dev/null || ! ip netns add "$NS1" 2>/dev/null; then
+  echo "slurm netns: cannot create network namespaces here: skipped"; exit 77
+fi
+ip link add "${TAG}0" type veth peer name "${TAG}1" || { echo "slurm netns: no veth: skipped"; exit 77; }
+ip link set "${TAG}0" netns "$NS0"
+ip link set "${TAG}1" netns "$NS1"
+ip -n "$NS0" addr add 10.78.0.1/24 dev "${TAG}0"
+ip -n "$NS1" addr add 10.78.0.2/24 dev "${TAG}1"
+for ns in "$NS0" "$NS1"; do ip -n "$ns" link set lo up; done
+ip -n "$NS0" link set "${TAG}0" up
+ip -n "$NS1" link set "${TAG}1" up
+printf '127.0.0.1 localhost\n10.78.0.1 snode0\n10.78.0.2 snode1\n' >"$WORK/hosts"
+
+# on NS HOST COMMAND...: runs COMMAND as host HOST inside NS, with the test's /etc/hosts.
+on() {
+  local ns=$1 host=$2
+  shift 2
+  # nsenter, not `ip netns exec`: that mounts a fresh /sys, without the cgroup tree slurmd reads.
+  nsenter --net="/run/netns/$ns" unshare --mount --uts sh -c \
+    'mount --bind "$0" /etc/hosts && hostname "$1" && shift && exec "$@"' "$WORK/hosts" "$host" "$@"
+}
+
+mkdir -p "$WORK/munge" "$WORK/state" "$WORK/spool/snode0" "$WORK/spool/snode1"
+chmod 711 "$WORK/munge"
+head -c 1024 /dev/urandom >"$WORK/munge/munge.key"
+chmod 400 "$WORK/munge/munge.key"
+munged --force --key-file="$WORK/munge/munge.key" --socket="$WORK/munge/munge.sock" \
+  --pid-file="$WORK/munge/munged.pid" --log-file="$WORK/munged.log" \
+  --seed-file="$WORK/munge/munged.seed" || { echo "slurm netns: munged did not start"; exit 1; }
+user=$(id -un)
+cat >"$WORK/slurm.conf" <<EOF
+ClusterName=shoalnetns
+SlurmctldHost=snode0(10.78.0.1)
+SlurmctldPort=6817
+SlurmdPort=6818
+SlurmUser=$user
+SlurmdUser=$user
+AuthType=auth/munge
+CredType=cred/munge
+AuthInfo=socket=$WORK/munge/munge.sock
+StateSaveLocation=$WORK/state
+SlurmdSpoolDir=$WORK/spool/%n
+SlurmctldPidFile=$WORK/slurmctld.pid
+SlurmdPidFile=$WORK/slurmd-%n.pid
+SlurmctldLogFile=$WORK/slurmctld.log
+SlurmdLogFile=$WORK/slurmd-%n.log
+SlurmdParameters=config_overrides
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/affinity
+SwitchType=switch/none
+MpiDefault=none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+SchedulerType=sched/builtin
+JobCompType=jobcomp/none
+AccountingStorageType=accounting_storage/none
+JobAcctGatherType=jobacct_gather/none
+ReturnToService=2
+MessageTimeout=30
+InactiveLimit=0
+KillWait=5
+NodeName=snode0 NodeAddr=10.78.0.1 CPUs=2 State=UNKNOWN
+NodeName=snode1 NodeAddr=10.78.0.2 CPUs=2 State=UNKNOWN
+PartitionName=debug Nodes=snode[0-1] Default=YES MaxTime=INFINITE State=UP
+EOF
+export SLURM_CONF=$WORK/slurm.conf
+logs() {
+  for log in "$WORK"/slurmctld.log "$WORK"/slurmd-*.log; do
+    [ -f "$log" ] && { echo "--- $log"; tail -n 20 "$log"; }
+  done
+}
+on "$NS0" snode0 slurmctld -c -f "$SLURM_CONF" || { echo "slurm netns: slurmctld did not start"; logs; exit 1; }
+on "$NS0" snode0 slurmd -N snode0 -f "$SLURM_CONF" || { echo "slurm netns: slurmd 0 did not start"; logs; exit 1; }
+on "$NS1" snode1 slurmd -N snode1 -f "$SLURM_CONF" || { echo "slurm netns: slurmd 1 did not start"; logs; exit 1; }
+if ! slurm_wait 60 sh -c "[ \"\$(ip netns exec $NS0 sinfo -h -N -o %t | grep -cx idle)\" = 2 ]"; then
+  echo "slurm netns: the two nodes are not idle within 60 s: $(ip netns exec "$NS0" sinfo -h -N -o '%N %t %E')"
+  logs
+  exit 1
+fi
+echo "slurm netns: nodes up: $(ip netns exec "$NS0" sinfo -h -N -o '%N:%t' | tr '\n' ' ')"
+
+unset MASTER_ADDR MASTER_PORT RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE OMPI_COMM_WORLD_RANK PMI_RANK
+export OMP_NUM_THREADS=1 SHOAL_TIMEOUT=60s
+export SHOAL_AUTH_TOKEN=$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')
+TRAIN=(train --strategy ddp --model mlp --epochs 1 --train-samples 2000 --test-samples 500
+       --batch-size 32 --lr 0.05 --seed 7 --no-progress)
+# The two tasks run on the two nodes, each in its own namespace.
+hosts=$(on "$NS0" snode0 timeout 60 srun -N2 --ntasks-per-node=1 sh -c 'echo "$SLURM_PROCID $(hostname)"' | sort | tr '\n' ' ')
+[ "$hosts" = "0 snode0 1 snode1 " ] || { echo "slurm netns: FAILED: tasks ran on '$hosts'"; logs; exit 1; }
+start=$EPOCHREALTIME
+SHOAL_LOG_LEVEL=debug on "$NS0" snode0 timeout 150 srun -N2 --ntasks-per-node=1 "$SHOAL" "${TRAIN[@]}" \
+  --dump-parameters "$WORK/netns" >"$WORK/srun.out" 2>"$WORK/srun.err"
+status=$?
+took=$(awk "BEGIN { printf \"%.1f\", $EPOCHREALTIME - $start }")
+timeout 120 "$SHOAL" "${TRAIN[@]}" --nproc-per-node 2 --dump-parameters "$WORK/local" \
+  >"$WORK/local.out" 2>&1 || { echo "slurm netns: the one-host run failed"; tail "$WORK/local.out"; exit 1; }
+results=$(grep -c "final test accuracy" "$WORK/srun.out")
+if [ $status -ne 0 ] || [ "$results" -ne 1 ]; then
+  echo "slurm netns: FAILED: srun -N2 exit $status, $results result lines (want 0, 1)"
+  cat "$WORK/srun.out" "$WORK/srun.err" | tail -n 30
+  logs
+  exit 1
+fi
+# Each rank took its place from SLURM and met the other across the link (hierarchical: two hosts).
+if [ "$(grep -c "rank information from slurm" "$WORK/srun.err")" -ne 2 ] ||
+   [ "$(grep -c "init_process_group: backend hierarchical" "$WORK/srun.err")" -ne 2 ]; then
+  echo "slurm netns: FAILED: the ranks did not both start from SLURM on the hierarchical backend"
+  grep init_process_group "$WORK/srun.err"
+  exit 1
+fi
+if ! cmp -s "$WORK/netns.rank0.pt" "$WORK/local.rank0.pt" ||
+   ! cmp -s "$WORK/netns.rank1.pt" "$WORK/local.rank1.pt"; then
+  echo "slurm netns: FAILED: the two-node weights differ from the one-host run's"
+  ls -l "$WORK"/*.pt
+  exit 1
+fi
+echo "ok   srun -N2 --ntasks-per-node=1 across two namespaces: one job ($(grep final "$WORK/srun.out"), $took s), weights equal to one host's"
+
+# One `shoal run` per node under srun: nodes, node rank and master from SLURM, 2 workers on each.
+on "$NS0" snode0 timeout 150 srun -N2 --ntasks-per-node=1 "$SHOAL" run --nproc-per-node 2 \
+  "$SHOAL" "${TRAIN[@]}" --dump-parameters "$WORK/agents" >"$WORK/agents.out" 2>&1
+status=$?
+if [ $status -ne 0 ] || [ "$(grep -c "final test accuracy" "$WORK/agents.out")" -ne 1 ] ||
+   [ "$(ls "$WORK"/agents.rank*.pt 2>/dev/null | wc -l)" -ne 4 ] ||
+   ! cmp -s "$WORK/agents.rank0.pt" "$WORK/agents.rank3.pt"; then
+  echo "slurm netns: FAILED: srun -N2 shoal run --nproc-per-node 2: exit $status, want one 4-rank job"
+  tail -n 30 "$WORK/agents.out"
+  exit 1
+fi
+echo "ok   srun -N2 --ntasks-per-node=1 shoal run --nproc-per-node 2: one job of 4 ranks on 2 nodes ($(grep -o "final test accuracy.*" "$WORK/agents.out"))"
+
+# The documented batch script on two nodes: sbatch --nodes=2 --ntasks-per-node=1.
+SBATCH_SCRIPT="$(cd "$(dirname "$0")/../.." && pwd)/docs/slurm/train.sbatch"
+mkdir -p "$WORK/batch"
+(cd "$WORK/batch" && SHOAL="$SHOAL" on "$NS0" snode0 timeout 150 sbatch --wait --quiet --nodes=2 \
+   --ntasks-per-node=1 "$SBATCH_SCRIPT" "${TRAIN[@]:1}" --dump-parameters "$WORK/batch/final" \
+   >"$WORK/sbatch.log" 2>&1)
+status=$?
+out=$(ls "$WORK"/batch/shoal-ddp-*.out 2>/dev/null | head -n 1)
+if [ $status -ne 0 ] || [ -z "$out" ] || [ "$(grep -c "final test accuracy" "$out")" -ne 1 ] ||
+   ! cmp -s "$WORK/batch/final.rank1.pt" "$WORK/local.rank1.pt"; then
+  echo "slurm netns: FAILED: sbatch --nodes=2 docs/slurm/train.sbatch: exit $status"
+  cat "$WORK/sbatch.log" "$out" 2>/dev/null | tail -n 20
+  logs
+  exit 1
+fi
+echo "ok   sbatch --nodes=2 --ntasks-per-node=1 docs/slurm/train.sbatch: $(grep final "$out"), weights equal to one host's"
+
