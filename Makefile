@@ -21,8 +21,11 @@ SHOAL      := $(BUILD_DIR)/apps/shoal/shoal
 
 all: build
 
+# `make run` installs what it needs (scripts/setup.sh --run); `make test` and the rest install
+# everything (PyTorch, SLURM and clang are for the tests only).
+SETUP_ARGS = $(if $(MAKECMDGOALS),$(if $(filter-out run build-cli,$(MAKECMDGOALS)),,--run),)
 setup:
-	@bash scripts/setup.sh
+	@bash scripts/setup.sh $(SETUP_ARGS)
 ifeq ($(TORCH),pypi)
 	@bash scripts/setup_torch_pypi.sh >/dev/null
 endif

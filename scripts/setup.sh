@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
 # Installs, with apt-get, the Debian 12 packages Shoal needs, when they are missing.
 # Idempotent and quiet when everything is already there.
+#
+#   scripts/setup.sh          # everything: building, running and testing (make test, CI)
+#   scripts/setup.sh --run    # what building and `make run` need; not the test-only packages
+#                             # (PyTorch, SLURM, clang), which a fresh machine spends minutes on
 set -euo pipefail
 
 PACKAGES=(
@@ -17,11 +21,18 @@ PACKAGES=(
   nlohmann-json3-dev      # metrics and benchmark JSON
   librsvg2-dev libcairo2-dev  # `shoal plot -o run.png` (optional: SHOAL_WITH_PNG)
   dataset-fashion-mnist   # real Fashion-MNIST, gzipped IDX files
+)
+# Only the tests, benchmarks and fuzzers use these.
+TEST_PACKAGES=(
   python3-torch           # PyTorch 1.13: numerical oracle and performance peer
   procps                  # ps/pgrep used by process tests
   slurm-wlm slurm-client munge  # a real SLURM that tests/launcher/slurm_test.sh starts on loopback
   clang libclang-rt-14-dev  # the libFuzzer targets in fuzz/ (CI runs them: scripts/fuzz.sh)
 )
+
+if [ "${1:-}" != "--run" ]; then
+  PACKAGES+=("${TEST_PACKAGES[@]}")
+fi
 
 missing=()
 for p in "${PACKAGES[@]}"; do
