@@ -77,9 +77,16 @@ usage_error(["train", "--lr", "nan"], "learning rate")
 usage_error(["train", "--lr", "1e9"], "learning rate")
 # Several processes without a distributed strategy would be independent trainings: refused.
 usage_error(["train", "--nproc-per-node", "2"], "--strategy ddp")
-usage_error(["train", *SMALL], "--strategy ddp",
-            env={"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
-                 "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"})
+# Started as one rank of a bigger job without a distributed strategy: refused once for the job
+# (rank 0 says why; the other ranks exit 2 without a second copy of the message), never trained
+# once per rank.
+def rank_env(rank):
+    return {"RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": "2",
+            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}
+usage_error(["train", *SMALL], "--strategy ddp", env=rank_env(0))
+run = shoal("train", *SMALL, env=rank_env(1))
+check(run.returncode == 2 and run.stderr.strip() == "" and "accuracy" not in run.stdout,
+      "rank 1 of a job without --strategy exits 2, silently, without training", run)
 # Help and version are not errors.
 run = shoal("train", "--help")
 check(run.returncode == 0 and "--init-from" in run.stdout and "--trace" in run.stdout,
