@@ -19,25 +19,14 @@ TAG=shoal$$
 NS0=${TAG}a
 NS1=${TAG}b
 WORK=$(mktemp -d)
+. "$(dirname "$0")/netns_pair.sh"
 cleanup() {
-  ip netns pids "$NS0" 2>/dev/null | xargs -r kill -9 2>/dev/null
-  ip netns pids "$NS1" 2>/dev/null | xargs -r kill -9 2>/dev/null
-  ip netns del "$NS0" 2>/dev/null
-  ip netns del "$NS1" 2>/dev/null
+  netns_pair_kill "$TAG"
+  netns_pair_delete "$TAG"
   rm -rf "$WORK"
 }
 trap cleanup EXIT
-if ! ip netns add "$NS0" 2>/dev/null || ! ip netns add "$NS1" 2>/dev/null; then
-  echo "netns: cannot create network namespaces here: skipped"; exit 77
-fi
-ip link add "${TAG}0" type veth peer name "${TAG}1" || { echo "netns: no veth: skipped"; exit 77; }
-ip link set "${TAG}0" netns "$NS0"
-ip link set "${TAG}1" netns "$NS1"
-ip -n "$NS0" addr add 10.77.0.1/24 dev "${TAG}0"
-ip -n "$NS1" addr add 10.77.0.2/24 dev "${TAG}1"
-for ns in "$NS0" "$NS1"; do ip -n "$ns" link set lo up; done
-ip -n "$NS0" link set "${TAG}0" up
-ip -n "$NS1" link set "${TAG}1" up
+netns_pair_create netns "$TAG" 10.77.0 || exit $?
 
 export SHOAL_AUTH_TOKEN=$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')
 export SHOAL_TIMEOUT=20s

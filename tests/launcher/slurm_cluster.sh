@@ -12,6 +12,8 @@
 # this small) so that a job step and the batch step fit side by side.
 # slurm_cluster_start returns 77 when SLURM or munge is not installed (scripts/setup.sh installs
 # them) and 1, with the daemons' logs, when the cluster does not come up within 60 s.
+# slurm_munged_start and slurm_conf_write are its munged and slurm.conf, for clusters laid out
+# otherwise (slurm_netns_test.sh: two nodes in two network namespaces).
 
 slurm_cluster_missing() {
   local tool
@@ -45,33 +47,32 @@ slurm_cluster_logs() {
   done
 }
 
-slurm_cluster_start() {
-  local dir=$1 missing
-  if missing=$(slurm_cluster_missing); then
-    echo "slurm: $missing is not installed (scripts/setup.sh installs slurm-wlm and munge)"
-    return 77
-  fi
-  export PATH="$PATH:/usr/sbin"
-  SLURM_CLUSTER_DIR=$dir
-  mkdir -p "$dir/state" "$dir/spool" "$dir/munge"
+# slurm_munged_start DIR: munged with a fresh key, its socket DIR/munge/munge.sock (the one
+# slurm_conf_write names), pid file DIR/munge/munged.pid, log DIR/munged.log.
+slurm_munged_start() {
+  local dir=$1
+  mkdir -p "$dir/munge"
   chmod 711 "$dir/munge"  # clients reach the socket; nobody lists the key
   # munged wants its key readable by its user only, and a socket directory nobody else may write.
   head -c 1024 /dev/urandom >"$dir/munge/munge.key"
   chmod 400 "$dir/munge/munge.key"
   munged --force --key-file="$dir/munge/munge.key" --socket="$dir/munge/munge.sock" \
     --pid-file="$dir/munge/munged.pid" --log-file="$dir/munged.log" \
-    --seed-file="$dir/munge/munged.seed" >"$dir/munged.out" 2>&1 ||
-    { echo "slurm: munged did not start"; cat "$dir/munged.out"; slurm_cluster_logs; return 1; }
+    --seed-file="$dir/munge/munged.seed"
+}
 
-  local host ctld_port slurmd_port cpus=${SLURM_TEST_CPUS:-4}
-  host=$(hostname -s)
-  ctld_port=$(slurm_free_port)
-  slurmd_port=$(slurm_free_port)
-  local user
+# slurm_conf_write DIR CLUSTER CTLD_HOST CTLD_PORT SLURMD_PORT SLURMD_SUFFIX LINE...: writes
+# DIR/slurm.conf for a test cluster run by this user: munge auth through DIR/munge/munge.sock,
+# state, spool, pid and log files under DIR (the slurmd's as slurmd$SLURMD_SUFFIX.pid/.log, "-%n"
+# for one per node), then the LINEs (nodes, partition, other settings), one a line.
+#   CTLD_HOST is SlurmctldHost's value, e.g. "snode0(10.78.0.1)".
+slurm_conf_write() {
+  local dir=$1 cluster=$2 ctld_host=$3 ctld_port=$4 slurmd_port=$5 suffix=$6 user
+  shift 6
   user=$(id -un)
   cat >"$dir/slurm.conf" <<EOF
-ClusterName=shoaltest
-SlurmctldHost=$host(127.0.0.1)
+ClusterName=$cluster
+SlurmctldHost=$ctld_host
 SlurmctldPort=$ctld_port
 SlurmdPort=$slurmd_port
 SlurmUser=$user
@@ -82,9 +83,9 @@ AuthInfo=socket=$dir/munge/munge.sock
 StateSaveLocation=$dir/state
 SlurmdSpoolDir=$dir/spool/%n
 SlurmctldPidFile=$dir/slurmctld.pid
-SlurmdPidFile=$dir/slurmd.pid
+SlurmdPidFile=$dir/slurmd$suffix.pid
 SlurmctldLogFile=$dir/slurmctld.log
-SlurmdLogFile=$dir/slurmd.log
+SlurmdLogFile=$dir/slurmd$suffix.log
 SlurmdParameters=config_overrides
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/affinity
@@ -100,10 +101,30 @@ ReturnToService=2
 MessageTimeout=30
 InactiveLimit=0
 KillWait=5
-MinJobAge=300
-NodeName=$host NodeAddr=127.0.0.1 CPUs=$cpus State=UNKNOWN
-PartitionName=debug Nodes=$host Default=YES MaxTime=INFINITE State=UP
 EOF
+  printf '%s\n' "$@" >>"$dir/slurm.conf"
+}
+
+slurm_cluster_start() {
+  local dir=$1 missing
+  if missing=$(slurm_cluster_missing); then
+    echo "slurm: $missing is not installed (scripts/setup.sh installs slurm-wlm and munge)"
+    return 77
+  fi
+  export PATH="$PATH:/usr/sbin"
+  SLURM_CLUSTER_DIR=$dir
+  mkdir -p "$dir/state" "$dir/spool"
+  slurm_munged_start "$dir" >"$dir/munged.out" 2>&1 ||
+    { echo "slurm: munged did not start"; cat "$dir/munged.out"; slurm_cluster_logs; return 1; }
+
+  local host ctld_port slurmd_port cpus=${SLURM_TEST_CPUS:-4}
+  host=$(hostname -s)
+  ctld_port=$(slurm_free_port)
+  slurmd_port=$(slurm_free_port)
+  slurm_conf_write "$dir" shoaltest "$host(127.0.0.1)" "$ctld_port" "$slurmd_port" "" \
+    "MinJobAge=300" \
+    "NodeName=$host NodeAddr=127.0.0.1 CPUs=$cpus State=UNKNOWN" \
+    "PartitionName=debug Nodes=$host Default=YES MaxTime=INFINITE State=UP"
   export SLURM_CONF=$dir/slurm.conf
   slurmctld -c -f "$SLURM_CONF" >"$dir/slurmctld.out" 2>&1 ||
     { echo "slurm: slurmctld did not start"; cat "$dir/slurmctld.out"; slurm_cluster_logs; return 1; }

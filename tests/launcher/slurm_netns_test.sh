@@ -26,26 +26,16 @@ NS0=${TAG}a
 NS1=${TAG}b
 WORK=$(mktemp -d /tmp/shoal-slurm-netns.XXXXXX)
 chmod 755 "$WORK"
+. "$(dirname "$0")/netns_pair.sh"
 cleanup() {
-  for ns in "$NS0" "$NS1"; do ip netns pids "$ns" 2>/dev/null | xargs -r kill -9 2>/dev/null; done
+  netns_pair_kill "$TAG"
   [ -f "$WORK/munge/munged.pid" ] && kill "$(cat "$WORK/munge/munged.pid")" 2>/dev/null
   sleep 0.2
-  ip netns del "$NS0" 2>/dev/null
-  ip netns del "$NS1" 2>/dev/null
+  netns_pair_delete "$TAG"
   rm -rf "$WORK"
 }
 trap cleanup EXIT
-if ! ip netns add "$NS0" 2>/dev/null || ! ip netns add "$NS1" 2>/dev/null; then
-  echo "slurm netns: cannot create network namespaces here: skipped"; exit 77
-fi
-ip link add "${TAG}0" type veth peer name "${TAG}1" || { echo "slurm netns: no veth: skipped"; exit 77; }
-ip link set "${TAG}0" netns "$NS0"
-ip link set "${TAG}1" netns "$NS1"
-ip -n "$NS0" addr add 10.78.0.1/24 dev "${TAG}0"
-ip -n "$NS1" addr add 10.78.0.2/24 dev "${TAG}1"
-for ns in "$NS0" "$NS1"; do ip -n "$ns" link set lo up; done
-ip -n "$NS0" link set "${TAG}0" up
-ip -n "$NS1" link set "${TAG}1" up
+netns_pair_create "slurm netns" "$TAG" 10.78.0 || exit $?
 printf '127.0.0.1 localhost\n10.78.0.1 snode0\n10.78.0.2 snode1\n' >"$WORK/hosts"
 
 # on NS HOST COMMAND...: runs COMMAND as host HOST inside NS, with the test's /etc/hosts.
@@ -57,49 +47,12 @@ on() {
     'mount --bind "$0" /etc/hosts && hostname "$1" && shift && exec "$@"' "$WORK/hosts" "$host" "$@"
 }
 
-mkdir -p "$WORK/munge" "$WORK/state" "$WORK/spool/snode0" "$WORK/spool/snode1"
-chmod 711 "$WORK/munge"
-head -c 1024 /dev/urandom >"$WORK/munge/munge.key"
-chmod 400 "$WORK/munge/munge.key"
-munged --force --key-file="$WORK/munge/munge.key" --socket="$WORK/munge/munge.sock" \
-  --pid-file="$WORK/munge/munged.pid" --log-file="$WORK/munged.log" \
-  --seed-file="$WORK/munge/munged.seed" || { echo "slurm netns: munged did not start"; exit 1; }
-user=$(id -un)
-cat >"$WORK/slurm.conf" <<EOF
-ClusterName=shoalnetns
-SlurmctldHost=snode0(10.78.0.1)
-SlurmctldPort=6817
-SlurmdPort=6818
-SlurmUser=$user
-SlurmdUser=$user
-AuthType=auth/munge
-CredType=cred/munge
-AuthInfo=socket=$WORK/munge/munge.sock
-StateSaveLocation=$WORK/state
-SlurmdSpoolDir=$WORK/spool/%n
-SlurmctldPidFile=$WORK/slurmctld.pid
-SlurmdPidFile=$WORK/slurmd-%n.pid
-SlurmctldLogFile=$WORK/slurmctld.log
-SlurmdLogFile=$WORK/slurmd-%n.log
-SlurmdParameters=config_overrides
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/affinity
-SwitchType=switch/none
-MpiDefault=none
-SelectType=select/cons_tres
-SelectTypeParameters=CR_CPU
-SchedulerType=sched/builtin
-JobCompType=jobcomp/none
-AccountingStorageType=accounting_storage/none
-JobAcctGatherType=jobacct_gather/none
-ReturnToService=2
-MessageTimeout=30
-InactiveLimit=0
-KillWait=5
-NodeName=snode0 NodeAddr=10.78.0.1 CPUs=2 State=UNKNOWN
-NodeName=snode1 NodeAddr=10.78.0.2 CPUs=2 State=UNKNOWN
-PartitionName=debug Nodes=snode[0-1] Default=YES MaxTime=INFINITE State=UP
-EOF
+mkdir -p "$WORK/state" "$WORK/spool/snode0" "$WORK/spool/snode1"
+slurm_munged_start "$WORK" || { echo "slurm netns: munged did not start"; exit 1; }
+slurm_conf_write "$WORK" shoalnetns "snode0(10.78.0.1)" 6817 6818 -%n \
+  "NodeName=snode0 NodeAddr=10.78.0.1 CPUs=2 State=UNKNOWN" \
+  "NodeName=snode1 NodeAddr=10.78.0.2 CPUs=2 State=UNKNOWN" \
+  "PartitionName=debug Nodes=snode[0-1] Default=YES MaxTime=INFINITE State=UP"
 export SLURM_CONF=$WORK/slurm.conf
 logs() {
   for log in "$WORK"/slurmctld.log "$WORK"/slurmd-*.log; do
