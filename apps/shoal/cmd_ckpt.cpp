@@ -34,25 +34,6 @@ std::string human_bytes(double bytes) {
   return text;
 }
 
-/// PyTorch's Python name of a dtype ("float32"), as a Python user reads it.
-const char* dtype_name(c10::ScalarType type) {
-  switch (type) {
-    case c10::ScalarType::Float: return "float32";
-    case c10::ScalarType::Double: return "float64";
-    case c10::ScalarType::Half: return "float16";
-    case c10::ScalarType::BFloat16: return "bfloat16";
-    case c10::ScalarType::Long: return "int64";
-    case c10::ScalarType::Int: return "int32";
-    case c10::ScalarType::Short: return "int16";
-    case c10::ScalarType::Char: return "int8";
-    case c10::ScalarType::Byte: return "uint8";
-    case c10::ScalarType::Bool: return "bool";
-    case c10::ScalarType::ComplexFloat: return "complex64";
-    case c10::ScalarType::ComplexDouble: return "complex128";
-    default: return c10::toString(type);
-  }
-}
-
 /// The shortest text that reads back as the same double (Python's repr).
 std::string double_text(double value) {
   char text[32];
@@ -69,7 +50,7 @@ std::string describe(const at::Tensor& t) {
   std::ostringstream out;
   out << "[";
   for (int64_t i = 0; i < t.dim(); ++i) out << (i ? ", " : "") << t.size(i);
-  out << "] " << dtype_name(t.scalar_type()) << " " << human_bytes(static_cast<double>(t.nbytes()));
+  out << "] " << ckpt::dtype_name(t.scalar_type()) << " " << human_bytes(static_cast<double>(t.nbytes()));
   return out.str();
 }
 
@@ -134,8 +115,8 @@ void print_value(const std::string& name, const c10::IValue& v, int indent) {
   }
 }
 
-int inspect(const std::string& file) {
-  const c10::IValue object = ckpt::load(file);
+int inspect(const std::string& file, const ckpt::LoadOptions& load) {
+  const c10::IValue object = ckpt::load(file, load);
   struct stat info {};
   ::stat(file.c_str(), &info);
   std::cout << "file: " << file << " (" << human_bytes(static_cast<double>(info.st_size)) << ")\n";
@@ -163,10 +144,11 @@ struct ConvertOptions {
   std::string strip_prefix;
   std::string add_prefix;
   bool model_only = false;
+  ckpt::LoadOptions load;
 };
 
 int convert(const ConvertOptions& o) {
-  const c10::IValue object = ckpt::load(o.input);
+  const c10::IValue object = ckpt::load(o.input, o.load);
   auto model = ckpt::state_dict_from_ivalue(object, o.input);
   if (!o.strip_prefix.empty()) model = ckpt::strip_prefix(model, o.strip_prefix);
   if (!o.add_prefix.empty()) model = ckpt::add_prefix(model, o.add_prefix);
@@ -195,11 +177,22 @@ void add_ckpt_command(CLI::App& root, std::vector<Command>& commands) {
   auto* app = root.add_subcommand("ckpt", "Inspect and convert checkpoints (torch.save files)");
   app->require_subcommand(1);
 
+  // What a hostile file cannot make either command do unless asked (see LoadOptions).
+  auto add_load_options = [](CLI::App* command, ckpt::LoadOptions& load) {
+    command->add_option("--max-values", load.max_values,
+                        "refuse files holding more values than this, shared containers counted at "
+                        "each reference (default 4194304)");
+    command->add_flag("--allow-expanded-views", load.allow_expanded_views,
+                      "accept tensors whose view has more elements than their storage (stride 0); "
+                      "convert writes them out in full");
+  };
   auto file = std::make_shared<std::string>();
+  auto inspect_load = std::make_shared<ckpt::LoadOptions>();
   auto* inspect_app = app->add_subcommand(
       "inspect", "Print a checkpoint's keys, shapes, dtypes, sizes and metadata (epoch, step, config)");
   inspect_app->add_option("FILE", *file, "a file written by Shoal or by torch.save")->required();
-  commands.push_back({inspect_app, [file] { return inspect(*file); }});
+  add_load_options(inspect_app, *inspect_load);
+  commands.push_back({inspect_app, [file, inspect_load] { return inspect(*file, *inspect_load); }});
 
   auto options = std::make_shared<ConvertOptions>();
   auto* convert_app = app->add_subcommand(
@@ -212,6 +205,7 @@ void add_ckpt_command(CLI::App& root, std::vector<Command>& commands) {
                           "put this prefix in front of every model key (e.g. 'module.' for a DDP model)");
   convert_app->add_flag("--model-only", options->model_only,
                         "write only the model's state dict (what model.load_state_dict takes)");
+  add_load_options(convert_app, options->load);
   commands.push_back({convert_app, [options] { return convert(*options); }});
 }
 

@@ -23,6 +23,7 @@
 #include <fstream>
 
 #include "commands.h"
+#include "shoal/checkpoint/checkpoint_manager.h"
 #include "shoal/error.h"
 #include "shoal/log.h"
 #include "shoal/comm/init.h"
@@ -86,6 +87,20 @@ int run_ps_server(const train::TrainOptions& options, const TrainArgs& args) {
                            std::atoi(std::getenv("TORCHELASTIC_RESTART_COUNT")) > 0;
     if ((options.resume || restarted) && std::filesystem::exists(server.checkpoint_path)) {
       server.restore_path = server.checkpoint_path;
+    } else if (options.resume || restarted) {
+      // The workers resume from their checkpoint whenever there is one; a server that started
+      // afresh beside them would serve its initial values and momentum as if nothing were lost.
+      // --resume asks for the saved state, so it is refused; an automatic restart (shoal run
+      // --max-restarts) goes on, since stopping would defeat it, but names what it lost.
+      if (const auto latest = checkpoint::find_latest(options.checkpoint_dir)) {
+        const std::string what = server.checkpoint_path + " is missing, though the workers resume from " +
+                                 *latest + ": parameter server " + std::to_string(job.role_rank) +
+                                 "'s shard (its values and momentum buffers) cannot be restored";
+        SHOAL_CHECK_T(CheckpointError, !options.resume, "--resume: ", what,
+                      " and would start afresh; put the file back, or start from scratch in another "
+                      "--checkpoint-dir");
+        log::warn("shoal: restart: ", what, "; the server starts afresh (momentum zero)");
+      }
     }
   }
   const ps::ServerStats stats = ps::serve(job, server);
@@ -301,6 +316,10 @@ void add_train_command(CLI::App& root, std::vector<Command>& commands) {
       ->type_name("FILE");
   app->add_option("--data-dir", options->data_dir,
                   "Directory with the Fashion-MNIST *-ubyte.gz files (Debian: dataset-fashion-mnist)")
+      ->capture_default_str();
+  app->add_option("--max-decompression-ratio", options->max_decompression_ratio,
+                  "Refuse a data file that decodes to more than this multiple of its own size\n"
+                  "(beyond 64 MiB; real image files decode to 2-5x): a decompression bomb. 0: no check")
       ->capture_default_str();
   app->add_option("--metrics", options->metrics_path,
                   "Write metrics as JSON lines to FILE: one object per log interval and per epoch")

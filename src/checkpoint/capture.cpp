@@ -3,7 +3,9 @@
 
 #include "compat/optimizer_state.h"
 #include "shoal/checkpoint/training_state.h"
+#include "shoal/checkpoint/state_dict.h"
 #include "shoal/error.h"
+#include "shoal/log.h"
 
 namespace shoal::checkpoint {
 namespace {
@@ -78,6 +80,11 @@ at::Tensor buffer_like(const at::Tensor& source, const at::Tensor& param, int64_
   SHOAL_CHECK_T(CheckpointError, source.sizes() == param.sizes(), "optimizer state '", name,
                 "' of parameter ", index, " has shape ", source.sizes(), " but the parameter has ",
                 param.sizes());
+  if (check_dtype_change(source.scalar_type(), param.scalar_type(),
+                         "optimizer state '" + name + "' of parameter " + std::to_string(index))) {
+    log::warn("shoal: optimizer state '", name, "' of parameter ", index, " is cast from ",
+              dtype_name(source.scalar_type()), " to the parameter's ", dtype_name(param.scalar_type()));
+  }
   return source.to(param.device(), param.scalar_type(), /*non_blocking=*/false, /*copy=*/true);
 }
 

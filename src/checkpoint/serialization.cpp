@@ -57,7 +57,10 @@ class CheckedArchive {
                   ": is a TorchScript archive (torch.jit.save); Shoal loads torch.save files");
     SHOAL_CHECK_T(CheckpointError, reader_->has_record("data.pkl"), path,
                   ": is a zip archive without data.pkl: not a torch.save file");
-    if (reader_->has_record(kChecksumRecord)) parse_manifest(raw(kChecksumRecord));
+    if (reader_->has_record(kChecksumRecord)) {
+      parse_manifest(raw(kChecksumRecord));
+      has_manifest_ = true;
+    }
     if (reader_->has_record("byteorder")) {
       const std::string order = read("byteorder");
       SHOAL_CHECK_T(CheckpointError, order == "little", path, ": was written on a ", order,
@@ -67,16 +70,20 @@ class CheckedArchive {
 
   std::string read(const std::string& name) {
     std::string data = raw(name);
+    if (!has_manifest_) return data;
+    // Every record Shoal writes is listed: one left out was added or edited after saving.
     auto it = checksums_.find(name);
-    if (it != checksums_.end()) {
-      SHOAL_CHECK_T(CheckpointError,
-                    data.size() == it->second.size && crc32_of(data.data(), data.size()) == it->second.crc,
-                    path_, ": record '", name, "' fails its checksum: the file is corrupt");
-    }
+    SHOAL_CHECK_T(CheckpointError, it != checksums_.end(), path_, ": record '", name,
+                  "' is not in the file's checksum manifest (", kChecksumRecord,
+                  "), which lists every record Shoal writes: the file was edited or is damaged");
+    SHOAL_CHECK_T(CheckpointError,
+                  data.size() == it->second.size && crc32_of(data.data(), data.size()) == it->second.crc,
+                  path_, ": record '", name, "' fails its checksum: the file is corrupt");
     return data;
   }
 
   bool has(const std::string& name) const { return reader_->has_record(name); }
+  bool has_manifest() const { return has_manifest_; }
 
  private:
   // Judges every record by what the zip directory declares, before anything is inflated: tensor
@@ -119,6 +126,7 @@ class CheckedArchive {
   std::string path_;
   std::unique_ptr<compat::TorchArchiveReader> reader_;
   std::map<std::string, Checksum> checksums_;
+  bool has_manifest_ = false;
 };
 
 }  // namespace
@@ -168,8 +176,23 @@ c10::IValue load(const std::string& path, const LoadOptions& options) {
     if (options.map_location.type() != c10::kCPU) storage = storage.to(options.map_location);
     return storage;
   };
-  detail::Unpickler unpickler(pickle, load_storage, path + ": data.pkl");
-  return unpickler.load();
+  detail::Unpickler::Limits limits;
+  limits.max_values = options.max_values;
+  limits.allow_expanded_views = options.allow_expanded_views;
+  detail::Unpickler unpickler(pickle, load_storage, path + ": data.pkl", limits);
+  c10::IValue object = unpickler.load();
+  // Shoal writes a manifest into every file: one that says Shoal wrote it but has none lost it
+  // after saving, and its tensors would load unchecked.
+  if (!archive.has_manifest() && object.isGenericDict()) {
+    const auto dict = object.toGenericDict();
+    auto version = dict.find(c10::IValue(std::string("shoal_version")));
+    SHOAL_CHECK_T(CheckpointError, version == dict.end(), path, ": says Shoal ",
+                  version->value().isString() ? version->value().toStringRef() : std::string("?"),
+                  " wrote it (shoal_version) but has no checksum manifest (", kChecksumRecord,
+                  "), which Shoal writes into every file: it was edited or damaged after saving, and "
+                  "its tensors cannot be checked");
+  }
+  return object;
 }
 
 c10::IValue state_dict_to_ivalue(const StateDict& state) {

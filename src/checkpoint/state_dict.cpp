@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "shoal/error.h"
+#include "shoal/log.h"
 
 namespace shoal::checkpoint {
 namespace {
@@ -22,7 +23,49 @@ std::string quoted_list(const std::vector<std::string>& keys) {
   return out;
 }
 
+enum class DtypeKind { kBool, kInteger, kFloating, kComplex, kOther };
+
+DtypeKind kind_of(c10::ScalarType type) {
+  if (type == c10::ScalarType::Bool) return DtypeKind::kBool;
+  if (c10::isComplexType(type)) return DtypeKind::kComplex;
+  if (c10::isFloatingType(type)) return DtypeKind::kFloating;
+  if (c10::isIntegralType(type, /*includeBool=*/false)) return DtypeKind::kInteger;
+  return DtypeKind::kOther;
+}
+
 }  // namespace
+
+std::string dtype_name(c10::ScalarType type) {
+  switch (type) {
+    case c10::ScalarType::Float: return "float32";
+    case c10::ScalarType::Double: return "float64";
+    case c10::ScalarType::Half: return "float16";
+    case c10::ScalarType::BFloat16: return "bfloat16";
+    case c10::ScalarType::Long: return "int64";
+    case c10::ScalarType::Int: return "int32";
+    case c10::ScalarType::Short: return "int16";
+    case c10::ScalarType::Char: return "int8";
+    case c10::ScalarType::Byte: return "uint8";
+    case c10::ScalarType::Bool: return "bool";
+    case c10::ScalarType::ComplexFloat: return "complex64";
+    case c10::ScalarType::ComplexDouble: return "complex128";
+    default: return c10::toString(type);
+  }
+}
+
+bool check_dtype_change(c10::ScalarType from, c10::ScalarType to, const std::string& name) {
+  if (from == to) return false;
+  SHOAL_CHECK_T(CheckpointError, kind_of(from) == kind_of(to) && kind_of(from) != DtypeKind::kOther,
+                "dtype mismatch for ", name, ": the checkpoint holds ", dtype_name(from),
+                ", the model ", dtype_name(to), "; Shoal does not convert ",
+                kind_of(from) == DtypeKind::kComplex ? "complex values to real ones (the imaginary "
+                                                       "parts would be dropped)"
+                                                     : "between bool, integer, floating-point and "
+                                                       "complex tensors",
+                " when loading: convert it where it was saved (e.g. t.to(torch.", dtype_name(to),
+                ") in Python) if that is what you mean");
+  return true;
+}
 
 bool all_keys_have_prefix(const StateDict& state, const std::string& prefix) {
   if (state.is_empty() || prefix.empty()) return false;
@@ -84,6 +127,8 @@ LoadStateDictResult load_state_dict(torch::nn::Module& module, const StateDict& 
                            shape_string(source->sizes()) +
                            " from checkpoint, the shape in current model is " +
                            shape_string(item.value().sizes()));
+    } else if (check_dtype_change(source->scalar_type(), item.value().scalar_type(), item.key())) {
+      result.cast_keys.push_back(item.key());
     }
   }
   for (const auto& item : state) {
@@ -104,6 +149,21 @@ LoadStateDictResult load_state_dict(torch::nn::Module& module, const StateDict& 
     SHOAL_THROW(CheckpointError, message);
   }
 
+  if (!result.cast_keys.empty()) {
+    // PyTorch's load_state_dict copies with copy_, which casts without a word; a float64 or
+    // float16 checkpoint of a float32 model is common and fine, but it should not go unnoticed.
+    std::string casts;
+    for (const auto& key : result.cast_keys) {
+      casts += (casts.empty() ? "" : ", ") + key + " " + dtype_name(state.find(key)->scalar_type()) + " -> " +
+               dtype_name(target[key].scalar_type());
+      if (casts.size() > 400) {
+        casts += ", ...";
+        break;
+      }
+    }
+    log::warn("shoal: load_state_dict casts ", result.cast_keys.size(),
+              " tensor(s) to the model's dtype (as PyTorch's copy_ does): ", casts);
+  }
   torch::NoGradGuard no_grad;
   for (const auto& item : target) {
     if (const at::Tensor* source = state.find(item.key())) {

@@ -46,6 +46,11 @@ c10::IValue new_list() { return c10::impl::GenericList(c10::AnyType::get()); }
 
 bool is_container(const c10::IValue& v) { return v.isList() || v.isGenericDict() || v.isTuple(); }
 
+uint64_t saturating_add(uint64_t a, uint64_t b) {
+  uint64_t sum = 0;
+  return __builtin_add_overflow(a, b, &sum) ? UINT64_MAX : sum;
+}
+
 /// The values a container holds (dict keys and values), copied out (reference counts only).
 std::vector<c10::IValue> children(const c10::IValue& v) {
   if (v.isList()) return v.toListRef().vec();
@@ -73,8 +78,8 @@ std::vector<int64_t> int_tuple(const c10::IValue& value, const char* what) {
 
 }  // namespace
 
-Unpickler::Unpickler(std::string_view data, StorageLoader load_storage, std::string where)
-    : data_(data), load_storage_(std::move(load_storage)), where_(std::move(where)) {}
+Unpickler::Unpickler(std::string_view data, StorageLoader load_storage, std::string where, Limits limits)
+    : data_(data), load_storage_(std::move(load_storage)), where_(std::move(where)), limits_(limits) {}
 
 void Unpickler::fail(const std::string& what) const {
   SHOAL_THROW(CheckpointError, where_, ": ", what, " (at byte ", pos_, " of ", data_.size(), ")");
@@ -154,50 +159,93 @@ c10::IValue Unpickler::load() {
 
 c10::IValue Unpickler::track(c10::IValue container) {
   containers_.push_back(container);
-  size_t depth = 1;
-  for (const auto& child : children(container)) depth = std::max(depth, nesting(child) + 1);
-  if (depth > kMaxNesting) {
+  Shape shape;
+  for (const auto& child : children(container)) {
+    shape.depth = std::max(shape.depth, nesting(child) + 1);
+    shape.values = saturating_add(shape.values, values(child));
+  }
+  if (shape.depth > kMaxNesting) {
     fail("containers nested more than " + std::to_string(kMaxNesting) + " deep: not a state dict");
   }
-  nesting_[container.internalToPointer()] = depth;
+  check_values(shape.values);
+  shapes_[container.internalToPointer()] = shape;
   return container;
 }
 
 size_t Unpickler::nesting(const c10::IValue& value) const {
   if (!is_container(value)) return 0;
-  auto it = nesting_.find(value.internalToPointer());
-  return it == nesting_.end() ? 1 : it->second;
+  auto it = shapes_.find(value.internalToPointer());
+  return it == shapes_.end() ? 1 : it->second.depth;
+}
+
+uint64_t Unpickler::values(const c10::IValue& value) const {
+  if (!is_container(value)) return 1;
+  auto it = shapes_.find(value.internalToPointer());
+  return it == shapes_.end() ? 1 : it->second.values;
+}
+
+void Unpickler::check_values(uint64_t count) const {
+  if (count <= limits_.max_values) return;
+  fail("holds more than " + std::to_string(limits_.max_values) +
+       " values once the containers it shares are counted each time they are referenced (as "
+       "printing or re-saving it would write them out): a small file that expands without bound, "
+       "not a state dict; if it is a genuine checkpoint, raise the limit (LoadOptions::max_values, "
+       "shoal ckpt --max-values)");
 }
 
 void Unpickler::contains(const c10::IValue& container, const c10::IValue& item) {
-  if (!is_container(item)) return;
+  if (!is_container(item)) {
+    Shape& shape = shapes_[container.internalToPointer()];
+    shape.values = saturating_add(shape.values, 1);
+    check_values(shape.values);
+    return;
+  }
   if (item.internalToPointer() == container.internalToPointer()) fail("a container that contains itself");
-  size_t& depth = nesting_[container.internalToPointer()];
-  depth = std::max(depth, nesting(item) + 1);
-  if (depth > kMaxNesting) {
+  const size_t item_depth = nesting(item);
+  const uint64_t item_values = values(item);
+  Shape& shape = shapes_[container.internalToPointer()];
+  shape.depth = std::max(shape.depth, item_depth + 1);
+  if (shape.depth > kMaxNesting) {
     fail("containers nested more than " + std::to_string(kMaxNesting) + " deep: not a state dict");
   }
+  shape.values = saturating_add(shape.values, item_values);
+  check_values(shape.values);
 }
 
 void Unpickler::check_acyclic(const c10::IValue& root) const {
   // Depth-first, with an explicit stack: a container met again while it is still on the path is a
   // cycle; one met again after it was finished is merely shared (torch.save memoizes those).
-  // Nesting is checked here too, since a container filled after it was placed in another (through
-  // the memo) makes the depths recorded while loading an underestimate.
+  // Nesting and the values held are checked here too, since a container filled after it was
+  // placed in another (through the memo) makes the figures recorded while loading underestimates.
+  // Each container is walked once; a shared one adds its finished count at every reference.
   struct Frame {
     const void* id;
     std::vector<c10::IValue> items;
     size_t next = 0;
+    uint64_t values = 1;
   };
-  enum class Mark { kOnPath, kDone };
+  struct Mark {
+    bool on_path = true;
+    uint64_t values = 0;
+  };
   std::unordered_map<const void*, Mark> marks;
   std::vector<Frame> path;
+  uint64_t root_values = 1;
+  auto add = [&](uint64_t count) {
+    uint64_t& total = path.empty() ? root_values : path.back().values;
+    total = saturating_add(total, count);
+    check_values(total);
+  };
   auto enter = [&](const c10::IValue& v) {
-    if (!is_container(v)) return;
+    if (!is_container(v)) {
+      if (!path.empty()) add(1);
+      return;
+    }
     const void* id = v.internalToPointer();
-    auto [it, inserted] = marks.emplace(id, Mark::kOnPath);
+    auto [it, inserted] = marks.emplace(id, Mark{});
     if (!inserted) {
-      if (it->second == Mark::kOnPath) fail("a container that contains itself (a cycle): not a state dict");
+      if (it->second.on_path) fail("a container that contains itself (a cycle): not a state dict");
+      add(it->second.values);
       return;
     }
     if (path.size() >= kMaxNesting) {
@@ -209,8 +257,10 @@ void Unpickler::check_acyclic(const c10::IValue& root) const {
   while (!path.empty()) {
     Frame& frame = path.back();
     if (frame.next == frame.items.size()) {
-      marks[frame.id] = Mark::kDone;
+      const uint64_t count = frame.values;
+      marks[frame.id] = Mark{false, count};
       path.pop_back();
+      if (!path.empty()) add(count);
       continue;
     }
     const c10::IValue child = frame.items[frame.next++];
@@ -228,7 +278,7 @@ void Unpickler::empty_containers() {
   stack_.clear();
   memo_.clear();
   containers_.clear();
-  nesting_.clear();
+  shapes_.clear();
 }
 
 c10::IValue Unpickler::load_unchecked() {
@@ -534,6 +584,24 @@ c10::IValue Unpickler::rebuild_tensor(const std::vector<c10::IValue>& args, size
   }
   if (offset < 0 || (!empty && last >= storage.numel())) {
     fail("a tensor reaches past the end of its storage (" + std::to_string(storage.numel()) + " elements)");
+  }
+  // A view may read its storage's elements more than once (stride 0): whoever copies it out
+  // (ckpt convert, a model's parameters) then writes as many bytes as the view claims, not as the
+  // file holds. Bound a tensor's elements by its storage's unless asked otherwise.
+  int64_t numel = 1;
+  for (int64_t s : size) {
+    if (__builtin_mul_overflow(numel, s, &numel)) fail("a tensor whose size overflows");
+  }
+  if (!limits_.allow_expanded_views && numel > storage.numel()) {
+    std::string shape;
+    for (size_t i = 0; i < size.size(); ++i) {
+      shape += (i ? ", " : "") + std::to_string(size[i]) + " (stride " + std::to_string(stride[i]) + ")";
+    }
+    fail("a tensor of " + std::to_string(numel) + " elements [" + shape + "] views a storage of only " +
+         std::to_string(storage.numel()) +
+         ": its elements repeat (an expand()ed view), so copying it out would write far more than the "
+         "file holds; save it with .contiguous() or .clone(), or accept such views explicitly "
+         "(LoadOptions::allow_expanded_views, shoal ckpt --allow-expanded-views)");
   }
   return storage.as_strided(size, stride, offset);
 }

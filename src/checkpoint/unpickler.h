@@ -11,6 +11,14 @@
 // nested ones can exhaust the stack, here or in whoever walks the result afterwards. When loading
 // fails, every list and dict built so far is emptied so that no cycle outlives the error.
 //
+// Shared containers (a DAG, not a cycle) are legal, but whoever prints, converts or re-saves the
+// result writes each one out every time it is referenced: 40 levels of lists holding the previous
+// level twice are a 1 KB pickle and 2^40 values written out. So the unpickler counts the values
+// the result holds with every shared container counted each time it is referenced, as it grows
+// and once more exactly at the end, and refuses it beyond Limits::max_values. Likewise a tensor
+// whose view covers more elements than its storage holds (stride 0) is refused unless allowed:
+// its bytes would be bounded by the view, not by the file.
+//
 // Thread safety: one object per thread.
 #pragma once
 
@@ -24,8 +32,21 @@
 
 namespace shoal::checkpoint::detail {
 
+/// What a pickle may expand to (see above).
+struct UnpicklerLimits {
+  /// Most values a result may hold, shared containers counted once per reference. A state dict
+  /// holds about two per tensor and an optimizer's state a few per parameter, so 2^22 (4,194,304)
+  /// leaves room for models with a million tensors while bounding what printing or re-saving a
+  /// hostile file writes to a few hundred MB.
+  uint64_t max_values = uint64_t{1} << 22;
+  /// Accept tensors whose view has more elements than their storage (expand()ed, stride 0).
+  bool allow_expanded_views = false;
+};
+
 class Unpickler {
  public:
+  using Limits = UnpicklerLimits;
+
   /// Returns the storage `key` ("data/<key>" in the archive) as a 1-D tensor of `numel` elements of
   /// `dtype`. Called once per key.
   using StorageLoader =
@@ -40,7 +61,7 @@ class Unpickler {
   static constexpr size_t kMaxStack = size_t{1} << 18;
 
   /// `where` names the pickle in error messages ("run/ckpt.pt: data.pkl").
-  Unpickler(std::string_view data, StorageLoader load_storage, std::string where);
+  Unpickler(std::string_view data, StorageLoader load_storage, std::string where, Limits limits = {});
 
   /// Reads the pickle; throws CheckpointError saying what is wrong and where.
   c10::IValue load();
@@ -65,6 +86,8 @@ class Unpickler {
   c10::IValue load_unchecked();
   c10::IValue track(c10::IValue container);
   size_t nesting(const c10::IValue& value) const;
+  uint64_t values(const c10::IValue& value) const;
+  void check_values(uint64_t count) const;
   void contains(const c10::IValue& container, const c10::IValue& item);
   void check_acyclic(const c10::IValue& root) const;
   void empty_containers();
@@ -77,9 +100,15 @@ class Unpickler {
   std::vector<size_t> marks_;
   std::unordered_map<uint64_t, c10::IValue> memo_;
   std::unordered_map<std::string, at::Tensor> storages_;
-  // Every list, dict and tuple built, and how deep each nests as far as known when it was filled.
+  Limits limits_;
+  // Every list, dict and tuple built, and how deep each nests and how many values it holds
+  // (itself included, shared containers counted per reference) as far as known when it was filled.
+  struct Shape {
+    size_t depth = 1;
+    uint64_t values = 1;
+  };
   std::vector<c10::IValue> containers_;
-  std::unordered_map<const void*, size_t> nesting_;
+  std::unordered_map<const void*, Shape> shapes_;
 };
 
 }  // namespace shoal::checkpoint::detail

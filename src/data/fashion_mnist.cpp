@@ -15,7 +15,8 @@ std::string FashionMnist::labels_path(const std::string& root, bool train) {
   return root + (train ? "/train-labels-idx1-ubyte.gz" : "/t10k-labels-idx1-ubyte.gz");
 }
 
-FashionMnist::FashionMnist(const std::string& root, bool train) : train_(train) {
+FashionMnist::FashionMnist(const std::string& root, bool train, double max_decompression_ratio)
+    : train_(train) {
   struct stat info {};
   if (::stat(root.c_str(), &info) != 0 || !S_ISDIR(info.st_mode)) {
     SHOAL_THROW(DataError, root,
@@ -24,8 +25,8 @@ FashionMnist::FashionMnist(const std::string& root, bool train) : train_(train) 
   }
   const std::string image_file = images_path(root, train);
   const std::string label_file = labels_path(root, train);
-  const at::Tensor raw = detail::read_idx_images(image_file, kRows, kCols);
-  targets_ = detail::read_idx_labels(label_file, kNumClasses);
+  const at::Tensor raw = detail::read_idx_images(image_file, kRows, kCols, max_decompression_ratio);
+  targets_ = detail::read_idx_labels(label_file, kNumClasses, max_decompression_ratio);
   if (raw.size(0) != targets_.size(0)) {
     SHOAL_THROW(DataError, image_file, ": holds ", raw.size(0), " images but ", label_file,
                 " holds ", targets_.size(0), " labels; the two files must come from the same split");

@@ -99,7 +99,7 @@ class IdxStream {
 /// Reads an IDX file's header and exactly the element bytes it announces (one byte per element);
 /// returns the dimensions and fills `data`.
 std::vector<int64_t> read_idx(const std::string& path, uint32_t expected_magic, int64_t num_dims,
-                              const char* what, const char* items, at::Tensor* data) {
+                              const char* what, const char* items, double max_ratio, at::Tensor* data) {
   IdxStream stream(path);
   const size_t header_bytes = 4 + 4 * static_cast<size_t>(num_dims);
   uint8_t header[16] = {};
@@ -129,6 +129,19 @@ std::vector<int64_t> read_idx(const std::string& path, uint32_t expected_magic, 
                   " bytes of ", items);
     }
   }
+  // A header may announce up to kMaxElements, which a 1 MB gzip of zeros can deliver: 1 GB here,
+  // 4 GB once the images are floats, per process. Real image sets decode to 2-5x their gzipped size
+  // (Fashion-MNIST 1.8x, MNIST 4.8x): far more than that needs the caller's explicit consent.
+  struct stat info {};
+  const int64_t file_bytes = ::stat(path.c_str(), &info) == 0 ? static_cast<int64_t>(info.st_size) : 0;
+  const int64_t decoded = static_cast<int64_t>(header_bytes) + elements;
+  if (max_ratio > 0 && decoded > kIdxRatioFreeBytes &&
+      static_cast<double>(decoded) > max_ratio * static_cast<double>(std::max<int64_t>(file_bytes, 1))) {
+    SHOAL_THROW(DataError, path, ": the header announces ", decoded, " bytes of ", what, " data from a file of ",
+                file_bytes, " bytes (", static_cast<int64_t>(static_cast<double>(decoded) / std::max<int64_t>(file_bytes, 1)),
+                ":1, more than the ", max_ratio, ":1 real image files come near): refused as a decompression bomb "
+                "before allocating it; if the file is genuine, pass --max-decompression-ratio 0 (or a higher ratio)");
+  }
   *data = at::empty({elements}, at::kByte);
   const size_t body = stream.read(data->data_ptr<uint8_t>(), static_cast<size_t>(elements));
   if (body < static_cast<size_t>(elements)) {
@@ -145,9 +158,11 @@ std::vector<int64_t> read_idx(const std::string& path, uint32_t expected_magic, 
 
 }  // namespace
 
-at::Tensor read_idx_images(const std::string& path, int64_t expected_rows, int64_t expected_cols) {
+at::Tensor read_idx_images(const std::string& path, int64_t expected_rows, int64_t expected_cols,
+                           double max_decompression_ratio) {
   at::Tensor data;
-  const std::vector<int64_t> dims = read_idx(path, kIdxImagesMagic, 3, "image", "images", &data);
+  const std::vector<int64_t> dims =
+      read_idx(path, kIdxImagesMagic, 3, "image", "images", max_decompression_ratio, &data);
   const int64_t count = dims[0], rows = dims[1], cols = dims[2];
   if (rows != expected_rows || cols != expected_cols) {
     SHOAL_THROW(DataError, path, ": images are ", rows, "x", cols, ", expected ", expected_rows,
@@ -156,9 +171,10 @@ at::Tensor read_idx_images(const std::string& path, int64_t expected_rows, int64
   return data.view({count, rows, cols});
 }
 
-at::Tensor read_idx_labels(const std::string& path, int64_t num_classes) {
+at::Tensor read_idx_labels(const std::string& path, int64_t num_classes, double max_decompression_ratio) {
   at::Tensor data;
-  const std::vector<int64_t> dims = read_idx(path, kIdxLabelsMagic, 1, "label", "labels", &data);
+  const std::vector<int64_t> dims =
+      read_idx(path, kIdxLabelsMagic, 1, "label", "labels", max_decompression_ratio, &data);
   const int64_t count = dims[0];
   at::Tensor labels = at::empty({count}, at::kLong);
   const uint8_t* in = data.data_ptr<uint8_t>();

@@ -21,12 +21,19 @@ constexpr uint32_t kIdxImagesMagic = 2051;
 /// The magic number of an IDX file of unsigned-byte labels [N].
 constexpr uint32_t kIdxLabelsMagic = 2049;
 
+/// Decoded sizes up to this are always accepted, whatever the ratio: small hand-made or test
+/// files of uniform pixels compress far better than real images.
+constexpr int64_t kIdxRatioFreeBytes = int64_t{64} << 20;
+
 /// Images [N, rows, cols] uint8 from an IDX image file; checks magic, header and size, and that
-/// rows x cols equals the expected dimensions.
-at::Tensor read_idx_images(const std::string& path, int64_t expected_rows, int64_t expected_cols);
+/// rows x cols equals the expected dimensions. A file whose header announces more than
+/// kIdxRatioFreeBytes and more than `max_decompression_ratio` times the file's own size is
+/// refused before anything is allocated (0: no ratio check).
+at::Tensor read_idx_images(const std::string& path, int64_t expected_rows, int64_t expected_cols,
+                           double max_decompression_ratio);
 
 /// Labels [N] int64 from an IDX label file; checks magic, header, size and that every label is
-/// in [0, num_classes).
-at::Tensor read_idx_labels(const std::string& path, int64_t num_classes);
+/// in [0, num_classes); the ratio check as for images.
+at::Tensor read_idx_labels(const std::string& path, int64_t num_classes, double max_decompression_ratio);
 
 }  // namespace shoal::data::detail

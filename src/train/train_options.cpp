@@ -41,6 +41,8 @@ void TrainOptions::validate() const {
                 "--checkpoint-every needs --checkpoint-dir DIR: where to save");
   SHOAL_CHECK_T(InvalidArgument, init_from.empty() || !resume,
                 "--init-from and --resume both set the weights; pass one of them");
+  SHOAL_CHECK_T(InvalidArgument, max_decompression_ratio >= 0,
+                "--max-decompression-ratio must be >= 0 (0 = no check), got ", max_decompression_ratio);
   SHOAL_CHECK_T(InvalidArgument, stop_after_steps >= 0, "stop-after-steps must be >= 0, got ",
                 stop_after_steps);
 }

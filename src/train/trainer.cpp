@@ -490,8 +490,8 @@ TrainResult run_training(const TrainOptions& options, std::unique_ptr<Strategy> 
     // accepted), or a Shoal checkpoint's model. Every key must match.
     checkpoint::load_state_dict(*model, checkpoint::load_state_dict_file(options.init_from));
   }
-  const data::FashionMnist train_set(options.data_dir, /*train=*/true);
-  const data::FashionMnist test_set(options.data_dir, /*train=*/false);
+  const data::FashionMnist train_set(options.data_dir, /*train=*/true, options.max_decompression_ratio);
+  const data::FashionMnist test_set(options.data_dir, /*train=*/false, options.max_decompression_ratio);
   const bool reports = !strategy || strategy->rank() == 0;
   const int world = strategy ? strategy->world_size() : 1;
   if (reports && options.progress != ProgressMode::kNone) {

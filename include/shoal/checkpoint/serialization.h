@@ -4,7 +4,9 @@
 // Writing is atomic: a file is written under a temporary name in the same folder, fsync'ed,
 // renamed over the target and the folder fsync'ed, so a crash leaves either the old file or the
 // new one, never a mix. Each file carries a record "shoal_checksum" (CRC32 of every other record),
-// which torch.load ignores and Shoal checks when reading. Reading never runs code from the file:
+// which torch.load ignores and Shoal checks when reading: a record the manifest leaves out, or a
+// file that says Shoal wrote it (a 'shoal_version' entry) without a manifest, is refused as edited
+// or damaged; files from Python (no manifest) load unchecked, as torch.load does. Reading never runs code from the file:
 // only tensors, containers and plain values are accepted (see checkpoint/unpickler.h).
 // Every failure throws CheckpointError naming the file and what is wrong.
 //
@@ -25,6 +27,15 @@ struct LoadOptions {
   /// Where loaded tensors go. CPU by default: a file saved on a GPU never lands on the first GPU
   /// unless asked for.
   c10::Device map_location = c10::Device(c10::kCPU);
+  /// Most values the loaded object may hold, counting a container shared by several others once
+  /// per reference (what printing or re-saving it writes out). 2^22 by default: a state dict holds
+  /// about two per tensor. A file beyond it is refused (a few KB of shared lists can stand for
+  /// 2^40 values); raise it for a genuine checkpoint that holds more.
+  uint64_t max_values = uint64_t{1} << 22;
+  /// Accept tensors whose view holds more elements than their storage (torch.zeros(1).expand(n)
+  /// saved as is, stride 0). Refused by default: copying such a tensor out writes as many bytes as
+  /// its view claims, however small the file.
+  bool allow_expanded_views = false;
 };
 
 /// torch.save(object, path): dicts, lists, tuples, tensors, ints, floats, strings, bools, None.

@@ -43,6 +43,9 @@ struct TrainOptions {
   int threads = 2;
   /// Directory with the Fashion-MNIST *-ubyte.gz files.
   std::string data_dir = "/usr/share/datasets/fashion-mnist";
+  /// Refuse data files that decode to more than this multiple of their size (beyond 64 MiB);
+  /// 0 turns the check off. See data::FashionMnist::kMaxDecompressionRatio.
+  double max_decompression_ratio = 64.0;
   /// When not empty, JSON lines are written here: one object per log interval and per epoch.
   std::string metrics_path;
   /// When not empty, a Chrome trace (chrome://tracing, Perfetto) of every rank's forward, backward,
