@@ -140,7 +140,8 @@ std::vector<int64_t> read_idx(const std::string& path, uint32_t expected_magic, 
     SHOAL_THROW(DataError, path, ": the header announces ", decoded, " bytes of ", what, " data from a file of ",
                 file_bytes, " bytes (", static_cast<int64_t>(static_cast<double>(decoded) / std::max<int64_t>(file_bytes, 1)),
                 ":1, more than the ", max_ratio, ":1 real image files come near): refused as a decompression bomb "
-                "before allocating it; if the file is genuine, pass --max-decompression-ratio 0 (or a higher ratio)");
+                "before allocating it; if the file is genuine, raise --max-decompression-ratio (0: no check; "
+                "FashionMnist's max_decompression_ratio)");
   }
   *data = at::empty({elements}, at::kByte);
   const size_t body = stream.read(data->data_ptr<uint8_t>(), static_cast<size_t>(elements));
