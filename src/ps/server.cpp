@@ -676,6 +676,13 @@ void Server::load_shard_state(const std::map<std::string, at::Tensor>& state) {
     const auto value = state.find(key_name);
     SHOAL_CHECK_T(CheckpointError, value != state.end() && tensor.numel() == 2,
                   impl_->name(), " shard state: key ", key_name, " has no values");
+    // The shard is float32: a saved shard of another kind (int, bool, complex) is refused by name,
+    // another width named, as when a model loads a state dict.
+    const std::string where = impl_->name() + " shard state: key " + key_name;
+    if (checkpoint::check_dtype_change(value->second.scalar_type(), at::kFloat, where)) {
+      log::warn("shoal: ", where, " is cast from ", checkpoint::dtype_name(value->second.scalar_type()),
+                " to float32");
+    }
     Entry entry;
     entry.value = value->second.to(at::kFloat).contiguous().view(-1).clone();
     entry.offset = tensor[0].item<int64_t>();
@@ -686,7 +693,12 @@ void Server::load_shard_state(const std::map<std::string, at::Tensor>& state) {
     std::map<std::string, at::Tensor> optimizer_state;
     const std::string prefix = key_name + ".";
     for (const auto& [other, t] : state) {
-      if (other.rfind(prefix, 0) == 0) optimizer_state[other.substr(prefix.size())] = t;
+      if (other.rfind(prefix, 0) != 0) continue;
+      if (checkpoint::check_dtype_change(t.scalar_type(), at::kFloat, where + ": " + other)) {
+        log::warn("shoal: ", where, ": ", other, " is cast from ", checkpoint::dtype_name(t.scalar_type()),
+                  " to float32");
+      }
+      optimizer_state[other.substr(prefix.size())] = t;
     }
     impl_->options.optimizer->load_state(key, optimizer_state);
     impl_->shard[key] = std::move(entry);

@@ -192,6 +192,7 @@ TEST_F(SilentAcceptance, ParameterServerResumeWithoutItsShardIsRefused) {
   ASSERT_EQ(first.exit_code, 0) << first.text();
   const std::string shard = path("ckpt") + "/ps-server0.pt";
   ASSERT_TRUE(fs::exists(shard));
+  fs::copy_file(shard, path("shard.pt"));
   fs::remove(shard);
   const CliRun resumed = train({"--epochs", "2", "--resume"});
   EXPECT_FALSE(resumed.timed_out) << resumed.text();
@@ -199,6 +200,22 @@ TEST_F(SilentAcceptance, ParameterServerResumeWithoutItsShardIsRefused) {
   EXPECT_NE(resumed.text().find("ps-server0.pt is missing"), std::string::npos) << resumed.text();
   EXPECT_NE(resumed.text().find("momentum"), std::string::npos) << resumed.text();
   std::printf("ps --resume without its shard: exit %d in %.2f s\n", resumed.exit_code, resumed.seconds);
+  // The shard back, with its values saved as int8: refused by name, not cast.
+  StateDict saved = load_state_dict_file(path("shard.pt"));
+  StateDict edited;
+  std::string changed;
+  for (const auto& item : saved) {
+    const bool values = changed.empty() && item.key().find('.') == std::string::npos;
+    if (values) changed = item.key();
+    edited.insert(item.key(), values ? item.value().to(at::kChar) : item.value());
+  }
+  ASSERT_FALSE(changed.empty());
+  save_state_dict(edited, shard);
+  const CliRun int8 = train({"--epochs", "2", "--resume"});
+  EXPECT_GT(int8.exit_code, 0) << int8.text();
+  EXPECT_NE(int8.text().find("shard state: key " + changed + ": the checkpoint holds int8, the model float32"),
+            std::string::npos)
+      << int8.text();
   fs::remove_all(data);
 }
 
