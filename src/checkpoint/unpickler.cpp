@@ -193,6 +193,30 @@ void Unpickler::check_values(uint64_t count) const {
        "shoal ckpt --max-values)");
 }
 
+void Unpickler::charge_key(const c10::IValue& key) {
+  // Inserting a key hashes it (and compares it on a collision): a string's bytes, a tuple's
+  // elements. A 16 MB string used as the key of 100,000 one-entry dicts is 1 MB of opcodes and
+  // 1.6 TB of hashing, so the bytes hashed are counted against a budget in proportion to the
+  // pickle. A tuple key may hold plain values only, so that its cost is known without a walk.
+  uint64_t cost = 1;
+  if (key.isString()) {
+    cost += key.toStringRef().size();
+  } else if (key.isTuple()) {
+    for (const auto& element : key.toTupleRef().elements()) {
+      if (is_container(element)) fail("a dict key that is a tuple holding containers: not a state dict");
+      cost += element.isString() ? element.toStringRef().size() + 1 : 1;
+    }
+  } else if (key.isList() || key.isGenericDict()) {
+    fail("a dict key that is a list or a dict (unhashable in Python): not a state dict");
+  }
+  key_bytes_ = saturating_add(key_bytes_, cost);
+  const uint64_t budget = std::max<uint64_t>(kMinKeyBytes, kKeyBytesPerPickleByte * data_.size());
+  if (key_bytes_ > budget) {
+    fail("its dict keys add up to more than " + std::to_string(budget) +
+         " bytes to hash (a large key reused by many dicts): not a state dict");
+  }
+}
+
 void Unpickler::contains(const c10::IValue& container, const c10::IValue& item) {
   if (!is_container(item)) {
     Shape& shape = shapes_[container.internalToPointer()];
@@ -403,7 +427,10 @@ c10::IValue Unpickler::load_unchecked() {
           auto items = pop_to_mark();
           if (items.size() % 2 != 0) fail("a dict with an odd number of items");
           auto dict = new_dict();
-          for (size_t i = 0; i < items.size(); i += 2) dict.toGenericDict().insert_or_assign(items[i], items[i + 1]);
+          for (size_t i = 0; i < items.size(); i += 2) {
+            charge_key(items[i]);
+            dict.toGenericDict().insert_or_assign(items[i], items[i + 1]);
+          }
           stack_.push_back(track(std::move(dict)));
           break;
         }
@@ -430,6 +457,7 @@ c10::IValue Unpickler::load_unchecked() {
           if (!top().isGenericDict()) fail("SETITEM on something that is not a dict");
           contains(top(), key);
           contains(top(), value);
+          charge_key(key);
           top().toGenericDict().insert_or_assign(std::move(key), std::move(value));
           break;
         }
@@ -441,6 +469,7 @@ c10::IValue Unpickler::load_unchecked() {
           for (size_t i = 0; i < items.size(); i += 2) {
             contains(top(), items[i]);
             contains(top(), items[i + 1]);
+            charge_key(items[i]);
             dict.insert_or_assign(items[i], items[i + 1]);
           }
           break;

@@ -17,7 +17,8 @@
 // the result holds with every shared container counted each time it is referenced, as it grows
 // and once more exactly at the end, and refuses it beyond Limits::max_values. Likewise a tensor
 // whose view covers more elements than its storage holds (stride 0) is refused unless allowed:
-// its bytes would be bounded by the view, not by the file.
+// its bytes would be bounded by the view, not by the file. The bytes of dict keys hashed while
+// loading are bounded in proportion to the pickle (a large key reused by many dicts).
 //
 // Thread safety: one object per thread.
 #pragma once
@@ -59,6 +60,11 @@ class Unpickler {
   /// a state dict's stack stays small whatever its size; the cap bounds the memory a small hostile
   /// file can claim by pushing containers (~200 bytes each) without ever closing them.
   static constexpr size_t kMaxStack = size_t{1} << 18;
+  /// Bytes of dict keys a pickle may make the loader hash: 64 per byte of pickle, at least 64 MiB.
+  /// A key costs at least 2-5 bytes of opcodes per insertion (a memo reference and SETITEM) and
+  /// state dict keys are a few dozen bytes, so a genuine file stays far below; see charge_key().
+  static constexpr uint64_t kKeyBytesPerPickleByte = 64;
+  static constexpr uint64_t kMinKeyBytes = uint64_t{64} << 20;
 
   /// `where` names the pickle in error messages ("run/ckpt.pt: data.pkl").
   Unpickler(std::string_view data, StorageLoader load_storage, std::string where, Limits limits = {});
@@ -89,6 +95,7 @@ class Unpickler {
   uint64_t values(const c10::IValue& value) const;
   void check_values(uint64_t count) const;
   void contains(const c10::IValue& container, const c10::IValue& item);
+  void charge_key(const c10::IValue& key);
   void check_acyclic(const c10::IValue& root) const;
   void empty_containers();
 
@@ -101,6 +108,7 @@ class Unpickler {
   std::unordered_map<uint64_t, c10::IValue> memo_;
   std::unordered_map<std::string, at::Tensor> storages_;
   Limits limits_;
+  uint64_t key_bytes_ = 0;  // see kKeyBytesPerPickleByte
   // Every list, dict and tuple built, and how deep each nests and how many values it holds
   // (itself included, shared containers counted per reference) as far as known when it was filled.
   struct Shape {

@@ -2,7 +2,8 @@
 //  - pickles whose containers are shared (a DAG, not a cycle): a 1 KB file of lists holding the
 //    previous level twice, 40 levels deep, stands for 2^41 values once written out, and made
 //    `ckpt inspect` print gigabytes, `ckpt convert` die of bad_alloc and `--resume` swell;
-//  - a tensor viewing a one-element storage with stride 0: an 800-byte file converted to 512 MB.
+//  - a tensor viewing a one-element storage with stride 0: an 800-byte file converted to 512 MB;
+//  - a 16 MB dict key reused by 100,000 dicts: 1.6 TB of hashing while loading.
 // Each is refused in one line naming what is wrong and the option that allows it, in seconds and
 // under twice the peak resident size of the same command on a small genuine file.
 #include <gtest/gtest.h>
@@ -144,6 +145,18 @@ TEST_F(HostilePickles, SharedContainersWithinTheBudgetLoadAndTheBudgetIsAnOption
   LoadOptions raised;
   raised.max_values = UINT64_MAX;
   EXPECT_TRUE(load(checkpoint_of(path("dag.pt"), shared_lists(40, 2)), raised).isGenericDict());
+}
+
+TEST_F(HostilePickles, LargeKeyReusedByManyDictsIsRefused) {
+  // One 16 MB string, then 100,000 one-entry dicts keyed by it through the memo (7 bytes each):
+  // every insertion hashes the 16 MB again, 1.6 TB in all, for a 17 MB file.
+  constexpr uint32_t kKeyBytes = 16u << 20;
+  std::string pickle = std::string("\x80\x02", 2) + "X" + u32(kKeyBytes) + std::string(kKeyBytes, 'k') + "q\x01" "0";
+  for (int i = 0; i < 100000; ++i) pickle += "}h\x01" + small_int(0) + "s0";  // EMPTY_DICT, BINGET, K, SETITEM, POP
+  pickle += "}.";
+  const std::string file = path("keys.pt");
+  write_archive(file, {{"data.pkl", pickle}, {"byteorder", "little"}});
+  expect_refused({"ckpt", "inspect", file}, {"keys.pt", "bytes to hash", "a large key reused by many dicts"});
 }
 
 /// {'model': {'w': a float tensor of `numel` elements viewing a one-element storage, stride 0}}.
