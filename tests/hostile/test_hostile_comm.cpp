@@ -121,4 +121,41 @@ TEST(HostileComm, StoppedGlooRankIsNamedWithinTheHeartbeat) { stopped_rank_is_na
 
 TEST(HostileComm, StoppedShmRankIsNamedWithinTheHeartbeat) { stopped_rank_is_named_within_the_heartbeat("shm"); }
 
+// The shoal executable, for the cases that need no dataset.
+std::string shoal_path() {
+  const char* dir = std::getenv("SHOAL_BINARY_DIR");
+  if (dir == nullptr) shoal::testing::skip_program("SHOAL_BINARY_DIR is not set (run through ctest)");
+  return std::string(dir) + "/apps/shoal/shoal";
+}
+
+// The last line of `text` that is not empty.
+std::string last_line(const std::string& text) {
+  size_t end = text.find_last_not_of('\n');
+  if (end == std::string::npos) return "";
+  const size_t begin = text.rfind('\n', end);
+  return text.substr(begin == std::string::npos ? 0 : begin + 1, end - (begin == std::string::npos ? 0 : begin + 1) + 1);
+}
+
+// Rank 0 fails in every attempt: after the last of --max-restarts 2 the launcher's final line
+// says that the restarts ran out, how many attempts failed, and the status it exits with.
+TEST(HostileComm, LastRestartSaysRestartsRanOut) {
+  const std::string log = shoal::testing::temp_path("restarts-log");
+  const std::string command = shoal_path() +
+                              " run --master-port 0 --nproc-per-node 2 --max-restarts 2 sh -c "
+                              "'if [ \"$RANK\" = 0 ]; then exit 3; fi; exec sleep 60' >" + log + " 2>&1";
+  const auto start = Clock::now();
+  const int status = std::system(command.c_str());
+  const double took = seconds_since(start);
+  const std::string text = shoal::testing::read_file(log);
+  fs::remove(log);
+  ASSERT_TRUE(WIFEXITED(status)) << text;
+  EXPECT_EQ(WEXITSTATUS(status), 3) << text;
+  const std::string last = last_line(text);
+  EXPECT_NE(last.find("restarts ran out"), std::string::npos) << text;
+  EXPECT_NE(last.find("all 3 attempts"), std::string::npos) << last;
+  EXPECT_NE(last.find("--max-restarts 2"), std::string::npos) << last;
+  EXPECT_NE(last.find("status 3"), std::string::npos) << last;
+  EXPECT_LT(took, 30) << text;
+}
+
 }  // namespace test_hostile_comm
