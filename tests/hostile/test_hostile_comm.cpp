@@ -121,6 +121,47 @@ TEST(HostileComm, StoppedGlooRankIsNamedWithinTheHeartbeat) { stopped_rank_is_na
 
 TEST(HostileComm, StoppedShmRankIsNamedWithinTheHeartbeat) { stopped_rank_is_named_within_the_heartbeat("shm"); }
 
+// `shoal train --strategy ps` under asp or ssp with 2 workers and 1 server: worker 1 is killed
+// (SIGKILL) once training runs (worker 0 has written two metrics lines); the server presumes it
+// dead after --worker-timeout 3, worker 0 finishes and evaluates, and the job exits 0 saying so.
+void parameter_server_goes_on_without_a_killed_worker(const std::string& consistency) {
+  const std::string shoal = shoal::testing::shoal_cli_with_dataset();
+  const std::string log = shoal::testing::temp_path("ps-kill-log");
+  const std::string metrics = shoal::testing::temp_path("ps-kill-metrics");
+  auto job = start(shoal + " train --strategy ps --consistency " + consistency +
+                       " --worker-timeout 3 --workers 2 --servers 1 --model mlp --epochs 1"
+                       " --train-samples 6000 --test-samples 500 --batch-size 32 --lr 0.05"
+                       " --threads 1 --no-progress --log-interval 5 --metrics " + metrics,
+                   log);
+  ASSERT_TRUE(shoal::testing::wait_until([&] { return count_lines(metrics) >= 2; }, Milliseconds(90'000)))
+      << shoal::testing::read_file(log);
+  const pid_t worker1 = worker_with(job->pid(), "ROLE_RANK", "1");
+  ASSERT_GT(worker1, 0) << "worker 1 of the launcher " << job->pid() << " not found";
+  ASSERT_EQ(environment_of(worker1, "ROLE_NAME"), "worker");
+  ASSERT_EQ(::kill(worker1, SIGKILL), 0);
+  const auto killed = Clock::now();
+  const bool ended = job->wait(Milliseconds(120'000));
+  const double took = seconds_since(killed);
+  const std::string text = shoal::testing::read_file(log);
+  fs::remove(log);
+  fs::remove(metrics);
+  ASSERT_TRUE(ended) << text;
+  EXPECT_EQ(job->result().exit_code, 0) << text;
+  EXPECT_NE(text.find("the other workers go on without it"), std::string::npos) << text;
+  EXPECT_NE(text.find("worker 1 presumed dead"), std::string::npos) << text;
+  EXPECT_NE(text.find("final test accuracy"), std::string::npos) << text;
+  EXPECT_NE(text.find("finished without 1 failed worker"), std::string::npos) << text;
+  std::printf("%s: the job finished %.1f s after worker 1 was killed\n", consistency.c_str(), took);
+}
+
+TEST(HostileComm, ParameterServerAspGoesOnWithoutAKilledWorker) {
+  parameter_server_goes_on_without_a_killed_worker("asp");
+}
+
+TEST(HostileComm, ParameterServerSspGoesOnWithoutAKilledWorker) {
+  parameter_server_goes_on_without_a_killed_worker("ssp");
+}
+
 // The shoal executable, for the cases that need no dataset.
 std::string shoal_path() {
   const char* dir = std::getenv("SHOAL_BINARY_DIR");
