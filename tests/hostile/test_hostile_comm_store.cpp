@@ -82,8 +82,8 @@ TEST(HostileCommStore, HeldStrangersDoNotLockTheRanksOut) {
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
   });
-  // The slots are full before the ranks come.
-  ASSERT_TRUE(shoal::testing::wait_until([&] { return server.server()->dropped() >= 16; }, Milliseconds(10'000)));
+  // The slots are full before the ranks come (16 of the strangers' connections were refused).
+  ASSERT_TRUE(shoal::testing::wait_until([&] { return server.server()->refused() >= 16; }, Milliseconds(10'000)));
   std::vector<std::thread> ranks;
   std::atomic<int> met{0};
   std::string error;
@@ -108,7 +108,7 @@ TEST(HostileCommStore, HeldStrangersDoNotLockTheRanksOut) {
     if (fd >= 0) ::close(fd);
   }
   EXPECT_EQ(met.load(), 3) << error;
-  std::printf("store: %d strangers' connections dropped to make room\n", server.server()->dropped());
+  std::printf("store: %d strangers' connections refused while 3 ranks met\n", server.server()->refused());
 }
 
 // A listener that closes every connection before answering (as a flooded one does): the client
