@@ -51,12 +51,9 @@ TcpStoreServer::~TcpStoreServer() {
     }
   }
   if (thread_.joinable()) thread_.join();
-  std::map<uint64_t, Handshake> handshakes;
-  {
-    std::lock_guard<std::mutex> lock(pending_mutex_);
-    handshakes.swap(handshakes_);
-  }
-  for (auto& [id, h] : handshakes) h.thread.join();
+  // serve() has ended, so the map no longer changes shape: the threads still look their entries
+  // up (under the mutex) while they are joined here.
+  for (auto& [id, h] : handshakes_) h.thread.join();
   for (int fd : authenticated_) ::close(fd);
   ::close(listen_fd_);
   ::close(wake_[0]);
