@@ -17,7 +17,7 @@
 // password is gate_password(token): an HMAC of the token, so the token itself still never crosses
 // the network. A stranger's connection is closed in ZeroMQ's handshake, before it can send a
 // message; the gate password is static (one who records a job's traffic can replay it), which is
-// why the challenge below stays the authentication proper.
+// why the challenge above stays the authentication proper.
 //
 // Everything that decides whether a peer is let in is in this file (check_auth_response), so
 // that the rendezvous store and other listeners can share the same check later.
