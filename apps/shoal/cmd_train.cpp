@@ -450,8 +450,6 @@ void add_train_command(CLI::App& root, std::vector<Command>& commands) {
                             launch.max_restarts = args->max_restarts;
                             launch.log_name = "shoal train";
                             launch.verbose = false;
-                            // asp/ssp go on without a dead worker; bsp cannot.
-                            launch.tolerate_worker_failures = args->consistency != "bsp";
                             return launcher::launch(launch);
                           }
                           comm::InitOptions init;
@@ -496,6 +494,8 @@ void add_train_command(CLI::App& root, std::vector<Command>& commands) {
                             launch.master_port = 0;
                             launch.log_name = "shoal train";
                             launch.verbose = false;
+                            // asp/ssp go on without a dead worker (README); bsp cannot.
+                            launch.tolerate_worker_failures = args->consistency != "bsp";
                             return launcher::launch(launch);
                           }
                           if (threads->count() == 0) options->threads = 1;

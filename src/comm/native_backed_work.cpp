@@ -85,6 +85,7 @@ void NativeBackedWork::finish(Milliseconds timeout) {
     }
     finished_ = true;
   }
+  if (error_ && on_failure_) on_failure_();
 }
 
 }  // namespace shoal::comm

@@ -63,6 +63,10 @@ class NativeBackedWork : public Work {
     if (error_) std::rethrow_exception(error_);
   }
 
+  /// Runs once, on the waiting thread, when the operation fails (time-out, dead or silent peer):
+  /// the backend marks its group as broken (see ProcessGroupGloo's destructor).
+  void set_on_failure(std::function<void()> on_failure) { on_failure_ = std::move(on_failure); }
+
   std::exception_ptr exception() override {
     std::lock_guard<std::mutex> lock(mutex_);
     return error_;
@@ -80,6 +84,7 @@ class NativeBackedWork : public Work {
   std::shared_ptr<PeerDirectory> peers_;
   std::shared_ptr<HangReporter> reports_;
   std::function<void()> on_success_;
+  std::function<void()> on_failure_;
   bool watch_heartbeats_;
   std::atomic<bool> finished_{false};
   std::atomic<int> waiters_{0};

@@ -29,13 +29,31 @@ TcpStore::TcpStore(const std::string& host, int port, bool is_server, std::strin
   endpoint_ = host + ":" + std::to_string(port_);
   // The whole rendezvous (reaching the listener and the handshake) runs under one deadline.
   const auto deadline = std::chrono::steady_clock::now() + timeout;
-  fd_ = security::connect_to(host, port_, deadline);
-  try {
-    security::authenticate_to_server(fd_, token, "store", endpoint_, deadline);
-  } catch (...) {
+  // A busy listener (its handshake slots taken, by strangers say) drops its oldest connection
+  // before answering: connect again, from 10 ms up to 500 ms apart, until the deadline.
+  auto pause = std::chrono::milliseconds(10);
+  for (int attempt = 1;; ++attempt) {
+    fd_ = security::connect_to(host, port_, deadline);
+    bool answered = false;
+    try {
+      answered = security::try_authenticate_to_server(fd_, token, "store", endpoint_, deadline);
+    } catch (...) {
+      ::close(fd_);
+      fd_ = -1;
+      throw;
+    }
+    if (answered) return;
     ::close(fd_);
     fd_ = -1;
-    throw;
+    if (std::chrono::steady_clock::now() + pause >= deadline) {
+      SHOAL_THROW(TimeoutError, "TCP store: the listener at ", endpoint_,
+                  " closed the connection before answering Shoal's handshake ", attempt,
+                  " times in ", timeout.count(), " ms: it is flooded with connections that do not ",
+                  "finish the handshake (strangers on the store's port?), or it is not a Shoal ",
+                  "job's listener", timeout_hint());
+    }
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::milliseconds(500));
   }
 }
 

@@ -14,14 +14,19 @@
 #include "security/auth_token.h"
 #include "security/socket_io.h"
 #include "shoal/error.h"
+#include "shoal/log.h"
 
 namespace shoal::comm {
 namespace {
 
-// Connections allowed to be in their handshake at once; more are closed at once. A job has one
-// connection per rank (plus a few per backend); the cap stops a flood of silent connections from
-// starting a thread each.
+// Connections allowed to be in their handshake at once. A job has one connection per rank (plus a
+// few per backend) and each finishes its handshake in microseconds; the cap stops a flood of
+// silent connections from starting a thread each. Beyond it the oldest is dropped.
 constexpr size_t kMaxHandshakes = 64;
+// Handshake threads that may exist at once (running, or shut down and ending): beyond this a new
+// connection is closed at once. Dropped handshakes end within microseconds, so this is only
+// reached when connections arrive faster than threads end.
+constexpr size_t kMaxHandshakeThreads = 2 * kMaxHandshakes;
 // A reply to an authenticated client that stops reading is abandoned after this.
 constexpr std::chrono::seconds kReplyTimeout{30};
 
@@ -41,33 +46,90 @@ TcpStoreServer::~TcpStoreServer() {
   (void)!::write(wake_[1], &byte, 1);
   {
     std::lock_guard<std::mutex> lock(pending_mutex_);
-    for (int fd : handshaking_) ::shutdown(fd, SHUT_RDWR);  // ends their handshakes at once
+    for (auto& [id, h] : handshakes_) {
+      if (h.running) ::shutdown(h.fd, SHUT_RDWR);  // ends their handshakes at once
+    }
   }
   if (thread_.joinable()) thread_.join();
-  std::vector<std::thread> handshakes;
-  {
-    std::lock_guard<std::mutex> lock(pending_mutex_);
-    handshakes.swap(handshakes_);
-  }
-  for (auto& t : handshakes) t.join();
+  // serve() has ended, so the map no longer changes shape: the threads still look their entries
+  // up (under the mutex) while they are joined here.
+  for (auto& [id, h] : handshakes_) h.thread.join();
   for (int fd : authenticated_) ::close(fd);
   ::close(listen_fd_);
   ::close(wake_[0]);
   ::close(wake_[1]);
 }
 
-void TcpStoreServer::handshake(int fd) {
+void TcpStoreServer::handshake(uint64_t id, int fd) {
   const auto deadline = std::chrono::steady_clock::now() + security::kHandshakeTimeout;
   const bool ok = security::accept_peer(fd, token_, "store", deadline);
   std::lock_guard<std::mutex> lock(pending_mutex_);
-  handshaking_.erase(fd);
-  if (ok && !stop_) {
+  Handshake& h = handshakes_.at(id);
+  h.running = false;
+  if (ok && !stop_ && !h.dropped) {
     authenticated_.push_back(fd);
-    const char byte = 1;
-    (void)!::write(wake_[1], &byte, 1);
   } else {
     ::close(fd);
     ++refused_;
+  }
+  finished_.push_back(id);
+  const char byte = 1;
+  (void)!::write(wake_[1], &byte, 1);  // serve() joins this thread now
+}
+
+void TcpStoreServer::reap_finished() {
+  std::vector<std::thread> ended;
+  {
+    std::lock_guard<std::mutex> lock(pending_mutex_);
+    for (uint64_t id : finished_) {
+      auto found = handshakes_.find(id);
+      if (found == handshakes_.end()) continue;
+      ended.push_back(std::move(found->second.thread));
+      handshakes_.erase(found);
+    }
+    finished_.clear();
+  }
+  for (auto& t : ended) t.join();  // each has left handshake(): returns at once
+}
+
+void TcpStoreServer::accept_one() {
+  const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+  if (fd < 0) return;
+  const int one = 1;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  std::string note;
+  {
+    std::lock_guard<std::mutex> lock(pending_mutex_);
+    if (handshakes_.size() >= kMaxHandshakeThreads) {
+      ::close(fd);
+      ++refused_;
+      note = "closed a new connection at once: " + std::to_string(handshakes_.size()) +
+             " handshake threads are still ending";
+    } else {
+      size_t in_handshake = 0;
+      for (const auto& [id, h] : handshakes_) in_handshake += h.running && !h.dropped;
+      if (in_handshake >= kMaxHandshakes) {
+        for (auto& [id, h] : handshakes_) {  // ascending ids: the oldest first
+          if (!h.running || h.dropped) continue;
+          h.dropped = true;
+          ::shutdown(h.fd, SHUT_RDWR);  // its thread fails the handshake and ends
+          ++dropped_;
+          note = "dropped the oldest connection still in its handshake (" +
+                 std::to_string(kMaxHandshakes) + " were, the most allowed at once)";
+          break;
+        }
+      }
+      const uint64_t id = next_id_++;
+      Handshake& h = handshakes_[id];
+      h.fd = fd;
+      h.thread = std::thread([this, id, fd] { handshake(id, fd); });
+    }
+  }
+  if (int64_t held = 0; !note.empty() && drop_log_.allow(&held)) {
+    log::warn("TCP store on port ", port_, ": ", note,
+              ": connections that do not finish Shoal's handshake are flooding the store's port "
+              "(strangers?); the job's ranks connect again and get in",
+              drop_log_.held_note(held));
   }
 }
 
@@ -85,30 +147,12 @@ void TcpStoreServer::serve() {
       char drain[64];
       while (::read(wake_[0], drain, sizeof(drain)) > 0) {
       }
+      reap_finished();
       std::lock_guard<std::mutex> lock(pending_mutex_);
       for (int fd : authenticated_) clients.push_back(Client{fd, {}});
       authenticated_.clear();
     }
-    if (fds[0].revents & POLLIN) {
-      const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
-      if (fd >= 0) {
-        const int one = 1;
-        ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-        std::lock_guard<std::mutex> lock(pending_mutex_);
-        if (handshaking_.empty()) {
-          // Every earlier handshake thread has finished (each leaves handshaking_ last): reap them.
-          for (auto& t : handshakes_) t.join();
-          handshakes_.clear();
-        }
-        if (handshaking_.size() >= kMaxHandshakes) {
-          ::close(fd);
-          ++refused_;
-        } else {
-          handshaking_.insert(fd);
-          handshakes_.emplace_back([this, fd] { handshake(fd); });
-        }
-      }
-    }
+    if (fds[0].revents & POLLIN) accept_one();
     // Clients first seen in this round are not in `fds`; they are polled from the next one.
     std::vector<Client> kept;
     for (size_t i = 0; i < clients.size(); ++i) {

@@ -33,6 +33,10 @@ constexpr Milliseconds kDiagnoseBudget{2'000};
 /// SHOAL_HEARTBEAT_TIMEOUT (as SHOAL_TIMEOUT: 10000, 10s, 500ms), else kSilentPeerTimeout.
 Milliseconds silent_peer_timeout();
 
+/// How long a peer on this host may stay stopped: kStoppedPeerTimeout, or SHOAL_HEARTBEAT_TIMEOUT
+/// when that is shorter (a stopped peer is named within it on every backend).
+Milliseconds stopped_peer_timeout();
+
 /// The duration in environment variable `name` (milliseconds, or with a unit: 30s, 500ms), else
 /// `fallback`; InvalidArgument when it is not a positive duration.
 Milliseconds duration_from_env(const char* name, Milliseconds fallback);

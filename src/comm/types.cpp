@@ -1,5 +1,6 @@
 #include "shoal/comm/types.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <string>
 
@@ -36,6 +37,8 @@ Milliseconds silent_peer_timeout() {
   // Read at each long wait, not cached: a process may set it after its first group.
   return duration_from_env("SHOAL_HEARTBEAT_TIMEOUT", kSilentPeerTimeout);
 }
+
+Milliseconds stopped_peer_timeout() { return std::min(kStoppedPeerTimeout, silent_peer_timeout()); }
 
 const char* to_string(ReduceOp op) {
   switch (op) {

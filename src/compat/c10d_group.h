@@ -47,6 +47,12 @@ class C10dGroup {
   std::unique_ptr<NativeWork> recv(at::Tensor& tensor, int src, int tag);
   std::unique_ptr<NativeWork> barrier(comm::Milliseconds timeout);
 
+  /// Gives up on the c10d group without destroying it: its destructor joins c10d's worker threads,
+  /// which may be stuck in a receive from a stopped peer until c10d's own time-out (10 min by
+  /// default). After a failed operation the group is of no further use, so it is leaked on
+  /// purpose, its threads left to end with the process. Call at most once, before destruction.
+  void abandon();
+
  protected:
   C10dGroup();
   struct Impl;  // compat/c10d_group_impl.h

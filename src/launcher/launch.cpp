@@ -369,7 +369,14 @@ int launch(const LaunchOptions& options) {
       comm::shm::SharedSegment::remove_segments_of(group.pids());
     }
     report(options, result, group_options);
-    if (result.outcome != GroupResult::Outcome::kWorkerFailed || restart >= options.max_restarts) {
+    if (result.outcome != GroupResult::Outcome::kWorkerFailed) return result.exit_code;
+    if (restart >= options.max_restarts) {
+      if (options.max_restarts > 0) {
+        say(options, "restarts ran out: the job failed in all " + std::to_string(restart + 1) +
+                         " attempts (--max-restarts " + std::to_string(options.max_restarts) +
+                         "); exiting with the last failure's status " +
+                         std::to_string(result.exit_code));
+      }
       return result.exit_code;
     }
     // torchrun's elastic restart: every worker again, same ranks; programs read

@@ -44,6 +44,9 @@ void WorkerGroup::begin_stop(int signal, Clock::time_point now) {
   stopping_ = true;
   kill_at_ = now + options_.grace_period;
   signal_all(signal);
+  // A stopped worker (SIGSTOP, Ctrl-Z, a debugger) would hold the signal pending until the grace
+  // period ends in SIGKILL: continue it so that it acts on the signal now (as shells do).
+  signal_all(SIGCONT);
 }
 
 // Kills whatever is left and reaps it (bounded): the group leaves no process and no zombie.

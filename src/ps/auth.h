@@ -9,6 +9,16 @@
 // (ZeroMQ binds the routing identity, hence the authenticated state, to one TCP connection).
 // Not provided: encryption or per-message integrity after the handshake.
 //
+// A gate before that, so that strangers cannot make the server buffer anything: libzmq assembles
+// a multipart message in its own memory before the application sees any of it, and
+// ZMQ_MAXMSGSIZE bounds a frame, not a message, so an unauthenticated peer could park gigabytes
+// of unfinished messages in the server. With a token, the server's socket therefore runs
+// ZeroMQ's PLAIN mechanism with a ZAP handler (zap_gate.h) that admits only connections whose
+// password is gate_password(token): an HMAC of the token, so the token itself still never crosses
+// the network. A stranger's connection is closed in ZeroMQ's handshake, before it can send a
+// message; the gate password is static (one who records a job's traffic can replay it), which is
+// why the challenge above stays the authentication proper.
+//
 // Everything that decides whether a peer is let in is in this file (check_auth_response), so
 // that the rendezvous store and other listeners can share the same check later.
 //
@@ -37,6 +47,10 @@ Challenge make_challenge();
 /// What a peer that knows `token` answers to `challenge` (HMAC-SHA256 of a fixed context string
 /// followed by the challenge; the context keeps answers from being valid for another protocol).
 Digest auth_response(std::string_view token, const Challenge& challenge);
+
+/// The user name and password a worker presents to the server's ZAP gate (PLAIN mechanism).
+constexpr const char* kGateUser = "shoal-ps";
+std::string gate_password(std::string_view token);
 
 /// True when `response` proves knowledge of `token` for `challenge` (constant-time compare).
 bool check_auth_response(std::string_view token, const Challenge& challenge,

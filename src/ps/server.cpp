@@ -13,6 +13,9 @@
 #include <thread>
 
 #include "ps/auth.h"
+#include "ps/zap_gate.h"
+#include "log/rate_limiter.h"
+#include "security/auth_token.h"
 #include "shoal/checkpoint/serialization.h"
 #include "ps/message.h"
 #include "shoal/error.h"
@@ -93,6 +96,10 @@ struct Server::Impl {
   Limits limits;
   zmq::context_t context{1};
   zmq::socket_t socket{context, zmq::socket_type::router};
+  std::unique_ptr<ZapGate> gate;  // with a token: before the socket binds, gone before it closes
+  // Lines about rejected messages and refused connections: at most 10 a second (a peer sending a
+  // flood of bad messages does not flood the log), each saying how many were held back before it.
+  log::RateLimiter reject_log{10};
   std::string endpoint;
   std::atomic<bool> stopping{false};
   std::thread thread;
@@ -143,7 +150,9 @@ struct Server::Impl {
         found != peers.end() && found->second.rank >= 0
             ? "worker " + std::to_string(found->second.rank)
             : "an unidentified peer";
-    log("rejected a message from " + who + ": " + why);
+    if (int64_t held = 0; reject_log.allow(&held)) {
+      log("rejected a message from " + who + ": " + why + reject_log.held_note(held));
+    }
     if (answer && request != nullptr) reply_error(to, *request, "rejected: " + why);
   }
 
@@ -612,6 +621,28 @@ Server::Server(ServerOptions options) : impl_(std::make_unique<Impl>()) {
   impl_->options = std::move(options);
   impl_->workers.resize(static_cast<size_t>(impl_->options.num_workers));
   configure_socket(impl_->socket, impl_->limits);
+  if (!impl_->options.auth_token.empty()) {
+    // The gate first: a connection must present the token's gate password in ZeroMQ's handshake
+    // before the server reads any message of it (auth.h).
+    Impl* impl = impl_.get();
+    impl_->gate = std::make_unique<ZapGate>(
+        impl_->context, gate_password(impl_->options.auth_token), [impl](const std::string& address) {
+          {
+            std::lock_guard<std::mutex> lock(impl->stats_mutex);
+            ++impl->stats.auth_failures;
+          }
+          if (int64_t held = 0; impl->reject_log.allow(&held)) {
+            impl->log("refused a connection from " + address +
+                      " in ZeroMQ's handshake: it does not know the job's token (SHOAL_AUTH_TOKEN)" +
+                      impl->reject_log.held_note(held));
+          }
+        });
+    impl_->socket.set(zmq::sockopt::plain_server, 1);
+    impl_->socket.set(zmq::sockopt::zap_domain, ZapGate::kDomain);
+    // A connection that has not passed the gate within this is closed (libzmq's default: 30 s).
+    impl_->socket.set(zmq::sockopt::handshake_ivl,
+                      static_cast<int>(security::kHandshakeTimeout.count()));
+  }
   try {
     impl_->socket.bind(impl_->options.bind);
   } catch (const zmq::error_t& e) {
@@ -633,6 +664,7 @@ Server::Server(ServerOptions options) : impl_(std::make_unique<Impl>()) {
 Server::~Server() {
   stop();
   join();
+  impl_->gate.reset();  // its callback uses members declared after it
 }
 
 std::string Server::endpoint() const { return impl_->endpoint; }

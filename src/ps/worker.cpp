@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 
 #include "ps/auth.h"
 #include "ps/message.h"
@@ -23,6 +24,7 @@ struct Worker::Impl {
   std::vector<Segment> segments;
   zmq::context_t context{1};
   std::vector<zmq::socket_t> sockets;  // by server rank
+  std::vector<zmq::socket_t> monitors;  // by server rank, while connecting: handshake failures
   std::vector<int64_t> versions;       // the shard version each server last sent
   int64_t seq = 0;
   int64_t clock = 0;
@@ -45,7 +47,8 @@ struct Worker::Impl {
     return await(s, request_seq, what, options.timeout);
   }
   InMessage await(size_t s, int64_t request_seq, const char* what,
-                  std::chrono::milliseconds timeout) {
+                  std::chrono::milliseconds timeout,
+                  const std::function<void()>& between = nullptr) {
     const Clock::time_point deadline = Clock::now() + timeout;
     while (true) {
       const auto left =
@@ -55,10 +58,13 @@ struct Worker::Impl {
                     server_name(s), " in ", timeout.count(),
                     " ms: the server died or is unreachable");
       }
-      ReceiveResult got = receive_message(sockets[s], left, limits, /*router=*/false);
+      // With `between`, in slices of 100 ms, calling it after each.
+      const auto slice = between ? std::min(left, std::chrono::milliseconds(100)) : left;
+      ReceiveResult got = receive_message(sockets[s], slice, limits, /*router=*/false);
       if (!got.message) {
         SHOAL_CHECK_T(PeerError, got.error.empty(), name(), " ", what, " #", request_seq,
                       ": malformed answer from ", server_name(s), ": ", got.error);
+        if (between) between();
         continue;  // timed out: the loop reports it
       }
       InMessage& m = *got.message;
@@ -77,11 +83,48 @@ struct Worker::Impl {
                   " (its queue stayed full)");
   }
 
+  // Throws when ZeroMQ's handshake with server `s` failed: the server's gate refused this
+  // worker's token, or one side has a token and the other none.
+  void check_handshake(size_t s) {
+    zmq::message_t event;
+    zmq::message_t address;
+    while (monitors[s].recv(event, zmq::recv_flags::dontwait)) {
+      if (event.more()) (void)monitors[s].recv(address, zmq::recv_flags::dontwait);
+      uint16_t id = 0;
+      if (event.size() >= sizeof(id)) std::memcpy(&id, event.data(), sizeof(id));
+      if (id == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) {
+        SHOAL_THROW(PeerError, name(), " hello: authentication failed: ", server_name(s),
+                    " refused this worker's token in ZeroMQ's handshake (is SHOAL_AUTH_TOKEN the "
+                    "same for every process of the job?)");
+      }
+      if (id == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL) {
+        SHOAL_CHECK_T(InvalidArgument, !options.auth_token.empty(), name(), " ", server_name(s),
+                      " requires authentication: set SHOAL_AUTH_TOKEN to the job's token");
+        SHOAL_THROW(PeerError, name(), " hello: ", server_name(s),
+                    " does not speak this worker's handshake: it runs without a token while this "
+                    "worker has SHOAL_AUTH_TOKEN set (set it for every process of the job, or none)");
+      }
+    }
+  }
+
   void connect() {
     for (size_t s = 0; s < options.servers.size(); ++s) {
       sockets.emplace_back(context, zmq::socket_type::dealer);
-      configure_socket(sockets.back(), limits);
-      sockets.back().connect(options.servers[s]);
+      zmq::socket_t& socket = sockets.back();
+      configure_socket(socket, limits);
+      if (!options.auth_token.empty()) {  // the server's gate (auth.h)
+        socket.set(zmq::sockopt::plain_username, kGateUser);
+        socket.set(zmq::sockopt::plain_password, gate_password(options.auth_token));
+      }
+      // Handshake failures, which libzmq otherwise only retries in silence.
+      const std::string monitor = "inproc://shoal-ps-worker-monitor-" + std::to_string(s);
+      SHOAL_CHECK(zmq_socket_monitor(socket.handle(), monitor.c_str(),
+                                     ZMQ_EVENT_HANDSHAKE_FAILED_AUTH |
+                                         ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL) == 0,
+                  name(), " cannot monitor its socket: ", zmq_strerror(zmq_errno()));
+      monitors.emplace_back(context, zmq::socket_type::pair);
+      monitors.back().connect(monitor);
+      socket.connect(options.servers[s]);
     }
     // Hello to every server, then the answers (challenge or welcome).
     std::vector<int64_t> hellos(options.servers.size());
@@ -91,7 +134,7 @@ struct Worker::Impl {
       send(s, hello, "hello");
     }
     for (size_t s = 0; s < sockets.size(); ++s) {
-      InMessage answer = await(s, hellos[s], "hello");
+      InMessage answer = await(s, hellos[s], "hello", options.timeout, [&] { check_handshake(s); });
       if (answer.type() == MessageType::kWelcome) continue;
       SHOAL_CHECK_T(PeerError, answer.type() == MessageType::kChallenge, name(), " hello: ",
                     server_name(s), " answered ", message_type_name(answer.type()));
@@ -109,6 +152,8 @@ struct Worker::Impl {
       SHOAL_CHECK_T(PeerError, welcome.type() == MessageType::kWelcome, name(), " auth: ",
                     server_name(s), " answered ", message_type_name(welcome.type()));
     }
+    for (size_t s = 0; s < sockets.size(); ++s) zmq_socket_monitor(sockets[s].handle(), nullptr, 0);
+    monitors.clear();
   }
 
   at::Tensor flat(size_t param) const { return parameters[param].second.view(-1); }

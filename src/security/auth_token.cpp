@@ -69,22 +69,25 @@ std::string token_from_env() {
   return value == nullptr ? std::string() : std::string(value);
 }
 
-void authenticate_to_server(int fd, std::string_view token, std::string_view purpose,
-                            const std::string& endpoint, Deadline deadline) {
+bool try_authenticate_to_server(int fd, std::string_view token, std::string_view purpose,
+                                const std::string& endpoint, Deadline deadline) {
+  bool answered = false;
   const auto check = [&](Io io, const char* step) {
-    if (io == Io::kOk) return;
+    if (io == Io::kOk) return true;
     if (io == Io::kTimeout) {
       SHOAL_THROW(TimeoutError, "the listener at ", endpoint, " did not complete Shoal's handshake (", step,
                   ") in time: it is not a Shoal job's listener, or it is overloaded");
     }
+    if (!answered) return false;  // closed before proving itself: busy (or not Shoal's), not a refusal
     SHOAL_THROW(PeerError, "the listener at ", endpoint, " closed the connection during Shoal's handshake (",
-                step, "): it refused this process's token (is ", kTokenEnv,
-                " the same on every rank?) or is not a Shoal job's listener");
+                step, ") after it had proved it knows the job's token: it refused this process's token (is ",
+                kTokenEnv, " the same on every rank?)");
   };
   const std::string nonce_c = random_bytes(kNonce);
-  check(send_text(fd, std::string(kHello) + nonce_c, deadline), "sending the greeting");
+  if (!check(send_text(fd, std::string(kHello) + nonce_c, deadline), "sending the greeting")) return false;
   char reply[2 * kNonce];
-  check(read_exact(fd, reply, sizeof(reply), deadline), "reading the server's proof");
+  if (!check(read_exact(fd, reply, sizeof(reply), deadline), "reading the server's proof")) return false;
+  answered = true;
   const std::string_view nonce_s(reply, kNonce);
   if (!digests_equal(as_digest(std::string_view(reply + kNonce, kNonce)),
                      mac(token, "server", purpose, nonce_c, nonce_s))) {
@@ -95,6 +98,16 @@ void authenticate_to_server(int fd, std::string_view token, std::string_view pur
   char verdict = 0;
   check(read_exact(fd, &verdict, 1, deadline), "reading the verdict");
   if (verdict != kAccepted) check(Io::kClosed, "reading the verdict");
+  return true;
+}
+
+void authenticate_to_server(int fd, std::string_view token, std::string_view purpose,
+                            const std::string& endpoint, Deadline deadline) {
+  if (!try_authenticate_to_server(fd, token, purpose, endpoint, deadline)) {
+    SHOAL_THROW(PeerError, "the listener at ", endpoint, " closed the connection before answering Shoal's ",
+                "handshake: it is busy with other connections (strangers holding its handshake slots?) ",
+                "or is not a Shoal job's listener");
+  }
 }
 
 bool accept_peer(int fd, std::string_view token, std::string_view purpose, Deadline deadline, std::string* why) {

@@ -50,6 +50,12 @@ std::string random_bytes(size_t n);
 void authenticate_to_server(int fd, std::string_view token, std::string_view purpose,
                             const std::string& endpoint, Deadline deadline);
 
+/// As authenticate_to_server, but returns false instead of throwing when the listener closed the
+/// connection before answering the greeting: a busy listener (all its handshake slots taken, by
+/// strangers say) drops its oldest connection, and the caller may connect again.
+bool try_authenticate_to_server(int fd, std::string_view token, std::string_view purpose,
+                                const std::string& endpoint, Deadline deadline);
+
 /// Runs the server side on the accepted socket `fd`; true when the peer proved it knows `token`.
 /// Never throws for anything the peer does; `why` (when given) says why a peer was refused.
 bool accept_peer(int fd, std::string_view token, std::string_view purpose, Deadline deadline,

@@ -3,10 +3,11 @@
 // changed since the version the worker has.
 //
 // It listens on one ZeroMQ ROUTER socket (ServerOptions::bind, an ephemeral port by default; see
-// endpoint()). With an auth token (SHOAL_AUTH_TOKEN by default) every connection must answer an
-// HMAC-SHA256 challenge before anything else is accepted (src/ps/auth.h). Malformed, truncated,
-// oversized and unauthenticated messages are rejected, counted and logged to stderr; the server
-// keeps serving the others.
+// endpoint()). With an auth token (SHOAL_AUTH_TOKEN by default) a connection must pass a gate in
+// ZeroMQ's handshake (an HMAC of the token, checked before any message of it is read) and then
+// answer an HMAC-SHA256 challenge before anything else is accepted (src/ps/auth.h). Malformed,
+// truncated, oversized and unauthenticated messages are rejected, counted and logged to stderr
+// (at most 10 lines a second); the server keeps serving the others.
 //
 // Faults: a worker that says nothing for worker_timeout while not waiting on the server is
 // presumed dead. Under asp and ssp training goes on without it (it no longer holds back the

@@ -7,6 +7,7 @@
 #include "compat/gloo_group.h"
 #include "comm/timeouts.h"
 #include "shoal/error.h"
+#include "shoal/log.h"
 
 namespace shoal::comm {
 namespace {
@@ -40,13 +41,31 @@ ProcessGroupGloo::ProcessGroupGloo(std::shared_ptr<Store> store, int rank, int s
   }
 }
 
-ProcessGroupGloo::~ProcessGroupGloo() = default;
+ProcessGroupGloo::~ProcessGroupGloo() {
+  if (gloo_ && broken_->load()) {
+    log::debug(rank_prefix(), " gloo: an operation failed; leaving c10d's group to end with the "
+               "process rather than wait for its threads");
+    gloo_->abandon();
+  }
+}
+
+void ProcessGroupGloo::abort(const std::string& /*reason*/) { broken_->store(true); }
 
 std::shared_ptr<Work> ProcessGroupGloo::collective_work(const OpContext& ctx,
                                                         std::unique_ptr<compat::NativeWork> native,
                                                         std::function<void()> on_success) {
-  return std::make_shared<NativeBackedWork>(ctx, std::move(native), peers_, hang_reporter(),
-                                            std::move(on_success), /*watch_heartbeats=*/true);
+  auto work = std::make_shared<NativeBackedWork>(ctx, std::move(native), peers_, hang_reporter(),
+                                                 std::move(on_success), /*watch_heartbeats=*/true);
+  work->set_on_failure([broken = broken_] { broken->store(true); });
+  return work;
+}
+
+std::shared_ptr<Work> ProcessGroupGloo::point_to_point_work(
+    const OpContext& ctx, std::unique_ptr<compat::NativeWork> native) {
+  auto work = std::make_shared<NativeBackedWork>(ctx, std::move(native), peers_, hang_reporter(),
+                                                 nullptr);
+  work->set_on_failure([broken = broken_] { broken->store(true); });
+  return work;
 }
 
 std::shared_ptr<Work> ProcessGroupGloo::run_allreduce(at::Tensor& tensor, ReduceOp op,
@@ -140,14 +159,12 @@ std::shared_ptr<Work> ProcessGroupGloo::run_scatter(at::Tensor& output,
 
 std::shared_ptr<Work> ProcessGroupGloo::run_send(const at::Tensor& tensor, int dst, int tag,
                                                  const OpContext& ctx) {
-  auto native = gloo_->send(tensor, dst, tag);
-  return std::make_shared<NativeBackedWork>(ctx, std::move(native), peers_, hang_reporter(), nullptr);
+  return point_to_point_work(ctx, gloo_->send(tensor, dst, tag));
 }
 
 std::shared_ptr<Work> ProcessGroupGloo::run_recv(at::Tensor& tensor, int src, int tag,
                                                  const OpContext& ctx) {
-  auto native = gloo_->recv(tensor, src, tag);
-  return std::make_shared<NativeBackedWork>(ctx, std::move(native), peers_, hang_reporter(), nullptr);
+  return point_to_point_work(ctx, gloo_->recv(tensor, src, tag));
 }
 
 std::shared_ptr<Work> ProcessGroupGloo::run_barrier(const OpContext& ctx) {

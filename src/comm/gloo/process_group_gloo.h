@@ -3,9 +3,15 @@
 // Adds what c10d's Gloo lacks: avg reduction, bfloat16 (reduced in float32), reduce_scatter, and
 // errors that name the rank, the operation with its sequence number, and the peer at fault.
 //
+// After any failed operation (a time-out, a dead peer, a peer whose heartbeat stood still) the
+// group is broken: its destructor leaks c10d's group instead of destroying it, because c10d's
+// destructor joins worker threads that may be stuck in a receive from a stopped peer until c10d's
+// time-out (minutes). The error then reaches the user, and the process exits, within seconds.
+//
 // Thread safety: as ProcessGroup.
 #pragma once
 
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <string>
@@ -37,6 +43,9 @@ class ProcessGroupGloo : public ProcessGroup {
 
   std::string backend_name() const override { return "gloo"; }
 
+  /// Marks the group broken: its destructor then abandons c10d's group (see below).
+  void abort(const std::string& reason) override;
+
  protected:
   std::shared_ptr<Work> run_allreduce(at::Tensor& tensor, ReduceOp op,
                                       const OpContext& ctx) override;
@@ -65,11 +74,16 @@ class ProcessGroupGloo : public ProcessGroup {
   std::shared_ptr<Work> collective_work(const OpContext& ctx,
                                         std::unique_ptr<compat::NativeWork> native,
                                         std::function<void()> on_success);
+  /// A send's or recv's Work (not watched; c10d ends them at the time-out).
+  std::shared_ptr<Work> point_to_point_work(const OpContext& ctx,
+                                            std::unique_ptr<compat::NativeWork> native);
 
   std::shared_ptr<Store> store_;
   GlooOptions options_;
   std::unique_ptr<compat::GlooGroup> gloo_;
   std::shared_ptr<PeerDirectory> peers_;
+  // Set by a failed operation's Work (which may outlive the group) or abort().
+  std::shared_ptr<std::atomic<bool>> broken_ = std::make_shared<std::atomic<bool>>(false);
   std::vector<int> global_ranks_;  // rank in the world of each rank of this group, for messages
 };
 

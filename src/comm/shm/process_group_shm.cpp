@@ -296,7 +296,7 @@ void ProcessGroupShm::fail_waiting(int peer, const Running& op, const char* why)
   } else if (std::strcmp(why, "stopped") == 0) {
     message = detail::str_cat(op.ctx->prefix(), " failed after ", waited, " ms waiting for ", who,
                               ": the process has been stopped (SIGSTOP, Ctrl-Z or a debugger) for ",
-                              kStoppedPeerTimeout.count(), " ms");
+                              stopped_peer_timeout().count(), " ms");
   } else if (std::strcmp(why, "aborted") == 0) {
     const int32_t culprit = header_->abort_rank.load(std::memory_order_acquire);
     std::string reason;
@@ -347,8 +347,8 @@ void ProcessGroupShm::wait_until(int peer, const Running& op, Ready ready) {
   } while (Clock::now() - begin < budget);
   spin_budget_ns_.store(budget.count() / 2, std::memory_order_relaxed);
   auto next_check = Clock::now();
-  // A stopped peer is alive but will not move: it fails the wait after kStoppedPeerTimeout rather
-  // than the operation's time-out (minutes, for peers that are merely slow).
+  // A stopped peer is alive but will not move: it fails the wait after stopped_peer_timeout()
+  // rather than the operation's time-out (minutes, for peers that are merely slow).
   std::optional<Clock::time_point> stopped_since;
   auto next_stop_check = Clock::now();
   for (;;) {
@@ -362,7 +362,7 @@ void ProcessGroupShm::wait_until(int peer, const Running& op, Ready ready) {
         const int pid = controls_[peer].pid.load(std::memory_order_relaxed);
         if (pid != getpid() && process_is_stopped(pid)) {
           if (!stopped_since) stopped_since = now;
-          if (now - *stopped_since >= kStoppedPeerTimeout) fail_waiting(peer, op, "stopped");
+          if (now - *stopped_since >= stopped_peer_timeout()) fail_waiting(peer, op, "stopped");
         } else {
           stopped_since.reset();
         }
