@@ -87,44 +87,138 @@ def read_png(path):
     return width, height, rows
 
 
+def check_nesting(events, where):
+    """Applies the Chrome trace format's rule that slices on one thread nest: complete events
+    ("X": ts, dur) and begin/end pairs ("B"/"E", matched as a stack per thread) of each (pid, tid),
+    ordered by start (the longer first on a tie), each lies wholly inside the open slice before it
+    or after it. Returns the number of slices checked."""
+    threads, stacks = {}, {}
+    for e in sorted((e for e in events if e.get("ph") in ("X", "B", "E")), key=lambda e: e["ts"]):
+        key = (e["pid"], e["tid"])
+        if e["ph"] == "X":
+            assert isinstance(e["dur"], int) and e["dur"] >= 0, f"{where}: {e}"
+            threads.setdefault(key, []).append((e["ts"], e["ts"] + e["dur"], e["name"]))
+        elif e["ph"] == "B":
+            stacks.setdefault(key, []).append(e)
+        else:
+            assert stacks.get(key), f"{where}: E without B on {key}: {e}"
+            b = stacks[key].pop()
+            assert "name" not in e or e["name"] == b["name"], f"{where}: E {e} closes B {b}"
+            threads.setdefault(key, []).append((b["ts"], e["ts"], b["name"]))
+    assert not any(stacks.values()), f"{where}: B events never ended: {stacks}"
+    count = 0
+    for key, slices in threads.items():
+        open_slices = []
+        for start, end, name in sorted(slices, key=lambda s: (s[0], -s[1])):
+            while open_slices and open_slices[-1][1] <= start:
+                open_slices.pop()
+            if open_slices:
+                assert end <= open_slices[-1][1], \
+                    f"{where}: pid {key[0]} tid {key[1]}: {name} [{start}, {end}] overlaps " \
+                    f"{open_slices[-1][2]} [{open_slices[-1][0]}, {open_slices[-1][1]}]"
+            open_slices.append((start, end, name))
+            count += 1
+    # The checker itself: a partial overlap is refused, nesting and touching are not.
+    assert count > 0
+    return count
+
+
+def check_nesting_refuses_overlap():
+    good = [{"ph": "X", "ts": 0, "dur": 10, "pid": 0, "tid": 0, "name": "a"},
+            {"ph": "X", "ts": 2, "dur": 3, "pid": 0, "tid": 0, "name": "b"},
+            {"ph": "X", "ts": 10, "dur": 2, "pid": 0, "tid": 0, "name": "c"},
+            {"ph": "B", "ts": 3, "pid": 0, "tid": 0, "name": "d"},
+            {"ph": "E", "ts": 4, "pid": 0, "tid": 0},
+            {"ph": "X", "ts": 5, "dur": 10, "pid": 0, "tid": 1, "name": "other thread"}]
+    assert check_nesting(good, "good") == 5
+    for bad in ([{"ph": "X", "ts": 5, "dur": 10, "pid": 0, "tid": 0, "name": "x"}],
+                [{"ph": "B", "ts": 1, "pid": 0, "tid": 0, "name": "x"},
+                 {"ph": "E", "ts": 11, "pid": 0, "tid": 0}]):
+        try:
+            check_nesting(good + bad, "bad")
+        except AssertionError:
+            continue
+        raise AssertionError(f"the nesting check let {bad} pass")
+
+
+check_nesting_refuses_overlap()
 with tempfile.TemporaryDirectory() as tmp:
     # ---- the trace -------------------------------------------------------------------------
-    trace_path = f"{tmp}/trace.json"
+    # Epoch 1 with a checkpoint (save spans), then epoch 2 resumed from it (a load span).
+    trace_path, resumed_path, ckpt = f"{tmp}/trace.json", f"{tmp}/resumed.json", f"{tmp}/ckpt"
     # With progress on (--log-interval 0: no step lines), rank 0 names the parameter count.
     quiet = [a for a in SMALL if a != "--no-progress"]
-    run = shoal("train", *quiet, "--log-interval", "0", "--strategy", "ddp", "--nproc-per-node", "2",
-                "--trace", trace_path)
+    ddp = ["--strategy", "ddp", "--nproc-per-node", "2", "--checkpoint-dir", ckpt]
+    run = shoal("train", *quiet, "--log-interval", "0", *ddp, "--trace", trace_path)
     parameters = int(re.search(r"mlp \((\d+) parameters\)", run.stderr).group(1))
-    with open(trace_path) as f:
-        trace = json.load(f)  # valid JSON, or this raises
+    shoal("train", *SMALL, *ddp, "--epochs", "2", "--resume", "--trace", resumed_path)
     assert not [p for p in os.listdir(tmp) if ".rank" in p], "per-rank parts were left behind"
-    events = trace["traceEvents"]
     steps = 256 // 2 // 32  # 128 samples per rank, batch 32
-    for rank in (0, 1):
-        mine = [e for e in events if e.get("pid") == rank]
-        names = [e["args"]["name"] for e in mine if e["ph"] == "M" and e["name"] == "process_name"]
-        assert names == [f"rank {rank}"], names
-        spans = sorted((e for e in mine if e["ph"] == "X" and e["cat"] == "train"),
-                       key=lambda e: e["ts"])
-        assert [e["name"] for e in spans] == ["forward", "backward", "optimizer step"] * steps, \
-            f"rank {rank}: {[e['name'] for e in spans]}"
-        for e in spans:
-            assert e["dur"] >= 0 and isinstance(e["ts"], int), e
-        backwards = [e for e in spans if e["name"] == "backward"]
-        reductions = [e for e in mine if e["ph"] == "X" and e["cat"] == "comm"]
-        assert reductions, f"rank {rank}: no bucket reductions in the trace"
-        per_backward = [0] * len(backwards)
-        for r in reductions:
-            assert re.fullmatch(r"allreduce bucket \d+", r["name"]), r
-            assert r["args"]["bucket"] == int(r["name"].split()[-1]), r
-            inside = [i for i, b in enumerate(backwards)
-                      if b["ts"] <= r["ts"] <= b["ts"] + b["dur"]]
-            assert len(inside) == 1, f"rank {rank}: {r} starts outside every backward span"
-            per_backward[inside[0]] += r["args"]["bytes"]
-        assert per_backward == [4 * parameters] * steps, \
-            f"rank {rank}: bytes reduced per backward {per_backward}, parameters {parameters}"
-    print(f"trace: 2 ranks x {steps} steps, {len(events)} events, "
-          f"{4 * parameters} bytes reduced per step")
+    for path, epoch in ((trace_path, 1), (resumed_path, 2)):
+        with open(path) as f:
+            events = json.load(f)["traceEvents"]  # valid JSON, or this raises
+        slices = check_nesting(events, path)
+        for rank in (0, 1):
+            mine = [e for e in events if e.get("pid") == rank]
+            names = [e["args"]["name"] for e in mine if e["ph"] == "M" and e["name"] == "process_name"]
+            assert names == [f"rank {rank}"], names
+            spans = sorted((e for e in mine if e["ph"] == "X" and e["cat"] == "train"),
+                           key=lambda e: (e["ts"], -e["dur"]))
+            assert [e["name"] for e in spans] == \
+                ["train step", "forward", "backward", "optimizer step"] * steps, \
+                f"rank {rank}: {[e['name'] for e in spans]}"
+            first = (epoch - 1) * steps + 1
+            for e in spans:
+                assert e["dur"] >= 0 and isinstance(e["ts"], int), e
+                assert e["args"]["epoch"] == epoch, e
+            assert [e["args"]["step"] for e in spans if e["name"] == "train step"] == \
+                list(range(first, first + steps)), spans
+            # Data, evaluation and checkpoint spans; the load only in the resumed job.
+            count = {}
+            for e in mine:
+                if e["ph"] == "X" and e["cat"] in ("data", "eval", "checkpoint"):
+                    count[e["name"]] = count.get(e["name"], 0) + 1
+            want = {"data": steps, "evaluation": 1, "checkpoint save": 1}
+            if epoch == 2:
+                want["checkpoint load"] = 1
+            assert count == want, f"{path} rank {rank}: {count}"
+            evaluation = next(e for e in mine if e.get("name") == "evaluation")
+            assert evaluation["args"] == {"epoch": epoch, "step": first + steps - 1}, evaluation
+            # Reductions: on communication tracks of their own (named threads), each with a flow
+            # arrow from the backward pass that made its bucket ready, bytes adding up per step.
+            tracks = {e["tid"]: e["args"]["name"] for e in mine
+                      if e["ph"] == "M" and e["name"] == "thread_name"}
+            assert tracks and all(n.startswith("communication") for n in tracks.values()), tracks
+            backwards = [e for e in spans if e["name"] == "backward"]
+            reductions = [e for e in mine if e["ph"] == "X" and e["cat"] == "comm"]
+            assert reductions, f"rank {rank}: no bucket reductions in the trace"
+            assert all(r["tid"] in tracks for r in reductions), "a reduction off its track"
+            assert all(b["tid"] not in tracks for b in backwards), "backward on a comm track"
+            flows = {}
+            for e in mine:
+                if e["ph"] in ("s", "f"):
+                    flows.setdefault(e["id"], {})[e["ph"]] = e
+            assert len(flows) == len(reductions), (len(flows), len(reductions))
+            per_backward = [0] * len(backwards)
+            for r in reductions:
+                assert re.fullmatch(r"allreduce bucket \d+", r["name"]), r
+                assert r["args"]["bucket"] == int(r["name"].split()[-1]), r
+                inside = [i for i, b in enumerate(backwards)
+                          if b["ts"] <= r["ts"] <= b["ts"] + b["dur"]]
+                assert len(inside) == 1, f"rank {rank}: {r} starts outside every backward span"
+                per_backward[inside[0]] += r["args"]["bytes"]
+                assert r["args"]["step"] == backwards[inside[0]]["args"]["step"], r
+                arrow = [f for f in flows.values()
+                         if f["f"]["tid"] == r["tid"] and f["f"]["ts"] == r["ts"]]
+                assert len(arrow) == 1, f"rank {rank}: {r} has {len(arrow)} flow arrows"
+                tail = arrow[0]["s"]
+                assert tail["tid"] == backwards[inside[0]]["tid"] and \
+                    backwards[inside[0]]["ts"] <= tail["ts"] <= r["ts"], (tail, r)
+                assert arrow[0]["f"].get("bp") == "e", arrow[0]["f"]
+            assert per_backward == [4 * parameters] * steps, \
+                f"rank {rank}: bytes reduced per backward {per_backward}, parameters {parameters}"
+        print(f"trace {os.path.basename(path)}: 2 ranks x {steps} steps, {len(events)} events, "
+              f"{slices} slices nest on every thread, {4 * parameters} bytes reduced per step")
 
     # ---- the plot --------------------------------------------------------------------------
     runs = {}
