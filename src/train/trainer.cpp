@@ -54,7 +54,10 @@ double gradient_norm(torch::nn::Module& model) {
   torch::NoGradGuard no_grad;
   double squares = 0;
   for (const at::Tensor& p : model.parameters()) {
-    if (p.grad().defined()) squares += p.grad().to(at::kDouble).pow(2).sum().item<double>();
+    if (p.grad().defined()) {
+      const double norm = p.grad().norm().item<double>();
+      squares += norm * norm;
+    }
   }
   return std::sqrt(squares);
 }
