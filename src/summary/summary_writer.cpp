@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -44,6 +45,54 @@ std::string event_file_name(const std::string& suffix) {
                 static_cast<long long>(std::time(nullptr)), host, static_cast<int>(getpid()),
                 counter++, suffix.c_str());
   return name;
+}
+
+/// The HistogramProto of `n` values in `bins` equal-width buckets between their min and max
+/// (histc's buckets; the empty ones at either end left out, as PyTorch's SummaryWriter does).
+template <typename T>
+Histogram make_histogram(const T* values, int64_t n, int bins, const std::string& tag) {
+  Histogram h;
+  double lo = values[0];
+  double hi = values[0];
+  double sum = 0;
+  double squares = 0;
+  bool finite = true;
+  for (int64_t i = 0; i < n; ++i) {
+    const double v = values[i];
+    finite = finite && std::isfinite(v);
+    lo = std::min(lo, v);
+    hi = std::max(hi, v);
+    sum += v;
+    squares += v * v;
+  }
+  SHOAL_CHECK_T(InvalidArgument, finite, "add_histogram(", tag,
+                "): the tensor holds NaN or infinity");
+  h.min = lo;
+  h.max = hi;
+  h.num = static_cast<double>(n);
+  h.sum = sum;
+  h.sum_squares = squares;
+  if (lo == hi) {
+    h.bucket_limit = {hi};
+    h.bucket = {h.num};
+    return h;
+  }
+  std::vector<double> counts(static_cast<size_t>(bins), 0);
+  const double scale = bins / (hi - lo);
+  for (int64_t i = 0; i < n; ++i) {
+    const auto b = static_cast<int64_t>((static_cast<double>(values[i]) - lo) * scale);
+    counts[static_cast<size_t>(std::min<int64_t>(b, bins - 1))] += 1;
+  }
+  int first = 0;
+  int last = bins - 1;
+  while (first < last && counts[first] == 0) ++first;
+  while (last > first && counts[last] == 0) --last;
+  const double width = (hi - lo) / bins;
+  for (int b = first; b <= last; ++b) {
+    h.bucket_limit.push_back(b + 1 == bins ? hi : lo + width * (b + 1));
+    h.bucket.push_back(counts[static_cast<size_t>(b)]);
+  }
+  return h;
 }
 
 }  // namespace
@@ -210,31 +259,16 @@ void SummaryWriter::add_histogram(const std::string& tag, const at::Tensor& valu
                 "): bins must be in [1, 100000], got ", bins);
   SHOAL_CHECK_T(InvalidArgument, values.defined() && values.numel() > 0, "add_histogram(", tag,
                 "): the tensor is empty");
-  const at::Tensor flat = values.detach().reshape({-1}).to(at::kCPU, at::kDouble);
-  SHOAL_CHECK_T(InvalidArgument, at::isfinite(flat).all().item<bool>(), "add_histogram(", tag,
-                "): the tensor holds NaN or infinity");
-  Histogram h;
-  h.min = flat.min().item<double>();
-  h.max = flat.max().item<double>();
-  h.num = static_cast<double>(flat.numel());
-  h.sum = flat.sum().item<double>();
-  h.sum_squares = flat.mul(flat).sum().item<double>();
-  if (h.min == h.max) {
-    h.bucket_limit = {h.max};
-    h.bucket = {h.num};
-  } else {
-    const at::Tensor counts = at::histc(flat, bins, h.min, h.max);
-    const double* c = counts.data_ptr<double>();
-    int first = 0;
-    int last = bins - 1;
-    while (first < last && c[first] == 0) ++first;
-    while (last > first && c[last] == 0) --last;
-    const double width = (h.max - h.min) / bins;
-    for (int b = first; b <= last; ++b) {
-      h.bucket_limit.push_back(b + 1 == bins ? h.max : h.min + width * (b + 1));
-      h.bucket.push_back(c[b]);
-    }
+  // Two passes in plain loops over the values (min, max and sums; then the buckets): 9-13x
+  // faster than the same with tensor ops, which copy to double and pass six times (MLP's 0.9M
+  // parameters: 64 -> 6.9 ms; CNN: 29 -> 2.3 ms; bench/summary_writer_bench, one thread).
+  at::Tensor flat = values.detach().to(at::kCPU).contiguous().reshape({-1});
+  if (flat.scalar_type() != at::kFloat && flat.scalar_type() != at::kDouble) {
+    flat = flat.to(at::kDouble);
   }
+  const Histogram h = flat.scalar_type() == at::kFloat
+                          ? make_histogram(flat.data_ptr<float>(), flat.numel(), bins, tag)
+                          : make_histogram(flat.data_ptr<double>(), flat.numel(), bins, tag);
   impl_->add({}, histogram_event(tag, h, global_step, walltime >= 0 ? walltime : now_seconds()));
 }
 

@@ -392,18 +392,7 @@ TrainResult Trainer::fit(const TensorData& train, const TensorData& test) {
                         ", seed " + std::to_string(options_.seed) + ", rank " + std::to_string(rank),
                     state_.step);
   }
-  // The run's description: what `shoal plot` names the run by and scales its x axes with.
-  const int64_t epoch_samples = strategy_->epoch_indices(n, 0, options_.seed).size(0) * replicas;
-  metrics.write(JsonLine()
-                    .add("event", "run")
-                    .add("strategy", strategy_->name())
-                    .add("world_size", world)
-                    .add("model", options_.model)
-                    .add("batch_size", batch)
-                    .add("global_batch_size", batch * replicas)
-                    .add("epochs", options_.epochs)
-                    .add("samples_per_epoch", epoch_samples)
-                    .add("lr", options_.lr));
+  bool described = false;  // the "run" line is written with the first epoch's shard
   std::optional<CommStats> comm_before = strategy_->comm_stats();
   int64_t comm_steps = 0;
   TrainResult result;
@@ -411,6 +400,22 @@ TrainResult Trainer::fit(const TensorData& train, const TensorData& test) {
     const int64_t epoch = state_.epoch;
     const at::Tensor indices = strategy_->epoch_indices(n, epoch, options_.seed);
     const int64_t local = indices.size(0);
+    // The samples of an epoch, all replicas together (shards padded to equal sizes).
+    const int64_t epoch_samples = local * replicas;
+    if (!described) {
+      // The run's description: what `shoal plot` names the run by and scales its x axes with.
+      metrics.write(JsonLine()
+                        .add("event", "run")
+                        .add("strategy", strategy_->name())
+                        .add("world_size", world)
+                        .add("model", options_.model)
+                        .add("batch_size", batch)
+                        .add("global_batch_size", batch * replicas)
+                        .add("epochs", options_.epochs)
+                        .add("samples_per_epoch", epoch_samples)
+                        .add("lr", options_.lr));
+      described = true;
+    }
     // After a resume, skip this rank's share of the samples the job already consumed.
     const int64_t skip = std::min(local, resume_samples_seen_ / replicas);
     resume_samples_seen_ = 0;
