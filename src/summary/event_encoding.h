@@ -9,11 +9,12 @@
 //   SummaryMetadata plugin_data=1 (PluginData: plugin_name=1, content=2)
 //   TensorProto    dtype=1 (DT_STRING = 7), tensor_shape=2 (dim=2: size=1), string_val=8
 //
-// Why not libprotobuf and protoc: the files need 8 message types and only the writing side; the
-// wire format of those fields is ~100 lines here, while protoc-generated code would add the
-// compiler to the build, TensorBoard's .proto files to the tree, and a second copy of libprotobuf
-// beside the one PyTorch's wheels carry (symbol clashes on the LibTorch 2.x leg). TensorBoard's
-// own reader checks what this writes (tests/summary/tensorboard_ddp.py).
+// Why not libprotobuf and protoc (Debian's libprotobuf-dev 3.21 is there, protoc is not): the
+// files need nine small message types and only the writing side, whose wire format is the ~100
+// lines of event_encoding.cpp; protoc-generated code would add the compiler to the build,
+// TensorBoard's .proto files to the tree, and a second libprotobuf beside the one PyTorch's
+// wheels carry inside LibTorch 2.x (a symbol clash waiting on that leg). TensorBoard's own reader
+// checks what this writes (tests/summary/tensorboard_ddp.py).
 //
 // Thread safety: pure functions.
 #pragma once
