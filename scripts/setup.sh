@@ -28,7 +28,33 @@ TEST_PACKAGES=(
   procps                  # ps/pgrep used by process tests
   slurm-wlm slurm-client munge  # a real SLURM that tests/launcher/slurm_test.sh starts on loopback
   clang libclang-rt-14-dev  # the libFuzzer targets in fuzz/ (CI runs them: scripts/fuzz.sh)
+  python3-pip             # installs TEST_PIP_PACKAGES below
 )
+# Test-only Python packages Debian does not have: TensorBoard's own reader and server check the
+# event files of `shoal train --tensorboard` (tests/summary/tensorboard_ddp.py). Installed into
+# /usr/local for /usr/bin/python3: Debian 12 marks its Python externally managed (PEP 668), so
+# pip needs --break-system-packages; what it adds (tensorboard, grpcio, protobuf, werkzeug, ...)
+# leaves Debian's python3-torch and numpy as they are.
+TEST_PIP_PACKAGES=(
+  tensorboard
+)
+
+# Installs the missing TEST_PIP_PACKAGES (after apt has installed pip).
+install_pip_packages() {
+  [ "${1:-}" = "--run" ] && return 0
+  local missing_pip=()
+  for p in "${TEST_PIP_PACKAGES[@]}"; do
+    /usr/bin/python3 -c "import $p" 2>/dev/null || missing_pip+=("$p")
+  done
+  [ ${#missing_pip[@]} -eq 0 ] && return 0
+  echo "setup: installing missing Python packages: ${missing_pip[*]}"
+  if ! /usr/bin/python3 -m pip install -q --break-system-packages --root-user-action=ignore \
+      "${missing_pip[@]}" >/tmp/shoal-setup-pip.log 2>&1; then
+    echo "setup: error: 'pip install ${missing_pip[*]}' failed; see /tmp/shoal-setup-pip.log" >&2
+    tail -n 20 /tmp/shoal-setup-pip.log >&2
+    exit 1
+  fi
+}
 
 if [ "${1:-}" != "--run" ]; then
   PACKAGES+=("${TEST_PACKAGES[@]}")
@@ -42,6 +68,7 @@ for p in "${PACKAGES[@]}"; do
 done
 
 if [ ${#missing[@]} -eq 0 ]; then
+  install_pip_packages "${1:-}"
   exit 0
 fi
 
@@ -69,4 +96,5 @@ if ! $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/tmp/
   tail -n 20 /tmp/shoal-setup-apt.log >&2
   exit 1
 fi
+install_pip_packages "${1:-}"
 echo "setup: done"

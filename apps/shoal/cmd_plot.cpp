@@ -1,16 +1,24 @@
 // `shoal plot`: the metrics of one or more runs (`shoal train --metrics FILE`, JSON lines) as one
-// SVG picture a browser shows (or, with -o FILE.png, the same picture as PNG: plot_png.h): loss,
-// test accuracy and samples/s, each against optimizer steps and against time, the runs overlaid
-// in different colours.
+// SVG picture a browser shows (or, with -o FILE.png, the same picture as PNG: plot_png.h), in four
+// panels: training loss (per log interval, thin, and per epoch, with markers), test loss and test
+// accuracy per epoch (lines with markers), and samples/s (y from zero: a rate). The x axis is
+// optimizer steps, samples or epochs (--x), so that runs with different global batches line up
+// by samples. Ticks fall on round values (1, 2 or 5 times a power of ten) and the axes end on
+// ticks; a panel whose runs have one point each (a one-epoch run's test accuracy) shows the values
+// as labelled numbers instead of an empty chart. The legend names each run by its strategy and
+// world size (the metrics file's "run" line). --style light (colours) or print (black and greys,
+// dashes and marker shapes tell the runs apart).
 //
 // Every series is an SVG <polyline class="series"> with data-run, data-metric and data-x
-// attributes, so that tools (and the tests) can find what was drawn.
+// attributes, every marker a <circle class="marker">, every tick a <g class="tick"> with data-axis
+// and data-value, so that tools (and the tests) can find what was drawn.
 #include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -85,30 +93,67 @@ std::vector<Record> read_metrics(const std::string& path) {
 struct Series {
   std::string run;
   std::string metric;
-  std::string x_name;
   std::vector<std::pair<double, double>> points;
+  bool markers = false;  // per-epoch values: few points, each marked
 };
 
-/// What a panel plots: `field` of the lines whose "event" is `event`.
+/// What a panel plots: `field` of the lines whose "event" is `event`, under the name `metric`.
 struct MetricSpec {
-  const char* metric;  // the name in the picture and in data-metric
+  const char* metric;
   const char* event;
   const char* field;
+  bool markers;
 };
 
-constexpr MetricSpec kMetrics[] = {
-    {"loss", "step", "loss"},
-    {"test_accuracy", "epoch", "test_accuracy"},
-    {"samples_per_s", "step", "samples_per_s"},
+struct PanelSpec {
+  const char* title;
+  std::vector<MetricSpec> metrics;
+  bool y_from_zero;  // rates: a 15 % wobble must not look like a collapse
+  const char* y_label;
 };
-constexpr const char* kAxes[] = {"step", "time"};
-constexpr const char* kColors[] = {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e",
-                                   "#9467bd", "#8c564b", "#e377c2", "#17becf"};
 
-std::string format_number(double value) {
-  char text[32];
-  std::snprintf(text, sizeof(text), "%.4g", value);
-  return text;
+const std::vector<PanelSpec>& panels() {
+  static const std::vector<PanelSpec> specs = {
+      {"training loss",
+       {{"loss", "step", "loss", false}, {"train_loss", "epoch", "train_loss", true}},
+       false,
+       "loss"},
+      {"test loss", {{"test_loss", "epoch", "test_loss", true}}, false, "loss"},
+      {"test accuracy", {{"test_accuracy", "epoch", "test_accuracy", true}}, false, "accuracy"},
+      {"training throughput", {{"samples_per_s", "step", "samples_per_s", false}}, true,
+       "samples/s (all ranks)"},
+  };
+  return specs;
+}
+
+/// How runs are told apart in a style.
+struct Style {
+  const char* name;
+  std::vector<const char*> colors;
+  std::vector<const char*> dashes;  // stroke-dasharray per run ("" solid)
+  const char* grid;
+  const char* frame;
+  double line_width;
+};
+
+const Style& style_named(const std::string& name) {
+  static const Style light{"light",
+                           {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b",
+                            "#e377c2", "#17becf"},
+                           {""},
+                           "#e6e6e6",
+                           "#999999",
+                           1.8};
+  static const Style print{"print",
+                           {"#000000", "#555555", "#000000", "#555555", "#000000", "#555555",
+                            "#000000", "#555555"},
+                           {"", "6,3", "2,2", "8,3,2,3"},
+                           "#d0d0d0",
+                           "#000000",
+                           2.2};
+  SHOAL_CHECK_T(InvalidArgument, name == "light" || name == "print", "--style ", name,
+                " is not a style: use light or print");
+  return name == "light" ? light : print;
 }
 
 std::string xml_escape(const std::string& text) {
@@ -125,111 +170,256 @@ std::string xml_escape(const std::string& text) {
   return out;
 }
 
-/// [lo, hi] around the values, never empty.
-std::pair<double, double> range_of(const std::vector<double>& values) {
-  double lo = *std::min_element(values.begin(), values.end());
-  double hi = *std::max_element(values.begin(), values.end());
-  if (hi - lo < 1e-12 * std::max(1.0, std::fabs(hi))) {
-    const double pad = std::max(1e-6, std::fabs(hi) * 0.1);
+/// Round ticks over [lo, hi]: a step of 1, 2 or 5 times a power of ten giving 4 to 8 intervals,
+/// and the axis widened to the ticks around the data.
+struct Ticks {
+  double lo = 0, hi = 1, step = 0.2;
+  std::vector<double> values;
+};
+
+Ticks round_ticks(double lo, double hi) {
+  if (!(hi > lo)) {  // one value: a range around it
+    const double pad = lo == 0 ? 1 : std::fabs(lo) * 0.1;
     lo -= pad;
     hi += pad;
   }
-  return {lo, hi};
+  const double raw = (hi - lo) / 5;
+  const double power = std::pow(10.0, std::floor(std::log10(raw)));
+  double step = power;
+  for (const double m : {1.0, 2.0, 5.0, 10.0}) {
+    step = m * power;
+    if (step >= raw) break;
+  }
+  Ticks t;
+  t.step = step;
+  t.lo = std::floor(lo / step + 1e-9) * step;
+  t.hi = std::ceil(hi / step - 1e-9) * step;
+  const auto n = static_cast<int64_t>(std::llround((t.hi - t.lo) / step));
+  for (int64_t i = 0; i <= n; ++i) {
+    double v = t.lo + static_cast<double>(i) * step;
+    if (std::fabs(v) < step * 1e-9) v = 0;  // no "-0"
+    t.values.push_back(v);
+  }
+  return t;
 }
 
-constexpr double kPanelW = 520, kPanelH = 240, kMarginL = 70, kMarginT = 60, kGapX = 90,
-                 kGapY = 70;
-/// The picture's size in pixels (1230 x 970).
-constexpr int kWidth = static_cast<int>(kMarginL + 2 * kPanelW + kGapX + 30);
-constexpr int kHeight = static_cast<int>(kMarginT + 3 * kPanelH + 2 * kGapY + 50);
+/// A tick value as text with as many decimals as the step needs ("0.25", "1500", "12k").
+std::string tick_text(double value, double step) {
+  char text[48];
+  if (value == 0) return "0";
+  if (step >= 1000 && std::fabs(std::fmod(value, 1000)) < 1e-6) {
+    const double k = value / 1000;
+    const int decimals = std::max(0, -static_cast<int>(std::floor(std::log10(step / 1000) + 1e-9)));
+    std::snprintf(text, sizeof(text), "%.*fk", decimals, k);
+  } else {
+    const int decimals = std::max(0, -static_cast<int>(std::floor(std::log10(step) + 1e-9)));
+    std::snprintf(text, sizeof(text), "%.*f", decimals, value);
+  }
+  return text;
+}
 
-std::string render_svg(const std::vector<Series>& series, const std::vector<std::string>& runs) {
-  const double width = kWidth;
-  const double height = kHeight;
+/// A value for a data- attribute: 10 significant digits (the metrics keep 9).
+std::string attribute_number(double value) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%.10g", value);
+  return text;
+}
+
+std::string value_text(double value) {
+  char text[32];
+  if (std::fabs(value) >= 1000) {
+    std::snprintf(text, sizeof(text), "%.0f", value);
+  } else {
+    std::snprintf(text, sizeof(text), "%.4g", value);
+  }
+  return text;
+}
+
+constexpr double kPanelW = 470, kPanelH = 250, kMarginL = 80, kMarginT = 110, kGapX = 110,
+                 kGapY = 100;
+/// The picture's size in pixels.
+constexpr int kWidth = static_cast<int>(kMarginL + 2 * kPanelW + kGapX + 40);
+constexpr int kHeight = static_cast<int>(kMarginT + 2 * kPanelH + kGapY + 70);
+
+const char* x_title(const std::string& x) {
+  if (x == "samples") return "training samples (all ranks)";
+  if (x == "epochs") return "epoch";
+  return "optimizer step";
+}
+
+void draw_marker(std::ostringstream& svg, const Style& style, size_t run, double x, double y,
+                 const std::string& color) {
+  // Print: the marker's shape tells the runs apart too (filled, hollow).
+  const bool hollow = style.name == std::string("print") && run % 2 == 1;
+  svg << "<circle class=\"marker\" cx=\"" << x << "\" cy=\"" << y << "\" r=\"3.5\" fill=\""
+      << (hollow ? "white" : color) << "\" stroke=\"" << color << "\" stroke-width=\"1.5\"/>\n";
+}
+
+std::string render_svg(const std::vector<Series>& series, const std::vector<std::string>& runs,
+                       const std::string& x_name, const Style& style) {
   std::ostringstream svg;
   svg << "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
-      << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << width << "\" height=\"" << height
-      << "\" font-family=\"sans-serif\" font-size=\"12\">\n"
+      << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << kWidth << "\" height=\""
+      << kHeight << "\" font-family=\"DejaVu Sans, sans-serif\" font-size=\"13\" data-style=\""
+      << style.name << "\" data-x=\"" << x_name << "\">\n"
       << "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
-  // The legend: one colour per run.
+  // The legend: one entry per run, its line (colour, dash) and marker.
+  double legend_x = kMarginL;
+  double legend_y = 30;
   for (size_t r = 0; r < runs.size(); ++r) {
-    const double x = kMarginL + static_cast<double>(r) * 220;
-    svg << "<g class=\"legend\"><rect x=\"" << x << "\" y=\"16\" width=\"14\" height=\"14\" fill=\""
-        << kColors[r % 8] << "\"/><text x=\"" << x + 20 << "\" y=\"28\">" << xml_escape(runs[r])
-        << "</text></g>\n";
+    const std::string color = style.colors[r % style.colors.size()];
+    const std::string dash = style.dashes[r % style.dashes.size()];
+    const double width = 60 + 8.0 * static_cast<double>(runs[r].size());
+    if (legend_x + width > kWidth - 20 && r > 0) {
+      legend_x = kMarginL;
+      legend_y += 24;
+    }
+    svg << "<g class=\"legend\" data-run=\"" << xml_escape(runs[r]) << "\"><line x1=\"" << legend_x
+        << "\" y1=\"" << legend_y << "\" x2=\"" << legend_x + 34 << "\" y2=\"" << legend_y
+        << "\" stroke=\"" << color << "\" stroke-width=\"" << style.line_width + 0.5 << "\""
+        << (dash.empty() ? "" : " stroke-dasharray=\"" + dash + "\"") << "/>\n";
+    draw_marker(svg, style, r, legend_x + 17, legend_y, color);
+    svg << "<text x=\"" << legend_x + 42 << "\" y=\"" << legend_y + 5 << "\">"
+        << xml_escape(runs[r]) << "</text></g>\n";
+    legend_x += width + 30;
   }
-  for (size_t m = 0; m < std::size(kMetrics); ++m) {
-    for (size_t a = 0; a < std::size(kAxes); ++a) {
-      const double left = kMarginL + static_cast<double>(a) * (kPanelW + kGapX);
-      const double top = kMarginT + static_cast<double>(m) * (kPanelH + kGapY);
-      std::vector<const Series*> here;
-      std::vector<double> xs, ys;
-      for (const Series& s : series) {
-        if (s.metric != kMetrics[m].metric || s.x_name != kAxes[a]) continue;
-        here.push_back(&s);
-        for (const auto& [x, y] : s.points) {
-          xs.push_back(x);
-          ys.push_back(y);
-        }
+  const auto& specs = panels();
+  for (size_t p = 0; p < specs.size(); ++p) {
+    const PanelSpec& spec = specs[p];
+    const double left = kMarginL + static_cast<double>(p % 2) * (kPanelW + kGapX);
+    const double top = kMarginT + static_cast<double>(p / 2) * (kPanelH + kGapY);
+    std::vector<const Series*> here;
+    std::vector<double> xs, ys;
+    size_t most_points = 0;
+    for (const Series& s : series) {
+      const bool mine = std::any_of(spec.metrics.begin(), spec.metrics.end(),
+                                    [&](const MetricSpec& m) { return s.metric == m.metric; });
+      if (!mine) continue;
+      here.push_back(&s);
+      most_points = std::max(most_points, s.points.size());
+      for (const auto& [x, y] : s.points) {
+        xs.push_back(x);
+        ys.push_back(y);
       }
-      svg << "<g class=\"panel\" data-metric=\"" << kMetrics[m].metric << "\" data-x=\""
-          << kAxes[a] << "\">\n"
-          << "<rect x=\"" << left << "\" y=\"" << top << "\" width=\"" << kPanelW << "\" height=\""
-          << kPanelH << "\" fill=\"none\" stroke=\"#888\"/>\n"
-          << "<text x=\"" << left + kPanelW / 2 << "\" y=\"" << top - 8
-          << "\" text-anchor=\"middle\" font-weight=\"bold\">" << kMetrics[m].metric << " vs "
-          << (a == 0 ? "optimizer step" : "time (s)") << "</text>\n";
-      if (xs.empty()) {
-        svg << "<text x=\"" << left + kPanelW / 2 << "\" y=\"" << top + kPanelH / 2
-            << "\" text-anchor=\"middle\" fill=\"#888\">no data</text>\n</g>\n";
-        continue;
-      }
-      const auto [x_lo, x_hi] = range_of(xs);
-      const auto [y_lo, y_hi] = range_of(ys);
-      const auto px = [&, x_lo = x_lo, x_hi = x_hi](double x) {
-        return left + (x - x_lo) / (x_hi - x_lo) * kPanelW;
-      };
-      const auto py = [&, y_lo = y_lo, y_hi = y_hi](double y) {
-        return top + kPanelH - (y - y_lo) / (y_hi - y_lo) * kPanelH;
-      };
-      // Ticks: five on each axis, labelled with their values.
-      for (int t = 0; t <= 4; ++t) {
-        const double xv = x_lo + (x_hi - x_lo) * t / 4;
-        const double yv = y_lo + (y_hi - y_lo) * t / 4;
-        svg << "<line x1=\"" << px(xv) << "\" y1=\"" << top + kPanelH << "\" x2=\"" << px(xv)
-            << "\" y2=\"" << top + kPanelH + 5 << "\" stroke=\"#888\"/><text x=\"" << px(xv)
-            << "\" y=\"" << top + kPanelH + 18 << "\" text-anchor=\"middle\">"
-            << format_number(xv) << "</text>\n"
-            << "<line x1=\"" << left - 5 << "\" y1=\"" << py(yv) << "\" x2=\"" << left
-            << "\" y2=\"" << py(yv) << "\" stroke=\"#888\"/><text x=\"" << left - 8 << "\" y=\""
-            << py(yv) + 4 << "\" text-anchor=\"end\">" << format_number(yv) << "</text>\n";
-      }
+    }
+    svg << "<g class=\"panel\" data-title=\"" << spec.title << "\">\n"
+        << "<text x=\"" << left << "\" y=\"" << top - 14
+        << "\" font-weight=\"bold\" font-size=\"15\">" << spec.title << "</text>\n";
+    if (spec.metrics.size() > 1) {
+      svg << "<text x=\"" << left + kPanelW << "\" y=\"" << top - 14
+          << "\" text-anchor=\"end\" fill=\"#666\">thin: per log interval, dots: per epoch</text>\n";
+    }
+    if (xs.empty()) {
+      svg << "<rect x=\"" << left << "\" y=\"" << top << "\" width=\"" << kPanelW << "\" height=\""
+          << kPanelH << "\" fill=\"none\" stroke=\"" << style.grid << "\"/>\n<text x=\""
+          << left + kPanelW / 2 << "\" y=\"" << top + kPanelH / 2
+          << "\" text-anchor=\"middle\" fill=\"#888\">not in the metrics</text>\n</g>\n";
+      continue;
+    }
+    if (most_points == 1) {
+      // One point per run: the values, labelled, rather than dots on an invented axis.
+      double y = top + 50;
       for (const Series* s : here) {
         const size_t r = static_cast<size_t>(
             std::find(runs.begin(), runs.end(), s->run) - runs.begin());
-        svg << "<polyline class=\"series\" data-run=\"" << xml_escape(s->run)
-            << "\" data-metric=\"" << s->metric << "\" data-x=\"" << s->x_name
-            << "\" fill=\"none\" stroke-width=\"1.5\" stroke=\"" << kColors[r % 8]
-            << "\" points=\"";
-        for (size_t i = 0; i < s->points.size(); ++i) {
-          char point[64];
-          std::snprintf(point, sizeof(point), "%s%.3f,%.3f", i ? " " : "", px(s->points[i].first),
-                        py(s->points[i].second));
-          svg << point;
-        }
-        svg << "\"/>\n";
-        if (s->points.size() < 30) {  // few points (epochs): mark them
-          for (const auto& [x, y] : s->points) {
-            svg << "<circle cx=\"" << px(x) << "\" cy=\"" << py(y) << "\" r=\"3\" fill=\""
-                << kColors[r % 8] << "\"/>\n";
-          }
-        }
+        const std::string color = style.colors[r % style.colors.size()];
+        const auto [x_value, value] = s->points.front();
+        svg << "<g class=\"value\" data-run=\"" << xml_escape(s->run) << "\" data-metric=\""
+            << s->metric << "\" data-value=\"" << attribute_number(value) << "\">";
+        draw_marker(svg, style, r, left + 12, y - 9, color);
+        svg << "<text x=\"" << left + 28 << "\" y=\"" << y << "\" font-size=\"28\" fill=\""
+            << color << "\">" << value_text(value) << "</text><text x=\"" << left + 28
+            << "\" y=\"" << y + 22 << "\" fill=\"#444\">" << xml_escape(s->run) << ", at "
+            << x_title(x_name) << " " << value_text(x_value) << "</text></g>\n";
+        y += 64;
       }
       svg << "</g>\n";
+      continue;
     }
+    double y_lo = *std::min_element(ys.begin(), ys.end());
+    double y_hi = *std::max_element(ys.begin(), ys.end());
+    if (spec.y_from_zero) y_lo = std::min(0.0, y_lo);
+    const Ticks x_ticks = round_ticks(std::min(0.0, *std::min_element(xs.begin(), xs.end())),
+                                      *std::max_element(xs.begin(), xs.end()));
+    const Ticks y_ticks = round_ticks(y_lo, y_hi);
+    const auto px = [&](double x) {
+      return left + (x - x_ticks.lo) / (x_ticks.hi - x_ticks.lo) * kPanelW;
+    };
+    const auto py = [&](double y) {
+      return top + kPanelH - (y - y_ticks.lo) / (y_ticks.hi - y_ticks.lo) * kPanelH;
+    };
+    for (const double v : x_ticks.values) {
+      svg << "<g class=\"tick\" data-axis=\"x\" data-value=\"" << attribute_number(v) << "\"><line x1=\"" << px(v)
+          << "\" y1=\"" << top << "\" x2=\"" << px(v) << "\" y2=\"" << top + kPanelH
+          << "\" stroke=\"" << style.grid << "\"/><text x=\"" << px(v) << "\" y=\""
+          << top + kPanelH + 18 << "\" text-anchor=\"middle\">" << tick_text(v, x_ticks.step)
+          << "</text></g>\n";
+    }
+    for (const double v : y_ticks.values) {
+      svg << "<g class=\"tick\" data-axis=\"y\" data-value=\"" << attribute_number(v) << "\"><line x1=\"" << left
+          << "\" y1=\"" << py(v) << "\" x2=\"" << left + kPanelW << "\" y2=\"" << py(v)
+          << "\" stroke=\"" << style.grid << "\"/><text x=\"" << left - 8 << "\" y=\""
+          << py(v) + 4 << "\" text-anchor=\"end\">" << tick_text(v, y_ticks.step)
+          << "</text></g>\n";
+    }
+    svg << "<rect x=\"" << left << "\" y=\"" << top << "\" width=\"" << kPanelW << "\" height=\""
+        << kPanelH << "\" fill=\"none\" stroke=\"" << style.frame << "\"/>\n"
+        << "<text x=\"" << left + kPanelW / 2 << "\" y=\"" << top + kPanelH + 40
+        << "\" text-anchor=\"middle\" fill=\"#444\">" << x_title(x_name) << "</text>\n"
+        << "<text transform=\"translate(" << left - 58 << "," << top + kPanelH / 2
+        << ") rotate(-90)\" text-anchor=\"middle\" fill=\"#444\">" << spec.y_label
+        << "</text>\n";
+    for (const Series* s : here) {
+      const size_t r = static_cast<size_t>(
+          std::find(runs.begin(), runs.end(), s->run) - runs.begin());
+      const std::string color = style.colors[r % style.colors.size()];
+      const std::string dash = style.dashes[r % style.dashes.size()];
+      // Interval values thin (and lighter), epoch values bold with markers.
+      const double width = s->markers ? style.line_width : style.line_width * 0.6;
+      svg << "<polyline class=\"series\" data-run=\"" << xml_escape(s->run) << "\" data-metric=\""
+          << s->metric << "\" data-x=\"" << x_name << "\" fill=\"none\" stroke-width=\"" << width
+          << "\" stroke-linejoin=\"round\" stroke=\"" << color << "\""
+          << (s->markers ? "" : " stroke-opacity=\"0.75\"")
+          << (dash.empty() ? "" : " stroke-dasharray=\"" + dash + "\"") << " points=\"";
+      for (size_t i = 0; i < s->points.size(); ++i) {
+        char point[64];
+        std::snprintf(point, sizeof(point), "%s%.3f,%.3f", i ? " " : "", px(s->points[i].first),
+                      py(s->points[i].second));
+        svg << point;
+      }
+      svg << "\"/>\n";
+      if (s->markers) {
+        for (const auto& [x, y] : s->points) draw_marker(svg, style, r, px(x), py(y), color);
+      }
+    }
+    svg << "</g>\n";
   }
   svg << "</svg>\n";
   return svg.str();
+}
+
+/// The x of a metrics line on the axis `x_name`, or nullopt when the line cannot say (an older
+/// metrics file without the fields).
+std::optional<double> x_of(const Record& record, bool epoch_line, const std::string& x_name,
+                           double samples_per_epoch) {
+  const auto number = [&](const char* key) -> std::optional<double> {
+    const auto found = record.numbers.find(key);
+    if (found == record.numbers.end() || !std::isfinite(found->second)) return std::nullopt;
+    return found->second;
+  };
+  if (x_name == "steps") return number("step");
+  std::optional<double> samples = number("total_samples");
+  if (!samples && samples_per_epoch > 0) {
+    const std::optional<double> epoch = number("epoch");
+    if (epoch_line && epoch) samples = *epoch * samples_per_epoch;
+    if (!epoch_line && epoch && number("samples")) {
+      samples = (*epoch - 1) * samples_per_epoch + *number("samples");
+    }
+  }
+  if (x_name == "samples") return samples;
+  if (epoch_line) return number("epoch");
+  if (samples && samples_per_epoch > 0) return *samples / samples_per_epoch;
+  return std::nullopt;
 }
 
 /// Whether `path` asks for PNG: it ends in ".png" (any case); anything else is written as SVG.
@@ -244,6 +434,8 @@ struct PlotArgs {
   std::vector<std::string> files;
   std::vector<std::string> names;
   std::string output = "metrics.svg";
+  std::string x = "steps";
+  std::string style = "light";
 };
 
 }  // namespace
@@ -253,42 +445,74 @@ void add_plot_command(CLI::App& root, std::vector<Command>& commands) {
   auto* app = root.add_subcommand(
       "plot",
       "Draw the metrics of one or more runs (shoal train --metrics FILE) as an SVG or PNG\n"
-      "picture: loss, test accuracy and samples/s against optimizer steps and against time, the\n"
-      "runs overlaid for comparison. Open the SVG in a browser.");
+      "picture: training loss (per interval and per epoch), test loss, test accuracy and\n"
+      "samples/s against steps, samples or epochs, the runs overlaid for comparison and named by\n"
+      "strategy and world size. Open the SVG in a browser.");
   app->add_option("FILE", args->files, "metrics files (JSON lines), one per run")->required();
   app->add_option("-o,--output", args->output,
                   std::string("the file to write: PNG when it ends in .png") +
                       (png_supported() ? "" : " (not built in)") + ", else SVG")
       ->capture_default_str();
   app->add_option("--name", args->names,
-                  "a name per run for the legend (default: the file names), in FILE order");
-  app->footer("Example: shoal plot base.jsonl big-batch.jsonl -o compare.svg (or compare.png)");
+                  "a name per run for the legend (default: its strategy and world size), in FILE "
+                  "order");
+  app->add_option("--x", args->x,
+                  "the x axis: steps, samples (compares runs with different global batches) or "
+                  "epochs")
+      ->check(CLI::IsMember({"steps", "samples", "epochs"}))
+      ->capture_default_str();
+  app->add_option("--style", args->style, "light (colours) or print (black and greys, dashes)")
+      ->check(CLI::IsMember({"light", "print"}))
+      ->capture_default_str();
+  app->footer("Example: shoal plot one-rank.jsonl two-ranks.jsonl --x samples -o compare.png");
 
   commands.push_back({app, [args] {
     SHOAL_CHECK_T(InvalidArgument, args->names.empty() || args->names.size() == args->files.size(),
                   "--name was given ", args->names.size(), " times for ", args->files.size(),
                   " files; give one per file or none");
+    const Style& style = style_named(args->style);
     std::vector<Series> series;
     std::vector<std::string> runs;
     for (size_t f = 0; f < args->files.size(); ++f) {
       const std::string& path = args->files[f];
-      std::string run = args->names.empty() ? path.substr(path.find_last_of('/') + 1)
-                                            : args->names[f];
+      const std::string file_name = path.substr(path.find_last_of('/') + 1);
+      const std::vector<Record> records = read_metrics(path);
+      // The run line (shoal train writes it first): strategy, world size, samples per epoch.
+      std::string run = file_name;
+      double samples_per_epoch = 0;
+      for (const Record& record : records) {
+        const auto event = record.strings.find("event");
+        if (event == record.strings.end() || event->second != "run") continue;
+        const auto strategy = record.strings.find("strategy");
+        const auto world = record.numbers.find("world_size");
+        if (strategy != record.strings.end() && world != record.numbers.end()) {
+          const auto ranks = static_cast<long long>(world->second);
+          run = strategy->second + ", " + std::to_string(ranks) + (ranks == 1 ? " rank" : " ranks");
+        }
+        const auto epoch_samples = record.numbers.find("samples_per_epoch");
+        if (epoch_samples != record.numbers.end()) samples_per_epoch = epoch_samples->second;
+        break;
+      }
+      if (!args->names.empty()) run = args->names[f];
+      // Two runs of one strategy and size: the file names tell them apart.
+      if (std::find(runs.begin(), runs.end(), run) != runs.end()) run += " (" + file_name + ")";
       while (std::find(runs.begin(), runs.end(), run) != runs.end()) run += "'";
       runs.push_back(run);
-      const std::vector<Record> records = read_metrics(path);
       size_t drawn = 0;
-      for (const MetricSpec& spec : kMetrics) {
-        for (const char* axis : kAxes) {
-          Series s{run, spec.metric, axis, {}};
+      for (const PanelSpec& panel : panels()) {
+        for (const MetricSpec& spec : panel.metrics) {
+          Series s{run, spec.metric, {}, spec.markers};
+          const bool epoch_line = std::string(spec.event) == "epoch";
           for (const Record& record : records) {
             const auto event = record.strings.find("event");
             if (event == record.strings.end() || event->second != spec.event) continue;
-            const auto x = record.numbers.find(axis);
+            const std::optional<double> x = x_of(record, epoch_line, args->x, samples_per_epoch);
             const auto y = record.numbers.find(spec.field);
-            if (x == record.numbers.end() || y == record.numbers.end()) continue;
-            if (!std::isfinite(x->second) || !std::isfinite(y->second)) continue;
-            s.points.emplace_back(x->second, y->second);
+            if (!x || y == record.numbers.end() || !std::isfinite(*x) ||
+                !std::isfinite(y->second)) {
+              continue;
+            }
+            s.points.emplace_back(*x, y->second);
           }
           if (!s.points.empty()) {
             drawn += s.points.size();
@@ -296,10 +520,11 @@ void add_plot_command(CLI::App& root, std::vector<Command>& commands) {
           }
         }
       }
-      SHOAL_CHECK_T(InvalidArgument, drawn > 0, path,
-                    " has no step or epoch metrics to draw (written by shoal train --metrics?)");
+      SHOAL_CHECK_T(InvalidArgument, drawn > 0, path, " has no step or epoch metrics to draw",
+                    args->x == "steps" ? "" : " against " + args->x,
+                    " (written by shoal train --metrics?)");
     }
-    const std::string svg = render_svg(series, runs);
+    const std::string svg = render_svg(series, runs, args->x, style);
     if (is_png(args->output)) {
       write_png(svg, kWidth, kHeight, args->output);
     } else {

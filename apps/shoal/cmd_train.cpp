@@ -325,9 +325,18 @@ void add_train_command(CLI::App& root, std::vector<Command>& commands) {
                   "Write metrics as JSON lines to FILE: one object per log interval and per epoch")
       ->type_name("FILE");
   app->add_option("--trace", options->trace_path,
-                  "Write a timeline of every rank's forward, backward, optimizer step and bucket\n"
-                  "reduction to FILE (Chrome trace format: open in https://ui.perfetto.dev)")
+                  "Write a timeline of every rank's steps (data, forward, backward, optimizer), evaluation,\n"
+                  "checkpoints and bucket reductions to FILE (Chrome trace format: open in https://ui.perfetto.dev)")
       ->type_name("FILE");
+  app->add_option("--tensorboard", options->tensorboard_dir,
+                  "Write TensorBoard event files into the run folder DIR (rank 0's): every metrics "
+                  "value as a scalar, parameter histograms; view with tensorboard --logdir DIR/..")
+      ->type_name("DIR");
+  app->add_flag("--tensorboard-all-ranks", options->tensorboard_all_ranks,
+                "With --tensorboard: every rank writes, into DIR/rank<R>");
+  app->add_option("--histogram-interval", options->histogram_interval,
+                  "With --tensorboard: SGD steps between parameter histograms (0 = none)")
+      ->capture_default_str();
   app->add_option("--log-interval", options->log_interval,
                   "SGD steps between progress lines and step metrics (0 = none)")
       ->capture_default_str();

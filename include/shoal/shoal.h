@@ -44,6 +44,8 @@
 
 #include "shoal/train/ddp_strategy.h"
 #include "shoal/train/trainer.h"
+#include "shoal/summary/summary_writer.h"
+#include "shoal/trace/tracer.h"
 
 namespace shoal {
 

@@ -59,11 +59,41 @@ thread_local bool t_recorder_set = false;
 
 }  // namespace
 
+/// Thread ids of the communication tracks: far above thread_number()'s small ones.
+constexpr int64_t kCommTrackTid = 1'000'000;
+
 struct Recorder::Impl {
   std::mutex mutex;
   std::atomic<int> rank{0};
+  std::atomic<int64_t> epoch{-1};
+  std::atomic<int64_t> step{-1};
   std::vector<std::string> events;
-  std::map<std::pair<std::string, int64_t>, std::pair<int64_t, int64_t>> open;  // start, bytes
+  struct Open {
+    int64_t start_us;
+    int64_t bytes;
+    int64_t tid;  // the thread that began it: the flow arrow's tail
+  };
+  std::map<std::pair<std::string, int64_t>, Open> open;
+  std::vector<int64_t> track_free_at;  // per communication track: when its last slice ended
+  int64_t next_flow = 0;
+
+  /// The first communication track free at `start` (a new one when none is), taken until `end`.
+  /// Locked.
+  int64_t take_track(int64_t start, int64_t end) {
+    size_t track = 0;
+    while (track < track_free_at.size() && track_free_at[track] > start) ++track;
+    if (track == track_free_at.size()) {
+      track_free_at.push_back(0);
+      std::ostringstream meta;
+      meta << "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":" << rank.load()
+           << ",\"tid\":" << kCommTrackTid + static_cast<int64_t>(track)
+           << ",\"args\":{\"name\":\"communication" << (track ? " " + std::to_string(track + 1) : "")
+           << "\"}}";
+      events.push_back(meta.str());
+    }
+    track_free_at[track] = end;
+    return kCommTrackTid + static_cast<int64_t>(track);
+  }
 
   void add_metadata() {
     std::ostringstream meta;
@@ -86,44 +116,77 @@ Recorder::~Recorder() = default;
 
 int Recorder::rank() const { return impl_->rank.load(); }
 
-void Recorder::complete(const std::string& name, const char* category, int64_t start_us,
-                        int64_t end_us, const std::vector<std::pair<std::string, int64_t>>& args) {
+namespace {
+
+/// One complete ("X") event with integer args and the recorder's epoch and step.
+std::string complete_event(const std::string& name, const char* category, int64_t start_us,
+                           int64_t end_us, int rank, int64_t tid,
+                           const std::vector<std::pair<std::string, int64_t>>& args, int64_t epoch,
+                           int64_t step) {
   std::ostringstream event;
   event << "{\"name\":\"" << escape(name) << "\",\"cat\":\"" << escape(category)
         << "\",\"ph\":\"X\",\"ts\":" << start_us << ",\"dur\":" << std::max<int64_t>(0, end_us - start_us)
-        << ",\"pid\":" << impl_->rank.load() << ",\"tid\":" << thread_number();
-  if (!args.empty()) {
+        << ",\"pid\":" << rank << ",\"tid\":" << tid;
+  if (!args.empty() || step >= 0) {
     event << ",\"args\":{";
-    for (size_t i = 0; i < args.size(); ++i) {
-      event << (i ? "," : "") << "\"" << escape(args[i].first) << "\":" << args[i].second;
+    const char* comma = "";
+    for (const auto& [key, value] : args) {
+      event << comma << "\"" << escape(key) << "\":" << value;
+      comma = ",";
     }
+    if (epoch >= 0) event << comma << "\"epoch\":" << epoch, comma = ",";
+    if (step >= 0) event << comma << "\"step\":" << step;
     event << "}";
   }
   event << "}";
+  return event.str();
+}
+
+}  // namespace
+
+void Recorder::complete(const std::string& name, const char* category, int64_t start_us,
+                        int64_t end_us, const std::vector<std::pair<std::string, int64_t>>& args) {
+  std::string event = complete_event(name, category, start_us, end_us, impl_->rank.load(),
+                                     thread_number(), args, impl_->epoch.load(), impl_->step.load());
   std::lock_guard<std::mutex> lock(impl_->mutex);
-  impl_->events.push_back(event.str());
+  impl_->events.push_back(std::move(event));
+}
+
+void Recorder::set_step(int64_t epoch, int64_t step) {
+  impl_->epoch = epoch;
+  impl_->step = step;
 }
 
 void Recorder::begin(const char* name, int64_t key, int64_t bytes) {
+  const int64_t tid = thread_number();
   std::lock_guard<std::mutex> lock(impl_->mutex);
-  impl_->open[{name, key}] = {now_us(), bytes};
+  impl_->open[{name, key}] = {now_us(), bytes, tid};
 }
 
 void Recorder::end(const char* name, int64_t key) {
   const int64_t now = now_us();
-  int64_t start = 0;
-  int64_t bytes = -1;
-  {
-    std::lock_guard<std::mutex> lock(impl_->mutex);
-    const auto found = impl_->open.find({name, key});
-    if (found == impl_->open.end()) return;  // begun before recording started
-    start = found->second.first;
-    bytes = found->second.second;
-    impl_->open.erase(found);
-  }
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  const auto found = impl_->open.find({name, key});
+  if (found == impl_->open.end()) return;  // begun before recording started
+  const Impl::Open begun = found->second;
+  impl_->open.erase(found);
   std::vector<std::pair<std::string, int64_t>> args{{"bucket", key}};
-  if (bytes >= 0) args.emplace_back("bytes", bytes);
-  complete(std::string(name) + " bucket " + std::to_string(key), "comm", start, now, args);
+  if (begun.bytes >= 0) args.emplace_back("bytes", begun.bytes);
+  const int rank = impl_->rank.load();
+  const int64_t track = impl_->take_track(begun.start_us, now);
+  impl_->events.push_back(complete_event(std::string(name) + " bucket " + std::to_string(key),
+                                         "comm", begun.start_us, now, rank, track, args,
+                                         impl_->epoch.load(), impl_->step.load()));
+  // The flow arrow: from the slice that made the bucket ready (backward, on the thread that
+  // launched it) to the reduction's slice on its track; both ends bind to their enclosing slice.
+  const int64_t flow = impl_->next_flow++;
+  for (const auto& [phase, tid] : {std::pair<const char*, int64_t>{"s", begun.tid}, {"f", track}}) {
+    std::ostringstream arrow;
+    arrow << "{\"name\":\"bucket ready\",\"cat\":\"comm\",\"ph\":\"" << phase
+          << "\",\"id\":" << flow << ",\"ts\":" << begun.start_us << ",\"pid\":" << rank
+          << ",\"tid\":" << tid << (phase[0] == 'f' ? ",\"bp\":\"e\"" : "") << "}";
+    impl_->events.push_back(arrow.str());
+  }
 }
 
 void Recorder::restart(int rank) {
@@ -131,6 +194,7 @@ void Recorder::restart(int rank) {
   impl_->rank = rank;
   impl_->events.clear();
   impl_->open.clear();
+  impl_->track_free_at.clear();
   impl_->add_metadata();
 }
 
@@ -138,6 +202,7 @@ std::vector<std::string> Recorder::take_events() {
   std::lock_guard<std::mutex> lock(impl_->mutex);
   std::vector<std::string> events;
   events.swap(impl_->events);
+  impl_->track_free_at.clear();  // their names went with the events: named again on next use
   return events;
 }
 
@@ -175,6 +240,10 @@ int64_t now_us() {
 void complete(const std::string& name, const char* category, int64_t start_us, int64_t end_us,
               const std::vector<std::pair<std::string, int64_t>>& args) {
   if (Recorder* recorder = current()) recorder->complete(name, category, start_us, end_us, args);
+}
+
+void set_step(int64_t epoch, int64_t step) {
+  if (Recorder* recorder = current()) recorder->set_step(epoch, step);
 }
 
 void begin(const char* name, int64_t key, int64_t bytes) {

@@ -33,6 +33,7 @@ void DdpStrategy::prepare(TrainState& state) {
   // Any module: the type-independent DDP, around the model's own forward.
   auto ddp = std::make_shared<parallel::DistributedDataParallelBase>(state.model, group_);
   ddp_ = ddp;
+  stats_source_ = ddp;
   if (comm_hook_ == "fp16") ddp->register_comm_hook(parallel::fp16_compress_hook(group_));
   if (comm_hook_ == "bf16") ddp->register_comm_hook(parallel::bf16_compress_hook(group_));
   if (comm_hook_ == "powersgd") ddp->register_comm_hook(parallel::powerSGD_hook(group_, power_sgd_));
@@ -50,6 +51,12 @@ at::Tensor DdpStrategy::epoch_indices(int64_t dataset_size, int64_t epoch, uint6
 
 void DdpStrategy::all_reduce_sum(std::vector<double>& values) {
   train::all_reduce_sum(*group_, values);
+}
+
+std::optional<CommStats> DdpStrategy::comm_stats() const {
+  if (!stats_source_) return std::nullopt;
+  const parallel::ReducerStats stats = stats_source_->stats();
+  return CommStats{stats.reduced_bytes, stats.wait_seconds};
 }
 
 int DdpStrategy::rank() const { return group_->rank(); }

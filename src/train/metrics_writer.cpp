@@ -46,6 +46,15 @@ std::string JsonLine::str() const {
   return object.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
 }
 
+std::vector<std::pair<std::string, double>> JsonLine::numbers() const {
+  std::vector<std::pair<std::string, double>> out;
+  for (const auto& [key, value] : fields_) {
+    if (const double* d = std::get_if<double>(&value)) out.emplace_back(key, *d);
+    if (const int64_t* i = std::get_if<int64_t>(&value)) out.emplace_back(key, static_cast<double>(*i));
+  }
+  return out;
+}
+
 MetricsWriter::MetricsWriter(const std::string& path) : path_(path) {
   if (path.empty()) return;
   file_ = std::fopen(path.c_str(), "w");

@@ -46,6 +46,7 @@ void ModelParallelDdpStrategy::prepare(TrainState& state) {
   auto ddp = std::make_shared<parallel::DistributedDataParallel<pipeline::ModelParallelImpl>>(
       split.ptr(), std::shared_ptr<comm::ProcessGroup>(process_group(), [](comm::ProcessGroup*) {}));
   ddp_ = ddp;
+  set_comm_stats_source(ddp);
   const at::Device input_device = devices.front();
   state.forward = [ddp, input_device](const at::Tensor& input) {
     return ddp->forward(input.to(input_device));

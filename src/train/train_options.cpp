@@ -43,6 +43,10 @@ void TrainOptions::validate() const {
                 "--init-from and --resume both set the weights; pass one of them");
   SHOAL_CHECK_T(InvalidArgument, max_decompression_ratio >= 0,
                 "--max-decompression-ratio must be >= 0 (0 = no check), got ", max_decompression_ratio);
+  SHOAL_CHECK_T(InvalidArgument, histogram_interval >= 0,
+                "histogram interval must be >= 0 (0 = no histograms), got ", histogram_interval);
+  SHOAL_CHECK_T(InvalidArgument, !tensorboard_all_ranks || !tensorboard_dir.empty(),
+                "--tensorboard-all-ranks needs --tensorboard DIR: where to write");
   SHOAL_CHECK_T(InvalidArgument, stop_after_steps >= 0, "stop-after-steps must be >= 0, got ",
                 stop_after_steps);
 }

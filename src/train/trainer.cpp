@@ -17,6 +17,7 @@
 #include "shoal/log.h"
 #include "shoal/memory/cpu_allocator.h"
 #include "shoal/models/registry.h"
+#include "shoal/summary/summary_writer.h"
 #include "shoal/train/metrics_writer.h"
 #include "shoal/train/progress.h"
 #include "shoal/trace/tracer.h"
@@ -46,6 +47,33 @@ std::unique_ptr<torch::optim::Optimizer> make_sgd(const TrainOptions& options,
   if (model == nullptr) return nullptr;
   return std::make_unique<torch::optim::SGD>(
       model->parameters(), torch::optim::SGDOptions(options.lr).momentum(options.momentum));
+}
+
+/// The total L2 norm of the model's gradients (what clip_grad_norm_ returns); 0 without any.
+double gradient_norm(torch::nn::Module& model) {
+  torch::NoGradGuard no_grad;
+  double squares = 0;
+  for (const at::Tensor& p : model.parameters()) {
+    if (p.grad().defined()) {
+      const double norm = p.grad().norm().item<double>();
+      squares += norm * norm;
+    }
+  }
+  return std::sqrt(squares);
+}
+
+/// Writes a metrics line's values as TensorBoard scalars `prefix/<key>` at `step`, except the
+/// keys that are the line's coordinates.
+void add_scalars_of(summary::SummaryWriter* writer, const JsonLine& line, const char* prefix,
+                    int64_t step) {
+  if (writer == nullptr) return;
+  for (const auto& [key, value] : line.numbers()) {
+    if (key == "epoch" || key == "step" || key == "samples" || key == "total_samples" ||
+        key == "time" || key == "seconds" || !std::isfinite(value)) {
+      continue;
+    }
+    writer->add_scalar(std::string(prefix) + "/" + key, value, step);
+  }
 }
 
 /// Each parameter group's learning rate, in order: the schedule's base values.
@@ -234,8 +262,16 @@ void inherit_checkpoint_config(TrainOptions& options, const checkpoint::Training
   }
 }
 
+trace::Recorder* Trainer::recorder() {
+  if (options_.trace_path.empty()) return nullptr;
+  if (!recorder_) recorder_ = std::make_unique<trace::Recorder>(strategy_->rank());
+  return recorder_.get();
+}
+
 std::string Trainer::resume() {
   std::string path;
+  trace::ScopedRecorder tracing(recorder());
+  trace::Span span("checkpoint load", "checkpoint");
   const checkpoint::TrainingState saved = load_resume_checkpoint(options_, &path);
   checkpoint::restore(saved, *state_.model, state_.optimizer.get());
   state_.epoch = saved.epoch;
@@ -271,6 +307,7 @@ std::string Trainer::resume() {
 }
 
 void Trainer::save_checkpoint(int64_t completed_epochs, int64_t samples_seen) {
+  trace::Span span("checkpoint save", "checkpoint");
   strategy_->synchronize(state_);
   checkpoint::CheckpointManagerOptions manager_options;
   manager_options.keep_last = options_.checkpoint_keep;
@@ -336,15 +373,49 @@ TrainResult Trainer::fit(const TensorData& train, const TensorData& test) {
   const Clock::time_point fit_start = Clock::now();
   // This trainer's own timeline, for this thread: trainers on other threads keep theirs.
   std::optional<trace::ScopedRecorder> tracing;
-  if (!options_.trace_path.empty()) {
-    recorder_ = std::make_unique<trace::Recorder>(static_cast<int>(rank));
-    tracing.emplace(recorder_.get());
+  if (!options_.trace_path.empty()) tracing.emplace(recorder());
+  // TensorBoard: the same numbers as the metrics lines, from rank 0 (or every rank).
+  std::unique_ptr<summary::SummaryWriter> board;
+  if (!options_.tensorboard_dir.empty() && (rank == 0 || options_.tensorboard_all_ranks)) {
+    summary::SummaryWriterOptions board_options;
+    board_options.flush_secs = 10;  // a TensorBoard watching the run sees it within seconds
+    board = std::make_unique<summary::SummaryWriter>(
+        options_.tensorboard_all_ranks ? options_.tensorboard_dir + "/rank" + std::to_string(rank)
+                                       : options_.tensorboard_dir,
+        board_options);
+    board->add_text("run",
+                    "strategy " + strategy_->name() + ", " + std::to_string(world) +
+                        (world == 1 ? " process" : " processes") + ", model " + options_.model +
+                        ", batch " + std::to_string(batch) + (world > 1 ? " per rank" : "") +
+                        ", lr " + number_text(options_.lr) + ", momentum " +
+                        number_text(options_.momentum) + ", lr schedule " + options_.lr_schedule +
+                        ", seed " + std::to_string(options_.seed) + ", rank " + std::to_string(rank),
+                    state_.step);
   }
+  bool described = false;  // the "run" line is written with the first epoch's shard
+  std::optional<CommStats> comm_before = strategy_->comm_stats();
+  int64_t comm_steps = 0;
   TrainResult result;
   for (; state_.epoch < options_.epochs; ++state_.epoch) {
     const int64_t epoch = state_.epoch;
     const at::Tensor indices = strategy_->epoch_indices(n, epoch, options_.seed);
     const int64_t local = indices.size(0);
+    // The samples of an epoch, all replicas together (shards padded to equal sizes).
+    const int64_t epoch_samples = local * replicas;
+    if (!described) {
+      // The run's description: what `shoal plot` names the run by and scales its x axes with.
+      metrics.write(JsonLine()
+                        .add("event", "run")
+                        .add("strategy", strategy_->name())
+                        .add("world_size", world)
+                        .add("model", options_.model)
+                        .add("batch_size", batch)
+                        .add("global_batch_size", batch * replicas)
+                        .add("epochs", options_.epochs)
+                        .add("samples_per_epoch", epoch_samples)
+                        .add("lr", options_.lr));
+      described = true;
+    }
     // After a resume, skip this rank's share of the samples the job already consumed.
     const int64_t skip = std::min(local, resume_samples_seen_ / replicas);
     resume_samples_seen_ = 0;
@@ -361,10 +432,22 @@ TrainResult Trainer::fit(const TensorData& train, const TensorData& test) {
     for (int64_t s = 0; s < steps; ++s) {
       const int64_t begin = skip + s * batch;
       const int64_t end = std::min(local, begin + batch);
-      const at::Tensor batch_indices = indices.slice(0, begin, end);
-      apply_lr_schedule(run_steps);
-      const double loss = strategy_->train_step(state_, train.inputs.index_select(0, batch_indices),
-                                                train.targets.index_select(0, batch_indices));
+      trace::set_step(epoch + 1, state_.step + 1);
+      double loss = 0;
+      {
+        trace::Span step_span("train step");
+        at::Tensor inputs;
+        at::Tensor targets;
+        {
+          trace::Span data_span("data", "data");
+          const at::Tensor batch_indices = indices.slice(0, begin, end);
+          inputs = train.inputs.index_select(0, batch_indices);
+          targets = train.targets.index_select(0, batch_indices);
+        }
+        apply_lr_schedule(run_steps);
+        loss = strategy_->train_step(state_, inputs, targets);
+      }
+      ++comm_steps;
       const auto count = static_cast<double>(end - begin);
       loss_sum += loss * count;
       interval_loss += loss * count;
@@ -374,17 +457,37 @@ TrainResult Trainer::fit(const TensorData& train, const TensorData& test) {
       progress.step(s + 1, done, recent);
       if (options_.log_interval > 0 && (s + 1) % options_.log_interval == 0) {
         const double seconds = seconds_since(start);
-        metrics.write(JsonLine()
-                          .add("event", "step")
-                          .add("epoch", epoch + 1)
-                          .add("step", state_.step)
-                          .add("samples", done)
-                          .add("loss", recent)
-                          .add("samples_per_s", seconds > 0 ? done / seconds : 0.0)
-                          .add("seconds", seconds)
-                          .add("time", seconds_since(fit_start)));
+        JsonLine line;
+        line.add("event", "step")
+            .add("epoch", epoch + 1)
+            .add("step", state_.step)
+            .add("samples", done)
+            .add("total_samples", epoch * epoch_samples + end * replicas)
+            .add("loss", recent)
+            .add("samples_per_s", seconds > 0 ? done / seconds : 0.0)
+            .add("lr", state_.optimizer->param_groups().front().options().get_lr())
+            .add("grad_norm", gradient_norm(*state_.model));
+        if (const std::optional<CommStats> now = strategy_->comm_stats(); now && comm_before) {
+          // Per step over the interval, this rank's reductions.
+          const double per = 1.0 / static_cast<double>(std::max<int64_t>(comm_steps, 1));
+          line.add("comm_bytes", (now->bytes - comm_before->bytes) * per)
+              .add("comm_wait_s", (now->wait_seconds - comm_before->wait_seconds) * per);
+          comm_before = now;
+        } else if (now) {
+          comm_before = now;
+        }
+        comm_steps = 0;
+        line.add("seconds", seconds).add("time", seconds_since(fit_start));
+        metrics.write(line);
+        add_scalars_of(board.get(), line, "train", state_.step);
         interval_loss = 0;
         interval_samples = 0;
+      }
+      if (board && options_.histogram_interval > 0 &&
+          state_.step % options_.histogram_interval == 0) {
+        for (const auto& item : state_.model->named_parameters()) {
+          board->add_histogram("parameters/" + item.key(), item.value(), state_.step);
+        }
       }
       // The end-of-epoch checkpoint follows the last step, so no mid-epoch one there.
       bool saved = false;
@@ -417,6 +520,8 @@ TrainResult Trainer::fit(const TensorData& train, const TensorData& test) {
     std::vector<double> totals{loss_sum, static_cast<double>(local - skip), 0, 0, 0};
     strategy_->synchronize(state_);
     if (test_n > 0) {
+      trace::set_step(epoch + 1, state_.step);
+      trace::Span eval_span("evaluation", "eval");
       const EvalResult eval =
           evaluate(*state_.model, state_.model_forward, test_shard, options_.eval_batch_size,
                    state_.loss);
@@ -440,16 +545,20 @@ TrainResult Trainer::fit(const TensorData& train, const TensorData& test) {
       epoch_result.test_accuracy = NAN;
     }
     progress.end_epoch(epoch_result);
-    metrics.write(JsonLine()
-                      .add("event", "epoch")
-                      .add("epoch", epoch_result.epoch)
-                      .add("step", state_.step)
-                      .add("train_loss", epoch_result.train_loss)
-                      .add("test_loss", epoch_result.test_loss)
-                      .add("test_accuracy", epoch_result.test_accuracy)
-                      .add("samples_per_s", epoch_result.samples_per_s)
-                      .add("seconds", epoch_result.seconds)
-                      .add("time", seconds_since(fit_start)));
+    const JsonLine epoch_line = JsonLine()
+                                    .add("event", "epoch")
+                                    .add("epoch", epoch_result.epoch)
+                                    .add("step", state_.step)
+                                    .add("total_samples", (epoch + 1) * epoch_samples)
+                                    .add("train_loss", epoch_result.train_loss)
+                                    .add("test_loss", epoch_result.test_loss)
+                                    .add("test_accuracy", epoch_result.test_accuracy)
+                                    .add("samples_per_s", epoch_result.samples_per_s)
+                                    .add("seconds", epoch_result.seconds)
+                                    .add("time", seconds_since(fit_start));
+    metrics.write(epoch_line);
+    add_scalars_of(board.get(), epoch_line, "epoch", state_.step);
+    if (board) board->flush();
     result.epochs.push_back(epoch_result);
     if (checkpoints) save_checkpoint(epoch + 1, 0);
   }

@@ -136,8 +136,11 @@ TEST(CliTrain, TrainsOnASmallDatasetAndReportsAccuracy) {
   EXPECT_EQ(run.err.find('\r'), std::string::npos);
   // The header is an info message: shown at the default SHOAL_LOG_LEVEL.
   EXPECT_NE(run.err.find("shoal train: mlp ("), std::string::npos) << run.err;
-  // 8 steps per epoch, a step line every 4: 2 per epoch, and one epoch line each.
-  EXPECT_EQ(count_lines(written), 6) << written;
+  // The run line, then 8 steps per epoch, a step line every 4: 2 per epoch, and one epoch line
+  // each.
+  EXPECT_EQ(count_lines(written), 7) << written;
+  EXPECT_EQ(written.rfind("{\"event\":\"run\",\"strategy\":\"single\",\"world_size\":1,", 0), 0u)
+      << written;
   EXPECT_NE(written.find("\"event\":\"epoch\",\"epoch\":2"), std::string::npos) << written;
 }
 

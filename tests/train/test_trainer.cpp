@@ -166,15 +166,25 @@ TEST(Trainer, WritesStepAndEpochMetrics) {
   trainer.fit(data, data);
   std::ifstream in(path);
   std::string line;
-  int steps = 0, epochs = 0;
+  int steps = 0, epochs = 0, runs = 0;
   while (std::getline(in, line)) {
     ASSERT_EQ(line.front(), '{');
     ASSERT_EQ(line.back(), '}');
-    if (line.find("\"event\":\"step\"") != std::string::npos) {
-      ++steps;
-      for (const char* key : {"\"epoch\":", "\"step\":", "\"loss\":", "\"samples_per_s\":", "\"seconds\":"}) {
+    if (line.find("\"event\":\"run\"") != std::string::npos) {
+      // First, once: what `shoal plot` names the run by and scales its x axes with.
+      EXPECT_EQ(steps + epochs + runs++, 0) << line;
+      for (const char* key : {"\"strategy\":\"single\"", "\"world_size\":1,",
+                              "\"samples_per_epoch\":128,", "\"global_batch_size\":16,"}) {
         EXPECT_NE(line.find(key), std::string::npos) << key << " in " << line;
       }
+    } else if (line.find("\"event\":\"step\"") != std::string::npos) {
+      ++steps;
+      for (const char* key : {"\"epoch\":", "\"step\":", "\"loss\":", "\"samples_per_s\":", "\"seconds\":",
+                              "\"lr\":0.01,", "\"grad_norm\":", "\"total_samples\":"}) {
+        EXPECT_NE(line.find(key), std::string::npos) << key << " in " << line;
+      }
+      // One process communicates nothing: no communication fields.
+      EXPECT_EQ(line.find("comm_"), std::string::npos) << line;
     } else if (line.find("\"event\":\"epoch\"") != std::string::npos) {
       ++epochs;
       EXPECT_NE(line.find("\"epoch\":" + std::to_string(epochs) + ","), std::string::npos) << line;
@@ -186,6 +196,7 @@ TEST(Trainer, WritesStepAndEpochMetrics) {
       ADD_FAILURE() << "unexpected line " << line;
     }
   }
+  EXPECT_EQ(runs, 1);
   EXPECT_EQ(steps, 8);
   EXPECT_EQ(epochs, 2);
   std::filesystem::remove(path);

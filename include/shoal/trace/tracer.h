@@ -1,7 +1,12 @@
 // A timeline of what each rank did, in the Chrome trace event format (chrome://tracing, Perfetto):
-// the trainer records forward, backward and optimizer step as spans, DistributedDataParallel's
-// reducer records every bucket's reduction from launch to completion with its size in bytes, so
-// that overlap of communication with backward, and stragglers, are visible (as Horovod's timeline).
+// the trainer records each step (data, forward, backward, optimizer step), evaluation and
+// checkpoint save/load as spans, with the epoch and step in their args; DistributedDataParallel's
+// reducer records every bucket's reduction from launch to completion with its size in bytes, on
+// communication tracks of its own ("communication", "communication 2", ...: a bucket goes to the
+// first track free at its launch, so slices on every track nest), with a flow arrow from the
+// moment the bucket was ready (inside backward) to its reduction. So overlap of communication
+// with backward, and stragglers, are visible (as Horovod's timeline), and every thread's slices
+// nest as Chrome-trace viewers require.
 //
 //   shoal::trace::enable(rank);            // recording starts; off by default (one atomic load)
 //   (or: trace::Recorder mine(rank); trace::ScopedRecorder scope(&mine); for this thread only)
@@ -36,6 +41,8 @@ class Recorder {
                 const std::vector<std::pair<std::string, int64_t>>& args = {});
   void begin(const char* name, int64_t key, int64_t bytes = -1);
   void end(const char* name, int64_t key);
+  /// From now on, events carry "epoch" and "step" args with these values (negative: none).
+  void set_step(int64_t epoch, int64_t step);
   /// The events recorded so far, each one JSON object, and forgets them.
   std::vector<std::string> take_events();
   /// Forgets every event and records as `rank` from now on.
@@ -79,8 +86,12 @@ int64_t now_us();
 void complete(const std::string& name, const char* category, int64_t start_us, int64_t end_us,
               const std::vector<std::pair<std::string, int64_t>>& args = {});
 
+/// The epoch (1-based) and optimizer step (1-based) that current()'s events belong to from now on.
+void set_step(int64_t epoch, int64_t step);
+
 /// Starts an interval named `name` keyed by `key` (a bucket's index), `bytes` long (-1: none);
-/// end(name, key) records it. Both do nothing while not recording.
+/// end(name, key) records it on a communication track, with a flow arrow from the thread that
+/// called begin. Both do nothing while not recording.
 void begin(const char* name, int64_t key, int64_t bytes = -1);
 void end(const char* name, int64_t key);
 

@@ -19,6 +19,7 @@ namespace shoal::train {
 
 class DataParallelStrategy : public Strategy {
  public:
+  std::string name() const override { return "dp"; }
   /// `model_name` names the built-in model (replicas are made by models::create).
   DataParallelStrategy(int replicas, std::string model_name);
   ~DataParallelStrategy() override;

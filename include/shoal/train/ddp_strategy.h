@@ -45,12 +45,22 @@ class DdpStrategy : public Strategy {
   int rank() const override;
   int world_size() const override;
   comm::ProcessGroup* process_group() override { return group_.get(); }
+  std::string name() const override { return "ddp"; }
+  /// The reducer's: bytes of every bucket reduced, time blocked at the end of backward.
+  std::optional<CommStats> comm_stats() const override;
+
+ protected:
+  /// The DDP wrapper whose reducer comm_stats() reads (set by prepare()).
+  void set_comm_stats_source(std::shared_ptr<parallel::DistributedDataParallelBase> ddp) {
+    stats_source_ = std::move(ddp);
+  }
 
  private:
   std::shared_ptr<comm::ProcessGroup> group_;
   std::shared_ptr<parallel::DistributedDataParallelBase> ddp_;
   std::string comm_hook_ = "allreduce";
   std::shared_ptr<parallel::PowerSGDState> power_sgd_;
+  std::shared_ptr<parallel::DistributedDataParallelBase> stats_source_;
 };
 
 }  // namespace shoal::train

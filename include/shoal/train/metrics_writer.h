@@ -29,6 +29,9 @@ class JsonLine {
   JsonLine& add(const std::string& key, const char* value) { return add(key, std::string(value)); }
   /// The object as one line, without the newline.
   std::string str() const;
+  /// The numeric fields in order, as written (rounded to 9 significant digits): what
+  /// TensorBoard's scalars of the line are.
+  std::vector<std::pair<std::string, double>> numbers() const;
 
  private:
   std::vector<std::pair<std::string, std::variant<double, int64_t, std::string>>> fields_;

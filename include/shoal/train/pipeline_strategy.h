@@ -43,6 +43,7 @@ struct PipelineStrategyOptions {
 
 class PipelineStrategy : public Strategy {
  public:
+  std::string name() const override { return "pipeline"; }
   /// Joins the process group now (init_process_group).
   explicit PipelineStrategy(PipelineStrategyOptions options, const comm::InitOptions& init = {});
   /// Uses an existing process group (tests).

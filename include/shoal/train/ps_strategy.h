@@ -20,6 +20,7 @@ namespace shoal::train {
 
 class PsStrategy : public Strategy {
  public:
+  std::string name() const override { return "ps"; }
   /// A worker of the job in the environment (ps::job_from_env()).
   PsStrategy();
   /// A worker with explicit options (servers, rank, num_workers set).

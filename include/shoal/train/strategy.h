@@ -13,6 +13,8 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <optional>
+#include <string>
 #include <vector>
 
 namespace shoal::comm {
@@ -22,6 +24,12 @@ class ProcessGroup;
 namespace shoal::train {
 
 struct TrainState;
+
+/// What a strategy's gradient communication cost this process so far (cumulative).
+struct CommStats {
+  double bytes = 0;         ///< bytes of gradients reduced
+  double wait_seconds = 0;  ///< time training was blocked waiting for reductions to finish
+};
 
 /// The hooks a distribution strategy implements; the defaults are single-process training.
 class Strategy {
@@ -56,6 +64,14 @@ class Strategy {
   /// How many processes train on the same samples (the stages of one pipeline): the trainer
   /// divides its sample counts and summed training metrics by it. 1 for data parallelism.
   virtual int ranks_per_replica() const { return 1; }
+
+  /// The name `shoal train --strategy` gives it ("single", "ddp", ...): metrics and TensorBoard
+  /// name runs by it.
+  virtual std::string name() const { return "single"; }
+
+  /// The gradient communication so far, for metrics; nullopt when the strategy does not
+  /// measure it (or does not communicate).
+  virtual std::optional<CommStats> comm_stats() const { return std::nullopt; }
 };
 
 /// Plain single-process training: the defaults of Strategy.

@@ -51,6 +51,15 @@ struct TrainOptions {
   /// When not empty, a Chrome trace (chrome://tracing, Perfetto) of every rank's forward, backward,
   /// optimizer step and DDP bucket reduction is written here when fit() ends.
   std::string trace_path;
+  /// When not empty, TensorBoard event files are written into this run folder (rank 0's; with
+  /// tensorboard_all_ranks every rank's into DIR/rank<R>): the values of every "step" and
+  /// "epoch" metrics line as scalars (train/..., epoch/...), the run's configuration as text, and
+  /// parameter histograms every histogram_interval steps.
+  std::string tensorboard_dir;
+  /// Every rank writes TensorBoard files (into tensorboard_dir/rank<R>), not rank 0 alone.
+  bool tensorboard_all_ranks = false;
+  /// Optimizer steps between parameter histograms in TensorBoard (0 = none).
+  int64_t histogram_interval = 500;
   /// Optimizer steps between progress lines and "step" metrics; 0 turns them off.
   int64_t log_interval = 100;
   /// How progress is shown.

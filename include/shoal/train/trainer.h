@@ -170,6 +170,8 @@ class Trainer {
   /// Saves the current state (rank 0 writes; every rank calls). `samples_seen` counts the whole
   /// job's samples of the current epoch.
   void save_checkpoint(int64_t completed_epochs, int64_t samples_seen);
+  /// This trainer's timeline (made on first use) while options.trace_path is set, else null.
+  trace::Recorder* recorder();
   /// Writes options.trace_path when set: every rank's events, merged by rank 0 (all ranks call).
   void write_trace();
 
