@@ -432,12 +432,6 @@ void add_train_command(CLI::App& root, std::vector<Command>& commands) {
                         SHOAL_CHECK_T(InvalidArgument,
                                       args->strategy != "fsdp" || args->model_parallel == 1,
                                       "--model-parallel applies to --strategy ddp, not fsdp");
-                        SHOAL_CHECK_T(InvalidArgument,
-                                      args->strategy != "fsdp" ||
-                                          (options->checkpoint_dir.empty() && !options->resume),
-                                      "--strategy fsdp does not save or resume checkpoints yet "
-                                      "(its optimizer state is sharded): drop --checkpoint-dir and "
-                                      "--resume, or train with --strategy ddp");
                         if (ddp || args->strategy == "pipeline") {
                           if (!as_rank) {
                             // Refuse a hopeless resume once, here, rather than once per rank.

@@ -9,6 +9,7 @@
 #include <unordered_set>
 
 #include "compat/autograd_hooks.h"
+#include "compat/optimizer_state.h"
 #include "compat/storage.h"
 #include "parallel/module_sync.h"
 #include "shoal/error.h"
@@ -442,6 +443,127 @@ void FullyShardedDataParallel::finish_backward() {
     unit.reduce_input = at::Tensor();
     unit.reduce_output = at::Tensor();
     free_full(unit);
+  }
+}
+
+// ---- optimizer state ---------------------------------------------------------------------------
+
+std::unique_ptr<torch::optim::Optimizer> optimizer_like(const torch::optim::Optimizer& given,
+                                                        std::vector<at::Tensor> params) {
+  SHOAL_CHECK_T(InvalidArgument, given.param_groups().size() == 1,
+                "FullyShardedDataParallel: the optimizer must have one parameter group, it has ",
+                given.param_groups().size());
+  const auto& options = given.param_groups().front().options();
+  if (const auto* sgd = dynamic_cast<const torch::optim::SGDOptions*>(&options)) {
+    return std::make_unique<torch::optim::SGD>(std::move(params), *sgd);
+  }
+  if (const auto* adam = dynamic_cast<const torch::optim::AdamOptions*>(&options)) {
+    return std::make_unique<torch::optim::Adam>(std::move(params), *adam);
+  }
+  SHOAL_THROW(InvalidArgument, "FullyShardedDataParallel shards the state of SGD and Adam; this "
+              "optimizer is neither");
+}
+
+namespace {
+
+// The state tensors of one parameter, by field, for the optimizers FSDP shards.
+std::vector<at::Tensor> state_fields(torch::optim::OptimizerParamState* state) {
+  if (auto* sgd = dynamic_cast<torch::optim::SGDParamState*>(state)) {
+    return {sgd->momentum_buffer()};
+  }
+  if (auto* adam = dynamic_cast<torch::optim::AdamParamState*>(state)) {
+    return {adam->exp_avg(), adam->exp_avg_sq(), adam->max_exp_avg_sq()};
+  }
+  return {};
+}
+
+// A state of `like`'s type holding `fields` (as state_fields lists them) and `like`'s step.
+std::unique_ptr<torch::optim::OptimizerParamState> make_state(
+    torch::optim::OptimizerParamState* like, const std::vector<at::Tensor>& fields) {
+  if (dynamic_cast<torch::optim::SGDParamState*>(like) != nullptr) {
+    auto state = std::make_unique<torch::optim::SGDParamState>();
+    state->momentum_buffer(fields[0]);
+    return state;
+  }
+  auto* adam = dynamic_cast<torch::optim::AdamParamState*>(like);
+  SHOAL_CHECK(adam != nullptr, "FullyShardedDataParallel: an optimizer state of an unknown kind");
+  auto state = std::make_unique<torch::optim::AdamParamState>();
+  state->step(adam->step());
+  state->exp_avg(fields[0]);
+  state->exp_avg_sq(fields[1]);
+  if (fields[2].defined()) state->max_exp_avg_sq(fields[2]);
+  return state;
+}
+
+}  // namespace
+
+std::unique_ptr<torch::optim::Optimizer> FullyShardedDataParallel::full_optimizer(
+    torch::optim::Optimizer& sharded) {
+  torch::NoGradGuard no_grad;
+  auto full = optimizer_like(sharded, module_->parameters());
+  for (auto& unit_ptr : units_) {
+    Unit& unit = *unit_ptr;
+    // Every rank has stepped the same number of times: the state exists everywhere or nowhere.
+    torch::optim::OptimizerParamState* mine = compat::find_param_state(sharded, unit.shard);
+    if (mine == nullptr) continue;
+    std::vector<at::Tensor> gathered;
+    for (const at::Tensor& field : state_fields(mine)) {
+      if (!field.defined()) {
+        gathered.emplace_back();
+        continue;
+      }
+      at::Tensor flat = at::empty({unit.padded}, field.options());
+      at::Tensor piece = field.contiguous();
+      group_->all_gather_into_tensor(flat, piece)->wait();
+      gathered.push_back(flat);
+    }
+    for (size_t i = 0; i < unit.params.size(); ++i) {
+      std::vector<at::Tensor> fields;
+      for (const at::Tensor& flat : gathered) {
+        fields.push_back(flat.defined() ? flat.narrow(0, unit.offsets[i], unit.params[i].numel())
+                                              .view(unit.params[i].sizes())
+                                              .clone()
+                                        : at::Tensor());
+      }
+      compat::set_param_state(*full, unit.params[i], make_state(mine, fields));
+    }
+  }
+  return full;
+}
+
+void FullyShardedDataParallel::load_full_optimizer(torch::optim::Optimizer& full,
+                                                   torch::optim::Optimizer& sharded) {
+  torch::NoGradGuard no_grad;
+  const int64_t rank = group_->rank();
+  for (auto& unit_ptr : units_) {
+    Unit& unit = *unit_ptr;
+    torch::optim::OptimizerParamState* like = nullptr;
+    for (const auto& param : unit.params) {
+      if ((like = compat::find_param_state(full, param)) != nullptr) break;
+    }
+    if (like == nullptr) continue;  // nothing saved for this unit (no step yet)
+    const size_t count = state_fields(like).size();
+    std::vector<at::Tensor> flats(count);
+    for (size_t f = 0; f < count; ++f) {
+      if (!state_fields(like)[f].defined()) continue;
+      flats[f] = at::zeros({unit.padded}, unit.shard.options().requires_grad(false));
+      for (size_t i = 0; i < unit.params.size(); ++i) {
+        torch::optim::OptimizerParamState* state = compat::find_param_state(full, unit.params[i]);
+        if (state == nullptr) continue;  // no state: as zeros (what an unused parameter holds)
+        const at::Tensor field = state_fields(state)[f];
+        SHOAL_CHECK_T(InvalidArgument, field.defined() && field.numel() == unit.params[i].numel(),
+                      "FullyShardedDataParallel: the optimizer state of '", unit.param_names[i],
+                      "' does not match the parameter (", unit.params[i].numel(), " elements)");
+        flats[f].narrow(0, unit.offsets[i], unit.params[i].numel()).copy_(field.reshape({-1}));
+      }
+    }
+    std::vector<at::Tensor> fields;
+    for (const at::Tensor& flat : flats) {
+      fields.push_back(flat.defined()
+                           ? flat.narrow(0, rank * unit.shard_numel, unit.shard_numel).clone()
+                           : at::Tensor());
+    }
+    compat::set_param_state(sharded, unit.shard, make_state(like, fields));
   }
 }
 

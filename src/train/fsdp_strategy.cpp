@@ -1,32 +1,12 @@
 #include "shoal/train/fsdp_strategy.h"
 
-#include <torch/optim/adam.h>
-#include <torch/optim/sgd.h>
+#include <torch/optim/optimizer.h>
 
 #include "shoal/error.h"
 #include "shoal/parallel/fully_sharded_data_parallel.h"
 #include "shoal/train/trainer.h"
 
 namespace shoal::train {
-namespace {
-
-// An optimizer of the same kind and options as `given` over `params` (SGD and Adam).
-std::unique_ptr<torch::optim::Optimizer> same_optimizer(const torch::optim::Optimizer* given,
-                                                        std::vector<at::Tensor> params) {
-  SHOAL_CHECK_T(InvalidArgument, given != nullptr && given->param_groups().size() == 1,
-                "--strategy fsdp: the optimizer must have one parameter group");
-  auto& options = given->param_groups().front().options();
-  if (const auto* sgd = dynamic_cast<const torch::optim::SGDOptions*>(&options)) {
-    return std::make_unique<torch::optim::SGD>(std::move(params), *sgd);
-  }
-  if (const auto* adam = dynamic_cast<const torch::optim::AdamOptions*>(&options)) {
-    return std::make_unique<torch::optim::Adam>(std::move(params), *adam);
-  }
-  SHOAL_THROW(InvalidArgument, "--strategy fsdp steps SGD or Adam on the shards; this optimizer "
-              "is neither");
-}
-
-}  // namespace
 
 FsdpStrategy::FsdpStrategy(int stage, const comm::InitOptions& init)
     : FsdpStrategy(stage, comm::init_process_group(init)) {}
@@ -47,13 +27,24 @@ void FsdpStrategy::prepare(TrainState& state) {
   options.auto_wrap_min_num_params = 1;
   auto fsdp = std::make_shared<parallel::FullyShardedDataParallel>(state.model, group_, options);
   fsdp_ = fsdp;
-  state.optimizer = same_optimizer(state.optimizer.get(), fsdp->parameters());
+  // The trainer's optimizer is over the whole model (and holds a checkpoint's state after a
+  // resume): the one that steps is over the shards, each rank taking its piece of that state.
+  SHOAL_CHECK_T(InvalidArgument, state.optimizer != nullptr, "--strategy fsdp: no optimizer");
+  auto sharded = parallel::optimizer_like(*state.optimizer, fsdp->parameters());
+  fsdp->load_full_optimizer(*state.optimizer, *sharded);
+  state.optimizer = std::move(sharded);
   state.forward = [fsdp, forward = state.model_forward](const at::Tensor& input) {
     fsdp->prepare_for_forward();
     at::Tensor output = forward(input);
     fsdp->prepare_for_backward(output);
     return output;
   };
+}
+
+torch::optim::Optimizer* FsdpStrategy::checkpoint_optimizer(TrainState& state) {
+  if (!fsdp_) return state.optimizer.get();
+  full_optimizer_ = fsdp_->full_optimizer(*state.optimizer);
+  return full_optimizer_.get();
 }
 
 void FsdpStrategy::synchronize(TrainState&) {

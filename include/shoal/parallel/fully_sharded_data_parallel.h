@@ -66,6 +66,10 @@
 
 #include "shoal/comm/process_group.h"
 
+namespace torch::optim {
+class Optimizer;
+}
+
 namespace shoal::parallel {
 
 /// What is sharded: ZeRO's stages (values 1, 2, 3), with PyTorch FSDP's names where it has one.
@@ -139,6 +143,17 @@ class FullyShardedDataParallel {
   /// evaluating the module directly or saving its state_dict. A collective.
   void gather_full_parameters();
 
+  /// PyTorch's FSDP.full_optim_state_dict, as an optimizer: a new optimizer of `sharded`'s kind
+  /// and options (SGD or Adam) over the module's parameters (module()->parameters() order),
+  /// holding the whole state gathered from every rank's shard. What a checkpoint saves: it is the
+  /// optimizer DDP would have, so checkpoints of both load in either, at any world size. A
+  /// collective.
+  std::unique_ptr<torch::optim::Optimizer> full_optimizer(torch::optim::Optimizer& sharded);
+  /// The reverse (PyTorch's shard_full_optim_state_dict): sets `sharded`'s state (over
+  /// parameters()) to this rank's shard of `full`'s (over the module's parameters, as a
+  /// checkpoint restores it). No communication: every rank has `full`.
+  void load_full_optimizer(torch::optim::Optimizer& full, torch::optim::Optimizer& sharded);
+
   /// The units: name ("" is the root unit), parameter names, element count before padding.
   struct UnitInfo {
     std::string name;
@@ -181,6 +196,11 @@ class FullyShardedDataParallel {
   bool stale_ = false;  ///< a backward has run since the last gather (a step may have followed)
   int64_t peak_parameter_bytes_ = 0;
 };
+
+/// An optimizer of `given`'s kind and options (SGD or Adam, one parameter group) over `params`,
+/// without state: the optimizer over the shards, from the one a user built over the module.
+std::unique_ptr<torch::optim::Optimizer> optimizer_like(const torch::optim::Optimizer& given,
+                                                        std::vector<at::Tensor> params);
 
 }  // namespace shoal::parallel
 

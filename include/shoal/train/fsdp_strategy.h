@@ -6,12 +6,16 @@
 // the trainer's optimizer by one of the same kind and options over this rank's shards (SGD and
 // Adam; the optimizer state is then a shard's). Each rank trains on its DistributedSampler shard,
 // so the run equals --strategy ddp's. synchronize() gathers the full parameters into the model
-// (before evaluation and saving).
+// (before evaluation and saving); checkpoints hold the whole optimizer state, gathered from the
+// shards, so they are --strategy ddp's format and resume at any world size, with either strategy
+// (a resume gives each rank its shard of the saved state).
 //
 // Thread safety: as Strategy; one instance per process, used from the trainer's thread.
 #pragma once
 
 #include <memory>
+
+#include <torch/optim/optimizer.h>
 
 #include "shoal/comm/init.h"
 #include "shoal/train/strategy.h"
@@ -36,6 +40,9 @@ class FsdpStrategy : public Strategy {
   at::Tensor epoch_indices(int64_t dataset_size, int64_t epoch, uint64_t seed) override;
   void all_reduce_sum(std::vector<double>& values) override;
   void synchronize(TrainState& state) override;
+  /// The whole optimizer state gathered from the shards (the optimizer DDP would have), so that
+  /// checkpoints of fsdp and ddp are one format and resume at any world size with either.
+  torch::optim::Optimizer* checkpoint_optimizer(TrainState& state) override;
   int rank() const override;
   int world_size() const override;
   comm::ProcessGroup* process_group() override { return group_.get(); }
@@ -47,6 +54,7 @@ class FsdpStrategy : public Strategy {
   int stage_;
   std::shared_ptr<comm::ProcessGroup> group_;
   std::shared_ptr<parallel::FullyShardedDataParallel> fsdp_;
+  std::unique_ptr<torch::optim::Optimizer> full_optimizer_;  ///< the last checkpoint_optimizer()
 };
 
 }  // namespace shoal::train
