@@ -12,6 +12,7 @@
 
 #include "shoal/checkpoint/serialization.h"
 #include "testing/multi_rank.h"
+#include "testing/python.h"
 #include "testing/shoal_cli.h"
 
 namespace test_fsdp_cli {
@@ -87,6 +88,19 @@ TEST(FsdpCli, CheckpointsResumeAcrossStrategiesAndWorldSizes) {
   };
   // Saved by fsdp (stage 3) after epoch 1, resumed by ddp; saved by ddp, resumed by fsdp (stage 2).
   train("--strategy fsdp --shard 3", 2, "--epochs 1 --checkpoint-dir " + dir + "/a");
+  // PyTorch reads it: the unsharded MLP loads the model strictly, and the optimizer holds a
+  // whole momentum buffer for every parameter.
+  const std::string check =
+      "/usr/bin/python3 -c \"import sys, torch, torch.nn as nn; "
+      "d = torch.load(sys.argv[1]); "
+      "m = nn.Module(); m.fc1 = nn.Linear(784, 1024); m.fc2 = nn.Linear(1024, 1024); "
+      "m.fc3 = nn.Linear(1024, 10); m.load_state_dict(d['model']); "
+      "st = d['optimizer']['state']; ps = list(m.parameters()); "
+      "assert len(st) == len(ps), len(st); "
+      "assert all(st[i]['momentum_buffer'].shape == p.shape for i, p in enumerate(ps)); "
+      "print('ORACLE OK torch.load read the fsdp checkpoint')\" " +
+      dir + "/a/checkpoint_000000.pt";
+  EXPECT_TRUE(shoal::testing::oracle_succeeded(shoal::testing::run_command(check))) << check;
   fs::copy(dir + "/a", dir + "/a3", fs::copy_options::recursive);
   fs::copy(dir + "/a", dir + "/a3ddp", fs::copy_options::recursive);
   expect_equal(train("--strategy ddp", 2, "--epochs 2 --resume --checkpoint-dir " + dir + "/a"),
