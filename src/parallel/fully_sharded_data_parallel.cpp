@@ -3,8 +3,6 @@
 #include <torch/torch.h>
 
 #include <algorithm>
-#include <cstdio>
-#include <cstdlib>
 #include <functional>
 #include <unordered_set>
 

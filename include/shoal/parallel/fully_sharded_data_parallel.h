@@ -51,6 +51,9 @@
 // and under stage 3 the all-gathers of the units before their backward. Every rank must run the
 // same forwards and backwards (no uneven inputs).
 //
+// The module's parameters stay views into the units' buffers when the wrapper is destroyed:
+// under stage 3 call gather_full_parameters() first if the module is used on its own afterwards.
+//
 // Thread safety: one thread drives an instance (forward, backward, optimizer step). Several
 // instances (one per rank) may run on different threads of one process.
 #pragma once
