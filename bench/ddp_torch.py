@@ -2,7 +2,9 @@
 DDP is measured against, side by side (gloo, one thread per rank, synthetic data).
 
 usage: ddp_torch.py --model cnn|mlp --steps N --warmup W --batch B --world R --result FILE
-                    [--gradient-as-bucket-view]
+                    [--gradient-as-bucket-view] [--zero]
+--zero steps SGD through ZeroRedundancyOptimizer (each rank keeps its part of the momentum): the
+peer of `shoal bench fsdp`'s stage 1.
 Writes one JSON object to FILE: samples_per_s (all ranks together), peak_rss_mb, pss_mb (PSS after
 the timed steps) and live_mb (heap in use at the end of forward and of backward, the larger, over
 two more steps), each of the largest rank; MB = MiB.
@@ -39,7 +41,12 @@ def worker(rank, args):
     model = make_model(args.model)
     ddp = nn.parallel.DistributedDataParallel(
         model, gradient_as_bucket_view=args.gradient_as_bucket_view)
-    opt = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
+    if args.zero:
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+        opt = ZeroRedundancyOptimizer(ddp.parameters(), optimizer_class=torch.optim.SGD,
+                                      lr=0.01, momentum=0.9)
+    else:
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
     x = torch.randn(args.batch, 1, 28, 28)
     y = torch.randint(0, 10, (args.batch,))
 
@@ -72,6 +79,7 @@ def main():
     parser = argument_parser(steps=20, warmup=3, batch=64)
     parser.add_argument("--world", type=int, default=2)
     parser.add_argument("--gradient-as-bucket-view", action="store_true")
+    parser.add_argument("--zero", action="store_true")
     args = parser.parse_args()
     ranks = run_ranks(worker, args, args.world)
     seconds = max(r["seconds"] for r in ranks)

@@ -32,6 +32,7 @@
 #include "shoal/ps/job.h"
 #include "shoal/train/data_parallel_strategy.h"
 #include "shoal/train/ddp_strategy.h"
+#include "shoal/train/fsdp_strategy.h"
 #include "shoal/train/model_parallel_ddp_strategy.h"
 #include "shoal/train/pipeline_strategy.h"
 #include "shoal/train/ps_strategy.h"
@@ -64,6 +65,7 @@ struct TrainArgs {
   // --strategy dp and pipeline (0: the strategy's default, 2 for dp and 1 for pipeline)
   int replicas = 0;
   int model_parallel = 1;  // --strategy ddp: parts each rank's model is split into
+  int shard = 3;           // --strategy fsdp: ZeRO stage
 };
 
 /// A parameter-server process of `shoal train --strategy ps`: serves the workers with SGD of the
@@ -222,8 +224,9 @@ void add_train_command(CLI::App& root, std::vector<Command>& commands) {
                   "processes on this host (or the ranks of shoal run / torchrun / mpirun);\n"
                   "dp: DataParallel over --replicas threads in one process;\n"
                   "ps: parameter server, --servers S and --workers W processes;\n"
-                  "pipeline: --stages x --replicas processes, the model split into stages")
-      ->check(CLI::IsMember({"single", "ddp", "dp", "ps", "pipeline"}))
+                  "pipeline: --stages x --replicas processes, the model split into stages;\n"
+                  "fsdp: sharded data parallelism (ZeRO stage --shard) over the processes of ddp")
+      ->check(CLI::IsMember({"single", "ddp", "fsdp", "dp", "ps", "pipeline"}))
       ->capture_default_str();
   auto* nproc = app->add_option("--nproc-per-node,--nproc_per_node", args->nproc_per_node,
                                 "With --strategy ddp started directly: processes to launch on "
@@ -239,6 +242,11 @@ void add_train_command(CLI::App& root, std::vector<Command>& commands) {
                   "default 2; with --strategy pipeline: data-parallel replicas of the pipeline\n"
                   "(DDP per stage), default 1")
       ->check(CLI::Range(1, 1024));
+  app->add_option("--shard", args->shard,
+                  "With --strategy fsdp: what each rank keeps only its 1/N of (ZeRO's stages):\n"
+                  "1 optimizer state, 2 + gradients, 3 + parameters")
+      ->check(CLI::Range(1, 3))
+      ->capture_default_str();
   app->add_option("--model-parallel", args->model_parallel,
                   "With --strategy ddp: split each rank's model into K parts (micro-batched,\n"
                   "one thread per part)")
@@ -366,7 +374,8 @@ void add_train_command(CLI::App& root, std::vector<Command>& commands) {
                             lr_schedule, seed] {
                         if (args->no_progress) options->progress = train::ProgressMode::kNone;
                         if (args->replicas == 0) args->replicas = args->strategy == "dp" ? 2 : 1;
-                        const bool ddp = args->strategy == "ddp";
+                        // fsdp runs as ddp does (launch, ranks, threads); only the wrapper differs.
+                        const bool ddp = args->strategy == "ddp" || args->strategy == "fsdp";
                         const bool ps_job = args->strategy == "ps";
                         const bool pipelined = args->strategy == "pipeline";
                         // The one decision of "started as a rank" (torchrun, shoal run, mpirun,
@@ -448,7 +457,10 @@ void add_train_command(CLI::App& root, std::vector<Command>& commands) {
                                           (args->strategy == "ddp" && args->model_parallel == 1),
                                       "--comm-hook ", args->comm_hook,
                                       " applies to --strategy ddp (without --model-parallel)");
-                        if (args->strategy == "ddp" || args->strategy == "pipeline") {
+                        SHOAL_CHECK_T(InvalidArgument,
+                                      args->strategy != "fsdp" || args->model_parallel == 1,
+                                      "--model-parallel applies to --strategy ddp, not fsdp");
+                        if (ddp || args->strategy == "pipeline") {
                           if (!as_rank) {
                             // Refuse a hopeless resume once, here, rather than once per rank.
                             if (options->resume) train::load_resume_checkpoint(*options);
@@ -470,6 +482,8 @@ void add_train_command(CLI::App& root, std::vector<Command>& commands) {
                             pipe.pipeline.schedule = pipeline::schedule_from_string(args->schedule);
                             pipe.pipeline.recompute = args->recompute;
                             strategy = std::make_unique<train::PipelineStrategy>(pipe, init);
+                          } else if (args->strategy == "fsdp") {
+                            strategy = std::make_unique<train::FsdpStrategy>(args->shard, init);
                           } else if (args->model_parallel > 1) {
                             strategy = std::make_unique<train::ModelParallelDdpStrategy>(
                                 args->model_parallel, init);

@@ -24,5 +24,6 @@ void add_bench_ddp_command(CLI::App& bench, std::vector<Command>& commands);    
 void add_bench_ps_command(CLI::App& bench, std::vector<Command>& commands);         // bench_ps.cpp
 void add_bench_pipeline_command(CLI::App& bench, std::vector<Command>& commands);   // bench_pipeline.cpp
 void add_bench_dp_command(CLI::App& bench, std::vector<Command>& commands);         // bench_dp.cpp
+void add_bench_fsdp_command(CLI::App& bench, std::vector<Command>& commands);       // bench_fsdp.cpp
 
 }  // namespace shoal::cli

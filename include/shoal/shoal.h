@@ -25,6 +25,7 @@
 
 #include "shoal/parallel/comm_hooks.h"
 #include "shoal/parallel/distributed_data_parallel.h"
+#include "shoal/parallel/fully_sharded_data_parallel.h"
 #include "shoal/parallel/grad_bucket.h"
 #include "shoal/parallel/join.h"
 #include "shoal/parallel/sync_batch_norm.h"
@@ -43,6 +44,7 @@
 #include "shoal/models/registry.h"
 
 #include "shoal/train/ddp_strategy.h"
+#include "shoal/train/fsdp_strategy.h"
 #include "shoal/train/trainer.h"
 #include "shoal/summary/summary_writer.h"
 #include "shoal/trace/tracer.h"

@@ -404,6 +404,51 @@ std::shared_ptr<Work> ProcessGroup::allgather(std::vector<at::Tensor>& outputs,
   return recorded(ctx, [&] { return staging.finish(run_allgather(outs, in, ctx)); });
 }
 
+namespace {
+
+// size() equal views of `flat` (contiguous, size() * block.numel() elements), each shaped like
+// `block`: what the flat collectives hand to the list forms.
+std::vector<at::Tensor> blocks_of(const ProcessGroup& pg, const char* op, const at::Tensor& flat,
+                                  const at::Tensor& block, const char* flat_name,
+                                  const char* block_name) {
+  check_tensor(pg, op, flat, flat_name);
+  check_tensor(pg, op, block, block_name);
+  SHOAL_CHECK_T(InvalidArgument, flat.is_contiguous() && block.is_contiguous(), pg.rank_prefix(),
+                " ", op, ": the ", flat_name, " and the ", block_name, " must be contiguous");
+  SHOAL_CHECK_T(InvalidArgument,
+                flat.numel() == block.numel() * pg.size() &&
+                    flat.scalar_type() == block.scalar_type() && flat.device() == block.device(),
+                pg.rank_prefix(), " ", op, ": the ", flat_name, " (", flat.numel(), " ",
+                c10::toString(flat.scalar_type()), ") must hold world size (", pg.size(),
+                ") times the ", block_name, "'s elements (", block.numel(), " ",
+                c10::toString(block.scalar_type()), "), of the same dtype and device");
+  const at::Tensor linear = flat.view({-1});
+  std::vector<at::Tensor> blocks;
+  blocks.reserve(static_cast<size_t>(pg.size()));
+  for (int r = 0; r < pg.size(); ++r) {
+    blocks.push_back(linear.narrow(0, r * block.numel(), block.numel()).view(block.sizes()));
+  }
+  return blocks;
+}
+
+}  // namespace
+
+std::shared_ptr<Work> ProcessGroup::all_gather_into_tensor(at::Tensor& output,
+                                                           const at::Tensor& input,
+                                                           const AllgatherOptions& options) {
+  std::vector<at::Tensor> outputs =
+      blocks_of(*this, "all_gather_into_tensor", output, input, "output", "input");
+  return allgather(outputs, input, options);
+}
+
+std::shared_ptr<Work> ProcessGroup::reduce_scatter_tensor(at::Tensor& output,
+                                                          const at::Tensor& input,
+                                                          const ReduceScatterOptions& options) {
+  std::vector<at::Tensor> inputs =
+      blocks_of(*this, "reduce_scatter_tensor", input, output, "input", "output");
+  return reduce_scatter(output, inputs, options);
+}
+
 std::shared_ptr<Work> ProcessGroup::reduce_scatter(at::Tensor& output,
                                                    std::vector<at::Tensor>& inputs,
                                                    const ReduceScatterOptions& options) {

@@ -12,6 +12,10 @@ void Strategy::prepare(TrainState& state) {
   state.forward = state.model_forward;
 }
 
+torch::optim::Optimizer* Strategy::checkpoint_optimizer(TrainState& state) {
+  return state.optimizer.get();
+}
+
 double Strategy::train_step(TrainState& state, const at::Tensor& inputs,
                             const at::Tensor& targets) {
   return train::train_step(state, inputs, targets);

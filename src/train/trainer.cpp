@@ -312,7 +312,8 @@ void Trainer::save_checkpoint(int64_t completed_epochs, int64_t samples_seen) {
   checkpoint::CheckpointManagerOptions manager_options;
   manager_options.keep_last = options_.checkpoint_keep;
   checkpoint::CheckpointManager manager(options_.checkpoint_dir, manager_options);
-  checkpoint::TrainingState state = checkpoint::capture(*state_.model, state_.optimizer.get());
+  checkpoint::TrainingState state =
+      checkpoint::capture(*state_.model, strategy_->checkpoint_optimizer(state_));
   state.epoch = completed_epochs;
   state.step = state_.step;
   state.sampler.epoch = completed_epochs;

@@ -124,6 +124,15 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   /// Reduces inputs[i] across ranks into rank i's `output`.
   std::shared_ptr<Work> reduce_scatter(at::Tensor& output, std::vector<at::Tensor>& inputs,
                                        const ReduceScatterOptions& options = {});
+  /// PyTorch's all_gather_into_tensor: `output` (contiguous, size() times `input`'s elements, same
+  /// dtype) receives every rank's `input` one after the other, rank 0's first. The list form over
+  /// views into `output`: no staging copy where the backend writes the list in place (shm).
+  std::shared_ptr<Work> all_gather_into_tensor(at::Tensor& output, const at::Tensor& input,
+                                               const AllgatherOptions& options = {});
+  /// PyTorch's reduce_scatter_tensor: `input` (contiguous, size() times `output`'s elements) is
+  /// cut into size() equal blocks; block i, reduced across ranks, lands in rank i's `output`.
+  std::shared_ptr<Work> reduce_scatter_tensor(at::Tensor& output, const at::Tensor& input,
+                                              const ReduceScatterOptions& options = {});
   /// At root, outputs[i] receives rank i's `input`; `outputs` is ignored (may be empty) elsewhere.
   std::shared_ptr<Work> gather(std::vector<at::Tensor>& outputs, const at::Tensor& input,
                                const GatherOptions& options = {});

@@ -21,6 +21,10 @@ namespace shoal::comm {
 class ProcessGroup;
 }
 
+namespace torch::optim {
+class Optimizer;
+}
+
 namespace shoal::train {
 
 struct TrainState;
@@ -60,6 +64,11 @@ class Strategy {
   /// trainer calls it before evaluating and before saving a checkpoint. Needed when processes
   /// train parts of the model (pipeline stages); the default does nothing.
   virtual void synchronize(TrainState& state) {}
+
+  /// The optimizer a checkpoint captures: state.optimizer (the default), or where the strategy
+  /// shards its state, a whole one gathered for the occasion (FSDP; then a collective, called by
+  /// every process after synchronize()). Valid until the next call.
+  virtual torch::optim::Optimizer* checkpoint_optimizer(TrainState& state);
 
   /// How many processes train on the same samples (the stages of one pipeline): the trainer
   /// divides its sample counts and summed training metrics by it. 1 for data parallelism.

@@ -1,0 +1,270 @@
+// `shoal bench fsdp`: training throughput and memory per rank of Shoal's DDP and of
+// FullyShardedDataParallel's three stages, beside PyTorch's DDP and PyTorch's
+// ZeroRedundancyOptimizer (stage 1's peer), on the same model, batch and thread count.
+//
+// Modes, each `--world` fresh processes per round (one intra-op thread each, shm for Shoal, gloo
+// for PyTorch, synthetic data, SGD with momentum): shoal_ddp, shoal_fsdp1/2/3, pytorch_ddp,
+// pytorch_zero1. Rounds interleave the modes; the report gives medians. Per mode: samples/s (all
+// ranks), its ratio to shoal_ddp and (stage 1, DDP) to the PyTorch peer, peak RSS of the largest
+// rank, and for Shoal the bytes a rank holds between steps for parameters, gradients and
+// optimizer state (FSDP: memory_stats() plus the shards' momentum; DDP: parameters, gradients,
+// momentum), the figure sharding divides.
+#include <torch/torch.h>
+
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "bench_util.h"
+#include "commands.h"
+#include "shoal/comm/init.h"
+#include "shoal/comm/store.h"
+#include "shoal/error.h"
+#include "shoal/log.h"
+#include "shoal/models/registry.h"
+#include "shoal/parallel/distributed_data_parallel.h"
+#include "shoal/parallel/fully_sharded_data_parallel.h"
+
+namespace shoal::cli {
+// Named, not anonymous: the CLI's sources are compiled in unity batches.
+namespace bench_fsdp {
+
+using Clock = std::chrono::steady_clock;
+
+// Far above a normal run (a few seconds): only a hang reaches it.
+constexpr std::chrono::seconds kRunDeadline{600};
+
+struct FsdpBenchArgs : StepBenchArgs {
+  FsdpBenchArgs() {
+    steps = 20;
+    warmup = 3;
+  }
+  int batch = 64;  ///< per rank
+  int world = 2;
+  std::string torch_script = bench_script("ddp_torch.py");
+};
+
+struct Mode {
+  std::string name;  ///< shoal_ddp, shoal_fsdp1..3, pytorch_ddp, pytorch_zero1
+  std::map<std::string, std::vector<double>> samples;
+  double get(const std::string& key) const {
+    auto it = samples.find(key);
+    return it == samples.end() ? NAN : median(it->second);
+  }
+};
+
+int64_t tensor_bytes(const at::Tensor& t) {
+  return t.defined() ? t.numel() * static_cast<int64_t>(t.element_size()) : 0;
+}
+
+int64_t momentum_bytes(torch::optim::Optimizer& optimizer) {
+  int64_t bytes = 0;
+  for (const auto& item : optimizer.state()) {
+    if (auto* sgd = dynamic_cast<torch::optim::SGDParamState*>(item.second.get())) {
+      bytes += tensor_bytes(sgd->momentum_buffer());
+    }
+  }
+  return bytes;
+}
+
+// One Shoal rank of `mode`: warmup, then timed steps; writes its numbers to `result`.
+void run_rank(const FsdpBenchArgs& args, const std::string& mode, int rank,
+              const std::string& store_path, const std::string& result) {
+  torch::set_num_threads(1);
+  auto store = comm::make_file_store(store_path, args.world);
+  auto group = comm::new_process_group("shm", store, rank, args.world);
+  auto model = models::create(args.model, /*seed=*/0);
+  std::shared_ptr<parallel::DistributedDataParallelBase> ddp;
+  std::shared_ptr<parallel::FullyShardedDataParallel> fsdp;
+  std::unique_ptr<torch::optim::Optimizer> optimizer;
+  const auto sgd = torch::optim::SGDOptions(0.01).momentum(0.9);
+  if (mode == "shoal_ddp") {
+    ddp = std::make_shared<parallel::DistributedDataParallelBase>(model, group);
+    optimizer = std::make_unique<torch::optim::SGD>(model->parameters(), sgd);
+  } else {
+    parallel::FullyShardedDataParallelOptions options;
+    options.sharding_strategy = parallel::sharding_strategy_from_stage(mode.back() - '0');
+    options.auto_wrap_min_num_params = 1;  // every layer a unit, as shoal train --strategy fsdp
+    fsdp = std::make_shared<parallel::FullyShardedDataParallel>(model, group, options);
+    optimizer = std::make_unique<torch::optim::SGD>(fsdp->parameters(), sgd);
+  }
+  torch::manual_seed(rank);
+  const at::Tensor x = torch::randn({args.batch, 1, 28, 28});
+  const at::Tensor y = torch::randint(0, 10, {args.batch});
+  auto step = [&] {
+    optimizer->zero_grad();
+    at::Tensor out;
+    if (ddp) {
+      ddp->prepare_for_forward();
+      out = model->forward(x);
+      ddp->prepare_for_backward(out);
+    } else {
+      fsdp->prepare_for_forward();
+      out = model->forward(x);
+      fsdp->prepare_for_backward(out);
+    }
+    torch::nn::functional::cross_entropy(out, y).backward();
+    optimizer->step();
+  };
+  for (int i = 0; i < args.warmup; ++i) step();
+  group->barrier()->wait();
+  const auto start = Clock::now();
+  for (int i = 0; i < args.steps; ++i) step();
+  const double seconds = seconds_since(start);
+  int64_t held = momentum_bytes(*optimizer);
+  if (ddp) {
+    for (const auto& p : model->parameters()) held += tensor_bytes(p) + tensor_bytes(p.grad());
+  } else {
+    const auto stats = fsdp->memory_stats();
+    held += stats.parameter_bytes + stats.gradient_bytes;
+  }
+  struct rusage usage {};
+  getrusage(RUSAGE_SELF, &usage);
+  write_values(result,
+               {{"seconds", seconds},
+                {"held_mb", held / 1048576.0},
+                {"peak_rss_mb", usage.ru_maxrss / 1024.0}},
+               "bench fsdp");
+}
+
+void run_mode(const FsdpBenchArgs& args, const TorchPeer& peer, const std::string& dir,
+              Mode& mode) {
+  static int counter = 0;
+  const std::string stem = dir + "/run" + std::to_string(counter++);
+  RunProcessesOptions options;
+  options.benchmark = "bench fsdp";
+  options.run = "the " + mode.name + " run";
+  options.deadline = kRunDeadline;
+  const double samples = static_cast<double>(args.world) * args.batch * args.steps;
+  if (mode.name.rfind("pytorch", 0) == 0) {
+    std::vector<std::string> command = peer.python;
+    command.insert(command.end(), {args.torch_script, "--model", args.model, "--steps",
+                                   std::to_string(args.steps), "--warmup",
+                                   std::to_string(args.warmup), "--batch",
+                                   std::to_string(args.batch), "--world",
+                                   std::to_string(args.world), "--result", stem});
+    if (mode.name == "pytorch_zero1") command.push_back("--zero");
+    SHOAL_CHECK(run_processes({{command}}, options) == 0, "bench fsdp: the ", mode.name,
+                " run failed (", args.torch_script, ")");
+    const Values values = read_json_numbers(stem);
+    for (const std::string field : {"samples_per_s", "peak_rss_mb"}) {
+      auto it = values.find(field);
+      SHOAL_CHECK(it != values.end(), "bench fsdp: ", args.torch_script, " wrote no ", field);
+      mode.samples[field].push_back(it->second);
+    }
+    return;
+  }
+  std::vector<ChildProcess> ranks;
+  for (int rank = 0; rank < args.world; ++rank) {
+    ChildProcess child;
+    child.function = [&, rank] {
+      run_rank(args, mode.name, rank, stem + ".store", stem + ".rank" + std::to_string(rank));
+      return 0;
+    };
+    child.label = mode.name + " rank " + std::to_string(rank);
+    ranks.push_back(child);
+  }
+  SHOAL_CHECK(run_processes(ranks, options) == 0, "bench fsdp: the ", mode.name, " run failed");
+  double seconds = 0, held = 0, rss = 0;
+  for (int rank = 0; rank < args.world; ++rank) {
+    const Values v = read_values(stem + ".rank" + std::to_string(rank));
+    SHOAL_CHECK(v.count("seconds") > 0, "bench fsdp: rank ", rank, " of ", mode.name,
+                " reported nothing");
+    seconds = std::max(seconds, v.at("seconds"));
+    held = std::max(held, v.at("held_mb"));
+    rss = std::max(rss, v.at("peak_rss_mb"));
+  }
+  mode.samples["samples_per_s"].push_back(samples / seconds);
+  mode.samples["held_mb"].push_back(held);
+  mode.samples["peak_rss_mb"].push_back(rss);
+}
+
+int run_fsdp_bench(const FsdpBenchArgs& args) {
+  SHOAL_CHECK_T(InvalidArgument, args.world >= 2 && args.batch >= 1 && args.steps >= 1 &&
+                                     args.rounds >= 1,
+                "bench fsdp: needs --world >= 2 and positive --batch, --steps and --rounds");
+  char pattern[] = "/tmp/shoal_bench_fsdp_XXXXXX";
+  SHOAL_CHECK(mkdtemp(pattern) != nullptr, "bench fsdp: cannot create a temporary folder");
+  const std::string dir = pattern;
+  const TorchPeer peer = find_torch_peer("debian", "bench fsdp");
+  std::vector<Mode> modes{{"shoal_ddp"}, {"shoal_fsdp1"}, {"shoal_fsdp2"}, {"shoal_fsdp3"}};
+  if (peer.available()) {
+    modes.push_back({"pytorch_ddp"});
+    modes.push_back({"pytorch_zero1"});
+  }
+  for (int round = 0; round < args.rounds; ++round) {
+    for (auto& mode : modes) run_mode(args, peer, dir, mode);
+  }
+  std::system(("rm -rf " + dir).c_str());
+
+  const double ddp = modes[0].get("samples_per_s");
+  auto peer_rate = [&](const std::string& name) {
+    for (const auto& m : modes) {
+      if (m.name == name) return m.get("samples_per_s");
+    }
+    return static_cast<double>(NAN);
+  };
+  if (!args.json) {
+    std::printf("bench fsdp: model %s, %d ranks x batch %d, %d steps, SGD momentum, median of %d "
+                "rounds%s\n",
+                args.model.c_str(), args.world, args.batch, args.steps, args.rounds,
+                peer.available() ? (", beside " + peer.label()).c_str() : "");
+    std::printf("%-16s %10s %8s %8s %9s %9s\n", "mode", "samples/s", "vs_ddp", "vs_pt",
+                "held MB", "peak MB");
+  }
+  for (const auto& mode : modes) {
+    const double rate = mode.get("samples_per_s");
+    const std::string peer_name = mode.name == "shoal_ddp"     ? "pytorch_ddp"
+                                  : mode.name == "shoal_fsdp1" ? "pytorch_zero1"
+                                                               : "";
+    const double vs_pt = peer_name.empty() ? NAN : rate / peer_rate(peer_name);
+    if (args.json) {
+      std::printf("{\"bench\": \"fsdp\", \"model\": \"%s\", \"mode\": \"%s\", \"world\": %d, "
+                  "\"batch\": %d, \"samples_per_s\": %s, \"vs_shoal_ddp\": %s, "
+                  "\"vs_pytorch\": %s, \"held_mb\": %s, \"peak_rss_mb\": %s, \"rounds\": %d}\n",
+                  args.model.c_str(), mode.name.c_str(), args.world, args.batch,
+                  json_number(rate).c_str(), json_number(rate / ddp).c_str(),
+                  json_number(vs_pt).c_str(), json_number(mode.get("held_mb")).c_str(),
+                  json_number(mode.get("peak_rss_mb")).c_str(), args.rounds);
+    } else {
+      auto cell = [](double v, const char* format) {
+        char text[32];
+        std::snprintf(text, sizeof text, format, v);
+        return std::string(std::isfinite(v) ? text : "-");
+      };
+      std::printf("%-16s %10.1f %8s %8s %9s %9.1f\n", mode.name.c_str(), rate,
+                  cell(rate / ddp, "%.3f").c_str(), cell(vs_pt, "%.3f").c_str(),
+                  cell(mode.get("held_mb"), "%.2f").c_str(), mode.get("peak_rss_mb"));
+    }
+  }
+  if (!args.json) {
+    std::printf("vs_ddp = samples/s / shoal_ddp's; vs_pt = shoal_ddp / pytorch_ddp and "
+                "shoal_fsdp1 / pytorch_zero1 (ZeroRedundancyOptimizer); held MB = parameters + "
+                "gradients + optimizer state a rank holds between steps\n");
+  }
+  return 0;
+}
+
+}  // namespace bench_fsdp
+
+void add_bench_fsdp_command(CLI::App& bench, std::vector<Command>& commands) {
+  auto args = std::make_shared<bench_fsdp::FsdpBenchArgs>();
+  auto* app = bench.add_subcommand(
+      "fsdp", "FullyShardedDataParallel stages 1-3 vs Shoal's DDP and PyTorch's DDP and "
+              "ZeroRedundancyOptimizer: samples/s and memory per rank");
+  add_step_options(*app, *args);
+  app->add_option("--batch", args->batch, "Samples per rank and step")->capture_default_str();
+  app->add_option("--world", args->world, "Ranks")->capture_default_str();
+  app->add_option("--torch-script", args->torch_script, "PyTorch peer script")->capture_default_str();
+  commands.push_back({app, [args] { return bench_fsdp::run_fsdp_bench(*args); }});
+}
+
+}  // namespace shoal::cli
