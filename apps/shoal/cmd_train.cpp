@@ -135,6 +135,62 @@ bool bound_by_launcher() {
   return CPU_EQUAL(&both, &own) && CPU_COUNT(&own) < CPU_COUNT(&parent);
 }
 
+// ---- Optimizer, schedule, clipping, accumulation and precision (#29) ----------------------------
+
+/// The options of the training features, named after PyTorch's arguments.
+void add_training_feature_options(CLI::App& app, train::TrainOptions& options) {
+  app.add_option("--optimizer", options.optimizer,
+                 "sgd (--lr, --momentum), adam or adamw (torch.optim.Adam / AdamW: --lr, --betas,\n"
+                 "--eps, --weight-decay)")
+      ->check(CLI::IsMember({"sgd", "adam", "adamw"}))
+      ->capture_default_str();
+  app.add_option_function<std::vector<double>>(
+         "--betas",
+         [&options](const std::vector<double>& values) {
+           SHOAL_CHECK_T(InvalidArgument, values.size() == 2,
+                         "--betas takes two numbers, BETA1,BETA2 (e.g. 0.9,0.999)");
+           options.beta1 = values[0];
+           options.beta2 = values[1];
+         },
+         "Adam/AdamW's betas: BETA1,BETA2 (default 0.9,0.999)")
+      ->delimiter(',')
+      ->expected(2);
+  app.add_option("--eps", options.eps, "Adam/AdamW's eps")->capture_default_str();
+  app.add_option_function<double>(
+      "--weight-decay", [&options](const double& value) { options.weight_decay = value; },
+      "Weight decay, >= 0 (default: PyTorch's for the optimizer: 0 for sgd and adam, 0.01 for\n"
+      "adamw)");
+  app.add_option("--warmup-steps", options.warmup_steps,
+                 "Optimizer steps of linear warm-up (LinearLR's total_iters) before --lr-schedule")
+      ->capture_default_str();
+  app.add_option("--warmup-start-factor", options.warmup_start_factor,
+                 "LinearLR's start_factor: the first warm-up step trains at lr x this")
+      ->capture_default_str();
+  app.add_option("--step-size", options.step_size,
+                 "--lr-schedule step: StepLR's step_size, in optimizer steps");
+  app.add_option("--gamma", options.gamma, "StepLR's / MultiStepLR's gamma")->capture_default_str();
+  app.add_option("--milestones", options.milestones,
+                 "--lr-schedule multistep: MultiStepLR's milestones, optimizer steps A,B,...")
+      ->delimiter(',');
+  app.add_option("--t-max", options.t_max,
+                 "--lr-schedule cosine: CosineAnnealingLR's T_max (0 = every step after the warm-up)")
+      ->capture_default_str();
+  app.add_option("--clip-grad-norm", options.clip_grad_norm,
+                 "Clip the gradients to this global L2 norm before each step (clip_grad_norm_;\n"
+                 "after DDP's averaging, across all pipeline stages); 0 = no clipping")
+      ->capture_default_str();
+  app.add_option("--accumulate", options.accumulate,
+                 "Micro-batches of --batch-size per optimizer step (gradient accumulation; DDP\n"
+                 "reduces once per step, in no_sync before)")
+      ->check(CLI::Range(int64_t{1}, int64_t{65536}))
+      ->capture_default_str();
+  app.add_option("--precision", options.precision,
+                 "fp32, or bf16: forward and loss under CPU autocast to bfloat16 (weights, gradients\n"
+                 "and optimizer stay float32)")
+      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}))
+      ->capture_default_str();
+}
+
 /// Exit status of a run stopped by the preemption warning, after its checkpoint was saved: 75,
 /// EX_TEMPFAIL of <sysexits.h> ("try again later"); the batch script requeues on it.
 constexpr int kExitPreempted = 75;
@@ -188,11 +244,14 @@ void add_train_command(CLI::App& root, std::vector<Command>& commands) {
                        ->capture_default_str();
   auto* lr_schedule =
       app->add_option("--lr-schedule", options->lr_schedule,
-                      "constant, or cosine: PyTorch's CosineAnnealingLR over every step of the run\n"
-                      "(T_max = epochs x steps per epoch, eta_min 0), stepped after each step; with\n"
-                      "--strategy ps the servers' SGD follows it")
-          ->check(CLI::IsMember({"constant", "cosine"}))
+                      "constant; cosine: PyTorch's CosineAnnealingLR (T_max = --t-max, default every\n"
+                      "step of the run after the warm-up; eta_min 0); step: StepLR (--step-size,\n"
+                      "--gamma); multistep: MultiStepLR (--milestones, --gamma). Stepped after each\n"
+                      "optimizer step, after --warmup-steps of LinearLR (SequentialLR); with\n"
+                      "--strategy ps the servers' optimizer follows it")
+          ->check(CLI::IsMember({"constant", "cosine", "step", "multistep"}))
           ->capture_default_str();
+  add_training_feature_options(*app, *options);
   auto* seed = app->add_option("--seed", options->seed,
                                "Seeds the initial weights and the shuffle: the same seed gives the "
                                "same run (>= 0)")
@@ -463,6 +522,10 @@ void add_train_command(CLI::App& root, std::vector<Command>& commands) {
                                                                                   options->model);
                         }
                         if (args->strategy == "ps") {
+                          SHOAL_CHECK_T(InvalidArgument, options->clip_grad_norm == 0,
+                                        "--clip-grad-norm is not supported with --strategy ps (each "
+                                        "worker pushes its own gradient; the servers never hold "
+                                        "the global one): use ddp, dp, pipeline or single");
                           // srun and mpirun give ranks, not the server and worker roles.
                           SHOAL_CHECK_T(InvalidArgument,
                                         !as_rank || rank_info.source == "torchrun",

@@ -36,6 +36,8 @@ void DdpStrategy::prepare(TrainState& state) {
   if (comm_hook_ == "fp16") ddp->register_comm_hook(parallel::fp16_compress_hook(group_));
   if (comm_hook_ == "bf16") ddp->register_comm_hook(parallel::bf16_compress_hook(group_));
   if (comm_hook_ == "powersgd") ddp->register_comm_hook(parallel::powerSGD_hook(group_, power_sgd_));
+  // Gradient accumulation (#29): the trainer's first N-1 micro-batches run in no_sync.
+  state.no_sync = [ddp] { return std::make_shared<parallel::NoSyncGuard>(ddp->no_sync()); };
   state.forward = [ddp, forward = state.model_forward](const at::Tensor& input) {
     ddp->prepare_for_forward();
     at::Tensor output = forward(input);

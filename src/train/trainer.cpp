@@ -8,6 +8,7 @@
 #include <map>
 #include <optional>
 
+#include "compat/autocast.h"
 #include "shoal/checkpoint/checkpoint_manager.h"
 #include "shoal/checkpoint/serialization.h"
 #include "shoal/checkpoint/training_state.h"
@@ -17,6 +18,7 @@
 #include "shoal/log.h"
 #include "shoal/memory/cpu_allocator.h"
 #include "shoal/models/registry.h"
+#include "shoal/train/clip_grad.h"
 #include "shoal/train/metrics_writer.h"
 #include "shoal/train/progress.h"
 #include "shoal/trace/tracer.h"
@@ -38,14 +40,13 @@ void check_data(const TensorData& data, const char* what) {
                 " targets");
 }
 
-/// SGD as `shoal train` builds it; the options are checked first, so that a bad learning rate is
-/// reported as the trainer's InvalidArgument rather than LibTorch's own check.
-std::unique_ptr<torch::optim::Optimizer> make_sgd(const TrainOptions& options,
-                                                  torch::nn::Module* model) {
+/// The optimizer as `shoal train` builds it (make_optimizer); the options are checked first, so
+/// that a bad learning rate is reported as the trainer's InvalidArgument rather than LibTorch's.
+std::unique_ptr<torch::optim::Optimizer> make_builtin_optimizer(const TrainOptions& options,
+                                                                torch::nn::Module* model) {
   options.validate();
   if (model == nullptr) return nullptr;
-  return std::make_unique<torch::optim::SGD>(
-      model->parameters(), torch::optim::SGDOptions(options.lr).momentum(options.momentum));
+  return make_optimizer(options, model->parameters());
 }
 
 /// Each parameter group's learning rate, in order: the schedule's base values.
@@ -63,21 +64,50 @@ at::Tensor cross_entropy_loss(const at::Tensor& output, const at::Tensor& target
 
 double train_step(TrainState& state, const at::Tensor& inputs, const at::Tensor& targets) {
   state.optimizer->zero_grad();
-  at::Tensor loss;
-  {
-    trace::Span span("forward");
-    loss = state.loss(state.forward(inputs), targets);
+  const int64_t n = inputs.size(0);
+  // Gradient accumulation (#29): micro-batches of micro_batch_size, one optimizer step.
+  const int64_t micro =
+      state.micro_batch_size > 0 && state.micro_batch_size < n ? state.micro_batch_size : n;
+  const int64_t chunks = n > 0 ? (n + micro - 1) / micro : 1;
+  double value = 0;
+  for (int64_t c = 0; c < chunks; ++c) {
+    const int64_t begin = c * micro;
+    const int64_t end = std::min(n, begin + micro);
+    // DDP's no_sync on every micro-batch but the last: their gradients add up locally, and the
+    // last backward reduces the sum.
+    std::shared_ptr<void> no_sync;
+    if (c + 1 < chunks && state.no_sync) no_sync = state.no_sync();
+    at::Tensor loss;
+    {
+      trace::Span span("forward");
+      compat::CpuAutocastGuard autocast(state.autocast_dtype);
+      loss = chunks == 1 ? state.loss(state.forward(inputs), targets)
+                         : state.loss(state.forward(inputs.slice(0, begin, end)),
+                                      targets.slice(0, begin, end));
+    }
+    const double share = chunks == 1 ? 1.0 : static_cast<double>(end - begin) / static_cast<double>(n);
+    {
+      trace::Span span("backward");  // DDP's bucket reductions run inside it
+      if (chunks == 1) {
+        loss.backward();
+      } else {
+        (loss * share).backward();
+      }
+    }
+    value += loss.item<double>() * share;
   }
-  {
-    trace::Span span("backward");  // DDP's bucket reductions run inside it
-    loss.backward();
+  if (state.max_grad_norm > 0) {
+    state.last_grad_norm =
+        state.clip_grad_norm
+            ? state.clip_grad_norm(state.max_grad_norm)
+            : clip_grad_norm_(state.model ? state.model->parameters() : std::vector<at::Tensor>{},
+                              state.max_grad_norm);
   }
   {
     trace::Span span("optimizer step");
     state.optimizer->step();
   }
   ++state.step;
-  const double value = loss.item<double>();
   // A diverged run must not go on (and exit 0) with NaN weights; stop at the first bad step.
   SHOAL_CHECK(std::isfinite(value), "training diverged: the loss is ", value, " at step ",
               state.step, " (epoch ", state.epoch + 1,
@@ -123,7 +153,7 @@ Trainer::Trainer(TrainOptions options, std::shared_ptr<models::Model> model,
                  std::unique_ptr<Strategy> strategy)
     : Trainer(options, model,
               [model](const at::Tensor& input) { return model->forward(input); },
-              make_sgd(options, model.get()),
+              make_builtin_optimizer(options, model.get()),
               cross_entropy_loss, std::move(strategy)) {
   builtin_optimizer_ = true;
 }
@@ -246,9 +276,10 @@ std::string Trainer::resume() {
   if (builtin_optimizer_) {
     // The restored optimizer carries the checkpoint's lr and momentum; the options' apply.
     for (auto& group : state_.optimizer->param_groups()) {
-      auto& sgd = static_cast<torch::optim::SGDOptions&>(group.options());
-      sgd.lr(options_.lr);
-      sgd.momentum(options_.momentum);
+      group.options().set_lr(options_.lr);
+      if (auto* sgd = dynamic_cast<torch::optim::SGDOptions*>(&group.options())) {
+        sgd->momentum(options_.momentum);
+      }
     }
   }
   const auto note = [&](const char* key, double now) {
@@ -287,6 +318,7 @@ void Trainer::save_checkpoint(int64_t completed_epochs, int64_t samples_seen) {
                   {"lr", options_.lr},
                   {"momentum", options_.momentum},
                   {"lr_schedule", options_.lr_schedule},
+                  {"optimizer", options_.optimizer},
                   {"batch_size", options_.batch_size},
                   {"seed", static_cast<int64_t>(options_.seed)},
                   {"epochs", options_.epochs},
@@ -302,6 +334,7 @@ TrainResult Trainer::fit(const TensorData& train, const TensorData& test) {
   SHOAL_CHECK_T(InvalidArgument, n > 0, "the training set is empty");
   const int64_t test_n =
       options_.test_limit > 0 ? std::min(options_.test_limit, test.size()) : test.size();
+  apply_training_features();
   if (!prepared_) {
     strategy_->prepare(state_);
     prepared_ = true;
@@ -314,7 +347,8 @@ TrainResult Trainer::fit(const TensorData& train, const TensorData& test) {
   const bool reports = strategy_->rank() == 0;
   const bool checkpoints = !options_.checkpoint_dir.empty();
   MetricsWriter metrics(reports ? options_.metrics_path : std::string());
-  const int64_t batch = options_.batch_size;
+  // One optimizer step takes `accumulate` micro-batches of batch_size (#29).
+  const int64_t batch = options_.batch_size * options_.accumulate;
   const int64_t world = strategy_->world_size();
   const int64_t rank = strategy_->rank();
   // Processes that train on distinct samples (pipeline stages share theirs).
@@ -363,8 +397,28 @@ TrainResult Trainer::fit(const TensorData& train, const TensorData& test) {
       const int64_t end = std::min(local, begin + batch);
       const at::Tensor batch_indices = indices.slice(0, begin, end);
       apply_lr_schedule(run_steps);
+      const double step_lr = state_.optimizer->param_groups().front().options().get_lr();
       const double loss = strategy_->train_step(state_, train.inputs.index_select(0, batch_indices),
                                                 train.targets.index_select(0, batch_indices));
+      if (!callbacks_.empty()) {
+        StepInfo info;
+        info.epoch = epoch + 1;
+        info.step = state_.step;
+        info.loss = loss;
+        info.lr = step_lr;
+        info.grad_norm = state_.last_grad_norm;
+        for (const auto& callback : callbacks_) callback->on_train_batch_end(*this, info);
+        // Every process runs its callbacks: they agree to stop after the same step.
+        std::vector<double> stop{stop_requested_ ? 1.0 : 0.0};
+        strategy_->all_reduce_sum(stop);
+        if (stop[0] > 0) {
+          if (checkpoints) save_checkpoint(epoch, end * replicas);
+          result.early_stopped = true;
+          result.step = state_.step;
+          write_trace();
+          return result;
+        }
+      }
       const auto count = static_cast<double>(end - begin);
       loss_sum += loss * count;
       interval_loss += loss * count;
@@ -452,13 +506,104 @@ TrainResult Trainer::fit(const TensorData& train, const TensorData& test) {
                       .add("time", seconds_since(fit_start)));
     result.epochs.push_back(epoch_result);
     if (checkpoints) save_checkpoint(epoch + 1, 0);
+    // The epoch's metrics are the same on every process, so callbacks decide alike on all.
+    for (const auto& callback : callbacks_) callback->on_train_epoch_end(*this, epoch_result);
+    if (stop_requested_) {
+      ++state_.epoch;
+      result.early_stopped = true;
+      break;
+    }
   }
+  result.step = state_.step;
   write_trace();
   if (!options_.dump_parameters.empty()) {
     checkpoint::save_state_dict(checkpoint::state_dict(*state_.model),
                                 options_.dump_parameters + ".rank" + std::to_string(rank) + ".pt");
   }
   return result;
+}
+
+// ---- Optimizer, accumulation, clipping, precision, callbacks (#29) --------------------------------
+
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(const TrainOptions& options,
+                                                        const std::vector<at::Tensor>& parameters) {
+  options.validate();
+  // A tied weight is listed twice by LibTorch: stepping it twice would double its update.
+  std::vector<at::Tensor> params = unique_parameters(parameters);
+  if (options.optimizer == "adam") {
+    return std::make_unique<torch::optim::Adam>(
+        params, torch::optim::AdamOptions(options.lr)
+                    .betas(std::make_tuple(options.beta1, options.beta2))
+                    .eps(options.eps)
+                    .weight_decay(options.weight_decay.value_or(0)));
+  }
+  if (options.optimizer == "adamw") {
+    return std::make_unique<torch::optim::AdamW>(
+        params, torch::optim::AdamWOptions(options.lr)
+                    .betas(std::make_tuple(options.beta1, options.beta2))
+                    .eps(options.eps)
+                    .weight_decay(options.weight_decay.value_or(1e-2)));
+  }
+  return std::make_unique<torch::optim::SGD>(
+      params, torch::optim::SGDOptions(options.lr)
+                  .momentum(options.momentum)
+                  .weight_decay(options.weight_decay.value_or(0)));
+}
+
+void Trainer::apply_training_features() {
+  state_.micro_batch_size = options_.accumulate > 1 ? options_.batch_size : 0;
+  state_.max_grad_norm = options_.clip_grad_norm;
+  if (options_.clip_grad_norm > 0 && !state_.clip_grad_norm) {
+    state_.clip_grad_norm = [this](double max_norm) {
+      return strategy_->clip_grad_norm(state_, max_norm);
+    };
+  }
+  if (options_.precision == "bf16") {
+    state_.autocast_dtype = at::kBFloat16;
+  } else {
+    state_.autocast_dtype.reset();
+  }
+}
+
+void Trainer::add_callback(std::shared_ptr<Callback> callback) {
+  SHOAL_CHECK_T(InvalidArgument, callback != nullptr, "Trainer::add_callback: null callback");
+  callbacks_.push_back(std::move(callback));
+}
+
+EarlyStopping::EarlyStopping(EarlyStoppingOptions options) : options_(std::move(options)) {
+  SHOAL_CHECK_T(InvalidArgument,
+                options_.monitor == "test_loss" || options_.monitor == "test_accuracy" ||
+                    options_.monitor == "train_loss",
+                "EarlyStopping: monitor must be test_loss, test_accuracy or train_loss, got '",
+                options_.monitor, "'");
+  SHOAL_CHECK_T(InvalidArgument, options_.mode == "min" || options_.mode == "max",
+                "EarlyStopping: mode must be min or max, got '", options_.mode, "'");
+  SHOAL_CHECK_T(InvalidArgument, options_.patience >= 0, "EarlyStopping: patience must be >= 0, got ",
+                options_.patience);
+  SHOAL_CHECK_T(InvalidArgument, options_.min_delta >= 0, "EarlyStopping: min_delta must be >= 0, got ",
+                options_.min_delta);
+}
+
+void EarlyStopping::on_train_epoch_end(Trainer& trainer, const EpochResult& epoch) {
+  const double value = options_.monitor == "test_loss"       ? epoch.test_loss
+                       : options_.monitor == "test_accuracy" ? epoch.test_accuracy
+                                                             : epoch.train_loss;
+  SHOAL_CHECK_T(InvalidArgument, !std::isnan(value), "EarlyStopping: the monitored metric '",
+                options_.monitor, "' is NaN at epoch ", epoch.epoch,
+                " (no test set given?); monitor train_loss or pass a test set");
+  const bool improved =
+      std::isnan(best_) ||
+      (options_.mode == "min" ? value < best_ - options_.min_delta : value > best_ + options_.min_delta);
+  if (improved) {
+    best_ = value;
+    wait_count_ = 0;
+    return;
+  }
+  ++wait_count_;
+  if (wait_count_ >= options_.patience) {
+    stopped_epoch_ = epoch.epoch;
+    trainer.request_stop();
+  }
 }
 
 void Trainer::write_trace() {
