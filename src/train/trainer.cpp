@@ -179,8 +179,9 @@ Trainer::Trainer(TrainOptions options, std::shared_ptr<torch::nn::Module> module
 }
 
 void Trainer::apply_lr_schedule(int64_t total_steps) {
-  if (options_.lr_schedule == "constant") return;  // the optimizer's lr is the user's business
-  const double factor = lr_schedule_factor(options_.lr_schedule, state_.step, total_steps);
+  // Without a schedule, the optimizer's lr is the user's business.
+  if (options_.lr_schedule == "constant" && options_.warmup_steps == 0) return;
+  const double factor = lr_schedule_factor(options_, state_.step, total_steps);
   auto& groups = state_.optimizer->param_groups();
   for (size_t g = 0; g < groups.size(); ++g) {
     groups[g].options().set_lr(base_lrs_.at(g) * factor);
