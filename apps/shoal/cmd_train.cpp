@@ -75,7 +75,22 @@ int run_ps_server(const train::TrainOptions& options, const TrainArgs& args) {
   server.staleness = args.staleness;
   server.worker_timeout =
       std::chrono::milliseconds(static_cast<long long>(args.worker_timeout_s * 1000));
-  server.optimizer = std::make_shared<ps::Sgd>(ps::SgdOptions{options.lr, options.momentum});
+  if (options.optimizer == "sgd") {
+    SHOAL_CHECK_T(InvalidArgument, options.weight_decay.value_or(0) == 0,
+                  "--weight-decay with --optimizer sgd is not supported with --strategy ps; use "
+                  "--optimizer adamw or adam");
+    server.optimizer = std::make_shared<ps::Sgd>(ps::SgdOptions{options.lr, options.momentum});
+  } else {
+    // Adam / AdamW on the servers (#29), with the run's hyper-parameters.
+    ps::AdamOptions adam;
+    adam.lr = options.lr;
+    adam.beta1 = options.beta1;
+    adam.beta2 = options.beta2;
+    adam.eps = options.eps;
+    adam.decoupled_weight_decay = options.optimizer == "adamw";
+    adam.weight_decay = options.weight_decay.value_or(adam.decoupled_weight_decay ? 1e-2 : 0);
+    server.optimizer = std::make_shared<ps::Adam>(adam);
+  }
   if (!options.checkpoint_dir.empty()) {
     // The shard (values and momentum buffers) beside the workers' checkpoints, saved whenever
     // they save theirs (PsStrategy::synchronize), and read back on --resume.

@@ -103,7 +103,7 @@ void Pipeline::run_forward(MicroBatch& mb, const LossFunction& loss) {
   if (options_.recompute) {
     // As PyTorch's checkpoint() (preserve_rng_state=True): the recomputation in backward replays
     // this forward's random draws (Dropout's masks) from the state saved here.
-    mb.rng_state = checkpoint::get_rng_state();
+    if (options_.preserve_rng_state) mb.rng_state = checkpoint::get_rng_state();
     torch::NoGradGuard no_grad;
     output = run_layers(x, nullptr);
     if (is_last_stage()) output = loss(output, mb.target) * mb.scale;
@@ -143,16 +143,17 @@ void Pipeline::run_backward(MicroBatch& mb, const LossFunction& loss, bool sync)
     if (options_.recompute) {
       // Replays the forward's draws, then puts the generator back where it was (torch's
       // fork_rng around checkpoint()'s recomputation): the stream goes on as without recompute.
-      const at::Tensor now = checkpoint::get_rng_state();
-      checkpoint::set_rng_state(mb.rng_state);
+      const bool replay = mb.rng_state.defined();
+      const at::Tensor now = replay ? checkpoint::get_rng_state() : at::Tensor();
+      if (replay) checkpoint::set_rng_state(mb.rng_state);
       try {
         output = run_layers(mb.input, nullptr);
         if (is_last_stage()) output = loss(output, mb.target) * mb.scale;
       } catch (...) {
-        checkpoint::set_rng_state(now);
+        if (replay) checkpoint::set_rng_state(now);
         throw;
       }
-      checkpoint::set_rng_state(now);
+      if (replay) checkpoint::set_rng_state(now);
     }
     if (output.requires_grad()) {
       if (is_last_stage()) {

@@ -223,8 +223,9 @@ TEST_P(PipelineEquivalence, TrainsLikeTheWholeModelInOneProcess) {
 
 // Recompute with Dropout: the recomputation in backward replays the forward's masks (PyTorch's
 // checkpoint() saves and restores the RNG state), so training equals training without recompute.
-// The Dropout sits on stage 0 only: the ranks are threads sharing torch's generator, and one
-// stage drawing keeps the draws in one order.
+// The Dropout sits on stage 0 only: the ranks are threads sharing torch's generator, so only
+// stage 0 draws and only it preserves the RNG state (stage 1's restore would rewind stage 0's
+// stream in between: preserve_rng_state=False there, as checkpoint() offers).
 std::map<std::string, at::Tensor> train_with_dropout(Schedule schedule, bool recompute) {
   torch::set_num_threads(1);
   const auto make = [] {
@@ -245,6 +246,7 @@ std::map<std::string, at::Tensor> train_with_dropout(Schedule schedule, bool rec
     options.micro_batches = 4;
     options.schedule = schedule;
     options.recompute = recompute;
+    options.preserve_rng_state = rank == 0;
     Pipeline pipe(stage_module(models[rank], balance, rank), group, {0, 1}, options);
     torch::optim::SGD sgd(pipe.module()->parameters(), sgd_options());
     for (int step = 0; step < 10; ++step) {
