@@ -162,8 +162,10 @@ void add_training_feature_options(CLI::App& app, train::TrainOptions& options) {
   app.add_option_function<std::vector<double>>(
          "--betas",
          [&options](const std::vector<double>& values) {
-           SHOAL_CHECK_T(InvalidArgument, values.size() == 2,
-                         "--betas takes two numbers, BETA1,BETA2 (e.g. 0.9,0.999)");
+           if (values.size() != 2) {
+             throw CLI::ValidationError("--betas",
+                                        "takes two numbers, BETA1,BETA2 (e.g. 0.9,0.999)");
+           }
            options.beta1 = values[0];
            options.beta2 = values[1];
          },
@@ -409,7 +411,7 @@ void add_train_command(CLI::App& root, std::vector<Command>& commands) {
       "  shoal train --strategy ps --consistency ssp --staleness 2 --servers 2 --workers 4");
 
   commands.push_back({app, [options, args, threads, nproc, epochs, batch_size, lr, momentum,
-                            lr_schedule, seed] {
+                            lr_schedule, seed, app] {
                         if (args->no_progress) options->progress = train::ProgressMode::kNone;
                         if (args->replicas == 0) args->replicas = args->strategy == "dp" ? 2 : 1;
                         const bool ddp = args->strategy == "ddp";
@@ -458,6 +460,7 @@ void add_train_command(CLI::App& root, std::vector<Command>& commands) {
                           if (batch_size->count() > 0) given.insert("batch_size");
                           if (epochs->count() > 0) given.insert("epochs");
                           if (seed->count() > 0) given.insert("seed");
+                          if (app->get_option("--optimizer")->count() > 0) given.insert("optimizer");
                           train::inherit_checkpoint_config(*options, saved, given, where);
                         }
                         // Threads: the cores in this process's own affinity mask, divided among

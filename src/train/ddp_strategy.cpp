@@ -54,6 +54,10 @@ void DdpStrategy::all_reduce_sum(std::vector<double>& values) {
   train::all_reduce_sum(*group_, values);
 }
 
+parallel::ReducerStats DdpStrategy::reducer_stats() const {
+  return ddp_ ? ddp_->stats() : parallel::ReducerStats{};
+}
+
 int DdpStrategy::rank() const { return group_->rank(); }
 int DdpStrategy::world_size() const { return group_->size(); }
 

@@ -244,6 +244,14 @@ void inherit_checkpoint_config(TrainOptions& options, const checkpoint::Training
                   " has lr_schedule '", options.lr_schedule,
                   "', which this build does not know; pass --lr-schedule constant or cosine");
   }
+  if (!given.count("optimizer")) {
+    // The optimizer the state was saved by (#29); older checkpoints were all SGD's.
+    options.optimizer = checkpoint::config_text(saved, "optimizer", "sgd");
+    SHOAL_CHECK_T(CheckpointError,
+                  options.optimizer == "sgd" || options.optimizer == "adam" || options.optimizer == "adamw",
+                  "--resume: ", where, " has optimizer '", options.optimizer,
+                  "', which this build does not know; pass --optimizer sgd, adam or adamw");
+  }
   if (auto b = config_integer(saved, "batch_size", who); b && !given.count("batch_size")) {
     SHOAL_CHECK_T(CheckpointError, *b >= 1 && *b <= 1e9, "--resume: ", where,
                   " has batch_size ", *b);

@@ -70,8 +70,12 @@ COMMON = ["--model", "mlp", "--seed", "3", "--epochs", "1", "--batch-size", "8",
           "--test-samples", "64", "--no-progress", "--data-dir", FASHION_MNIST]
 
 with tempfile.TemporaryDirectory() as tmp:
-    # DDP, 2 processes: 640 samples = 2 ranks x 20 steps x 2 micro-batches x 8.
-    ddp_flags = ["--optimizer", "adamw", "--lr", "0.002", "--weight-decay", "0.05",
+    # DDP, 2 processes: 640 samples = 2 ranks x 20 steps x 2 micro-batches x 8. eps 1e-3: with
+    # Adam's default 1e-8, this MLP's many near-zero gradients on Fashion-MNIST get updates of
+    # +-lr whose sign is float rounding, and PyTorch itself moves by 2e-3 relative when only the
+    # order of its own sums changes (measured: a per-sample forward); with 1e-3 that floor is
+    # 7e-7, so 1e-5 tells a real difference from rounding.
+    ddp_flags = ["--optimizer", "adamw", "--lr", "0.002", "--weight-decay", "0.05", "--eps", "1e-3",
                  "--warmup-steps", "4", "--warmup-start-factor", "0.2", "--lr-schedule", "cosine",
                  "--clip-grad-norm", "0.5", "--accumulate", "2"]
     run = shoal("--strategy", "ddp", "--nproc-per-node", "2", "--train-samples", "640", *COMMON,
@@ -79,7 +83,8 @@ with tempfile.TemporaryDirectory() as tmp:
     check(run.returncode == 0, "shoal train --strategy ddp with the feature flags runs", run)
     x, y = fashion_mnist(640)
     case = {"name": "ddp", "seed": "3", "ranks": "2", "batch": "8", "accumulate": "2",
-            "optimizer": "adamw", "lr": "0.002", "weight_decay": "0.05", "warmup_steps": "4",
+            "optimizer": "adamw", "lr": "0.002", "weight_decay": "0.05", "eps": "1e-3",
+            "warmup_steps": "4",
             "warmup_start_factor": "0.2", "lr_schedule": "cosine", "clip": "0.5"}
     theirs, lines = oracle.run(case, x, y)
     check(len(lines) == 20, "the PyTorch loop took 20 steps")

@@ -11,6 +11,7 @@
 #include <torch/torch.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -22,6 +23,7 @@
 #include "shoal/comm/store.h"
 #include "shoal/data/synthetic_dataset.h"
 #include "shoal/models/registry.h"
+#include "shoal/parallel/distributed_data_parallel.h"
 #include "shoal/train/data_parallel_strategy.h"
 #include "shoal/train/ddp_strategy.h"
 #include "shoal/train/pipeline_strategy.h"
@@ -110,6 +112,7 @@ struct StepRecorder : Callback {
 struct ShoalRun {
   std::vector<at::Tensor> parameters;  // rank 0's
   std::vector<StepInfo> steps;         // rank 0's
+  uint64_t synchronised_backwards = 0;  // ddp: rank 0's reducer iterations
 };
 
 ShoalRun run_shoal(const Case& c) {
@@ -127,10 +130,12 @@ ShoalRun run_shoal(const Case& c) {
   ShoalRun out;
   std::mutex mutex;
   const auto train_rank = [&](int rank, std::unique_ptr<Strategy> strategy) {
+    auto* ddp = dynamic_cast<DdpStrategy*>(strategy.get());
     Trainer trainer(options, models[rank], std::move(strategy));
     auto recorder = std::make_shared<StepRecorder>();
     trainer.add_callback(recorder);
     trainer.fit(train, TensorData{});
+    if (ddp != nullptr && rank == 0) out.synchronised_backwards = ddp->reducer_stats().iterations;
     if (rank != 0) return;
     std::lock_guard<std::mutex> lock(mutex);
     for (const auto& p : models[0]->parameters()) out.parameters.push_back(p.detach().clone());
@@ -272,12 +277,19 @@ void expect_matches(const std::string& name, bool losses_only = false, double lo
   const ShoalRun ours = run_shoal(find_case(name));
   ASSERT_EQ(ours.steps.size(), static_cast<size_t>(kSteps)) << name;
   ASSERT_EQ(theirs.losses.size(), static_cast<size_t>(kSteps)) << name;
+  double largest_loss_difference = 0;
   for (int s = 0; s < kSteps; ++s) {
     EXPECT_NEAR(ours.steps[s].loss, theirs.losses[s], loss_tolerance * std::abs(theirs.losses[s]))
         << name << ": loss of step " << s + 1;
+    largest_loss_difference = std::max(
+        largest_loss_difference, std::abs(ours.steps[s].loss - theirs.losses[s]) / std::abs(theirs.losses[s]));
   }
+  const double difference = losses_only ? NAN : parameter_difference(ours, theirs);
+  // Measured agreement, for the record (the assertions are the limits).
+  std::printf("%s: losses within %.3g relative, parameters within %.3g relative of PyTorch's\n",
+              name.c_str(), largest_loss_difference, difference);
   if (losses_only) return;
-  EXPECT_LE(parameter_difference(ours, theirs), 1e-5) << name << ": parameters after 20 steps";
+  EXPECT_LE(difference, 1e-5) << name << ": parameters after 20 steps";
 }
 
 TEST(TrainFeaturesVsPyTorch, Adam) {
@@ -327,6 +339,8 @@ TEST(TrainFeaturesVsPyTorch, GradientNormsReportedAsPyTorch) {
 TEST(TrainFeaturesVsPyTorch, Accumulate4) {
   expect_matches("accumulate_single");
   expect_matches("accumulate_ddp");
+  // DDP reduced once per optimizer step: the first 3 of every 4 backward passes ran in no_sync.
+  EXPECT_EQ(run_shoal(find_case("accumulate_ddp")).synchronised_backwards, uint64_t{kSteps});
 }
 
 TEST(TrainFeaturesVsPyTorch, Bf16AutocastLossesTrackPyTorch) {

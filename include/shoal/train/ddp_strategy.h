@@ -19,6 +19,7 @@
 
 namespace shoal::parallel {
 class DistributedDataParallelBase;
+struct ReducerStats;
 }
 
 namespace shoal::train {
@@ -45,6 +46,8 @@ class DdpStrategy : public Strategy {
   int rank() const override;
   int world_size() const override;
   comm::ProcessGroup* process_group() override { return group_.get(); }
+  /// The DDP reducer's counters (synchronised backward passes, buckets); zeros before prepare().
+  parallel::ReducerStats reducer_stats() const;
 
  private:
   std::shared_ptr<comm::ProcessGroup> group_;

@@ -280,8 +280,8 @@ class Trainer {
 checkpoint::TrainingState load_resume_checkpoint(const TrainOptions& options,
                                                  std::string* path = nullptr);
 
-/// For a resumed run: the hyper-parameters not named in `given` ("lr", "momentum", "batch_size",
-/// "epochs", "seed") are set from the checkpoint's config, so that a resume continues as the run
+/// For a resumed run: the hyper-parameters not named in `given` ("lr", "momentum", "optimizer",
+/// "batch_size", "epochs", "seed") are set from the checkpoint's config, so that a resume continues as the run
 /// was configured; those given are kept (and applied). A given seed that differs from the
 /// checkpoint's is refused (InvalidArgument): it would change the order of the samples. `where`
 /// names the checkpoint in messages.
