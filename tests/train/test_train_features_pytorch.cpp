@@ -166,15 +166,20 @@ ShoalRun run_shoal(const Case& c) {
 // The cases: each feature under single and ddp; clipping also under dp and pipeline. Learning
 // rates high enough that a wrong update (a missing bias correction, decay applied as L2, a
 // schedule off by one step, clipping not applied) moves the weights far beyond 1e-5.
+// Adam's eps is 1e-3 here, not its default 1e-8: with 1e-8, the many near-zero gradients of this
+// MLP get updates of about +-lr whose sign is float rounding, so that a mere change of BLAS
+// threading (OMP_NUM_THREADS unset) moves PyTorch-vs-Shoal to 3e-4 (measured) although the
+// update is the same (with one thread, as CTest runs it, the default eps agrees bit for bit);
+// with 1e-3 the comparison holds at 1e-5 whatever the rounding.
 const std::vector<Case>& cases() {
   static const std::vector<Case> all = [] {
     std::vector<Case> list;
     const std::vector<std::pair<std::string, std::string>> features = {
-        {"adam", "optimizer=adam lr=0.001 weight_decay=0.01"},
-        {"adamw", "optimizer=adamw lr=0.002 betas=0.8,0.99 eps=1e-07 weight_decay=0.1"},
+        {"adam", "optimizer=adam lr=0.001 eps=0.001 weight_decay=0.01"},
+        {"adamw", "optimizer=adamw lr=0.002 betas=0.8,0.99 eps=0.001 weight_decay=0.1"},
         {"warmup_cosine", "lr=0.1 momentum=0.9 lr_schedule=cosine warmup_steps=5 warmup_start_factor=0.25"},
         {"step", "lr=0.1 momentum=0.9 lr_schedule=step step_size=6 gamma=0.5"},
-        {"multistep", "lr=0.1 momentum=0.9 lr_schedule=multistep milestones=4,9,15 gamma=0.3 warmup_steps=3"},
+        {"multistep", "lr=0.05 momentum=0.9 lr_schedule=multistep milestones=4,9,15 gamma=0.3 warmup_steps=3"},
         {"clip", "lr=0.2 momentum=0.9 clip=0.3"},
         {"accumulate", "lr=0.05 momentum=0.9 accumulate=4"},
         {"bf16", "lr=0.05 momentum=0.9 precision=bf16"},
