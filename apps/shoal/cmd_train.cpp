@@ -460,7 +460,15 @@ void add_train_command(CLI::App& root, std::vector<Command>& commands) {
                           if (batch_size->count() > 0) given.insert("batch_size");
                           if (epochs->count() > 0) given.insert("epochs");
                           if (seed->count() > 0) given.insert("seed");
-                          if (app->get_option("--optimizer")->count() > 0) given.insert("optimizer");
+                          // The options of #29, by their TrainOptions names.
+                          for (const char* name :
+                               {"optimizer", "warmup_steps", "warmup_start_factor", "step_size",
+                                "gamma", "milestones", "t_max", "clip_grad_norm", "accumulate",
+                                "precision"}) {
+                            std::string flag = std::string("--") + name;
+                            std::replace(flag.begin(), flag.end(), '_', '-');
+                            if (app->get_option(flag)->count() > 0) given.insert(name);
+                          }
                           train::inherit_checkpoint_config(*options, saved, given, where);
                         }
                         // Threads: the cores in this process's own affinity mask, divided among

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <map>
 #include <optional>
+#include <sstream>
 
 #include "compat/autocast.h"
 #include "shoal/checkpoint/checkpoint_manager.h"
@@ -227,6 +228,46 @@ std::string number_text(double value) {
 
 }  // namespace
 
+namespace {
+
+/// inherit_checkpoint_config for the options of #29 (checkpoints written before them have none
+/// of these keys, and keep the defaults); run_training's options.validate() checks the values.
+void inherit_training_features(TrainOptions& options, const checkpoint::TrainingState& saved,
+                               const std::set<std::string>& given, const std::string& who) {
+  using checkpoint::config_integer;
+  using checkpoint::config_number;
+  const auto integer = [&](const char* key, int64_t& value) {
+    if (auto v = config_integer(saved, key, who); v && !given.count(key)) value = *v;
+  };
+  const auto number = [&](const char* key, double& value) {
+    if (auto v = config_number(saved, key, who); v && !given.count(key)) value = *v;
+  };
+  integer("warmup_steps", options.warmup_steps);
+  number("warmup_start_factor", options.warmup_start_factor);
+  integer("step_size", options.step_size);
+  number("gamma", options.gamma);
+  integer("t_max", options.t_max);
+  number("clip_grad_norm", options.clip_grad_norm);
+  integer("accumulate", options.accumulate);
+  if (!given.count("precision")) {
+    options.precision = checkpoint::config_text(saved, "precision", options.precision);
+  }
+  if (!given.count("milestones") && saved.config.count("milestones")) {
+    options.milestones.clear();
+    std::istringstream text(checkpoint::config_text(saved, "milestones"));
+    for (std::string item; std::getline(text, item, ',');) {
+      char* end = nullptr;
+      const long long value = std::strtoll(item.c_str(), &end, 10);
+      SHOAL_CHECK_T(CheckpointError, !item.empty() && end != nullptr && *end == '\0', who,
+                    " has milestones '", checkpoint::config_text(saved, "milestones"),
+                    "', not optimizer steps A,B,...");
+      options.milestones.push_back(value);
+    }
+  }
+}
+
+}  // namespace
+
 void inherit_checkpoint_config(TrainOptions& options, const checkpoint::TrainingState& saved,
                                const std::set<std::string>& given, const std::string& where) {
   using checkpoint::config_integer;
@@ -252,6 +293,7 @@ void inherit_checkpoint_config(TrainOptions& options, const checkpoint::Training
                   "--resume: ", where, " has optimizer '", options.optimizer,
                   "', which this build does not know; pass --optimizer sgd, adam or adamw");
   }
+  inherit_training_features(options, saved, given, who);
   if (auto b = config_integer(saved, "batch_size", who); b && !given.count("batch_size")) {
     SHOAL_CHECK_T(CheckpointError, *b >= 1 && *b <= 1e9, "--resume: ", where,
                   " has batch_size ", *b);
@@ -332,6 +374,20 @@ void Trainer::save_checkpoint(int64_t completed_epochs, int64_t samples_seen) {
                   {"seed", static_cast<int64_t>(options_.seed)},
                   {"epochs", options_.epochs},
                   {"world_size", static_cast<int64_t>(strategy_->world_size())}};
+  // The schedule, clipping, accumulation and precision (#29): a resume continues with them.
+  std::string milestones;
+  for (int64_t m : options_.milestones) {
+    milestones += (milestones.empty() ? "" : ",") + std::to_string(m);
+  }
+  state.config.insert({{"warmup_steps", options_.warmup_steps},
+                       {"warmup_start_factor", options_.warmup_start_factor},
+                       {"step_size", options_.step_size},
+                       {"gamma", options_.gamma},
+                       {"milestones", milestones},
+                       {"t_max", options_.t_max},
+                       {"clip_grad_norm", options_.clip_grad_norm},
+                       {"accumulate", options_.accumulate},
+                       {"precision", options_.precision}});
   manager.save(state, strategy_->process_group());
 }
 

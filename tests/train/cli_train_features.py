@@ -115,6 +115,25 @@ with tempfile.TemporaryDirectory() as tmp:
             check(abs(s["loss"] - want) <= 1e-2 * abs(want),
                   f"bf16 step {s['step']}: loss {s['loss']:.6f} within 1e-2 of PyTorch's {want:.6f}")
 
+    # --resume continues with the checkpoint's schedule, clipping, accumulation and optimizer when
+    # they are not given again: equal to the run never stopped.
+    flags = ["--train-samples", "320", *COMMON, "--optimizer", "adam", "--eps", "1e-3",
+             "--warmup-steps", "4", "--lr-schedule", "multistep", "--milestones", "8,14",
+             "--gamma", "0.5", "--accumulate", "2", "--clip-grad-norm", "0.5", "--lr", "0.001"]
+    whole = shoal(*flags, "--dump-parameters", f"{tmp}/whole")
+    check(whole.returncode == 0, "the uninterrupted run", whole)
+    cut = shoal(*flags, "--checkpoint-dir", f"{tmp}/ckpt", "--checkpoint-every", "5",
+                "--stop-after-steps", "12")
+    check(cut.returncode == 0, "the run stopped after step 12", cut)
+    resumed = shoal("--train-samples", "320", *COMMON, "--checkpoint-dir", f"{tmp}/ckpt",
+                    "--resume", "--dump-parameters", f"{tmp}/resumed")
+    check(resumed.returncode == 0, "--resume without the feature flags", resumed)
+    if whole.returncode == 0 and resumed.returncode == 0:
+        a = torch.load(f"{tmp}/whole.rank0.pt")
+        b = torch.load(f"{tmp}/resumed.rank0.pt")
+        check(all(torch.equal(a[k], b[k]) for k in a),
+              "resumed without the flags: bit-identical to the uninterrupted run")
+
     # Bad values: one line, exit 2, naming the flag.
     for args, mention in [
         (["--optimizer", "lamb"], "--optimizer"),
