@@ -132,6 +132,18 @@ mutation strict_load_accepts_unexpected_keys src/checkpoint/state_dict.cpp \
   "test_checkpoint_format:-*CrossesToPython*" "" \
   "a strict load_state_dict accepts keys the module does not have"
 
+mutation dp_tied_weight_fed_twice src/parallel/data_parallel.cpp \
+  'if (std::find(seen.begin(), seen.end(), leaf.unsafeGetTensorImpl()) != seen.end()) continue;' \
+  '' \
+  "test_data_parallel:*TiedWeights*" "" \
+  "DataParallel feeds a tied weight's one replica leaf once per name: its gradient doubles (#29)"
+
+mutation recompute_rng_not_replayed src/pipeline/pipeline.cpp \
+  'if (replay) checkpoint::set_rng_state(mb.rng_state);' \
+  '' \
+  "test_pipeline:PipelineRecompute.*" "" \
+  "pipeline --recompute re-runs Dropout with fresh masks instead of the forward's (#29)"
+
 # ---- options ---------------------------------------------------------------------------------------
 ONLY=""
 ORACLES_ON=1

@@ -78,7 +78,22 @@ int run_ps_server(const train::TrainOptions& options, const TrainArgs& args) {
   server.staleness = args.staleness;
   server.worker_timeout =
       std::chrono::milliseconds(static_cast<long long>(args.worker_timeout_s * 1000));
-  server.optimizer = std::make_shared<ps::Sgd>(ps::SgdOptions{options.lr, options.momentum});
+  if (options.optimizer == "sgd") {
+    SHOAL_CHECK_T(InvalidArgument, options.weight_decay.value_or(0) == 0,
+                  "--weight-decay with --optimizer sgd is not supported with --strategy ps; use "
+                  "--optimizer adamw or adam");
+    server.optimizer = std::make_shared<ps::Sgd>(ps::SgdOptions{options.lr, options.momentum});
+  } else {
+    // Adam / AdamW on the servers (#29), with the run's hyper-parameters.
+    ps::AdamOptions adam;
+    adam.lr = options.lr;
+    adam.beta1 = options.beta1;
+    adam.beta2 = options.beta2;
+    adam.eps = options.eps;
+    adam.decoupled_weight_decay = options.optimizer == "adamw";
+    adam.weight_decay = options.weight_decay.value_or(adam.decoupled_weight_decay ? 1e-2 : 0);
+    server.optimizer = std::make_shared<ps::Adam>(adam);
+  }
   if (!options.checkpoint_dir.empty()) {
     // The shard (values and momentum buffers) beside the workers' checkpoints, saved whenever
     // they save theirs (PsStrategy::synchronize), and read back on --resume.
@@ -152,6 +167,64 @@ bool bound_by_launcher() {
   return CPU_EQUAL(&both, &own) && CPU_COUNT(&own) < CPU_COUNT(&parent);
 }
 
+// ---- Optimizer, schedule, clipping, accumulation and precision (#29) ----------------------------
+
+/// The options of the training features, named after PyTorch's arguments.
+void add_training_feature_options(CLI::App& app, train::TrainOptions& options) {
+  app.add_option("--optimizer", options.optimizer,
+                 "sgd (--lr, --momentum), adam or adamw (torch.optim.Adam / AdamW: --lr, --betas,\n"
+                 "--eps, --weight-decay)")
+      ->check(CLI::IsMember({"sgd", "adam", "adamw"}))
+      ->capture_default_str();
+  app.add_option_function<std::vector<double>>(
+         "--betas",
+         [&options](const std::vector<double>& values) {
+           if (values.size() != 2) {
+             throw CLI::ValidationError("--betas",
+                                        "takes two numbers, BETA1,BETA2 (e.g. 0.9,0.999)");
+           }
+           options.beta1 = values[0];
+           options.beta2 = values[1];
+         },
+         "Adam/AdamW's betas: BETA1,BETA2 (default 0.9,0.999)")
+      ->delimiter(',')
+      ->expected(2);
+  app.add_option("--eps", options.eps, "Adam/AdamW's eps")->capture_default_str();
+  app.add_option_function<double>(
+      "--weight-decay", [&options](const double& value) { options.weight_decay = value; },
+      "Weight decay, >= 0 (default: PyTorch's for the optimizer: 0 for sgd and adam, 0.01 for\n"
+      "adamw)");
+  app.add_option("--warmup-steps", options.warmup_steps,
+                 "Optimizer steps of linear warm-up (LinearLR's total_iters) before --lr-schedule")
+      ->capture_default_str();
+  app.add_option("--warmup-start-factor", options.warmup_start_factor,
+                 "LinearLR's start_factor: the first warm-up step trains at lr x this")
+      ->capture_default_str();
+  app.add_option("--step-size", options.step_size,
+                 "--lr-schedule step: StepLR's step_size, in optimizer steps");
+  app.add_option("--gamma", options.gamma, "StepLR's / MultiStepLR's gamma")->capture_default_str();
+  app.add_option("--milestones", options.milestones,
+                 "--lr-schedule multistep: MultiStepLR's milestones, optimizer steps A,B,...")
+      ->delimiter(',');
+  app.add_option("--t-max", options.t_max,
+                 "--lr-schedule cosine: CosineAnnealingLR's T_max (0 = every step after the warm-up)")
+      ->capture_default_str();
+  app.add_option("--clip-grad-norm", options.clip_grad_norm,
+                 "Clip the gradients to this global L2 norm before each step (clip_grad_norm_;\n"
+                 "after DDP's averaging, across all pipeline stages); 0 = no clipping")
+      ->capture_default_str();
+  app.add_option("--accumulate", options.accumulate,
+                 "Micro-batches of --batch-size per optimizer step (gradient accumulation; DDP\n"
+                 "reduces once per step, in no_sync before)")
+      ->check(CLI::Range(int64_t{1}, int64_t{65536}))
+      ->capture_default_str();
+  app.add_option("--precision", options.precision,
+                 "fp32, or bf16: forward and loss under CPU autocast to bfloat16 (weights, gradients\n"
+                 "and optimizer stay float32)")
+      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}))
+      ->capture_default_str();
+}
+
 /// Exit status of a run stopped by the preemption warning, after its checkpoint was saved: 75,
 /// EX_TEMPFAIL of <sysexits.h> ("try again later"); the batch script requeues on it.
 constexpr int kExitPreempted = 75;
@@ -205,11 +278,14 @@ void add_train_command(CLI::App& root, std::vector<Command>& commands) {
                        ->capture_default_str();
   auto* lr_schedule =
       app->add_option("--lr-schedule", options->lr_schedule,
-                      "constant, or cosine: PyTorch's CosineAnnealingLR over every step of the run\n"
-                      "(T_max = epochs x steps per epoch, eta_min 0), stepped after each step; with\n"
-                      "--strategy ps the servers' SGD follows it")
-          ->check(CLI::IsMember({"constant", "cosine"}))
+                      "constant; cosine: PyTorch's CosineAnnealingLR (T_max = --t-max, default every\n"
+                      "step of the run after the warm-up; eta_min 0); step: StepLR (--step-size,\n"
+                      "--gamma); multistep: MultiStepLR (--milestones, --gamma). Stepped after each\n"
+                      "optimizer step, after --warmup-steps of LinearLR (SequentialLR); with\n"
+                      "--strategy ps the servers' optimizer follows it")
+          ->check(CLI::IsMember({"constant", "cosine", "step", "multistep"}))
           ->capture_default_str();
+  add_training_feature_options(*app, *options);
   auto* seed = app->add_option("--seed", options->seed,
                                "Seeds the initial weights and the shuffle: the same seed gives the "
                                "same run (>= 0)")
@@ -371,7 +447,7 @@ void add_train_command(CLI::App& root, std::vector<Command>& commands) {
       "  shoal train --strategy ps --consistency ssp --staleness 2 --servers 2 --workers 4");
 
   commands.push_back({app, [options, args, threads, nproc, epochs, batch_size, lr, momentum,
-                            lr_schedule, seed] {
+                            lr_schedule, seed, app] {
                         if (args->no_progress) options->progress = train::ProgressMode::kNone;
                         if (args->replicas == 0) args->replicas = args->strategy == "dp" ? 2 : 1;
                         // fsdp runs as ddp does (launch, ranks, threads); only the wrapper differs.
@@ -421,6 +497,15 @@ void add_train_command(CLI::App& root, std::vector<Command>& commands) {
                           if (batch_size->count() > 0) given.insert("batch_size");
                           if (epochs->count() > 0) given.insert("epochs");
                           if (seed->count() > 0) given.insert("seed");
+                          // The options of #29, by their TrainOptions names.
+                          for (const char* name :
+                               {"optimizer", "warmup_steps", "warmup_start_factor", "step_size",
+                                "gamma", "milestones", "t_max", "clip_grad_norm", "accumulate",
+                                "precision"}) {
+                            std::string flag = std::string("--") + name;
+                            std::replace(flag.begin(), flag.end(), '_', '-');
+                            if (app->get_option(flag)->count() > 0) given.insert(name);
+                          }
                           train::inherit_checkpoint_config(*options, saved, given, where);
                         }
                         // Threads: the cores in this process's own affinity mask, divided among
@@ -503,6 +588,10 @@ void add_train_command(CLI::App& root, std::vector<Command>& commands) {
                                                                                   options->model);
                         }
                         if (args->strategy == "ps") {
+                          SHOAL_CHECK_T(InvalidArgument, options->clip_grad_norm == 0,
+                                        "--clip-grad-norm is not supported with --strategy ps (each "
+                                        "worker pushes its own gradient; the servers never hold "
+                                        "the global one): use ddp, dp, pipeline or single");
                           // srun and mpirun give ranks, not the server and worker roles.
                           SHOAL_CHECK_T(InvalidArgument,
                                         !as_rank || rank_info.source == "torchrun",

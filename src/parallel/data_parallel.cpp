@@ -5,6 +5,7 @@
 #include <torch/custom_class.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <mutex>
 
 #include "parallel/shape_text.h"
@@ -81,9 +82,14 @@ struct StepGraphs : torch::CustomClassHolder {
   std::vector<std::vector<at::Tensor>> outputs;  // [replica][slot]
   std::vector<std::vector<int64_t>> offsets;     // [replica][slot]
   std::vector<std::vector<int64_t>> lengths;     // [replica][slot]
-  // Per replica, the leaves standing for the node's inputs (replica parameters, input chunks).
-  std::vector<std::vector<at::Tensor>> leaves;  // [replica][input]
-  size_t parameter_inputs = 0;                  // the first inputs are parameters (summed)
+  // Per replica, the leaves standing for the node's inputs (replica parameters, input chunks),
+  // and the input each leaf stands for: a parameter registered under several names (tied
+  // weights) is one input, and a replica whose copy of it is untied has several leaves for it,
+  // whose gradients are summed (PyTorch's DataParallel, like DDP, de-duplicates by identity).
+  std::vector<std::vector<at::Tensor>> leaves;     // [replica][leaf]
+  std::vector<std::vector<size_t>> leaf_inputs;    // [replica][leaf] -> input
+  std::vector<at::Device> input_devices;           // [input] where its gradient goes
+  size_t parameter_inputs = 0;                     // the first inputs are parameters (summed)
   std::vector<at::Device> devices;
   std::vector<at::Tensor> gathered;  // forward's results
 };
@@ -113,7 +119,7 @@ struct GatherFunction : torch::autograd::Function<GatherFunction> {
                 "graphs are freed by the first (retain_graph is not supported here)");
     auto start = Clock::now();
     const int n = graphs->replicas;
-    const size_t inputs = graphs->leaves[0].size();
+    const size_t inputs = graphs->input_devices.size();
     auto results = std::make_shared<std::vector<torch::autograd::variable_list>>(n);
     auto job = std::make_shared<const std::function<void(int)>>(
         [graphs, grad_outputs, results](int r) {
@@ -150,20 +156,30 @@ struct GatherFunction : torch::autograd::Function<GatherFunction> {
     shared->add(&DataParallelStats::backward_seconds, seconds_since(start));
     start = Clock::now();
 
-    // Parameters: the replicas' gradients summed in replica order on the parameter's device.
-    // Inputs: the chunks' gradients concatenated back along dim.
+    // Parameters: the replicas' gradients summed in replica order (and, within a replica, over the
+    // leaves of a tied parameter) on the parameter's device. Inputs: the chunks' gradients
+    // concatenated back along dim.
     torch::autograd::variable_list grads(inputs + 2);  // none for the two holders
+    std::vector<std::vector<std::vector<size_t>>> leaves_of(
+        n, std::vector<std::vector<size_t>>(inputs));  // [replica][input] -> leaves
+    for (int r = 0; r < n; ++r) {
+      for (size_t k = 0; k < graphs->leaf_inputs[r].size(); ++k) {
+        leaves_of[r][graphs->leaf_inputs[r][k]].push_back(k);
+      }
+    }
     for (size_t i = 0; i < inputs; ++i) {
-      const at::Device home = graphs->leaves[0][i].device();
+      const at::Device home = graphs->input_devices[i];
       if (i < graphs->parameter_inputs) {
         at::Tensor sum;
         for (int r = 0; r < n; ++r) {
-          const at::Tensor& g = (*results)[r][i];
-          if (!g.defined()) continue;
-          if (!sum.defined()) {
-            sum = g.to(home);
-          } else {
-            sum.add_(g.to(home));
+          for (size_t k : leaves_of[r][i]) {
+            const at::Tensor& g = (*results)[r][k];
+            if (!g.defined()) continue;
+            if (!sum.defined()) {
+              sum = g.to(home);
+            } else {
+              sum.add_(g.to(home));
+            }
           }
         }
         grads[i] = sum;
@@ -171,9 +187,10 @@ struct GatherFunction : torch::autograd::Function<GatherFunction> {
         std::vector<at::Tensor> pieces;
         bool any = false;
         for (int r = 0; r < n; ++r) {
-          const at::Tensor& g = (*results)[r][i];
+          const size_t k = leaves_of[r][i].at(0);
+          const at::Tensor& g = (*results)[r][k];
           any = any || g.defined();
-          pieces.push_back(g.defined() ? g.to(home) : at::zeros_like(graphs->leaves[r][i], home));
+          pieces.push_back(g.defined() ? g.to(home) : at::zeros_like(graphs->leaves[r][k], home));
         }
         if (any) grads[i] = at::cat(pieces, graphs->input_dims[i]);
       }
@@ -467,13 +484,29 @@ std::vector<at::Tensor> DataParallelBase::gather(
   // do; per replica, the leaves that stand for them.
   std::vector<at::Tensor> inputs;
   graphs->leaves.assign(n, {});
+  graphs->leaf_inputs.assign(n, {});
   const std::vector<at::Tensor> params = module_->parameters();
+  // LibTorch lists a parameter registered under two names twice: it is one input (fed once), and
+  // each replica's leaves for it are its distinct copies (one when the replica keeps the tie).
+  std::vector<const c10::TensorImpl*> seen_inputs;
+  std::vector<std::vector<const c10::TensorImpl*>> seen_leaves(n);
   for (size_t i = 0; i < params.size(); ++i) {
     if (!params[i].requires_grad()) continue;
-    inputs.push_back(params[i]);
-    graphs->input_dims.push_back(0);
+    const c10::TensorImpl* impl = params[i].unsafeGetTensorImpl();
+    size_t input = std::find(seen_inputs.begin(), seen_inputs.end(), impl) - seen_inputs.begin();
+    if (input == seen_inputs.size()) {
+      seen_inputs.push_back(impl);
+      inputs.push_back(params[i]);
+      graphs->input_dims.push_back(0);
+      graphs->input_devices.push_back(params[i].device());
+    }
     for (int r = 0; r < n; ++r) {
-      graphs->leaves[r].push_back(r == 0 ? params[i] : replica_states_[r]->parameters[i]);
+      const at::Tensor& leaf = r == 0 ? params[i] : replica_states_[r]->parameters[i];
+      auto& seen = seen_leaves[r];
+      if (std::find(seen.begin(), seen.end(), leaf.unsafeGetTensorImpl()) != seen.end()) continue;
+      seen.push_back(leaf.unsafeGetTensorImpl());
+      graphs->leaves[r].push_back(leaf);
+      graphs->leaf_inputs[r].push_back(input);
     }
   }
   graphs->parameter_inputs = inputs.size();
@@ -481,7 +514,11 @@ std::vector<at::Tensor> DataParallelBase::gather(
     if (!scatter.sources[s].defined()) continue;
     inputs.push_back(scatter.sources[s]);
     graphs->input_dims.push_back(c10::maybe_wrap_dim(options_.dim(), scatter.sources[s].dim()));
-    for (int r = 0; r < n; ++r) graphs->leaves[r].push_back(scatter.leaves[r].at(s));
+    graphs->input_devices.push_back(scatter.sources[s].device());
+    for (int r = 0; r < n; ++r) {
+      graphs->leaves[r].push_back(scatter.leaves[r].at(s));
+      graphs->leaf_inputs[r].push_back(inputs.size() - 1);
+    }
   }
   if (inputs.empty()) return result;  // nothing to differentiate with respect to
   auto holder = c10::make_intrusive<SharedRef>();

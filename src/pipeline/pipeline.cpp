@@ -7,6 +7,7 @@
 #include <optional>
 
 #include "pipeline/stage_transport.h"
+#include "shoal/checkpoint/training_state.h"
 #include "shoal/error.h"
 #include "shoal/parallel/distributed_data_parallel.h"
 
@@ -34,6 +35,7 @@ struct Pipeline::MicroBatch {
   double scale = 1;        // its share of the batch, n_i / N (last stage)
   at::Tensor input;        // what the layers ran on (a leaf requiring grad after the first stage)
   at::Tensor output;       // the layers' output (last stage: the scaled loss); empty with recompute
+  at::Tensor rng_state;    // with recompute: the CPU generator's state when its forward began
   int64_t activation_bytes = 0;
 };
 
@@ -99,6 +101,9 @@ void Pipeline::run_forward(MicroBatch& mb, const LossFunction& loss) {
   int64_t bytes = is_first_stage() ? 0 : x.nbytes();
   at::Tensor output;
   if (options_.recompute) {
+    // As PyTorch's checkpoint() (preserve_rng_state=True): the recomputation in backward replays
+    // this forward's random draws (Dropout's masks) from the state saved here.
+    if (options_.preserve_rng_state) mb.rng_state = checkpoint::get_rng_state();
     torch::NoGradGuard no_grad;
     output = run_layers(x, nullptr);
     if (is_last_stage()) output = loss(output, mb.target) * mb.scale;
@@ -136,8 +141,19 @@ void Pipeline::run_backward(MicroBatch& mb, const LossFunction& loss, bool sync)
     }
     at::Tensor output = mb.output;
     if (options_.recompute) {
-      output = run_layers(mb.input, nullptr);
-      if (is_last_stage()) output = loss(output, mb.target) * mb.scale;
+      // Replays the forward's draws, then puts the generator back where it was (torch's
+      // fork_rng around checkpoint()'s recomputation): the stream goes on as without recompute.
+      const bool replay = mb.rng_state.defined();
+      const at::Tensor now = replay ? checkpoint::get_rng_state() : at::Tensor();
+      if (replay) checkpoint::set_rng_state(mb.rng_state);
+      try {
+        output = run_layers(mb.input, nullptr);
+        if (is_last_stage()) output = loss(output, mb.target) * mb.scale;
+      } catch (...) {
+        if (replay) checkpoint::set_rng_state(now);
+        throw;
+      }
+      if (replay) checkpoint::set_rng_state(now);
     }
     if (output.requires_grad()) {
       if (is_last_stage()) {
@@ -158,6 +174,7 @@ void Pipeline::run_backward(MicroBatch& mb, const LossFunction& loss, bool sync)
   mb.input = at::Tensor();
   mb.output = at::Tensor();
   mb.first_input = at::Tensor();
+  mb.rng_state = at::Tensor();
 }
 
 void Pipeline::fail(std::exception_ptr error, const std::string& during) {

@@ -15,6 +15,9 @@ DataParallelStrategy::DataParallelStrategy(int replicas, std::string model_name)
 DataParallelStrategy::~DataParallelStrategy() = default;
 
 void DataParallelStrategy::prepare(TrainState& state) {
+  // The replicas' forwards run on threads of their own, where this thread's autocast is off.
+  SHOAL_CHECK_T(InvalidArgument, !state.autocast_dtype,
+                "--precision bf16 is not supported with --strategy dp yet; use single, ddp or ps");
   std::vector<int64_t> ids;
   for (int i = 0; i < replicas_; ++i) ids.push_back(i);
   const std::string name = model_name_;

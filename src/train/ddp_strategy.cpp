@@ -32,11 +32,12 @@ void DdpStrategy::set_comm_hook(const std::string& name,
 void DdpStrategy::prepare(TrainState& state) {
   // Any module: the type-independent DDP, around the model's own forward.
   auto ddp = std::make_shared<parallel::DistributedDataParallelBase>(state.model, group_);
-  ddp_ = ddp;
   stats_source_ = ddp;
   if (comm_hook_ == "fp16") ddp->register_comm_hook(parallel::fp16_compress_hook(group_));
   if (comm_hook_ == "bf16") ddp->register_comm_hook(parallel::bf16_compress_hook(group_));
   if (comm_hook_ == "powersgd") ddp->register_comm_hook(parallel::powerSGD_hook(group_, power_sgd_));
+  // Gradient accumulation (#29): the trainer's first N-1 micro-batches run in no_sync.
+  state.no_sync = [ddp] { return std::make_shared<parallel::NoSyncGuard>(ddp->no_sync()); };
   state.forward = [ddp, forward = state.model_forward](const at::Tensor& input) {
     ddp->prepare_for_forward();
     at::Tensor output = forward(input);
@@ -57,6 +58,10 @@ std::optional<CommStats> DdpStrategy::comm_stats() const {
   if (!stats_source_) return std::nullopt;
   const parallel::ReducerStats stats = stats_source_->stats();
   return CommStats{stats.reduced_bytes, stats.wait_seconds};
+}
+
+parallel::ReducerStats DdpStrategy::reducer_stats() const {
+  return stats_source_ ? stats_source_->stats() : parallel::ReducerStats{};
 }
 
 int DdpStrategy::rank() const { return group_->rank(); }

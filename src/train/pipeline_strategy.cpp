@@ -8,6 +8,7 @@
 #include "shoal/pipeline/pipeline_grid.h"
 #include "shoal/pipeline/pipeline_partition.h"
 #include "shoal/pipeline/pipeline_sequential.h"
+#include "shoal/train/clip_grad.h"
 #include "shoal/train/trainer.h"
 
 namespace shoal::train {
@@ -29,6 +30,8 @@ void PipelineStrategy::prepare(TrainState& state) {
   SHOAL_CHECK_T(InvalidArgument, model != nullptr,
                 "--strategy pipeline splits the built-in models (mlp, cnn) into stages; for your "
                 "own model build a pipeline::Pipeline over a torch::nn::Sequential");
+  SHOAL_CHECK_T(InvalidArgument, !state.autocast_dtype,
+                "--precision bf16 is not supported with --strategy pipeline yet; use single, ddp or ps");
   sequential_ = pipeline::as_sequential(*model);
   balance_ = options_.balance.empty()
                  ? pipeline::balance_by_parameters(sequential_, options_.stages)
@@ -61,6 +64,7 @@ double PipelineStrategy::train_step(TrainState& state, const at::Tensor& inputs,
   SHOAL_CHECK(pipeline_ != nullptr, "PipelineStrategy: train_step before prepare");
   state.optimizer->zero_grad();
   const double loss = pipeline_->forward_backward(inputs, targets, state.loss);
+  if (state.max_grad_norm > 0) state.last_grad_norm = clip_grad_norm(state, state.max_grad_norm);
   // Parameters of other stages have no gradient: the optimizer leaves them (and their state) alone.
   state.optimizer->step();
   ++state.step;
@@ -68,6 +72,16 @@ double PipelineStrategy::train_step(TrainState& state, const at::Tensor& inputs,
   at::Tensor value = at::full({1}, pipeline_->is_last_stage() ? loss : 0.0, at::kDouble);
   group_->allreduce(value)->wait();
   return value.item<double>() / grid_->replicas();
+}
+
+double PipelineStrategy::clip_grad_norm(TrainState&, double max_norm) {
+  SHOAL_CHECK(pipeline_ != nullptr, "PipelineStrategy: clip_grad_norm before prepare");
+  // The global norm: every stage's squared norm summed over all ranks, where each stage is
+  // held by the pipeline's `replicas` data-parallel copies (equal after DDP's averaging).
+  return clip_grad_norm_(
+      pipeline_->module()->parameters(), max_norm,
+      [this](std::vector<double>& values) { train::all_reduce_sum(*group_, values); },
+      static_cast<double>(grid_->replicas()));
 }
 
 void PipelineStrategy::synchronize(TrainState& state) {

@@ -72,9 +72,12 @@ void PsStrategy::prepare(TrainState& state) {
   worker_->init();
   torch::optim::SGDOptions sgd(0);
   if (state.optimizer && !state.optimizer->param_groups().empty()) {
-    if (auto* given = dynamic_cast<torch::optim::SGDOptions*>(
-            &state.optimizer->param_groups().front().options())) {
+    auto& first = state.optimizer->param_groups().front().options();
+    if (auto* given = dynamic_cast<torch::optim::SGDOptions*>(&first)) {
       sgd = *given;
+    } else {
+      // Adam/AdamW run on the servers; the worker keeps the lr, which schedules scale.
+      sgd.lr(first.get_lr());
     }
   }
   state.optimizer = std::make_unique<PsOptimizer>(std::move(tensors), sgd, worker_.get());

@@ -4,6 +4,7 @@
 
 #include "shoal/comm/process_group.h"
 #include "shoal/data/distributed_sampler.h"
+#include "shoal/train/clip_grad.h"
 #include "shoal/train/trainer.h"
 
 namespace shoal::train {
@@ -19,6 +20,10 @@ torch::optim::Optimizer* Strategy::checkpoint_optimizer(TrainState& state) {
 double Strategy::train_step(TrainState& state, const at::Tensor& inputs,
                             const at::Tensor& targets) {
   return train::train_step(state, inputs, targets);
+}
+
+double Strategy::clip_grad_norm(TrainState& state, double max_norm) {
+  return clip_grad_norm_(state.model->parameters(), max_norm);
 }
 
 at::Tensor Strategy::epoch_indices(int64_t dataset_size, int64_t epoch, uint64_t seed) {

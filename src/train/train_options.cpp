@@ -1,5 +1,6 @@
 #include "shoal/train/train_options.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "shoal/error.h"
@@ -8,6 +9,48 @@ namespace shoal::train {
 namespace {
 // Larger learning rates only ever diverge; the bound catches "1e400"-style typos early.
 constexpr double kMaxLearningRate = 1e4;
+
+// ---- Optimizer, schedule, clipping, accumulation and precision (#29) ----------------------------
+
+void validate_training_features(const TrainOptions& o) {
+  SHOAL_CHECK_T(InvalidArgument, o.optimizer == "sgd" || o.optimizer == "adam" || o.optimizer == "adamw",
+                "optimizer must be sgd, adam or adamw, got '", o.optimizer, "'");
+  SHOAL_CHECK_T(InvalidArgument, o.beta1 >= 0 && o.beta1 < 1 && o.beta2 >= 0 && o.beta2 < 1,
+                "betas must be two numbers in [0, 1), got ", o.beta1, ",", o.beta2);
+  SHOAL_CHECK_T(InvalidArgument, std::isfinite(o.eps) && o.eps > 0, "eps must be > 0, got ", o.eps);
+  SHOAL_CHECK_T(InvalidArgument,
+                !o.weight_decay || (std::isfinite(*o.weight_decay) && *o.weight_decay >= 0),
+                "weight decay must be a finite number >= 0, got ", o.weight_decay.value_or(0));
+  SHOAL_CHECK_T(InvalidArgument, o.warmup_steps >= 0, "warm-up steps must be >= 0, got ",
+                o.warmup_steps);
+  SHOAL_CHECK_T(InvalidArgument, o.warmup_start_factor > 0 && o.warmup_start_factor <= 1,
+                "warm-up start factor must be in (0, 1] (LinearLR's start_factor), got ",
+                o.warmup_start_factor);
+  SHOAL_CHECK_T(InvalidArgument, o.lr_schedule != "step" || o.step_size >= 1,
+                "--lr-schedule step needs --step-size N (N >= 1 optimizer steps), got ", o.step_size);
+  SHOAL_CHECK_T(InvalidArgument, o.gamma > 0 && o.gamma <= 1, "gamma must be in (0, 1], got ",
+                o.gamma);
+  SHOAL_CHECK_T(InvalidArgument, o.lr_schedule != "multistep" || !o.milestones.empty(),
+                "--lr-schedule multistep needs --milestones A,B,... (optimizer steps)");
+  for (size_t i = 0; i < o.milestones.size(); ++i) {
+    SHOAL_CHECK_T(InvalidArgument, o.milestones[i] >= 1 && (i == 0 || o.milestones[i] > o.milestones[i - 1]),
+                  "milestones must be increasing optimizer steps >= 1, got ", o.milestones[i],
+                  " at position ", i + 1);
+  }
+  SHOAL_CHECK_T(InvalidArgument, o.t_max >= 0, "T_max must be >= 0 (0 = the rest of the run), got ",
+                o.t_max);
+  SHOAL_CHECK_T(InvalidArgument, std::isfinite(o.clip_grad_norm) && o.clip_grad_norm >= 0,
+                "the gradient clipping norm must be a finite number >= 0 (0 = none), got ",
+                o.clip_grad_norm);
+  SHOAL_CHECK_T(InvalidArgument, o.accumulate >= 1 && o.accumulate <= 65536,
+                "accumulate must be in [1, 65536] micro-batches per step, got ", o.accumulate);
+  SHOAL_CHECK_T(InvalidArgument, o.precision == "fp32" || o.precision == "bf16" || o.precision == "fp16",
+                "precision must be fp32, bf16 or fp16, got '", o.precision, "'");
+  SHOAL_CHECK_T(InvalidArgument, o.precision != "fp16",
+                "--precision fp16 is autocast with a gradient scaler on CUDA, and this trainer runs on "
+                "the CPU: use --precision bf16 (CPU autocast) or fp32");
+}
+
 }  // namespace
 
 void TrainOptions::validate() const {
@@ -20,7 +63,8 @@ void TrainOptions::validate() const {
   SHOAL_CHECK_T(InvalidArgument, momentum >= 0 && momentum < 1,
                 "momentum must be in [0, 1), got ", momentum);
   SHOAL_CHECK_T(InvalidArgument, known_lr_schedule(lr_schedule),
-                "learning-rate schedule must be constant or cosine, got '", lr_schedule, "'");
+                "learning-rate schedule must be constant, cosine, step or multistep, got '",
+                lr_schedule, "'");
   SHOAL_CHECK_T(InvalidArgument, threads >= 0, "threads must be >= 0 (0 = LibTorch's default), got ",
                 threads);
   SHOAL_CHECK_T(InvalidArgument, log_interval >= 0,
@@ -49,10 +93,12 @@ void TrainOptions::validate() const {
                 "--tensorboard-all-ranks needs --tensorboard DIR: where to write");
   SHOAL_CHECK_T(InvalidArgument, stop_after_steps >= 0, "stop-after-steps must be >= 0, got ",
                 stop_after_steps);
+  validate_training_features(*this);
 }
 
 bool known_lr_schedule(const std::string& schedule) {
-  return schedule == "constant" || schedule == "cosine";
+  return schedule == "constant" || schedule == "cosine" || schedule == "step" ||
+         schedule == "multistep";
 }
 
 double lr_schedule_factor(const std::string& schedule, int64_t step, int64_t total_steps) {
@@ -62,6 +108,37 @@ double lr_schedule_factor(const std::string& schedule, int64_t step, int64_t tot
   if (total_steps <= 0 || step >= total_steps) return 0;
   const double pi = std::acos(-1.0);
   return (1 + std::cos(pi * static_cast<double>(step) / static_cast<double>(total_steps))) / 2;
+}
+
+}  // namespace shoal::train
+
+namespace shoal::train {
+
+double lr_schedule_factor(const TrainOptions& options, int64_t step, int64_t total_steps) {
+  // SequentialLR: the warm-up (LinearLR) up to its milestone, then the schedule counted from 0.
+  const int64_t warmup = options.warmup_steps;
+  if (warmup > 0 && step < warmup) {
+    const double start = options.warmup_start_factor;
+    return start + (1 - start) * static_cast<double>(step) / static_cast<double>(warmup);
+  }
+  const int64_t t = step - warmup;
+  const std::string& schedule = options.lr_schedule;
+  if (schedule == "step") {
+    return std::pow(options.gamma, static_cast<double>(t / options.step_size));
+  }
+  if (schedule == "multistep") {
+    // MultiStepLR: gamma to the number of milestones reached (bisect_right).
+    const auto reached = std::upper_bound(options.milestones.begin(), options.milestones.end(), t) -
+                         options.milestones.begin();
+    return std::pow(options.gamma, static_cast<double>(reached));
+  }
+  if (schedule == "cosine") {
+    if (options.t_max == 0) return lr_schedule_factor("cosine", t, total_steps - warmup);
+    // Past T_max PyTorch's recursion follows the same cosine back up (period 2 T_max).
+    const double pi = std::acos(-1.0);
+    return (1 + std::cos(pi * static_cast<double>(t) / static_cast<double>(options.t_max))) / 2;
+  }
+  return lr_schedule_factor(schedule, t, total_steps - warmup);
 }
 
 }  // namespace shoal::train

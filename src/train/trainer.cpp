@@ -7,7 +7,9 @@
 #include <cstdlib>
 #include <map>
 #include <optional>
+#include <sstream>
 
+#include "compat/autocast.h"
 #include "shoal/checkpoint/checkpoint_manager.h"
 #include "shoal/checkpoint/serialization.h"
 #include "shoal/checkpoint/training_state.h"
@@ -18,6 +20,7 @@
 #include "shoal/memory/cpu_allocator.h"
 #include "shoal/models/registry.h"
 #include "shoal/summary/summary_writer.h"
+#include "shoal/train/clip_grad.h"
 #include "shoal/train/metrics_writer.h"
 #include "shoal/train/progress.h"
 #include "shoal/trace/tracer.h"
@@ -39,14 +42,13 @@ void check_data(const TensorData& data, const char* what) {
                 " targets");
 }
 
-/// SGD as `shoal train` builds it; the options are checked first, so that a bad learning rate is
-/// reported as the trainer's InvalidArgument rather than LibTorch's own check.
-std::unique_ptr<torch::optim::Optimizer> make_sgd(const TrainOptions& options,
-                                                  torch::nn::Module* model) {
+/// The optimizer as `shoal train` builds it (make_optimizer); the options are checked first, so
+/// that a bad learning rate is reported as the trainer's InvalidArgument rather than LibTorch's.
+std::unique_ptr<torch::optim::Optimizer> make_builtin_optimizer(const TrainOptions& options,
+                                                                torch::nn::Module* model) {
   options.validate();
   if (model == nullptr) return nullptr;
-  return std::make_unique<torch::optim::SGD>(
-      model->parameters(), torch::optim::SGDOptions(options.lr).momentum(options.momentum));
+  return make_optimizer(options, model->parameters());
 }
 
 /// The total L2 norm of the model's gradients (what clip_grad_norm_ returns); 0 without any.
@@ -91,21 +93,50 @@ at::Tensor cross_entropy_loss(const at::Tensor& output, const at::Tensor& target
 
 double train_step(TrainState& state, const at::Tensor& inputs, const at::Tensor& targets) {
   state.optimizer->zero_grad();
-  at::Tensor loss;
-  {
-    trace::Span span("forward");
-    loss = state.loss(state.forward(inputs), targets);
+  const int64_t n = inputs.size(0);
+  // Gradient accumulation (#29): micro-batches of micro_batch_size, one optimizer step.
+  const int64_t micro =
+      state.micro_batch_size > 0 && state.micro_batch_size < n ? state.micro_batch_size : n;
+  const int64_t chunks = n > 0 ? (n + micro - 1) / micro : 1;
+  double value = 0;
+  for (int64_t c = 0; c < chunks; ++c) {
+    const int64_t begin = c * micro;
+    const int64_t end = std::min(n, begin + micro);
+    // DDP's no_sync on every micro-batch but the last: their gradients add up locally, and the
+    // last backward reduces the sum.
+    std::shared_ptr<void> no_sync;
+    if (c + 1 < chunks && state.no_sync) no_sync = state.no_sync();
+    at::Tensor loss;
+    {
+      trace::Span span("forward");
+      compat::CpuAutocastGuard autocast(state.autocast_dtype);
+      loss = chunks == 1 ? state.loss(state.forward(inputs), targets)
+                         : state.loss(state.forward(inputs.slice(0, begin, end)),
+                                      targets.slice(0, begin, end));
+    }
+    const double share = chunks == 1 ? 1.0 : static_cast<double>(end - begin) / static_cast<double>(n);
+    {
+      trace::Span span("backward");  // DDP's bucket reductions run inside it
+      if (chunks == 1) {
+        loss.backward();
+      } else {
+        (loss * share).backward();
+      }
+    }
+    value += loss.item<double>() * share;
   }
-  {
-    trace::Span span("backward");  // DDP's bucket reductions run inside it
-    loss.backward();
+  if (state.max_grad_norm > 0) {
+    state.last_grad_norm =
+        state.clip_grad_norm
+            ? state.clip_grad_norm(state.max_grad_norm)
+            : clip_grad_norm_(state.model ? state.model->parameters() : std::vector<at::Tensor>{},
+                              state.max_grad_norm);
   }
   {
     trace::Span span("optimizer step");
     state.optimizer->step();
   }
   ++state.step;
-  const double value = loss.item<double>();
   // A diverged run must not go on (and exit 0) with NaN weights; stop at the first bad step.
   SHOAL_CHECK(std::isfinite(value), "training diverged: the loss is ", value, " at step ",
               state.step, " (epoch ", state.epoch + 1,
@@ -151,7 +182,7 @@ Trainer::Trainer(TrainOptions options, std::shared_ptr<models::Model> model,
                  std::unique_ptr<Strategy> strategy)
     : Trainer(options, model,
               [model](const at::Tensor& input) { return model->forward(input); },
-              make_sgd(options, model.get()),
+              make_builtin_optimizer(options, model.get()),
               cross_entropy_loss, std::move(strategy)) {
   builtin_optimizer_ = true;
 }
@@ -177,8 +208,9 @@ Trainer::Trainer(TrainOptions options, std::shared_ptr<torch::nn::Module> module
 }
 
 void Trainer::apply_lr_schedule(int64_t total_steps) {
-  if (options_.lr_schedule == "constant") return;  // the optimizer's lr is the user's business
-  const double factor = lr_schedule_factor(options_.lr_schedule, state_.step, total_steps);
+  // Without a schedule, the optimizer's lr is the user's business.
+  if (options_.lr_schedule == "constant" && options_.warmup_steps == 0) return;
+  const double factor = lr_schedule_factor(options_, state_.step, total_steps);
   auto& groups = state_.optimizer->param_groups();
   for (size_t g = 0; g < groups.size(); ++g) {
     groups[g].options().set_lr(base_lrs_.at(g) * factor);
@@ -224,6 +256,46 @@ std::string number_text(double value) {
 
 }  // namespace
 
+namespace {
+
+/// inherit_checkpoint_config for the options of #29 (checkpoints written before them have none
+/// of these keys, and keep the defaults); run_training's options.validate() checks the values.
+void inherit_training_features(TrainOptions& options, const checkpoint::TrainingState& saved,
+                               const std::set<std::string>& given, const std::string& who) {
+  using checkpoint::config_integer;
+  using checkpoint::config_number;
+  const auto integer = [&](const char* key, int64_t& value) {
+    if (auto v = config_integer(saved, key, who); v && !given.count(key)) value = *v;
+  };
+  const auto number = [&](const char* key, double& value) {
+    if (auto v = config_number(saved, key, who); v && !given.count(key)) value = *v;
+  };
+  integer("warmup_steps", options.warmup_steps);
+  number("warmup_start_factor", options.warmup_start_factor);
+  integer("step_size", options.step_size);
+  number("gamma", options.gamma);
+  integer("t_max", options.t_max);
+  number("clip_grad_norm", options.clip_grad_norm);
+  integer("accumulate", options.accumulate);
+  if (!given.count("precision")) {
+    options.precision = checkpoint::config_text(saved, "precision", options.precision);
+  }
+  if (!given.count("milestones") && saved.config.count("milestones")) {
+    options.milestones.clear();
+    std::istringstream text(checkpoint::config_text(saved, "milestones"));
+    for (std::string item; std::getline(text, item, ',');) {
+      char* end = nullptr;
+      const long long value = std::strtoll(item.c_str(), &end, 10);
+      SHOAL_CHECK_T(CheckpointError, !item.empty() && end != nullptr && *end == '\0', who,
+                    " has milestones '", checkpoint::config_text(saved, "milestones"),
+                    "', not optimizer steps A,B,...");
+      options.milestones.push_back(value);
+    }
+  }
+}
+
+}  // namespace
+
 void inherit_checkpoint_config(TrainOptions& options, const checkpoint::TrainingState& saved,
                                const std::set<std::string>& given, const std::string& where) {
   using checkpoint::config_integer;
@@ -241,6 +313,15 @@ void inherit_checkpoint_config(TrainOptions& options, const checkpoint::Training
                   " has lr_schedule '", options.lr_schedule,
                   "', which this build does not know; pass --lr-schedule constant or cosine");
   }
+  if (!given.count("optimizer")) {
+    // The optimizer the state was saved by (#29); older checkpoints were all SGD's.
+    options.optimizer = checkpoint::config_text(saved, "optimizer", "sgd");
+    SHOAL_CHECK_T(CheckpointError,
+                  options.optimizer == "sgd" || options.optimizer == "adam" || options.optimizer == "adamw",
+                  "--resume: ", where, " has optimizer '", options.optimizer,
+                  "', which this build does not know; pass --optimizer sgd, adam or adamw");
+  }
+  inherit_training_features(options, saved, given, who);
   if (auto b = config_integer(saved, "batch_size", who); b && !given.count("batch_size")) {
     SHOAL_CHECK_T(CheckpointError, *b >= 1 && *b <= 1e9, "--resume: ", where,
                   " has batch_size ", *b);
@@ -282,9 +363,10 @@ std::string Trainer::resume() {
   if (builtin_optimizer_) {
     // The restored optimizer carries the checkpoint's lr and momentum; the options' apply.
     for (auto& group : state_.optimizer->param_groups()) {
-      auto& sgd = static_cast<torch::optim::SGDOptions&>(group.options());
-      sgd.lr(options_.lr);
-      sgd.momentum(options_.momentum);
+      group.options().set_lr(options_.lr);
+      if (auto* sgd = dynamic_cast<torch::optim::SGDOptions*>(&group.options())) {
+        sgd->momentum(options_.momentum);
+      }
     }
   }
   const auto note = [&](const char* key, double now) {
@@ -325,10 +407,25 @@ void Trainer::save_checkpoint(int64_t completed_epochs, int64_t samples_seen) {
                   {"lr", options_.lr},
                   {"momentum", options_.momentum},
                   {"lr_schedule", options_.lr_schedule},
+                  {"optimizer", options_.optimizer},
                   {"batch_size", options_.batch_size},
                   {"seed", static_cast<int64_t>(options_.seed)},
                   {"epochs", options_.epochs},
                   {"world_size", static_cast<int64_t>(strategy_->world_size())}};
+  // The schedule, clipping, accumulation and precision (#29): a resume continues with them.
+  std::string milestones;
+  for (int64_t m : options_.milestones) {
+    milestones += (milestones.empty() ? "" : ",") + std::to_string(m);
+  }
+  state.config.insert({{"warmup_steps", options_.warmup_steps},
+                       {"warmup_start_factor", options_.warmup_start_factor},
+                       {"step_size", options_.step_size},
+                       {"gamma", options_.gamma},
+                       {"milestones", milestones},
+                       {"t_max", options_.t_max},
+                       {"clip_grad_norm", options_.clip_grad_norm},
+                       {"accumulate", options_.accumulate},
+                       {"precision", options_.precision}});
   manager.save(state, strategy_->process_group());
 }
 
@@ -340,6 +437,7 @@ TrainResult Trainer::fit(const TensorData& train, const TensorData& test) {
   SHOAL_CHECK_T(InvalidArgument, n > 0, "the training set is empty");
   const int64_t test_n =
       options_.test_limit > 0 ? std::min(options_.test_limit, test.size()) : test.size();
+  apply_training_features();
   if (!prepared_) {
     strategy_->prepare(state_);
     prepared_ = true;
@@ -352,7 +450,8 @@ TrainResult Trainer::fit(const TensorData& train, const TensorData& test) {
   const bool reports = strategy_->rank() == 0;
   const bool checkpoints = !options_.checkpoint_dir.empty();
   MetricsWriter metrics(reports ? options_.metrics_path : std::string());
-  const int64_t batch = options_.batch_size;
+  // One optimizer step takes `accumulate` micro-batches of batch_size (#29).
+  const int64_t batch = options_.batch_size * options_.accumulate;
   const int64_t world = strategy_->world_size();
   const int64_t rank = strategy_->rank();
   // Processes that train on distinct samples (pipeline stages share theirs).
@@ -435,6 +534,7 @@ TrainResult Trainer::fit(const TensorData& train, const TensorData& test) {
       const int64_t end = std::min(local, begin + batch);
       trace::set_step(epoch + 1, state_.step + 1);
       double loss = 0;
+      double step_lr = 0;
       {
         trace::Span step_span("train step");
         at::Tensor inputs;
@@ -446,9 +546,29 @@ TrainResult Trainer::fit(const TensorData& train, const TensorData& test) {
           targets = train.targets.index_select(0, batch_indices);
         }
         apply_lr_schedule(run_steps);
+        step_lr = state_.optimizer->param_groups().front().options().get_lr();
         loss = strategy_->train_step(state_, inputs, targets);
       }
       ++comm_steps;
+      if (!callbacks_.empty()) {
+        StepInfo info;
+        info.epoch = epoch + 1;
+        info.step = state_.step;
+        info.loss = loss;
+        info.lr = step_lr;
+        info.grad_norm = state_.last_grad_norm;
+        for (const auto& callback : callbacks_) callback->on_train_batch_end(*this, info);
+        // Every process runs its callbacks: they agree to stop after the same step.
+        std::vector<double> stop{stop_requested_ ? 1.0 : 0.0};
+        strategy_->all_reduce_sum(stop);
+        if (stop[0] > 0) {
+          if (checkpoints) save_checkpoint(epoch, end * replicas);
+          result.early_stopped = true;
+          result.step = state_.step;
+          write_trace();
+          return result;
+        }
+      }
       const auto count = static_cast<double>(end - begin);
       loss_sum += loss * count;
       interval_loss += loss * count;
@@ -467,7 +587,8 @@ TrainResult Trainer::fit(const TensorData& train, const TensorData& test) {
             .add("loss", recent)
             .add("samples_per_s", seconds > 0 ? done / seconds : 0.0)
             .add("lr", state_.optimizer->param_groups().front().options().get_lr())
-            .add("grad_norm", gradient_norm(*state_.model));
+            .add("grad_norm", state_.max_grad_norm > 0 ? state_.last_grad_norm  // before clipping
+                                                        : gradient_norm(*state_.model));
         if (const std::optional<CommStats> now = strategy_->comm_stats(); now && comm_before) {
           // Per step over the interval, this rank's reductions.
           const double per = 1.0 / static_cast<double>(std::max<int64_t>(comm_steps, 1));
@@ -562,13 +683,104 @@ TrainResult Trainer::fit(const TensorData& train, const TensorData& test) {
     if (board) board->flush();
     result.epochs.push_back(epoch_result);
     if (checkpoints) save_checkpoint(epoch + 1, 0);
+    // The epoch's metrics are the same on every process, so callbacks decide alike on all.
+    for (const auto& callback : callbacks_) callback->on_train_epoch_end(*this, epoch_result);
+    if (stop_requested_) {
+      ++state_.epoch;
+      result.early_stopped = true;
+      break;
+    }
   }
+  result.step = state_.step;
   write_trace();
   if (!options_.dump_parameters.empty()) {
     checkpoint::save_state_dict(checkpoint::state_dict(*state_.model),
                                 options_.dump_parameters + ".rank" + std::to_string(rank) + ".pt");
   }
   return result;
+}
+
+// ---- Optimizer, accumulation, clipping, precision, callbacks (#29) --------------------------------
+
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(const TrainOptions& options,
+                                                        const std::vector<at::Tensor>& parameters) {
+  options.validate();
+  // A tied weight is listed twice by LibTorch: stepping it twice would double its update.
+  std::vector<at::Tensor> params = unique_parameters(parameters);
+  if (options.optimizer == "adam") {
+    return std::make_unique<torch::optim::Adam>(
+        params, torch::optim::AdamOptions(options.lr)
+                    .betas(std::make_tuple(options.beta1, options.beta2))
+                    .eps(options.eps)
+                    .weight_decay(options.weight_decay.value_or(0)));
+  }
+  if (options.optimizer == "adamw") {
+    return std::make_unique<torch::optim::AdamW>(
+        params, torch::optim::AdamWOptions(options.lr)
+                    .betas(std::make_tuple(options.beta1, options.beta2))
+                    .eps(options.eps)
+                    .weight_decay(options.weight_decay.value_or(1e-2)));
+  }
+  return std::make_unique<torch::optim::SGD>(
+      params, torch::optim::SGDOptions(options.lr)
+                  .momentum(options.momentum)
+                  .weight_decay(options.weight_decay.value_or(0)));
+}
+
+void Trainer::apply_training_features() {
+  state_.micro_batch_size = options_.accumulate > 1 ? options_.batch_size : 0;
+  state_.max_grad_norm = options_.clip_grad_norm;
+  if (options_.clip_grad_norm > 0 && !state_.clip_grad_norm) {
+    state_.clip_grad_norm = [this](double max_norm) {
+      return strategy_->clip_grad_norm(state_, max_norm);
+    };
+  }
+  if (options_.precision == "bf16") {
+    state_.autocast_dtype = at::kBFloat16;
+  } else {
+    state_.autocast_dtype.reset();
+  }
+}
+
+void Trainer::add_callback(std::shared_ptr<Callback> callback) {
+  SHOAL_CHECK_T(InvalidArgument, callback != nullptr, "Trainer::add_callback: null callback");
+  callbacks_.push_back(std::move(callback));
+}
+
+EarlyStopping::EarlyStopping(EarlyStoppingOptions options) : options_(std::move(options)) {
+  SHOAL_CHECK_T(InvalidArgument,
+                options_.monitor == "test_loss" || options_.monitor == "test_accuracy" ||
+                    options_.monitor == "train_loss",
+                "EarlyStopping: monitor must be test_loss, test_accuracy or train_loss, got '",
+                options_.monitor, "'");
+  SHOAL_CHECK_T(InvalidArgument, options_.mode == "min" || options_.mode == "max",
+                "EarlyStopping: mode must be min or max, got '", options_.mode, "'");
+  SHOAL_CHECK_T(InvalidArgument, options_.patience >= 0, "EarlyStopping: patience must be >= 0, got ",
+                options_.patience);
+  SHOAL_CHECK_T(InvalidArgument, options_.min_delta >= 0, "EarlyStopping: min_delta must be >= 0, got ",
+                options_.min_delta);
+}
+
+void EarlyStopping::on_train_epoch_end(Trainer& trainer, const EpochResult& epoch) {
+  const double value = options_.monitor == "test_loss"       ? epoch.test_loss
+                       : options_.monitor == "test_accuracy" ? epoch.test_accuracy
+                                                             : epoch.train_loss;
+  SHOAL_CHECK_T(InvalidArgument, !std::isnan(value), "EarlyStopping: the monitored metric '",
+                options_.monitor, "' is NaN at epoch ", epoch.epoch,
+                " (no test set given?); monitor train_loss or pass a test set");
+  const bool improved =
+      std::isnan(best_) ||
+      (options_.mode == "min" ? value < best_ - options_.min_delta : value > best_ + options_.min_delta);
+  if (improved) {
+    best_ = value;
+    wait_count_ = 0;
+    return;
+  }
+  ++wait_count_;
+  if (wait_count_ >= options_.patience) {
+    stopped_epoch_ = epoch.epoch;
+    trainer.request_stop();
+  }
 }
 
 void Trainer::write_trace() {

@@ -115,6 +115,55 @@ TEST(DataParallel, GradientsOfAWideModelMatch) {
   EXPECT_LT(max_relative_difference(got, expected), 1e-5);
 }
 
+// Tied weights: one parameter registered under two names (as a language model ties its embedding
+// and its output layer). LibTorch's parameters() lists it twice; PyTorch's DataParallel (and
+// DDP) count it once, so its gradient is that of the plain module, for any replica count, whether
+// the replicas keep the tie (a factory that ties) or break it (clone() copies each name apart).
+struct TiedImpl : torch::nn::Cloneable<TiedImpl> {
+  TiedImpl() { reset(); }
+  void reset() override {
+    weight = register_parameter("weight", torch::randn({12, 12}) * 0.3);
+    register_parameter("weight_tied", weight);
+    bias = register_parameter("bias", torch::randn({12}) * 0.1);
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    return torch::matmul(torch::tanh(torch::matmul(x, weight) + bias), weight.t());
+  }
+  torch::Tensor weight, bias;
+};
+TORCH_MODULE(Tied);
+
+TEST(DataParallel, TiedWeightsGetThePlainModulesGradient) {
+  torch::set_num_threads(1);
+  torch::manual_seed(5);
+  Tied model;
+  ASSERT_EQ(model->parameters().size(), 3u);  // LibTorch lists the tied weight twice
+  const auto x = torch::randn({12, 12});
+  const auto y = torch::randn({12, 12});
+  torch::mse_loss(model->forward(x), y).backward();
+  const torch::Tensor expected_weight = model->weight.grad().clone();
+  const torch::Tensor expected_bias = model->bias.grad().clone();
+  const auto check = [&](const char* how, int replicas, DataParallel<TiedImpl>& dp) {
+    model->weight.mutable_grad().zero_();
+    model->bias.mutable_grad().zero_();
+    torch::mse_loss(dp.forward(x), y).backward();
+    const double weight_error = max_relative_difference({model->weight.grad()}, {expected_weight});
+    const double bias_error = max_relative_difference({model->bias.grad()}, {expected_bias});
+    EXPECT_LT(weight_error, 1e-6) << how << ", " << replicas << " replicas: the tied weight's "
+                                  << "gradient is " << (model->weight.grad().norm() /
+                                                        expected_weight.norm()).item<double>()
+                                  << " x the plain module's";
+    EXPECT_LT(bias_error, 1e-6) << how << ", " << replicas << " replicas";
+  };
+  for (int replicas : {1, 2, 3}) {
+    DataParallel<TiedImpl> cloned(model.ptr(), slots(replicas));
+    check("cloned replicas (tie broken)", replicas, cloned);
+    DataParallel<TiedImpl> tied(model.ptr(), slots(replicas),
+                                [] { return std::make_shared<TiedImpl>(); });
+    check("replicas from a factory (tie kept)", replicas, tied);
+  }
+}
+
 // A module that is not Cloneable: replicas come from a factory, and the result is the same.
 TEST(DataParallel, ReplicaFactoryForNonCloneableModules) {
   torch::set_num_threads(1);

@@ -221,6 +221,61 @@ TEST_P(PipelineEquivalence, TrainsLikeTheWholeModelInOneProcess) {
   }
 }
 
+// Recompute with Dropout: the recomputation in backward replays the forward's masks (PyTorch's
+// checkpoint() saves and restores the RNG state), so training equals training without recompute.
+// The Dropout sits on stage 0 only: the ranks are threads sharing torch's generator, so only
+// stage 0 draws and only it preserves the RNG state (stage 1's restore would rewind stage 0's
+// stream in between: preserve_rng_state=False there, as checkpoint() offers).
+std::map<std::string, at::Tensor> train_with_dropout(Schedule schedule, bool recompute) {
+  torch::set_num_threads(1);
+  const auto make = [] {
+    torch::manual_seed(23);
+    return torch::nn::Sequential(torch::nn::Linear(20, 32), torch::nn::Dropout(0.4),
+                                 torch::nn::ReLU(), torch::nn::Linear(32, 32), torch::nn::Tanh(),
+                                 torch::nn::Linear(32, 10));
+  };
+  std::vector<torch::nn::Sequential> models{make(), make()};
+  const std::vector<int64_t> balance{3, 3};
+  torch::manual_seed(99);  // the Dropout masks' stream, the same for both runs
+  std::map<std::string, at::Tensor> trained;
+  std::mutex mutex;
+  auto store = comm::make_hash_store(kTimeout);
+  shoal::testing::run_threads(2, [&](int rank) {
+    auto group = comm::new_process_group("shm", store, rank, 2, kTimeout);
+    PipelineOptions options;
+    options.micro_batches = 4;
+    options.schedule = schedule;
+    options.recompute = recompute;
+    options.preserve_rng_state = rank == 0;
+    Pipeline pipe(stage_module(models[rank], balance, rank), group, {0, 1}, options);
+    torch::optim::SGD sgd(pipe.module()->parameters(), sgd_options());
+    for (int step = 0; step < 10; ++step) {
+      auto [x, y] = make_batch(step, kBatch);
+      sgd.zero_grad();
+      pipe.forward_backward(pipe.is_first_stage() ? x : at::Tensor(),
+                            pipe.is_last_stage() ? y : at::Tensor(), cross_entropy);
+      sgd.step();
+    }
+    std::lock_guard<std::mutex> lock(mutex);
+    for (const auto& p : pipe.module()->named_parameters()) {
+      trained[p.key()] = p.value().detach().clone();
+    }
+  });
+  return trained;
+}
+
+TEST(PipelineRecompute, DropoutMasksAreReplayedAsWithoutRecompute) {
+  for (Schedule schedule : {Schedule::kGPipe, Schedule::k1F1B}) {
+    const auto plain = train_with_dropout(schedule, false);
+    const auto recomputed = train_with_dropout(schedule, true);
+    ASSERT_EQ(plain.size(), recomputed.size());
+    for (const auto& [name, value] : plain) {
+      EXPECT_LE(relative_difference(recomputed.at(name), value), 1e-6)
+          << name << " (" << to_string(schedule) << ")";
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Pipeline, PipelineEquivalence,
     ::testing::Values(PipeSpec{Schedule::kGPipe, 2, 1}, PipeSpec{Schedule::kGPipe, 2, 4},

@@ -153,6 +153,60 @@ TEST(PsBsp, CosineScheduleEqualsSingleProcessWithTheSameSchedule) {
 }
 
 
+// Adam and AdamW on the servers (#29): bsp equals single-process LibTorch Adam / AdamW (which
+// test_train_features_pytorch checks against PyTorch's) on the same mean gradients, and the
+// servers' shard state holds PyTorch's Adam state names.
+TEST(PsBsp, AdamAndAdamWEqualSingleProcess) {
+  torch::set_num_threads(1);
+  constexpr int kWorkers = 2;
+  const Data data = make_data(kWorkers);
+  for (const bool decoupled : {false, true}) {
+    AdamOptions adam;
+    adam.lr = 0.01;
+    adam.beta1 = 0.8;
+    adam.beta2 = 0.99;
+    adam.weight_decay = 0.05;
+    adam.decoupled_weight_decay = decoupled;
+    auto net = testing::make_tiny_net(7);
+    std::unique_ptr<torch::optim::Optimizer> optimizer;
+    if (decoupled) {
+      optimizer = std::make_unique<torch::optim::AdamW>(
+          net->parameters(), torch::optim::AdamWOptions(adam.lr)
+                                 .betas(std::make_tuple(adam.beta1, adam.beta2))
+                                 .weight_decay(adam.weight_decay));
+    } else {
+      optimizer = std::make_unique<torch::optim::Adam>(
+          net->parameters(), torch::optim::AdamOptions(adam.lr)
+                                 .betas(std::make_tuple(adam.beta1, adam.beta2))
+                                 .weight_decay(adam.weight_decay));
+    }
+    const int64_t global = int64_t{kWorkers} * kBatch;
+    for (int t = 0; t < kSteps; ++t) {
+      optimizer->zero_grad();
+      const auto rows = torch::indexing::Slice(t * global, (t + 1) * global);
+      torch::nn::functional::cross_entropy(net->forward(data.inputs.index({rows})),
+                                           data.targets.index({rows}))
+          .backward();
+      optimizer->step();
+    }
+    ServerOptions options = bsp_options(kWorkers);
+    options.optimizer = std::make_shared<Adam>(adam);
+    testing::ServerSet set(2, options);
+    const std::vector<testing::TinyNet> nets = train_workers(set, data, kWorkers, 0, kSteps);
+    expect_equal_to_reference(nets, net, decoupled ? "AdamW" : "Adam");
+    const auto state = set.servers[0]->shard_state();
+    bool has_adam_state = false;
+    for (const auto& [name, tensor] : state) {
+      if (name.size() > 5 && name.substr(name.size() - 5) == ".step") {
+        has_adam_state = true;
+        EXPECT_EQ(tensor.item<double>(), kSteps) << name;
+        EXPECT_EQ(tensor.scalar_type(), at::kFloat) << name;
+      }
+    }
+    EXPECT_TRUE(has_adam_state) << "the shard holds no Adam 'step'";
+  }
+}
+
 // Servers save their shards (values and momentum buffers) after 20 steps; new servers restored
 // from those files continue, and after 50 steps in all the result is the uninterrupted one.
 TEST(PsBsp, ResumesFromServerCheckpoints) {

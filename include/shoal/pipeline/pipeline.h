@@ -61,6 +61,12 @@ struct PipelineOptions {
   /// Keep only each micro-batch's input during forward and recompute the stage's forward just
   /// before its backward (activation checkpointing): less memory, one more forward per step.
   bool recompute = false;
+  /// With recompute: save torch's CPU generator state before each micro-batch's forward and
+  /// replay it in the recomputation, then restore the stream (torch.utils.checkpoint's
+  /// preserve_rng_state=True), so Dropout draws the forward's masks again. The generator is
+  /// process-wide: when stages run as threads of one process, only the stages that draw random
+  /// numbers may preserve it (another thread's restore would rewind their stream).
+  bool preserve_rng_state = true;
   /// The largest tensor a stage accepts from a neighbour. Headers asking for more are refused
   /// before anything is allocated (a corrupt or hostile header must not exhaust memory).
   int64_t max_message_bytes = int64_t{1} << 32;

@@ -55,4 +55,38 @@ class Sgd : public ShardOptimizer {
   std::map<uint32_t, at::Tensor> momentum_buffers_;
 };
 
+/// torch.optim.Adam's update (amsgrad off), or AdamW's with `decoupled_weight_decay` (#29): per
+/// key, step += 1; with weight decay, grad += weight_decay * param (Adam) or
+/// param *= 1 - lr * weight_decay (AdamW); exp_avg = beta1 * exp_avg + (1 - beta1) * grad;
+/// exp_avg_sq = beta2 * exp_avg_sq + (1 - beta2) * grad^2; param -= lr / (1 - beta1^step) *
+/// exp_avg / (sqrt(exp_avg_sq) / sqrt(1 - beta2^step) + eps), lr being lr x lr_factor. Its state
+/// per key is PyTorch's: "step" (a 0-dim float32 tensor), "exp_avg", "exp_avg_sq".
+struct AdamOptions {
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0;
+  bool decoupled_weight_decay = false;  ///< true: AdamW
+};
+
+class Adam : public ShardOptimizer {
+ public:
+  explicit Adam(AdamOptions options) : options_(options) {}
+  void step(uint32_t key, at::Tensor& param, const at::Tensor& grad, double lr_factor) override;
+  std::map<std::string, at::Tensor> state(uint32_t key) const override;
+  void load_state(uint32_t key, const std::map<std::string, at::Tensor>& state) override;
+  std::unique_ptr<ShardOptimizer> clone() const override;
+  const AdamOptions& options() const { return options_; }
+
+ private:
+  struct KeyState {
+    int64_t step = 0;
+    at::Tensor exp_avg;
+    at::Tensor exp_avg_sq;
+  };
+  AdamOptions options_;
+  std::map<uint32_t, KeyState> states_;
+};
+
 }  // namespace shoal::ps

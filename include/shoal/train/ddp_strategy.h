@@ -19,6 +19,7 @@
 
 namespace shoal::parallel {
 class DistributedDataParallelBase;
+struct ReducerStats;
 }
 
 namespace shoal::train {
@@ -49,6 +50,9 @@ class DdpStrategy : public Strategy {
   /// The reducer's: bytes of every bucket reduced, time blocked at the end of backward.
   std::optional<CommStats> comm_stats() const override;
 
+  /// The DDP reducer's counters (synchronised backward passes, buckets); zeros before prepare().
+  parallel::ReducerStats reducer_stats() const;
+
  protected:
   /// The DDP wrapper whose reducer comm_stats() reads (set by prepare()).
   void set_comm_stats_source(std::shared_ptr<parallel::DistributedDataParallelBase> ddp) {
@@ -57,7 +61,6 @@ class DdpStrategy : public Strategy {
 
  private:
   std::shared_ptr<comm::ProcessGroup> group_;
-  std::shared_ptr<parallel::DistributedDataParallelBase> ddp_;
   std::string comm_hook_ = "allreduce";
   std::shared_ptr<parallel::PowerSGDState> power_sgd_;
   std::shared_ptr<parallel::DistributedDataParallelBase> stats_source_;

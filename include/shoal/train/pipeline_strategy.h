@@ -57,6 +57,7 @@ class PipelineStrategy : public Strategy {
   int world_size() const override;
   comm::ProcessGroup* process_group() override { return group_.get(); }
   double train_step(TrainState& state, const at::Tensor& inputs, const at::Tensor& targets) override;
+  double clip_grad_norm(TrainState& state, double max_norm) override;
   void synchronize(TrainState& state) override;
   int ranks_per_replica() const override { return options_.stages; }
 

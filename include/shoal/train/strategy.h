@@ -70,6 +70,12 @@ class Strategy {
   /// every process after synchronize()). Valid until the next call.
   virtual torch::optim::Optimizer* checkpoint_optimizer(TrainState& state);
 
+  /// clip_grad_norm_ over the global norm of the gradients of the whole model (#29), after a
+  /// backward (and DDP's averaging); returns the norm before clipping. The default clips
+  /// state.model's parameters; strategies whose processes hold parts of the model sum across
+  /// them.
+  virtual double clip_grad_norm(TrainState& state, double max_norm);
+
   /// How many processes train on the same samples (the stages of one pipeline): the trainer
   /// divides its sample counts and summed training metrics by it. 1 for data parallelism.
   virtual int ranks_per_replica() const { return 1; }

@@ -6,7 +6,9 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
+#include <vector>
 
 namespace shoal::train {
 
@@ -31,11 +33,15 @@ struct TrainOptions {
   double lr = 0.05;
   /// SGD momentum (PyTorch's formulation: buf = momentum * buf + grad; p -= lr * buf).
   double momentum = 0.9;
-  /// How the learning rate changes over the run: "constant", or "cosine" (PyTorch's
-  /// CosineAnnealingLR with T_max = every optimizer step of the run and eta_min 0, stepped after
-  /// each optimizer step: step t trains at lr * (1 + cos(pi * t / T_max)) / 2). Applies to every
-  /// parameter group of any optimizer, and under the parameter server to the servers' optimizer
-  /// (each push carries its step's factor).
+  /// How the learning rate changes over the run, as PyTorch's schedulers stepped after each
+  /// optimizer step: "constant"; "cosine" (CosineAnnealingLR, eta_min 0, T_max = t_max or every
+  /// optimizer step of the run after the warm-up: step t trains at lr * (1 + cos(pi * t / T_max))
+  /// / 2); "step" (StepLR: lr * gamma^(t / step_size)); "multistep" (MultiStepLR: lr * gamma^(the
+  /// milestones <= t)). With warmup_steps, SequentialLR([LinearLR(start_factor=
+  /// warmup_start_factor, total_iters=warmup_steps), that schedule], milestones=[warmup_steps]):
+  /// the schedule starts counting after the warm-up. Applies to every parameter group of any
+  /// optimizer, and under the parameter server to the servers' optimizer (each push carries its
+  /// step's factor).
   std::string lr_schedule = "constant";
   /// Seeds the model's initial weights and the per-epoch shuffle; same seed, same run.
   uint64_t seed = 0;
@@ -91,16 +97,57 @@ struct TrainOptions {
   /// TrainResult::preempted. Empty: never asked, no extra all-reduce.
   std::function<bool()> stop_requested;
 
+  // ---- Optimizer, schedule, clipping, accumulation and precision (#29) ----------------------
+  /// The optimizer the trainer builds: "sgd" (lr, momentum, weight_decay), "adam" or "adamw"
+  /// (torch.optim.Adam / AdamW: lr, betas, eps, weight_decay; AdamW decays the weights by
+  /// lr x weight_decay apart from the gradient).
+  std::string optimizer = "sgd";
+  /// Adam/AdamW's betas, each in [0, 1).
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  /// Adam/AdamW's eps, > 0.
+  double eps = 1e-8;
+  /// Weight decay, >= 0; unset: the optimizer's PyTorch default (0 for SGD and Adam, 1e-2 for
+  /// AdamW).
+  std::optional<double> weight_decay;
+  /// Optimizer steps of linear warm-up (LinearLR's total_iters) before lr_schedule; 0: none.
+  int64_t warmup_steps = 0;
+  /// LinearLR's start_factor: the warm-up's first step trains at lr x this, in (0, 1].
+  double warmup_start_factor = 1.0 / 3;
+  /// StepLR's step_size (lr_schedule "step"), >= 1.
+  int64_t step_size = 0;
+  /// StepLR's and MultiStepLR's gamma, in (0, 1].
+  double gamma = 0.1;
+  /// MultiStepLR's milestones (lr_schedule "multistep"): increasing optimizer steps.
+  std::vector<int64_t> milestones;
+  /// CosineAnnealingLR's T_max; 0: every optimizer step of the run after the warm-up.
+  int64_t t_max = 0;
+  /// torch.nn.utils.clip_grad_norm_'s max_norm over the global L2 norm of all gradients (after
+  /// DDP's averaging; across all stages of a pipeline); 0: no clipping.
+  double clip_grad_norm = 0;
+  /// Micro-batches of batch_size per optimizer step (gradient accumulation; under DDP the first
+  /// N-1 backward passes run in no_sync); 1: none.
+  int64_t accumulate = 1;
+  /// "fp32", or "bf16": the forward and the loss under CPU autocast to bfloat16 (torch.autocast(
+  /// "cpu", dtype=torch.bfloat16)); the weights, gradients and optimizer stay float32.
+  std::string precision = "fp32";
+
   /// Throws shoal::InvalidArgument naming the first option that cannot work.
   void validate() const;
 };
 
-/// Whether `schedule` is a learning-rate schedule the trainer knows ("constant", "cosine").
+/// Whether `schedule` is a learning-rate schedule the trainer knows ("constant", "cosine", "step",
+/// "multistep").
 bool known_lr_schedule(const std::string& schedule);
 
 /// The factor lr_schedule gives the learning rate of optimizer step `step` (0-based) of a run of
 /// `total_steps`: 1 for "constant"; (1 + cos(pi * step / total_steps)) / 2 for "cosine" (0 from
 /// step total_steps on, as CosineAnnealingLR's closed form at T_max).
 double lr_schedule_factor(const std::string& schedule, int64_t step, int64_t total_steps);
+
+/// The factor options' schedule (warm-up and lr_schedule, see TrainOptions::lr_schedule) gives
+/// the learning rate of optimizer step `step` (0-based) of a run of `total_steps`: what PyTorch's
+/// schedulers, stepped after each optimizer step, have made of the base lr by then.
+double lr_schedule_factor(const TrainOptions& options, int64_t step, int64_t total_steps);
 
 }  // namespace shoal::train

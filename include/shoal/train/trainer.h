@@ -24,8 +24,10 @@
 #include <torch/nn/pimpl.h>
 #include <torch/optim/optimizer.h>
 
+#include <cmath>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <utility>
@@ -69,6 +71,25 @@ struct TrainState {
   int64_t epoch = 0;
   /// Optimizer steps taken so far, over all epochs.
   int64_t step = 0;
+
+  // ---- Accumulation, clipping and precision (#29); the trainer sets them from its options ----
+  /// > 0: train_step() splits its batch into micro-batches of this size, each backward adding to
+  /// the gradients (its loss weighted by its share of the batch, i.e. loss / N for N equal
+  /// micro-batches), and steps once. 0: the batch is one micro-batch.
+  int64_t micro_batch_size = 0;
+  /// Set by a data-parallel strategy: a scope in which backward does not reduce gradients
+  /// (DDP's no_sync); train_step() holds it around every micro-batch but the last.
+  std::function<std::shared_ptr<void>()> no_sync;
+  /// > 0: the gradients are clipped to this global L2 norm before each optimizer step
+  /// (clip_grad_norm_).
+  double max_grad_norm = 0;
+  /// How the global norm is clipped (the trainer's strategy: across stages under a pipeline);
+  /// returns the norm before clipping. Null: clip_grad_norm_ over model's parameters.
+  std::function<double(double max_norm)> clip_grad_norm;
+  /// The last step's total gradient norm before clipping (NaN without clipping).
+  double last_grad_norm = NAN;
+  /// Set: the forward and the loss run under CPU autocast to this type (bf16).
+  std::optional<c10::ScalarType> autocast_dtype;
 };
 
 /// Loss and accuracy over a dataset.
@@ -89,6 +110,59 @@ struct EpochResult {
   double seconds = 0;        ///< training time of the epoch, evaluation excluded
 };
 
+// ---- Callbacks and early stopping (#29) ------------------------------------------------------
+
+class Trainer;
+
+/// What one optimizer step did, as a callback sees it.
+struct StepInfo {
+  int64_t epoch = 0;          ///< 1-based
+  int64_t step = 0;           ///< optimizer steps so far (this one included)
+  double loss = 0;            ///< the step's mean loss (this process's samples)
+  double lr = 0;              ///< the first parameter group's lr this step trained at
+  double grad_norm = NAN;     ///< total gradient norm before clipping (NaN without clipping)
+};
+
+/// Called by Trainer::fit() on every process, after every optimizer step and after every
+/// epoch's evaluation (the names of PyTorch Lightning's hooks). A callback may call
+/// trainer.request_stop() to end the run: after the epoch's end (its checkpoint is saved), or
+/// after the step when asked from on_train_batch_end (all processes stop at the same step: the
+/// trainer agrees on it through one small all-reduce per step while callbacks are set).
+class Callback {
+ public:
+  virtual ~Callback() = default;
+  virtual void on_train_batch_end(Trainer& trainer, const StepInfo& step) {}
+  virtual void on_train_epoch_end(Trainer& trainer, const EpochResult& epoch) {}
+};
+
+/// Early stopping on an epoch metric (Lightning's EarlyStopping): stops when `monitor` has not
+/// improved by more than min_delta for `patience` epochs in a row.
+struct EarlyStoppingOptions {
+  /// "test_loss", "test_accuracy" or "train_loss".
+  std::string monitor = "test_loss";
+  /// "min" (lower is better) or "max".
+  std::string mode = "min";
+  int64_t patience = 3;
+  double min_delta = 0;
+};
+
+class EarlyStopping : public Callback {
+ public:
+  explicit EarlyStopping(EarlyStoppingOptions options = {});
+  void on_train_epoch_end(Trainer& trainer, const EpochResult& epoch) override;
+  /// The best value seen, and the epochs since it (wait_count in Lightning).
+  double best() const { return best_; }
+  int64_t wait_count() const { return wait_count_; }
+  /// The epoch (1-based) after which it asked to stop; 0 while it has not.
+  int64_t stopped_epoch() const { return stopped_epoch_; }
+
+ private:
+  EarlyStoppingOptions options_;
+  double best_ = NAN;
+  int64_t wait_count_ = 0;
+  int64_t stopped_epoch_ = 0;
+};
+
 /// What a whole run achieved.
 struct TrainResult {
   std::vector<EpochResult> epochs;
@@ -96,6 +170,8 @@ struct TrainResult {
   bool stopped = false;
   /// True when options.stop_requested ended the run (a checkpoint was saved at `step`).
   bool preempted = false;
+  /// True when a callback's request_stop() ended the run (early stopping).
+  bool early_stopped = false;
   int64_t step = 0;
   /// Test accuracy after the last epoch.
   double final_test_accuracy() const { return epochs.empty() ? 0 : epochs.back().test_accuracy; }
@@ -164,6 +240,11 @@ class Trainer {
   TrainState& state() { return state_; }
   const TrainOptions& options() const { return options_; }
 
+  /// Adds a callback (see Callback); called in the order added.
+  void add_callback(std::shared_ptr<Callback> callback);
+  /// Ends fit() after the current step or epoch (see Callback).
+  void request_stop() { stop_requested_ = true; }
+
  private:
   TrainOptions options_;
   std::unique_ptr<Strategy> strategy_;
@@ -188,6 +269,11 @@ class Trainer {
   std::string resume_changes_;
   /// This trainer's timeline while options.trace_path is set (see trace::Recorder).
   std::unique_ptr<trace::Recorder> recorder_;
+  // Callbacks (#29).
+  std::vector<std::shared_ptr<Callback>> callbacks_;
+  bool stop_requested_ = false;
+  /// Sets state_'s accumulation, clipping and precision from the options (fit() calls it).
+  void apply_training_features();
 };
 
 /// The newest checkpoint of options.checkpoint_dir, checked to be resumable by `options` (it
@@ -196,13 +282,19 @@ class Trainer {
 checkpoint::TrainingState load_resume_checkpoint(const TrainOptions& options,
                                                  std::string* path = nullptr);
 
-/// For a resumed run: the hyper-parameters not named in `given` ("lr", "momentum", "batch_size",
-/// "epochs", "seed") are set from the checkpoint's config, so that a resume continues as the run
+/// For a resumed run: the hyper-parameters not named in `given` ("lr", "momentum", "optimizer",
+/// "batch_size", "epochs", "seed") are set from the checkpoint's config, so that a resume continues as the run
 /// was configured; those given are kept (and applied). A given seed that differs from the
 /// checkpoint's is refused (InvalidArgument): it would change the order of the samples. `where`
 /// names the checkpoint in messages.
 void inherit_checkpoint_config(TrainOptions& options, const checkpoint::TrainingState& saved,
                                const std::set<std::string>& given, const std::string& where);
+
+/// The optimizer options.optimizer names ("sgd", "adam", "adamw") over `parameters` (each tensor
+/// once: tied weights are one parameter), with the options' lr, momentum, betas, eps and
+/// weight decay; the options are checked first (InvalidArgument).
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(const TrainOptions& options,
+                                                        const std::vector<at::Tensor>& parameters);
 
 /// `shoal train`: sets the thread count, builds options.model, loads Fashion-MNIST from
 /// options.data_dir and fits with `strategy` (SingleProcess when null). Throws InvalidArgument /

@@ -1,0 +1,29 @@
+// CPU autocast (torch.autocast("cpu", dtype=...)) as a scope, over LibTorch's autocast switches,
+// whose names changed between versions (set_cpu_enabled in 1.x; set_autocast_enabled(kCPU, ...)
+// from 2.4 on).
+//
+// Thread safety: autocast is thread-local state; a guard belongs to the thread that made it.
+#pragma once
+
+#include <c10/core/ScalarType.h>
+
+#include <optional>
+
+namespace shoal::compat {
+
+/// While alive, CPU operators run under autocast to `dtype` (nothing when it is empty), as inside
+/// Python's `with torch.autocast("cpu", dtype=dtype):`; the previous state comes back after.
+class CpuAutocastGuard {
+ public:
+  explicit CpuAutocastGuard(std::optional<c10::ScalarType> dtype);
+  ~CpuAutocastGuard();
+  CpuAutocastGuard(const CpuAutocastGuard&) = delete;
+  CpuAutocastGuard& operator=(const CpuAutocastGuard&) = delete;
+
+ private:
+  bool active_ = false;
+  bool previous_enabled_ = false;
+  c10::ScalarType previous_dtype_ = c10::ScalarType::BFloat16;
+};
+
+}  // namespace shoal::compat

@@ -1,0 +1,58 @@
+#include "shoal/train/clip_grad.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "shoal/error.h"
+
+namespace shoal::train {
+
+std::vector<at::Tensor> unique_parameters(const std::vector<at::Tensor>& parameters) {
+  std::vector<at::Tensor> unique;
+  std::vector<const c10::TensorImpl*> seen;
+  for (const at::Tensor& p : parameters) {
+    if (std::find(seen.begin(), seen.end(), p.unsafeGetTensorImpl()) != seen.end()) continue;
+    seen.push_back(p.unsafeGetTensorImpl());
+    unique.push_back(p);
+  }
+  return unique;
+}
+
+double clip_grad_norm_(const std::vector<at::Tensor>& parameters, double max_norm,
+                       const SumAcross& sum_across, double copies) {
+  SHOAL_CHECK_T(InvalidArgument, std::isfinite(max_norm) && max_norm > 0,
+                "clip_grad_norm_: max_norm must be a finite number > 0, got ", max_norm);
+  const std::vector<at::Tensor> params = unique_parameters(parameters);
+  // As PyTorch: each gradient's norm in its own dtype, then the norm of those norms.
+  std::vector<at::Tensor> norms;
+  std::vector<at::Tensor> grads;
+  for (const at::Tensor& p : params) {
+    const at::Tensor& g = p.grad();
+    if (!g.defined()) continue;
+    grads.push_back(g);
+    norms.push_back(at::linalg_vector_norm(g.detach(), 2));
+  }
+  double squared = 0;
+  if (!norms.empty()) {
+    const double local = at::linalg_vector_norm(at::stack(norms), 2).item<double>();
+    squared = local * local;
+  }
+  if (sum_across) {
+    std::vector<double> sum{squared};
+    sum_across(sum);
+    squared = sum[0] / copies;
+  }
+  const double total = std::sqrt(squared);
+  SHOAL_CHECK(std::isfinite(total), "clip_grad_norm_: the total gradient norm is ", total,
+              "; the gradients hold NaN or inf (lower the learning rate, or check the data)");
+  const double coefficient = std::min(1.0, max_norm / (total + 1e-6));
+  if (coefficient < 1) {
+    torch::NoGradGuard no_grad;
+    for (const at::Tensor& g : grads) g.mul_(coefficient);
+  }
+  return total;
+}
+
+}  // namespace shoal::train
