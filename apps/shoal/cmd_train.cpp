@@ -300,7 +300,24 @@ void add_train_command(CLI::App& root, std::vector<Command>& commands) {
                   "Python, or a file Shoal saved) instead of the seed's initialisation")
       ->type_name("FILE");
   app->add_option("--data-dir", options->data_dir,
-                  "Directory with the Fashion-MNIST *-ubyte.gz files (Debian: dataset-fashion-mnist)")
+                  "Directory with the Fashion-MNIST *-ubyte.gz files (Debian: dataset-fashion-mnist),\n"
+                  "or with CIFAR-10's binary files (data_batch_1.bin, ..., test_batch.bin)")
+      ->capture_default_str();
+  // Data (#29): the user's own tensors, and the workers that load batches ahead of the step.
+  app->add_option("--data", options->data_path,
+                  "Train on the tensors of FILE, written by Python's torch.save({'train_x': X,\n"
+                  "'train_y': y, 'test_x': Xt, 'test_y': yt}) (float inputs, class targets 0-9)")
+      ->type_name("FILE");
+  app->add_option("--num-workers,--num_workers", options->num_workers,
+                  "Threads loading batches ahead of the step (PyTorch's DataLoader num_workers)")
+      ->check(CLI::Range(0, 256))
+      ->capture_default_str();
+  app->add_option("--eval-batch-size", options->eval_batch_size,
+                  "Samples per evaluation batch (0 = --batch-size); does not change the results")
+      ->capture_default_str();
+  app->add_option("--prefetch-factor,--prefetch_factor", options->prefetch_factor,
+                  "Batches each worker loads ahead (PyTorch's prefetch_factor)")
+      ->check(CLI::Range(1, 1024))
       ->capture_default_str();
   app->add_option("--metrics", options->metrics_path,
                   "Write metrics as JSON lines to FILE: one object per log interval and per epoch")

@@ -12,12 +12,12 @@
 namespace shoal::models {
 namespace {
 
-using Factory = std::function<std::shared_ptr<Model>()>;
+using Factory = std::function<std::shared_ptr<Model>(const InputShape&)>;
 
 const std::map<std::string, Factory>& factories() {
   static const std::map<std::string, Factory> kFactories = {
-      {"cnn", [] { return std::make_shared<Cnn>(); }},
-      {"mlp", [] { return std::make_shared<Mlp>(); }},
+      {"cnn", [](const InputShape& shape) { return std::make_shared<Cnn>(shape); }},
+      {"mlp", [](const InputShape& shape) { return std::make_shared<Mlp>(shape); }},
   };
   return kFactories;
 }
@@ -47,6 +47,10 @@ class SeedGuard {
 }  // namespace
 
 std::shared_ptr<Model> create(const std::string& name, uint64_t seed) {
+  return create(name, seed, InputShape{});
+}
+
+std::shared_ptr<Model> create(const std::string& name, uint64_t seed, const InputShape& shape) {
   const auto& known = factories();
   const auto it = known.find(name);
   if (it == known.end()) {
@@ -55,7 +59,7 @@ std::shared_ptr<Model> create(const std::string& name, uint64_t seed) {
     SHOAL_THROW(InvalidArgument, "unknown model '", name, "'; known models: ", names);
   }
   SeedGuard guard(seed);
-  return it->second();
+  return it->second(shape);
 }
 
 std::vector<std::string> list_models() {

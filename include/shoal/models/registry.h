@@ -18,6 +18,9 @@ namespace shoal::models {
 /// them right after manual_seed(seed). Throws shoal::InvalidArgument for an unknown name; the
 /// message lists the known ones.
 std::shared_ptr<Model> create(const std::string& name, uint64_t seed = 0);
+/// The same for samples of `shape` (e.g. CIFAR-10's 3 x 32 x 32); create(name, seed) builds the
+/// Fashion-MNIST shape.
+std::shared_ptr<Model> create(const std::string& name, uint64_t seed, const InputShape& shape);
 
 /// The names create() accepts, sorted.
 std::vector<std::string> list_models();

@@ -52,8 +52,10 @@ struct TrainOptions {
   int64_t log_interval = 100;
   /// How progress is shown.
   ProgressMode progress = ProgressMode::kAuto;
-  /// Batch size for evaluation (no autograd, so larger batches fit); does not change results.
-  int64_t eval_batch_size = 500;
+  /// Batch size for evaluation; does not change results. 0 (the default): the training batch
+  /// size, so that evaluation never holds more than a training step did (a batch of 500 CNN
+  /// activations held ~1.5x the training step's peak resident memory; see docs/PERFORMANCE.md).
+  int64_t eval_batch_size = 0;
   /// Use only the first N training samples (0 = all): quick runs and tests.
   int64_t train_limit = 0;
   /// Use only the first N test samples (0 = all): quick runs and tests.
@@ -78,6 +80,16 @@ struct TrainOptions {
   /// same step), the trainer saves a checkpoint in checkpoint_dir and returns with
   /// TrainResult::preempted. Empty: never asked, no extra all-reduce.
   std::function<bool()> stop_requested;
+
+  // --- Data (#29): where the samples come from and how they are loaded ahead of the step.
+  /// When not empty, run_training reads the dataset from this torch.save file of a dict with the
+  /// tensors train_x, train_y, test_x, test_y (data/tensor_file.h) instead of data_dir.
+  std::string data_path;
+  /// Threads loading batches ahead of the step (PyTorch's DataLoader num_workers); 0 loads each
+  /// batch in the training thread when the step needs it.
+  int num_workers = 0;
+  /// Batches each worker loads ahead (PyTorch's prefetch_factor).
+  int prefetch_factor = 2;
 
   /// Throws shoal::InvalidArgument naming the first option that cannot work.
   void validate() const;

@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "shoal/checkpoint/training_state.h"
+#include "shoal/data/batch_dataset.h"
 #include "shoal/trace/tracer.h"
 #include "shoal/models/model.h"
 #include "shoal/train/strategy.h"
@@ -113,7 +114,14 @@ EvalResult evaluate(torch::nn::Module& model,
                     const TensorData& data, int64_t batch_size,
                     const LossFunction& loss = cross_entropy_loss);
 
-/// Trains a model on in-memory tensors; see the file comment.
+/// The same over any dataset read a batch at a time (a lazily read one, data/batch_dataset.h),
+/// through a DataLoader without workers.
+EvalResult evaluate(torch::nn::Module& model,
+                    const std::function<at::Tensor(const at::Tensor&)>& forward,
+                    const data::BatchDataset& data, int64_t batch_size,
+                    const LossFunction& loss = cross_entropy_loss);
+
+/// Trains a model on in-memory tensors or any BatchDataset; see the file comment.
 class Trainer {
  public:
   /// `strategy` defaults to SingleProcess. Builds SGD (options.lr, options.momentum) over the
@@ -147,6 +155,11 @@ class Trainer {
   /// Trains for options.epochs epochs on `train`, evaluating on `test` after each (skipped when
   /// `test` is empty). Reports progress and metrics as the options say.
   TrainResult fit(const TensorData& train, const TensorData& test);
+  /// The same over datasets read a batch at a time (in memory, or lazily from files): each epoch's
+  /// samples (the strategy's sampler shard) are loaded by a DataLoader with options.num_workers
+  /// threads, options.prefetch_factor batches each ahead of the step. `test` may be null. Visits
+  /// the same samples in the same order as fit(TensorData), so the weights are the same.
+  TrainResult fit(const data::BatchDataset& train, const data::BatchDataset* test);
 
   /// Loads the newest checkpoint of options.checkpoint_dir into the model and optimizer and
   /// continues from its epoch, step and sampler position: the interrupted epoch skips the samples
