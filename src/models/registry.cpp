@@ -8,6 +8,7 @@
 #include "shoal/error.h"
 #include "shoal/models/cnn.h"
 #include "shoal/models/mlp.h"
+#include "shoal/models/script_model.h"
 
 namespace shoal::models {
 namespace {
@@ -51,12 +52,15 @@ std::shared_ptr<Model> create(const std::string& name, uint64_t seed) {
 }
 
 std::shared_ptr<Model> create(const std::string& name, uint64_t seed, const InputShape& shape) {
+  // A TorchScript file: its weights are the file's (seed and shape do not apply).
+  if (is_script_path(name)) return ScriptModel::load(name);
   const auto& known = factories();
   const auto it = known.find(name);
   if (it == known.end()) {
     std::string names;
     for (const auto& entry : known) names += (names.empty() ? "" : ", ") + entry.first;
-    SHOAL_THROW(InvalidArgument, "unknown model '", name, "'; known models: ", names);
+    SHOAL_THROW(InvalidArgument, "unknown model '", name, "'; known models: ", names,
+                ", or a TorchScript file (path/to/model.pt)");
   }
   SeedGuard guard(seed);
   return it->second(shape);

@@ -32,7 +32,9 @@ torch::nn::Sequential as_sequential(models::Model& model) {
     return seq;
   }
   SHOAL_THROW(InvalidArgument, "as_sequential: ", model.name(),
-              " is not a built-in model with a sequential form (mlp, cnn)");
+              " is not a built-in model with a sequential form (mlp, cnn); a TorchScript model is "
+              "not split into stages yet (its forward is one compiled graph): train it with "
+              "--strategy single, ddp, dp or ps");
 }
 
 }  // namespace shoal::pipeline

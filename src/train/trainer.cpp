@@ -20,6 +20,7 @@
 #include "shoal/log.h"
 #include "shoal/memory/cpu_allocator.h"
 #include "shoal/models/registry.h"
+#include "shoal/models/script_model.h"
 #include "shoal/train/metrics_writer.h"
 #include "shoal/train/progress.h"
 #include "shoal/trace/tracer.h"
@@ -521,8 +522,10 @@ struct LoadedData {
 LoadedData load_data(const TrainOptions& options) {
   LoadedData loaded;
   if (!options.data_path.empty()) {
-    data::TensorFileData tensors =
-        data::read_tensor_file(options.data_path, models::InputShape{}.num_classes);
+    // A TorchScript model's classes are its own business (its loss reports a bad label).
+    data::TensorFileData tensors = data::read_tensor_file(
+        options.data_path,
+        models::is_script_path(options.model) ? 0 : models::InputShape{}.num_classes);
     const at::IntArrayRef sample = tensors.train_x.sizes().slice(1);
     if (sample.size() == 3) {
       loaded.shape = {sample[0], sample[1], sample[2], models::InputShape{}.num_classes};
@@ -561,14 +564,18 @@ TrainResult run_training(const TrainOptions& options, std::unique_ptr<Strategy> 
   options.validate();
   if (options.threads > 0) torch::set_num_threads(options.threads);
   // The model's name first: an unknown one should fail before seconds of data loading.
+  // A TorchScript file (#29) loads here, with its own weights.
+  std::shared_ptr<models::Model> model;
   const std::vector<std::string> known = models::list_models();
-  if (std::find(known.begin(), known.end(), options.model) == known.end()) {
+  if (models::is_script_path(options.model)) {
+    model = models::create(options.model, options.seed);
+  } else if (std::find(known.begin(), known.end(), options.model) == known.end()) {
     models::create(options.model, options.seed);  // throws, listing the known models
   }
   // The data (#29): a torch.save file of tensors (--data), CIFAR-10's binary files, or
   // Fashion-MNIST's IDX files in data_dir.
   LoadedData loaded = load_data(options);
-  std::shared_ptr<models::Model> model = models::create(options.model, options.seed, loaded.shape);
+  if (!model) model = models::create(options.model, options.seed, loaded.shape);
   if (!options.init_from.empty()) {
     // Any state dict: torch.save(model.state_dict()) from Python, a DDP one ("module." keys are
     // accepted), or a Shoal checkpoint's model. Every key must match.
