@@ -9,6 +9,7 @@ data in the same order (#29):
                forward, gradients averaged
   dp, 2 slots  20 steps equal PyTorch's DataParallel semantics: the batch split in two chunks,
                BatchNorm per chunk, replica 0's running statistics kept, gradients summed
+  traced       a torch.jit.trace module (conv, residual, linear): 20 steps equal PyTorch's
   dropout on   (p = 0.5) the run trains (the loss falls), differs from p = 0, and its test accuracy
                is PyTorch's eval() of the saved weights (dropout off in evaluation)
   ps           trains (2 workers, 1 server) and saves a state dict Python loads
@@ -214,6 +215,41 @@ with tempfile.TemporaryDirectory() as tmp:
         line = [l for l in run.stdout.splitlines() if l.startswith("final test accuracy")]
         check(len(line) == 1 and abs(float(line[0].split()[-1]) - accuracy) < 1e-4,
               f"dropout on: test accuracy {line} is PyTorch's eval() accuracy {accuracy:.4f}", run)
+
+    # --- torch.jit.trace: a module without train/eval-dependent layers (tracing freezes those),
+    # conv and a residual connection, 20 steps single equal PyTorch's
+    class Traced(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.stem = nn.Conv2d(2, 4, 3)
+            self.conv = nn.Conv2d(4, 4, 3, padding=1)
+            self.fc = nn.Linear(4 * 10 * 10, 10)
+
+        def forward(self, x):
+            h = F.relu(self.stem(x))
+            h = F.relu(h + self.conv(h))
+            return self.fc(torch.flatten(h, 1))
+
+    torch.manual_seed(1)
+    traced_initial = Traced()
+    traced_file = os.path.join(tmp, "traced.pt")
+    torch.jit.trace(traced_initial, x[:2]).save(traced_file)
+    model = copy.deepcopy(traced_initial)
+    opt = sgd(model)
+    for step in range(20):
+        idx = perm[step * 32:(step + 1) * 32]
+        opt.zero_grad()
+        F.cross_entropy(model(x[idx]), y[idx]).backward()
+        opt.step()
+    dump = os.path.join(tmp, "traced")
+    run = shoal(*[a if a != script else traced_file for a in common], "--batch-size", "32",
+                "--dump-parameters", dump)
+    check(run.returncode == 0, "traced: shoal train exits 0", run)
+    if run.returncode == 0:
+        state = torch.load(dump + ".rank0.pt")
+        worst = max(relative(state[k], v) for k, v in model.state_dict().items())
+        check(worst <= 1e-5, f"traced: 20 steps equal PyTorch's to 1e-5 relative (worst {worst:.3g})")
+        Traced().load_state_dict(state)
 
     # --- ps: trains, and its state dict loads
     dump = os.path.join(tmp, "ps")
