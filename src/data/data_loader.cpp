@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 
+#include "compat/thread_parallelism.h"
 #include "shoal/error.h"
 
 namespace shoal::data {
@@ -42,6 +43,8 @@ Batch DataLoader::load(int64_t batch) const {
 }
 
 void DataLoader::work(int worker) {
+  // Loading must not take cores from the step: this thread's tensor work stays on it.
+  compat::run_intra_op_serially_on_this_thread();
   const int64_t stride = worker_count_;
   // Loaded and not yet taken: at most this many batches ahead of next().
   const int64_t ahead = stride * options_.prefetch_factor;
