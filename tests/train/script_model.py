@@ -13,7 +13,8 @@ data in the same order (#29):
   dropout on   (p = 0.5) the run trains (the loss falls), differs from p = 0, and its test accuracy
                is PyTorch's eval() of the saved weights (dropout off in evaluation)
   ps           trains (2 workers, 1 server) and saves a state dict Python loads
-  pipeline     refused in one line
+  pipeline     a scripted nn.Sequential over 2 stages x 4 micro-batches: 20 steps equal PyTorch's;
+               any other module refused in one line saying why
 
 Every saved state dict loads into the Python module with load_state_dict (strict).
 
@@ -259,12 +260,40 @@ with tempfile.TemporaryDirectory() as tmp:
     if run.returncode == 0:
         Net(0.0).load_state_dict(torch.load(dump + ".rank0.pt"))
 
-    # --- pipeline: one line saying why not
+    # --- pipeline: a module that is not an nn.Sequential is refused in one line saying why
     run = shoal(*common, "--strategy", "pipeline", "--stages", "2", "--batch-size", "32")
     lines = [l for l in run.stderr.splitlines() if l.strip() and "error" in l]
-    check(run.returncode != 0 and 0 < run.returncode < 126, "pipeline: refused with a non-zero exit", run)
-    check(len(lines) >= 1 and "TorchScript model is not split into stages" in lines[0],
-          "pipeline: the refusal says why", run)
+    check(0 < run.returncode < 126, "pipeline, not a Sequential: refused with a non-zero exit", run)
+    check(len(lines) >= 1 and "splits into pipeline stages only when it is a torch.nn.Sequential"
+          in lines[0], "pipeline, not a Sequential: the refusal says why", run)
+
+    # --- pipeline: a scripted nn.Sequential, 2 stages x 4 micro-batches, 20 steps equal PyTorch's
+    # single-process training (the micro-batches' gradients add up to the batch's)
+    torch.manual_seed(2)
+    sequential = nn.Sequential(nn.Conv2d(2, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 10 * 10, 32),
+                               nn.ReLU(), nn.Linear(32, 10))
+    seq_file = os.path.join(tmp, "sequential.pt")
+    torch.jit.script(sequential).save(seq_file)
+    model = copy.deepcopy(sequential)
+    opt = sgd(model)
+    for step in range(20):
+        idx = perm[step * 32:(step + 1) * 32]
+        opt.zero_grad()
+        F.cross_entropy(model(x[idx]), y[idx]).backward()
+        opt.step()
+    dump = os.path.join(tmp, "pipeline")
+    run = shoal(*[a if a != script else seq_file for a in common], "--strategy", "pipeline",
+                "--stages", "2", "--micro-batches", "4", "--batch-size", "32", "--dump-parameters", dump)
+    check(run.returncode == 0, "pipeline, Sequential: shoal train exits 0", run)
+    if run.returncode == 0:
+        state = torch.load(dump + ".rank0.pt")
+        check(sorted(state.keys()) == sorted(model.state_dict().keys()),
+              f"pipeline, Sequential: keys {sorted(state.keys())}")
+        worst = max(relative(state[k], v) for k, v in model.state_dict().items() if k in state)
+        check(worst <= 1e-5, f"pipeline, Sequential: 20 steps equal PyTorch's to 1e-5 relative (worst {worst:.3g})")
+        print(f"pipeline, Sequential: worst relative difference {worst:.3g}", flush=True)
+        fresh = copy.deepcopy(sequential)
+        fresh.load_state_dict(state)
 
     # --- a file that is not TorchScript
     run = shoal("--model", data, "--data", data, "--no-progress", "--threads", "1")

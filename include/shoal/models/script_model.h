@@ -8,8 +8,9 @@
 // ("block.conv1.weight", "bn.running_mean", ...), an optimizer's in-place updates and DDP's
 // broadcasts change the script module's weights, and a state dict saved from it loads into the
 // original Python nn.Module with load_state_dict. forward() runs the script module's forward;
-// train()/eval() switch its mode too (dropout, BatchNorm). Pipeline and --model-parallel splits
-// need the built-in models' sequential form and refuse it (pipeline/pipeline_sequential.h).
+// train()/eval() switch its mode too (dropout, BatchNorm). Pipeline and --model-parallel split a
+// scripted torch.nn.Sequential into its children (pipeline::as_sequential) and refuse any other
+// script module in one line: its forward is one compiled graph.
 //
 // Thread safety: that of torch::nn::Module (see model.h); clone_module() gives a replica with
 // tensors of its own.
