@@ -161,9 +161,9 @@ void add_train_command(CLI::App& root, std::vector<Command>& commands) {
   auto args = std::make_shared<TrainArgs>();
   auto* app = root.add_subcommand(
       "train",
-      "Train a built-in model on Fashion-MNIST (SGD with momentum, cross-entropy), evaluating on\n"
-      "the test set after every epoch, in one process or data-parallel over N processes\n"
-      "(--strategy ddp). The defaults reach >= 0.85 test accuracy in one epoch.");
+      "Train a built-in model or a TorchScript file on Fashion-MNIST, CIFAR-10 or your own tensors\n"
+      "(SGD with momentum, cross-entropy), evaluating on the test set after every epoch, in one\n"
+      "process or data-parallel over N processes (--strategy ddp). The defaults reach >= 0.85 test accuracy in one epoch.");
   app->footer(
       "SGD with momentum and cross-entropy; the test set is evaluated after every epoch.\n"
       "The last stdout line is 'final test accuracy: A'. Progress goes to stderr: a live bar on\n"

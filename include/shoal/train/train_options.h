@@ -21,7 +21,8 @@ enum class ProgressMode {
 /// Options of a training run. The defaults are those of `shoal train`; they were measured to reach
 /// >= 0.85 Fashion-MNIST test accuracy with the CNN in one epoch on two CPU cores.
 struct TrainOptions {
-  /// A name known to shoal::models::create ("cnn", "mlp").
+  /// A name known to shoal::models::create ("cnn", "mlp"), or a TorchScript file's path
+  /// (models::is_script_path).
   std::string model = "cnn";
   /// Passes over the training set.
   int64_t epochs = 1;
@@ -41,7 +42,7 @@ struct TrainOptions {
   uint64_t seed = 0;
   /// LibTorch intra-op threads (torch::set_num_threads); 0 leaves the current setting.
   int threads = 2;
-  /// Directory with the Fashion-MNIST *-ubyte.gz files.
+  /// Directory with the Fashion-MNIST *-ubyte.gz files, or CIFAR-10's binary files.
   std::string data_dir = "/usr/share/datasets/fashion-mnist";
   /// When not empty, JSON lines are written here: one object per log interval and per epoch.
   std::string metrics_path;

@@ -10,8 +10,9 @@
 // The loop is made of separable pieces so that other strategies reuse them: train_step() does one
 // optimizer step on one batch, evaluate() measures loss and accuracy, and Trainer::fit() strings
 // them together, asking its Strategy which samples to visit and which forward to call (see
-// strategy.h). run_training() is `shoal train` as a function: it loads Fashion-MNIST, builds the
-// model and fits it.
+// strategy.h). run_training() is `shoal train` as a function: it loads the data (Fashion-MNIST,
+// CIFAR-10's binary files, or a torch.save file of tensors), builds the model (a built-in one, or
+// a TorchScript file) and fits it.
 //
 // Determinism: with the same options, seed and thread count, two runs produce bit-identical
 // parameters (initial weights and shuffles come from seeded generators; LibTorch's CPU kernels are
@@ -215,8 +216,9 @@ checkpoint::TrainingState load_resume_checkpoint(const TrainOptions& options,
 void inherit_checkpoint_config(TrainOptions& options, const checkpoint::TrainingState& saved,
                                const std::set<std::string>& given, const std::string& where);
 
-/// `shoal train`: sets the thread count, builds options.model, loads Fashion-MNIST from
-/// options.data_dir and fits with `strategy` (SingleProcess when null). Throws InvalidArgument /
+/// `shoal train`: sets the thread count, loads options.data_path (a torch.save dict of tensors)
+/// or options.data_dir (CIFAR-10's binary files when present, else Fashion-MNIST), builds
+/// options.model (a built-in model for the data's sample shape, or a TorchScript file) and fits with `strategy` (SingleProcess when null). Throws InvalidArgument /
 /// DataError with one-line messages.
 TrainResult run_training(const TrainOptions& options,
                          std::unique_ptr<Strategy> strategy = nullptr);
