@@ -251,9 +251,9 @@ void add_train_command(CLI::App& root, std::vector<Command>& commands) {
   auto args = std::make_shared<TrainArgs>();
   auto* app = root.add_subcommand(
       "train",
-      "Train a built-in model on Fashion-MNIST (SGD with momentum, cross-entropy), evaluating on\n"
-      "the test set after every epoch, in one process or data-parallel over N processes\n"
-      "(--strategy ddp). The defaults reach >= 0.85 test accuracy in one epoch.");
+      "Train a built-in model or a TorchScript file on Fashion-MNIST, CIFAR-10 or your own tensors\n"
+      "(SGD with momentum, cross-entropy), evaluating on the test set after every epoch, in one\n"
+      "process or data-parallel over N processes (--strategy ddp). The defaults reach >= 0.85 test accuracy in one epoch.");
   app->footer(
       "SGD with momentum and cross-entropy; the test set is evaluated after every epoch.\n"
       "The last stdout line is 'final test accuracy: A'. Progress goes to stderr: a live bar on\n"
@@ -399,7 +399,24 @@ void add_train_command(CLI::App& root, std::vector<Command>& commands) {
                   "Python, or a file Shoal saved) instead of the seed's initialisation")
       ->type_name("FILE");
   app->add_option("--data-dir", options->data_dir,
-                  "Directory with the Fashion-MNIST *-ubyte.gz files (Debian: dataset-fashion-mnist)")
+                  "Directory with the Fashion-MNIST *-ubyte.gz files (Debian: dataset-fashion-mnist),\n"
+                  "or with CIFAR-10's binary files (data_batch_1.bin, ..., test_batch.bin)")
+      ->capture_default_str();
+  // Data (#29): the user's own tensors, and the workers that load batches ahead of the step.
+  app->add_option("--data", options->data_path,
+                  "Train on the tensors of FILE, written by Python's torch.save({'train_x': X,\n"
+                  "'train_y': y, 'test_x': Xt, 'test_y': yt}) (float inputs, class targets 0-9)")
+      ->type_name("FILE");
+  app->add_option("--num-workers,--num_workers", options->num_workers,
+                  "Threads loading batches ahead of the step (PyTorch's DataLoader num_workers)")
+      ->check(CLI::Range(0, 256))
+      ->capture_default_str();
+  app->add_option("--eval-batch-size", options->eval_batch_size,
+                  "Samples per evaluation batch (0 = --batch-size); does not change the results")
+      ->capture_default_str();
+  app->add_option("--prefetch-factor,--prefetch_factor", options->prefetch_factor,
+                  "Batches each worker loads ahead (PyTorch's prefetch_factor)")
+      ->check(CLI::Range(1, 1024))
       ->capture_default_str();
   app->add_option("--max-decompression-ratio", options->max_decompression_ratio,
                   "Refuse a data file that decodes to more than this multiple of its own size\n"

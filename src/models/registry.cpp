@@ -8,16 +8,17 @@
 #include "shoal/error.h"
 #include "shoal/models/cnn.h"
 #include "shoal/models/mlp.h"
+#include "shoal/models/script_model.h"
 
 namespace shoal::models {
 namespace {
 
-using Factory = std::function<std::shared_ptr<Model>()>;
+using Factory = std::function<std::shared_ptr<Model>(const InputShape&)>;
 
 const std::map<std::string, Factory>& factories() {
   static const std::map<std::string, Factory> kFactories = {
-      {"cnn", [] { return std::make_shared<Cnn>(); }},
-      {"mlp", [] { return std::make_shared<Mlp>(); }},
+      {"cnn", [](const InputShape& shape) { return std::make_shared<Cnn>(shape); }},
+      {"mlp", [](const InputShape& shape) { return std::make_shared<Mlp>(shape); }},
   };
   return kFactories;
 }
@@ -47,15 +48,22 @@ class SeedGuard {
 }  // namespace
 
 std::shared_ptr<Model> create(const std::string& name, uint64_t seed) {
+  return create(name, seed, InputShape{});
+}
+
+std::shared_ptr<Model> create(const std::string& name, uint64_t seed, const InputShape& shape) {
+  // A TorchScript file: its weights are the file's (seed and shape do not apply).
+  if (is_script_path(name)) return ScriptModel::load(name);
   const auto& known = factories();
   const auto it = known.find(name);
   if (it == known.end()) {
     std::string names;
     for (const auto& entry : known) names += (names.empty() ? "" : ", ") + entry.first;
-    SHOAL_THROW(InvalidArgument, "unknown model '", name, "'; known models: ", names);
+    SHOAL_THROW(InvalidArgument, "unknown model '", name, "'; known models: ", names,
+                ", or a TorchScript file (path/to/model.pt)");
   }
   SeedGuard guard(seed);
-  return it->second();
+  return it->second(shape);
 }
 
 std::vector<std::string> list_models() {

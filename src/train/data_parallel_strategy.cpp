@@ -28,7 +28,7 @@ void DataParallelStrategy::prepare(TrainState& state) {
                 "parallel::DataParallel directly");
   auto dp = std::make_shared<parallel::DataParallel<models::Model>>(
       model, parallel::DataParallelOptions().device_ids(ids),
-      [name] { return models::create(name, /*seed=*/0); });
+      [name, shape = model->input_shape()] { return models::create(name, /*seed=*/0, shape); });
   dp_ = dp;
   state.forward = [dp](const at::Tensor& input) { return dp->forward(input); };
 }

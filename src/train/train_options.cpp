@@ -69,7 +69,8 @@ void TrainOptions::validate() const {
                 threads);
   SHOAL_CHECK_T(InvalidArgument, log_interval >= 0,
                 "log interval must be >= 0 (0 = no step logs), got ", log_interval);
-  SHOAL_CHECK_T(InvalidArgument, eval_batch_size >= 1, "evaluation batch size must be at least 1, got ",
+  SHOAL_CHECK_T(InvalidArgument, eval_batch_size >= 0,
+                "evaluation batch size must be >= 0 (0 = the training batch size), got ",
                 eval_batch_size);
   SHOAL_CHECK_T(InvalidArgument, train_limit >= 0, "train limit must be >= 0 (0 = all), got ",
                 train_limit);
@@ -94,6 +95,11 @@ void TrainOptions::validate() const {
   SHOAL_CHECK_T(InvalidArgument, stop_after_steps >= 0, "stop-after-steps must be >= 0, got ",
                 stop_after_steps);
   validate_training_features(*this);
+  // Data (#29).
+  SHOAL_CHECK_T(InvalidArgument, num_workers >= 0 && num_workers <= 256,
+                "num_workers must be in [0, 256], got ", num_workers);
+  SHOAL_CHECK_T(InvalidArgument, prefetch_factor >= 1 && prefetch_factor <= 1024,
+                "prefetch_factor must be in [1, 1024], got ", prefetch_factor);
 }
 
 bool known_lr_schedule(const std::string& schedule) {

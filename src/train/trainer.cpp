@@ -13,7 +13,10 @@
 #include "shoal/checkpoint/checkpoint_manager.h"
 #include "shoal/checkpoint/serialization.h"
 #include "shoal/checkpoint/training_state.h"
+#include "shoal/data/cifar10.h"
+#include "shoal/data/data_loader.h"
 #include "shoal/data/fashion_mnist.h"
+#include "shoal/data/tensor_file.h"
 #include "shoal/comm/init.h"
 #include "shoal/error.h"
 #include "shoal/log.h"
@@ -21,6 +24,7 @@
 #include "shoal/models/registry.h"
 #include "shoal/summary/summary_writer.h"
 #include "shoal/train/clip_grad.h"
+#include "shoal/models/script_model.h"
 #include "shoal/train/metrics_writer.h"
 #include "shoal/train/progress.h"
 #include "shoal/trace/tracer.h"
@@ -147,20 +151,32 @@ double train_step(TrainState& state, const at::Tensor& inputs, const at::Tensor&
 EvalResult evaluate(torch::nn::Module& model,
                     const std::function<at::Tensor(const at::Tensor&)>& forward,
                     const TensorData& data, int64_t batch_size, const LossFunction& loss) {
+  if (data.size() == 0) return evaluate(model, forward, data::TensorDataset(at::empty({0}), at::empty({0})), batch_size, loss);
+  return evaluate(model, forward, data::TensorDataset(data.inputs, data.targets), batch_size, loss);
+}
+
+EvalResult evaluate(torch::nn::Module& model,
+                    const std::function<at::Tensor(const at::Tensor&)>& forward,
+                    const data::BatchDataset& data, int64_t batch_size, const LossFunction& loss) {
   SHOAL_CHECK_T(InvalidArgument, batch_size >= 1, "evaluate: batch size must be at least 1");
   const bool was_training = model.is_training();
   model.eval();
+  // No autograd: nothing of a batch outlives it, so evaluation holds one batch's activations.
   torch::NoGradGuard no_grad;
   double loss_sum = 0;
   int64_t correct = 0;
-  bool classification = !at::isFloatingType(data.targets.scalar_type());
+  bool classification = true;
   const int64_t n = data.size();
-  for (int64_t begin = 0; begin < n; begin += batch_size) {
-    const int64_t end = std::min(n, begin + batch_size);
-    const at::Tensor output = forward(data.inputs.slice(0, begin, end));
-    const at::Tensor targets = data.targets.slice(0, begin, end);
+  data::DataLoaderOptions loader_options;
+  loader_options.batch_size = batch_size;
+  data::DataLoader loader(data, at::arange(n, at::kLong), loader_options);
+  while (std::optional<data::Batch> batch = loader.next()) {
+    const at::Tensor& targets = batch->target;
+    if (at::isFloatingType(targets.scalar_type())) classification = false;
+    const int64_t count = targets.size(0);
+    const at::Tensor output = forward(batch->data);
     // The loss is a batch mean: weighted by the batch's size, the sum is exact over batches.
-    loss_sum += loss(output, targets).item<double>() * static_cast<double>(end - begin);
+    loss_sum += loss(output, targets).item<double>() * static_cast<double>(count);
     if (classification && output.dim() == 2 && targets.dim() == 1) {
       correct += output.argmax(1).eq(targets).sum().item<int64_t>();
     } else {
@@ -432,6 +448,15 @@ void Trainer::save_checkpoint(int64_t completed_epochs, int64_t samples_seen) {
 TrainResult Trainer::fit(const TensorData& train, const TensorData& test) {
   check_data(train, "training");
   if (test.size() > 0) check_data(test, "test");
+  const data::TensorDataset train_set(train.inputs, train.targets);
+  std::optional<data::TensorDataset> test_set;
+  if (test.size() > 0) test_set.emplace(test.inputs, test.targets);
+  return fit(train_set, test_set ? &*test_set : nullptr);
+}
+
+TrainResult Trainer::fit(const data::BatchDataset& train, const data::BatchDataset* test_data) {
+  static const data::TensorDataset kNoTestSet(at::empty({0}), at::empty({0}));
+  const data::BatchDataset& test = test_data != nullptr ? *test_data : kNoTestSet;
   const int64_t n =
       options_.train_limit > 0 ? std::min(options_.train_limit, train.size()) : train.size();
   SHOAL_CHECK_T(InvalidArgument, n > 0, "the training set is empty");
@@ -465,10 +490,7 @@ TrainResult Trainer::fit(const TensorData& train, const TensorData& test) {
   // W times faster than rank 0 alone while the others would wait.
   const int64_t test_begin = test_n * rank / world;
   const int64_t test_end = test_n * (rank + 1) / world;
-  const TensorData test_shard{test.size() > 0 ? test.inputs.slice(0, test_begin, test_end)
-                                              : at::Tensor(),
-                              test.size() > 0 ? test.targets.slice(0, test_begin, test_end)
-                                              : at::Tensor()};
+  const data::SubsetDataset test_shard(test, test_begin, test_end);
 
   const Clock::time_point fit_start = Clock::now();
   // This trainer's own timeline, for this thread: trainers on other threads keep theirs.
@@ -519,7 +541,13 @@ TrainResult Trainer::fit(const TensorData& train, const TensorData& test) {
     // After a resume, skip this rank's share of the samples the job already consumed.
     const int64_t skip = std::min(local, resume_samples_seen_ / replicas);
     resume_samples_seen_ = 0;
-    const int64_t steps = (local - skip + batch - 1) / batch;
+    // This epoch's samples, loaded ahead of the step by the options' workers (#29).
+    data::DataLoaderOptions loader_options;
+    loader_options.batch_size = batch;
+    loader_options.num_workers = options_.num_workers;
+    loader_options.prefetch_factor = options_.prefetch_factor;
+    data::DataLoader loader(train, indices.slice(0, skip), loader_options);
+    const int64_t steps = loader.num_batches();
     // The schedule's T_max: every step of every epoch of the run, resumed or not.
     const int64_t run_steps = options_.epochs * ((local + batch - 1) / batch);
     progress.start_epoch(epoch, steps, (local - skip) * replicas);
@@ -537,17 +565,14 @@ TrainResult Trainer::fit(const TensorData& train, const TensorData& test) {
       double step_lr = 0;
       {
         trace::Span step_span("train step");
-        at::Tensor inputs;
-        at::Tensor targets;
+        std::optional<data::Batch> samples;
         {
           trace::Span data_span("data", "data");
-          const at::Tensor batch_indices = indices.slice(0, begin, end);
-          inputs = train.inputs.index_select(0, batch_indices);
-          targets = train.targets.index_select(0, batch_indices);
+          samples = loader.next();
         }
         apply_lr_schedule(run_steps);
         step_lr = state_.optimizer->param_groups().front().options().get_lr();
-        loss = strategy_->train_step(state_, inputs, targets);
+        loss = strategy_->train_step(state_, samples->data, samples->target);
       }
       ++comm_steps;
       if (!callbacks_.empty()) {
@@ -645,7 +670,8 @@ TrainResult Trainer::fit(const TensorData& train, const TensorData& test) {
       trace::set_step(epoch + 1, state_.step);
       trace::Span eval_span("evaluation", "eval");
       const EvalResult eval =
-          evaluate(*state_.model, state_.model_forward, test_shard, options_.eval_batch_size,
+          evaluate(*state_.model, state_.model_forward, test_shard,
+                   options_.eval_batch_size > 0 ? options_.eval_batch_size : batch,
                    state_.loss);
       totals[2] = eval.loss * static_cast<double>(eval.samples);
       totals[3] = std::round(eval.accuracy * static_cast<double>(eval.samples));
@@ -802,32 +828,95 @@ void Trainer::write_trace() {
   }
 }
 
+namespace {
+
+/// What run_training trains on (#29).
+struct LoadedData {
+  std::unique_ptr<data::BatchDataset> train;
+  std::unique_ptr<data::BatchDataset> test;
+  models::InputShape shape;
+  std::string name;   // "Fashion-MNIST", "CIFAR-10", "tensors"
+  std::string where;  // the file or folder
+};
+
+LoadedData load_data(const TrainOptions& options) {
+  LoadedData loaded;
+  if (!options.data_path.empty()) {
+    // A TorchScript model's classes are its own business (its loss reports a bad label).
+    data::TensorFileData tensors = data::read_tensor_file(
+        options.data_path,
+        models::is_script_path(options.model) ? 0 : models::InputShape{}.num_classes);
+    const at::IntArrayRef sample = tensors.train_x.sizes().slice(1);
+    if (sample.size() == 3) {
+      loaded.shape = {sample[0], sample[1], sample[2], models::InputShape{}.num_classes};
+    } else {
+      SHOAL_CHECK_T(DataError, options.model != "cnn", options.data_path, ": train_x has shape ",
+                    tensors.train_x.sizes(), "; --model cnn takes images [N, C, H, W]");
+      int64_t features = 1;
+      for (const int64_t d : sample) features *= d;
+      loaded.shape = {features, 1, 1, models::InputShape{}.num_classes};
+    }
+    loaded.train = std::make_unique<data::TensorDataset>(tensors.train_x, tensors.train_y);
+    loaded.test = std::make_unique<data::TensorDataset>(tensors.test_x, tensors.test_y);
+    loaded.name = "tensors";
+    loaded.where = options.data_path;
+  } else if (data::Cifar10::present(options.data_dir)) {
+    loaded.train = std::make_unique<data::Cifar10>(options.data_dir, /*train=*/true);
+    loaded.test = std::make_unique<data::Cifar10>(options.data_dir, /*train=*/false);
+    loaded.shape = {data::Cifar10::kChannels, data::Cifar10::kRows, data::Cifar10::kCols,
+                    data::Cifar10::kNumClasses};
+    loaded.name = "CIFAR-10";
+    loaded.where = options.data_dir;
+  } else {
+    const data::FashionMnist train_set(options.data_dir, /*train=*/true,
+                                       options.max_decompression_ratio);
+    const data::FashionMnist test_set(options.data_dir, /*train=*/false,
+                                      options.max_decompression_ratio);
+    loaded.train = std::make_unique<data::TensorDataset>(train_set.images(), train_set.targets());
+    loaded.test = std::make_unique<data::TensorDataset>(test_set.images(), test_set.targets());
+    loaded.name = "Fashion-MNIST";
+    loaded.where = options.data_dir;
+  }
+  return loaded;
+}
+
+}  // namespace
+
 TrainResult run_training(const TrainOptions& options, std::unique_ptr<Strategy> strategy) {
   options.validate();
   if (options.threads > 0) torch::set_num_threads(options.threads);
-  // The model first: an unknown name should fail before seconds of data loading.
-  std::shared_ptr<models::Model> model = models::create(options.model, options.seed);
+  // The model's name first: an unknown one should fail before seconds of data loading.
+  // A TorchScript file (#29) loads here, with its own weights.
+  std::shared_ptr<models::Model> model;
+  const std::vector<std::string> known = models::list_models();
+  if (models::is_script_path(options.model)) {
+    model = models::create(options.model, options.seed);
+  } else if (std::find(known.begin(), known.end(), options.model) == known.end()) {
+    models::create(options.model, options.seed);  // throws, listing the known models
+  }
+  // The data (#29): a torch.save file of tensors (--data), CIFAR-10's binary files, or
+  // Fashion-MNIST's IDX files in data_dir.
+  LoadedData loaded = load_data(options);
+  if (!model) model = models::create(options.model, options.seed, loaded.shape);
   if (!options.init_from.empty()) {
     // Any state dict: torch.save(model.state_dict()) from Python, a DDP one ("module." keys are
     // accepted), or a Shoal checkpoint's model. Every key must match.
     checkpoint::load_state_dict(*model, checkpoint::load_state_dict_file(options.init_from));
   }
-  const data::FashionMnist train_set(options.data_dir, /*train=*/true, options.max_decompression_ratio);
-  const data::FashionMnist test_set(options.data_dir, /*train=*/false, options.max_decompression_ratio);
   const bool reports = !strategy || strategy->rank() == 0;
   const int world = strategy ? strategy->world_size() : 1;
   if (reports && options.progress != ProgressMode::kNone) {
     int64_t parameters = 0;
     for (const at::Tensor& p : model->parameters()) parameters += p.numel();
     const int64_t train_size = options.train_limit > 0
-                                   ? std::min(options.train_limit, train_set.images().size(0))
-                                   : train_set.images().size(0);
+                                   ? std::min(options.train_limit, loaded.train->size())
+                                   : loaded.train->size();
     const int64_t test_size = options.test_limit > 0
-                                  ? std::min(options.test_limit, test_set.images().size(0))
-                                  : test_set.images().size(0);
+                                  ? std::min(options.test_limit, loaded.test->size())
+                                  : loaded.test->size();
     // Doubles go through a stream with its default precision: what printf's %g shows.
-    log::info("shoal train: ", options.model, " (", parameters, " parameters), Fashion-MNIST ",
-              train_size, " train / ", test_size, " test images from ", options.data_dir,
+    log::info("shoal train: ", options.model, " (", parameters, " parameters), ", loaded.name, " ",
+              train_size, " train / ", test_size, " test samples from ", loaded.where,
               ", batch ", options.batch_size, world > 1 ? " per rank" : "", ", lr ", options.lr,
               ", momentum ", options.momentum,
               options.lr_schedule == "constant" ? "" : ", lr schedule " + options.lr_schedule,
@@ -849,8 +938,7 @@ TrainResult run_training(const TrainOptions& options, std::unique_ptr<Strategy> 
                 changes);
     }
   }
-  return trainer.fit({train_set.images(), train_set.targets()},
-                     {test_set.images(), test_set.targets()});
+  return trainer.fit(*loaded.train, loaded.test.get());
 }
 
 }  // namespace shoal::train

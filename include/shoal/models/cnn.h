@@ -21,8 +21,11 @@ namespace shoal::models {
 /// conv(1,32,3)-relu-conv(32,64,3)-relu-maxpool(2)-fc(9216,128)-relu-fc(128,10).
 class Cnn : public Model {
  public:
-  Cnn();
-  /// [B,1,28,28] -> logits [B,10].
+  Cnn() : Cnn(InputShape{}) {}
+  /// For other images: conv(C,32,3), conv(32,64,3), fc(64 * ((H-4)/2) * ((W-4)/2), 128),
+  /// fc(128, classes). Throws InvalidArgument for images smaller than 6 x 6.
+  explicit Cnn(const InputShape& shape);
+  /// [B,1,28,28] -> logits [B,10] (by default).
   at::Tensor forward(at::Tensor input) override;
 
   torch::nn::Conv2d conv1{nullptr};

@@ -16,7 +16,9 @@ namespace shoal::models {
 /// flatten-fc(784,1024)-relu-fc(1024,1024)-relu-fc(1024,10).
 class Mlp : public Model {
  public:
-  Mlp();
+  Mlp() : Mlp(InputShape{}) {}
+  /// fc(C*H*W, 1024), fc(1024, 1024), fc(1024, classes).
+  explicit Mlp(const InputShape& shape);
   /// [B,1,28,28] (or [B,784]) -> logits [B,10].
   at::Tensor forward(at::Tensor input) override;
 

@@ -12,12 +12,26 @@
 
 namespace shoal::models {
 
+/// What a built-in model is built for: samples [channels, height, width] (Fashion-MNIST's by
+/// default; CIFAR-10's is 3 x 32 x 32) mapped to num_classes logits.
+struct InputShape {
+  int64_t channels = 1;
+  int64_t height = 28;
+  int64_t width = 28;
+  int64_t num_classes = 10;
+};
+
 /// A module with one tensor in and one tensor out (logits), trainable by the built-in trainer.
 class Model : public torch::nn::Module {
  public:
   using torch::nn::Module::Module;
   /// Maps inputs [B, ...] to logits [B, num_classes].
   virtual at::Tensor forward(at::Tensor input) = 0;
+  /// The samples the model was built for (another replica of it is built from the same shape).
+  const InputShape& input_shape() const { return input_shape_; }
+
+ protected:
+  InputShape input_shape_;
 };
 
 }  // namespace shoal::models

@@ -18,6 +18,11 @@ namespace shoal::models {
 /// them right after manual_seed(seed). Throws shoal::InvalidArgument for an unknown name; the
 /// message lists the known ones.
 std::shared_ptr<Model> create(const std::string& name, uint64_t seed = 0);
+/// A name that is a path (models::is_script_path: ends in .pt, .pth, .ts, or holds a '/') loads
+/// that TorchScript file as a ScriptModel instead (its own weights; seed and shape do not apply).
+/// The same for samples of `shape` (e.g. CIFAR-10's 3 x 32 x 32); create(name, seed) builds the
+/// Fashion-MNIST shape.
+std::shared_ptr<Model> create(const std::string& name, uint64_t seed, const InputShape& shape);
 
 /// The names create() accepts, sorted.
 std::vector<std::string> list_models();

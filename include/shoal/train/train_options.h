@@ -23,7 +23,8 @@ enum class ProgressMode {
 /// Options of a training run. The defaults are those of `shoal train`; they were measured to reach
 /// >= 0.85 Fashion-MNIST test accuracy with the CNN in one epoch on two CPU cores.
 struct TrainOptions {
-  /// A name known to shoal::models::create ("cnn", "mlp").
+  /// A name known to shoal::models::create ("cnn", "mlp"), or a TorchScript file's path
+  /// (models::is_script_path).
   std::string model = "cnn";
   /// Passes over the training set.
   int64_t epochs = 1;
@@ -47,7 +48,7 @@ struct TrainOptions {
   uint64_t seed = 0;
   /// LibTorch intra-op threads (torch::set_num_threads); 0 leaves the current setting.
   int threads = 2;
-  /// Directory with the Fashion-MNIST *-ubyte.gz files.
+  /// Directory with the Fashion-MNIST *-ubyte.gz files, or CIFAR-10's binary files.
   std::string data_dir = "/usr/share/datasets/fashion-mnist";
   /// Refuse data files that decode to more than this multiple of their size (beyond 64 MiB);
   /// 0 turns the check off. See data::FashionMnist::kMaxDecompressionRatio.
@@ -70,8 +71,10 @@ struct TrainOptions {
   int64_t log_interval = 100;
   /// How progress is shown.
   ProgressMode progress = ProgressMode::kAuto;
-  /// Batch size for evaluation (no autograd, so larger batches fit); does not change results.
-  int64_t eval_batch_size = 500;
+  /// Batch size for evaluation; does not change results. 0 (the default): the training batch
+  /// size, so that evaluation never holds more than a training step did (a batch of 500 CNN
+  /// activations held ~1.5x the training step's peak resident memory; see docs/PERFORMANCE.md).
+  int64_t eval_batch_size = 0;
   /// Use only the first N training samples (0 = all): quick runs and tests.
   int64_t train_limit = 0;
   /// Use only the first N test samples (0 = all): quick runs and tests.
@@ -131,6 +134,16 @@ struct TrainOptions {
   /// "fp32", or "bf16": the forward and the loss under CPU autocast to bfloat16 (torch.autocast(
   /// "cpu", dtype=torch.bfloat16)); the weights, gradients and optimizer stay float32.
   std::string precision = "fp32";
+
+  // --- Data (#29): where the samples come from and how they are loaded ahead of the step.
+  /// When not empty, run_training reads the dataset from this torch.save file of a dict with the
+  /// tensors train_x, train_y, test_x, test_y (data/tensor_file.h) instead of data_dir.
+  std::string data_path;
+  /// Threads loading batches ahead of the step (PyTorch's DataLoader num_workers); 0 loads each
+  /// batch in the training thread when the step needs it.
+  int num_workers = 0;
+  /// Batches each worker loads ahead (PyTorch's prefetch_factor).
+  int prefetch_factor = 2;
 
   /// Throws shoal::InvalidArgument naming the first option that cannot work.
   void validate() const;

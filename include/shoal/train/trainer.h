@@ -10,8 +10,9 @@
 // The loop is made of separable pieces so that other strategies reuse them: train_step() does one
 // optimizer step on one batch, evaluate() measures loss and accuracy, and Trainer::fit() strings
 // them together, asking its Strategy which samples to visit and which forward to call (see
-// strategy.h). run_training() is `shoal train` as a function: it loads Fashion-MNIST, builds the
-// model and fits it.
+// strategy.h). run_training() is `shoal train` as a function: it loads the data (Fashion-MNIST,
+// CIFAR-10's binary files, or a torch.save file of tensors), builds the model (a built-in one, or
+// a TorchScript file) and fits it.
 //
 // Determinism: with the same options, seed and thread count, two runs produce bit-identical
 // parameters (initial weights and shuffles come from seeded generators; LibTorch's CPU kernels are
@@ -34,6 +35,7 @@
 #include <vector>
 
 #include "shoal/checkpoint/training_state.h"
+#include "shoal/data/batch_dataset.h"
 #include "shoal/trace/tracer.h"
 #include "shoal/models/model.h"
 #include "shoal/train/strategy.h"
@@ -189,7 +191,14 @@ EvalResult evaluate(torch::nn::Module& model,
                     const TensorData& data, int64_t batch_size,
                     const LossFunction& loss = cross_entropy_loss);
 
-/// Trains a model on in-memory tensors; see the file comment.
+/// The same over any dataset read a batch at a time (a lazily read one, data/batch_dataset.h),
+/// through a DataLoader without workers.
+EvalResult evaluate(torch::nn::Module& model,
+                    const std::function<at::Tensor(const at::Tensor&)>& forward,
+                    const data::BatchDataset& data, int64_t batch_size,
+                    const LossFunction& loss = cross_entropy_loss);
+
+/// Trains a model on in-memory tensors or any BatchDataset; see the file comment.
 class Trainer {
  public:
   /// `strategy` defaults to SingleProcess. Builds SGD (options.lr, options.momentum) over the
@@ -223,6 +232,11 @@ class Trainer {
   /// Trains for options.epochs epochs on `train`, evaluating on `test` after each (skipped when
   /// `test` is empty). Reports progress and metrics as the options say.
   TrainResult fit(const TensorData& train, const TensorData& test);
+  /// The same over datasets read a batch at a time (in memory, or lazily from files): each epoch's
+  /// samples (the strategy's sampler shard) are loaded by a DataLoader with options.num_workers
+  /// threads, options.prefetch_factor batches each ahead of the step. `test` may be null. Visits
+  /// the same samples in the same order as fit(TensorData), so the weights are the same.
+  TrainResult fit(const data::BatchDataset& train, const data::BatchDataset* test);
 
   /// Loads the newest checkpoint of options.checkpoint_dir into the model and optimizer and
   /// continues from its epoch, step and sampler position: the interrupted epoch skips the samples
@@ -296,8 +310,9 @@ void inherit_checkpoint_config(TrainOptions& options, const checkpoint::Training
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const TrainOptions& options,
                                                         const std::vector<at::Tensor>& parameters);
 
-/// `shoal train`: sets the thread count, builds options.model, loads Fashion-MNIST from
-/// options.data_dir and fits with `strategy` (SingleProcess when null). Throws InvalidArgument /
+/// `shoal train`: sets the thread count, loads options.data_path (a torch.save dict of tensors)
+/// or options.data_dir (CIFAR-10's binary files when present, else Fashion-MNIST), builds
+/// options.model (a built-in model for the data's sample shape, or a TorchScript file) and fits with `strategy` (SingleProcess when null). Throws InvalidArgument /
 /// DataError with one-line messages.
 TrainResult run_training(const TrainOptions& options,
                          std::unique_ptr<Strategy> strategy = nullptr);
