@@ -1,7 +1,7 @@
 """PyTorch's Python DistributedDataParallel on the models of `shoal bench ddp`: the peer Shoal's
 DDP is measured against, side by side (gloo, one thread per rank, synthetic data).
 
-usage: ddp_torch.py --model cnn|mlp --steps N --warmup W --batch B --world R --result FILE
+usage: ddp_torch.py --model cnn|mlp|transformer --steps N --warmup W --batch B --world R --result FILE
                     [--gradient-as-bucket-view]
 Writes one JSON object to FILE: samples_per_s (all ranks together), peak_rss_mb, pss_mb (PSS after
 the timed steps) and live_mb (heap in use at the end of forward and of backward, the larger, over

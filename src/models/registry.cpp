@@ -8,6 +8,7 @@
 #include "shoal/error.h"
 #include "shoal/models/cnn.h"
 #include "shoal/models/mlp.h"
+#include "shoal/models/transformer.h"
 
 namespace shoal::models {
 namespace {
@@ -18,6 +19,7 @@ const std::map<std::string, Factory>& factories() {
   static const std::map<std::string, Factory> kFactories = {
       {"cnn", [] { return std::make_shared<Cnn>(); }},
       {"mlp", [] { return std::make_shared<Mlp>(); }},
+      {"transformer", [] { return std::make_shared<Transformer>(); }},
   };
   return kFactories;
 }
