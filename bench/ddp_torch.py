@@ -1,7 +1,7 @@
 """PyTorch's Python DistributedDataParallel on the models of `shoal bench ddp`: the peer Shoal's
 DDP is measured against, side by side (gloo, one thread per rank, synthetic data).
 
-usage: ddp_torch.py --model cnn|mlp --steps N --warmup W --batch B --world R --result FILE
+usage: ddp_torch.py --model cnn|mlp|transformer --steps N --warmup W --batch B --world R --result FILE
                     [--gradient-as-bucket-view] [--zero]
 --zero steps SGD through ZeroRedundancyOptimizer (each rank keeps its part of the momentum): the
 peer of `shoal bench fsdp`'s stage 1.

@@ -1,7 +1,7 @@
 """PyTorch's side of `shoal bench dp`: data parallelism in one process (nn.DataParallel) and across
 processes (DistributedDataParallel, gloo) on the models of `shoal bench`, one thread per replica.
 
-usage: dp_torch.py --mode dp|dp_module|ddp --model cnn|mlp --replicas K --batch B --steps N
+usage: dp_torch.py --mode dp|dp_module|ddp --model cnn|mlp|transformer --replicas K --batch B --steps N
                    --warmup W --result FILE
 
 dp_module: torch.nn.DataParallel as it is. Without a GPU it keeps device_ids=[] and calls the

@@ -18,7 +18,7 @@ import torch.multiprocessing as mp
 # The Python twins of Shoal's model registry (the same ones the oracle tests compare against), so
 # that both sides of a benchmark train exactly the same architecture.
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "models"))
-from pytorch_models import Cnn, Mlp  # noqa: E402
+from pytorch_models import MODELS  # noqa: E402
 
 
 def argument_parser(steps, warmup, batch):
@@ -34,9 +34,10 @@ def argument_parser(steps, warmup, batch):
 
 
 def make_model(name):
-    """The model `name` (cnn or mlp), initialised from seed 0 as Shoal's side initialises it."""
+    """The model `name` (cnn, mlp or transformer), initialised from seed 0 as Shoal's side
+    initialises it."""
     torch.manual_seed(0)
-    return Cnn() if name == "cnn" else Mlp()
+    return MODELS[name]()
 
 
 def _rank_main(rank, worker, args, world, tmp):

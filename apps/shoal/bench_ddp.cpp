@@ -58,6 +58,7 @@ struct DdpBenchArgs : StepBenchArgs, WorkerArgs {
   std::vector<std::string> backends{"shm"};
   int batch = 64;
   int world = 2;
+  std::string ceiling = "interleaved";  // or once
   double bucket_cap_mb = 0;        // 0: DDP's default
   double first_bucket_cap_mb = 0;  // 0: DDP's default
   std::string torch_script = bench_script("ddp_torch.py");
@@ -340,8 +341,9 @@ void run_mode(const DdpBenchArgs& args, const std::string& exe, const std::strin
 }
 
 int run_ddp_bench(const DdpBenchArgs& args) {
-  SHOAL_CHECK_T(InvalidArgument, args.model == "cnn" || args.model == "mlp",
-                "bench ddp: --model must be cnn or mlp, not '", args.model, "'");
+  check_bench_model("bench ddp", args.model);
+  SHOAL_CHECK_T(InvalidArgument, args.ceiling == "interleaved" || args.ceiling == "once",
+                "bench ddp: --ceiling takes interleaved or once, not '", args.ceiling, "'");
   SHOAL_CHECK_T(InvalidArgument, args.steps > 0 && args.rounds > 0 && args.batch > 0 && args.world >= 2,
                 "bench ddp: --steps, --rounds and --batch must be positive and --world at least 2");
   for (const auto& backend : args.backends) {
@@ -377,8 +379,27 @@ int run_ddp_bench(const DdpBenchArgs& args) {
     modes.push_back({"pytorch_ddp", "gloo", false, "allreduce", peer});
     modes.push_back({"pytorch_ddp", "gloo", true, "allreduce", peer});
   }
+  // The ceiling (`independent`) is what the machine allows at this moment, and this machine's
+  // moment swings by 15 % within minutes: with --ceiling interleaved it runs before the first
+  // contender and after every contender, and each contender's of_ceil for a round is its rate
+  // over the mean of the ceiling runs just before and just after it (the median over rounds is
+  // reported, with the spread of the ceiling's own runs).
+  DdpMode& independent_mode = modes[1];
+  auto ceiling_now = [&](int round) {
+    run_mode(args, exe, dir, round, independent_mode);
+    return independent_mode.samples["samples_per_s"].back();
+  };
   for (int round = 0; round < args.rounds; ++round) {
-    for (auto& mode : modes) run_mode(args, exe, dir, round, mode);
+    run_mode(args, exe, dir, round, modes[0]);
+    double before = ceiling_now(round);
+    for (size_t i = 2; i < modes.size(); ++i) {
+      run_mode(args, exe, dir, round, modes[i]);
+      const double after = args.ceiling == "interleaved" ? ceiling_now(round) : before;
+      const double ceiling = (before + after) / 2;
+      modes[i].samples["ceiling"].push_back(ceiling);
+      modes[i].samples["of_ceiling"].push_back(modes[i].samples["samples_per_s"].back() / ceiling);
+      before = after;
+    }
   }
   std::system(("rm -rf " + dir).c_str());
 
@@ -406,7 +427,13 @@ int run_ddp_bench(const DdpBenchArgs& args) {
     const bool parallel = mode.name != "single";
     const double efficiency = parallel ? rate / (args.world * single.get("samples_per_s")) : std::nan("");
     const bool ddp = mode.name == "shoal_ddp" || mode.name == "pytorch_ddp";
-    const double of_ceiling = ddp ? rate / independent.get("samples_per_s") : std::nan("");
+    const double of_ceiling = ddp ? mode.get("of_ceiling") : std::nan("");
+    const auto ratios = mode.samples.find("of_ceiling");
+    const bool has_ratios = ddp && ratios != mode.samples.end() && !ratios->second.empty();
+    const double of_ceiling_min =
+        has_ratios ? *std::min_element(ratios->second.begin(), ratios->second.end()) : std::nan("");
+    const double of_ceiling_max =
+        has_ratios ? *std::max_element(ratios->second.begin(), ratios->second.end()) : std::nan("");
     const double vs =
         mode.name == "shoal_ddp" ? rate / pytorch_rate(mode.bucket_view, "") : std::nan("");
     // Against every PyTorch peer: {"1.13.1": 1.31, "2.15.0": 1.12}.
@@ -430,7 +457,8 @@ int run_ddp_bench(const DdpBenchArgs& args) {
           "\"batch_per_rank\": %d, \"gradient_as_bucket_view\": %s, \"samples_per_s\": %s, "
           "\"peak_rss_mb\": %s, \"extra_rss_mb\": %s, \"pss_mb\": %s, \"extra_pss_mb\": %s, "
           "\"live_mb\": %s, \"extra_live_mb\": %s, \"grad_mb\": %s, \"efficiency\": %s, "
-          "\"of_ceiling\": %s, \"vs_pytorch\": %s, \"vs_pytorch_by_version\": %s, \"torch\": %s, "
+          "\"of_ceiling\": %s, \"of_ceiling_min\": %s, \"of_ceiling_max\": %s, "
+          "\"ceiling_runs\": %zu, \"vs_pytorch\": %s, \"vs_pytorch_by_version\": %s, \"torch\": %s, "
           "\"forward_ms\": %s, \"backward_ms\": %s, "
           "\"optimizer_ms\": %s, \"wait_ms\": %s, \"overlap\": %s, \"hidden_bytes_fraction\": %s, "
           "\"buckets\": %s, \"comm_hook\": %s, \"sent_bytes_per_step\": %s, \"rounds\": %d}\n",
@@ -442,6 +470,8 @@ int run_ddp_bench(const DdpBenchArgs& args) {
           json_number(extra_pss).c_str(), json_number(mode.get("live_mb")).c_str(),
           json_number(extra_live).c_str(), json_number(single.get("grad_mb")).c_str(),
           json_number(efficiency).c_str(), json_number(of_ceiling).c_str(),
+          json_number(of_ceiling_min).c_str(), json_number(of_ceiling_max).c_str(),
+          independent.samples.count("samples_per_s") ? independent.samples.at("samples_per_s").size() : 0,
           json_number(vs).c_str(), vs_each.c_str(),
           mode.peer.version.empty() ? "null" : ("\"" + mode.peer.version + "\"").c_str(),
           json_number(mode.get("forward_ms")).c_str(),
@@ -471,8 +501,17 @@ int run_ddp_bench(const DdpBenchArgs& args) {
     }
   }
   if (!args.json) {
+    const auto& ceilings = independent.samples.at("samples_per_s");
+    const double ceiling = median(ceilings);
+    const auto [low, high] = std::minmax_element(ceilings.begin(), ceilings.end());
+    std::printf("ceiling (independent, %zu runs %s): median %.1f samples/s, range %.1f-%.1f "
+                "(%+.1f%% / %+.1f%% of the median)\n",
+                ceilings.size(),
+                args.ceiling == "interleaved" ? "interleaved with the contenders" : "once a round",
+                ceiling, *low, *high, 100 * (*low / ceiling - 1), 100 * (*high / ceiling - 1));
     std::printf("efficiency = samples/s / (%d x single); of_ceil = samples/s / independent (%d "
-                "processes without communication); vs_pt = Shoal / PyTorch DDP (the first --torch peer) with the same "
+                "processes without communication; per round, against the ceiling runs beside "
+                "it, median of the rounds); vs_pt = Shoal / PyTorch DDP (the first --torch peer) with the same "
                 "gradient_as_bucket_view; +MB = peak RSS - single's (shared memory counted in full by every "
                 "rank); +live = live memory - single's (heap in use at the end of forward and of "
                 "backward, the larger, plus the rank's share of shared memory; JSON also has PSS); "
@@ -502,6 +541,10 @@ void add_bench_ddp_command(CLI::App& bench, std::vector<Command>& commands) {
                   "DDP first_bucket_cap_mb (0: DDP's default)")
       ->capture_default_str();
   app->add_option("--torch-script", args->torch_script, "PyTorch peer script")->capture_default_str();
+  app->add_option("--ceiling", args->ceiling,
+                  "interleaved: the no-communication ceiling runs before the first contender and "
+                  "after every one (of_ceil against the runs beside it); once: once a round")
+      ->capture_default_str();
   add_torch_option(*app, args->torch_peers);
   app->add_option("--comm-hook", args->comm_hooks,
                   "communication hooks of Shoal's DDP, each measured (allreduce, fp16, bf16, "

@@ -190,8 +190,7 @@ void run_mode(const DpBenchArgs& args, const std::string& exe, const std::string
 }
 
 int run_dp_bench(const DpBenchArgs& args) {
-  SHOAL_CHECK_T(InvalidArgument, args.model == "cnn" || args.model == "mlp",
-                "bench dp: --model must be cnn or mlp, not '", args.model, "'");
+  check_bench_model("bench dp", args.model);
   SHOAL_CHECK_T(InvalidArgument,
                 args.replicas >= 2 && args.batch >= args.replicas && args.steps > 0 &&
                     args.rounds > 0,

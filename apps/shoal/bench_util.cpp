@@ -22,6 +22,7 @@
 #include "launcher/exit_status.h"
 #include "shoal/error.h"
 #include "shoal/log.h"
+#include "shoal/models/registry.h"
 
 #ifndef SHOAL_SOURCE_DIR
 #define SHOAL_SOURCE_DIR "."
@@ -102,8 +103,17 @@ void stop_children(const std::vector<pid_t>& pids, std::vector<int>& statuses,
 
 }  // namespace
 
+void check_bench_model(const std::string& bench, const std::string& model) {
+  const auto known = models::list_models();
+  if (std::find(known.begin(), known.end(), model) != known.end()) return;
+  std::string names;
+  for (const auto& name : known) names += (names.empty() ? "" : ", ") + name;
+  SHOAL_THROW(InvalidArgument, bench, ": --model must be a built-in model (", names, "), not '",
+              model, "'");
+}
+
 void add_step_options(CLI::App& app, StepBenchArgs& args) {
-  app.add_option("--model", args.model, "cnn or mlp")->capture_default_str();
+  app.add_option("--model", args.model, "a built-in model: cnn, mlp or transformer")->capture_default_str();
   app.add_option("--steps", args.steps, "timed steps per run")->capture_default_str();
   app.add_option("--warmup", args.warmup, "untimed steps first")->capture_default_str();
   app.add_option("--rounds", args.rounds, "interleaved rounds (medians are reported)")

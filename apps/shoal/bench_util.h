@@ -27,6 +27,9 @@ struct StepBenchArgs {
   bool json = false;
 };
 
+/// Throws InvalidArgument naming `bench` and the built-in models unless `model` is one of them.
+void check_bench_model(const std::string& bench, const std::string& model);
+
 /// Registers StepBenchArgs as --model, --steps, --warmup, --rounds and --json; the values in
 /// `args` are the defaults shown.
 void add_step_options(CLI::App& app, StepBenchArgs& args);

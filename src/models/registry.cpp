@@ -9,6 +9,7 @@
 #include "shoal/models/cnn.h"
 #include "shoal/models/mlp.h"
 #include "shoal/models/script_model.h"
+#include "shoal/models/transformer.h"
 
 namespace shoal::models {
 namespace {
@@ -19,6 +20,7 @@ const std::map<std::string, Factory>& factories() {
   static const std::map<std::string, Factory> kFactories = {
       {"cnn", [](const InputShape& shape) { return std::make_shared<Cnn>(shape); }},
       {"mlp", [](const InputShape& shape) { return std::make_shared<Mlp>(shape); }},
+      {"transformer", [](const InputShape& shape) { return std::make_shared<Transformer>(shape); }},
   };
   return kFactories;
 }

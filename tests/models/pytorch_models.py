@@ -47,11 +47,51 @@ class Mlp(nn.Module):
         return self.fc3(x)
 
 
+class TransformerBlock(nn.Module):
+    def __init__(self, dim, heads, hidden):
+        super().__init__()
+        self.heads = heads
+        self.ln1 = nn.LayerNorm(dim)
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.proj = nn.Linear(dim, dim)
+        self.ln2 = nn.LayerNorm(dim)
+        self.fc1 = nn.Linear(dim, hidden)
+        self.fc2 = nn.Linear(hidden, dim)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        w = torch.softmax(q @ k.transpose(-2, -1) / (d // self.heads) ** 0.5, -1)
+        x = x + self.proj((w @ v).transpose(1, 2).reshape(b, t, d))
+        return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
+
+
+class Transformer(nn.Module):
+    """Shoal's "transformer" (include/shoal/models/transformer.h): rows of the image as tokens."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Linear(28, 64)
+        self.pos = nn.Embedding(28, 64)
+        self.blocks = nn.ModuleList([TransformerBlock(64, 4, 256) for _ in range(4)])
+        self.ln_f = nn.LayerNorm(64)
+        self.head = nn.Linear(64, 10)
+
+    def forward(self, x):
+        x = self.embed(x.reshape(x.shape[0], 28, 28)) + self.pos.weight
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.ln_f(x).mean(1))
+
+
+MODELS = {"cnn": Cnn, "mlp": Mlp, "transformer": Transformer}
+
+
 def main():
     name, seed, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
     torch.set_num_threads(1)
     torch.manual_seed(seed)
-    model = {"cnn": Cnn, "mlp": Mlp}[name]()
+    model = MODELS[name]()
     x = torch.linspace(-1, 1, 2 * 784).reshape(2, 1, 28, 28)
     with torch.no_grad():
         logits = model(x)

@@ -72,6 +72,7 @@ void check(const std::string& name, uint64_t seed) {
 
 TEST(ModelsVsPyTorch, CnnInitMatches) { check("cnn", 42); }
 TEST(ModelsVsPyTorch, MlpInitMatches) { check("mlp", 7); }
+TEST(ModelsVsPyTorch, TransformerInitMatches) { check("transformer", 3); }
 
 }  // namespace test_models_pytorch
 }  // namespace shoal::models
