@@ -78,8 +78,16 @@ TEST_F(SilentAcceptance, DtypeKindChangesAreRefusedAndWidthChangesNamed) {
   StateDict int8;
   for (const auto& item : before) int8.insert(item.key(), item.key() == key ? item.value().to(at::kChar) : item.value());
   save_state_dict(int8, path("int8.pt"));
+  // A few samples of Fashion-MNIST's shape (the model is built for the data, so the data is read
+  // before the weights are loaded into it).
+  StateDict data;
+  data.insert("train_x", at::zeros({8, 1, 28, 28}));
+  data.insert("train_y", at::zeros({8}, at::kLong));
+  data.insert("test_x", at::zeros({8, 1, 28, 28}));
+  data.insert("test_y", at::zeros({8}, at::kLong));
+  save_state_dict(data, path("data.pt"));
   const CliRun run = run_cli({shoal_cli(), "train", "--model", "mlp", "--init-from", path("int8.pt"), "--epochs", "1",
-                              "--no-progress", "--data-dir", path("no-data")},
+                              "--no-progress", "--data", path("data.pt")},
                              60);
   EXPECT_GT(run.exit_code, 0) << run.text();
   EXPECT_NE(run.text().find("dtype mismatch for " + key + ": the checkpoint holds int8"), std::string::npos)
