@@ -20,10 +20,20 @@ failures=0
 run() {  # run NAME EXPECTED_OKS TORCHRUN_ARGS...
   local name=$1 want=$2
   shift 2
-  local log
+  local log rc oks attempt
   log=$(mktemp)
-  timeout 120 "$PY" -m torch.distributed.run "$@" --no-python "$WORKER" >"$log" 2>&1
-  local rc=$? oks
+  # PORT in the arguments is a free port picked now; another test may take it between the pick
+  # and torchrun's bind (the machine runs tests in parallel), so a bind failure is tried again
+  # once with a new port. Any other failure is final.
+  for attempt in 1 2; do
+    local p args=()
+    p=$(port)
+    for a in "$@"; do args+=("${a//PORT/$p}"); done
+    timeout 120 "$PY" -m torch.distributed.run "${args[@]}" --no-python "$WORKER" >"$log" 2>&1
+    rc=$?
+    grep -qiE "address already in use|EADDRINUSE" "$log" && [ $rc -ne 0 ] && [ $attempt = 1 ] || break
+    echo "retry $name: port $p was taken before torchrun bound it"
+  done
   oks=$(grep -c "sum ok" "$log")
   if [ $rc -ne 0 ] || [ "$oks" -ne "$want" ]; then
     echo "FAIL $name: torchrun exit $rc, $oks of $want ranks reported 'sum ok'; output:"
@@ -35,11 +45,11 @@ run() {  # run NAME EXPECTED_OKS TORCHRUN_ARGS...
   rm -f "$log"
 }
 export OMP_NUM_THREADS=1
-run static 2 --nnodes 1 --nproc-per-node 2 --master-addr 127.0.0.1 --master-port "$(port)"
-run c10d 2 --nnodes 1 --nproc-per-node 2 --rdzv-backend c10d --rdzv-endpoint "127.0.0.1:$(port)"
+run static 2 --nnodes 1 --nproc-per-node 2 --master-addr 127.0.0.1 --master-port PORT
+run c10d 2 --nnodes 1 --nproc-per-node 2 --rdzv-backend c10d --rdzv-endpoint "127.0.0.1:PORT"
 # Rank 1 fails in attempt 0; the agent restarts both ranks, which meet again in attempt 1.
 SHOAL_TEST_FAIL_ATTEMPT=0 run restart 2 --nnodes 1 --nproc-per-node 2 --max-restarts 1 \
-  --master-addr 127.0.0.1 --master-port "$(port)"
+  --master-addr 127.0.0.1 --master-port PORT
 if [ $failures -ne 0 ]; then
   echo "$failures torchrun case(s) failed"
   exit 1

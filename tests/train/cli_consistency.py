@@ -8,12 +8,10 @@ state dicts. Exit 77 (skipped) when either is missing.
 """
 import math
 import os
-import re
-import subprocess
 import sys
 import tempfile
 
-from test_script_support import FASHION_MNIST, require_fashion_mnist, skip
+from test_script_support import FASHION_MNIST, Checks, require_fashion_mnist, run_shoal, skip
 
 SHOAL = sys.argv[1]
 DATA = FASHION_MNIST
@@ -23,27 +21,12 @@ try:
 except ImportError:
     skip("python3-torch is not installed")
 
-failures = []
-checked = 0
-
-
-def check(condition, what, run=None):
-    global checked
-    checked += 1
-    if not condition:
-        detail = ""
-        if run is not None:
-            detail = f"\n  exit {run.returncode}\n  stdout: {run.stdout[-800:]}\n  stderr: {run.stderr[-800:]}"
-        failures.append(what + detail)
-        print("FAIL:", what + detail)
+checks = Checks("cli_consistency")
+check = checks.check
 
 
 def shoal(*args, env=None):
-    full_env = dict(os.environ, OMP_NUM_THREADS="1")
-    full_env.pop("RANK", None)
-    if env:
-        full_env.update(env)
-    return subprocess.run([SHOAL, *args], capture_output=True, text=True, env=full_env, timeout=120)
+    return run_shoal(SHOAL, *args, env=env, timeout=120)
 
 
 SMALL = ["--data-dir", DATA, "--model", "mlp", "--train-samples", "256", "--test-samples", "64",
@@ -192,8 +175,4 @@ with tempfile.TemporaryDirectory() as tmp:
     check(run.returncode == 1 and "diverged" in run.stderr and run.stderr.startswith("shoal: error:"),
           "--lr 1e4 stops with 'training diverged' and exit 1", run)
 
-if failures:
-    print(f"{len(failures)} check(s) failed")
-    sys.exit(1)
-# The closing line: CTest (tests/testing/require_closing_line.sh) fails the test without it.
-print(f"ORACLE OK cli_consistency: {checked} checks passed", flush=True)
+checks.finish()

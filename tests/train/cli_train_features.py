@@ -12,11 +12,10 @@ Exit 77 (skipped) when Fashion-MNIST or python3-torch is missing.
 import gzip
 import json
 import os
-import subprocess
 import sys
 import tempfile
 
-from test_script_support import FASHION_MNIST, require_fashion_mnist, skip
+from test_script_support import Checks, FASHION_MNIST, require_fashion_mnist, run_shoal, skip
 
 SHOAL = sys.argv[1]
 require_fashion_mnist()
@@ -26,27 +25,12 @@ except ImportError:
     skip("python3-torch is not installed")
 import train_features_oracle as oracle  # noqa: E402
 
-failures = []
-checked = 0
-
-
-def check(condition, what, run=None):
-    global checked
-    checked += 1
-    if not condition:
-        detail = ""
-        if run is not None:
-            detail = f"\n  exit {run.returncode}\n  stdout: {run.stdout[-800:]}\n  stderr: {run.stderr[-800:]}"
-        failures.append(what + detail)
-        print("FAIL:", what + detail)
+checks = Checks("cli_train_features")
+check = checks.check
 
 
 def shoal(*args):
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
-        env.pop(name, None)
-    return subprocess.run([SHOAL, "train", *args], capture_output=True, text=True, env=env,
-                          timeout=300)
+    return run_shoal(SHOAL, "train", *args)
 
 
 def fashion_mnist(count):
@@ -156,7 +140,4 @@ with tempfile.TemporaryDirectory() as tmp:
               f"'{name}' gives one 'shoal: error:' line", run)
         check(mention in run.stderr, f"'{name}' names {mention}", run)
 
-if failures:
-    print(f"{len(failures)} of {checked} checks failed")
-    sys.exit(1)
-print(f"ORACLE OK cli_train_features {checked} checks", flush=True)
+checks.finish()

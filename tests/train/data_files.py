@@ -13,11 +13,10 @@ stderr and a non-zero exit status, never a crash.
     data_files.py SHOAL_BINARY
 """
 import os
-import subprocess
 import sys
 import tempfile
 
-from test_script_support import skip
+from test_script_support import Checks, run_shoal, skip
 
 SHOAL = sys.argv[1]
 try:
@@ -28,27 +27,12 @@ except ImportError:
     skip("python3-torch is not installed")
 
 torch.set_num_threads(1)
-failures = []
-checked = 0
-
-
-def check(condition, what, run=None):
-    global checked
-    checked += 1
-    if not condition:
-        detail = ""
-        if run is not None:
-            detail = f"\n  exit {run.returncode}\n  stdout: {run.stdout[-800:]}\n  stderr: {run.stderr[-1500:]}"
-        failures.append(what + detail)
-        print("FAIL:", what + detail, flush=True)
+checks = Checks("data_files")
+check = checks.check
 
 
 def shoal(*args):
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
-        env.pop(name, None)
-    return subprocess.run([SHOAL, "train", *args], capture_output=True, text=True, env=env,
-                          timeout=300)
+    return run_shoal(SHOAL, "train", *args)
 
 
 class Cnn(nn.Module):
@@ -219,7 +203,4 @@ with tempfile.TemporaryDirectory() as tmp:
         f.write(whole[: len(whole) // 2])
     refused(["--data", cut], cut, ".pt cut in half")
 
-if failures:
-    print(f"{len(failures)} of {checked} checks failed")
-    sys.exit(1)
-print(f"ORACLE OK data_files {checked} checks", flush=True)
+checks.finish()

@@ -22,11 +22,10 @@ Every saved state dict loads into the Python module with load_state_dict (strict
 """
 import copy
 import os
-import subprocess
 import sys
 import tempfile
 
-from test_script_support import skip
+from test_script_support import Checks, run_shoal, skip
 
 SHOAL = sys.argv[1]
 try:
@@ -37,27 +36,12 @@ except ImportError:
     skip("python3-torch is not installed")
 
 torch.set_num_threads(1)
-failures = []
-checked = 0
-
-
-def check(condition, what, run=None):
-    global checked
-    checked += 1
-    if not condition:
-        detail = ""
-        if run is not None:
-            detail = f"\n  exit {run.returncode}\n  stdout: {run.stdout[-800:]}\n  stderr: {run.stderr[-1500:]}"
-        failures.append(what + detail)
-        print("FAIL:", what + detail, flush=True)
+checks = Checks("script_model")
+check = checks.check
 
 
 def shoal(*args):
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
-        env.pop(name, None)
-    return subprocess.run([SHOAL, "train", *args], capture_output=True, text=True, env=env,
-                          timeout=300)
+    return run_shoal(SHOAL, "train", *args)
 
 
 class Block(nn.Module):
@@ -301,7 +285,4 @@ with tempfile.TemporaryDirectory() as tmp:
     check(0 < run.returncode < 126 and len(lines) == 1 and "not a TorchScript model" in lines[0],
           "a .pt that is not TorchScript: one line", run)
 
-if failures:
-    print(f"{len(failures)} of {checked} checks failed")
-    sys.exit(1)
-print(f"ORACLE OK script_model {checked} checks", flush=True)
+checks.finish()

@@ -16,7 +16,6 @@ Writes OUT_DIR/NAME.params (every parameter, little-endian float32, registration
 OUT_DIR/NAME.txt (a line per step: the step's mean loss over rank 0's samples, and the total
 gradient norm before clipping, or nan).
 """
-import math
 import os
 import sys
 
