@@ -53,7 +53,11 @@ inline void set_initial_weights(torch::nn::Module& model) {
 inline std::unique_ptr<torch::optim::Optimizer> make_optimizer(const std::string& kind,
                                                          const std::vector<at::Tensor>& params) {
   if (kind == "adam") {
-    return std::make_unique<torch::optim::Adam>(params, torch::optim::AdamOptions(0.01));
+    // eps 1e-3, not Adam's 1e-8: with eps near zero a gradient of 1e-9 and one of 1e-11 both move
+    // a weight by about lr, so float rounding that differs between LibTorch builds (2e-7 on SGD
+    // between 1.13 and 2.x) would be amplified past any tolerance (0.6 % measured); the oracle
+    // (zero_oracle.py) uses the same eps.
+    return std::make_unique<torch::optim::Adam>(params, torch::optim::AdamOptions(0.01).eps(1e-3));
   }
   return std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(0.05).momentum(0.9));
 }

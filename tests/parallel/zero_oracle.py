@@ -62,7 +62,7 @@ def worker(rank, optimizer, steps, per_rank, out_path, init_file):
     ddp = nn.parallel.DistributedDataParallel(model, find_unused_parameters=True)
     if optimizer == "adam":
         opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.Adam,
-                                      lr=0.01)
+                                      lr=0.01, eps=1e-3)
     else:
         opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.SGD,
                                       lr=0.05, momentum=0.9)
