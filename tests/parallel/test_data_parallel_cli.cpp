@@ -33,17 +33,7 @@ shoal::checkpoint::StateDict train(const std::string& strategy_args) {
   return state;
 }
 
-double max_relative_difference(const shoal::checkpoint::StateDict& a,
-                               const shoal::checkpoint::StateDict& b) {
-  EXPECT_EQ(a.size(), b.size());
-  double worst = 0;
-  for (const auto& item : a) {
-    const at::Tensor& other = b[item.key()];
-    worst = std::max(worst, (item.value() - other).abs().max().item<double>() /
-                                std::max(other.abs().max().item<double>(), 1e-12));
-  }
-  return worst;
-}
+using shoal::testing::max_relative_difference;
 
 TEST(DataParallelCli, DpReplicasTrainLikeOneProcess) {
   const auto single = train("--strategy single --threads 1");

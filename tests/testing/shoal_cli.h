@@ -1,10 +1,13 @@
 // The shoal executable, for tests that run it on the real Fashion-MNIST as a user would.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <string>
 
+#include "shoal/checkpoint/state_dict.h"
 #include "testing/idx_files.h"
 #include "testing/multi_rank.h"
 
@@ -21,6 +24,19 @@ inline std::string shoal_cli_with_dataset() {
   const std::string path = std::string(dir) + "/apps/shoal/shoal";
   if (!std::filesystem::exists(path)) skip_program(path + " is not built");
   return path;
+}
+
+/// The largest difference between two state dicts of the same keys (what `--dump-parameters`
+/// wrote for two runs), each tensor's relative to its largest value in `b`.
+inline double max_relative_difference(const checkpoint::StateDict& a, const checkpoint::StateDict& b) {
+  double worst = 0;
+  for (const auto& item : a) {
+    const at::Tensor* other = b.find(item.key());
+    if (other == nullptr || !other->sizes().equals(item.value().sizes())) return INFINITY;
+    worst = std::max(worst, (item.value() - *other).abs().max().item<double>() /
+                                std::max(other->abs().max().item<double>(), 1e-12));
+  }
+  return a.size() == b.size() ? worst : INFINITY;
 }
 
 }  // namespace shoal::testing
