@@ -26,6 +26,7 @@ PACKAGES=(
 TEST_PACKAGES=(
   python3-torch           # PyTorch 1.13: numerical oracle and performance peer
   procps                  # ps/pgrep used by process tests
+  iproute2                # ip netns: the two-host tests (test_netns, test_slurm_netns); minimal images lack it
   slurm-wlm slurm-client munge  # a real SLURM that tests/launcher/slurm_test.sh starts on loopback
   clang libclang-rt-14-dev  # the libFuzzer targets in fuzz/ (CI runs them: scripts/fuzz.sh)
   python3-pip             # installs TEST_PIP_PACKAGES below
