@@ -105,6 +105,25 @@ EOF
   printf '%s\n' "$@" >>"$dir/slurm.conf"
 }
 
+# slurm_reaper_start DIR [NETNS...]: if this test's shell is killed (CTest's time-out sends
+# SIGKILL, which runs no EXIT trap), the daemons it started would outlive it, holding their ports
+# and the next run's namespaces. A watcher in its own session waits for the shell to go, then
+# kills every daemon whose pid file is under DIR, deletes the network namespaces named and DIR.
+# After a normal exit the trap has removed DIR and the namespaces, and the watcher finds nothing.
+slurm_reaper_start() {
+  local dir=$1
+  shift
+  setsid bash -c '
+    owner=$1 dir=$2
+    shift 2
+    while kill -0 "$owner" 2>/dev/null; do sleep 1; done
+    for f in "$dir"/*.pid "$dir"/munge/*.pid; do
+      [ -f "$f" ] && kill -9 "$(cat "$f")" 2>/dev/null
+    done
+    for ns in "$@"; do ip netns delete "$ns" 2>/dev/null; done
+    rm -rf "$dir"' slurm-reaper "$$" "$dir" "$@" </dev/null >/dev/null 2>&1 &
+}
+
 slurm_cluster_start() {
   local dir=$1 missing
   if missing=$(slurm_cluster_missing); then
@@ -114,6 +133,7 @@ slurm_cluster_start() {
   export PATH="$PATH:/usr/sbin"
   SLURM_CLUSTER_DIR=$dir
   mkdir -p "$dir/state" "$dir/spool"
+  slurm_reaper_start "$dir"
   slurm_munged_start "$dir" >"$dir/munged.out" 2>&1 ||
     { echo "slurm: munged did not start"; cat "$dir/munged.out"; slurm_cluster_logs; return 1; }
 
@@ -148,6 +168,7 @@ slurm_cluster_stop() {
     kill "$pid" 2>/dev/null || continue
     for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
     kill -9 "$pid" 2>/dev/null || true
+    rm -f "$pidfile"  # the reaper must not find a pid the system may give to another process
   done
   SLURM_CLUSTER_DIR=
 }

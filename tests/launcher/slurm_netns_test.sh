@@ -48,6 +48,7 @@ on() {
 }
 
 mkdir -p "$WORK/state" "$WORK/spool/snode0" "$WORK/spool/snode1"
+slurm_reaper_start "$WORK" "$NS0" "$NS1"
 slurm_munged_start "$WORK" || { echo "slurm netns: munged did not start"; exit 1; }
 slurm_conf_write "$WORK" shoalnetns "snode0(10.78.0.1)" 6817 6818 -%n \
   "NodeName=snode0 NodeAddr=10.78.0.1 CPUs=2 State=UNKNOWN" \
