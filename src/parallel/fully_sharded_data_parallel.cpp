@@ -204,7 +204,9 @@ std::vector<at::Tensor> FullyShardedDataParallel::parameters() const {
 std::vector<FullyShardedDataParallel::UnitInfo> FullyShardedDataParallel::units() const {
   std::vector<UnitInfo> infos;
   for (const auto& unit : units_) {
-    infos.push_back({unit->name, unit->param_names, unit->numel, unit->padded});
+    UnitInfo info{unit->name, unit->param_names, unit->numel, unit->padded, unit->offsets, {}};
+    for (const auto& param : unit->params) info.shapes.push_back(param.sizes().vec());
+    infos.push_back(std::move(info));
   }
   return infos;
 }

@@ -56,7 +56,8 @@ StateDict load_state_dict_file(const std::string& path, const LoadOptions& optio
 /// Saves `state` as a dict Python can read (see to_ivalue()).
 void save_training_state(const TrainingState& state, const std::string& path);
 
-/// Loads a file written by save_training_state, or by Python (see training_state_from_ivalue()).
+/// Loads a file written by save_training_state, or by Python (see training_state_from_ivalue()),
+/// or, given a folder, the sharded checkpoint in it assembled whole (see sharded_checkpoint.h).
 TrainingState load_training_state(const std::string& path, const LoadOptions& options = {});
 
 /// A state dict from a loaded object (a bare state dict, or the 'model' of a checkpoint dict).
