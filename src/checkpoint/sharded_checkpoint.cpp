@@ -6,6 +6,7 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <deque>
 #include <set>
 
 #include "shoal/error.h"
@@ -320,7 +321,7 @@ TrainingState load_sharded_checkpoint(const std::string& folder, const LoadOptio
                 ": sharded checkpoint lacks ", shard_file_name(0),
                 " (rank 0's file, which says how many ranks saved it): the save was interrupted or "
                 "the files were not all copied; resume from an older checkpoint or copy the file");
-  std::vector<ShardedTrainingState> ranks;
+  std::deque<ShardedTrainingState> ranks;  // grows without moving `first`
   ranks.push_back(load_shard(first_path, options));
   const ShardedTrainingState& first = ranks.front();
   const int64_t world = first.world_size;
