@@ -187,6 +187,8 @@ class FullyShardedDataParallel {
   void free_full(Unit& unit);
   void on_grad_ready(size_t unit_index);
   void reduce_unit(Unit& unit);
+  /// Waits for the unit's reduction and adds its result to the shard's gradient.
+  void complete_reduction(Unit& unit);
   void finish_backward();
   bool will_sync_buffers() const;
   void note_parameter_bytes();
