@@ -227,6 +227,7 @@ void save_state_dict(const StateDict& state, const std::string& path) {
 }
 
 StateDict load_state_dict_file(const std::string& path, const LoadOptions& options) {
+  if (is_directory(path)) return load_sharded_checkpoint(path, options).model;
   return state_dict_from_ivalue(load(path, options), path);
 }
 

@@ -110,6 +110,13 @@ TEST_F(ShardedCheckpoint, AssemblesToTheFullCheckpoint) {
   std::printf("sharded checkpoint assembled vs full checkpoint: max relative difference %.3g\n",
               difference);
   EXPECT_LE(difference, 1e-6);
+  // What --init-from reads from it: the whole model.
+  const ckpt::StateDict model = ckpt::load_state_dict_file(sharded_folder());
+  const ckpt::TrainingState full = latest(root_ + "/full");
+  ASSERT_EQ(model.size(), full.model.size());
+  for (const auto& item : full.model) {
+    EXPECT_TRUE(model[item.key()].equal(item.value())) << item.key();
+  }
 }
 
 TEST_F(ShardedCheckpoint, ResumesAtTwoThreeAndOneRanksAsTheUnshardedRun) {

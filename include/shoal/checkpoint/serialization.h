@@ -49,8 +49,8 @@ c10::IValue load(const std::string& path, const LoadOptions& options = {});
 /// Saves a state dict as Python's model.state_dict() would be saved.
 void save_state_dict(const StateDict& state, const std::string& path);
 
-/// Loads a state dict from a file holding one, or the model of a full checkpoint; a "module."
-/// prefix on every key is removed.
+/// Loads a state dict from a file holding one, or the model of a full checkpoint (or of a sharded
+/// checkpoint, given its folder); a "module." prefix on every key is removed.
 StateDict load_state_dict_file(const std::string& path, const LoadOptions& options = {});
 
 /// Saves `state` as a dict Python can read (see to_ivalue()).
