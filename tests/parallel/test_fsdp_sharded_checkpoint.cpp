@@ -183,6 +183,15 @@ TEST_F(ShardedCheckpoint, ConvertWritesWhatTorchLoadReadsStrictly) {
   EXPECT_FALSE(fs::exists(root_ + "/piece.pt"));
 }
 
+TEST(ShardedCheckpointCli, RefusesTheFormatWithoutFsdp) {
+  const auto result = shoal::testing::run_command(
+      shoal::testing::shoal_cli_with_dataset() + " train --strategy ddp --nproc-per-node 2 "
+      "--checkpoint-dir " + shoal::testing::temp_path("shoal-fsdp-sharded") + " --checkpoint-format sharded");
+  EXPECT_FALSE(result.ok());
+  EXPECT_NE(result.err.find("--checkpoint-format sharded applies to --strategy fsdp"), std::string::npos)
+      << result.err;
+}
+
 // Loading `folder` throws a CheckpointError whose message holds every piece of `expected`.
 void expect_refused(const std::string& folder, const std::vector<std::string>& expected) {
   try {
