@@ -401,9 +401,9 @@ void FullyShardedDataParallel::reduce_unit(Unit& unit) {
       slice.zero_();  // unused in this backward: contributes nothing
     }
   }
-  // Bounds the reductions in flight: each holds its flat gradients and, over Gloo, a copy of
-  // them, so leaving them all to the end of backward would hold two model-sized buffers at once
-  // (what took FSDP past DDP's memory on a 2-rank job). The one started last keeps overlapping
+  // Bounds the reductions in flight: each holds its flat gradients (and the backend's buffers:
+  // Gloo's old allreduce path copied them all), so leaving them all to the end of backward held
+  // one or two more model-sized buffers (what took FSDP past DDP's memory on a 2-rank job). The one started last keeps overlapping
   // the backward of the next unit. Waiting issues no collective: the order stays the same.
   for (auto& other : units_) {
     if (other.get() != &unit && other->reduce_work) complete_reduction(*other);
