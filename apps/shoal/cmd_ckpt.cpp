@@ -1,9 +1,11 @@
 // `shoal ckpt inspect FILE` and `shoal ckpt convert IN OUT`: look into torch.save files (Shoal's or
-// Python's) and turn Shoal checkpoints into plain state dicts for Python.
+// Python's) and turn Shoal checkpoints into plain state dicts for Python. A sharded checkpoint's
+// folder (--checkpoint-format sharded) is read whole: every rank's file, assembled.
 #include <sys/stat.h>
 
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <iostream>
 #include <memory>
 #include <sstream>
@@ -11,6 +13,7 @@
 
 #include "commands.h"
 #include "shoal/checkpoint/serialization.h"
+#include "shoal/checkpoint/sharded_checkpoint.h"
 #include "shoal/checkpoint/state_dict.h"
 #include "shoal/error.h"
 
@@ -115,16 +118,39 @@ void print_value(const std::string& name, const c10::IValue& v, int indent) {
   }
 }
 
+/// The file's object; a sharded checkpoint's folder assembled into the whole checkpoint.
+c10::IValue load_object(const std::string& path, const ckpt::LoadOptions& load) {
+  if (ckpt::is_directory(path)) return ckpt::to_ivalue(ckpt::load_sharded_checkpoint(path, load));
+  return ckpt::load(path, load);
+}
+
 int inspect(const std::string& file, const ckpt::LoadOptions& load) {
-  const c10::IValue object = ckpt::load(file, load);
+  const bool folder = ckpt::is_directory(file);
+  const c10::IValue object = load_object(file, load);
   struct stat info {};
   ::stat(file.c_str(), &info);
-  std::cout << "file: " << file << " (" << human_bytes(static_cast<double>(info.st_size)) << ")\n";
+  if (folder) {
+    const int64_t world = object.toGenericDict().at(std::string("world_size")).toInt();
+    int64_t bytes = 0;
+    for (int64_t r = 0; r < world; ++r) {
+      struct stat shard {};
+      if (::stat((file + "/" + ckpt::shard_file_name(r)).c_str(), &shard) == 0) bytes += shard.st_size;
+    }
+    std::cout << "folder: " << file << " (" << world << " rank files, "
+              << human_bytes(static_cast<double>(bytes)) << ")\n";
+  } else {
+    std::cout << "file: " << file << " (" << human_bytes(static_cast<double>(info.st_size)) << ")\n";
+  }
   if (object.isGenericDict()) {
     const auto dict = object.toGenericDict();
     const bool checkpoint = dict.contains(std::string("model")) || dict.contains(std::string("model_state_dict")) ||
                             dict.contains(std::string("state_dict"));
-    std::cout << "content: " << (checkpoint ? "training checkpoint" : "dict") << "\n";
+    std::cout << "content: "
+              << (folder                          ? "sharded training checkpoint, assembled whole"
+                  : ckpt::is_shard_object(object) ? "one rank's file of a sharded checkpoint"
+                  : checkpoint                    ? "training checkpoint"
+                                                  : "dict")
+              << "\n";
     // Metadata first, then the (possibly long) tensor dicts.
     for (const auto& item : dict) {
       if (!item.value().isGenericDict() && !item.value().isTensor()) print_value(key_text(item.key()), item.value(), 0);
@@ -148,7 +174,12 @@ struct ConvertOptions {
 };
 
 int convert(const ConvertOptions& o) {
-  const c10::IValue object = ckpt::load(o.input, o.load);
+  const c10::IValue object = load_object(o.input, o.load);
+  // One rank's file holds a piece of the model: converting it alone would write a partial one.
+  SHOAL_CHECK_T(CheckpointError, !ckpt::is_shard_object(object), o.input,
+                ": is one rank's file of a sharded checkpoint; pass its folder (",
+                ckpt::is_directory(o.input) ? o.input : std::filesystem::path(o.input).parent_path().string(),
+                ") to convert the whole checkpoint");
   auto model = ckpt::state_dict_from_ivalue(object, o.input);
   if (!o.strip_prefix.empty()) model = ckpt::strip_prefix(model, o.strip_prefix);
   if (!o.add_prefix.empty()) model = ckpt::add_prefix(model, o.add_prefix);
@@ -190,14 +221,18 @@ void add_ckpt_command(CLI::App& root, std::vector<Command>& commands) {
   auto inspect_load = std::make_shared<ckpt::LoadOptions>();
   auto* inspect_app = app->add_subcommand(
       "inspect", "Print a checkpoint's keys, shapes, dtypes, sizes and metadata (epoch, step, config)");
-  inspect_app->add_option("FILE", *file, "a file written by Shoal or by torch.save")->required();
+  inspect_app->add_option("FILE", *file,
+                          "a file written by Shoal or by torch.save, or a sharded checkpoint's folder")
+      ->required();
   add_load_options(inspect_app, *inspect_load);
   commands.push_back({inspect_app, [file, inspect_load] { return inspect(*file, *inspect_load); }});
 
   auto options = std::make_shared<ConvertOptions>();
   auto* convert_app = app->add_subcommand(
       "convert", "Rewrite a checkpoint, e.g. extract the model's state dict for Python's load_state_dict");
-  convert_app->add_option("IN", options->input, "the checkpoint to read")->required();
+  convert_app->add_option("IN", options->input,
+                          "the checkpoint to read (a file, or a sharded checkpoint's folder)")
+      ->required();
   convert_app->add_option("OUT", options->output, "the file to write (torch.save format)")->required();
   convert_app->add_option("--strip-prefix", options->strip_prefix,
                           "remove this prefix from the model's keys (e.g. 'module.')");

@@ -383,6 +383,14 @@ void add_train_command(CLI::App& root, std::vector<Command>& commands) {
   app->add_option("--checkpoint-dir", options->checkpoint_dir,
                   "Save a checkpoint (torch.save format) here after every epoch; rank 0 writes")
       ->type_name("DIR");
+  app->add_option("--checkpoint-format", options->checkpoint_format,
+                  "full: one file with the whole model and optimizer state, gathered to rank 0\n"
+                  "(torch.load reads it). sharded (--strategy fsdp): each rank writes its own\n"
+                  "shard, DIR/checkpoint_N.sharded/rank_R.pt, nothing gathered; --resume at any\n"
+                  "number of processes re-shards it; `shoal ckpt convert` makes it one full file\n"
+                  "(PyTorch FSDP's FULL_STATE_DICT and SHARDED_STATE_DICT)")
+      ->check(CLI::IsMember({"full", "sharded"}))
+      ->capture_default_str();
   app->add_option("--checkpoint-every", options->checkpoint_every,
                   "Also save every N SGD steps (0 = only after epochs)")
       ->capture_default_str();
@@ -562,6 +570,10 @@ void add_train_command(CLI::App& root, std::vector<Command>& commands) {
                         SHOAL_CHECK_T(InvalidArgument,
                                       args->strategy != "fsdp" || args->model_parallel == 1,
                                       "--model-parallel applies to --strategy ddp, not fsdp");
+                        SHOAL_CHECK_T(InvalidArgument,
+                                      options->checkpoint_format == "full" || args->strategy == "fsdp",
+                                      "--checkpoint-format sharded applies to --strategy fsdp (the "
+                                      "others hold whole models: use the default, full)");
                         if (ddp || args->strategy == "pipeline") {
                           if (!as_rank) {
                             // Refuse a hopeless resume once, here, rather than once per rank.

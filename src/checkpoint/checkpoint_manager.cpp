@@ -9,9 +9,11 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 
 #include "checkpoint/atomic_file.h"
+#include "shoal/checkpoint/sharded_checkpoint.h"
 #include "shoal/comm/process_group.h"
 #include "shoal/error.h"
 #include "shoal/log.h"
@@ -22,18 +24,22 @@ namespace {
 constexpr const char* kLatestFile = "latest";
 constexpr const char* kExtension = ".pt";
 
-/// Numbered checkpoints in `dir`, ascending by number.
+/// Numbered checkpoints in `dir` (files and sharded folders), ascending by number.
 std::vector<std::pair<int64_t, std::string>> numbered(const std::string& dir, const std::string& prefix) {
   std::vector<std::pair<int64_t, std::string>> out;
   DIR* d = ::opendir(dir.c_str());
   if (d == nullptr) return out;
   while (dirent* entry = ::readdir(d)) {
     const std::string name = entry->d_name;
-    const std::string ext = kExtension;
-    if (name.size() <= prefix.size() + ext.size() || name.compare(0, prefix.size(), prefix) != 0 ||
-        name.compare(name.size() - ext.size(), ext.size(), ext) != 0) {
-      continue;
-    }
+    // "<prefix>N.pt" files and "<prefix>N.sharded" folders (sharded checkpoints) share numbers.
+    auto ends_with = [&](const std::string& ext) {
+      return name.size() > prefix.size() + ext.size() &&
+             name.compare(name.size() - ext.size(), ext.size(), ext) == 0;
+    };
+    const std::string ext = ends_with(kExtension) ? kExtension
+                            : ends_with(kShardedExtension) ? kShardedExtension
+                                                           : "";
+    if (ext.empty() || name.compare(0, prefix.size(), prefix) != 0) continue;
     const std::string digits = name.substr(prefix.size(), name.size() - prefix.size() - ext.size());
     if (digits.empty() || !std::all_of(digits.begin(), digits.end(), ::isdigit)) continue;
     out.emplace_back(std::stoll(digits), name);
@@ -46,6 +52,25 @@ std::vector<std::pair<int64_t, std::string>> numbered(const std::string& dir, co
 bool is_file(const std::string& path) {
   struct stat info {};
   return ::stat(path.c_str(), &info) == 0 && S_ISREG(info.st_mode);
+}
+
+/// A numbered checkpoint's name: "<prefix>000012<extension>".
+std::string checkpoint_name(const std::string& prefix, int64_t number, const char* extension) {
+  char digits[64];
+  std::snprintf(digits, sizeof(digits), "%06lld", static_cast<long long>(number));
+  return prefix + digits + extension;
+}
+
+/// Deletes the oldest checkpoints (files or sharded folders) beyond `keep`, never `current`.
+void remove_old_checkpoints(const std::string& dir, const std::string& prefix, int keep,
+                            const std::string& current) {
+  if (keep <= 0) return;
+  auto all = numbered(dir, prefix);
+  for (size_t i = 0; i + static_cast<size_t>(keep) < all.size(); ++i) {
+    if (all[i].second == current) continue;
+    std::error_code ignored;
+    std::filesystem::remove_all(dir + "/" + all[i].second, ignored);
+  }
 }
 
 void make_directories(const std::string& dir) {
@@ -86,7 +111,7 @@ std::optional<std::string> find_latest(const std::string& dir, const std::string
   std::ifstream pointer(dir + "/" + kLatestFile);
   std::string name;
   if (pointer && std::getline(pointer, name) && !name.empty() && name.find('/') == std::string::npos &&
-      is_file(dir + "/" + name)) {
+      (is_file(dir + "/" + name) || is_directory(dir + "/" + name))) {
     return dir + "/" + name;
   }
   const auto files = numbered(dir, prefix);
@@ -156,9 +181,7 @@ std::string CheckpointManager::write(const TrainingState& state) {
   remove_stale_temporaries(dir_, options_.prefix);
   const auto existing = numbered(dir_, options_.prefix);
   const int64_t number = existing.empty() ? 0 : existing.back().first + 1;
-  char name[64];
-  std::snprintf(name, sizeof(name), "%06lld", static_cast<long long>(number));
-  const std::string file = options_.prefix + name + kExtension;
+  const std::string file = checkpoint_name(options_.prefix, number, kExtension);
   const std::string path = dir_ + "/" + file;
 
   TrainingState copy = state;
@@ -166,13 +189,7 @@ std::string CheckpointManager::write(const TrainingState& state) {
   save_training_state(copy, path);
   detail::write_file_atomically(dir_ + "/" + kLatestFile, file + "\n");
 
-  if (options_.keep_last > 0) {
-    auto all = numbered(dir_, options_.prefix);
-    const size_t keep = static_cast<size_t>(options_.keep_last);
-    for (size_t i = 0; i + keep < all.size(); ++i) {
-      if (all[i].second != file) ::unlink((dir_ + "/" + all[i].second).c_str());
-    }
-  }
+  remove_old_checkpoints(dir_, options_.prefix, options_.keep_last, file);
   log::debug("shoal: saved checkpoint ", path, " (epoch ", copy.epoch, ", step ", copy.step, ")");
   return path;
 }
@@ -205,9 +222,71 @@ std::string CheckpointManager::save(const TrainingState& state, comm::ProcessGro
   }
   SHOAL_CHECK_T(CheckpointError, outcome[0].item<int64_t>() == 1, pg->rank_prefix(),
                 " rank 0 failed to save the checkpoint in ", dir_, " (see rank 0's error)");
-  char name[64];
-  std::snprintf(name, sizeof(name), "%06lld", static_cast<long long>(outcome[1].item<int64_t>()));
-  return dir_ + "/" + options_.prefix + name + kExtension;
+  return dir_ + "/" + checkpoint_name(options_.prefix, outcome[1].item<int64_t>(), kExtension);
+}
+
+std::string CheckpointManager::save_sharded(const ShardedTrainingState& state,
+                                            comm::ProcessGroup* pg) {
+  const bool alone = pg == nullptr || pg->size() == 1;
+  const int rank = alone ? 0 : pg->rank();
+  SHOAL_CHECK_T(InvalidArgument, state.rank == rank && state.world_size == (alone ? 1 : pg->size()),
+                "save_sharded: the state is rank ", state.rank, " of ", state.world_size,
+                "'s, this process is rank ", rank, " of ", alone ? 1 : pg->size());
+  // Rank 0 picks the number (one past every file and folder present, complete or not, so that
+  // an interrupted save's folder is never reused) and everyone writes its file into that folder.
+  std::string error;
+  at::Tensor number = at::zeros({1}, at::kLong);
+  if (rank == 0) {
+    try {
+      make_directories(dir_);
+      remove_stale_temporaries(dir_, options_.prefix);
+      const auto existing = numbered(dir_, options_.prefix);
+      number[0] = existing.empty() ? 0 : existing.back().first + 1;
+    } catch (const std::exception& e) {
+      error = e.what();
+      number[0] = -1;
+    }
+  }
+  if (!alone) pg->broadcast(number)->wait();
+  const int64_t chosen = number[0].item<int64_t>();
+  if (chosen < 0) {
+    SHOAL_CHECK_T(CheckpointError, rank != 0, error);
+    SHOAL_THROW(CheckpointError, pg->rank_prefix(), " rank 0 cannot save the sharded checkpoint in ",
+                dir_, " (see rank 0's error)");
+  }
+  const std::string name = checkpoint_name(options_.prefix, chosen, kShardedExtension);
+  const std::string folder = dir_ + "/" + name;
+  try {
+    make_directories(folder);
+    save_shard(state, folder + "/" + shard_file_name(rank));
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  // Every rank's file complete, or none counts: the ranks that failed, summed.
+  at::Tensor failed = at::full({1}, error.empty() ? 0 : 1, at::kLong);
+  if (!alone) pg->allreduce(failed)->wait();
+  if (failed[0].item<int64_t>() == 0 && rank == 0) {
+    try {
+      detail::write_file_atomically(dir_ + "/" + kLatestFile, name + "\n");
+      remove_old_checkpoints(dir_, options_.prefix, options_.keep_last, name);
+    } catch (const std::exception& e) {
+      error = e.what();
+      failed[0] = 1;
+    }
+  } else if (failed[0].item<int64_t>() != 0 && rank == 0) {
+    // An incomplete folder is never resumed from: remove it ("latest" still names the previous).
+    std::error_code ignored;
+    std::filesystem::remove_all(folder, ignored);
+  }
+  // Everyone returns once "latest" names the new checkpoint (or everyone throws).
+  if (!alone) pg->broadcast(failed)->wait();
+  if (!error.empty()) SHOAL_THROW(CheckpointError, error);
+  SHOAL_CHECK_T(CheckpointError, failed[0].item<int64_t>() == 0, pg->rank_prefix(),
+                " another rank failed to save its part of the sharded checkpoint ", folder,
+                " (see its error); the previous checkpoint is kept");
+  log::debug("shoal: saved sharded checkpoint ", folder, " (epoch ", state.replicated.epoch,
+             ", step ", state.replicated.step, ")");
+  return folder;
 }
 
 }  // namespace shoal::checkpoint

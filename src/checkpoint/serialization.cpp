@@ -12,6 +12,7 @@
 #include "checkpoint/unpickler.h"
 #include "checkpoint/zip_directory.h"
 #include "compat/torch_archive.h"
+#include "shoal/checkpoint/sharded_checkpoint.h"
 #include "shoal/error.h"
 
 namespace shoal::checkpoint {
@@ -226,6 +227,7 @@ void save_state_dict(const StateDict& state, const std::string& path) {
 }
 
 StateDict load_state_dict_file(const std::string& path, const LoadOptions& options) {
+  if (is_directory(path)) return load_sharded_checkpoint(path, options).model;
   return state_dict_from_ivalue(load(path, options), path);
 }
 
@@ -234,6 +236,7 @@ void save_training_state(const TrainingState& state, const std::string& path) {
 }
 
 TrainingState load_training_state(const std::string& path, const LoadOptions& options) {
+  if (is_directory(path)) return load_sharded_checkpoint(path, options);
   return training_state_from_ivalue(load(path, options), path);
 }
 

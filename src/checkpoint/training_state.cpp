@@ -203,6 +203,14 @@ TrainingState training_state_from_ivalue(const c10::IValue& object, const std::s
   SHOAL_CHECK_T(CheckpointError, object.isGenericDict(), where,
                 ": holds a ", object.tagKind(), ", not a checkpoint dict or a state dict");
   const auto dict = object.toGenericDict();
+  if (auto meta = lookup(dict, "shoal_sharded"); meta.isGenericDict()) {
+    const auto rank = lookup(meta.toGenericDict(), "rank");
+    const auto world = lookup(meta.toGenericDict(), "world_size");
+    SHOAL_THROW(CheckpointError, where, ": is one rank's file (rank ", rank.isInt() ? rank.toInt() : -1,
+                " of ", world.isInt() ? world.toInt() : -1,
+                ") of a sharded checkpoint, a piece of the model: pass its folder instead (shoal "
+                "ckpt convert FOLDER OUT.pt writes the whole checkpoint)");
+  }
   c10::IValue model;
   for (const char* key : {"model", "model_state_dict", "state_dict"}) {
     model = lookup(dict, key);

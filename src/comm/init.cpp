@@ -21,13 +21,13 @@
 namespace shoal::comm {
 namespace {
 
-const char* env(const char* name) {
+const char* init_env(const char* name) {
   const char* value = std::getenv(name);
   return (value != nullptr && *value != '\0') ? value : nullptr;
 }
 
-int env_int(const char* name, int fallback) {
-  const char* value = env(name);
+int init_env_int(const char* name, int fallback) {
+  const char* value = init_env(name);
   if (value == nullptr) return fallback;
   char* end = nullptr;
   long parsed = std::strtol(value, &end, 10);
@@ -42,7 +42,7 @@ bool is_loopback(const std::string& host) {
 
 // torchrun's elastic agent serves the rendezvous store itself (PyTorch 2.x, and 1.x >= 1.9).
 bool torchelastic_agent_store() {
-  const char* value = env("TORCHELASTIC_USE_AGENT_STORE");
+  const char* value = init_env("TORCHELASTIC_USE_AGENT_STORE");
   return value != nullptr && std::string(value) == "True";
 }
 
@@ -208,11 +208,11 @@ std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options) {
 
   std::string backend = options.backend;
   if (backend == "auto") {
-    if (const char* chosen = env("SHOAL_BACKEND")) backend = chosen;
+    if (const char* chosen = init_env("SHOAL_BACKEND")) backend = chosen;
   }
   if (backend == "auto") {
     const bool one_host = info.local_world_size >= info.world_size;
-    if (info.source == "openmpi" && env("MASTER_ADDR") == nullptr && SHOAL_HAVE_MPI) {
+    if (info.source == "openmpi" && init_env("MASTER_ADDR") == nullptr && SHOAL_HAVE_MPI) {
       backend = "mpi";  // started by mpirun with nothing else to meet through
     } else {
       // Shared memory on one host; across hosts, shared memory inside each and Gloo between them.
@@ -244,7 +244,7 @@ std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options) {
       // SLURM derives them from the job (detect_rank_info); other launchers set them.
       SHOAL_CHECK_T(InvalidArgument, !info.endpoint_source.empty(),
                     "[rank ", info.rank, "/", info.world_size, "] env:// rendezvous needs MASTER_ADDR and ",
-                    "MASTER_PORT (", env("MASTER_ADDR") ? "MASTER_PORT" : "MASTER_ADDR",
+                    "MASTER_PORT (", init_env("MASTER_ADDR") ? "MASTER_PORT" : "MASTER_ADDR",
                     " is not set): set both on every rank to rank 0's host and a free port, or start the ",
                     "job with `shoal run` or srun, which provide them");
       const bool multi_host = info.local_world_size < info.world_size;
@@ -266,7 +266,7 @@ std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options) {
                                            info.rank == 0, timeout);
       if (agent_store) {
         store = make_prefix_store(
-            "/worker/attempt_" + std::to_string(env_int("TORCHELASTIC_RESTART_COUNT", 0)), store);
+            "/worker/attempt_" + std::to_string(init_env_int("TORCHELASTIC_RESTART_COUNT", 0)), store);
       }
     }
   } else if (method.rfind("tcp://", 0) == 0) {

@@ -204,7 +204,9 @@ std::vector<at::Tensor> FullyShardedDataParallel::parameters() const {
 std::vector<FullyShardedDataParallel::UnitInfo> FullyShardedDataParallel::units() const {
   std::vector<UnitInfo> infos;
   for (const auto& unit : units_) {
-    infos.push_back({unit->name, unit->param_names, unit->numel, unit->padded});
+    UnitInfo info{unit->name, unit->param_names, unit->numel, unit->padded, unit->offsets, {}};
+    for (const auto& param : unit->params) info.shapes.push_back(param.sizes().vec());
+    infos.push_back(std::move(info));
   }
   return infos;
 }
@@ -399,6 +401,13 @@ void FullyShardedDataParallel::reduce_unit(Unit& unit) {
       slice.zero_();  // unused in this backward: contributes nothing
     }
   }
+  // Bounds the reductions in flight: each holds its flat gradients (and the backend's buffers:
+  // Gloo's old allreduce path copied them all), so leaving them all to the end of backward held
+  // one or two more model-sized buffers (what took FSDP past DDP's memory on a 2-rank job). The one started last keeps overlapping
+  // the backward of the next unit. Waiting issues no collective: the order stays the same.
+  for (auto& other : units_) {
+    if (other.get() != &unit && other->reduce_work) complete_reduction(*other);
+  }
   // Every rank reduces the same units in the same order (the same model runs the same graph).
   if (options_.sharding_strategy == ShardingStrategy::kShardOptimState) {
     comm::AllreduceOptions options;
@@ -422,26 +431,28 @@ void FullyShardedDataParallel::finish_backward() {
   for (auto& unit : units_) {
     if (!unit->reduced) reduce_unit(*unit);
   }
-  torch::NoGradGuard no_grad;
-  const int64_t rank = group_->rank();
-  for (auto& unit_ptr : units_) {
-    Unit& unit = *unit_ptr;
-    auto work = std::move(unit.reduce_work);
-    unit.reduce_work = nullptr;
-    if (work) work->wait();
-    at::Tensor piece =
-        options_.sharding_strategy == ShardingStrategy::kShardOptimState
-            ? unit.reduce_input.narrow(0, rank * unit.shard_numel, unit.shard_numel).clone()
-            : unit.reduce_output;
-    if (unit.shard.grad().defined()) {
-      unit.shard.mutable_grad().add_(piece);
-    } else {
-      unit.shard.mutable_grad() = piece;
-    }
-    unit.reduce_input = at::Tensor();
-    unit.reduce_output = at::Tensor();
-    free_full(unit);
+  for (auto& unit : units_) {
+    if (unit->reduce_work) complete_reduction(*unit);
+    free_full(*unit);
   }
+}
+
+void FullyShardedDataParallel::complete_reduction(Unit& unit) {
+  torch::NoGradGuard no_grad;
+  auto work = std::move(unit.reduce_work);
+  unit.reduce_work = nullptr;
+  work->wait();
+  at::Tensor piece =
+      options_.sharding_strategy == ShardingStrategy::kShardOptimState
+          ? unit.reduce_input.narrow(0, group_->rank() * unit.shard_numel, unit.shard_numel).clone()
+          : unit.reduce_output;
+  if (unit.shard.grad().defined()) {
+    unit.shard.mutable_grad().add_(piece);
+  } else {
+    unit.shard.mutable_grad() = piece;
+  }
+  unit.reduce_input = at::Tensor();
+  unit.reduce_output = at::Tensor();
 }
 
 // ---- optimizer state ---------------------------------------------------------------------------

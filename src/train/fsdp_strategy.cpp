@@ -2,6 +2,12 @@
 
 #include <torch/optim/optimizer.h>
 
+#include <map>
+#include <set>
+
+#include "shoal/checkpoint/sharded_checkpoint.h"
+#include "shoal/checkpoint/state_dict.h"
+#include "shoal/checkpoint/training_state.h"
 #include "shoal/error.h"
 #include "shoal/parallel/fully_sharded_data_parallel.h"
 #include "shoal/train/trainer.h"
@@ -45,6 +51,55 @@ torch::optim::Optimizer* FsdpStrategy::checkpoint_optimizer(TrainState& state) {
   if (!fsdp_) return state.optimizer.get();
   full_optimizer_ = fsdp_->full_optimizer(*state.optimizer);
   return full_optimizer_.get();
+}
+
+bool FsdpStrategy::sharded_checkpoint(TrainState& state, checkpoint::ShardedTrainingState& out) {
+  SHOAL_CHECK_T(InvalidArgument, fsdp_ != nullptr,
+                "FsdpStrategy::sharded_checkpoint before prepare(): nothing is sharded yet");
+  out.rank = group_->rank();
+  out.world_size = group_->size();
+  // Indices in model.parameters(), as a full checkpoint's optimizer numbers them.
+  std::map<std::string, int64_t> index;
+  for (const auto& item : state.model->named_parameters()) {
+    index.emplace(item.key(), static_cast<int64_t>(index.size()));
+  }
+  out.num_parameters = static_cast<int64_t>(index.size());
+  std::set<std::string> sharded;
+  for (const auto& unit : fsdp_->units()) {
+    checkpoint::FlatUnitMetadata meta;
+    meta.name = unit.name;
+    meta.param_names = unit.parameter_names;
+    meta.shapes = unit.shapes;
+    meta.offsets = unit.offsets;
+    meta.numel = unit.numel;
+    meta.padded = unit.padded_numel;
+    for (const auto& name : unit.parameter_names) {
+      meta.param_indices.push_back(index.at(name));
+      sharded.insert(name);
+    }
+    out.units.push_back(std::move(meta));
+  }
+  for (const at::Tensor& shard : fsdp_->parameters()) out.flat_param_shards.push_back(shard.detach());
+  // The optimizer over the shards numbers them by unit: its state is each unit's piece.
+  checkpoint::OptimizerState pieces = checkpoint::capture_optimizer(*state.optimizer);
+  out.optimizer_shards.resize(out.units.size());
+  for (auto& [unit, fields] : pieces.state) out.optimizer_shards.at(unit) = std::move(fields);
+  // The replicated rest: buffers and parameters outside every unit (frozen ones), and the
+  // optimizer's groups over the whole model, as a full checkpoint holds them.
+  const checkpoint::StateDict whole = checkpoint::state_dict(*state.model);
+  for (const auto& item : whole) {
+    out.state_dict_keys.push_back(item.key());
+    if (!sharded.count(item.key())) out.replicated.model.insert(item.key(), item.value());
+  }
+  out.replicated.optimizer.param_groups = std::move(pieces.param_groups);
+  SHOAL_CHECK_T(InvalidArgument, out.replicated.optimizer.param_groups.size() == 1,
+                "--checkpoint-format sharded: the optimizer has ",
+                out.replicated.optimizer.param_groups.size(), " parameter groups; FSDP steps one");
+  auto& params = out.replicated.optimizer.param_groups.front().params;
+  params.clear();
+  for (int64_t i = 0; i < out.num_parameters; ++i) params.push_back(i);
+  out.replicated.rng_state = checkpoint::get_rng_state();
+  return true;
 }
 
 void FsdpStrategy::synchronize(TrainState&) {

@@ -17,6 +17,10 @@ torch::optim::Optimizer* Strategy::checkpoint_optimizer(TrainState& state) {
   return state.optimizer.get();
 }
 
+bool Strategy::sharded_checkpoint(TrainState&, checkpoint::ShardedTrainingState&) {
+  return false;
+}
+
 double Strategy::train_step(TrainState& state, const at::Tensor& inputs,
                             const at::Tensor& targets) {
   return train::train_step(state, inputs, targets);

@@ -78,6 +78,8 @@ void TrainOptions::validate() const {
                 test_limit);
   SHOAL_CHECK_T(InvalidArgument, checkpoint_every >= 0,
                 "checkpoint interval must be >= 0 (0 = only after epochs), got ", checkpoint_every);
+  SHOAL_CHECK_T(InvalidArgument, checkpoint_format == "full" || checkpoint_format == "sharded",
+                "--checkpoint-format must be full or sharded, got '", checkpoint_format, "'");
   SHOAL_CHECK_T(InvalidArgument, checkpoint_keep >= 0,
                 "checkpoints to keep must be >= 0 (0 = all), got ", checkpoint_keep);
   SHOAL_CHECK_T(InvalidArgument, !resume || !checkpoint_dir.empty(),

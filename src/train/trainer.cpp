@@ -12,6 +12,7 @@
 #include "compat/autocast.h"
 #include "shoal/checkpoint/checkpoint_manager.h"
 #include "shoal/checkpoint/serialization.h"
+#include "shoal/checkpoint/sharded_checkpoint.h"
 #include "shoal/checkpoint/training_state.h"
 #include "shoal/data/cifar10.h"
 #include "shoal/data/data_loader.h"
@@ -406,12 +407,21 @@ std::string Trainer::resume() {
 
 void Trainer::save_checkpoint(int64_t completed_epochs, int64_t samples_seen) {
   trace::Span span("checkpoint save", "checkpoint");
-  strategy_->synchronize(state_);
   checkpoint::CheckpointManagerOptions manager_options;
   manager_options.keep_last = options_.checkpoint_keep;
   checkpoint::CheckpointManager manager(options_.checkpoint_dir, manager_options);
-  checkpoint::TrainingState state =
-      checkpoint::capture(*state_.model, strategy_->checkpoint_optimizer(state_));
+  const bool sharded = options_.checkpoint_format == "sharded";
+  checkpoint::ShardedTrainingState pieces;
+  if (sharded) {
+    // Each rank's own pieces, nothing gathered.
+    SHOAL_CHECK_T(InvalidArgument, strategy_->sharded_checkpoint(state_, pieces),
+                  "--checkpoint-format sharded: --strategy ", strategy_->name(),
+                  " does not shard the model; use --strategy fsdp or --checkpoint-format full");
+  } else {
+    strategy_->synchronize(state_);
+    pieces.replicated = checkpoint::capture(*state_.model, strategy_->checkpoint_optimizer(state_));
+  }
+  checkpoint::TrainingState& state = pieces.replicated;
   state.epoch = completed_epochs;
   state.step = state_.step;
   state.sampler.epoch = completed_epochs;
@@ -442,7 +452,11 @@ void Trainer::save_checkpoint(int64_t completed_epochs, int64_t samples_seen) {
                        {"clip_grad_norm", options_.clip_grad_norm},
                        {"accumulate", options_.accumulate},
                        {"precision", options_.precision}});
-  manager.save(state, strategy_->process_group());
+  if (sharded) {
+    manager.save_sharded(pieces, strategy_->process_group());
+  } else {
+    manager.save(state, strategy_->process_group());
+  }
 }
 
 TrainResult Trainer::fit(const TensorData& train, const TensorData& test) {

@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <cctype>
+#include <cstdlib>
 
 #include "collective_checks.h"
 #include "comm/multi_device/process_group_multi_device.h"
@@ -176,6 +177,45 @@ TEST_P(CollectivesAcrossProcesses, Gloo) {
 // World size 4 costs the most on two cores; 2 and 3 cover even and odd.
 INSTANTIATE_TEST_SUITE_P(WorldSizes, CollectivesAcrossProcesses, ::testing::Values(2, 3),
                          [](const auto& info) { return "w" + std::to_string(info.param); });
+
+// Gloo's ring reduce_scatter (point-to-point sends) gives what the allreduce of every block it
+// replaced gave: integer-valued inputs, so that the two summation orders agree exactly.
+TEST(GlooReduceScatter, RingEqualsTheAllreduceOfEveryBlock) {
+  torch::set_num_threads(1);
+  auto run = [](const char* how, int world, int64_t block, ReduceOp op, bool list) {
+    ::setenv("SHOAL_GLOO_REDUCE_SCATTER", how, 1);
+    std::vector<at::Tensor> outputs(static_cast<size_t>(world));
+    auto store = make_hash_store(Milliseconds(30'000));
+    shoal::testing::run_threads(world, [&](int rank) {
+      auto pg = new_process_group("gloo", store, rank, world, Milliseconds(30'000));
+      at::Tensor input = at::arange(block * world, at::kFloat).remainder(7).add(rank + 1);
+      at::Tensor output = at::full({block}, -1.0f);
+      if (list) {
+        std::vector<at::Tensor> blocks = input.chunk(world);
+        for (auto& b : blocks) b = b.contiguous();
+        pg->reduce_scatter(output, blocks, {op})->wait();
+      } else {
+        pg->reduce_scatter_tensor(output, input, {op})->wait();
+      }
+      outputs[static_cast<size_t>(rank)] = output;
+    });
+    ::unsetenv("SHOAL_GLOO_REDUCE_SCATTER");
+    return outputs;
+  };
+  for (int world : {2, 3, 4}) {
+    for (int64_t block : {int64_t{1}, int64_t{7}, int64_t{1000}}) {
+      for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMin, ReduceOp::kMax, ReduceOp::kProduct}) {
+        const bool list = block == 7;
+        const auto old_way = run("allreduce", world, block, op, list);
+        const auto ring = run("ring", world, block, op, list);
+        for (int r = 0; r < world; ++r) {
+          EXPECT_TRUE(ring[r].equal(old_way[r]))
+              << "world " << world << ", block " << block << ", " << to_string(op) << ", rank " << r;
+        }
+      }
+    }
+  }
+}
 
 TEST(ProcessGroupArguments, NonContiguousIsRefusedClearly) {
   auto store = make_hash_store();

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "shoal/checkpoint/serialization.h"
+#include "shoal/checkpoint/sharded_checkpoint.h"
 #include "shoal/checkpoint/training_state.h"
 
 namespace shoal::comm {
@@ -47,6 +48,13 @@ class CheckpointManager {
   /// Writes the next checkpoint, updates `latest` and deletes the oldest beyond keep_last.
   /// Returns the new file's path (on every rank). With `pg`, only rank 0 writes; all ranks wait.
   std::string save(const TrainingState& state, comm::ProcessGroup* pg = nullptr);
+
+  /// Writes the next checkpoint as a sharded one (see sharded_checkpoint.h): every rank of `pg`
+  /// calls it with its own piece and writes "<dir>/<prefix>N.sharded/rank_<rank>.pt"; once all
+  /// files are complete rank 0 points `latest` at the folder and deletes the oldest checkpoints
+  /// beyond keep_last. A failure on any rank throws on every rank and keeps the previous
+  /// checkpoint the latest. Returns the folder's path. A collective.
+  std::string save_sharded(const ShardedTrainingState& state, comm::ProcessGroup* pg = nullptr);
 
   /// The newest intact checkpoint, or nullopt when there is none. A newer one that cannot be read
   /// is skipped with a warning on stderr naming it and why (see load_latest_intact); throws
@@ -82,8 +90,8 @@ struct ResumePoint {
 std::optional<ResumePoint> load_latest_intact(const std::string& dir, const LoadOptions& options = {},
                                               const std::string& prefix = "checkpoint_");
 
-/// The newest checkpoint in `dir` ("latest" when it names an existing file, else the highest
-/// numbered "checkpoint_N.pt"), or nullopt.
+/// The newest checkpoint in `dir` ("latest" when it names an existing file or sharded folder,
+/// else the highest numbered "checkpoint_N.pt" or "checkpoint_N.sharded"), or nullopt.
 std::optional<std::string> find_latest(const std::string& dir, const std::string& prefix = "checkpoint_");
 
 }  // namespace shoal::checkpoint

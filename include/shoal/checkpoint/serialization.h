@@ -49,14 +49,15 @@ c10::IValue load(const std::string& path, const LoadOptions& options = {});
 /// Saves a state dict as Python's model.state_dict() would be saved.
 void save_state_dict(const StateDict& state, const std::string& path);
 
-/// Loads a state dict from a file holding one, or the model of a full checkpoint; a "module."
-/// prefix on every key is removed.
+/// Loads a state dict from a file holding one, or the model of a full checkpoint (or of a sharded
+/// checkpoint, given its folder); a "module." prefix on every key is removed.
 StateDict load_state_dict_file(const std::string& path, const LoadOptions& options = {});
 
 /// Saves `state` as a dict Python can read (see to_ivalue()).
 void save_training_state(const TrainingState& state, const std::string& path);
 
-/// Loads a file written by save_training_state, or by Python (see training_state_from_ivalue()).
+/// Loads a file written by save_training_state, or by Python (see training_state_from_ivalue()),
+/// or, given a folder, the sharded checkpoint in it assembled whole (see sharded_checkpoint.h).
 TrainingState load_training_state(const std::string& path, const LoadOptions& options = {});
 
 /// A state dict from a loaded object (a bare state dict, or the 'model' of a checkpoint dict).

@@ -157,12 +157,15 @@ class FullyShardedDataParallel {
   /// checkpoint restores it). No communication: every rank has `full`.
   void load_full_optimizer(torch::optim::Optimizer& full, torch::optim::Optimizer& sharded);
 
-  /// The units: name ("" is the root unit), parameter names, element count before padding.
+  /// The units: name ("" is the root unit), parameter names, where each parameter lies in the
+  /// flat buffer, element count before padding. What a sharded checkpoint records.
   struct UnitInfo {
     std::string name;
     std::vector<std::string> parameter_names;
     int64_t numel = 0;         ///< the parameters' elements
     int64_t padded_numel = 0;  ///< numel rounded up to a multiple of the world size
+    std::vector<int64_t> offsets;              ///< of each parameter in the flat buffer
+    std::vector<std::vector<int64_t>> shapes;  ///< of each parameter
   };
   std::vector<UnitInfo> units() const;
 
@@ -184,6 +187,8 @@ class FullyShardedDataParallel {
   void free_full(Unit& unit);
   void on_grad_ready(size_t unit_index);
   void reduce_unit(Unit& unit);
+  /// Waits for the unit's reduction and adds its result to the shard's gradient.
+  void complete_reduction(Unit& unit);
   void finish_backward();
   bool will_sync_buffers() const;
   void note_parameter_bytes();

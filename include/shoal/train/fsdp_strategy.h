@@ -43,6 +43,9 @@ class FsdpStrategy : public Strategy {
   /// The whole optimizer state gathered from the shards (the optimizer DDP would have), so that
   /// checkpoints of fsdp and ddp are one format and resume at any world size with either.
   torch::optim::Optimizer* checkpoint_optimizer(TrainState& state) override;
+  /// This rank's flat-parameter pieces and their optimizer state, nothing gathered
+  /// (--checkpoint-format sharded).
+  bool sharded_checkpoint(TrainState& state, checkpoint::ShardedTrainingState& out) override;
   int rank() const override;
   int world_size() const override;
   comm::ProcessGroup* process_group() override { return group_.get(); }

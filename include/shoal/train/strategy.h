@@ -25,6 +25,10 @@ namespace torch::optim {
 class Optimizer;
 }
 
+namespace shoal::checkpoint {
+struct ShardedTrainingState;
+}
+
 namespace shoal::train {
 
 struct TrainState;
@@ -69,6 +73,12 @@ class Strategy {
   /// shards its state, a whole one gathered for the occasion (FSDP; then a collective, called by
   /// every process after synchronize()). Valid until the next call.
   virtual torch::optim::Optimizer* checkpoint_optimizer(TrainState& state);
+
+  /// `shoal train --checkpoint-format sharded`: fills `out` with this process's piece of the
+  /// parameters and optimizer state and the layout of the pieces (the training metadata is the
+  /// trainer's), without gathering anything; returns false when the strategy does not shard
+  /// (the default), and the trainer then refuses the format. Called by every process.
+  virtual bool sharded_checkpoint(TrainState& state, checkpoint::ShardedTrainingState& out);
 
   /// clip_grad_norm_ over the global norm of the gradients of the whole model (#29), after a
   /// backward (and DDP's averaging); returns the norm before clipping. The default clips

@@ -81,6 +81,9 @@ struct TrainOptions {
   int64_t test_limit = 0;
   /// When not empty, a checkpoint is saved here after every epoch (CheckpointManager layout).
   std::string checkpoint_dir;
+  /// "full" (one file, the whole state gathered to rank 0) or "sharded" (each rank writes its
+  /// own piece; --strategy fsdp only; see checkpoint/sharded_checkpoint.h).
+  std::string checkpoint_format = "full";
   /// Also save a checkpoint every N optimizer steps (0 = only at the end of epochs).
   int64_t checkpoint_every = 0;
   /// Checkpoints kept in checkpoint_dir (older ones are deleted); 0 keeps all.

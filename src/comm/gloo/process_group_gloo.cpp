@@ -2,6 +2,8 @@
 
 #include <ATen/ATen.h>
 
+#include <cstdlib>
+
 #include "comm/native_backed_work.h"
 #include "comm/peer_directory.h"
 #include "compat/gloo_group.h"
@@ -20,11 +22,18 @@ at::Tensor native_view(const at::Tensor& tensor) {
 
 ReduceOp native_op(ReduceOp op) { return op == ReduceOp::kAvg ? ReduceOp::kSum : op; }
 
+// The point-to-point tag of the ring reduce-scatter's messages: far above the tags users pass
+// to send/recv (0 by default), so that they never match one of them.
+constexpr int kRingReduceScatterTag = 0x5e0a0001;
+
 }  // namespace
 
 ProcessGroupGloo::ProcessGroupGloo(std::shared_ptr<Store> store, int rank, int size,
                                    Milliseconds timeout, GlooOptions options)
     : ProcessGroup(rank, size, timeout), store_(std::move(store)), options_(std::move(options)) {
+  if (const char* how = std::getenv("SHOAL_GLOO_REDUCE_SCATTER")) {
+    options_.ring_reduce_scatter = std::string(how) != "allreduce";
+  }
   peers_ = std::make_shared<PeerDirectory>(store_, "shoal/gloo", rank, size);
   enable_collective_checks_by_default();
   try {
@@ -120,9 +129,47 @@ std::shared_ptr<Work> ProcessGroupGloo::run_allgather(std::vector<at::Tensor>& o
   return collective_work(ctx, std::move(native), nullptr);
 }
 
+std::shared_ptr<Work> ProcessGroupGloo::ring_reduce_scatter(at::Tensor& output,
+                                                            std::vector<at::Tensor>& inputs,
+                                                            ReduceOp op, const OpContext& ctx) {
+  // Block k travels the ring from rank k+1 to rank k, each rank on the way adding its own: at
+  // step s rank r sends block r-s-1 (its sum so far) to r+1 and receives block r-s-2 from r-1.
+  // After N-1 steps it has received block r with every other rank's part in it. Runs on the
+  // caller's thread (the Work it returns is complete); every wait is bounded by the op's time-out
+  // and a failure names the peer (point_to_point_work).
+  const int n = size();
+  const int r = rank();
+  const int next = (r + 1) % n;
+  const int previous = (r + n - 1) % n;
+  auto own = [&](int k) { return native_view(inputs[static_cast<size_t>((k % n + n) % n)].reshape({-1})); };
+  at::Tensor sending = own(r - 1).clone();
+  at::Tensor receiving = at::empty_like(sending);
+  for (int s = 0; s < n - 1; ++s) {
+    auto sent = point_to_point_work(ctx, gloo_->send(sending, next, kRingReduceScatterTag));
+    auto received = point_to_point_work(ctx, gloo_->recv(receiving, previous, kRingReduceScatterTag));
+    received->wait(ctx.timeout);
+    sent->wait(ctx.timeout);
+    const at::Tensor mine = own(r - s - 2);
+    switch (native_op(op)) {
+      case ReduceOp::kSum: receiving.add_(mine); break;
+      case ReduceOp::kProduct: receiving.mul_(mine); break;
+      case ReduceOp::kMin: at::minimum_out(receiving, receiving, mine); break;
+      case ReduceOp::kMax: at::maximum_out(receiving, receiving, mine); break;
+      default: SHOAL_THROW(InvalidArgument, ctx.prefix(), ": this reduction is not supported");
+    }
+    std::swap(sending, receiving);
+  }
+  if (op == ReduceOp::kAvg) {
+    sending = sending.is_floating_point() ? sending / n : sending.floor_divide(n);
+  }
+  output.copy_(sending.view(output.sizes()));
+  return make_completed_work(ctx.label);
+}
+
 std::shared_ptr<Work> ProcessGroupGloo::run_reduce_scatter(at::Tensor& output,
                                                            std::vector<at::Tensor>& inputs,
                                                            ReduceOp op, const OpContext& ctx) {
+  if (options_.ring_reduce_scatter && size() > 1) return ring_reduce_scatter(output, inputs, op, ctx);
   // Gloo has no reduce_scatter: reduce all blocks, keep this rank's. Costs size() times the
   // traffic of a real one; the shm backend has the efficient version.
   std::vector<at::Tensor> flat_inputs;

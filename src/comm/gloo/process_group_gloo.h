@@ -33,6 +33,10 @@ struct GlooOptions {
   std::string hostname = "127.0.0.1";
   /// Network interface to use instead of `hostname` (GLOO_SOCKET_IFNAME), when not empty.
   std::string interface;
+  /// reduce_scatter as a ring of point-to-point sends (each rank sends and receives N-1 blocks,
+  /// holding two); false: an allreduce of every block (N times the bytes, a copy of the input),
+  /// what Shoal did before. SHOAL_GLOO_REDUCE_SCATTER=allreduce sets it false, for A/B runs.
+  bool ring_reduce_scatter = true;
 };
 
 class ProcessGroupGloo : public ProcessGroup {
@@ -54,6 +58,8 @@ class ProcessGroupGloo : public ProcessGroup {
                                    const OpContext& ctx) override;
   std::shared_ptr<Work> run_allgather(std::vector<at::Tensor>& outputs, const at::Tensor& input,
                                       const OpContext& ctx) override;
+  std::shared_ptr<Work> ring_reduce_scatter(at::Tensor& output, std::vector<at::Tensor>& inputs,
+                                            ReduceOp op, const OpContext& ctx);
   std::shared_ptr<Work> run_reduce_scatter(at::Tensor& output, std::vector<at::Tensor>& inputs,
                                            ReduceOp op, const OpContext& ctx) override;
   std::shared_ptr<Work> run_gather(std::vector<at::Tensor>& outputs, const at::Tensor& input,

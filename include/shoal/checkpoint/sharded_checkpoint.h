@@ -1,0 +1,97 @@
+// Sharded checkpoints: each rank of a sharded data-parallel job (FullyShardedDataParallel) writes
+// its own piece of the parameters and of the optimizer state, the counterpart of PyTorch FSDP's
+// SHARDED_STATE_DICT saved through torch.distributed.checkpoint. No rank ever holds the whole
+// model or optimizer state to save it.
+//
+// A sharded checkpoint is a folder "<dir>/checkpoint_000012.sharded/" beside the numbered files
+// of CheckpointManager, holding "rank_0.pt" ... "rank_<N-1>.pt", one per rank of the job that
+// saved it. Each is an ordinary Shoal torch.save file (atomic write, checksum manifest) holding:
+//   'shoal_sharded'      metadata: format version, this file's rank, the world size, the model's
+//                        parameter count and state-dict key order, and every flat unit's name,
+//                        parameter names, shapes, offsets in the flat buffer, parameter indices
+//                        (in model.parameters() order), element count and padded count
+//   'flat_param_shards'  [tensor per unit]: this rank's piece of the unit's flat parameters, the
+//                        rank-th of world_size equal pieces of the padded buffer
+//   'optimizer_shards'   [dict per unit]: the optimizer state of that piece ('exp_avg', ...,
+//                        'step'), as Python's optimizer.state_dict() names it
+//   'model', 'optimizer', 'epoch', 'step', ...  what a full checkpoint holds, except the sharded
+//                        parameters and the optimizer's per-parameter state: buffers, parameters
+//                        no unit holds, the optimizer's param_groups (over the whole model), the
+//                        sampler, the config
+// The folder counts as saved once every rank's file is complete: only then does rank 0 point
+// "latest" at it, so an interrupted save leaves the previous checkpoint the one resumed.
+//
+// load_sharded_checkpoint() reads every rank's file, refuses a set that disagrees (a missing or
+// extra rank file, another world size, other units, a piece of the wrong size, files of another
+// save), and assembles the whole TrainingState a full checkpoint would have held: so a resume at
+// any world size, with any strategy, and `shoal ckpt convert` (a file torch.load reads) start
+// from it.
+//
+// Thread safety: plain values and reentrant functions.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <ATen/core/ivalue.h>
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "shoal/checkpoint/serialization.h"
+#include "shoal/checkpoint/training_state.h"
+
+namespace shoal::checkpoint {
+
+/// One flat unit of FullyShardedDataParallel: its parameters laid end to end in one buffer
+/// padded to a multiple of the world size.
+struct FlatUnitMetadata {
+  std::string name;                          ///< the submodule's name; "" for the root unit
+  std::vector<std::string> param_names;      ///< state-dict keys of its parameters
+  std::vector<std::vector<int64_t>> shapes;  ///< of each parameter
+  std::vector<int64_t> offsets;              ///< of each parameter in the flat buffer
+  std::vector<int64_t> param_indices;        ///< of each parameter in model.parameters()
+  int64_t numel = 0;                         ///< the parameters' elements
+  int64_t padded = 0;                        ///< numel rounded up to a multiple of world_size
+};
+
+/// What one rank saves (see the file comment).
+struct ShardedTrainingState {
+  /// Everything but the sharded tensors: model = buffers and parameters outside every unit;
+  /// optimizer = param_groups over the whole model, state empty; epoch, step, sampler, config.
+  TrainingState replicated;
+  int64_t rank = 0;
+  int64_t world_size = 1;
+  int64_t num_parameters = 0;               ///< len(model.parameters())
+  std::vector<std::string> state_dict_keys; ///< the whole state dict's keys, in order
+  std::vector<FlatUnitMetadata> units;
+  std::vector<at::Tensor> flat_param_shards;  ///< [padded / world_size] per unit
+  /// Per unit: the optimizer state of this rank's piece (tensors of padded / world_size
+  /// elements, and 'step'); empty before the first step.
+  std::vector<std::map<std::string, at::Tensor>> optimizer_shards;
+};
+
+/// The extension of a sharded checkpoint's folder name ("checkpoint_000012.sharded").
+inline const char* const kShardedExtension = ".sharded";
+
+/// "rank_<rank>.pt": a rank's file in a sharded checkpoint's folder.
+std::string shard_file_name(int64_t rank);
+
+/// Writes one rank's file (atomically, with a checksum manifest).
+void save_shard(const ShardedTrainingState& state, const std::string& path);
+
+/// Reads one rank's file, checking its metadata against its own tensors.
+ShardedTrainingState load_shard(const std::string& path, const LoadOptions& options = {});
+
+/// True when `path` is a folder (a sharded checkpoint, or something else that load refuses).
+bool is_directory(const std::string& path);
+
+/// Reads every rank's file of the sharded checkpoint in `folder` and assembles the whole
+/// training state (the full checkpoint's layout). Throws CheckpointError naming the file and
+/// what to do when the set is incomplete or disagrees.
+TrainingState load_sharded_checkpoint(const std::string& folder, const LoadOptions& options = {});
+
+/// True when a loaded object is one rank's file of a sharded checkpoint.
+bool is_shard_object(const c10::IValue& object);
+
+}  // namespace shoal::checkpoint
