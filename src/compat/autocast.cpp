@@ -20,6 +20,15 @@ void set_cpu_dtype(c10::ScalarType dtype) { at::autocast::set_autocast_cpu_dtype
 
 }  // namespace
 
+bool cpu_autocast_supports(c10::ScalarType dtype) {
+  if (dtype == c10::ScalarType::BFloat16) return true;
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+  return dtype == c10::ScalarType::Half;
+#else
+  return false;
+#endif
+}
+
 CpuAutocastGuard::CpuAutocastGuard(std::optional<c10::ScalarType> dtype) {
   if (!dtype) return;
   active_ = true;

@@ -26,4 +26,8 @@ class CpuAutocastGuard {
   c10::ScalarType previous_dtype_ = c10::ScalarType::BFloat16;
 };
 
+/// Whether this LibTorch's CPU autocast runs in `dtype`: bfloat16 always; float16 from
+/// LibTorch 2.4 on (1.13's CPU autocast knows bfloat16 only, and its CPU kernels lack float16).
+bool cpu_autocast_supports(c10::ScalarType dtype);
+
 }  // namespace shoal::compat
