@@ -134,7 +134,11 @@ double train_step(TrainState& state, const at::Tensor& inputs, const at::Tensor&
   // fp16: the true gradients before clipping, as in PyTorch's recipe (scaler.unscale_ first).
   if (state.grad_scaler) state.grad_scaler->unscale_(*state.optimizer);
   bool skipped = false;
-  if (state.max_grad_norm > 0) {
+  if (state.grad_scaler && state.grad_scaler->found_inf()) {
+    // The step is skipped: nothing to clip (the norm is not finite; PyTorch's clip would make
+    // every gradient NaN, which no step uses).
+    state.last_grad_norm = NAN;
+  } else if (state.max_grad_norm > 0) {
     state.last_grad_norm =
         state.clip_grad_norm
             ? state.clip_grad_norm(state.max_grad_norm)
