@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # On a machine with NVIDIA GPUs and PyTorch 2.x: builds Shoal against that PyTorch's LibTorch and
-# runs the GPU tests (CTest label gpu: the nccl backend on one GPU per process) and the DDP
+# runs the GPU tests (CTest label gpu: the nccl backend on one GPU per process, the fp16 recipe
+# with GradScaler under CUDA autocast) and the DDP
 # benchmark, all in about 10 minutes on 16 cores.
 #
 #   scripts/gpu_check.sh                  # python3's torch, else the PyPI LibTorch of setup_torch_pypi.sh
@@ -49,7 +50,7 @@ grep -q "NCCL backend: ON" "$BUILD.configure.log" ||
   { say "error: this LibTorch has no CUDA (the NCCL backend is off)"; grep "shoal:" "$BUILD.configure.log"; exit 1; }
 mkdir -p "$OUT"
 say "building with $JOBS jobs"
-cmake --build "$BUILD" -j "$JOBS" --target shoal_cli test_nccl >"$OUT/build.log" 2>&1 ||
+cmake --build "$BUILD" -j "$JOBS" --target shoal_cli test_nccl test_grad_scaler_cuda >"$OUT/build.log" 2>&1 ||
   { tail -n 40 "$OUT/build.log"; exit 1; }
 say "built"
 

@@ -220,7 +220,8 @@ void add_training_feature_options(CLI::App& app, train::TrainOptions& options) {
       ->capture_default_str();
   app.add_option("--precision", options.precision,
                  "fp32, or bf16: forward and loss under CPU autocast to bfloat16 (weights, gradients\n"
-                 "and optimizer stay float32)")
+                 "and optimizer stay float32), or fp16: autocast to float16 with a loss scaler\n"
+                 "(torch.amp.GradScaler: inf/NaN steps skipped); needs CUDA or LibTorch >= 2.4")
       ->check(CLI::IsMember({"fp32", "bf16", "fp16"}))
       ->capture_default_str();
 }

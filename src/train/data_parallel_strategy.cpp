@@ -17,7 +17,8 @@ DataParallelStrategy::~DataParallelStrategy() = default;
 void DataParallelStrategy::prepare(TrainState& state) {
   // The replicas' forwards run on threads of their own, where this thread's autocast is off.
   SHOAL_CHECK_T(InvalidArgument, !state.autocast_dtype,
-                "--precision bf16 is not supported with --strategy dp yet; use single, ddp or ps");
+                "--precision ", *state.autocast_dtype == at::kHalf ? "fp16" : "bf16",
+                " is not supported with --strategy dp yet; use single, ddp or ps");
   std::vector<int64_t> ids;
   for (int i = 0; i < replicas_; ++i) ids.push_back(i);
   const std::string name = model_name_;

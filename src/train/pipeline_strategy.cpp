@@ -31,7 +31,12 @@ void PipelineStrategy::prepare(TrainState& state) {
                 "--strategy pipeline splits the built-in models (mlp, cnn) into stages; for your "
                 "own model build a pipeline::Pipeline over a torch::nn::Sequential");
   SHOAL_CHECK_T(InvalidArgument, !state.autocast_dtype,
-                "--precision bf16 is not supported with --strategy pipeline yet; use single, ddp or ps");
+                "--precision ", *state.autocast_dtype == at::kHalf ? "fp16" : "bf16",
+                " is not supported with --strategy pipeline yet; use single, ddp or ps");
+  // The stages' backward runs inside the pipeline schedule, which does not scale the loss.
+  SHOAL_CHECK_T(InvalidArgument, !state.grad_scaler,
+                "a loss scaler (--precision fp16) is not supported with --strategy pipeline yet; "
+                "use single, ddp or ps");
   sequential_ = pipeline::as_sequential(*model);
   balance_ = options_.balance.empty()
                  ? pipeline::balance_by_parameters(sequential_, options_.stages)

@@ -3,7 +3,10 @@
 #include <algorithm>
 #include <cmath>
 
+#include "compat/autocast.h"
 #include "shoal/error.h"
+
+#include <torch/version.h>
 
 namespace shoal::train {
 namespace {
@@ -46,9 +49,11 @@ void validate_training_features(const TrainOptions& o) {
                 "accumulate must be in [1, 65536] micro-batches per step, got ", o.accumulate);
   SHOAL_CHECK_T(InvalidArgument, o.precision == "fp32" || o.precision == "bf16" || o.precision == "fp16",
                 "precision must be fp32, bf16 or fp16, got '", o.precision, "'");
-  SHOAL_CHECK_T(InvalidArgument, o.precision != "fp16",
-                "--precision fp16 is autocast with a gradient scaler on CUDA, and this trainer runs on "
-                "the CPU: use --precision bf16 (CPU autocast) or fp32");
+  SHOAL_CHECK_T(InvalidArgument,
+                o.precision != "fp16" || compat::cpu_autocast_supports(at::kHalf),
+                "--precision fp16 needs CUDA or LibTorch >= 2.4 on the CPU (this is LibTorch ",
+                TORCH_VERSION, ", whose CPU autocast has no float16): use --precision bf16 on the "
+                "CPU");
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <optional>
 #include <sstream>
@@ -55,6 +56,9 @@ std::unique_ptr<torch::optim::Optimizer> make_builtin_optimizer(const TrainOptio
   if (model == nullptr) return nullptr;
   return make_optimizer(options, model->parameters());
 }
+
+/// Checkpoint config keys of the fp16 loss scaler's state: "grad_scaler.scale", ...
+constexpr const char* kScalerPrefix = "grad_scaler.";
 
 /// The total L2 norm of the model's gradients (what clip_grad_norm_ returns); 0 without any.
 double gradient_norm(torch::nn::Module& model) {
@@ -122,15 +126,20 @@ double train_step(TrainState& state, const at::Tensor& inputs, const at::Tensor&
     const double share = chunks == 1 ? 1.0 : static_cast<double>(end - begin) / static_cast<double>(n);
     {
       trace::Span span("backward");  // DDP's bucket reductions run inside it
-      if (chunks == 1) {
-        loss.backward();
-      } else {
-        (loss * share).backward();
-      }
+      at::Tensor scaled = chunks == 1 ? loss : loss * share;
+      if (state.grad_scaler) scaled = state.grad_scaler->scale(scaled);
+      scaled.backward();
     }
     value += loss.item<double>() * share;
   }
-  if (state.max_grad_norm > 0) {
+  // fp16: the true gradients before clipping, as in PyTorch's recipe (scaler.unscale_ first).
+  if (state.grad_scaler) state.grad_scaler->unscale_(*state.optimizer);
+  bool skipped = false;
+  if (state.grad_scaler && state.grad_scaler->found_inf()) {
+    // The step is skipped: nothing to clip (the norm is not finite; PyTorch's clip would make
+    // every gradient NaN, which no step uses).
+    state.last_grad_norm = NAN;
+  } else if (state.max_grad_norm > 0) {
     state.last_grad_norm =
         state.clip_grad_norm
             ? state.clip_grad_norm(state.max_grad_norm)
@@ -139,11 +148,19 @@ double train_step(TrainState& state, const at::Tensor& inputs, const at::Tensor&
   }
   {
     trace::Span span("optimizer step");
-    state.optimizer->step();
+    if (state.grad_scaler) {
+      // A step with an inf/NaN gradient is skipped and the scale backs off (on every rank).
+      skipped = !state.grad_scaler->step(*state.optimizer);
+      state.grad_scaler->update();
+    } else {
+      state.optimizer->step();
+    }
   }
   ++state.step;
-  // A diverged run must not go on (and exit 0) with NaN weights; stop at the first bad step.
-  SHOAL_CHECK(std::isfinite(value), "training diverged: the loss is ", value, " at step ",
+  // A diverged run must not go on (and exit 0) with NaN weights; stop at the first bad step. Under
+  // a loss scaler, a step whose loss overflowed was skipped (the weights are untouched) and the
+  // scale backs off, as in PyTorch.
+  SHOAL_CHECK(std::isfinite(value) || skipped, "training diverged: the loss is ", value, " at step ",
               state.step, " (epoch ", state.epoch + 1,
               "); lower the learning rate, or check the data for NaN/inf");
   return value;
@@ -374,6 +391,16 @@ std::string Trainer::resume() {
   checkpoint::restore(saved, *state_.model, state_.optimizer.get());
   state_.epoch = saved.epoch;
   state_.step = saved.step;
+  // fp16: the scaler goes on from the saved scale and growth tracker.
+  std::map<std::string, double> scaler_state;
+  for (const auto& [key, value] : saved.config) {
+    if (key.rfind(kScalerPrefix, 0) != 0) continue;
+    if (auto v = checkpoint::config_number(saved, key, path)) {
+      scaler_state[key.substr(std::strlen(kScalerPrefix))] = *v;
+    }
+  }
+  state_.grad_scaler.reset();
+  if (!scaler_state.empty()) pending_scaler_state_ = scaler_state;
   // A checkpoint saved at the end of an epoch has samples_seen 0 for the next one.
   resume_samples_seen_ = saved.sampler.epoch == saved.epoch ? saved.sampler.samples_seen : 0;
   resume_changes_.clear();
@@ -452,6 +479,12 @@ void Trainer::save_checkpoint(int64_t completed_epochs, int64_t samples_seen) {
                        {"clip_grad_norm", options_.clip_grad_norm},
                        {"accumulate", options_.accumulate},
                        {"precision", options_.precision}});
+  // fp16's loss scale (#29), under PyTorch's GradScaler.state_dict() keys.
+  if (state_.grad_scaler) {
+    for (const auto& [key, value] : state_.grad_scaler->state_dict()) {
+      state.config.insert({std::string(kScalerPrefix) + key, value});
+    }
+  }
   if (sharded) {
     manager.save_sharded(pieces, strategy_->process_group());
   } else {
@@ -777,9 +810,23 @@ void Trainer::apply_training_features() {
   }
   if (options_.precision == "bf16") {
     state_.autocast_dtype = at::kBFloat16;
+  } else if (options_.precision == "fp16") {
+    state_.autocast_dtype = at::kHalf;
   } else {
     state_.autocast_dtype.reset();
   }
+  const bool scaled = options_.precision == "fp16" || options_.grad_scaler.has_value();
+  if (!scaled) {
+    state_.grad_scaler.reset();
+  } else if (!state_.grad_scaler) {
+    state_.grad_scaler =
+        std::make_unique<GradScaler>(options_.grad_scaler.value_or(GradScalerOptions{}));
+    if (pending_scaler_state_) state_.grad_scaler->load_state_dict(*pending_scaler_state_);
+    // Ranks whose gradients differ (pipeline stages, shards) skip a step together.
+    state_.grad_scaler->set_found_inf_across(
+        [this](std::vector<double>& values) { strategy_->all_reduce_sum(values); });
+  }
+  pending_scaler_state_.reset();
 }
 
 void Trainer::add_callback(std::shared_ptr<Callback> callback) {

@@ -4,7 +4,8 @@
 under --strategy ddp (2 processes), and --optimizer adam --lr-schedule multistep --milestones
 --precision bf16 in one process, on the real Fashion-MNIST, equal the same training in PyTorch
 (train_features_oracle.py's loop: the ranks' gradients averaged as DDP does) after 20 steps;
-bad values of the new flags get one clear line and exit 2.
+bad values of the new flags get one clear line and exit 2; --precision fp16 trains and resumes
+where LibTorch's CPU autocast has float16, and is refused in one line where it has not.
 
     cli_train_features.py SHOAL_BINARY
 Exit 77 (skipped) when Fashion-MNIST or python3-torch is missing.
@@ -127,7 +128,6 @@ with tempfile.TemporaryDirectory() as tmp:
         (["--lr-schedule", "multistep", "--milestones", "9,3"], "milestones"),
         (["--clip-grad-norm", "-1"], "clipping"),
         (["--accumulate", "0"], "--accumulate"),
-        (["--precision", "fp16"], "fp16"),
         (["--warmup-start-factor", "0"], "start factor"),
         (["--weight-decay", "-0.1"], "weight decay"),
         (["--strategy", "ps", "--clip-grad-norm", "1"], "--clip-grad-norm"),
@@ -139,5 +139,39 @@ with tempfile.TemporaryDirectory() as tmp:
         check(len(lines) == 1 and lines[0].startswith("shoal: error: "),
               f"'{name}' gives one 'shoal: error:' line", run)
         check(mention in run.stderr, f"'{name}' names {mention}", run)
+
+    # --precision fp16 (#29): autocast to float16 with a loss scaler where LibTorch's CPU autocast
+    # has float16 (>= 2.4), and then a resume continues the scaler's state; refused in one line
+    # (fp16 needs CUDA; use bf16 on the CPU) where it has not. SHOAL_TORCH_VERSION (set by CTest)
+    # says which.
+    version = os.environ.get("SHOAL_TORCH_VERSION", "")
+    major_minor = tuple(int(v) for v in version.split(".")[:2]) if version else None
+    fp16 = ["--train-samples", "320", *COMMON, "--precision", "fp16"]
+    run = shoal(*fp16, "--dump-parameters", f"{tmp}/fp16")
+    if major_minor is not None and major_minor < (2, 4):
+        lines = run.stderr.strip().splitlines()
+        check(run.returncode == 2 and len(lines) == 1 and lines[0].startswith("shoal: error: "),
+              f"LibTorch {version}: --precision fp16 is refused in one line", run)
+        check("needs CUDA" in run.stderr and "--precision bf16" in run.stderr,
+              "the refusal says fp16 needs CUDA and to use bf16 on the CPU", run)
+    else:
+        check(run.returncode == 0, f"LibTorch {version or '?'}: --precision fp16 trains", run)
+        cut = shoal(*fp16, "--checkpoint-dir", f"{tmp}/fp16ckpt", "--checkpoint-every", "5",
+                    "--stop-after-steps", "12")
+        check(cut.returncode == 0, "fp16: the run stopped after step 12", cut)
+        saved = [os.path.join(d, f) for d, _, fs in os.walk(f"{tmp}/fp16ckpt") for f in fs
+                 if f.endswith(".pt")]
+        configs = [torch.load(f).get("config", {}) for f in saved]
+        check(any(c.get("grad_scaler._growth_tracker") == 10.0 and
+                  c.get("grad_scaler.scale") == 65536.0 for c in configs),
+              f"fp16: a checkpoint holds the scaler's state after step 10 ({configs})")
+        resumed = shoal("--train-samples", "320", *COMMON, "--checkpoint-dir", f"{tmp}/fp16ckpt",
+                        "--resume", "--dump-parameters", f"{tmp}/fp16resumed")
+        check(resumed.returncode == 0, "fp16: --resume", resumed)
+        if run.returncode == 0 and resumed.returncode == 0:
+            a = torch.load(f"{tmp}/fp16.rank0.pt")
+            b = torch.load(f"{tmp}/fp16resumed.rank0.pt")
+            check(all(torch.equal(a[k], b[k]) for k in a),
+                  "fp16 resumed: bit-identical to the uninterrupted run")
 
 checks.finish()

@@ -6,7 +6,10 @@ usage: train_features_oracle.py CASES_FILE OUT_DIR
 CASES_FILE holds one case a line: "NAME key=value ...", keys: strategy (single, ddp, dp,
 pipeline), ranks (data-parallel ranks: 2 for ddp), size, batch (per rank and micro-batch), seed,
 data_seed, optimizer, lr, momentum, betas (b1,b2), eps, weight_decay, lr_schedule, warmup_steps,
-warmup_start_factor, step_size, gamma, milestones (a,b,...), t_max, clip, accumulate, precision.
+warmup_start_factor, step_size, gamma, milestones (a,b,...), t_max, clip, accumulate, precision
+(fp32, bf16, fp16), and for the loss scaler (#29; torch.amp.GradScaler("cpu"), PyTorch >= 2.3):
+scaler (1: scale a float32 model too; fp16 always scales), init_scale, growth_interval,
+inf_samples (a,b,...: those samples get an inf pixel, so that their steps overflow).
 Data as shoal::data::SyntheticDataset and the model as shoal::models::create("mlp", seed) make
 them (see pytorch_train.py). Each optimizer step takes, on each rank, `accumulate` micro-batches
 of `batch` from the rank's DistributedSampler(shuffle=True, seed) shard; with several ranks the
@@ -14,7 +17,8 @@ step's gradient is the ranks' gradients averaged, as DistributedDataParallel's a
 it on every rank (clipping follows the averaging). dp and pipeline train as one process.
 Writes OUT_DIR/NAME.params (every parameter, little-endian float32, registration order) and
 OUT_DIR/NAME.txt (a line per step: the step's mean loss over rank 0's samples, and the total
-gradient norm before clipping, or nan).
+gradient norm before clipping, or nan); with a scaler, OUT_DIR/NAME.scale (a line per step: the
+scale after update() and 1 when the step was skipped, else 0).
 """
 import os
 import sys
@@ -94,8 +98,17 @@ def run(case, x, y, out_dir=None):
     steps = (len(shards[0]) + step_samples - 1) // step_samples
     scheduler = scheduler_of(case, opt, steps)
     clip = float(case.get("clip", "0"))
-    bf16 = case.get("precision", "fp32") == "bf16"
-    lines = []
+    precision = case.get("precision", "fp32")
+    autocast = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+    scaler = None
+    if case.get("scaler") == "1" or precision == "fp16":
+        scaler = torch.amp.GradScaler("cpu", init_scale=float(case.get("init_scale", "65536")),
+                                      growth_interval=int(case.get("growth_interval", "2000")))
+    if "inf_samples" in case:
+        x = x.clone()
+        for k in case["inf_samples"].split(","):
+            x[int(k), 0, 0, 0] = float("inf")
+    lines, scales = [], []
     for s in range(steps):
         opt.zero_grad()
         summed = [torch.zeros_like(p) for p in params]
@@ -104,12 +117,13 @@ def run(case, x, y, out_dir=None):
             idx = shards[r][s * step_samples:(s + 1) * step_samples]
             micro = idx.split(batch)
             for chunk in micro:
-                if bf16:
-                    with torch.autocast("cpu", dtype=torch.bfloat16):
+                if autocast is not None:
+                    with torch.autocast("cpu", dtype=autocast):
                         loss = F.cross_entropy(model(x[chunk]), y[chunk])
                 else:
                     loss = F.cross_entropy(model(x[chunk]), y[chunk])
-                (loss / len(micro)).backward() if len(micro) > 1 else loss.backward()
+                part = loss / len(micro) if len(micro) > 1 else loss
+                (scaler.scale(part) if scaler is not None else part).backward()
                 if r == 0:
                     rank0_loss += loss.item() / len(micro)
             # This rank's gradient, then the next rank's from zero (DDP: each rank its own).
@@ -119,9 +133,17 @@ def run(case, x, y, out_dir=None):
         for total, p in zip(summed, params):
             p.grad.copy_(total / ranks)  # DDP's average
         norm = float("nan")
+        if scaler is not None:
+            scaler.unscale_(opt)  # the true gradients before clipping, as PyTorch's recipe does
         if clip > 0:
             norm = float(torch.nn.utils.clip_grad_norm_(params, clip))
-        opt.step()
+        if scaler is not None:
+            found = sum(v.item() for v in scaler._found_inf_per_device(opt).values())
+            scaler.step(opt)
+            scaler.update()
+            scales.append("%r %d" % (scaler.get_scale(), 1 if found else 0))
+        else:
+            opt.step()
         if scheduler is not None:
             scheduler.step()
         lines.append("%r %r" % (rank0_loss, norm))
@@ -131,6 +153,9 @@ def run(case, x, y, out_dir=None):
                 f.write(p.detach().contiguous().numpy().astype("<f4").tobytes())
         with open(os.path.join(out_dir, case["name"] + ".txt"), "w") as f:
             f.write("\n".join(lines) + "\n")
+        if scaler is not None:
+            with open(os.path.join(out_dir, case["name"] + ".scale"), "w") as f:
+                f.write("\n".join(scales) + "\n")
     return dict(model.named_parameters()), lines
 
 

@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "shoal/train/grad_scaler.h"
+
 namespace shoal::train {
 
 /// How training progress is shown on stderr.
@@ -135,8 +137,13 @@ struct TrainOptions {
   /// N-1 backward passes run in no_sync); 1: none.
   int64_t accumulate = 1;
   /// "fp32", or "bf16": the forward and the loss under CPU autocast to bfloat16 (torch.autocast(
-  /// "cpu", dtype=torch.bfloat16)); the weights, gradients and optimizer stay float32.
+  /// "cpu", dtype=torch.bfloat16)); the weights, gradients and optimizer stay float32. "fp16":
+  /// autocast to float16 with a gradient scaler (torch.amp.GradScaler; needs LibTorch >= 2.4 on
+  /// the CPU, see compat::cpu_autocast_supports).
   std::string precision = "fp32";
+  /// The loss scaler's options (torch.amp.GradScaler's). Set: the trainer scales the loss with
+  /// them at any precision (a float32 model too); unset: the defaults under "fp16", none else.
+  std::optional<GradScalerOptions> grad_scaler;
 
   // --- Data (#29): where the samples come from and how they are loaded ahead of the step.
   /// When not empty, run_training reads the dataset from this torch.save file of a dict with the

@@ -27,6 +27,7 @@
 
 #include <cmath>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <set>
@@ -38,6 +39,7 @@
 #include "shoal/data/batch_dataset.h"
 #include "shoal/trace/tracer.h"
 #include "shoal/models/model.h"
+#include "shoal/train/grad_scaler.h"
 #include "shoal/train/strategy.h"
 #include "shoal/train/train_options.h"
 
@@ -90,8 +92,12 @@ struct TrainState {
   std::function<double(double max_norm)> clip_grad_norm;
   /// The last step's total gradient norm before clipping (NaN without clipping).
   double last_grad_norm = NAN;
-  /// Set: the forward and the loss run under CPU autocast to this type (bf16).
+  /// Set: the forward and the loss run under autocast to this type (bf16 or fp16) on the
+  /// model's device.
   std::optional<c10::ScalarType> autocast_dtype;
+  /// Set (--precision fp16): the loss is scaled before backward, the gradients unscaled before
+  /// clipping, and a step with an inf/NaN gradient is skipped (torch.amp.GradScaler's recipe).
+  std::unique_ptr<GradScaler> grad_scaler;
 };
 
 /// Loss and accuracy over a dataset.
@@ -281,6 +287,8 @@ class Trainer {
   /// Sets every parameter group's lr for the coming step of `total_steps` (lr_schedule).
   void apply_lr_schedule(int64_t total_steps);
   std::string resume_changes_;
+  // A resumed fp16 scaler's state, loaded into the scaler that the next fit() makes.
+  std::optional<std::map<std::string, double>> pending_scaler_state_;
   /// This trainer's timeline while options.trace_path is set (see trace::Recorder).
   std::unique_ptr<trace::Recorder> recorder_;
   // Callbacks (#29).
