@@ -221,8 +221,12 @@ void add_training_feature_options(CLI::App& app, train::TrainOptions& options) {
   app.add_option("--precision", options.precision,
                  "fp32, or bf16: forward and loss under CPU autocast to bfloat16 (weights, gradients\n"
                  "and optimizer stay float32), or fp16: autocast to float16 with a loss scaler\n"
-                 "(torch.amp.GradScaler: inf/NaN steps skipped); needs CUDA or LibTorch >= 2.4")
+                 "(torch.amp.GradScaler: inf/NaN steps skipped); needs --device cuda or LibTorch >= 2.4")
       ->check(CLI::IsMember({"fp32", "bf16", "fp16"}))
+      ->capture_default_str();
+  app.add_option("--device", options.device,
+                 "cpu, or cuda / cuda:N: the model, each batch and autocast on that GPU (cuda = GPU\n"
+                 "LOCAL_RANK of those visible); --strategy single or ddp")
       ->capture_default_str();
 }
 
@@ -511,6 +515,14 @@ void add_train_command(CLI::App& root, std::vector<Command>& commands) {
                                     " by ", rank_info.source, ", whose ranks are the job");
                         }
                         options->validate();  // before reading a checkpoint for --resume
+                        // --device cuda (#29): the strategies that train on a GPU, said before any
+                        // data is read (whether this machine has one, the trainer says).
+                        SHOAL_CHECK_T(InvalidArgument,
+                                      options->device == "cpu" || args->strategy == "single" ||
+                                          (args->strategy == "ddp" && args->model_parallel == 1),
+                                      "--device ", options->device, ": --strategy ", args->strategy,
+                                      args->model_parallel == 1 ? "" : " with --model-parallel",
+                                      " trains on the CPU here; use --strategy single or ddp on a GPU");
                         if (options->resume) {
                           // Hyper-parameters not given continue as the checkpoint had them; the
                           // ones given apply (never silently the checkpoint's).

@@ -67,10 +67,13 @@ bool is_backend_available(const std::string& backend) {
 
 namespace {
 
-// Whether `auto` should give CUDA tensors to NCCL: built against a CUDA LibTorch and a GPU seen.
-bool cuda_available_for_nccl() {
+// Whether `auto` should give CUDA tensors to NCCL: built against a CUDA LibTorch, and a GPU for
+// each of this host's ranks (NCCL refuses two ranks on one GPU; with fewer GPUs, CUDA tensors go
+// through host memory on the CPU backend instead).
+bool cuda_available_for_nccl(int local_world_size) {
 #if SHOAL_HAVE_NCCL
-  return compat::cuda_device_count() > 0;
+  const int gpus = compat::cuda_device_count();
+  return gpus > 0 && gpus >= local_world_size;
 #else
   return false;
 #endif
@@ -219,7 +222,7 @@ std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options) {
       backend = one_host ? "shm" : "hierarchical";
       // With a GPU, CUDA tensors go to NCCL and CPU tensors still to shm/hierarchical, as
       // PyTorch 2.x's default group does ("cpu:gloo,cuda:nccl").
-      if (cuda_available_for_nccl()) backend = "cpu:" + backend + ",cuda:nccl";
+      if (cuda_available_for_nccl(info.local_world_size)) backend = "cpu:" + backend + ",cuda:nccl";
     }
   }
 

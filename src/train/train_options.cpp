@@ -6,7 +6,11 @@
 #include "compat/autocast.h"
 #include "shoal/error.h"
 
+#include <torch/cuda.h>
 #include <torch/version.h>
+
+#include <cstdlib>
+#include <optional>
 
 namespace shoal::train {
 namespace {
@@ -50,15 +54,48 @@ void validate_training_features(const TrainOptions& o) {
   SHOAL_CHECK_T(InvalidArgument, o.precision == "fp32" || o.precision == "bf16" || o.precision == "fp16",
                 "precision must be fp32, bf16 or fp16, got '", o.precision, "'");
   SHOAL_CHECK_T(InvalidArgument,
-                o.precision != "fp16" || compat::cpu_autocast_supports(at::kHalf),
-                "--precision fp16 needs CUDA or LibTorch >= 2.4 on the CPU (this is LibTorch ",
-                TORCH_VERSION, ", whose CPU autocast has no float16): use --precision bf16 on the "
-                "CPU");
+                o.precision != "fp16" || o.device != "cpu" || compat::cpu_autocast_supports(at::kHalf),
+                "--precision fp16 needs --device cuda, or LibTorch >= 2.4 on the CPU (this is "
+                "LibTorch ", TORCH_VERSION, ", whose CPU autocast has no float16): use --precision "
+                "bf16 on the CPU");
+}
+
+/// "cuda:N"'s N, or -1 for "cuda"; nullopt when `name` is neither "cpu" nor a CUDA device name.
+std::optional<int> cuda_index(const std::string& name) {
+  if (name == "cuda") return -1;
+  if (name.rfind("cuda:", 0) != 0 || name.size() == 5 || name.size() > 8) return std::nullopt;
+  for (size_t i = 5; i < name.size(); ++i) {
+    if (name[i] < '0' || name[i] > '9') return std::nullopt;
+  }
+  return std::stoi(name.substr(5));
 }
 
 }  // namespace
 
+at::Device resolve_device(const std::string& name) {
+  if (name == "cpu") return at::kCPU;
+  const std::optional<int> index = cuda_index(name);
+  SHOAL_CHECK_T(InvalidArgument, index.has_value(), "--device must be cpu, cuda or cuda:N, got '",
+                name, "'");
+  SHOAL_CHECK_T(InvalidArgument, torch::cuda::is_available(), "--device ", name,
+                ": no CUDA GPU here (this LibTorch ", TORCH_VERSION,
+                torch::cuda::device_count() > 0 ? "" : " has no CUDA or sees no GPU",
+                "); train with --device cpu");
+  const int count = static_cast<int>(torch::cuda::device_count());
+  int chosen = *index;
+  if (chosen < 0) {
+    const char* local = std::getenv("LOCAL_RANK");
+    chosen = local != nullptr ? std::atoi(local) % count : 0;
+    if (chosen < 0) chosen = 0;
+  }
+  SHOAL_CHECK_T(InvalidArgument, chosen < count, "--device ", name, ": this machine has ", count,
+                " GPU(s), cuda:0 to cuda:", count - 1);
+  return at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(chosen));
+}
+
 void TrainOptions::validate() const {
+  SHOAL_CHECK_T(InvalidArgument, device == "cpu" || cuda_index(device).has_value(),
+                "--device must be cpu, cuda or cuda:N, got '", device, "'");
   SHOAL_CHECK_T(InvalidArgument, !model.empty(), "no model given; pass a model name such as cnn");
   SHOAL_CHECK_T(InvalidArgument, epochs >= 1, "epochs must be at least 1, got ", epochs);
   SHOAL_CHECK_T(InvalidArgument, batch_size >= 1, "batch size must be at least 1, got ",

@@ -100,7 +100,11 @@ at::Tensor cross_entropy_loss(const at::Tensor& output, const at::Tensor& target
   return torch::nn::functional::cross_entropy(output, target);
 }
 
-double train_step(TrainState& state, const at::Tensor& inputs, const at::Tensor& targets) {
+double train_step(TrainState& state, const at::Tensor& batch_inputs, const at::Tensor& batch_targets) {
+  // A batch on the CPU goes to the model's device (--device cuda, #29).
+  const bool on_cpu = state.device.is_cpu();
+  const at::Tensor inputs = on_cpu ? batch_inputs : batch_inputs.to(state.device);
+  const at::Tensor targets = on_cpu ? batch_targets : batch_targets.to(state.device);
   state.optimizer->zero_grad();
   const int64_t n = inputs.size(0);
   // Gradient accumulation (#29): micro-batches of micro_batch_size, one optimizer step.
@@ -118,7 +122,9 @@ double train_step(TrainState& state, const at::Tensor& inputs, const at::Tensor&
     at::Tensor loss;
     {
       trace::Span span("forward");
-      compat::CpuAutocastGuard autocast(state.autocast_dtype);
+      compat::CpuAutocastGuard autocast(on_cpu ? state.autocast_dtype : std::nullopt);
+      compat::CudaAutocastGuard cuda_autocast(state.device.is_cuda() ? state.autocast_dtype
+                                                                     : std::nullopt);
       loss = chunks == 1 ? state.loss(state.forward(inputs), targets)
                          : state.loss(state.forward(inputs.slice(0, begin, end)),
                                       targets.slice(0, begin, end));
@@ -188,11 +194,17 @@ EvalResult evaluate(torch::nn::Module& model,
   data::DataLoaderOptions loader_options;
   loader_options.batch_size = batch_size;
   data::DataLoader loader(data, at::arange(n, at::kLong), loader_options);
+  // The model's device (--device cuda): each batch goes there.
+  at::Device device = at::kCPU;
+  for (const auto& p : model.parameters()) {
+    device = p.device();
+    break;
+  }
   while (std::optional<data::Batch> batch = loader.next()) {
-    const at::Tensor& targets = batch->target;
+    const at::Tensor targets = device.is_cpu() ? batch->target : batch->target.to(device);
     if (at::isFloatingType(targets.scalar_type())) classification = false;
     const int64_t count = targets.size(0);
-    const at::Tensor output = forward(batch->data);
+    const at::Tensor output = forward(device.is_cpu() ? batch->data : batch->data.to(device));
     // The loss is a batch mean: weighted by the batch's size, the sum is exact over batches.
     loss_sum += loss(output, targets).item<double>() * static_cast<double>(count);
     if (classification && output.dim() == 2 && targets.dim() == 1) {
@@ -239,6 +251,15 @@ Trainer::Trainer(TrainOptions options, std::shared_ptr<torch::nn::Module> module
   state_.loss = std::move(loss);
   // Taken before a resume() can load a checkpoint's (scheduled) lrs into the optimizer.
   base_lrs_ = group_lrs(*state_.optimizer);
+  // --device cuda (#29): the parameters move in place (the optimizer keeps the same tensors),
+  // before a resume loads into them and before the strategy broadcasts them.
+  state_.device = resolve_device(options_.device);
+  if (!state_.device.is_cpu()) {
+    const std::string name = strategy_->name();
+    SHOAL_CHECK_T(InvalidArgument, name == "single" || name == "ddp", "--device ", options_.device,
+                  ": --strategy ", name, " trains on the CPU here; use --strategy single or ddp on a GPU");
+    state_.model->to(state_.device);
+  }
 }
 
 void Trainer::apply_lr_schedule(int64_t total_steps) {

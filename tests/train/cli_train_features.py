@@ -152,8 +152,8 @@ with tempfile.TemporaryDirectory() as tmp:
         lines = run.stderr.strip().splitlines()
         check(run.returncode == 2 and len(lines) == 1 and lines[0].startswith("shoal: error: "),
               f"LibTorch {version}: --precision fp16 is refused in one line", run)
-        check("needs CUDA" in run.stderr and "--precision bf16" in run.stderr,
-              "the refusal says fp16 needs CUDA and to use bf16 on the CPU", run)
+        check("needs --device cuda" in run.stderr and "--precision bf16" in run.stderr,
+              "the refusal says fp16 needs --device cuda and to use bf16 on the CPU", run)
     else:
         check(run.returncode == 0, f"LibTorch {version or '?'}: --precision fp16 trains", run)
         cut = shoal(*fp16, "--checkpoint-dir", f"{tmp}/fp16ckpt", "--checkpoint-every", "5",

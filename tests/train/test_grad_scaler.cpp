@@ -171,10 +171,17 @@ TEST(GradScaler, Fp16PrecisionIsRefusedWhereTheCpuAutocastHasNoFloat16) {
       FAIL() << "fp16 accepted without CPU float16 autocast";
     } catch (const InvalidArgument& e) {
       const std::string what = e.what();
-      EXPECT_NE(what.find("needs CUDA"), std::string::npos) << what;
+      EXPECT_NE(what.find("needs --device cuda"), std::string::npos) << what;
       EXPECT_NE(what.find("--precision bf16"), std::string::npos) << what;
     }
   }
+  // On a GPU, fp16 passes validation on every LibTorch (CUDA autocast has float16 everywhere).
+  options.device = "cuda";
+  EXPECT_NO_THROW(options.validate());
+  options.device = "gpu";
+  EXPECT_THROW(options.validate(), InvalidArgument);
+  options.device = "cuda:x";
+  EXPECT_THROW(options.validate(), InvalidArgument);
 }
 
 }  // namespace

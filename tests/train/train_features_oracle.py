@@ -9,7 +9,8 @@ data_seed, optimizer, lr, momentum, betas (b1,b2), eps, weight_decay, lr_schedul
 warmup_start_factor, step_size, gamma, milestones (a,b,...), t_max, clip, accumulate, precision
 (fp32, bf16, fp16), and for the loss scaler (#29; torch.amp.GradScaler("cpu"), PyTorch >= 2.3):
 scaler (1: scale a float32 model too; fp16 always scales), init_scale, growth_interval,
-inf_samples (a,b,...: those samples get an inf pixel, so that their steps overflow).
+inf_samples (a,b,...: those samples get an inf pixel, so that their steps overflow), and device
+(cpu, cuda: the model, data, autocast and scaler on the GPU).
 Data as shoal::data::SyntheticDataset and the model as shoal::models::create("mlp", seed) make
 them (see pytorch_train.py). Each optimizer step takes, on each rank, `accumulate` micro-batches
 of `batch` from the rank's DistributedSampler(shuffle=True, seed) shard; with several ranks the
@@ -87,6 +88,10 @@ def run(case, x, y, out_dir=None):
     size = x.shape[0]
     torch.manual_seed(seed)
     model = Mlp()
+    # device=cuda (#29): made on the CPU as Shoal makes it, then moved, with the data.
+    device = case.get("device", "cpu")
+    model.to(device)
+    x, y = x.to(device), y.to(device)
     params = list(model.parameters())
     opt = optimizer_of(case, params)
     step_samples = batch * accumulate
@@ -102,7 +107,7 @@ def run(case, x, y, out_dir=None):
     autocast = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
     scaler = None
     if case.get("scaler") == "1" or precision == "fp16":
-        scaler = torch.amp.GradScaler("cpu", init_scale=float(case.get("init_scale", "65536")),
+        scaler = torch.amp.GradScaler(device, init_scale=float(case.get("init_scale", "65536")),
                                       growth_interval=int(case.get("growth_interval", "2000")))
     if "inf_samples" in case:
         x = x.clone()
@@ -118,7 +123,7 @@ def run(case, x, y, out_dir=None):
             micro = idx.split(batch)
             for chunk in micro:
                 if autocast is not None:
-                    with torch.autocast("cpu", dtype=autocast):
+                    with torch.autocast(device, dtype=autocast):
                         loss = F.cross_entropy(model(x[chunk]), y[chunk])
                 else:
                     loss = F.cross_entropy(model(x[chunk]), y[chunk])
@@ -150,7 +155,7 @@ def run(case, x, y, out_dir=None):
     if out_dir is not None:
         with open(os.path.join(out_dir, case["name"] + ".params"), "wb") as f:
             for p in params:
-                f.write(p.detach().contiguous().numpy().astype("<f4").tobytes())
+                f.write(p.detach().cpu().contiguous().numpy().astype("<f4").tobytes())
         with open(os.path.join(out_dir, case["name"] + ".txt"), "w") as f:
             f.write("\n".join(lines) + "\n")
         if scaler is not None:

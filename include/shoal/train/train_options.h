@@ -4,6 +4,8 @@
 // Thread safety: a plain value type.
 #pragma once
 
+#include <c10/core/Device.h>
+
 #include <cstdint>
 #include <functional>
 #include <optional>
@@ -144,6 +146,12 @@ struct TrainOptions {
   /// The loss scaler's options (torch.amp.GradScaler's). Set: the trainer scales the loss with
   /// them at any precision (a float32 model too); unset: the defaults under "fp16", none else.
   std::optional<GradScalerOptions> grad_scaler;
+  /// Where the model trains (#29): "cpu", or "cuda" / "cuda:N": the parameters, the optimizer's
+  /// state, each batch and the forward's autocast on that GPU ("cuda": GPU LOCAL_RANK modulo the
+  /// GPUs visible, so one rank per GPU under a launcher). The trainer's single and ddp strategies
+  /// (ddp's collectives on CUDA tensors: nccl, or gloo/shm through host memory). Checkpoints hold
+  /// CPU tensors either way, and resume on either device.
+  std::string device = "cpu";
 
   // --- Data (#29): where the samples come from and how they are loaded ahead of the step.
   /// When not empty, run_training reads the dataset from this torch.save file of a dict with the
@@ -158,6 +166,11 @@ struct TrainOptions {
   /// Throws shoal::InvalidArgument naming the first option that cannot work.
   void validate() const;
 };
+
+/// The device `name` ("cpu", "cuda", "cuda:N"; TrainOptions::device) means in this process:
+/// "cuda" is GPU LOCAL_RANK (0 when unset) modulo the GPUs visible. Throws InvalidArgument when
+/// the name is none of those, or names CUDA where this LibTorch has no CUDA or sees no GPU.
+at::Device resolve_device(const std::string& name);
 
 /// Whether `schedule` is a learning-rate schedule the trainer knows ("constant", "cosine", "step",
 /// "multistep").

@@ -95,6 +95,9 @@ struct TrainState {
   /// Set: the forward and the loss run under autocast to this type (bf16 or fp16) on the
   /// model's device.
   std::optional<c10::ScalarType> autocast_dtype;
+  /// Where the model's parameters are (TrainOptions::device): each batch goes there, and
+  /// autocast_dtype applies to that device's operators.
+  at::Device device = at::kCPU;
   /// Set (--precision fp16): the loss is scaled before backward, the gradients unscaled before
   /// clipping, and a step with an inf/NaN gradient is skipped (torch.amp.GradScaler's recipe).
   std::unique_ptr<GradScaler> grad_scaler;
