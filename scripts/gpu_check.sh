@@ -30,7 +30,8 @@ say() { echo "gpu_check [$((SECONDS - start)) s]: $*"; }
 DEBS=(libzmq3-dev libzmq5 cppzmq-dev libsodium23 libpgm-5.3-0 libnorm1 libbsd0 libmd0
       libgssapi-krb5-2 libkrb5-3 libk5crypto3 libkrb5support0 libcom-err2 libkeyutils1
       libspdlog-dev libspdlog1.10 libfmt-dev libfmt9 nlohmann-json3-dev libcli11-dev
-      libgtest-dev libgmock-dev zlib1g-dev pkg-config pkgconf pkgconf-bin libpkgconf3)
+      libgtest-dev libgmock-dev zlib1g-dev pkg-config pkgconf pkgconf-bin libpkgconf3
+      libgloo-dev)  # c10d's ProcessGroupGloo.hpp includes gloo/*.h
 if [ "${1:-}" = "--fetch-debs" ]; then
   [ -n "${2:-}" ] || { echo "usage: scripts/gpu_check.sh --fetch-debs DIR" >&2; exit 2; }
   mkdir -p "$2" && (cd "$2" && apt-get download "${DEBS[@]}")

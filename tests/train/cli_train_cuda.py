@@ -33,8 +33,8 @@ def shoal(*args):
 
 def accuracy(run):
     for line in run.stdout.splitlines():
-        if "test accuracy" in line:
-            return float(line.rsplit(" ", 1)[-1].rstrip("%")) / (100 if "%" in line else 1)
+        if "final test accuracy:" in line:  # "[rank 0] final test accuracy: A" under ddp
+            return float(line.split(":", 1)[1])
     return None
 
 

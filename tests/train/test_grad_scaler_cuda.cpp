@@ -3,7 +3,7 @@
 // tensor code is device-agnostic: on a float32 model with injected inf inputs, CUDA and CPU give
 // the same scale after every step, the same skipped steps and the same weights (to 1e-5), and
 // (2) under float16 autocast the matmuls run in float16, the scaled float16 gradients unscale to
-// the float32 gradients (to 1e-2), an overflow in float16 (a huge init_scale) is skipped with the
+// the float32 gradients (to 3e-2 relative L2), an overflow in float16 (a huge init_scale) is skipped with the
 // scale backing off until the steps go through, and the loss falls over 30 steps.
 // Without CUDA in this LibTorch or without a GPU the program exits 77 (CTest: skipped);
 // scripts/gpu_check.sh runs it (label gpu).
@@ -40,7 +40,7 @@ Trajectory train(const torch::Device& device, std::optional<c10::ScalarType> aut
   GradScaler scaler(options);
   torch::manual_seed(8);
   at::Tensor x = torch::randn({steps, 8, 16});
-  const at::Tensor y = torch::randint(0, 4, {steps, 8});
+  const at::Tensor y = torch::randint(0, 4, {steps, 8}, torch::kLong);
   x[3][2][5] = std::numeric_limits<float>::infinity();  // steps 4 and 9 overflow
   x[8][0][0] = -std::numeric_limits<float>::infinity();
   x = x.to(device);
@@ -104,7 +104,7 @@ TEST(GradScalerCuda, UnscaledFp16GradientsEqualFloat32Ones) {
   Net net;
   net.seq->to(torch::kCUDA);
   const at::Tensor x = torch::randn({64, 16}, torch::kCUDA);
-  const at::Tensor y = torch::randint(0, 4, {64}, torch::kCUDA);
+  const at::Tensor y = torch::randint(0, 4, {64}, torch::TensorOptions().dtype(torch::kLong).device(torch::kCUDA));
   torch::optim::SGD opt(net.seq->parameters(), torch::optim::SGDOptions(0.0));
   torch::nn::functional::cross_entropy(net.seq->forward(x), y).backward();
   std::vector<at::Tensor> reference;
@@ -122,9 +122,13 @@ TEST(GradScalerCuda, UnscaledFp16GradientsEqualFloat32Ones) {
   const auto params = net.seq->parameters();
   for (size_t i = 0; i < params.size(); ++i) {
     EXPECT_EQ(params[i].grad().device().type(), torch::kCUDA);
-    const double diff = (params[i].grad() - reference[i]).abs().max().item<double>();
-    const double size = reference[i].abs().max().item<double>();
-    EXPECT_LE(diff, 1e-2 * size + 1e-4) << "parameter " << i;
+    // As a whole (relative L2): float16's rounding of the hidden pre-activations flips a few
+    // ReLUs, which moves single elements by a few percent of the largest (measured on an H200:
+    // 0.0026 where the largest is 0.04).
+    const double diff = (params[i].grad() - reference[i]).norm().item<double>();
+    const double size = reference[i].norm().item<double>();
+    std::printf("parameter %zu: fp16 gradient within %.2e of float32's (relative L2)\n", i, diff / size);
+    EXPECT_LE(diff, 3e-2 * size) << "parameter " << i;
   }
 }
 

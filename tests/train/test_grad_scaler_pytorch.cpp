@@ -67,13 +67,14 @@ const std::vector<Case>& cases() {
     }
     if (with_cuda()) {
       // On the GPU (--device cuda): the scaler on a float32 model, then the fp16 recipe under
-      // CUDA autocast with overflowing steps skipped, single and ddp (2 ranks on one GPU).
+      // CUDA autocast with overflowing steps skipped. One process: this test's DDP ranks are
+      // threads, and two ranks on one GPU in one process deadlock in backward (autograd runs
+      // every CUDA backward of a device on one engine thread, and a rank's reduction waits there
+      // for the other's); 2-process DDP on a GPU is test_cli_train_cuda's.
       list.push_back({"cuda_scaler_single", "single", 1, 0, "fp32", 1024, 3, {5, 77, 130},
                       "lr=0.05 momentum=0.9", "cuda"});
       list.push_back({"cuda_fp16_single", "single", 1, 0, "fp16", 65536, 3, {5, 77, 130},
                       "lr=0.05 momentum=0.9", "cuda"});
-      list.push_back({"cuda_fp16_clip_accumulate_ddp", "ddp", 2, 0.3, "fp16", 65536, 4, {5, 77},
-                      "lr=0.2 momentum=0.9", "cuda"});
     }
     return list;
   }();
@@ -234,7 +235,9 @@ const std::map<std::string, Run>& oracle() {
     }
     results[c.name] = std::move(r);
   }
-  std::filesystem::remove_all(dir);
+  // Not std::filesystem::remove_all: PyTorch 2.11's libtorch.so exports one that interposes
+  // libstdc++'s and jumps to address 0 (seen on a GPU machine).
+  shoal::testing::run_command("rm -rf '" + dir + "'");
   return results;
 }
 
@@ -292,7 +295,6 @@ TEST(GradScalerPyTorch, OnTheGpu) {
   }
   expect_matches(find_case("cuda_scaler_single"));
   expect_matches(find_case("cuda_fp16_single"));
-  expect_matches(find_case("cuda_fp16_clip_accumulate_ddp"));
 }
 
 TEST(GradScalerPyTorch, Fp16AutocastWhereTheCpuHasIt) {
