@@ -1,10 +1,12 @@
 #include "checkpoint/atomic_file.h"
 
 #include <fcntl.h>
+#include <ftw.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 
 #include "shoal/error.h"
@@ -18,6 +20,17 @@ std::string base_name(const std::string& path) {
 }
 
 }  // namespace
+
+namespace {
+int remove_entry(const char* path, const struct stat*, int, struct FTW*) {
+  ::remove(path);  // a file, a link, or a folder already emptied (FTW_DEPTH: children first)
+  return 0;
+}
+}  // namespace
+
+void remove_tree(const std::string& path) {
+  ::nftw(path.c_str(), remove_entry, 16, FTW_DEPTH | FTW_PHYS);
+}
 
 std::string parent_directory(const std::string& path) {
   const size_t slash = path.find_last_of('/');

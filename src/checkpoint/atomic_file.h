@@ -40,4 +40,10 @@ void write_file_atomically(const std::string& path, const std::string& content);
 /// The folder part of `path` ("." when there is none).
 std::string parent_directory(const std::string& path);
 
+/// Deletes `path` and, when it is a folder, everything under it, without following symbolic
+/// links; what cannot be deleted stays. (Not std::filesystem::remove_all: PyTorch's libtorch_cpu
+/// exports a copy of libstdc++'s filesystem functions that interposes the real ones, and
+/// 2.11.0's remove_all jumped to address 0 on a GPU machine.)
+void remove_tree(const std::string& path);
+
 }  // namespace shoal::checkpoint::detail

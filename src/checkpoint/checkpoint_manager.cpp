@@ -68,8 +68,7 @@ void remove_old_checkpoints(const std::string& dir, const std::string& prefix, i
   auto all = numbered(dir, prefix);
   for (size_t i = 0; i + static_cast<size_t>(keep) < all.size(); ++i) {
     if (all[i].second == current) continue;
-    std::error_code ignored;
-    std::filesystem::remove_all(dir + "/" + all[i].second, ignored);
+    detail::remove_tree(dir + "/" + all[i].second);
   }
 }
 
@@ -275,8 +274,7 @@ std::string CheckpointManager::save_sharded(const ShardedTrainingState& state,
     }
   } else if (failed[0].item<int64_t>() != 0 && rank == 0) {
     // An incomplete folder is never resumed from: remove it ("latest" still names the previous).
-    std::error_code ignored;
-    std::filesystem::remove_all(folder, ignored);
+    detail::remove_tree(folder);
   }
   // Everyone returns once "latest" names the new checkpoint (or everyone throws).
   if (!alone) pg->broadcast(failed)->wait();
