@@ -2,6 +2,7 @@
 
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -97,6 +98,15 @@ PythonResult run_python_code(const std::string& code) { return run_python({"-c",
            << result.out << "\nstderr:\n" << result.err;
   }
   return ::testing::AssertionSuccess();
+}
+
+std::vector<float> read_float32_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
+  if (!in) return {};
+  std::vector<float> values(static_cast<size_t>(std::max<std::streamoff>(0, in.tellg())) / sizeof(float));
+  in.seekg(0);
+  in.read(reinterpret_cast<char*>(values.data()), static_cast<std::streamsize>(values.size() * sizeof(float)));
+  return values;
 }
 
 }  // namespace shoal::testing

@@ -57,4 +57,8 @@ PythonResult run_python_code(const std::string& code);
 /// failure naming the exit status, its stderr and, without the closing line, its stdout.
 ::testing::AssertionResult oracle_succeeded(const PythonResult& result);
 
+/// The little-endian float32 values an oracle wrote to `path` (numpy's astype("<f4").tofile);
+/// empty when the file is missing.
+std::vector<float> read_float32_file(const std::string& path);
+
 }  // namespace shoal::testing

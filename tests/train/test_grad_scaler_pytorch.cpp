@@ -216,12 +216,7 @@ const std::map<std::string, Run>& oracle() {
   EXPECT_TRUE(shoal::testing::oracle_succeeded(run));
   for (const Case& c : cases()) {
     Run r;
-    std::ifstream params(dir + "/" + c.name + ".params", std::ios::binary);
-    params.seekg(0, std::ios::end);
-    r.parameters.resize(static_cast<size_t>(std::max<std::streamoff>(0, params.tellg())) / sizeof(float));
-    params.seekg(0);
-    params.read(reinterpret_cast<char*>(r.parameters.data()),
-                static_cast<std::streamsize>(r.parameters.size() * sizeof(float)));
+    r.parameters = shoal::testing::read_float32_file(dir + "/" + c.name + ".params");
     std::ifstream lines(dir + "/" + c.name + ".txt");
     for (std::string loss, norm; lines >> loss >> norm;) {
       r.losses.push_back(loss == "nan" ? NAN : std::stod(loss));

@@ -231,12 +231,7 @@ const std::map<std::string, OracleRun>& oracle() {
   EXPECT_TRUE(shoal::testing::oracle_succeeded(run));
   for (const Case& c : cases()) {
     OracleRun r;
-    std::ifstream params(dir + "/" + c.name + ".params", std::ios::binary);
-    params.seekg(0, std::ios::end);
-    r.parameters.resize(static_cast<size_t>(params.tellg()) / sizeof(float));
-    params.seekg(0);
-    params.read(reinterpret_cast<char*>(r.parameters.data()),
-                static_cast<std::streamsize>(r.parameters.size() * sizeof(float)));
+    r.parameters = shoal::testing::read_float32_file(dir + "/" + c.name + ".params");
     std::ifstream lines(dir + "/" + c.name + ".txt");
     std::string loss, norm;
     while (lines >> loss >> norm) {
