@@ -42,8 +42,32 @@ std::string format_bytes(int64_t bytes) {
 
 // ---- ShoalContender ----------------------------------------------------------------------------
 
-ShoalContender::ShoalContender(std::shared_ptr<comm::ProcessGroup> pg, bool symmetric)
-    : pg_(std::move(pg)), symmetric_(symmetric) {}
+Collective collective_from_name(const std::string& name) {
+  if (name == "allreduce") return Collective::kAllreduce;
+  if (name == "reduce_scatter") return Collective::kReduceScatter;
+  if (name == "all_gather") return Collective::kAllGather;
+  SHOAL_THROW(InvalidArgument, "--collective '", name,
+              "' is not one of allreduce, reduce_scatter, all_gather");
+}
+
+std::string collective_name(Collective collective) {
+  switch (collective) {
+    case Collective::kReduceScatter:
+      return "reduce_scatter";
+    case Collective::kAllGather:
+      return "all_gather";
+    default:
+      return "allreduce";
+  }
+}
+
+ShoalContender::ShoalContender(std::shared_ptr<comm::ProcessGroup> pg, bool symmetric,
+                               Collective collective)
+    : pg_(std::move(pg)), symmetric_(symmetric), collective_(collective) {
+  SHOAL_CHECK_T(InvalidArgument, !symmetric_ || collective_ == Collective::kAllreduce,
+                "shm_symmetric races allreduce only; leave it out of --backend for --collective ",
+                collective_name(collective_));
+}
 
 std::string ShoalContender::name() const {
   return pg_->backend_name() + (symmetric_ ? "_symmetric" : "");
@@ -51,6 +75,15 @@ std::string ShoalContender::name() const {
 
 at::Tensor& ShoalContender::buffer(int64_t bytes) {
   // Sizes change on every rank at the same call, so empty_symmetric (a collective) lines up.
+  if (collective_ != Collective::kAllreduce) {
+    // Whole floats per rank: the full tensor is n pieces.
+    const int64_t per_rank = bytes / 4 / pg_->size();
+    if (piece_.numel() != per_rank) {
+      tensor_ = torch::zeros({per_rank * pg_->size()}, torch::kFloat);
+      piece_ = torch::zeros({per_rank}, torch::kFloat);
+    }
+    return tensor_;
+  }
   if (tensor_.numel() != bytes / 4) {
     tensor_ = at::Tensor();  // the old one's memory first
     tensor_ = symmetric_ ? pg_->empty_symmetric(bytes / 4, torch::kFloat).zero_()
@@ -64,9 +97,51 @@ at::Tensor& ShoalContender::buffer(int64_t bytes) {
 
 void ShoalContender::allreduce(at::Tensor& tensor) { pg_->allreduce(tensor)->wait(); }
 
+void ShoalContender::reduce_scatter(at::Tensor& output, const at::Tensor& input) {
+  pg_->reduce_scatter_tensor(output, input)->wait();
+}
+
+void ShoalContender::all_gather(at::Tensor& output, const at::Tensor& input) {
+  pg_->all_gather_into_tensor(output, input)->wait();
+}
+
+void ShoalContender::run_once() {
+  switch (collective_) {
+    case Collective::kReduceScatter:
+      reduce_scatter(piece_, tensor_);
+      return;
+    case Collective::kAllGather:
+      all_gather(tensor_, piece_);
+      return;
+    default:
+      allreduce(tensor_);
+  }
+}
+
 void ShoalContender::barrier() { pg_->barrier()->wait(); }
 
 void ShoalContender::warm_up(int64_t bytes, int iterations) {
+  if (collective_ != Collective::kAllreduce) {
+    buffer(bytes);
+    const int n = pg_->size();
+    const int r = pg_->rank();
+    tensor_.fill_(r + 1);
+    piece_.fill_(r + 1);
+    run_once();
+    // reduce-scatter: every block summed; all-gather: block i is rank i's (i + 1).
+    const bool right =
+        collective_ == Collective::kReduceScatter
+            ? piece_.eq(n * (n + 1) / 2).all().item<bool>()
+            : tensor_.view({n, -1}).eq(torch::arange(1, n + 1, torch::kFloat).view({n, 1})).all()
+                  .item<bool>();
+    SHOAL_CHECK(right, "[rank ", r, "/", n, "] backend ", name(), " returned a wrong ",
+                collective_name(collective_), " result for ", format_bytes(bytes),
+                "; its timings would mean nothing");
+    tensor_.zero_();
+    piece_.zero_();
+    for (int i = 0; i < iterations; ++i) run_once();
+    return;
+  }
   at::Tensor& tensor = buffer(bytes);
   // Rank r adds r + 1: every element must come back as n(n+1)/2 (exact in float32).
   tensor.fill_(pg_->rank() + 1);
@@ -80,10 +155,10 @@ void ShoalContender::warm_up(int64_t bytes, int iterations) {
 }
 
 double ShoalContender::measure(int64_t bytes, int iterations) {
-  at::Tensor& tensor = buffer(bytes);
+  buffer(bytes);
   barrier();
   const auto start = Clock::now();
-  for (int i = 0; i < iterations; ++i) allreduce(tensor);
+  for (int i = 0; i < iterations; ++i) run_once();
   const double seconds = std::chrono::duration<double>(Clock::now() - start).count() / iterations;
   // The slowest rank's time, through the group whatever the contender times.
   at::Tensor slowest = torch::full({1}, seconds, torch::kDouble);
@@ -95,8 +170,9 @@ double ShoalContender::measure(int64_t bytes, int iterations) {
 
 // ---- OpenMpiContender --------------------------------------------------------------------------
 
-OpenMpiContender::OpenMpiContender(std::shared_ptr<comm::ProcessGroup> keep_alive)
-    : ShoalContender(std::move(keep_alive)) {
+OpenMpiContender::OpenMpiContender(std::shared_ptr<comm::ProcessGroup> keep_alive,
+                                   Collective collective)
+    : ShoalContender(std::move(keep_alive), false, collective) {
   SHOAL_CHECK_T(InvalidArgument, SHOAL_HAVE_MPI, "the openmpi contender needs Shoal built with MPI");
 }
 
@@ -106,6 +182,28 @@ void OpenMpiContender::allreduce(at::Tensor& tensor) {
                                MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
   SHOAL_CHECK(rc == MPI_SUCCESS, "[rank ", group().rank(), "/", group().size(), "] openmpi: "
               "MPI_Allreduce of ", tensor.numel(), " elements failed with MPI error ", rc,
+              "; rerun with --backend mpi for Shoal's checks and time-outs");
+#endif
+}
+
+void OpenMpiContender::reduce_scatter(at::Tensor& output, const at::Tensor& input) {
+#if SHOAL_HAVE_MPI
+  const int rc = MPI_Reduce_scatter_block(input.data_ptr(), output.data_ptr(),
+                                          static_cast<int>(output.numel()), MPI_FLOAT, MPI_SUM,
+                                          MPI_COMM_WORLD);
+  SHOAL_CHECK(rc == MPI_SUCCESS, "[rank ", group().rank(), "/", group().size(), "] openmpi: "
+              "MPI_Reduce_scatter_block of ", output.numel(), " elements a rank failed with MPI "
+              "error ", rc, "; rerun with --backend mpi for Shoal's checks and time-outs");
+#endif
+}
+
+void OpenMpiContender::all_gather(at::Tensor& output, const at::Tensor& input) {
+#if SHOAL_HAVE_MPI
+  const int count = static_cast<int>(input.numel());
+  const int rc = MPI_Allgather(input.data_ptr(), count, MPI_FLOAT, output.data_ptr(), count,
+                               MPI_FLOAT, MPI_COMM_WORLD);
+  SHOAL_CHECK(rc == MPI_SUCCESS, "[rank ", group().rank(), "/", group().size(), "] openmpi: "
+              "MPI_Allgather of ", count, " elements a rank failed with MPI error ", rc,
               "; rerun with --backend mpi for Shoal's checks and time-outs");
 #endif
 }

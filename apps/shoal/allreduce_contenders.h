@@ -19,6 +19,15 @@
 
 namespace shoal::cli {
 
+/// The collective a race times (`shoal bench allreduce --collective`), with PyTorch's names:
+/// allreduce, reduce_scatter_tensor and all_gather_into_tensor. A size is the full tensor's: the
+/// reduce-scatter's input and the all-gather's output; each rank's piece is 1/n of it.
+enum class Collective { kAllreduce, kReduceScatter, kAllGather };
+
+/// "allreduce", "reduce_scatter", "all_gather"; InvalidArgument for anything else.
+Collective collective_from_name(const std::string& name);
+std::string collective_name(Collective collective);
+
 /// One allreduce implementation in the race.
 class Contender {
  public:
@@ -36,7 +45,10 @@ class Contender {
 /// its empty_symmetric(), named "<backend>_symmetric".
 class ShoalContender : public Contender {
  public:
-  explicit ShoalContender(std::shared_ptr<comm::ProcessGroup> pg, bool symmetric = false);
+  /// `collective`: what warm_up() and measure() run (allreduce by default); `bytes` is then the
+  /// full tensor's size, rounded down to whole floats per rank.
+  explicit ShoalContender(std::shared_ptr<comm::ProcessGroup> pg, bool symmetric = false,
+                          Collective collective = Collective::kAllreduce);
   std::string name() const override;
   void warm_up(int64_t bytes, int iterations) override;
   double measure(int64_t bytes, int iterations) override;
@@ -44,26 +56,37 @@ class ShoalContender : public Contender {
  protected:
   /// One blocking float32 sum allreduce and one barrier: what warm_up() and measure() time.
   virtual void allreduce(at::Tensor& tensor);
+  /// One blocking float32 sum reduce-scatter: `input` has size() times `output`'s elements.
+  virtual void reduce_scatter(at::Tensor& output, const at::Tensor& input);
+  /// One blocking all-gather: `output` has size() times `input`'s elements, rank 0's first.
+  virtual void all_gather(at::Tensor& output, const at::Tensor& input);
   virtual void barrier();
   const comm::ProcessGroup& group() const { return *pg_; }
 
  private:
   at::Tensor& buffer(int64_t bytes);
+  void run_once();  ///< the collective once, on the buffers of the last buffer()
   std::shared_ptr<comm::ProcessGroup> pg_;
   bool symmetric_;
-  at::Tensor tensor_;
+  Collective collective_;
+  at::Tensor tensor_;  ///< the full tensor: allreduce's, reduce-scatter's input, all-gather's output
+  at::Tensor piece_;   ///< reduce-scatter's output, all-gather's input
 };
 
-/// OpenMPI itself: MPI_Allreduce in place on MPI_COMM_WORLD, blocking, with nothing of Shoal's
-/// around it (no worker thread, no checks); the same timing loop as ShoalContender. `keep_alive`
-/// is the Shoal mpi group whose creation initialised MPI. Only where Shoal is built with MPI.
+/// OpenMPI itself: MPI_Allreduce in place (MPI_Reduce_scatter_block, MPI_Allgather for the other
+/// collectives) on MPI_COMM_WORLD, blocking, with nothing of Shoal's around it (no worker thread,
+/// no checks); the same timing loop as ShoalContender. `keep_alive` is the Shoal mpi group whose
+/// creation initialised MPI. Only where Shoal is built with MPI.
 class OpenMpiContender : public ShoalContender {
  public:
-  explicit OpenMpiContender(std::shared_ptr<comm::ProcessGroup> keep_alive);
+  explicit OpenMpiContender(std::shared_ptr<comm::ProcessGroup> keep_alive,
+                            Collective collective = Collective::kAllreduce);
   std::string name() const override { return "openmpi"; }
 
  protected:
   void allreduce(at::Tensor& tensor) override;
+  void reduce_scatter(at::Tensor& output, const at::Tensor& input) override;
+  void all_gather(at::Tensor& output, const at::Tensor& input) override;
   void barrier() override;
 };
 

@@ -11,6 +11,12 @@
 // every rank does at once only the memory work of shm's staged path, or one in-place pass over
 // its tensor, which bounds what any allreduce of private tensors can reach on this machine.
 //
+// --collective reduce_scatter | all_gather races reduce_scatter_tensor / all_gather_into_tensor
+// instead (what FSDP's stages 2-3 run), "openmpi" being MPI_Reduce_scatter_block / MPI_Allgather;
+// a size is then the full tensor's (the reduce-scatter's input, the all-gather's output) and the
+// bus bandwidth bytes x (n-1)/n / time. The PyTorch, symmetric and floor contenders race
+// allreduce only and are refused there.
+//
 // Without a launcher around it (comm::detect_rank_info().launched is false) the bench starts
 // its own ranks: through shoal::launcher::launch(), or through mpirun when --backend names mpi.
 #include <algorithm>
@@ -50,6 +56,7 @@ constexpr int64_t kMemcpyBytes = int64_t{64} << 20;
 
 struct AllreduceBenchArgs {
   std::string backends = "gloo";
+  std::string collective = "allreduce";  // or reduce_scatter, all_gather
   int nproc = 2;
   std::string min_bytes = "4KiB";
   std::string max_bytes = "64MiB";
@@ -120,22 +127,36 @@ double measure_memcpy(int samples) {
   return median(times);
 }
 
+bool is_torch_contender_name(const std::string& name) {
+  return name == "torch_gloo" || name == "torch2_gloo";
+}
+
 // ---- one rank of the sweep ---------------------------------------------------------------------
 
-void print_json(const std::string& backend, int world_size, int64_t bytes, int iters, int repeats,
-                double seconds, double busbw) {
-  std::printf("{\"backend\": \"%s\", \"world_size\": %d, \"bytes\": %lld, \"iters\": %d, "
-              "\"repeats\": %d, \"latency_us\": %.3f, \"busbw_gbps\": %.4f}\n",
-              backend.c_str(), world_size, static_cast<long long>(bytes), iters, repeats,
-              seconds * 1e6, busbw);
+void print_json(const std::string& backend, const std::string& collective, int world_size,
+                int64_t bytes, int iters, int repeats, double seconds, double busbw) {
+  std::printf("{\"backend\": \"%s\", \"collective\": \"%s\", \"world_size\": %d, "
+              "\"bytes\": %lld, \"iters\": %d, \"repeats\": %d, \"latency_us\": %.3f, "
+              "\"busbw_gbps\": %.4f}\n",
+              backend.c_str(), collective.c_str(), world_size, static_cast<long long>(bytes),
+              iters, repeats, seconds * 1e6, busbw);
+}
+
+// Only Shoal's process groups and OpenMPI race reduce_scatter and all_gather.
+void check_collective_contender(const std::string& name, Collective collective) {
+  SHOAL_CHECK_T(InvalidArgument,
+                collective == Collective::kAllreduce ||
+                    !(is_torch_contender_name(name) || name == "shm_symmetric" ||
+                      name == "floor_staged" || name == "floor_inplace"),
+                "--collective ", collective_name(collective), ": the ", name,
+                " contender races allreduce only; choose from gloo, shm, mpi, openmpi, "
+                "hierarchical");
 }
 
 // The process group backend a contender runs on (its timing's barrier for the floors), after
 // checking that it is built in.
 // torch_gloo: Debian's PyTorch (1.13); torch2_gloo: PyTorch 2.x from PyPI, side by side.
-bool is_torch_contender(const std::string& name) {
-  return name == "torch_gloo" || name == "torch2_gloo";
-}
+bool is_torch_contender(const std::string& name) { return is_torch_contender_name(name); }
 
 TorchPeer torch_peer_of(const std::string& contender) {
   TorchPeer peer = find_torch_peer(contender == "torch_gloo" ? "debian" : "pypi", "bench allreduce");
@@ -165,11 +186,13 @@ int run_rank(const AllreduceBenchArgs& args) {
   const int64_t max_bytes = parse_bytes(args.max_bytes, "--max-bytes");
   SHOAL_CHECK_T(InvalidArgument, min_bytes <= max_bytes, "--min-bytes ", args.min_bytes,
                 " is above --max-bytes ", args.max_bytes);
+  const Collective collective = collective_from_name(args.collective);
 
   // One store for every backend of the run; each backend gets its own key space.
   std::shared_ptr<comm::Store> store;
   std::vector<std::unique_ptr<Contender>> contenders;
   for (const std::string& backend : split(args.backends, ',')) {
+    check_collective_contender(backend, collective);
     if (is_torch_contender(backend)) {
       // Checked once by the parent; here only the command is needed (rank 0 starts the script).
       const TorchPeer peer =
@@ -199,11 +222,11 @@ int run_rank(const AllreduceBenchArgs& args) {
                                    rank, n, kBenchTimeout);
     }
     if (openmpi) {
-      contenders.push_back(std::make_unique<OpenMpiContender>(pg));
+      contenders.push_back(std::make_unique<OpenMpiContender>(pg, collective));
     } else if (floor) {
       contenders.push_back(std::make_unique<MemoryFloorContender>(pg, backend == "floor_staged"));
     } else {
-      contenders.push_back(std::make_unique<ShoalContender>(pg, symmetric));
+      contenders.push_back(std::make_unique<ShoalContender>(pg, symmetric, collective));
     }
   }
   SHOAL_CHECK_T(InvalidArgument, !contenders.empty(), "--backend names no backend");
@@ -218,10 +241,15 @@ int run_rank(const AllreduceBenchArgs& args) {
     const double gbps = kMemcpyBytes / seconds / 1e9;
     memcpy_gbps = gbps;
     if (args.json) {
-      print_json("memcpy", 1, kMemcpyBytes, 1, samples, seconds, gbps);
+      print_json("memcpy", "memcpy", 1, kMemcpyBytes, 1, samples, seconds, gbps);
     } else {
-      std::printf("shoal bench allreduce: float32 sum over %d ranks, median of %d repeats, "
-                  "contenders interleaved\n", n, args.repeats);
+      std::printf("shoal bench allreduce: float32 %s over %d ranks, median of %d repeats, "
+                  "contenders interleaved\n",
+                  collective == Collective::kAllreduce ? "sum allreduce"
+                  : collective == Collective::kReduceScatter
+                      ? "sum reduce_scatter_tensor (size: the input)"
+                      : "all_gather_into_tensor (size: the output)",
+                  n, args.repeats);
       std::printf("memcpy (1 thread, %s): %.2f GB/s\n\n", format_bytes(kMemcpyBytes).c_str(), gbps);
       std::printf("%10s %6s", "size", "iters");
       for (auto& c : contenders) {
@@ -250,7 +278,10 @@ int run_rank(const AllreduceBenchArgs& args) {
       }
     }
     if (rank != 0) continue;
-    const double bus_factor = 2.0 * (n - 1) / n;
+    // NCCL-tests' bus bandwidth: an allreduce moves 2(n-1)/n of the tensor through each rank's
+    // link, a reduce-scatter or all-gather (n-1)/n of the full tensor.
+    const double bus_factor =
+        collective == Collective::kAllreduce ? 2.0 * (n - 1) / n : 1.0 * (n - 1) / n;
     if (!args.json) std::printf("%10s %6d", format_bytes(bytes).c_str(), iters);
     std::vector<double> medians;
     for (size_t i = 0; i < contenders.size(); ++i) {
@@ -258,7 +289,8 @@ int run_rank(const AllreduceBenchArgs& args) {
       medians.push_back(seconds);
       const double busbw = bytes * bus_factor / seconds / 1e9;
       if (args.json) {
-        print_json(contenders[i]->name(), n, bytes, iters, args.repeats, seconds, busbw);
+        print_json(contenders[i]->name(), args.collective, n, bytes, iters, args.repeats, seconds,
+                   busbw);
       } else {
         std::printf(" | %14.1f %10.3f %7.1f%%", seconds * 1e6, busbw, 100.0 * busbw / memcpy_gbps);
       }
@@ -280,6 +312,7 @@ int run_rank(const AllreduceBenchArgs& args) {
 std::vector<std::string> rank_command(const AllreduceBenchArgs& args) {
   std::vector<std::string> command{launcher::self_executable(), "bench", "allreduce",
                                    "--backend", args.backends,
+                                   "--collective", args.collective,
                                    "--min-bytes", args.min_bytes,
                                    "--max-bytes", args.max_bytes,
                                    "--iters", std::to_string(args.iters),
@@ -324,7 +357,9 @@ int run_allreduce_bench(const AllreduceBenchArgs& args) {
   SHOAL_CHECK_T(InvalidArgument,
                 parse_bytes(args.min_bytes, "--min-bytes") <= parse_bytes(args.max_bytes, "--max-bytes"),
                 "--min-bytes ", args.min_bytes, " is above --max-bytes ", args.max_bytes);
+  const Collective collective = collective_from_name(args.collective);
   for (const std::string& backend : split(args.backends, ',')) {
+    check_collective_contender(backend, collective);
     if (!is_torch_contender(backend)) {
       check_contender(backend);
     } else {
@@ -361,6 +396,12 @@ void add_bench_allreduce_command(CLI::App& bench, std::vector<Command>& commands
                   "hierarchical, torch_gloo (PyTorch's gloo), torch2_gloo (PyTorch 2.x's gloo, from PyPI), floor_staged and floor_inplace (no "
                   "communication: the memory work alone)")
       ->capture_default_str();
+  app->add_option("--collective", args->collective,
+                  "what is raced: allreduce, reduce_scatter (reduce_scatter_tensor; OpenMPI's\n"
+                  "MPI_Reduce_scatter_block) or all_gather (all_gather_into_tensor; MPI_Allgather);\n"
+                  "a size is the full tensor's, each rank's piece 1/n of it")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"allreduce", "reduce_scatter", "all_gather"}));
   app->add_option("--nproc-per-node,--nproc", args->nproc, "ranks to start (when not started by a launcher)")
       ->capture_default_str();
   app->add_option("--min-bytes", args->min_bytes, "smallest message (4096, 4KiB, 1MiB...)")

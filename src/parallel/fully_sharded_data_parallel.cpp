@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <cmath>
 #include <functional>
 #include <unordered_set>
 
@@ -273,8 +274,10 @@ void FullyShardedDataParallel::prepare_for_forward() {
 
 void FullyShardedDataParallel::prepare_for_backward(const at::Tensor& output) {
   if (torch::GradMode::is_enabled() && output.defined() && output.requires_grad()) {
-    require_forward_param_sync_ = true;
+    // As DDP: a forward inside no_sync() leaves the next forward's buffer broadcast out.
+    require_forward_param_sync_ = grad_sync_;
     backward_armed_ = true;
+    sync_this_backward_ = grad_sync_;
     callback_queued_ = false;
     for (auto& unit : units_) {
       unit->ready = 0;
@@ -382,7 +385,12 @@ void FullyShardedDataParallel::on_grad_ready(size_t unit_index) {
     compat::queue_backward_callback([this] { finish_backward(); });
   }
   Unit& unit = *units_[unit_index];
-  if (++unit.ready == unit.params.size()) reduce_unit(unit);
+  if (++unit.ready < unit.params.size()) return;
+  if (sync_this_backward_) {
+    reduce_unit(unit);
+  } else {
+    free_full(unit);  // no_sync: the `.grad`s stay on the module's parameters, summing up
+  }
 }
 
 void FullyShardedDataParallel::reduce_unit(Unit& unit) {
@@ -426,6 +434,11 @@ void FullyShardedDataParallel::reduce_unit(Unit& unit) {
 
 void FullyShardedDataParallel::finish_backward() {
   backward_armed_ = false;
+  if (!sync_this_backward_) {
+    // no_sync: nothing reduced, the shards unchanged until the synchronised backward and its step.
+    for (auto& unit : units_) free_full(*unit);
+    return;
+  }
   stale_ = true;  // the optimizer is about to change the shards
   // Units some of whose parameters got no gradient: reduced now, in unit order.
   for (auto& unit : units_) {
@@ -453,6 +466,59 @@ void FullyShardedDataParallel::complete_reduction(Unit& unit) {
   }
   unit.reduce_input = at::Tensor();
   unit.reduce_output = at::Tensor();
+}
+
+// ---- no_sync and gradient clipping ---------------------------------------------------------------
+
+FullyShardedDataParallel::NoSyncGuard::NoSyncGuard(FullyShardedDataParallel* fsdp) : fsdp_(fsdp) {
+  previous_ = fsdp_->grad_sync_;
+  fsdp_->grad_sync_ = false;
+}
+
+FullyShardedDataParallel::NoSyncGuard::NoSyncGuard(NoSyncGuard&& other) noexcept
+    : fsdp_(other.fsdp_), previous_(other.previous_) {
+  other.fsdp_ = nullptr;
+}
+
+FullyShardedDataParallel::NoSyncGuard::~NoSyncGuard() {
+  if (fsdp_ != nullptr) fsdp_->grad_sync_ = previous_;
+}
+
+FullyShardedDataParallel::NoSyncGuard FullyShardedDataParallel::no_sync() {
+  return NoSyncGuard(this);
+}
+
+double FullyShardedDataParallel::clip_grad_norm_(double max_norm) {
+  SHOAL_CHECK_T(InvalidArgument, std::isfinite(max_norm) && max_norm > 0,
+                "FullyShardedDataParallel::clip_grad_norm_: max_norm must be a finite number > 0, "
+                "got ", max_norm);
+  SHOAL_CHECK_T(InvalidArgument, !backward_armed_ && grad_sync_,
+                "FullyShardedDataParallel::clip_grad_norm_ needs the reduced gradients: call it "
+                "after a synchronised backward, outside no_sync()");
+  torch::NoGradGuard no_grad;
+  // As torch.nn.utils.clip_grad_norm_: each gradient's norm in its own dtype, then the norm of
+  // those; the squares summed over the ranks (the shards are disjoint, their padding zero).
+  std::vector<at::Tensor> grads;
+  std::vector<at::Tensor> norms;
+  for (const auto& unit : units_) {
+    const at::Tensor& grad = unit->shard.grad();
+    if (!grad.defined()) continue;
+    grads.push_back(grad);
+    norms.push_back(at::linalg_vector_norm(grad, 2));
+  }
+  double local = 0;
+  if (!norms.empty()) local = at::linalg_vector_norm(at::stack(norms), 2).item<double>();
+  at::Tensor squares = at::full({1}, local * local, at::TensorOptions().dtype(at::kDouble));
+  group_->allreduce(squares)->wait();
+  const double total = std::sqrt(squares.item<double>());
+  SHOAL_CHECK(std::isfinite(total), "[rank ", group_->rank(), "/", group_->size(),
+              "] FullyShardedDataParallel::clip_grad_norm_: the total gradient norm is ", total,
+              "; the gradients hold NaN or inf (lower the learning rate, or check the data)");
+  const double coefficient = std::min(1.0, max_norm / (total + 1e-6));
+  if (coefficient < 1) {
+    for (const at::Tensor& grad : grads) grad.mul_(coefficient);
+  }
+  return total;
 }
 
 // ---- optimizer state ---------------------------------------------------------------------------

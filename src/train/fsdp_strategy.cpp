@@ -39,12 +39,22 @@ void FsdpStrategy::prepare(TrainState& state) {
   auto sharded = parallel::optimizer_like(*state.optimizer, fsdp->parameters());
   fsdp->load_full_optimizer(*state.optimizer, *sharded);
   state.optimizer = std::move(sharded);
+  // Gradient accumulation (#31): the trainer's first N-1 micro-batches run in no_sync.
+  state.no_sync = [fsdp] {
+    return std::make_shared<parallel::FullyShardedDataParallel::NoSyncGuard>(fsdp->no_sync());
+  };
   state.forward = [fsdp, forward = state.model_forward](const at::Tensor& input) {
     fsdp->prepare_for_forward();
     at::Tensor output = forward(input);
     fsdp->prepare_for_backward(output);
     return output;
   };
+}
+
+double FsdpStrategy::clip_grad_norm(TrainState& state, double max_norm) {
+  // The module's parameters hold no gradients after a synchronised backward: the shards do.
+  if (!fsdp_) return Strategy::clip_grad_norm(state, max_norm);
+  return fsdp_->clip_grad_norm_(max_norm);
 }
 
 torch::optim::Optimizer* FsdpStrategy::checkpoint_optimizer(TrainState& state) {

@@ -706,6 +706,40 @@ TEST(BenchAllreduceFormat, StartsItsOwnRanksAndPrintsJsonLines) {
   }
 }
 
+// Format checks: `--collective reduce_scatter|all_gather` races reduce_scatter_tensor and
+// all_gather_into_tensor (each checked for a right result in its warm-up, or the bench fails);
+// each line names its collective, and its bus bandwidth is bytes x (n-1)/n / time (n = 2: half
+// the bytes). A contender that races allreduce only is refused in one line.
+TEST(BenchAllreduceFormat, ReduceScatterAndAllGatherLines) {
+  for (const std::string collective : {"reduce_scatter", "all_gather"}) {
+    const auto result = run_shoal({"bench", "allreduce", "--collective", collective, "--backend",
+                                   "gloo,shm", "--json", "--min-bytes", "4KiB", "--max-bytes",
+                                   "16KiB", "--iters", "5", "--repeats", "1", "--warmup", "1"},
+                                  {}, Milliseconds(60'000));
+    ASSERT_EQ(result.code, 0) << collective << "\n" << result.err;
+    const auto lines = lines_of(result.out);
+    ASSERT_EQ(lines.size(), 5u) << result.out;
+    const double sizes[] = {4096, 16384};
+    const char* backends[] = {"\"backend\": \"gloo\"", "\"backend\": \"shm\""};
+    for (int i = 0; i < 4; ++i) {
+      const std::string& line = lines[1 + i];
+      EXPECT_NE(line.find(backends[i % 2]), std::string::npos) << line;
+      EXPECT_NE(line.find("\"collective\": \"" + collective + "\""), std::string::npos) << line;
+      EXPECT_EQ(json_number(line, "bytes"), sizes[i / 2]) << line;
+      const double latency_us = json_number(line, "latency_us");
+      ASSERT_GT(latency_us, 0) << line;
+      const double expected = sizes[i / 2] / 2 / (latency_us * 1e3);
+      EXPECT_NEAR(json_number(line, "busbw_gbps"), expected, expected * 0.01 + 1e-4) << line;
+    }
+  }
+  const auto refused = run_shoal({"bench", "allreduce", "--collective", "all_gather", "--backend",
+                                  "gloo,floor_staged"},
+                                 {}, Milliseconds(60'000));
+  EXPECT_NE(refused.code, 0);
+  EXPECT_NE(refused.err.find("floor_staged contender races allreduce only"), std::string::npos)
+      << refused.err;
+}
+
 // Format check: `shoal bench ddp --json`: one line per mode, with the fields the DDP issue asks
 // for, and ratios that follow from the rates on the lines (the PyTorch modes only where
 // /usr/bin/python3 has torch); the live-memory bounds below are real measurements.

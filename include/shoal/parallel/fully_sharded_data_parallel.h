@@ -40,6 +40,15 @@
 // frees each unit once its gradients are reduced: stage 3 then shards everything between steps
 // but holds the whole model during forward.
 //
+// Gradient accumulation (PyTorch's `with fsdp.no_sync():`): a forward and backward run while a
+// no_sync() guard is alive communicate nothing for the gradients: each module parameter keeps its
+// local `.grad` (the full, unsharded gradient, as PyTorch FSDP keeps it, under every stage), and
+// the next synchronised backward reduces the accumulated sum into the shards' gradients. Stage 3
+// still gathers and frees the parameters around each unit as usual.
+//
+// clip_grad_norm_() is PyTorch's FSDP.clip_grad_norm_: the global L2 norm of the shards'
+// gradients (each rank's sum of squares, all-reduced), every rank scaling by the same factor.
+//
 // Buffers (BatchNorm running statistics) are broadcast from rank 0 before each forward, as DDP
 // does (when the previous forward was a training one). A parameter that gets no gradient in a
 // backward pass contributes zeros to its unit's reduction (its shard's gradient is zero).
@@ -137,6 +146,32 @@ class FullyShardedDataParallel {
   /// grad mode); otherwise (no grad) stage 3 frees the parameters again.
   void prepare_for_backward(const at::Tensor& output);
 
+  /// While alive, the backward of each forward run inside it reduces nothing (PyTorch's
+  /// `with fsdp.no_sync():`); the first synchronised backward after it reduces the accumulated
+  /// sum. Movable; not shared between threads.
+  class NoSyncGuard {
+   public:
+    explicit NoSyncGuard(FullyShardedDataParallel* fsdp);
+    NoSyncGuard(NoSyncGuard&& other) noexcept;
+    NoSyncGuard(const NoSyncGuard&) = delete;
+    NoSyncGuard& operator=(const NoSyncGuard&) = delete;
+    NoSyncGuard& operator=(NoSyncGuard&&) = delete;
+    ~NoSyncGuard();
+
+   private:
+    FullyShardedDataParallel* fsdp_;
+    bool previous_ = true;
+  };
+  /// Forwards (and their backwards) inside the guard's lifetime accumulate gradients locally. The
+  /// forward must run inside it, as with DDP: whether a backward reduces is fixed by its forward.
+  NoSyncGuard no_sync();
+
+  /// PyTorch's FSDP.clip_grad_norm_(max_norm) with norm_type 2, after backward: the total L2
+  /// norm of the gradients of the whole model (each rank's shards' sum of squares, all-reduced:
+  /// a collective), and every shard's gradient scaled by min(1, max_norm / (total + 1e-6)), so
+  /// every rank clips alike. Returns the total norm before clipping.
+  double clip_grad_norm_(double max_norm);
+
   /// This rank's shards, one per unit, in unit order: what the optimizer steps. Leaves that
   /// require grad; backward sets their `.grad` to the shard of the averaged gradient.
   std::vector<at::Tensor> parameters() const;
@@ -200,6 +235,8 @@ class FullyShardedDataParallel {
   std::vector<at::Tensor> buffers_;
   bool require_forward_param_sync_ = true;
   bool backward_armed_ = false;
+  bool grad_sync_ = true;         ///< false inside no_sync()
+  bool sync_this_backward_ = true;  ///< grad_sync_ at the forward of the coming backward
   bool callback_queued_ = false;
   bool stale_ = false;  ///< a backward has run since the last gather (a step may have followed)
   int64_t peak_parameter_bytes_ = 0;

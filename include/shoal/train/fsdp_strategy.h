@@ -8,7 +8,10 @@
 // so the run equals --strategy ddp's. synchronize() gathers the full parameters into the model
 // (before evaluation and saving); checkpoints hold the whole optimizer state, gathered from the
 // shards, so they are --strategy ddp's format and resume at any world size, with either strategy
-// (a resume gives each rank its shard of the saved state).
+// (a resume gives each rank its shard of the saved state). --accumulate N runs the first N-1
+// micro-batches in FSDP's no_sync (one reduction per step), --clip-grad-norm clips to the global
+// norm over all shards (FSDP's clip_grad_norm_), --precision bf16 autocasts the forward as the
+// other strategies do.
 //
 // Thread safety: as Strategy; one instance per process, used from the trainer's thread.
 #pragma once
@@ -40,6 +43,8 @@ class FsdpStrategy : public Strategy {
   at::Tensor epoch_indices(int64_t dataset_size, int64_t epoch, uint64_t seed) override;
   void all_reduce_sum(std::vector<double>& values) override;
   void synchronize(TrainState& state) override;
+  /// FullyShardedDataParallel::clip_grad_norm_: the global norm over every rank's shards (#31).
+  double clip_grad_norm(TrainState& state, double max_norm) override;
   /// The whole optimizer state gathered from the shards (the optimizer DDP would have), so that
   /// checkpoints of fsdp and ddp are one format and resume at any world size with either.
   torch::optim::Optimizer* checkpoint_optimizer(TrainState& state) override;
