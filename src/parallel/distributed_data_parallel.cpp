@@ -27,18 +27,17 @@ bool DistributedDataParallelOptions::debug_detail_from_env() {
 
 // ---- NoSyncGuard -------------------------------------------------------------------------------
 
-NoSyncGuard::NoSyncGuard(Reducer* reducer) : reducer_(reducer) {
-  previous_ = reducer_->grad_sync();
-  reducer_->set_grad_sync(false);
+NoSyncGuard::NoSyncGuard(std::function<bool(bool)> set_sync) : set_sync_(std::move(set_sync)) {
+  previous_ = set_sync_(false);
 }
 
 NoSyncGuard::NoSyncGuard(NoSyncGuard&& other) noexcept
-    : reducer_(other.reducer_), previous_(other.previous_) {
-  other.reducer_ = nullptr;
+    : set_sync_(std::move(other.set_sync_)), previous_(other.previous_) {
+  other.set_sync_ = nullptr;
 }
 
 NoSyncGuard::~NoSyncGuard() {
-  if (reducer_ != nullptr) reducer_->set_grad_sync(previous_);
+  if (set_sync_) set_sync_(previous_);
 }
 
 // ---- DDP's join hook ----------------------------------------------------------------------
@@ -238,7 +237,13 @@ c10::Device DistributedDataParallelBase::join_device() const {
   return synced_params_.empty() ? c10::Device(c10::kCPU) : synced_params_[0].device();
 }
 
-NoSyncGuard DistributedDataParallelBase::no_sync() { return NoSyncGuard(reducer_.get()); }
+NoSyncGuard DistributedDataParallelBase::no_sync() {
+  return NoSyncGuard([reducer = reducer_.get()](bool enabled) {
+    const bool was = reducer->grad_sync();
+    reducer->set_grad_sync(enabled);
+    return was;
+  });
+}
 
 Join DistributedDataParallelBase::join(JoinOptions options) {
   return Join({std::ref<Joinable>(*this)}, options);

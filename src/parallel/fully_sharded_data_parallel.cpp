@@ -6,6 +6,7 @@
 #include <cmath>
 #include <functional>
 #include <unordered_set>
+#include <utility>
 
 #include "compat/autograd_hooks.h"
 #include "compat/optimizer_state.h"
@@ -470,22 +471,8 @@ void FullyShardedDataParallel::complete_reduction(Unit& unit) {
 
 // ---- no_sync and gradient clipping ---------------------------------------------------------------
 
-FullyShardedDataParallel::NoSyncGuard::NoSyncGuard(FullyShardedDataParallel* fsdp) : fsdp_(fsdp) {
-  previous_ = fsdp_->grad_sync_;
-  fsdp_->grad_sync_ = false;
-}
-
-FullyShardedDataParallel::NoSyncGuard::NoSyncGuard(NoSyncGuard&& other) noexcept
-    : fsdp_(other.fsdp_), previous_(other.previous_) {
-  other.fsdp_ = nullptr;
-}
-
-FullyShardedDataParallel::NoSyncGuard::~NoSyncGuard() {
-  if (fsdp_ != nullptr) fsdp_->grad_sync_ = previous_;
-}
-
 FullyShardedDataParallel::NoSyncGuard FullyShardedDataParallel::no_sync() {
-  return NoSyncGuard(this);
+  return NoSyncGuard([this](bool enabled) { return std::exchange(grad_sync_, enabled); });
 }
 
 double FullyShardedDataParallel::clip_grad_norm_(double max_norm) {

@@ -44,6 +44,7 @@
 #include "shoal/comm/process_group.h"
 #include "shoal/parallel/grad_bucket.h"
 #include "shoal/parallel/join.h"
+#include "shoal/parallel/no_sync.h"
 
 namespace shoal::parallel {
 
@@ -101,22 +102,6 @@ struct ReducerStats {
 };
 
 class DistributedDataParallelBase;
-
-/// While alive, backward passes accumulate gradients locally without communicating (PyTorch's
-/// `with ddp.no_sync():`); the first synchronised backward after it reduces the accumulated sum.
-class NoSyncGuard {
- public:
-  explicit NoSyncGuard(Reducer* reducer);
-  NoSyncGuard(NoSyncGuard&& other) noexcept;
-  NoSyncGuard(const NoSyncGuard&) = delete;
-  NoSyncGuard& operator=(const NoSyncGuard&) = delete;
-  NoSyncGuard& operator=(NoSyncGuard&&) = delete;
-  ~NoSyncGuard();
-
- private:
-  Reducer* reducer_;
-  bool previous_ = true;
-};
 
 /// Training with uneven inputs: `auto join = ddp.join(options);` is `Join join({ddp}, options)`
 /// (shoal/parallel/join.h; PyTorch's `with ddp.join():`), and DDP is a Joinable that can share a

@@ -77,6 +77,7 @@
 #include <vector>
 
 #include "shoal/comm/process_group.h"
+#include "shoal/parallel/no_sync.h"
 
 namespace torch::optim {
 class Optimizer;
@@ -148,20 +149,9 @@ class FullyShardedDataParallel {
 
   /// While alive, the backward of each forward run inside it reduces nothing (PyTorch's
   /// `with fsdp.no_sync():`); the first synchronised backward after it reduces the accumulated
-  /// sum. Movable; not shared between threads.
-  class NoSyncGuard {
-   public:
-    explicit NoSyncGuard(FullyShardedDataParallel* fsdp);
-    NoSyncGuard(NoSyncGuard&& other) noexcept;
-    NoSyncGuard(const NoSyncGuard&) = delete;
-    NoSyncGuard& operator=(const NoSyncGuard&) = delete;
-    NoSyncGuard& operator=(NoSyncGuard&&) = delete;
-    ~NoSyncGuard();
+  /// sum (shoal/parallel/no_sync.h, DDP's guard).
+  using NoSyncGuard = parallel::NoSyncGuard;
 
-   private:
-    FullyShardedDataParallel* fsdp_;
-    bool previous_ = true;
-  };
   /// Forwards (and their backwards) inside the guard's lifetime accumulate gradients locally. The
   /// forward must run inside it, as with DDP: whether a backward reduces is fixed by its forward.
   NoSyncGuard no_sync();
