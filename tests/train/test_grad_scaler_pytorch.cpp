@@ -28,6 +28,7 @@
 #include "shoal/train/trainer.h"
 #include "testing/multi_rank.h"
 #include "testing/python.h"
+#include "features_oracle.h"
 
 namespace shoal::train {
 namespace test_grad_scaler_pytorch {
@@ -167,79 +168,50 @@ std::string joined(const std::vector<int64_t>& values) {
 }
 
 /// Runs train_features_oracle.py under PyTorch 2.x's Python once for every case.
-const std::map<std::string, Run>& oracle() {
-  static std::map<std::string, Run> results;
-  static bool done = false;
-  if (done) return results;
-  done = true;
-  const char* source = std::getenv("SHOAL_SOURCE_DIR");
-  if (source == nullptr) {
-    shoal::testing::skip_program(shoal::testing::Dependency::kOptional,
-                                 "SHOAL_SOURCE_DIR is not set (run through ctest)");
-  }
-  const std::string src = source;
-  // SHOAL_ORACLE_PYTHON: a python whose own torch is 2.x (a GPU machine's, scripts/gpu_check.sh);
-  // else the PyPI wheel's torch (as tests/launcher/test_torchrun.sh finds it).
-  std::string python = "python3", site;
-  if (const char* own = std::getenv("SHOAL_ORACLE_PYTHON"); own != nullptr && *own != '\0') {
-    python = own;
-  } else {
-    const auto prefix = shoal::testing::run_command("bash " + src + "/scripts/setup_torch_pypi.sh --prefix");
-    std::string torch_dir = prefix.out.substr(0, prefix.out.find_last_not_of("\n") + 1);
-    site = std::filesystem::path(torch_dir).parent_path().string();
-    if (!prefix.ok() || !std::filesystem::exists(site + "/.complete")) {
+const std::map<std::string, shoal::testing::FeaturesOracleRun>& oracle() {
+  static const std::map<std::string, shoal::testing::FeaturesOracleRun> results = [] {
+    const char* source = std::getenv("SHOAL_SOURCE_DIR");
+    if (source == nullptr) {
       shoal::testing::skip_program(shoal::testing::Dependency::kOptional,
-                                   "PyTorch 2.x not installed (scripts/setup_torch_pypi.sh)");
+                                   "SHOAL_SOURCE_DIR is not set (run through ctest)");
     }
-  }
-  const std::string dir = shoal::testing::temp_path("shoal-grad-scaler");
-  std::filesystem::create_directories(dir);
-  {
-    std::ofstream list(dir + "/cases.txt");
+    // SHOAL_ORACLE_PYTHON: a python whose own torch is 2.x (a GPU machine's, scripts/gpu_check.sh);
+    // else the PyPI wheel's torch (as tests/launcher/test_torchrun.sh finds it).
+    std::string python = "python3";
+    if (const char* own = std::getenv("SHOAL_ORACLE_PYTHON"); own != nullptr && *own != '\0') {
+      python = own;
+    } else {
+      const auto prefix = shoal::testing::run_command("bash " + std::string(source) +
+                                                      "/scripts/setup_torch_pypi.sh --prefix");
+      const std::string torch_dir = prefix.out.substr(0, prefix.out.find_last_not_of("\n") + 1);
+      const std::string site = std::filesystem::path(torch_dir).parent_path().string();
+      if (!prefix.ok() || !std::filesystem::exists(site + "/.complete")) {
+        shoal::testing::skip_program(shoal::testing::Dependency::kOptional,
+                                     "PyTorch 2.x not installed (scripts/setup_torch_pypi.sh)");
+      }
+      python = "PYTHONPATH='" + site + "' python3";
+    }
+    std::vector<std::pair<std::string, std::string>> lines;
     for (const Case& c : cases()) {
-      list << c.name << " strategy=" << c.strategy << " ranks=" << ranks_of(c)
-           << " size=" << size_of(c) << " batch=" << kBatch << " seed=" << kSeed
-           << " data_seed=" << kDataSeed << " accumulate=" << c.accumulate << " clip=" << c.clip
-           << " precision=" << c.precision << " device=" << c.device << " scaler=1 init_scale=" << c.init_scale
+      std::ostringstream line;
+      line << "strategy=" << c.strategy << " ranks=" << ranks_of(c) << " size=" << size_of(c)
+           << " batch=" << kBatch << " seed=" << kSeed << " data_seed=" << kDataSeed
+           << " accumulate=" << c.accumulate << " clip=" << c.clip << " precision=" << c.precision
+           << " device=" << c.device << " scaler=1 init_scale=" << c.init_scale
            << " growth_interval=" << c.growth_interval << " " << c.settings;
-      if (!c.inf_samples.empty()) list << " inf_samples=" << joined(c.inf_samples);
-      list << "\n";
+      if (!c.inf_samples.empty()) line << " inf_samples=" << joined(c.inf_samples);
+      lines.emplace_back(c.name, line.str());
     }
-  }
-  const auto run = shoal::testing::run_command(
-      "OMP_NUM_THREADS=1 " + (site.empty() ? std::string() : "PYTHONPATH='" + site + "' ") + python + " '" + src +
-      "/tests/train/train_features_oracle.py' '" + dir + "/cases.txt' '" + dir + "'");
-  if (run.exit_code == shoal::testing::kNoTorchExitCode) {
-    shoal::testing::skip_program(shoal::testing::Dependency::kOptional,
-                                 "PyTorch 2.x's torch does not import");
-  }
-  EXPECT_TRUE(shoal::testing::oracle_succeeded(run));
-  for (const Case& c : cases()) {
-    Run r;
-    r.parameters = shoal::testing::read_float32_file(dir + "/" + c.name + ".params");
-    std::ifstream lines(dir + "/" + c.name + ".txt");
-    for (std::string loss, norm; lines >> loss >> norm;) {
-      r.losses.push_back(loss == "nan" ? NAN : std::stod(loss));
-    }
-    std::ifstream scales(dir + "/" + c.name + ".scale");
-    double scale;
-    int skipped;
-    while (scales >> scale >> skipped) {
-      r.scales.push_back(scale);
-      r.skipped.push_back(skipped);
-    }
-    results[c.name] = std::move(r);
-  }
-  // Not std::filesystem::remove_all: PyTorch 2.11's libtorch.so exports one that interposes
-  // libstdc++'s and jumps to address 0 (seen on a GPU machine).
-  shoal::testing::run_command("rm -rf '" + dir + "'");
+    return shoal::testing::run_features_oracle(python, lines, shoal::testing::Dependency::kOptional,
+                                               "PyTorch 2.x's torch does not import");
+  }();
   return results;
 }
 
 void expect_matches(const Case& c) {
   const auto& all = oracle();
   ASSERT_TRUE(all.count(c.name)) << c.name;
-  const Run& theirs = all.at(c.name);
+  const auto& theirs = all.at(c.name);
   const Run ours = run_shoal(c);
   ASSERT_EQ(theirs.scales.size(), static_cast<size_t>(kSteps)) << c.name;
   ASSERT_EQ(ours.scales.size(), static_cast<size_t>(kSteps)) << c.name;

@@ -30,6 +30,7 @@
 #include "shoal/train/trainer.h"
 #include "testing/multi_rank.h"
 #include "testing/python.h"
+#include "features_oracle.h"
 
 namespace shoal::train {
 namespace test_train_features_pytorch {
@@ -195,52 +196,23 @@ const std::vector<Case>& cases() {
   return all;
 }
 
-struct OracleRun {
-  std::vector<float> parameters;
-  std::vector<double> losses;
-  std::vector<double> norms;
-};
+using OracleRun = shoal::testing::FeaturesOracleRun;
 
 /// Runs the Python oracle once for every case (its start-up is the slow part).
 const std::map<std::string, OracleRun>& oracle() {
-  static std::map<std::string, OracleRun> results;
-  static bool done = false;
-  if (done) return results;
-  done = true;
-  const char* source = std::getenv("SHOAL_SOURCE_DIR");
-  if (source == nullptr) {
-    shoal::testing::skip_program(shoal::testing::Dependency::kOptional,
-                                 "SHOAL_SOURCE_DIR is not set (run through ctest)");
-  }
-  const std::string dir = shoal::testing::temp_path("shoal-train-features");
-  std::filesystem::create_directories(dir);
-  {
-    std::ofstream list(dir + "/cases.txt");
+  static const std::map<std::string, OracleRun> results = [] {
+    std::vector<std::pair<std::string, std::string>> lines;
     for (const Case& c : cases()) {
-      list << c.name << " strategy=" << c.strategy << " ranks=" << ranks_of(c)
-           << " size=" << size_of(c) << " batch=" << kBatch << " seed=" << kSeed
-           << " data_seed=" << kDataSeed << " " << c.settings << "\n";
+      std::ostringstream line;
+      line << "strategy=" << c.strategy << " ranks=" << ranks_of(c) << " size=" << size_of(c)
+           << " batch=" << kBatch << " seed=" << kSeed << " data_seed=" << kDataSeed << " "
+           << c.settings;
+      lines.emplace_back(c.name, line.str());
     }
-  }
-  const auto run = shoal::testing::run_python(
-      {std::string(source) + "/tests/train/train_features_oracle.py", dir + "/cases.txt", dir});
-  if (run.exit_code == shoal::testing::kNoTorchExitCode) {
-    shoal::testing::skip_program(shoal::testing::Dependency::kPythonTorch,
-                                 "python3-torch is not installed");
-  }
-  EXPECT_TRUE(shoal::testing::oracle_succeeded(run));
-  for (const Case& c : cases()) {
-    OracleRun r;
-    r.parameters = shoal::testing::read_float32_file(dir + "/" + c.name + ".params");
-    std::ifstream lines(dir + "/" + c.name + ".txt");
-    std::string loss, norm;
-    while (lines >> loss >> norm) {
-      r.losses.push_back(std::stod(loss));
-      r.norms.push_back(norm == "nan" ? NAN : std::stod(norm));
-    }
-    results[c.name] = std::move(r);
-  }
-  std::filesystem::remove_all(dir);
+    return shoal::testing::run_features_oracle("/usr/bin/python3", lines,
+                                               shoal::testing::Dependency::kPythonTorch,
+                                               "python3-torch is not installed");
+  }();
   return results;
 }
 
