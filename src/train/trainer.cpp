@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <future>
 #include <map>
 #include <optional>
 #include <sstream>
@@ -950,12 +951,19 @@ LoadedData load_data(const TrainOptions& options) {
     loaded.name = "CIFAR-10";
     loaded.where = options.data_dir;
   } else {
-    const data::FashionMnist train_set(options.data_dir, /*train=*/true,
-                                       options.max_decompression_ratio);
-    const data::FashionMnist test_set(options.data_dir, /*train=*/false,
-                                      options.max_decompression_ratio);
-    loaded.train = std::make_unique<data::TensorDataset>(train_set.images(), train_set.targets());
-    loaded.test = std::make_unique<data::TensorDataset>(test_set.images(), test_set.targets());
+    // The pixels stay bytes, normalised per batch (FashionMnistBatches: the same floats as
+    // FashionMnist's images(), without a pass over 188 MB before the first step). The test split
+    // is decoded on a thread of its own while this one decodes the training split (#32): 0.05 s
+    // off the start-up on an otherwise idle core. Errors come out as before, the training split's
+    // first: the future is waited for (its destructor waits too) before either is reported.
+    std::future<std::unique_ptr<data::BatchDataset>> test_split =
+        std::async(std::launch::async, [&options]() -> std::unique_ptr<data::BatchDataset> {
+          return std::make_unique<data::FashionMnistBatches>(options.data_dir, /*train=*/false,
+                                                             options.max_decompression_ratio);
+        });
+    loaded.train = std::make_unique<data::FashionMnistBatches>(options.data_dir, /*train=*/true,
+                                                               options.max_decompression_ratio);
+    loaded.test = test_split.get();
     loaded.name = "Fashion-MNIST";
     loaded.where = options.data_dir;
   }
