@@ -3,7 +3,8 @@
 //
 // With --strategy ddp outside a launcher (comm::detect_rank_info().launched is false: no torchrun,
 // mpirun or PMI variables, and not a task of a multi-task srun step), `shoal train` starts itself
-// --nproc-per-node times through the launcher, with the same arguments, and returns the job's exit
+// --nproc-per-node times through the launcher, with the same arguments (forked from the launcher
+// without exec when it can: LibTorch is loaded once per job, #32), and returns the job's exit
 // status; under `shoal run`, torchrun, mpirun or srun it runs as the rank the environment names
 // and never launches a job of its own.
 #include <sched.h>
@@ -141,6 +142,13 @@ std::vector<std::string> own_command_line() {
   SHOAL_CHECK(length > 0, "shoal train: cannot resolve /proc/self/exe to re-launch itself");
   words[0] = std::string(exe, static_cast<size_t>(length));
   return words;
+}
+
+/// What each worker of the job runs when the launcher forks it (LaunchOptions::fork_entry): this
+/// same command line, parsed afresh, with the worker's environment making it a rank, as the
+/// worker would after exec, but without loading LibTorch again (#32).
+std::function<int()> forked_worker_entry() {
+  return [words = own_command_line()] { return run_command_line(words); };
 }
 
 /// Cores this process may run on: its own affinity mask (as taskset, a container, or a launcher's
@@ -574,6 +582,7 @@ void add_train_command(CLI::App& root, std::vector<Command>& commands) {
                         }
                         options->validate();
                         std::unique_ptr<train::Strategy> strategy;
+                        std::unique_ptr<train::DataPrefetch> prefetch;
                         std::shared_ptr<parallel::PowerSGDState> power_sgd;
                         SHOAL_CHECK_T(InvalidArgument,
                                       args->comm_hook == "allreduce" ||
@@ -598,8 +607,11 @@ void add_train_command(CLI::App& root, std::vector<Command>& commands) {
                             launch.max_restarts = args->max_restarts;
                             launch.log_name = "shoal train";
                             launch.verbose = false;
+                            launch.fork_entry = forked_worker_entry();
                             return launcher::launch(launch);
                           }
+                          // The data decodes while the process group meets its peers (#32).
+                          prefetch = std::make_unique<train::DataPrefetch>(*options);
                           comm::InitOptions init;
                           init.backend = args->backend;
                           if (pipelined) {
@@ -650,6 +662,7 @@ void add_train_command(CLI::App& root, std::vector<Command>& commands) {
                             launch.verbose = false;
                             // asp/ssp go on without a dead worker (README); bsp cannot.
                             launch.tolerate_worker_failures = args->consistency != "bsp";
+                            launch.fork_entry = forked_worker_entry();
                             return launcher::launch(launch);
                           }
                           if (threads->count() == 0) options->threads = 1;
@@ -661,7 +674,7 @@ void add_train_command(CLI::App& root, std::vector<Command>& commands) {
                         }
                         const bool reports = !strategy || strategy->rank() == 0;
                         const train::TrainResult result =
-                            train::run_training(*options, std::move(strategy));
+                            train::run_training(*options, std::move(strategy), prefetch.get());
                         if (result.preempted) {
                           if (reports) {
                             log::warn("shoal train: SIGUSR1 (preemption warning): stopped after step ",

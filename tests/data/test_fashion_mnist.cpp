@@ -76,6 +76,53 @@ TEST(FashionMnist, RealTrainSplitLoads) {
   EXPECT_THROW(train.get(60000), InvalidArgument);
 }
 
+// #32: the trainer's dataset keeps bytes and normalises per batch; its batches must equal the
+// rows of images() bit for bit (the same weights after training), in any order and batch size.
+TEST(FashionMnistBatches, BatchesEqualNormalisedImagesBitForBit) {
+  SHOAL_REQUIRE_REAL_DATA();
+  const std::string root = shoal::testing::real_fashion_mnist_dir();
+  for (const bool train : {true, false}) {
+    const FashionMnist whole(root, train);
+    const FashionMnistBatches batches(root, train);
+    ASSERT_EQ(batches.size(), static_cast<int64_t>(whole.size().value()));
+    EXPECT_EQ(batches.pixels().scalar_type(), torch::kByte);
+    torch::manual_seed(7);
+    const torch::Tensor order = torch::randperm(batches.size(), torch::kLong);
+    for (const int64_t batch : {int64_t{1}, int64_t{64}, int64_t{1000}}) {
+      for (int64_t begin = 0; begin < std::min<int64_t>(batches.size(), 5 * batch); begin += batch) {
+        const torch::Tensor indices = order.slice(0, begin, begin + batch);
+        const Batch got = batches.get_batch(indices);
+        EXPECT_EQ(got.data.sizes(), (std::vector<int64_t>{batch, 1, 28, 28}));
+        EXPECT_TRUE(got.data.is_contiguous());
+        EXPECT_TRUE(torch::equal(got.data, whole.images().index_select(0, indices)));
+        EXPECT_TRUE(torch::equal(got.target, whole.targets().index_select(0, indices)));
+      }
+    }
+    // Every image at once, too (the whole split as one batch).
+    EXPECT_TRUE(torch::equal(batches.get_batch(order).data, whole.images().index_select(0, order)));
+  }
+}
+
+// normalize is float32 arithmetic, one rounding per operation, for each of the 256 byte values.
+TEST(FashionMnistBatches, NormalizeIsFloatArithmeticPerPixel) {
+  const torch::Tensor bytes = torch::arange(256, torch::kLong).to(torch::kByte).view({1, 16, 16});
+  const torch::Tensor got = FashionMnist::normalize(bytes);
+  ASSERT_EQ(got.sizes(), (std::vector<int64_t>{1, 1, 16, 16}));
+  const float* value = got.data_ptr<float>();
+  for (int x = 0; x < 256; ++x) {
+    const volatile float scaled = static_cast<float>(x) / 255.0f;
+    const volatile float centred = scaled - static_cast<float>(FashionMnist::kMean);
+    const float expected = centred / static_cast<float>(FashionMnist::kStd);
+    EXPECT_EQ(value[x], expected) << "byte " << x;
+  }
+}
+
+TEST(FashionMnistBatches, MissingFileNamesIt) {
+  TempDir dir;
+  const std::string message = data_error([&] { FashionMnistBatches batches(dir.path, true); });
+  expect_names_file(message, FashionMnist::images_path(dir.path, true), "file not found");
+}
+
 TEST(FashionMnist, RealTestSplitLoads) {
   SHOAL_REQUIRE_REAL_DATA();
   FashionMnist test(shoal::testing::real_fashion_mnist_dir(), /*train=*/false);

@@ -10,6 +10,11 @@
 // dimensions that disagree) throws shoal::DataError with a one-line message that starts with the
 // file's path.
 //
+// FashionMnistBatches is the same split as a BatchDataset for the trainer: it keeps the pixels as
+// decoded, one byte each (47 MB for the training split instead of 188 MB of floats), and normalises
+// each batch as it is asked for, with the same operations as images(), so its batches are equal bit
+// for bit to index_select on images(). Start-up pays for the decoding only (#32).
+//
 // Thread safety: immutable after construction; const methods may be called from any thread.
 #pragma once
 
@@ -19,6 +24,8 @@
 
 #include <cstddef>
 #include <string>
+
+#include "shoal/data/batch_dataset.h"
 
 namespace shoal::data {
 
@@ -63,10 +70,37 @@ class FashionMnist : public torch::data::datasets::Dataset<FashionMnist> {
   /// The label file of a split under `root`.
   static std::string labels_path(const std::string& root, bool train);
 
+  /// Pixels as decoded (uint8 [N, 28, 28]) to normalised floats [N, 1, 28, 28]:
+  /// ((x / 255) - kMean) / kStd in float32, the one definition images() and FashionMnistBatches use.
+  static at::Tensor normalize(const at::Tensor& pixels);
+
  private:
   at::Tensor images_;
   at::Tensor targets_;
   bool train_;
+};
+
+/// The Fashion-MNIST split of FashionMnist as a BatchDataset that stores the pixels as bytes and
+/// normalises per batch (FashionMnist::normalize): the batches equal those of a TensorDataset of
+/// FashionMnist's images() and targets(), for a quarter of the memory and no normalising pass at
+/// start-up.
+class FashionMnistBatches : public BatchDataset {
+ public:
+  /// Reads the split as FashionMnist does, with the same checks and errors.
+  explicit FashionMnistBatches(const std::string& root = FashionMnist::kDefaultRoot,
+                               bool train = true,
+                               double max_decompression_ratio = FashionMnist::kMaxDecompressionRatio);
+  int64_t size() const override { return pixels_.size(0); }
+  /// Images [k, 1, 28, 28] float32 (normalised) and labels [k] int64.
+  Batch get_batch(const at::Tensor& indices) const override;
+  /// The pixels as decoded, uint8 [N, 28, 28].
+  const at::Tensor& pixels() const { return pixels_; }
+  /// All labels, [N] int64 in [0, 10).
+  const at::Tensor& targets() const { return targets_; }
+
+ private:
+  at::Tensor pixels_;
+  at::Tensor targets_;
 };
 
 }  // namespace shoal::data
