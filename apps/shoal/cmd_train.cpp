@@ -607,9 +607,7 @@ void add_train_command(CLI::App& root, std::vector<Command>& commands) {
                             launch.max_restarts = args->max_restarts;
                             launch.log_name = "shoal train";
                             launch.verbose = false;
-                            // On a GPU the workers exec: a CUDA context does not survive a fork,
-                            // and the launcher may have counted the GPUs (--nproc-per-node gpu).
-                            if (options->device == "cpu") launch.fork_entry = forked_worker_entry();
+                            launch.fork_entry = forked_worker_entry();
                             return launcher::launch(launch);
                           }
                           // The data decodes while the process group meets its peers (#32).
