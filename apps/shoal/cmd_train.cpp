@@ -3,8 +3,7 @@
 //
 // With --strategy ddp outside a launcher (comm::detect_rank_info().launched is false: no torchrun,
 // mpirun or PMI variables, and not a task of a multi-task srun step), `shoal train` starts itself
-// --nproc-per-node times through the launcher, with the same arguments (forked from the launcher
-// without exec when it can: LibTorch is loaded once per job, #32), and returns the job's exit
+// --nproc-per-node times through the launcher, with the same arguments, and returns the job's exit
 // status; under `shoal run`, torchrun, mpirun or srun it runs as the rank the environment names
 // and never launches a job of its own.
 #include <sched.h>
