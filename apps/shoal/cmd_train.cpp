@@ -581,7 +581,6 @@ void add_train_command(CLI::App& root, std::vector<Command>& commands) {
                         }
                         options->validate();
                         std::unique_ptr<train::Strategy> strategy;
-                        std::unique_ptr<train::DataPrefetch> prefetch;
                         std::shared_ptr<parallel::PowerSGDState> power_sgd;
                         SHOAL_CHECK_T(InvalidArgument,
                                       args->comm_hook == "allreduce" ||
@@ -609,8 +608,6 @@ void add_train_command(CLI::App& root, std::vector<Command>& commands) {
                             launch.fork_entry = forked_worker_entry();
                             return launcher::launch(launch);
                           }
-                          // The data decodes while the process group meets its peers (#32).
-                          prefetch = std::make_unique<train::DataPrefetch>(*options);
                           comm::InitOptions init;
                           init.backend = args->backend;
                           if (pipelined) {
@@ -673,7 +670,7 @@ void add_train_command(CLI::App& root, std::vector<Command>& commands) {
                         }
                         const bool reports = !strategy || strategy->rank() == 0;
                         const train::TrainResult result =
-                            train::run_training(*options, std::move(strategy), prefetch.get());
+                            train::run_training(*options, std::move(strategy));
                         if (result.preempted) {
                           if (reports) {
                             log::warn("shoal train: SIGUSR1 (preemption warning): stopped after step ",

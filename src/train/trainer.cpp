@@ -12,7 +12,6 @@
 #include <sstream>
 
 #include "compat/autocast.h"
-#include "compat/thread_parallelism.h"
 #include "shoal/checkpoint/checkpoint_manager.h"
 #include "shoal/checkpoint/serialization.h"
 #include "shoal/checkpoint/sharded_checkpoint.h"
@@ -973,28 +972,7 @@ LoadedData load_data(const TrainOptions& options) {
 
 }  // namespace
 
-struct DataPrefetch::Impl {
-  std::future<LoadedData> data;
-};
-
-DataPrefetch::DataPrefetch(const TrainOptions& options) : impl_(std::make_unique<Impl>()) {
-  impl_->data = std::async(std::launch::async, [options]() {
-    // Before run_training sets the thread count: this thread's own tensor work stays on it.
-    compat::run_intra_op_serially_on_this_thread();
-    return load_data(options);
-  });
-}
-
-DataPrefetch::~DataPrefetch() {
-  if (impl_->data.valid()) impl_->data.wait();
-}
-
 TrainResult run_training(const TrainOptions& options, std::unique_ptr<Strategy> strategy) {
-  return run_training(options, std::move(strategy), nullptr);
-}
-
-TrainResult run_training(const TrainOptions& options, std::unique_ptr<Strategy> strategy,
-                         DataPrefetch* prefetch) {
   options.validate();
   if (options.threads > 0) torch::set_num_threads(options.threads);
   // The model's name first: an unknown one should fail before seconds of data loading.
@@ -1008,7 +986,7 @@ TrainResult run_training(const TrainOptions& options, std::unique_ptr<Strategy> 
   }
   // The data (#29): a torch.save file of tensors (--data), CIFAR-10's binary files, or
   // Fashion-MNIST's IDX files in data_dir.
-  LoadedData loaded = prefetch != nullptr ? prefetch->impl_->data.get() : load_data(options);
+  LoadedData loaded = load_data(options);
   if (!model) model = models::create(options.model, options.seed, loaded.shape);
   if (!options.init_from.empty()) {
     // Any state dict: torch.save(model.state_dict()) from Python, a DDP one ("module." keys are

@@ -328,25 +328,4 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const TrainOptions& opti
 TrainResult run_training(const TrainOptions& options,
                          std::unique_ptr<Strategy> strategy = nullptr);
 
-/// run_training's data, loaded on a thread of its own from construction (#32): made before a
-/// strategy's process group meets its peers (a rendezvous that mostly waits), the decoding
-/// overlaps that wait. The data and the errors are run_training's own, reported where
-/// run_training would (an unknown model first). Waits for the thread when destroyed.
-class DataPrefetch {
- public:
-  explicit DataPrefetch(const TrainOptions& options);
-  ~DataPrefetch();
-  DataPrefetch(const DataPrefetch&) = delete;
-  DataPrefetch& operator=(const DataPrefetch&) = delete;
-  struct Impl;
-
- private:
-  friend TrainResult run_training(const TrainOptions&, std::unique_ptr<Strategy>, DataPrefetch*);
-  std::unique_ptr<Impl> impl_;
-};
-
-/// run_training with the data `prefetch` is loading (started with the same options).
-TrainResult run_training(const TrainOptions& options, std::unique_ptr<Strategy> strategy,
-                         DataPrefetch* prefetch);
-
 }  // namespace shoal::train
