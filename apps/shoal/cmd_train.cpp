@@ -143,13 +143,6 @@ std::vector<std::string> own_command_line() {
   return words;
 }
 
-/// What each worker of the job runs when the launcher forks it (LaunchOptions::fork_entry): this
-/// same command line, parsed afresh, with the worker's environment making it a rank, as the
-/// worker would after exec, but without loading LibTorch again (#32).
-std::function<int()> forked_worker_entry() {
-  return [words = own_command_line()] { return run_command_line(words); };
-}
-
 /// Cores this process may run on: its own affinity mask (as taskset, a container, or a launcher's
 /// binding — mpirun --bind-to core, srun --cpu-bind=cores — limits it).
 int available_cores() {
@@ -605,7 +598,6 @@ void add_train_command(CLI::App& root, std::vector<Command>& commands) {
                             launch.max_restarts = args->max_restarts;
                             launch.log_name = "shoal train";
                             launch.verbose = false;
-                            launch.fork_entry = forked_worker_entry();
                             return launcher::launch(launch);
                           }
                           comm::InitOptions init;
@@ -658,7 +650,6 @@ void add_train_command(CLI::App& root, std::vector<Command>& commands) {
                             launch.verbose = false;
                             // asp/ssp go on without a dead worker (README); bsp cannot.
                             launch.tolerate_worker_failures = args->consistency != "bsp";
-                            launch.fork_entry = forked_worker_entry();
                             return launcher::launch(launch);
                           }
                           if (threads->count() == 0) options->threads = 1;

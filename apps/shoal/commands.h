@@ -14,11 +14,6 @@ struct Command {
   std::function<int()> run;
 };
 
-/// The whole of `shoal` for a command line (words[0] is the program): parses it, runs the command
-/// and returns the exit status, as main does. A worker forked by `shoal train`'s launcher runs its
-/// command line through it (main.cpp).
-int run_command_line(const std::vector<std::string>& words);
-
 void add_train_command(CLI::App& root, std::vector<Command>& commands);   // cmd_train.cpp
 void add_run_command(CLI::App& root, std::vector<Command>& commands);     // cmd_run.cpp
 void add_bench_command(CLI::App& root, std::vector<Command>& commands);   // cmd_bench.cpp

@@ -7,10 +7,8 @@
 
 #include <csignal>
 #include <cstdio>
-#include <cstdlib>
 #include <exception>
 #include <string>
-#include <vector>
 
 #include "commands.h"
 #include "shoal/error.h"
@@ -44,13 +42,7 @@ int report(const std::string& message, int status) {
 
 }  // namespace
 
-namespace shoal::cli {
-
-int run_command_line(const std::vector<std::string>& words) {
-  std::vector<char*> argv;
-  for (const std::string& word : words) argv.push_back(const_cast<char*>(word.c_str()));
-  argv.push_back(nullptr);
-  const int argc = static_cast<int>(words.size());
+int main(int argc, char** argv) {
   std::signal(SIGPIPE, SIG_IGN);
   CLI::App app{
       "Shoal: distributed training for LibTorch (the PyTorch C++ API).\n"
@@ -68,7 +60,7 @@ int run_command_line(const std::vector<std::string>& words) {
   shoal::cli::add_plot_command(app, commands);
 
   try {
-    app.parse(argc, argv.data());
+    app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     if (e.get_exit_code() == 0) return app.exit(e);  // --help, --version
     return report(std::string(e.what()) + " (see '" + parsed_command(app) + " --help')", 2);
@@ -85,18 +77,4 @@ int run_command_line(const std::vector<std::string>& words) {
     return report(e.what(), 1);
   }
   return 0;
-}
-
-}  // namespace shoal::cli
-
-int main(int argc, char** argv) {
-  const int status = shoal::cli::run_command_line(std::vector<std::string>(argv, argv + argc));
-  if (argc > 1 && std::string(argv[1]) == "train") {
-    // `shoal train` ends without static destructors (#32): LibTorch's take ~0.1 s that the user
-    // waits for after the last line. Everything it wrote is flushed or closed by now (the
-    // trainer's files, checkpoints, traces and event files are closed where they are written).
-    std::fflush(nullptr);
-    std::_Exit(status);
-  }
-  return status;
 }

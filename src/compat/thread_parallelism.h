@@ -19,15 +19,4 @@ namespace shoal::compat {
 /// Makes LibTorch's parallel regions started by the calling thread run on it alone.
 void run_intra_op_serially_on_this_thread();
 
-/// What OMP_NUM_THREADS=n in the environment at start-up gives a process, applied after the
-/// libraries are loaded (a worker forked from the launcher, #32): OpenMP's and LibTorch's
-/// intra-op thread count, and OpenBLAS's own pool (it reads OMP_NUM_THREADS when it loads; found
-/// at run time, nothing to do with another BLAS). Call from a process's only thread.
-void apply_omp_num_threads(int n);
-
-/// Stops OpenBLAS's worker threads, which it starts when it loads and restarts when next used:
-/// what its own fork handler does, done early so that a launcher that is otherwise
-/// single-threaded can fork workers that run on without exec (#32). Nothing with another BLAS.
-void stop_blas_threads();
-
 }  // namespace shoal::compat

@@ -146,7 +146,6 @@ std::vector<WorkerSpec> plan_workers(const LaunchOptions& options, int master_po
                                          : role.name + " " + std::to_string(role_rank);
       spec.program = program;
       spec.argv = role.command;
-      spec.fork_entry = options.fork_entry;
       if (!log_root.empty()) {
         // torchrun's layout: attempt_N/LOCAL_RANK/{stdout,stderr}.log (and its error file).
         const std::string dir = log_root + "/attempt_" + std::to_string(restart) + "/" +

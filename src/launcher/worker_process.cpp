@@ -1,6 +1,5 @@
 #include "launcher/worker_process.h"
 
-#include <dirent.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -9,15 +8,8 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <cstdio>
-#include <cstdlib>
 #include <cstring>
-#include <exception>
-#include <string>
 #include <thread>
-#include <vector>
-
-#include "compat/thread_parallelism.h"
 
 #include "shoal/error.h"
 
@@ -29,9 +21,9 @@ void close_fd(int& fd) {
   fd = -1;
 }
 
-// The child's process group, parent-death signal, signal dispositions and mask, and stdio, as a
-// worker gets them (before exec, or before a forked worker's entry). Async-signal-safe.
-void set_up_child(int out_fd, int err_fd, pid_t launcher) {
+// In the child between fork and exec: only async-signal-safe calls from here on.
+[[noreturn]] void exec_child(const char* program, char* const* argv, char* const* envp,
+                             int out_fd, int err_fd, int status_fd, pid_t launcher) {
   ::setpgid(0, 0);
   // A worker must not outlive its launcher, however the launcher ends (kill -9 included): the
   // kernel sends SIGKILL when the forking thread dies. SIGKILL, not SIGTERM: a launcher that died
@@ -63,88 +55,10 @@ void set_up_child(int out_fd, int err_fd, pid_t launcher) {
   }
   if (out_fd >= 0) ::dup2(out_fd, 1);  // dup2 clears O_CLOEXEC on the copy
   if (err_fd >= 0) ::dup2(err_fd, 2);
-}
-
-// In the child between fork and exec: only async-signal-safe calls from here on.
-[[noreturn]] void exec_child(const char* program, char* const* argv, char* const* envp,
-                             int out_fd, int err_fd, int status_fd, pid_t launcher) {
-  set_up_child(out_fd, err_fd, launcher);
   ::execve(program, argv, envp);
   const int error = errno;
   [[maybe_unused]] ssize_t ignored = ::write(status_fd, &error, sizeof(error));
   ::_exit(127);
-}
-
-/// True when this process runs one thread: a child forked from it may then do anything (no
-/// other thread can have held a lock at the fork), not only async-signal-safe calls.
-bool single_threaded() {
-  DIR* tasks = ::opendir("/proc/self/task");
-  if (tasks == nullptr) return false;
-  int count = 0;
-  while (const dirent* entry = ::readdir(tasks)) {
-    if (entry->d_name[0] != '.') ++count;
-  }
-  ::closedir(tasks);
-  return count == 1;
-}
-
-/// True when, after OpenBLAS's threads were stopped (its own fork handler would stop them at the
-/// fork anyway), this process runs one thread. A joined thread may be listed for a moment longer
-/// than it runs: asked again, for up to ~20 ms.
-bool single_threaded_after_blas_stopped() {
-  compat::stop_blas_threads();
-  for (int attempt = 0; attempt < 20; ++attempt) {
-    if (single_threaded()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  return false;
-}
-
-/// Closes what exec would: every descriptor marked close-on-exec (other workers' pipes, the
-/// launcher's signal relay, the status pipe, whose end tells the launcher the worker runs).
-void close_on_exec_descriptors() {
-  std::vector<int> marked;
-  if (DIR* fds = ::opendir("/proc/self/fd")) {
-    const int own = ::dirfd(fds);
-    while (const dirent* entry = ::readdir(fds)) {
-      if (entry->d_name[0] == '.') continue;
-      const int fd = std::atoi(entry->d_name);
-      if (fd > 2 && fd != own && (::fcntl(fd, F_GETFD) & FD_CLOEXEC) != 0) marked.push_back(fd);
-    }
-    ::closedir(fds);
-  }
-  for (const int fd : marked) ::close(fd);
-}
-
-// In a worker forked without exec (the launcher was single-threaded): the state exec would give
-// it, then its entry; it never returns into the launcher's code (whose destructors would stop the
-// other workers).
-[[noreturn]] void run_forked_child(const WorkerSpec& spec, int out_fd, int err_fd, pid_t launcher) {
-  set_up_child(out_fd, err_fd, launcher);
-  close_on_exec_descriptors();
-  const char* inherited = std::getenv("OMP_NUM_THREADS");
-  const std::string launcher_threads = inherited != nullptr ? inherited : "";
-  ::clearenv();
-  // putenv keeps the pointers: the spec's strings live until _exit.
-  for (const std::string& var : spec.env) ::putenv(const_cast<char*>(var.c_str()));
-  // OpenMP and OpenBLAS read OMP_NUM_THREADS when they load, which this worker did not: the
-  // launcher's value (usually none) applies to them unless set again (the launcher sets 1).
-  const char* threads = std::getenv("OMP_NUM_THREADS");
-  if (threads != nullptr && launcher_threads != threads) {
-    compat::apply_omp_num_threads(std::atoi(threads));
-  }
-  int status = 1;
-  try {
-    status = spec.fork_entry();
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "shoal: error: %s\n", e.what());
-  } catch (...) {
-    std::fprintf(stderr, "shoal: error: unknown exception in %s\n", spec.label.c_str());
-  }
-  // No static destructors (they are the launcher's, and LibTorch's take ~0.1 s): what a worker
-  // writes is flushed, its files were closed by the code that wrote them.
-  std::fflush(nullptr);
-  ::_exit(status);
 }
 
 }  // namespace
@@ -197,9 +111,6 @@ void WorkerProcess::start() {
   }
 
   const pid_t launcher = ::getpid();
-  const bool forked_entry = spec_.fork_entry && single_threaded_after_blas_stopped();
-  // Nothing buffered may be written twice, by the launcher and by a forked worker.
-  if (forked_entry) std::fflush(nullptr);
   const pid_t pid = ::fork();
   if (pid < 0) {
     const int error = errno;
@@ -207,7 +118,6 @@ void WorkerProcess::start() {
     SHOAL_THROW(Error, "cannot start ", spec_.label, ": fork: ", std::strerror(error));
   }
   if (pid == 0) {
-    if (forked_entry) run_forked_child(spec_, out_pipe[1], err_pipe[1], launcher);
     exec_child(spec_.program.c_str(), argv.data(), envp.data(), out_pipe[1], err_pipe[1],
                status_pipe[1], launcher);
   }

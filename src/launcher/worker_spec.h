@@ -3,7 +3,6 @@
 // Thread safety: a plain value.
 #pragma once
 
-#include <functional>
 #include <string>
 #include <vector>
 
@@ -22,9 +21,6 @@ struct WorkerSpec {
   std::string stderr_file;
   bool stdout_to_console = true;
   bool stderr_to_console = true;
-  /// LaunchOptions::fork_entry: when set, the worker is forked from the launcher and runs this
-  /// with `env` as its environment instead of exec'ing `program`.
-  std::function<int()> fork_entry;
 };
 
 }  // namespace shoal::launcher

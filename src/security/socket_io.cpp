@@ -125,13 +125,8 @@ int bound_port(int fd) {
 
 int connect_to(const std::string& host, int port, Deadline deadline) {
   // Retry often enough that a rank started just before rank 0 connects at once, rarely enough
-  // not to spin: every 5 ms for the first 2 s (ranks started together reach the listener within
-  // a LibTorch load of each other, ~0.4 s; a refused local connect costs microseconds), then every
-  // 50 ms. A flat 50 ms kept a rank waiting 25 ms on average after rank 0 listened (#32).
-  constexpr std::chrono::milliseconds kFastRetry{5};
+  // not to spin.
   constexpr std::chrono::milliseconds kRetry{50};
-  constexpr std::chrono::milliseconds kFastRetryFor{2000};
-  const auto fast_until = std::chrono::steady_clock::now() + kFastRetryFor;
   std::string last = "no attempt";
   do {
     addrinfo hints{};
@@ -170,9 +165,8 @@ int connect_to(const std::string& host, int port, Deadline deadline) {
       ::close(fd);
       last = err == ECONNREFUSED ? "connection refused: nothing listens there yet" : std::strerror(err);
     }
-    const auto pause = std::chrono::steady_clock::now() < fast_until ? kFastRetry : kRetry;
     std::this_thread::sleep_for(std::min<std::chrono::milliseconds>(
-        pause, std::chrono::milliseconds(remaining_ms(deadline))));
+        kRetry, std::chrono::milliseconds(remaining_ms(deadline))));
   } while (std::chrono::steady_clock::now() < deadline);
   SHOAL_THROW(TimeoutError, "cannot reach ", endpoint(host, port), " (", last,
               "): is rank 0 running, and are MASTER_ADDR/MASTER_PORT the same on every rank? "

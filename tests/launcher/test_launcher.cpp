@@ -27,7 +27,6 @@
 #include <thread>
 #include <vector>
 
-#include "shoal/launcher/launch.h"
 #include "testing/multi_rank.h"
 
 namespace test_launcher {
@@ -673,41 +672,6 @@ double json_number(const std::string& line, const std::string& key) {
 // ranks through the launcher library; its JSON lines carry the sizes asked for and a bus bandwidth
 // that follows from latency. One check a wrong measurement fails: the one-thread memcpy bandwidth
 // and every bus bandwidth lie within what a machine can physically do.
-// #32: with fork_entry, each worker is forked from the (single-threaded) launcher and runs the
-// entry with its own environment, process group and parent-death link, instead of exec'ing the
-// command: the command here would exit 42, so a 42 would mean exec.
-TEST_F(Launcher, ForkEntryRunsInEachWorkerWithItsEnvironmentInsteadOfExec) {
-  const std::string dir = dir_.string();
-  auto options = shoal::launcher::LaunchOptions::workers(2, {"/bin/sh", "-c", "exit 42"});
-  options.master_port = 0;
-  options.verbose = false;
-  options.grace_period = Milliseconds(30'000);
-  const char* own_omp = std::getenv("OMP_NUM_THREADS");
-  const std::string expected_omp = own_omp != nullptr ? own_omp : "1";
-  options.fork_entry = [dir] {
-    const std::string rank = std::getenv("RANK");
-    std::ofstream(dir + "/forked." + rank)
-        << std::getenv("WORLD_SIZE") << " " << std::getenv("LOCAL_RANK") << " "
-        << std::getenv("OMP_NUM_THREADS") << " " << ::getppid() << " "
-        << (::getpgrp() == ::getpid() ? "own-group" : "launcher-group") << "\n";
-    // Rank 1 fails after rank 0 has written its file: the job's status is its status.
-    if (rank == "1") {
-      for (int i = 0; i < 3000 && !fs::exists(dir + "/forked.0"); ++i) {
-        std::this_thread::sleep_for(Milliseconds(10));
-      }
-      return 5;
-    }
-    return 0;
-  };
-  EXPECT_EQ(shoal::launcher::launch(options), 5);
-  for (int rank = 0; rank < 2; ++rank) {
-    const fs::path file = dir_ / ("forked." + std::to_string(rank));
-    ASSERT_TRUE(fs::exists(file)) << "rank " << rank << " did not run the entry";
-    EXPECT_EQ(read_file(file), "2 " + std::to_string(rank) + " " + expected_omp + " " +
-                                   std::to_string(::getpid()) + " own-group\n");
-  }
-}
-
 TEST(BenchAllreduceFormat, StartsItsOwnRanksAndPrintsJsonLines) {
   const auto result = run_shoal({"bench", "allreduce", "--backend", "gloo,shm_symmetric,floor_staged",
                                  "--json", "--min-bytes", "4KiB", "--max-bytes", "16KiB", "--iters",

@@ -21,7 +21,6 @@
 #pragma once
 
 #include <chrono>
-#include <functional>
 #include <map>
 #include <string>
 #include <utility>
@@ -89,13 +88,6 @@ struct LaunchOptions {
   std::string log_dir;
   StreamLogs redirects;
   StreamLogs tee;
-  /// When the command is this very program (`shoal train` starting its own ranks), what a worker
-  /// would run after exec: with it set, and the launcher single-threaded when it starts the
-  /// workers, each worker is forked from the launcher and calls it (with the worker's environment,
-  /// stdio, signals and process group as after exec) instead of exec'ing the command, so that
-  /// LibTorch is loaded once per job rather than once more per worker (#32: ~0.4 s before the
-  /// first step). Its return value is the worker's exit status. Empty: fork and exec.
-  std::function<int()> fork_entry;
 
   /// The common case: `nproc_per_node` workers running `command` on one node.
   static LaunchOptions workers(int nproc_per_node, std::vector<std::string> command);
