@@ -88,6 +88,41 @@ TEST(CliTrain, MissingDataDirIsOneLine) {
   EXPECT_NE(run.err.find("/nonexistent/fmnist"), std::string::npos) << run.err;
 }
 
+// #32: the test split decodes on a thread of its own beside the training split; a damaged test
+// split, a missing folder and an unknown model are still reported as before (the model first,
+// before any data error), in one process and under DDP.
+TEST(CliTrain, DamagedTestSplitMissingFolderAndUnknownModelUnderDdpAreReportedAsBefore) {
+  SHOAL_SKIP_UNLESS(shoal::testing::have_real_fashion_mnist(), shoal::testing::Dependency::kDataset,
+                    "Fashion-MNIST is not installed (apt-get install dataset-fashion-mnist)");
+  const std::string dir = shoal::testing::make_temp_dir("shoal-cli-t10k");
+  const std::string real = shoal::testing::real_fashion_mnist_dir();
+  const std::string images = dir + "/t10k-images-idx3-ubyte.gz";
+  shoal::testing::write_gzip(
+      images, shoal::testing::read_gzip_prefix(real + "/t10k-images-idx3-ubyte.gz", 1000));
+  for (const char* name : {"train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz",
+                           "t10k-labels-idx1-ubyte.gz"}) {
+    fs::copy_file(real + "/" + name, dir + "/" + name);
+  }
+  for (const std::string strategy : {"", " --strategy ddp --nproc-per-node 2"}) {
+    const CliResult damaged =
+        shoal_train("--model mlp --data-dir " + dir + " --no-progress" + strategy);
+    EXPECT_NE(damaged.exit_code, 0) << strategy;
+    EXPECT_NE(damaged.err.find(images + ": truncated"), std::string::npos) << strategy << damaged.err;
+    const CliResult missing =
+        shoal_train("--model mlp --data-dir /nonexistent/fmnist --no-progress" + strategy);
+    EXPECT_NE(missing.exit_code, 0) << strategy;
+    EXPECT_NE(missing.err.find("/nonexistent/fmnist: Fashion-MNIST directory not found"),
+              std::string::npos)
+        << strategy << missing.err;
+    const CliResult model =
+        shoal_train("--model resnet9000 --data-dir /nonexistent/fmnist --no-progress" + strategy);
+    EXPECT_NE(model.exit_code, 0) << strategy;
+    EXPECT_NE(model.err.find("resnet9000"), std::string::npos) << strategy << model.err;
+    EXPECT_EQ(model.err.find("/nonexistent/fmnist"), std::string::npos) << strategy << model.err;
+  }
+  fs::remove_all(dir);
+}
+
 TEST(CliTrain, UnknownModelIsOneLineListingKnownOnes) {
   const CliResult run = shoal_train("--model resnet9000 --no-progress");
   EXPECT_NE(run.exit_code, 0);
