@@ -225,8 +225,8 @@ void add_training_feature_options(CLI::App& app, train::TrainOptions& options) {
       ->check(CLI::IsMember({"fp32", "bf16", "fp16"}))
       ->capture_default_str();
   app.add_option("--device", options.device,
-                 "cpu, or cuda / cuda:N: the model, each batch and autocast on that GPU (cuda = GPU\n"
-                 "LOCAL_RANK of those visible); --strategy single or ddp")
+                 "cpu, or cuda / cuda:N: the model, each batch and autocast on that GPU (cuda = the\n"
+                 "GPU of this rank's local rank); --strategy single or ddp")
       ->capture_default_str();
 }
 

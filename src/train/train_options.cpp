@@ -4,12 +4,12 @@
 #include <cmath>
 
 #include "compat/autocast.h"
+#include "shoal/comm/init.h"
 #include "shoal/error.h"
 
 #include <torch/cuda.h>
 #include <torch/version.h>
 
-#include <cstdlib>
 #include <optional>
 
 namespace shoal::train {
@@ -79,15 +79,10 @@ at::Device resolve_device(const std::string& name) {
                 name, "'");
   SHOAL_CHECK_T(InvalidArgument, torch::cuda::is_available(), "--device ", name,
                 ": no CUDA GPU here (this LibTorch ", TORCH_VERSION,
-                torch::cuda::device_count() > 0 ? "" : " has no CUDA or sees no GPU",
-                "); train with --device cpu");
+                " has no CUDA or sees no GPU); train with --device cpu");
   const int count = static_cast<int>(torch::cuda::device_count());
-  int chosen = *index;
-  if (chosen < 0) {
-    const char* local = std::getenv("LOCAL_RANK");
-    chosen = local != nullptr ? std::atoi(local) % count : 0;
-    if (chosen < 0) chosen = 0;
-  }
+  // "cuda": this rank's local rank, however the job was started (torchrun, srun, mpirun, shoal).
+  const int chosen = *index >= 0 ? *index : comm::detect_rank_info().local_rank % count;
   SHOAL_CHECK_T(InvalidArgument, chosen < count, "--device ", name, ": this machine has ", count,
                 " GPU(s), cuda:0 to cuda:", count - 1);
   return at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(chosen));

@@ -110,11 +110,11 @@ with tempfile.TemporaryDirectory() as tmp:
                    if f.endswith(".pt"))
     check(bool(saved), "fp16 ddp: checkpoints were written")
     if saved:
-        state = torch.load(saved[-1], map_location="cpu")
+        state = torch.load(saved[-1])  # no map_location: a CUDA tensor would load as one
         tensors = [v for v in state.get("model", state.get("state_dict", {})).values()
                    if isinstance(v, torch.Tensor)]
         check(bool(tensors) and all(t.device.type == "cpu" for t in tensors),
               "a checkpoint written on the GPU holds CPU tensors")
-        check("grad_scaler.scale" in "".join(state.get("config", {})),
+        check("grad_scaler.scale" in state.get("config", {}),
               "the checkpoint holds the loss scaler's state")
 checks.finish()

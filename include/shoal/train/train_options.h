@@ -147,8 +147,9 @@ struct TrainOptions {
   /// them at any precision (a float32 model too); unset: the defaults under "fp16", none else.
   std::optional<GradScalerOptions> grad_scaler;
   /// Where the model trains (#29): "cpu", or "cuda" / "cuda:N": the parameters, the optimizer's
-  /// state, each batch and the forward's autocast on that GPU ("cuda": GPU LOCAL_RANK modulo the
-  /// GPUs visible, so one rank per GPU under a launcher). The trainer's single and ddp strategies
+  /// state, each batch and the forward's autocast on that GPU ("cuda": GPU local rank modulo the
+  /// GPUs visible, the local rank as comm::detect_rank_info finds it, so one rank per GPU under
+  /// any launcher). The trainer's single and ddp strategies
   /// (ddp's collectives on CUDA tensors: nccl, or gloo/shm through host memory). Checkpoints hold
   /// CPU tensors either way, and resume on either device.
   std::string device = "cpu";
@@ -168,7 +169,8 @@ struct TrainOptions {
 };
 
 /// The device `name` ("cpu", "cuda", "cuda:N"; TrainOptions::device) means in this process:
-/// "cuda" is GPU LOCAL_RANK (0 when unset) modulo the GPUs visible. Throws InvalidArgument when
+/// "cuda" is GPU local rank (comm::detect_rank_info: torchrun, SLURM, OpenMPI; 0 alone) modulo
+/// the GPUs visible. Throws InvalidArgument when
 /// the name is none of those, or names CUDA where this LibTorch has no CUDA or sees no GPU.
 at::Device resolve_device(const std::string& name);
 
