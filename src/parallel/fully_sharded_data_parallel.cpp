@@ -475,35 +475,40 @@ FullyShardedDataParallel::NoSyncGuard FullyShardedDataParallel::no_sync() {
   return NoSyncGuard([this](bool enabled) { return std::exchange(grad_sync_, enabled); });
 }
 
-double FullyShardedDataParallel::clip_grad_norm_(double max_norm) {
-  SHOAL_CHECK_T(InvalidArgument, std::isfinite(max_norm) && max_norm > 0,
-                "FullyShardedDataParallel::clip_grad_norm_: max_norm must be a finite number > 0, "
-                "got ", max_norm);
+double FullyShardedDataParallel::total_grad_norm() {
   SHOAL_CHECK_T(InvalidArgument, !backward_armed_ && grad_sync_,
-                "FullyShardedDataParallel::clip_grad_norm_ needs the reduced gradients: call it "
-                "after a synchronised backward, outside no_sync()");
+                "FullyShardedDataParallel: the total gradient norm needs the reduced gradients: "
+                "take it (or clip_grad_norm_) after a synchronised backward, outside no_sync()");
   torch::NoGradGuard no_grad;
   // As torch.nn.utils.clip_grad_norm_: each gradient's norm in its own dtype, then the norm of
   // those; the squares summed over the ranks (the shards are disjoint, their padding zero).
-  std::vector<at::Tensor> grads;
   std::vector<at::Tensor> norms;
   for (const auto& unit : units_) {
     const at::Tensor& grad = unit->shard.grad();
-    if (!grad.defined()) continue;
-    grads.push_back(grad);
-    norms.push_back(at::linalg_vector_norm(grad, 2));
+    if (grad.defined()) norms.push_back(at::linalg_vector_norm(grad, 2));
   }
   double local = 0;
   if (!norms.empty()) local = at::linalg_vector_norm(at::stack(norms), 2).item<double>();
   at::Tensor squares = at::full({1}, local * local, at::TensorOptions().dtype(at::kDouble));
   group_->allreduce(squares)->wait();
-  const double total = std::sqrt(squares.item<double>());
+  return std::sqrt(squares.item<double>());
+}
+
+double FullyShardedDataParallel::clip_grad_norm_(double max_norm) {
+  SHOAL_CHECK_T(InvalidArgument, std::isfinite(max_norm) && max_norm > 0,
+                "FullyShardedDataParallel::clip_grad_norm_: max_norm must be a finite number > 0, "
+                "got ", max_norm);
+  const double total = total_grad_norm();
   SHOAL_CHECK(std::isfinite(total), "[rank ", group_->rank(), "/", group_->size(),
               "] FullyShardedDataParallel::clip_grad_norm_: the total gradient norm is ", total,
               "; the gradients hold NaN or inf (lower the learning rate, or check the data)");
   const double coefficient = std::min(1.0, max_norm / (total + 1e-6));
   if (coefficient < 1) {
-    for (const at::Tensor& grad : grads) grad.mul_(coefficient);
+    torch::NoGradGuard no_grad;
+    for (const auto& unit : units_) {
+      const at::Tensor& grad = unit->shard.grad();
+      if (grad.defined()) grad.mul_(coefficient);
+    }
   }
   return total;
 }

@@ -57,6 +57,11 @@ double FsdpStrategy::clip_grad_norm(TrainState& state, double max_norm) {
   return fsdp_->clip_grad_norm_(max_norm);
 }
 
+double FsdpStrategy::grad_norm(TrainState& state) {
+  if (!fsdp_) return Strategy::grad_norm(state);
+  return fsdp_->total_grad_norm();
+}
+
 torch::optim::Optimizer* FsdpStrategy::checkpoint_optimizer(TrainState& state) {
   if (!fsdp_) return state.optimizer.get();
   full_optimizer_ = fsdp_->full_optimizer(*state.optimizer);

@@ -61,19 +61,6 @@ std::unique_ptr<torch::optim::Optimizer> make_builtin_optimizer(const TrainOptio
 /// Checkpoint config keys of the fp16 loss scaler's state: "grad_scaler.scale", ...
 constexpr const char* kScalerPrefix = "grad_scaler.";
 
-/// The total L2 norm of the model's gradients (what clip_grad_norm_ returns); 0 without any.
-double gradient_norm(torch::nn::Module& model) {
-  torch::NoGradGuard no_grad;
-  double squares = 0;
-  for (const at::Tensor& p : model.parameters()) {
-    if (p.grad().defined()) {
-      const double norm = p.grad().norm().item<double>();
-      squares += norm * norm;
-    }
-  }
-  return std::sqrt(squares);
-}
-
 /// Writes a metrics line's values as TensorBoard scalars `prefix/<key>` at `step`, except the
 /// keys that are the line's coordinates.
 void add_scalars_of(summary::SummaryWriter* writer, const JsonLine& line, const char* prefix,
@@ -681,8 +668,10 @@ TrainResult Trainer::fit(const data::BatchDataset& train, const data::BatchDatas
             .add("loss", recent)
             .add("samples_per_s", seconds > 0 ? done / seconds : 0.0)
             .add("lr", state_.optimizer->param_groups().front().options().get_lr())
-            .add("grad_norm", state_.max_grad_norm > 0 ? state_.last_grad_norm  // before clipping
-                                                        : gradient_norm(*state_.model));
+            // Before clipping. Every process builds this line at the same steps, so the norm
+            // may be a collective (FSDP's over every rank's shards).
+            .add("grad_norm", state_.max_grad_norm > 0 ? state_.last_grad_norm
+                                                        : strategy_->grad_norm(state_));
         if (const std::optional<CommStats> now = strategy_->comm_stats(); now && comm_before) {
           // Per step over the interval, this rank's reductions.
           const double per = 1.0 / static_cast<double>(std::max<int64_t>(comm_steps, 1));

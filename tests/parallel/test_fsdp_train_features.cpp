@@ -1,8 +1,12 @@
 // `shoal train --strategy fsdp --shard 1|2|3` with the trainer's features (#31), against
 // `--strategy ddp` with the same feature (which test_train_features_pytorch proves equal to
 // PyTorch): two ranks train the MLP for 20 optimizer steps on the same Fashion-MNIST samples.
+//   no feature           the logged grad_norm (the metrics' step lines) is the global norm over
+//                        every rank's shards, a collective on the logged steps: each step's equals
+//                        ddp's to 2e-5 relative (the float rounding explained under
+//                        --clip-grad-norm), and is not the 0 of the module's own, empty gradients;
 //   --accumulate 2       FSDP's no_sync on the first micro-batch: the final parameters equal
-//                        ddp's to 1e-6 relative;
+//                        ddp's to 1e-6 relative, the logged norms ddp's to 2e-5;
 //   --clip-grad-norm     the global L2 norm over every rank's shards (FSDP's clip_grad_norm_):
 //                        each step's norm before clipping equals ddp's to 2e-5 relative, several
 //                        steps are clipped, and the final parameters equal ddp's to 2e-5. Not
@@ -96,13 +100,37 @@ double max_relative(const std::vector<double>& got, const std::vector<double>& w
   return worst;
 }
 
+// Each step's logged grad_norm (before clipping) equals ddp's to 2e-5 relative.
+void expect_same_norms(const Training& fsdp, const Training& ddp, const std::string& what) {
+  ASSERT_EQ(ddp.grad_norms.size(), static_cast<size_t>(kSteps)) << what;
+  ASSERT_EQ(fsdp.grad_norms.size(), ddp.grad_norms.size()) << what;
+  for (double norm : ddp.grad_norms) ASSERT_GT(norm, 0) << what << ": ddp logged a zero norm";
+  const double norms = max_relative(fsdp.grad_norms, ddp.grad_norms);
+  std::printf("%s: max relative difference of the logged norms from ddp's %.3g (step 1: %.6g, "
+              "ddp %.6g)\n", what.c_str(), norms, fsdp.grad_norms.front(), ddp.grad_norms.front());
+  EXPECT_LE(norms, 2e-5) << what;
+}
+
 TEST(FsdpTrainFeatures, AccumulateEqualsDdps) {
   const std::string features = "--accumulate 2";
   const Training ddp = train("--strategy ddp", features, 2);
   ASSERT_EQ(ddp.losses.size(), static_cast<size_t>(kSteps));
   for (int shard : {1, 2, 3}) {
+    const std::string what = "--accumulate 2 --shard " + std::to_string(shard);
     const Training fsdp = train("--strategy fsdp --shard " + std::to_string(shard), features, 2);
-    expect_same_parameters(fsdp, ddp, "--accumulate 2 --shard " + std::to_string(shard));
+    expect_same_parameters(fsdp, ddp, what);
+    expect_same_norms(fsdp, ddp, what);
+  }
+}
+
+TEST(FsdpTrainFeatures, LoggedGradNormIsDdps) {
+  const Training ddp = train("--strategy ddp", "");
+  ASSERT_EQ(ddp.grad_norms.size(), static_cast<size_t>(kSteps));
+  for (int shard : {1, 2, 3}) {
+    const std::string what = "--shard " + std::to_string(shard);
+    const Training fsdp = train("--strategy fsdp --shard " + std::to_string(shard), "");
+    expect_same_norms(fsdp, ddp, what);
+    expect_same_parameters(fsdp, ddp, what);
   }
 }
 
@@ -118,10 +146,7 @@ TEST(FsdpTrainFeatures, ClipGradNormIsTheGlobalNorm) {
   for (int shard : {1, 2, 3}) {
     const std::string what = "--clip-grad-norm --shard " + std::to_string(shard);
     const Training fsdp = train("--strategy fsdp --shard " + std::to_string(shard), features);
-    ASSERT_EQ(fsdp.grad_norms.size(), ddp.grad_norms.size()) << what;
-    const double norms = max_relative(fsdp.grad_norms, ddp.grad_norms);
-    std::printf("%s: max relative difference of the norms from ddp's %.3g\n", what.c_str(), norms);
-    EXPECT_LE(norms, 2e-5) << what;
+    expect_same_norms(fsdp, ddp, what);
     expect_same_parameters(fsdp, ddp, what, 2e-5);
   }
 }

@@ -47,7 +47,9 @@
 // still gathers and frees the parameters around each unit as usual.
 //
 // clip_grad_norm_() is PyTorch's FSDP.clip_grad_norm_: the global L2 norm of the shards'
-// gradients (each rank's sum of squares, all-reduced), every rank scaling by the same factor.
+// gradients (each rank's sum of squares, all-reduced), every rank scaling by the same factor;
+// total_grad_norm() is that norm alone. The module's own parameters hold no gradients after a
+// synchronised backward (the shards do), so a norm over them is 0.
 //
 // Buffers (BatchNorm running statistics) are broadcast from rank 0 before each forward, as DDP
 // does (when the previous forward was a training one). A parameter that gets no gradient in a
@@ -161,6 +163,11 @@ class FullyShardedDataParallel {
   /// a collective), and every shard's gradient scaled by min(1, max_norm / (total + 1e-6)), so
   /// every rank clips alike. Returns the total norm before clipping.
   double clip_grad_norm_(double max_norm);
+
+  /// The total L2 norm that clip_grad_norm_ clips, without clipping (for logging: NaN or inf when
+  /// a gradient holds one). A collective (an allreduce of one double): every rank calls it after
+  /// the same synchronised backward.
+  double total_grad_norm();
 
   /// This rank's shards, one per unit, in unit order: what the optimizer steps. Leaves that
   /// require grad; backward sets their `.grad` to the shard of the averaged gradient.

@@ -10,8 +10,9 @@
 // shards, so they are --strategy ddp's format and resume at any world size, with either strategy
 // (a resume gives each rank its shard of the saved state). --accumulate N runs the first N-1
 // micro-batches in FSDP's no_sync (one reduction per step), --clip-grad-norm clips to the global
-// norm over all shards (FSDP's clip_grad_norm_), --precision bf16 autocasts the forward as the
-// other strategies do.
+// norm over all shards (FSDP's clip_grad_norm_), and without it the logged grad_norm is that same
+// norm (an allreduce of one double on each logged step), --precision bf16 autocasts the forward
+// as the other strategies do.
 //
 // Thread safety: as Strategy; one instance per process, used from the trainer's thread.
 #pragma once
@@ -45,6 +46,9 @@ class FsdpStrategy : public Strategy {
   void synchronize(TrainState& state) override;
   /// FullyShardedDataParallel::clip_grad_norm_: the global norm over every rank's shards (#31).
   double clip_grad_norm(TrainState& state, double max_norm) override;
+  /// FullyShardedDataParallel::total_grad_norm: the same global norm, not clipped (the module's
+  /// own gradients are empty after the reduction). A collective.
+  double grad_norm(TrainState& state) override;
   /// The whole optimizer state gathered from the shards (the optimizer DDP would have), so that
   /// checkpoints of fsdp and ddp are one format and resume at any world size with either.
   torch::optim::Optimizer* checkpoint_optimizer(TrainState& state) override;

@@ -86,6 +86,12 @@ class Strategy {
   /// them.
   virtual double clip_grad_norm(TrainState& state, double max_norm);
 
+  /// The total L2 norm of the gradients of the whole model after a step, not clipped: the
+  /// grad_norm the trainer logs when it does not clip. The default takes state.model's
+  /// parameters' gradients; FSDP's live in each rank's shards, so its norm is a collective, and
+  /// the trainer calls it on every process at the same (logged) steps.
+  virtual double grad_norm(TrainState& state);
+
   /// How many processes train on the same samples (the stages of one pipeline): the trainer
   /// divides its sample counts and summed training metrics by it. 1 for data parallelism.
   virtual int ranks_per_replica() const { return 1; }
