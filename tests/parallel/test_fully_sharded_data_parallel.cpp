@@ -322,9 +322,15 @@ TEST_P(FsdpNoSyncAndClip, AccumulatedClippedStepsEqualDdps) {
           EXPECT_TRUE(model->parameters().front().grad().defined()) << "step " << step;
           // Inside no_sync there is no reduced gradient to clip: refused in one line.
           if (step == 0) EXPECT_THROW(fsdp.clip_grad_norm_(kMaxNorm), InvalidArgument);
+          if (step == 0) EXPECT_THROW(fsdp.total_grad_norm(), InvalidArgument);
         }
       }
-      if (clip) norms[rank].push_back(fsdp.clip_grad_norm_(kMaxNorm));
+      if (clip) {
+        // total_grad_norm (what the trainer logs without clipping) is the norm that is clipped.
+        const double plain = fsdp.total_grad_norm();
+        norms[rank].push_back(fsdp.clip_grad_norm_(kMaxNorm));
+        EXPECT_EQ(plain, norms[rank].back()) << "step " << step;
+      }
       optimizer->step();
     }
     fsdp.gather_full_parameters();
