@@ -2,9 +2,16 @@
 DDP is measured against, side by side (gloo, one thread per rank, synthetic data).
 
 usage: ddp_torch.py --model cnn|mlp|transformer --steps N --warmup W --batch B --world R --result FILE
-                    [--gradient-as-bucket-view] [--zero]
+                    [--gradient-as-bucket-view] [--zero | --fsdp 2|3]
 --zero steps SGD through ZeroRedundancyOptimizer (each rank keeps its part of the momentum): the
 peer of `shoal bench fsdp`'s stage 1.
+--fsdp shards the model with PyTorch 2.x's FSDP2 (torch.distributed.fsdp.fully_shard, on a CPU
+device mesh over gloo) instead of wrapping it in DDP: every module with parameters of its own
+whose forward runs is a unit (as `shoal bench fsdp` wraps every layer), then the root. 3 is
+FULL_SHARD (reshard_after_forward=True: parameters gathered again for backward); 2 is
+SHARD_GRAD_OP (reshard_after_forward=False: gathered once per step). The peers of `shoal bench
+fsdp`'s stages 3 and 2. Needs PyTorch >= 2.6 (fully_shard's public home); run with PyTorch 2.x's
+Python (PYTHONPATH=<scripts/setup_torch_pypi.sh --prefix>/.. python3).
 Writes one JSON object to FILE: samples_per_s (all ranks together), peak_rss_mb, pss_mb (PSS after
 the timed steps) and live_mb (heap in use at the end of forward and of backward, the larger, over
 two more steps), each of the largest rank; MB = MiB.
@@ -14,6 +21,7 @@ import json
 import resource
 
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
@@ -37,10 +45,35 @@ def heap_bytes_in_use():
     return info.uordblks + info.hblkhd
 
 
+def fully_shard_units(model, reshard_after_forward):
+    """FSDP2 over `model`: each module with parameters of its own whose forward runs is a unit,
+    innermost first, then the root (which takes the rest)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    # A module whose weight is read without calling it (the Transformer's pos.weight) gets no
+    # forward hook, where FSDP2 gathers: one unsharded forward finds the modules that run.
+    ran = set()
+    hooks = [m.register_forward_pre_hook(lambda m, _: ran.add(m)) for m in model.modules()]
+    with torch.no_grad():
+        model(torch.zeros(1, 1, 28, 28))
+    for hook in hooks:
+        hook.remove()
+    units = [m for m in model.modules() if m is not model and m in ran and
+             any(True for _ in m.parameters(recurse=False))]
+    for module in reversed(units):
+        fully_shard(module, mesh=mesh, reshard_after_forward=reshard_after_forward)
+    return fully_shard(model, mesh=mesh, reshard_after_forward=reshard_after_forward)
+
+
 def worker(rank, args):
     model = make_model(args.model)
-    ddp = nn.parallel.DistributedDataParallel(
-        model, gradient_as_bucket_view=args.gradient_as_bucket_view)
+    if args.fsdp:
+        ddp = fully_shard_units(model, reshard_after_forward=args.fsdp == 3)
+    else:
+        ddp = nn.parallel.DistributedDataParallel(
+            model, gradient_as_bucket_view=args.gradient_as_bucket_view)
     if args.zero:
         from torch.distributed.optim import ZeroRedundancyOptimizer
         opt = ZeroRedundancyOptimizer(ddp.parameters(), optimizer_class=torch.optim.SGD,
@@ -80,7 +113,18 @@ def main():
     parser.add_argument("--world", type=int, default=2)
     parser.add_argument("--gradient-as-bucket-view", action="store_true")
     parser.add_argument("--zero", action="store_true")
+    parser.add_argument("--fsdp", type=int, choices=(2, 3))
     args = parser.parse_args()
+    if args.fsdp and args.zero:
+        parser.error("--zero and --fsdp are two different peers: give one")
+    if args.fsdp:
+        # Not even FSDP1 imports in Debian's torch 1.13 under Python 3.11 (a dataclass of
+        # torch.distributed._shard has a mutable default: ValueError).
+        try:
+            from torch.distributed.fsdp import fully_shard  # noqa: F401
+        except Exception as error:  # noqa: BLE001 (ImportError, or 1.13's ValueError)
+            parser.error("--fsdp needs PyTorch 2.x's torch.distributed.fsdp.fully_shard (>= 2.6); "
+                         "torch %s: %s: %s" % (torch.__version__, type(error).__name__, error))
     ranks = run_ranks(worker, args, args.world)
     seconds = max(r["seconds"] for r in ranks)
     with open(args.result, "w") as f:

@@ -1,11 +1,14 @@
 // `shoal bench fsdp`: training throughput and memory per rank of Shoal's DDP and of
 // FullyShardedDataParallel's three stages, beside PyTorch's DDP and PyTorch's
-// ZeroRedundancyOptimizer (stage 1's peer), on the same model, batch and thread count.
+// ZeroRedundancyOptimizer (stage 1's peer; Debian's 1.13) and PyTorch 2.x's FSDP2 `fully_shard`
+// (stages 2 and 3's peers; the wheel of scripts/setup_torch_pypi.sh, where it is installed), on
+// the same model, batch and thread count.
 //
 // Modes, each `--world` fresh processes per round (one intra-op thread each, shm for Shoal, gloo
 // for PyTorch, synthetic data, SGD with momentum): shoal_ddp, shoal_fsdp1/2/3, pytorch_ddp,
-// pytorch_zero1. Rounds interleave the modes; the report gives medians. Per mode: samples/s (all
-// ranks), its ratio to shoal_ddp and (stage 1, DDP) to the PyTorch peer, peak RSS of the largest
+// pytorch_zero1, pytorch_fsdp2/3 (fully_shard with reshard_after_forward false/true: FSDP1's
+// SHARD_GRAD_OP and FULL_SHARD). Rounds interleave the modes; the report gives medians. Per mode:
+// samples/s (all ranks), its ratio to shoal_ddp and to the PyTorch peer, peak RSS of the largest
 // rank, and for Shoal the bytes a rank holds between steps for parameters, gradients and
 // optimizer state (FSDP: memory_stats() plus the shards' momentum; DDP: parameters, gradients,
 // momentum), the figure sharding divides.
@@ -50,10 +53,13 @@ struct FsdpBenchArgs : StepBenchArgs {
   int batch = 64;  ///< per rank
   int world = 2;
   std::string torch_script = bench_script("ddp_torch.py");
+  /// debian: pytorch_ddp and pytorch_zero1; pypi (PyTorch 2.x): pytorch_fsdp2 and _fsdp3.
+  std::vector<std::string> torch_peers{"debian", "pypi"};
 };
 
 struct Mode {
-  std::string name;  ///< shoal_ddp, shoal_fsdp1..3, pytorch_ddp, pytorch_zero1
+  std::string name;  ///< shoal_ddp, shoal_fsdp1..3, pytorch_ddp, pytorch_zero1, pytorch_fsdp2..3
+  const TorchPeer* peer = nullptr;  ///< the Python that runs a pytorch_ mode
   std::map<std::string, std::vector<double>> samples;
   double get(const std::string& key) const {
     auto it = samples.find(key);
@@ -135,8 +141,7 @@ void run_rank(const FsdpBenchArgs& args, const std::string& mode, int rank,
                "bench fsdp");
 }
 
-void run_mode(const FsdpBenchArgs& args, const TorchPeer& peer, const std::string& dir,
-              Mode& mode) {
+void run_mode(const FsdpBenchArgs& args, const std::string& dir, Mode& mode) {
   static int counter = 0;
   const std::string stem = dir + "/run" + std::to_string(counter++);
   RunProcessesOptions options;
@@ -144,14 +149,17 @@ void run_mode(const FsdpBenchArgs& args, const TorchPeer& peer, const std::strin
   options.run = "the " + mode.name + " run";
   options.deadline = kRunDeadline;
   const double samples = static_cast<double>(args.world) * args.batch * args.steps;
-  if (mode.name.rfind("pytorch", 0) == 0) {
-    std::vector<std::string> command = peer.python;
+  if (mode.peer != nullptr) {
+    std::vector<std::string> command = mode.peer->python;
     command.insert(command.end(), {args.torch_script, "--model", args.model, "--steps",
                                    std::to_string(args.steps), "--warmup",
                                    std::to_string(args.warmup), "--batch",
                                    std::to_string(args.batch), "--world",
                                    std::to_string(args.world), "--result", stem});
     if (mode.name == "pytorch_zero1") command.push_back("--zero");
+    if (mode.name.rfind("pytorch_fsdp", 0) == 0) {
+      command.insert(command.end(), {"--fsdp", std::string(1, mode.name.back())});
+    }
     SHOAL_CHECK(run_processes({{command}}, options) == 0, "bench fsdp: the ", mode.name,
                 " run failed (", args.torch_script, ")");
     const Values values = read_json_numbers(stem);
@@ -194,14 +202,28 @@ int run_fsdp_bench(const FsdpBenchArgs& args) {
   char pattern[] = "/tmp/shoal_bench_fsdp_XXXXXX";
   SHOAL_CHECK(mkdtemp(pattern) != nullptr, "bench fsdp: cannot create a temporary folder");
   const std::string dir = pattern;
-  const TorchPeer peer = find_torch_peer("debian", "bench fsdp");
+  // Each peer that cannot be imported says so in one line (find_torch_peer) and is left out.
+  std::vector<TorchPeer> peers;
+  for (const auto& name : args.torch_peers) {
+    TorchPeer peer = find_torch_peer(name, "bench fsdp");
+    if (!peer.available()) continue;
+    if (name == "pypi" && std::atoi(peer.version.c_str()) < 2) {
+      log::warn("bench fsdp: the pypi PyTorch is ", peer.version, ", not 2.x: no fully_shard; "
+                "its modes are skipped");
+      continue;
+    }
+    peers.push_back(peer);
+  }
   std::vector<Mode> modes{{"shoal_ddp"}, {"shoal_fsdp1"}, {"shoal_fsdp2"}, {"shoal_fsdp3"}};
-  if (peer.available()) {
-    modes.push_back({"pytorch_ddp"});
-    modes.push_back({"pytorch_zero1"});
+  for (const auto& peer : peers) {
+    // Debian's 1.13 cannot run FSDP under Python 3.11 (bench/ddp_torch.py --fsdp says why).
+    const std::vector<std::string> names =
+        peer.name == "pypi" ? std::vector<std::string>{"pytorch_fsdp2", "pytorch_fsdp3"}
+                            : std::vector<std::string>{"pytorch_ddp", "pytorch_zero1"};
+    for (const auto& name : names) modes.push_back({name, &peer});
   }
   for (int round = 0; round < args.rounds; ++round) {
-    for (auto& mode : modes) run_mode(args, peer, dir, mode);
+    for (auto& mode : modes) run_mode(args, dir, mode);
   }
   std::system(("rm -rf " + dir).c_str());
 
@@ -213,10 +235,12 @@ int run_fsdp_bench(const FsdpBenchArgs& args) {
     return static_cast<double>(NAN);
   };
   if (!args.json) {
+    std::string beside;
+    for (const auto& peer : peers) beside += (beside.empty() ? ", beside " : " and ") + peer.label();
     std::printf("bench fsdp: model %s, %d ranks x batch %d, %d steps, SGD momentum, median of %d "
                 "rounds%s\n",
                 args.model.c_str(), args.world, args.batch, args.steps, args.rounds,
-                peer.available() ? (", beside " + peer.label()).c_str() : "");
+                beside.c_str());
     std::printf("%-16s %10s %8s %8s %9s %9s\n", "mode", "samples/s", "vs_ddp", "vs_pt",
                 "held MB", "peak MB");
   }
@@ -224,6 +248,8 @@ int run_fsdp_bench(const FsdpBenchArgs& args) {
     const double rate = mode.get("samples_per_s");
     const std::string peer_name = mode.name == "shoal_ddp"     ? "pytorch_ddp"
                                   : mode.name == "shoal_fsdp1" ? "pytorch_zero1"
+                                  : mode.name == "shoal_fsdp2" ? "pytorch_fsdp2"
+                                  : mode.name == "shoal_fsdp3" ? "pytorch_fsdp3"
                                                                : "";
     const double vs_pt = peer_name.empty() ? NAN : rate / peer_rate(peer_name);
     if (args.json) {
@@ -246,9 +272,10 @@ int run_fsdp_bench(const FsdpBenchArgs& args) {
     }
   }
   if (!args.json) {
-    std::printf("vs_ddp = samples/s / shoal_ddp's; vs_pt = shoal_ddp / pytorch_ddp and "
-                "shoal_fsdp1 / pytorch_zero1 (ZeroRedundancyOptimizer); held MB = parameters + "
-                "gradients + optimizer state a rank holds between steps\n");
+    std::printf("vs_ddp = samples/s / shoal_ddp's; vs_pt = shoal_ddp / pytorch_ddp, "
+                "shoal_fsdp1 / pytorch_zero1 (ZeroRedundancyOptimizer) and shoal_fsdp2|3 / "
+                "pytorch_fsdp2|3 (2.x fully_shard, reshard_after_forward false|true); held MB = "
+                "parameters + gradients + optimizer state a rank holds between steps\n");
   }
   return 0;
 }
@@ -258,12 +285,14 @@ int run_fsdp_bench(const FsdpBenchArgs& args) {
 void add_bench_fsdp_command(CLI::App& bench, std::vector<Command>& commands) {
   auto args = std::make_shared<bench_fsdp::FsdpBenchArgs>();
   auto* app = bench.add_subcommand(
-      "fsdp", "FullyShardedDataParallel stages 1-3 vs Shoal's DDP and PyTorch's DDP and "
-              "ZeroRedundancyOptimizer: samples/s and memory per rank");
+      "fsdp", "FullyShardedDataParallel stages 1-3 vs Shoal's DDP, PyTorch's DDP and "
+              "ZeroRedundancyOptimizer (1.13) and fully_shard (2.x): samples/s and memory per "
+              "rank");
   add_step_options(*app, *args);
   app->add_option("--batch", args->batch, "Samples per rank and step")->capture_default_str();
   app->add_option("--world", args->world, "Ranks")->capture_default_str();
   app->add_option("--torch-script", args->torch_script, "PyTorch peer script")->capture_default_str();
+  add_torch_option(*app, args->torch_peers);
   commands.push_back({app, [args] { return bench_fsdp::run_fsdp_bench(*args); }});
 }
 
