@@ -845,19 +845,24 @@ std::shared_ptr<Work> ProcessGroupShm::run_allgather(std::vector<at::Tensor>& ou
                                                      const at::Tensor& input,
                                                      const OpContext& ctx) {
   size_t offset = 0;
-  if (auto region = find_symmetric_blocks(outputs, &offset)) {
-    // all_gather_into_tensor into a tensor of empty_symmetric().
-    return submit(ctx, Lane::kCollective, input.nbytes() * size(),
-                  [this, outputs, input, region, offset](const Running& r) {
-                    allgather_symmetric(outputs, input, *region, offset, r);
-                  });
-  }
-  if (auto region = find_symmetric(input, &offset)) {
-    // From a tensor of empty_symmetric() (FSDP's shards, whose full buffers come and go).
-    return submit(ctx, Lane::kCollective, input.nbytes() * size(),
-                  [this, outputs, input, region, offset](const Running& r) {
-                    allgather_from_symmetric(outputs, input, *region, offset, r);
-                  });
+  // The symmetric ways take two rounds whatever the size, the staged one a round per chunk: up to
+  // a chunk it has the fewer rendezvous (a small gather costs its latency, not its copies). Every
+  // rank passes inputs of one size, so all choose alike.
+  if (input.nbytes() > options_.chunk_bytes) {
+    if (auto region = find_symmetric_blocks(outputs, &offset)) {
+      // all_gather_into_tensor into a tensor of empty_symmetric().
+      return submit(ctx, Lane::kCollective, input.nbytes() * size(),
+                    [this, outputs, input, region, offset](const Running& r) {
+                      allgather_symmetric(outputs, input, *region, offset, r);
+                    });
+    }
+    if (auto region = find_symmetric(input, &offset)) {
+      // From a tensor of empty_symmetric() (FSDP's shards, whose full buffers come and go).
+      return submit(ctx, Lane::kCollective, input.nbytes() * size(),
+                    [this, outputs, input, region, offset](const Running& r) {
+                      allgather_from_symmetric(outputs, input, *region, offset, r);
+                    });
+    }
   }
   return submit(ctx, Lane::kCollective, input.nbytes() * size(),
                 [this, outputs, input](const Running& r) {

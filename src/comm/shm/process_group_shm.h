@@ -19,12 +19,12 @@
 // An allreduce of a tensor from empty_symmetric() reduces in place across the ranks' slots.
 //
 // Allgather: per chunk, each rank copies its input into its buffer and every rank copies all
-// buffers out. Into blocks of one empty_symmetric() tensor (all_gather_into_tensor), or from an
-// input in one (FSDP's shards), each rank copies the peers' blocks straight from their slots
-// instead (two rounds in all). As for the allreduce, every rank must pass the same kind of
-// tensor; the first round checks. Reduce-scatter: per round, each rank publishes one piece per
-// peer (a chunk shared among the n-1 peers) and reduces its own block from its input and the
-// peers' pieces.
+// buffers out. Above a chunk a rank, into blocks of one empty_symmetric() tensor
+// (all_gather_into_tensor) or from an input in one (FSDP's shards), each rank copies the peers'
+// blocks straight from their slots instead (two rounds in all). As for the allreduce, every rank
+// must pass the same kind of tensor; the first round checks. Reduce-scatter: per round, each
+// rank publishes one piece per peer (a chunk shared among the n-1 peers) and reduces its own
+// block from its input and the peers' pieces.
 //
 // Operations run in issue order on a per-group worker thread (small ones inline on the caller's
 // thread when nothing is queued); sends and receives on threads of their own, so that a ring of
