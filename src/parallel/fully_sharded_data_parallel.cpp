@@ -186,7 +186,16 @@ void FullyShardedDataParallel::build_units() {
       view.copy_(param);
       param.set_data(view);
     }
-    unit.shard = unit.full.narrow(0, rank * unit.shard_numel, unit.shard_numel).clone();
+    const at::Tensor piece = unit.full.narrow(0, rank * unit.shard_numel, unit.shard_numel);
+    if (piece.device().is_cpu()) {
+      // In symmetric memory (a collective: the same units in the same order on every rank), the
+      // shm backend's all-gathers copy each peer's shard straight from the peer's memory instead
+      // of staging it through the group's buffers: a copy and most rendezvous fewer per gather.
+      // Other backends hand out ordinary memory.
+      unit.shard = group_->empty_symmetric(unit.shard_numel, piece.scalar_type()).copy_(piece);
+    } else {
+      unit.shard = piece.clone();
+    }
     unit.shard.set_requires_grad(true);
     for (const auto& param : unit.params) {
       unit.hooks.push_back(compat::add_grad_accumulated_hook(param, [this, u] { on_grad_ready(u); }));

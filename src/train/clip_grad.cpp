@@ -20,19 +20,14 @@ std::vector<at::Tensor> unique_parameters(const std::vector<at::Tensor>& paramet
   return unique;
 }
 
-double clip_grad_norm_(const std::vector<at::Tensor>& parameters, double max_norm,
-                       const SumAcross& sum_across, double copies) {
-  SHOAL_CHECK_T(InvalidArgument, std::isfinite(max_norm) && max_norm > 0,
-                "clip_grad_norm_: max_norm must be a finite number > 0, got ", max_norm);
-  const std::vector<at::Tensor> params = unique_parameters(parameters);
+double total_grad_norm(const std::vector<at::Tensor>& parameters, const SumAcross& sum_across,
+                       double copies) {
+  torch::NoGradGuard no_grad;
   // As PyTorch: each gradient's norm in its own dtype, then the norm of those norms.
   std::vector<at::Tensor> norms;
-  std::vector<at::Tensor> grads;
-  for (const at::Tensor& p : params) {
+  for (const at::Tensor& p : unique_parameters(parameters)) {
     const at::Tensor& g = p.grad();
-    if (!g.defined()) continue;
-    grads.push_back(g);
-    norms.push_back(at::linalg_vector_norm(g.detach(), 2));
+    if (g.defined()) norms.push_back(at::linalg_vector_norm(g.detach(), 2));
   }
   double squared = 0;
   if (!norms.empty()) {
@@ -44,13 +39,23 @@ double clip_grad_norm_(const std::vector<at::Tensor>& parameters, double max_nor
     sum_across(sum);
     squared = sum[0] / copies;
   }
-  const double total = std::sqrt(squared);
+  return std::sqrt(squared);
+}
+
+double clip_grad_norm_(const std::vector<at::Tensor>& parameters, double max_norm,
+                       const SumAcross& sum_across, double copies) {
+  SHOAL_CHECK_T(InvalidArgument, std::isfinite(max_norm) && max_norm > 0,
+                "clip_grad_norm_: max_norm must be a finite number > 0, got ", max_norm);
+  const double total = total_grad_norm(parameters, sum_across, copies);
   SHOAL_CHECK(std::isfinite(total), "clip_grad_norm_: the total gradient norm is ", total,
               "; the gradients hold NaN or inf (lower the learning rate, or check the data)");
   const double coefficient = std::min(1.0, max_norm / (total + 1e-6));
   if (coefficient < 1) {
     torch::NoGradGuard no_grad;
-    for (const at::Tensor& g : grads) g.mul_(coefficient);
+    for (const at::Tensor& p : unique_parameters(parameters)) {
+      const at::Tensor& g = p.grad();
+      if (g.defined()) g.mul_(coefficient);
+    }
   }
   return total;
 }

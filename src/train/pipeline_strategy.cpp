@@ -81,12 +81,21 @@ double PipelineStrategy::train_step(TrainState& state, const at::Tensor& inputs,
 
 double PipelineStrategy::clip_grad_norm(TrainState&, double max_norm) {
   SHOAL_CHECK(pipeline_ != nullptr, "PipelineStrategy: clip_grad_norm before prepare");
+  return clip_grad_norm_(pipeline_->module()->parameters(), max_norm, sum_across_ranks(),
+                         static_cast<double>(grid_->replicas()));
+}
+
+double PipelineStrategy::grad_norm(TrainState&) {
+  SHOAL_CHECK(pipeline_ != nullptr, "PipelineStrategy: grad_norm before prepare");
+  return total_grad_norm(pipeline_->module()->parameters(), sum_across_ranks(),
+                         static_cast<double>(grid_->replicas()));
+}
+
+SumAcross PipelineStrategy::sum_across_ranks() {
   // The global norm: every stage's squared norm summed over all ranks, where each stage is
-  // held by the pipeline's `replicas` data-parallel copies (equal after DDP's averaging).
-  return clip_grad_norm_(
-      pipeline_->module()->parameters(), max_norm,
-      [this](std::vector<double>& values) { train::all_reduce_sum(*group_, values); },
-      static_cast<double>(grid_->replicas()));
+  // held by the pipeline's `replicas` data-parallel copies (equal after DDP's averaging), hence
+  // the division by `replicas` that clip_grad_norm_ and total_grad_norm make.
+  return [this](std::vector<double>& values) { train::all_reduce_sum(*group_, values); };
 }
 
 void PipelineStrategy::synchronize(TrainState& state) {

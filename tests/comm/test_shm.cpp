@@ -434,6 +434,65 @@ TEST(ShmSymmetric, RanksThatDisagreeAboutTheTensorFailClearly) {
   EXPECT_FALSE(errors[1].empty()) << "rank 1 must fail too, not hang or succeed";
 }
 
+// all_gather_into_tensor into a tensor of empty_symmetric(), or from one (FSDP's shards), copies
+// the peers' blocks straight from their slots: the same result as between ordinary tensors, with
+// the input anywhere or already in this rank's block, queued back to back with ordinary ones
+// (#31). Gathers of up to a chunk (1 MiB) a rank are staged as before: fewer rounds.
+TEST(ShmSymmetric, AllGatherIntoASymmetricTensor) {
+  for (int world : {2, 3}) {
+    auto store = make_hash_store();
+    std::vector<std::string> failures(world);
+    run_threads(world, [&](int rank) {
+      auto pg = new_process_group("shm", store, rank, world, Milliseconds(20'000));
+      for (int64_t numel : {int64_t{1}, int64_t{1001}, int64_t{(1 << 18) + 3}}) {
+        auto full = pg->empty_symmetric(numel * world, torch::kFloat);
+        auto plain = torch::empty({numel * world});
+        auto from = torch::empty({numel * world});
+        auto shard = pg->empty_symmetric(numel, torch::kFloat);
+        auto want = torch::arange(numel * world, torch::kFloat);
+        for (int iteration = 0; iteration < 3; ++iteration) {
+          full.fill_(-1);
+          auto mine = want.narrow(0, rank * numel, numel) + iteration;
+          // Iteration 1: the input is this rank's own block of the output.
+          auto in = iteration == 1 ? full.narrow(0, rank * numel, numel).copy_(mine) : mine.clone();
+          shard.copy_(mine);
+          auto wf = pg->all_gather_into_tensor(full, in);
+          auto wp = pg->all_gather_into_tensor(plain, mine);
+          auto ws = pg->all_gather_into_tensor(from, shard);
+          wf->wait();
+          wp->wait();
+          ws->wait();
+          if (!torch::equal(full, want + iteration) || !torch::equal(plain, want + iteration) ||
+              !torch::equal(from, want + iteration)) {
+            failures[rank] += "numel " + std::to_string(numel) + " iteration " +
+                              std::to_string(iteration) + " wrong; ";
+          }
+        }
+      }
+    });
+    for (int rank = 0; rank < world; ++rank) EXPECT_EQ(failures[rank], "") << "world " << world;
+  }
+}
+
+TEST(ShmSymmetric, AllGatherRanksThatDisagreeAboutTheOutputFailClearly) {
+  auto store = make_hash_store();
+  std::vector<std::string> errors(2);
+  run_threads(2, [&](int rank) {
+    auto pg = new_process_group("shm", store, rank, 2, Milliseconds(10'000));
+    // Above a chunk (1 MiB): smaller gathers are staged whatever the tensors.
+    const int64_t numel = (1 << 18) + 16;
+    auto symmetric = pg->empty_symmetric(2 * numel, torch::kFloat);
+    auto ordinary = torch::empty({2 * numel});
+    try {
+      pg->all_gather_into_tensor(rank == 0 ? symmetric : ordinary, torch::ones({numel}))->wait();
+    } catch (const Error& e) {
+      errors[rank] = e.what();
+    }
+  });
+  EXPECT_NE(errors[0].find("rank 1 passed an ordinary tensor"), std::string::npos) << errors[0];
+  EXPECT_FALSE(errors[1].empty()) << "rank 1 must fail too, not hang or succeed";
+}
+
 TEST(ShmSymmetric, OtherBackendsGiveOrdinaryTensorsAndNothingLeaks) {
   auto store = make_hash_store();
   run_threads(2, [&](int rank) {

@@ -1,12 +1,15 @@
 // `shoal train --strategy pipeline --stages 2 --replicas 2` end to end on (the first images of)
 // the real Fashion-MNIST: 4 processes end with the weights and the test accuracy of the same run
-// in one process. Skipped when the data or the shoal program is missing.
+// in one process, and log the same grad_norm at every step (the global norm over all stages,
+// without --clip-grad-norm; #31). Skipped when the data or the shoal program is missing.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <torch/torch.h>
 
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <regex>
 
 #include "shoal/checkpoint/serialization.h"
 #include "testing/idx_files.h"
@@ -21,6 +24,21 @@ namespace fs = std::filesystem;
 std::string final_accuracy(const std::string& out) {
   const auto at = out.rfind("final test accuracy:");
   return at == std::string::npos ? "" : out.substr(at, out.find('\n', at) - at);
+}
+
+// The grad_norm of each "step" line of a --metrics file.
+std::vector<double> logged_grad_norms(const std::string& path) {
+  std::vector<double> norms;
+  std::ifstream metrics(path);
+  const std::regex norm("\"grad_norm\":([-+0-9.eE]+)");
+  for (std::string line; std::getline(metrics, line);) {
+    std::smatch match;
+    if (line.find("\"event\":\"step\"") != std::string::npos &&
+        std::regex_search(line, match, norm)) {
+      norms.push_back(std::stod(match[1]));
+    }
+  }
+  return norms;
 }
 
 double max_relative_difference(const checkpoint::StateDict& a, const checkpoint::StateDict& b) {
@@ -60,13 +78,24 @@ TEST(PipelineCli, TrainsLikeOneProcess) {
   std::map<std::string, std::string> accuracy;
   for (const Case& c : cases) {
     const std::string out = dir + "/" + c.name + ".out";
-    const std::string command = shoal + " train " + c.args + common + " --dump-parameters " + dir +
-                                "/" + c.name + " >" + out + " 2>" + dir + "/" + c.name + ".err";
+    const std::string command = shoal + " train " + c.args + common + " --log-interval 1 --metrics " +
+                                dir + "/" + c.name + ".jsonl --dump-parameters " + dir + "/" +
+                                c.name + " >" + out + " 2>" + dir + "/" + c.name + ".err";
     const int status = std::system(command.c_str());
     ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
         << command << "\n" << shoal::testing::read_file(dir + "/" + c.name + ".err");
     accuracy[c.name] = final_accuracy(shoal::testing::read_file(out));
     EXPECT_FALSE(accuracy[c.name].empty()) << shoal::testing::read_file(out);
+  }
+  // The logged grad_norm (no --clip-grad-norm) is the whole model's, as in one process: before
+  // #31 the pipeline logged its rank 0's stage alone (about half the total norm here).
+  const std::vector<double> single_norms = logged_grad_norms(dir + "/single.jsonl");
+  const std::vector<double> grid_norms = logged_grad_norms(dir + "/grid.jsonl");
+  ASSERT_EQ(single_norms.size(), 8u);  // 256 samples, 32 a step
+  ASSERT_EQ(grid_norms.size(), single_norms.size());
+  for (size_t i = 0; i < single_norms.size(); ++i) {
+    EXPECT_GT(single_norms[i], 0) << "step " << i + 1;
+    EXPECT_NEAR(grid_norms[i], single_norms[i], 1e-5 * single_norms[i]) << "step " << i + 1;
   }
   const auto reference = checkpoint::load_state_dict_file(dir + "/single.rank0.pt");
   for (const Case& c : cases) {

@@ -16,7 +16,9 @@
 // Each unit's parameters live in one flat buffer padded to a multiple of the world size; the
 // module's parameters are views into it. Rank r owns the r-th equal piece of every buffer: its
 // shard, a leaf tensor that fsdp.parameters() returns and the optimizer steps (so the optimizer
-// state of SGD's momentum or Adam's moments is a shard's, 1/N of the model's).
+// state of SGD's momentum or Adam's moments is a shard's, 1/N of the model's). On the CPU the
+// shards are the process group's symmetric memory (ProcessGroup::empty_symmetric), from which
+// the shm backend all-gathers each peer's shard directly.
 //
 // Sharding strategies (ZeRO's stages):
 //   kShardOptimState (1)  the unit's gradients are allreduced, each rank keeps its shard's part;

@@ -28,4 +28,10 @@ std::vector<at::Tensor> unique_parameters(const std::vector<at::Tensor>& paramet
 double clip_grad_norm_(const std::vector<at::Tensor>& parameters, double max_norm,
                        const SumAcross& sum_across = nullptr, double copies = 1);
 
+/// The total norm clip_grad_norm_ clips (the same arguments, the same sum), without clipping:
+/// what a trainer logs when it does not clip. NaN or inf when a gradient holds one. With
+/// `sum_across`, a collective: every process calls it after the same backward.
+double total_grad_norm(const std::vector<at::Tensor>& parameters,
+                       const SumAcross& sum_across = nullptr, double copies = 1);
+
 }  // namespace shoal::train

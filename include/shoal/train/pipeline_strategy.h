@@ -21,6 +21,7 @@
 
 #include "shoal/comm/init.h"
 #include "shoal/pipeline/pipeline.h"
+#include "shoal/train/clip_grad.h"
 #include "shoal/train/strategy.h"
 
 namespace shoal::pipeline {
@@ -57,7 +58,11 @@ class PipelineStrategy : public Strategy {
   int world_size() const override;
   comm::ProcessGroup* process_group() override { return group_.get(); }
   double train_step(TrainState& state, const at::Tensor& inputs, const at::Tensor& targets) override;
+  /// clip_grad_norm_ over the global norm: every stage's gradients, summed over all ranks.
   double clip_grad_norm(TrainState& state, double max_norm) override;
+  /// That same global norm, not clipped (total_grad_norm): the grad_norm the trainer logs without
+  /// --clip-grad-norm. A collective: every rank calls it at the same steps.
+  double grad_norm(TrainState& state) override;
   void synchronize(TrainState& state) override;
   int ranks_per_replica() const override { return options_.stages; }
 
@@ -66,6 +71,9 @@ class PipelineStrategy : public Strategy {
   const pipeline::PipelineGrid& grid() const { return *grid_; }
 
  private:
+  /// Sums across every rank of the job: the sum_across of the global gradient norm.
+  SumAcross sum_across_ranks();
+
   PipelineStrategyOptions options_;
   std::shared_ptr<comm::ProcessGroup> group_;
   std::unique_ptr<pipeline::PipelineGrid> grid_;

@@ -770,9 +770,100 @@ std::shared_ptr<Work> ProcessGroupShm::run_broadcast(at::Tensor& tensor, int roo
   });
 }
 
+std::shared_ptr<ProcessGroupShm::SymmetricRegion> ProcessGroupShm::find_symmetric_blocks(
+    const std::vector<at::Tensor>& blocks, size_t* offset) const {
+  if (blocks.empty()) return nullptr;
+  const size_t bytes = blocks.front().nbytes();
+  const auto* first = static_cast<const uint8_t*>(blocks.front().data_ptr());
+  for (size_t s = 0; s < blocks.size(); ++s) {
+    if (!blocks[s].is_contiguous() || blocks[s].nbytes() != bytes ||
+        static_cast<const uint8_t*>(blocks[s].data_ptr()) != first + s * bytes) {
+      return nullptr;
+    }
+  }
+  auto region = find_symmetric(blocks.front(), offset);
+  if (region && *offset + blocks.size() * bytes > region->slot_bytes) return nullptr;
+  return region;
+}
+
+void ProcessGroupShm::allgather_symmetric(const std::vector<at::Tensor>& outputs,
+                                          const at::Tensor& input, const SymmetricRegion& region,
+                                          size_t offset, const Running& r) {
+  const int n = size();
+  const int me = rank();
+  const size_t bytes = input.nbytes();
+  uint8_t* mine = region.slot(me) + offset;  // output block 0 in this rank's slot
+  // Round A: this rank's block holds its input (already, when the input is that block).
+  if (input.data_ptr() != mine + me * bytes) std::memcpy(mine + me * bytes, input.data_ptr(), bytes);
+  const uint64_t ref = (region.id << 40 | offset) + 1;
+  const uint64_t ka = round_;
+  begin_write(r);  // no buffer is written, but symmetric_ref[ka % 2] must be free
+  publish_tensor_kind(ref);
+  post();
+  wait_all_posted(ka + 1, r);
+  check_same_tensor_kind(ref, ka, r);
+  // Each peer's block straight from its slot: one copy, no staging through the group's buffers.
+  for (int s = 0; s < n; ++s) {
+    if (s != me) std::memcpy(mine + s * bytes, region.slot(s) + offset + s * bytes, bytes);
+  }
+  // Round B: every rank has read the others' blocks; no peer reads this rank's block after it,
+  // so the caller may change it (the next step's shard) as soon as this returns.
+  const uint64_t kb = round_;
+  post();
+  wait_all_posted(kb + 1, r);
+}
+
+void ProcessGroupShm::allgather_from_symmetric(const std::vector<at::Tensor>& outputs,
+                                               const at::Tensor& input,
+                                               const SymmetricRegion& region, size_t offset,
+                                               const Running& r) {
+  const int n = size();
+  const int me = rank();
+  const size_t bytes = input.nbytes();
+  // Round A: every rank's input is in place in its slot. Tagged apart from a symmetric output.
+  const uint64_t ref = ((region.id << 40 | offset) + 1) | (uint64_t{1} << 63);
+  const uint64_t ka = round_;
+  begin_write(r);  // no buffer is written, but symmetric_ref[ka % 2] must be free
+  publish_tensor_kind(ref);
+  post();
+  if (outputs[me].data_ptr() != input.data_ptr()) {
+    std::memcpy(outputs[me].data_ptr(), input.data_ptr(), bytes);  // while the peers arrive
+  }
+  wait_all_posted(ka + 1, r);
+  check_same_tensor_kind(ref, ka, r);
+  for (int s = 0; s < n; ++s) {
+    if (s != me) std::memcpy(outputs[s].data_ptr(), region.slot(s) + offset, bytes);
+  }
+  // Round B: no peer reads this rank's input after it; the caller may change it (the optimizer
+  // steps FSDP's shard) as soon as the operation completes.
+  const uint64_t kb = round_;
+  post();
+  wait_all_posted(kb + 1, r);
+}
+
 std::shared_ptr<Work> ProcessGroupShm::run_allgather(std::vector<at::Tensor>& outputs,
                                                      const at::Tensor& input,
                                                      const OpContext& ctx) {
+  size_t offset = 0;
+  // The symmetric ways take two rounds whatever the size, the staged one a round per chunk: up to
+  // a chunk it has the fewer rendezvous (a small gather costs its latency, not its copies). Every
+  // rank passes inputs of one size, so all choose alike.
+  if (input.nbytes() > options_.chunk_bytes) {
+    if (auto region = find_symmetric_blocks(outputs, &offset)) {
+      // all_gather_into_tensor into a tensor of empty_symmetric().
+      return submit(ctx, Lane::kCollective, input.nbytes() * size(),
+                    [this, outputs, input, region, offset](const Running& r) {
+                      allgather_symmetric(outputs, input, *region, offset, r);
+                    });
+    }
+    if (auto region = find_symmetric(input, &offset)) {
+      // From a tensor of empty_symmetric() (FSDP's shards, whose full buffers come and go).
+      return submit(ctx, Lane::kCollective, input.nbytes() * size(),
+                    [this, outputs, input, region, offset](const Running& r) {
+                      allgather_from_symmetric(outputs, input, *region, offset, r);
+                    });
+    }
+  }
   return submit(ctx, Lane::kCollective, input.nbytes() * size(),
                 [this, outputs, input](const Running& r) {
                   const auto* in = static_cast<const uint8_t*>(input.data_ptr());
@@ -781,8 +872,11 @@ std::shared_ptr<Work> ProcessGroupShm::run_allgather(std::vector<at::Tensor>& ou
                     const size_t len = std::min(options_.chunk_bytes, bytes - off);
                     const uint64_t k = round_;
                     std::memcpy(begin_write(r), in + off, len);
+                    // Every rank passes ordinary outputs, or every rank symmetric ones.
+                    if (off == 0) publish_tensor_kind(0);
                     post();
                     wait_all_posted(k + 1, r);
+                    if (off == 0) check_same_tensor_kind(0, k, r);
                     for (int s = 0; s < size(); ++s) {
                       auto* out = static_cast<uint8_t*>(outputs[s].data_ptr()) + off;
                       std::memcpy(out, s == rank() ? in + off : peer_buffer(s, k), len);
@@ -853,23 +947,27 @@ std::shared_ptr<Work> ProcessGroupShm::run_reduce_scatter(at::Tensor& output,
       [this, output, inputs, op](const Running& r) {
         const size_t esz = output.element_size();
         const size_t total = output.numel();
-        const size_t piece = options_.chunk_bytes / size() / 64 * 64 / esz;  // elements
+        const int me = rank();
+        // A round's buffer holds one piece per peer (not per rank: a rank keeps its own block),
+        // so 2 ranks move a whole chunk per round: half the rounds, each a rendezvous.
+        const size_t piece = options_.chunk_bytes / std::max(size() - 1, 1) / 64 * 64 / esz;
+        auto place = [](int s, int owner) { return s < owner ? s : s - 1; };  // s != owner
         auto* out = static_cast<uint8_t*>(output.data_ptr());
         for (size_t start = 0; start < total; start += piece) {
           const size_t m = std::min(piece, total - start);
           const uint64_t k = round_;
           uint8_t* mine = begin_write(r);
           for (int s = 0; s < size(); ++s) {
-            if (s == rank()) continue;
+            if (s == me) continue;
             const auto* in = static_cast<const uint8_t*>(inputs[s].data_ptr()) + start * esz;
-            std::memcpy(mine + s * piece * esz, in, m * esz);
+            std::memcpy(mine + place(s, me) * piece * esz, in, m * esz);
           }
           post();
           wait_all_posted(k + 1, r);
           for (int s = 0; s < size(); ++s) {
-            sources_[s] = s == rank()
+            sources_[s] = s == me
                               ? static_cast<const uint8_t*>(inputs[s].data_ptr()) + start * esz
-                              : peer_buffer(s, k) + rank() * piece * esz;
+                              : peer_buffer(s, k) + place(me, s) * piece * esz;
           }
           ReduceArgs args;
           args.dst = out + start * esz;

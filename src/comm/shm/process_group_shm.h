@@ -16,6 +16,15 @@
 // copies the shares of the other ranks into its buffer, reduces its own share from its tensor and
 // the peers' buffers straight into its tensor and its second buffer, and then copies the other
 // shares from the peers' second buffers (reduce-scatter + allgather, two rounds per chunk).
+// An allreduce of a tensor from empty_symmetric() reduces in place across the ranks' slots.
+//
+// Allgather: per chunk, each rank copies its input into its buffer and every rank copies all
+// buffers out. Above a chunk a rank, into blocks of one empty_symmetric() tensor
+// (all_gather_into_tensor) or from an input in one (FSDP's shards), each rank copies the peers'
+// blocks straight from their slots instead (two rounds in all). As for the allreduce, every rank
+// must pass the same kind of tensor; the first round checks. Reduce-scatter: per round, each
+// rank publishes one piece per peer (a chunk shared among the n-1 peers) and reduces its own
+// block from its input and the peers' pieces.
 //
 // Operations run in issue order on a per-group worker thread (small ones inline on the caller's
 // thread when nothing is queued); sends and receives on threads of their own, so that a ring of
@@ -139,6 +148,18 @@ class ProcessGroupShm : public ProcessGroup {
   void check_same_tensor_kind(uint64_t ref, uint64_t round, const Running& r);
   // The live region `tensor` lies in (its byte offset in this rank's slot), or null.
   std::shared_ptr<SymmetricRegion> find_symmetric(const at::Tensor& tensor, size_t* offset) const;
+  // The region holding `blocks` back to back (the views of all_gather_into_tensor's output), or
+  // null; *offset: block 0's byte offset in this rank's slot.
+  std::shared_ptr<SymmetricRegion> find_symmetric_blocks(const std::vector<at::Tensor>& blocks,
+                                                         size_t* offset) const;
+  // Allgather into blocks of a symmetric region: each rank copies the others' blocks from their
+  // slots (two rounds, one copy of (n-1)/n of the output).
+  void allgather_symmetric(const std::vector<at::Tensor>& outputs, const at::Tensor& input,
+                           const SymmetricRegion& region, size_t offset, const Running& r);
+  // Allgather from an input in a symmetric region: each rank copies the peers' inputs from their
+  // slots into its outputs (two rounds, one copy of the output).
+  void allgather_from_symmetric(const std::vector<at::Tensor>& outputs, const at::Tensor& input,
+                                const SymmetricRegion& region, size_t offset, const Running& r);
 
   Channel& channel(int src, int dst) const;
 
