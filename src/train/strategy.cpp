@@ -1,9 +1,6 @@
 #include "shoal/train/strategy.h"
 
 #include <ATen/CPUGeneratorImpl.h>
-#include <torch/utils.h>
-
-#include <cmath>
 
 #include "shoal/comm/process_group.h"
 #include "shoal/data/distributed_sampler.h"
@@ -34,15 +31,7 @@ double Strategy::clip_grad_norm(TrainState& state, double max_norm) {
 }
 
 double Strategy::grad_norm(TrainState& state) {
-  torch::NoGradGuard no_grad;
-  double squares = 0;
-  for (const at::Tensor& p : state.model->parameters()) {
-    if (p.grad().defined()) {
-      const double norm = p.grad().norm().item<double>();
-      squares += norm * norm;
-    }
-  }
-  return std::sqrt(squares);
+  return total_grad_norm(state.model->parameters());  // what clip_grad_norm_ would clip
 }
 
 at::Tensor Strategy::epoch_indices(int64_t dataset_size, int64_t epoch, uint64_t seed) {

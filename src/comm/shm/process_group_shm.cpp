@@ -593,6 +593,15 @@ void ProcessGroupShm::check_same_tensor_kind(uint64_t ref, uint64_t round, const
   }
 }
 
+void ProcessGroupShm::meet_on_symmetric(uint64_t ref, const Running& r) {
+  const uint64_t k = round_;
+  begin_write(r);  // no buffer is written, but symmetric_ref[k % 2] must be free
+  publish_tensor_kind(ref);
+  post();
+  wait_all_posted(k + 1, r);
+  check_same_tensor_kind(ref, k, r);
+}
+
 void ProcessGroupShm::allreduce_symmetric(at::Tensor& tensor, ReduceOp op,
                                           const SymmetricRegion& region, size_t offset,
                                           const Running& r) {
@@ -600,12 +609,7 @@ void ProcessGroupShm::allreduce_symmetric(at::Tensor& tensor, ReduceOp op,
   const int me = rank();
   // Round A: this rank's tensor holds its contribution, at this place in this region.
   const uint64_t ref = (region.id << 40 | offset) + 1;
-  const uint64_t ka = round_;
-  begin_write(r);  // no buffer is written, but symmetric_ref[ka % 2] must be free
-  publish_tensor_kind(ref);
-  post();
-  wait_all_posted(ka + 1, r);
-  check_same_tensor_kind(ref, ka, r);
+  meet_on_symmetric(ref, r);
   // Reduce this rank's share of every rank's tensor, and write the result into all of them.
   const size_t esz = tensor.element_size();
   const size_t total = tensor.numel();
@@ -796,12 +800,7 @@ void ProcessGroupShm::allgather_symmetric(const std::vector<at::Tensor>& outputs
   // Round A: this rank's block holds its input (already, when the input is that block).
   if (input.data_ptr() != mine + me * bytes) std::memcpy(mine + me * bytes, input.data_ptr(), bytes);
   const uint64_t ref = (region.id << 40 | offset) + 1;
-  const uint64_t ka = round_;
-  begin_write(r);  // no buffer is written, but symmetric_ref[ka % 2] must be free
-  publish_tensor_kind(ref);
-  post();
-  wait_all_posted(ka + 1, r);
-  check_same_tensor_kind(ref, ka, r);
+  meet_on_symmetric(ref, r);
   // Each peer's block straight from its slot: one copy, no staging through the group's buffers.
   for (int s = 0; s < n; ++s) {
     if (s != me) std::memcpy(mine + s * bytes, region.slot(s) + offset + s * bytes, bytes);

@@ -146,6 +146,9 @@ class ProcessGroupShm : public ProcessGroup {
   // by all, fail (and abort the group) unless every peer published the same.
   void publish_tensor_kind(uint64_t ref);
   void check_same_tensor_kind(uint64_t ref, uint64_t round, const Running& r);
+  // Round A of the symmetric ways: every rank publishes where its tensor lies in symmetric memory
+  // (ref), waits for the others, and fails clearly unless all name the same place.
+  void meet_on_symmetric(uint64_t ref, const Running& r);
   // The live region `tensor` lies in (its byte offset in this rank's slot), or null.
   std::shared_ptr<SymmetricRegion> find_symmetric(const at::Tensor& tensor, size_t* offset) const;
   // The region holding `blocks` back to back (the views of all_gather_into_tensor's output), or
