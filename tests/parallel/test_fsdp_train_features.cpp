@@ -66,15 +66,8 @@ Training train(const std::string& strategy_args, const std::string& features, in
     if (fs::exists(path)) run.states.push_back(shoal::checkpoint::load_state_dict_file(path));
     fs::remove(path);
   }
-  std::ifstream metrics(prefix + ".jsonl");
-  const std::regex loss("\"loss\":([-+0-9.eE]+)");
-  const std::regex norm("\"grad_norm\":([-+0-9.eE]+)");
-  for (std::string line; std::getline(metrics, line);) {
-    if (line.find("\"event\":\"step\"") == std::string::npos) continue;
-    std::smatch match;
-    if (std::regex_search(line, match, loss)) run.losses.push_back(std::stod(match[1]));
-    if (std::regex_search(line, match, norm)) run.grad_norms.push_back(std::stod(match[1]));
-  }
+  run.losses = shoal::testing::step_metrics(prefix + ".jsonl", "loss");
+  run.grad_norms = shoal::testing::step_metrics(prefix + ".jsonl", "grad_norm");
   fs::remove(prefix + ".jsonl");
   fs::remove(prefix + ".err");
   return run;

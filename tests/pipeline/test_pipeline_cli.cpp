@@ -8,12 +8,11 @@
 
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
-#include <regex>
 
 #include "shoal/checkpoint/serialization.h"
 #include "testing/idx_files.h"
 #include "testing/multi_rank.h"
+#include "testing/shoal_cli.h"
 
 namespace shoal::pipeline {
 namespace test_pipeline_cli {
@@ -24,21 +23,6 @@ namespace fs = std::filesystem;
 std::string final_accuracy(const std::string& out) {
   const auto at = out.rfind("final test accuracy:");
   return at == std::string::npos ? "" : out.substr(at, out.find('\n', at) - at);
-}
-
-// The grad_norm of each "step" line of a --metrics file.
-std::vector<double> logged_grad_norms(const std::string& path) {
-  std::vector<double> norms;
-  std::ifstream metrics(path);
-  const std::regex norm("\"grad_norm\":([-+0-9.eE]+)");
-  for (std::string line; std::getline(metrics, line);) {
-    std::smatch match;
-    if (line.find("\"event\":\"step\"") != std::string::npos &&
-        std::regex_search(line, match, norm)) {
-      norms.push_back(std::stod(match[1]));
-    }
-  }
-  return norms;
 }
 
 double max_relative_difference(const checkpoint::StateDict& a, const checkpoint::StateDict& b) {
@@ -89,8 +73,8 @@ TEST(PipelineCli, TrainsLikeOneProcess) {
   }
   // The logged grad_norm (no --clip-grad-norm) is the whole model's, as in one process: before
   // #31 the pipeline logged its rank 0's stage alone (about half the total norm here).
-  const std::vector<double> single_norms = logged_grad_norms(dir + "/single.jsonl");
-  const std::vector<double> grid_norms = logged_grad_norms(dir + "/grid.jsonl");
+  const std::vector<double> single_norms = shoal::testing::step_metrics(dir + "/single.jsonl", "grad_norm");
+  const std::vector<double> grid_norms = shoal::testing::step_metrics(dir + "/grid.jsonl", "grad_norm");
   ASSERT_EQ(single_norms.size(), 8u);  // 256 samples, 32 a step
   ASSERT_EQ(grid_norms.size(), single_norms.size());
   for (size_t i = 0; i < single_norms.size(); ++i) {

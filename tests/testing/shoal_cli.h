@@ -5,7 +5,10 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <regex>
 #include <string>
+#include <vector>
 
 #include "shoal/checkpoint/state_dict.h"
 #include "testing/idx_files.h"
@@ -24,6 +27,21 @@ inline std::string shoal_cli_with_dataset() {
   const std::string path = std::string(dir) + "/apps/shoal/shoal";
   if (!std::filesystem::exists(path)) skip_program(path + " is not built");
   return path;
+}
+
+/// The value of `key` (a number) on each "step" line of a `--metrics` JSON-lines file, in order.
+inline std::vector<double> step_metrics(const std::string& path, const std::string& key) {
+  std::vector<double> values;
+  std::ifstream metrics(path);
+  const std::regex number("\"" + key + "\":([-+0-9.eE]+)");
+  for (std::string line; std::getline(metrics, line);) {
+    std::smatch match;
+    if (line.find("\"event\":\"step\"") != std::string::npos &&
+        std::regex_search(line, match, number)) {
+      values.push_back(std::stod(match[1]));
+    }
+  }
+  return values;
 }
 
 /// The largest difference between two state dicts of the same keys (what `--dump-parameters`
