@@ -30,6 +30,7 @@
 #include <cstdio>
 #include <fstream>
 #include <map>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -59,7 +60,8 @@ struct DdpBenchArgs : StepBenchArgs, WorkerArgs {
   int batch = 64;
   int world = 2;
   std::string ceiling = "interleaved";  // or once
-  double bucket_cap_mb = 0;        // 0: DDP's default
+  std::string bucket_cap_mb = "0";  // 0: DDP's default; MiB, or auto
+  bool bucket_sweep = false;        // --bucket-sweep: every auto candidate, and auto
   double first_bucket_cap_mb = 0;  // 0: DDP's default
   std::string torch_script = bench_script("ddp_torch.py");
   std::vector<std::string> torch_peers{"debian"};  // the PyTorch peers measured (--torch)
@@ -175,7 +177,12 @@ void run_worker_with(const DdpBenchArgs& args) {
     auto group = comm::new_process_group(args.backends.at(0), store, args.rank, args.world);
     DistributedDataParallelOptions options;
     options.gradient_as_bucket_view = args.bucket_view;
-    if (args.bucket_cap_mb > 0) options.bucket_cap_mb = args.bucket_cap_mb;
+    const bool auto_cap = args.bucket_cap_mb == "auto";
+    if (auto_cap) {
+      options.bucket_cap_mb = DistributedDataParallelOptions::kBucketCapAuto;
+    } else if (const double cap = std::stod(args.bucket_cap_mb); cap > 0) {
+      options.bucket_cap_mb = cap;
+    }
     if (args.first_bucket_cap_mb > 0) options.first_bucket_cap_mb = args.first_bucket_cap_mb;
     DistributedDataParallel<models::Model> ddp(model, group, options);
     const std::string hook = args.comm_hooks.at(0);
@@ -190,9 +197,23 @@ void run_worker_with(const DdpBenchArgs& args) {
     }
     auto forward_loss = [&] { return torch::cross_entropy_loss(ddp.forward(x), y); };
     PhaseTimer warm, timed;
+    // auto: the tuning steps come first and are not timed (the report gives their number).
+    int tuning_steps = 0;
+    while (auto_cap && ddp.stats().bucket_cap_tuning) {
+      SHOAL_CHECK(++tuning_steps <= 10000, "bench ddp: bucket_cap_mb=auto never decided");
+      warm.step(forward_loss, optimizer);
+    }
+    result["tuning_steps"] = tuning_steps;
     for (int i = 0; i < args.warmup; ++i) warm.step(forward_loss, optimizer);
     group->barrier()->wait();
     const auto before = ddp.stats();
+    result["bucket_cap_mb"] = before.bucket_cap_mb;
+    result["first_bucket_cap_mb"] = before.first_bucket_cap_mb;
+    // Which buckets (their sizes in order), as one number: the sweep drops caps that give the
+    // same buckets as another.
+    double layout = 0;
+    for (int64_t bytes : before.bucket_bytes) layout = std::fmod(layout * 1000003.0 + bytes, 1e15);
+    result["layout"] = layout;
     const double power_sgd_before = power_sgd ? power_sgd->bytes_sent : 0;
     const auto start = Clock::now();
     for (int i = 0; i < args.steps; ++i) timed.step(forward_loss, optimizer);
@@ -241,6 +262,8 @@ struct DdpMode {
   bool bucket_view = false;
   std::string hook = "allreduce";  // shoal_ddp's communication hook
   TorchPeer peer;       // pytorch_ddp: which PyTorch runs it
+  std::string cap;      // shoal_ddp's bucket_cap_mb when not --bucket-cap-mb's: MiB or auto
+  std::string first_cap;  // and first_bucket_cap_mb when not --first-bucket-cap-mb's
   std::map<std::string, std::vector<double>> samples;  // field -> one value per round
 
   std::string label() const {
@@ -249,6 +272,8 @@ struct DdpMode {
     if (!backend.empty()) text += " (" + backend + ")";
     if (bucket_view) text += " view";
     if (hook != "allreduce") text += " " + hook;
+    if (!first_cap.empty()) text += " first=" + first_cap;
+    if (!cap.empty()) text += " cap=" + cap;
     return text;
   }
   double get(const std::string& field) const {
@@ -275,8 +300,12 @@ void run_mode(const DdpBenchArgs& args, const std::string& exe, const std::strin
                                      std::to_string(args.warmup), "--batch",
                                      std::to_string(args.batch), "--world",
                                      std::to_string(args.world), "--bucket-cap-mb",
-                                     std::to_string(args.bucket_cap_mb), "--first-bucket-cap-mb",
-                                     std::to_string(args.first_bucket_cap_mb), "--comm-hook",
+                                     mode.cap.empty() ? args.bucket_cap_mb : mode.cap,
+                                     "--first-bucket-cap-mb",
+                                     mode.first_cap.empty()
+                                         ? std::to_string(args.first_bucket_cap_mb)
+                                         : mode.first_cap,
+                                     "--comm-hook",
                                      mode.hook, "--powersgd-rank",
                                      std::to_string(args.powersgd_rank), "--worker", worker};
     if (mode.bucket_view) command.push_back("--gradient-as-bucket-view");
@@ -305,7 +334,9 @@ void run_mode(const DdpBenchArgs& args, const std::string& exe, const std::strin
   const bool ddp = mode.name == "shoal_ddp";
   const int processes = mode.name == "single" ? 1 : args.world;
   const std::string store = dir + "/store_" + std::to_string(round) + "_" + mode.name + "_" +
-                            mode.backend + (mode.bucket_view ? "_view" : "") + "_" + mode.hook;
+                            mode.backend + (mode.bucket_view ? "_view" : "") + "_" + mode.hook +
+                            "_" + (mode.cap.empty() ? "default" : mode.cap) + "_" +
+                            (mode.first_cap.empty() ? "default" : mode.first_cap);
   std::vector<ChildProcess> ranks;
   for (int rank = 0; rank < processes; ++rank) {
     auto command = common(ddp ? "shoal" : "single", mode.backend);
@@ -332,6 +363,10 @@ void run_mode(const DdpBenchArgs& args, const std::string& exe, const std::strin
       s["hidden_bytes_fraction"].push_back(r["hidden_fraction"]);
       s["buckets"].push_back(r["buckets"]);
       s["sent_bytes"].push_back(r["sent_bytes"]);
+      s["bucket_cap_mb"].push_back(r["bucket_cap_mb"]);
+      s["tuning_steps"].push_back(r["tuning_steps"]);
+      s["first_bucket_cap_mb"].push_back(r["first_bucket_cap_mb"]);
+      s["layout"].push_back(r["layout"]);
     }
   }
   s["samples_per_s"].push_back(processes * args.batch * args.steps / seconds);
@@ -374,6 +409,21 @@ int run_ddp_bench(const DdpBenchArgs& args) {
     for (const auto& hook : args.comm_hooks) {
       if (hook != "allreduce") modes.push_back({"shoal_ddp", backend, false, hook});
     }
+    if (args.bucket_sweep) {
+      // bucket_cap_mb=auto against each of its candidates fixed, in the same rounds.
+      // Auto's candidates: each cap with the usual first bucket, and with a first bucket of the
+      // same size. After the first round, those that gave the same buckets as an earlier one
+      // are dropped.
+      for (const bool same_first : {false, true}) {
+        for (double cap : DistributedDataParallelOptions().bucket_cap_candidates_mb) {
+          std::ostringstream text;
+          text << cap;
+          modes.push_back({"shoal_ddp", backend, false, "allreduce", {}, text.str(),
+                           same_first ? text.str() : ""});
+        }
+      }
+      modes.push_back({"shoal_ddp", backend, false, "allreduce", {}, "auto"});
+    }
   }
   for (const auto& peer : peers) {
     modes.push_back({"pytorch_ddp", "gloo", false, "allreduce", peer});
@@ -384,10 +434,9 @@ int run_ddp_bench(const DdpBenchArgs& args) {
   // contender and after every contender, and each contender's of_ceil for a round is its rate
   // over the mean of the ceiling runs just before and just after it (the median over rounds is
   // reported, with the spread of the ceiling's own runs).
-  DdpMode& independent_mode = modes[1];
   auto ceiling_now = [&](int round) {
-    run_mode(args, exe, dir, round, independent_mode);
-    return independent_mode.samples["samples_per_s"].back();
+    run_mode(args, exe, dir, round, modes[1]);  // `independent` (the sweep may shrink `modes`)
+    return modes[1].samples["samples_per_s"].back();
   };
   for (int round = 0; round < args.rounds; ++round) {
     run_mode(args, exe, dir, round, modes[0]);
@@ -399,6 +448,20 @@ int run_ddp_bench(const DdpBenchArgs& args) {
       modes[i].samples["ceiling"].push_back(ceiling);
       modes[i].samples["of_ceiling"].push_back(modes[i].samples["samples_per_s"].back() / ceiling);
       before = after;
+    }
+    if (round == 0 && args.bucket_sweep) {
+      // Fixed caps that gave the buckets of an earlier fixed cap measure the same thing twice.
+      std::vector<double> seen;
+      std::vector<DdpMode> kept;
+      for (auto& m : modes) {
+        if (m.name == "shoal_ddp" && !m.cap.empty() && m.cap != "auto") {
+          const double layout = m.samples["layout"].back();
+          if (std::find(seen.begin(), seen.end(), layout) != seen.end()) continue;
+          seen.push_back(layout);
+        }
+        kept.push_back(std::move(m));
+      }
+      modes = std::move(kept);
     }
   }
   std::system(("rm -rf " + dir).c_str());
@@ -461,7 +524,8 @@ int run_ddp_bench(const DdpBenchArgs& args) {
           "\"ceiling_runs\": %zu, \"vs_pytorch\": %s, \"vs_pytorch_by_version\": %s, \"torch\": %s, "
           "\"forward_ms\": %s, \"backward_ms\": %s, "
           "\"optimizer_ms\": %s, \"wait_ms\": %s, \"overlap\": %s, \"hidden_bytes_fraction\": %s, "
-          "\"buckets\": %s, \"comm_hook\": %s, \"sent_bytes_per_step\": %s, \"rounds\": %d}\n",
+          "\"buckets\": %s, \"comm_hook\": %s, \"sent_bytes_per_step\": %s, "
+          "\"bucket_cap_mb\": %s, \"bucket_cap\": %s, \"rounds\": %d}\n",
           mode.name.c_str(), args.model.c_str(),
           mode.backend.empty() ? "null" : ("\"" + mode.backend + "\"").c_str(),
           mode.name == "single" ? 1 : args.world, args.batch, mode.bucket_view ? "true" : "false",
@@ -480,7 +544,11 @@ int run_ddp_bench(const DdpBenchArgs& args) {
           json_number(mode.get("hidden_bytes_fraction")).c_str(),
           json_number(mode.get("buckets")).c_str(),
           mode.name == "shoal_ddp" ? ("\"" + mode.hook + "\"").c_str() : "null",
-          json_number(sent).c_str(), args.rounds);
+          json_number(sent).c_str(), json_number(mode.get("bucket_cap_mb")).c_str(),
+          mode.name == "shoal_ddp"
+              ? ("\"" + (mode.cap.empty() ? args.bucket_cap_mb : mode.cap) + "\"").c_str()
+              : "null",
+          args.rounds);
     } else {
       auto cell = [](double v, const char* format) {
         if (!std::isfinite(v)) return std::string("-");
@@ -498,6 +566,51 @@ int run_ddp_bench(const DdpBenchArgs& args) {
                   cell(mode.get("wait_ms"), "%.2f").c_str(),
                   cell(mode.get("hidden_bytes_fraction"), "%.2f").c_str(),
                   cell(sent / 1024, "%.1f").c_str());
+    }
+  }
+  if (args.bucket_sweep) {
+    // auto against the best fixed cap of the sweep (first backend, by median samples/s).
+    const DdpMode* best = nullptr;
+    const DdpMode* automatic = nullptr;
+    for (const auto& m : modes) {
+      if (m.name != "shoal_ddp" || m.cap.empty() || m.backend != args.backends.front()) continue;
+      if (m.cap == "auto") {
+        automatic = &m;
+      } else if (!best || m.get("samples_per_s") > best->get("samples_per_s")) {
+        best = &m;
+      }
+    }
+    if (best && automatic) {
+      std::string chosen;
+      const auto& caps = automatic->samples.at("bucket_cap_mb");
+      const auto& firsts = automatic->samples.at("first_bucket_cap_mb");
+      for (size_t k = 0; k < caps.size(); ++k) {
+        std::ostringstream text;
+        text << (args.json ? "\"" : "") << firsts[k] << "/" << caps[k] << (args.json ? "\"" : "");
+        chosen += (chosen.empty() ? "" : ",") + text.str();
+      }
+      const double ratio = automatic->get("samples_per_s") / best->get("samples_per_s");
+      if (args.json) {
+        std::printf("{\"bucket_sweep\": true, \"model\": \"%s\", \"best_fixed_cap_mb\": \"%s\", "
+                    "\"best_fixed_first_cap_mb\": \"%s\", "
+                    "\"best_fixed_samples_per_s\": %s, \"auto_samples_per_s\": %s, "
+                    "\"auto_of_best\": %s, \"auto_chose_mb\": [%s], \"auto_tuning_steps\": %s}\n",
+                    args.model.c_str(), best->cap.c_str(),
+                    best->first_cap.empty() ? "default" : best->first_cap.c_str(),
+                    json_number(best->get("samples_per_s")).c_str(),
+                    json_number(automatic->get("samples_per_s")).c_str(),
+                    json_number(ratio).c_str(), chosen.c_str(),
+                    json_number(automatic->get("tuning_steps")).c_str());
+      } else {
+        std::printf("bucket sweep: best fixed bucket_cap_mb %s%s (%.1f samples/s); auto %.1f "
+                    "samples/s = %.3f of it; auto chose %s MiB (first/other bucket cap, one per round) in %.0f untimed "
+                    "tuning steps\n",
+                    best->cap.c_str(),
+                    best->first_cap.empty() ? "" : (" (first " + best->first_cap + ")").c_str(),
+                    best->get("samples_per_s"),
+                    automatic->get("samples_per_s"), ratio, chosen.c_str(),
+                    automatic->get("tuning_steps"));
+      }
     }
   }
   if (!args.json) {
@@ -535,8 +648,19 @@ void add_bench_ddp_command(CLI::App& bench, std::vector<Command>& commands) {
       ->capture_default_str();
   app->add_option("--batch-size,--batch", args->batch, "batch per rank")->capture_default_str();
   app->add_option("--nproc-per-node,--world", args->world, "ranks of the DDP runs")->capture_default_str();
-  app->add_option("--bucket-cap-mb", args->bucket_cap_mb, "DDP bucket_cap_mb (0: DDP's default)")
+  app->add_option("--bucket-cap-mb", args->bucket_cap_mb,
+                  "DDP bucket_cap_mb: MiB, auto, or 0 for DDP's default")
+      ->check([](const std::string& value) -> std::string {
+        if (value == "auto") return "";
+        char* end = nullptr;
+        const double mb = std::strtod(value.c_str(), &end);
+        if (end != value.c_str() && *end == '\0' && mb >= 0 && mb <= 1e6) return "";
+        return "--bucket-cap-mb takes MiB (0: DDP's default) or auto, not '" + value + "'";
+      })
       ->capture_default_str();
+  app->add_flag("--bucket-sweep", args->bucket_sweep,
+                "also run Shoal's DDP (first backend) with each candidate of bucket_cap_mb=auto "
+                "fixed, and with auto, in the same rounds; reports auto against the best");
   app->add_option("--first-bucket-cap-mb", args->first_bucket_cap_mb,
                   "DDP first_bucket_cap_mb (0: DDP's default)")
       ->capture_default_str();

@@ -29,6 +29,7 @@
 #include "shoal/comm/init.h"
 #include "shoal/launcher/launch.h"
 #include "shoal/models/registry.h"
+#include "shoal/parallel/distributed_data_parallel.h"
 #include "shoal/ps/job.h"
 #include "shoal/train/data_parallel_strategy.h"
 #include "shoal/train/ddp_strategy.h"
@@ -55,6 +56,7 @@ struct TrainArgs {
   double worker_timeout_s = 60;
   // --strategy ddp
   std::string comm_hook = "allreduce";
+  std::string bucket_cap_mb = "25";  // MiB, or auto
   int64_t powersgd_rank = 1;
   int64_t powersgd_start_iter = 1000;
   // --strategy pipeline
@@ -358,6 +360,19 @@ void add_train_command(CLI::App& root, std::vector<Command>& commands) {
                   "(low-rank, see --powersgd-rank and --powersgd-start-iter)")
       ->check(CLI::IsMember({"allreduce", "fp16", "bf16", "powersgd"}))
       ->capture_default_str();
+  app->add_option("--bucket-cap-mb", args->bucket_cap_mb,
+                  "With --strategy ddp: size of DDP's gradient buckets after the first, in MiB\n"
+                  "(PyTorch's bucket_cap_mb), or auto: the first steps time each candidate cap\n"
+                  "and keep the fastest (logged, and bucket_cap_mb in --metrics)")
+      ->check([](const std::string& value) -> std::string {
+        if (value == "auto") return "";
+        char* end = nullptr;
+        const double mb = std::strtod(value.c_str(), &end);
+        if (end != value.c_str() && *end == '\0' && mb > 0 && mb <= 1e6) return "";
+        return "--bucket-cap-mb takes a positive number of MiB (at most 1e6) or auto, not '" +
+               value + "'";
+      })
+      ->capture_default_str();
   app->add_option("--powersgd-rank", args->powersgd_rank,
                   "With --comm-hook powersgd: rank of each gradient matrix's approximation")
       ->check(CLI::Range(int64_t{1}, int64_t{1024}))
@@ -581,6 +596,11 @@ void add_train_command(CLI::App& root, std::vector<Command>& commands) {
                                       "--comm-hook ", args->comm_hook,
                                       " applies to --strategy ddp (without --model-parallel)");
                         SHOAL_CHECK_T(InvalidArgument,
+                                      args->bucket_cap_mb == "25" ||
+                                          (args->strategy == "ddp" && args->model_parallel == 1),
+                                      "--bucket-cap-mb applies to --strategy ddp (without "
+                                      "--model-parallel)");
+                        SHOAL_CHECK_T(InvalidArgument,
                                       args->strategy != "fsdp" || args->model_parallel == 1,
                                       "--model-parallel applies to --strategy ddp, not fsdp");
                         SHOAL_CHECK_T(InvalidArgument,
@@ -622,6 +642,10 @@ void add_train_command(CLI::App& root, std::vector<Command>& commands) {
                               power_sgd->start_powerSGD_iter = args->powersgd_start_iter;
                             }
                             ddp->set_comm_hook(args->comm_hook, power_sgd);
+                            ddp->set_bucket_cap_mb(
+                                args->bucket_cap_mb == "auto"
+                                    ? parallel::DistributedDataParallelOptions::kBucketCapAuto
+                                    : std::strtod(args->bucket_cap_mb.c_str(), nullptr));
                             strategy = std::move(ddp);
                           }
                         } else if (args->strategy == "dp") {

@@ -4,12 +4,15 @@
 
 #include <c10/util/strides.h>
 
+#include <algorithm>
+#include <cmath>
 #include <iomanip>
 #include <limits>
 #include <map>
 #include <sstream>
 
 #include "shoal/error.h"
+#include "shoal/log.h"
 #include "shoal/parallel/comm_hooks.h"
 #include "shoal/trace/tracer.h"
 
@@ -50,8 +53,22 @@ Reducer::Reducer(std::vector<at::Tensor> parameters, std::vector<std::string> na
       group_(std::move(group)),
       options_(options),
       hook_(allreduce_hook(group_)) {
-  SHOAL_CHECK_T(InvalidArgument, options_.bucket_cap_mb > 0 && options_.first_bucket_cap_mb > 0,
-                "DistributedDataParallel: bucket_cap_mb and first_bucket_cap_mb must be positive");
+  SHOAL_CHECK_T(InvalidArgument, (options_.bucket_cap_mb > 0 || auto_cap()) &&
+                                     options_.first_bucket_cap_mb > 0,
+                "DistributedDataParallel: bucket_cap_mb (or kBucketCapAuto) and "
+                "first_bucket_cap_mb must be positive");
+  if (auto_cap()) {
+    SHOAL_CHECK_T(InvalidArgument, !options_.bucket_cap_candidates_mb.empty() &&
+                                       options_.bucket_cap_tuning_rounds >= 1 &&
+                                       options_.bucket_cap_tuning_steps >= 1,
+                  "DistributedDataParallel: bucket_cap_mb = auto needs at least one candidate in "
+                  "bucket_cap_candidates_mb and bucket_cap_tuning_rounds, "
+                  "bucket_cap_tuning_steps >= 1");
+    for (double cap : options_.bucket_cap_candidates_mb) {
+      SHOAL_CHECK_T(InvalidArgument, cap > 0 && std::isfinite(cap),
+                    "DistributedDataParallel: bucket_cap_candidates_mb must be positive, got ", cap);
+    }
+  }
   ready_.assign(params_.size(), 0);
   locally_used_.assign(params_.size(), 0);
   arrived_.assign(params_.size(), 0);
@@ -60,7 +77,9 @@ Reducer::Reducer(std::vector<at::Tensor> parameters, std::vector<std::string> na
   // parameters and can be reduced while backward still computes the earlier layers' gradients.
   std::vector<size_t> order(params_.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = order.size() - 1 - i;
-  build_buckets(order);
+  // auto starts from PyTorch's default until the rebuild, where the tuning begins.
+  build_buckets(order, options_.first_bucket_cap_mb,
+                auto_cap() ? DistributedDataParallelOptions().bucket_cap_mb : options_.bucket_cap_mb);
   hooks_.reserve(params_.size());
   for (size_t i = 0; i < params_.size(); ++i) {
     hooks_.push_back(compat::add_grad_accumulated_hook(params_[i], [this, i] { autograd_hook(i); }));
@@ -79,8 +98,8 @@ void Reducer::set_comm_hook(CommHook hook) {
   hook_ = std::move(hook);
 }
 
-void Reducer::build_buckets(const std::vector<size_t>& order) {
-  torch::NoGradGuard no_grad;
+std::vector<std::vector<size_t>> Reducer::assign_buckets(const std::vector<size_t>& order,
+                                                         double first_cap_mb, double cap_mb) const {
   struct Open {
     std::vector<size_t> variables;
     int64_t bytes = 0;
@@ -94,8 +113,8 @@ void Reducer::build_buckets(const std::vector<size_t>& order) {
     Open& bucket = open[p.scalar_type()];
     bucket.variables.push_back(index);
     bucket.bytes += p.numel() * static_cast<int64_t>(p.element_size());
-    const double cap_mb = bucket.first ? options_.first_bucket_cap_mb : options_.bucket_cap_mb;
-    if (bucket.bytes >= static_cast<int64_t>(cap_mb * kMiB)) {
+    const double cap = bucket.first ? first_cap_mb : cap_mb;
+    if (bucket.bytes >= static_cast<int64_t>(cap * kMiB)) {
       assignment.push_back(std::move(bucket.variables));
       bucket.variables.clear();
       bucket.bytes = 0;
@@ -108,9 +127,18 @@ void Reducer::build_buckets(const std::vector<size_t>& order) {
   // Reduce buckets in the order their first gradient is expected.
   std::vector<size_t> position(params_.size());
   for (size_t i = 0; i < order.size(); ++i) position[order[i]] = i;
-  constexpr auto kNoBucket = std::numeric_limits<size_t>::max();
   std::stable_sort(assignment.begin(), assignment.end(),
                    [&](const auto& a, const auto& b) { return position[a[0]] < position[b[0]]; });
+  return assignment;
+}
+
+void Reducer::build_buckets(const std::vector<size_t>& order, double first_cap_mb, double cap_mb) {
+  torch::NoGradGuard no_grad;
+  const std::vector<std::vector<size_t>> assignment = assign_buckets(order, first_cap_mb, cap_mb);
+  bucket_order_ = order;
+  first_cap_mb_ = first_cap_mb;
+  cap_mb_ = cap_mb;
+  constexpr auto kNoBucket = std::numeric_limits<size_t>::max();
 
   std::vector<Bucket> buckets(assignment.size());
   locator_.assign(params_.size(), {kNoBucket, 0});
@@ -167,8 +195,12 @@ void Reducer::build_buckets(const std::vector<size_t>& order) {
   buckets_ = std::move(buckets);
 }
 
-bool Reducer::rebuild_buckets() {
-  if (rebuilt_ || !synced_once_) return false;
+void Reducer::rebuild_buckets() {
+  if (!synced_once_) return;
+  if (rebuilt_) {
+    if (auto_cap()) tune_bucket_cap();
+    return;
+  }
   rebuilt_ = true;
   // Every rank adopts rank 0's order, so the buckets stay identical everywhere. The first element
   // says whether rank 0 saw every gradient arrive (otherwise the buckets stay as they are).
@@ -189,12 +221,102 @@ bool Reducer::rebuild_buckets() {
   arrival_order_.clear();
   arrival_order_.shrink_to_fit();
   group_->broadcast(message, {0})->wait();
-  if (message[0].item<int64_t>() != 1) return true;
-  std::vector<size_t> order(n);
-  auto accessor = message.accessor<int64_t, 1>();
-  for (int64_t i = 0; i < n; ++i) order[i] = static_cast<size_t>(accessor[i + 1]);
-  build_buckets(order);
-  return true;
+  if (message[0].item<int64_t>() == 1) {
+    std::vector<size_t> order(n);
+    auto accessor = message.accessor<int64_t, 1>();
+    for (int64_t i = 0; i < n; ++i) order[i] = static_cast<size_t>(accessor[i + 1]);
+    // With auto the tuning's first candidate is built right away instead.
+    if (!auto_cap()) build_buckets(order, first_cap_mb_, cap_mb_);
+    bucket_order_ = std::move(order);
+  }
+  if (auto_cap()) tune_bucket_cap();
+}
+
+void Reducer::tune_bucket_cap() {
+  CapTuner& t = tuner_;
+  if (t.done) return;
+  if (!t.started) {
+    t.started = true;
+    // Each cap with the usual first bucket, then with a first bucket of the same cap; candidates
+    // that give the same buckets are one (the first met names it).
+    std::vector<double> caps = options_.bucket_cap_candidates_mb;
+    std::sort(caps.begin(), caps.end());
+    caps.erase(std::unique(caps.begin(), caps.end()), caps.end());
+    std::vector<std::pair<double, double>> candidates;
+    for (double cap : caps) candidates.emplace_back(options_.first_bucket_cap_mb, cap);
+    for (double cap : caps) candidates.emplace_back(cap, cap);
+    std::vector<std::vector<std::vector<size_t>>> layouts;
+    for (const auto& [first, cap] : candidates) {
+      auto layout = assign_buckets(bucket_order_, first, cap);
+      if (std::find(layouts.begin(), layouts.end(), layout) != layouts.end()) continue;
+      layouts.push_back(std::move(layout));
+      t.caps.emplace_back(first, cap);
+    }
+    t.samples.assign(t.caps.size(), {});
+    t.slot = 0;
+    t.slot_start = synced_steps_;
+    t.ends.clear();
+    if (t.caps.size() == 1) {  // nothing to choose between
+      t.done = true;
+      t.trials.push_back({t.caps[0].first, t.caps[0].second, std::nan("")});
+    }
+    build_buckets(bucket_order_, t.caps[0].first, t.caps[0].second);
+    return;
+  }
+  // A slot is one warm-up step (new buckets, their first reduction) and the timed ones; each
+  // timed step runs from the end of one synchronised backward to the end of the next.
+  const int64_t per_slot = 1 + options_.bucket_cap_tuning_steps;
+  if (synced_steps_ - t.slot_start < per_slot) return;
+  const size_t candidate = t.slot % t.caps.size();
+  for (size_t i = 1; i < t.ends.size(); ++i) {
+    t.samples[candidate].push_back(std::chrono::duration<double>(t.ends[i] - t.ends[i - 1]).count());
+  }
+  t.ends.clear();
+  ++t.slot;
+  t.slot_start = synced_steps_;
+  if (t.slot < t.caps.size() * static_cast<size_t>(options_.bucket_cap_tuning_rounds)) {
+    const auto& [first, cap] = t.caps[t.slot % t.caps.size()];
+    build_buckets(bucket_order_, first, cap);
+    return;
+  }
+  // Decide: every rank takes the slowest rank's median per candidate (one allreduce, identical
+  // results everywhere), then the least of those.
+  auto medians = torch::empty({static_cast<int64_t>(t.caps.size())}, torch::kDouble);
+  for (size_t c = 0; c < t.caps.size(); ++c) {
+    auto& v = t.samples[c];
+    double m = std::numeric_limits<double>::infinity();
+    if (!v.empty()) {
+      std::sort(v.begin(), v.end());
+      m = v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
+    }
+    medians[static_cast<int64_t>(c)] = m;
+  }
+  comm::AllreduceOptions max;
+  max.op = comm::ReduceOp::kMax;
+  group_->allreduce(medians, max)->wait();
+  auto m = medians.accessor<double, 1>();
+  size_t best = 0;
+  for (size_t c = 0; c < t.caps.size(); ++c) {
+    t.trials.push_back({t.caps[c].first, t.caps[c].second, m[static_cast<int64_t>(c)]});
+    if (m[static_cast<int64_t>(c)] < m[static_cast<int64_t>(best)]) best = c;
+  }
+  t.done = true;
+  t.samples.clear();
+  const auto [first, cap] = t.caps[best];
+  if (first != first_cap_mb_ || cap != cap_mb_) build_buckets(bucket_order_, first, cap);
+  if (group_->rank() == 0) {
+    std::ostringstream tried;
+    tried << std::setprecision(3);
+    for (size_t c = 0; c < t.trials.size(); ++c) {
+      tried << (c ? ", " : "") << t.trials[c].first_bucket_cap_mb << "/"
+            << t.trials[c].bucket_cap_mb << " MiB " << t.trials[c].seconds * 1e3 << " ms";
+    }
+    log::info("DistributedDataParallel: bucket_cap_mb=auto chose ", cap,
+              " MiB (first bucket ", first, " MiB, ", buckets_.size(), " bucket",
+              buckets_.size() == 1 ? "" : "s", ") after ", synced_steps_,
+              " synchronised steps (median step time per first/other bucket cap, slowest rank: ",
+              tried.str(), ")");
+  }
 }
 
 void Reducer::prepare_for_backward(const std::vector<at::Tensor>& outputs) {
@@ -479,6 +601,8 @@ void Reducer::finalize_backward() {
     }
   }
   stats_.iterations += 1;
+  ++synced_steps_;
+  if (tuner_.started && !tuner_.done) tuner_.ends.push_back(std::chrono::steady_clock::now());
   synced_once_ = true;
   stats_.wait_seconds += std::chrono::duration<double>(wait_end - wait_start).count();
   stats_.backward_seconds += std::chrono::duration<double>(wait_end - backward_start_).count();
@@ -573,6 +697,8 @@ void Reducer::shadow_backward() {
     reduce_sparse(index, used_everywhere == nullptr || used_everywhere[index] != 0, 1.0,
                   /*shadow=*/true);
   }
+  ++synced_steps_;
+  if (tuner_.started && !tuner_.done) tuner_.ends.push_back(std::chrono::steady_clock::now());
   synced_once_ = true;
 }
 
@@ -611,6 +737,11 @@ ReducerStats Reducer::stats() const {
   stats.static_graph = options_.static_graph;
   stats.unused_parameters = static_cast<int64_t>(options_.static_graph ? static_unused_.size()
                                                                       : unused_.size());
+  stats.bucket_cap_mb = cap_mb_;
+  stats.first_bucket_cap_mb = first_cap_mb_;
+  stats.bucket_cap_auto = auto_cap();
+  stats.bucket_cap_tuning = auto_cap() && !tuner_.done;
+  stats.bucket_cap_trials = tuner_.trials;
   stats.bucket_bytes.clear();
   for (const auto& bucket : buckets_) {
     stats.bucket_bytes.push_back(bucket.contents.numel() *

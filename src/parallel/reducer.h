@@ -45,10 +45,11 @@ class Reducer {
   /// (also after a backward that ended in an exception) and, with find_unused_parameters, finds
   /// the parameters `outputs` do not depend on.
   void prepare_for_backward(const std::vector<at::Tensor>& outputs);
-  /// Once, on every rank at the same step (the first grad-mode forward after the first completed
-  /// synchronised backward): rebuilds buckets from rank 0's gradient arrival order. Returns
-  /// whether it ran (then it issued one broadcast).
-  bool rebuild_buckets();
+  /// Called at every grad-mode forward, on every rank at the same steps (a joined rank too).
+  /// Once (the first grad-mode forward after the first completed synchronised backward): rebuilds
+  /// buckets from rank 0's gradient arrival order (one broadcast). With bucket_cap_mb = auto, the
+  /// calls after it move through the candidate caps and finally pick one (one allreduce).
+  void rebuild_buckets();
   bool buckets_rebuilt() const { return rebuilt_; }
   /// A joined rank's side of one step: reduces zero buckets with the others (its own gradients
   /// are left alone).
@@ -72,7 +73,13 @@ class Reducer {
     std::unique_ptr<GradBucket> hook_view;
   };
 
-  void build_buckets(const std::vector<size_t>& order);
+  /// Which parameters share a bucket, for parameters in `order` (expected gradient order) and
+  /// buckets of `cap_mb` after the first; in the order the buckets will be reduced.
+  std::vector<std::vector<size_t>> assign_buckets(const std::vector<size_t>& order,
+                                                  double first_cap_mb, double cap_mb) const;
+  void build_buckets(const std::vector<size_t>& order, double first_cap_mb, double cap_mb);
+  /// bucket_cap_mb = auto: the step of the tuning schedule (see DistributedDataParallelOptions).
+  void tune_bucket_cap();
   void autograd_hook(size_t index);
   void begin_backward();
   void mark_ready(size_t index);
@@ -137,6 +144,27 @@ class Reducer {
   bool synced_once_ = false;             // a synchronised backward completed (rebuild may run)
   std::vector<size_t> arrival_order_;    // first synchronised backward's gradient order
   std::vector<char> arrived_;
+
+  std::vector<size_t> bucket_order_;     // the order buckets are built in (rebuilt: rank 0's)
+  double first_cap_mb_ = 0;              // first_bucket_cap_mb of the current buckets
+  double cap_mb_ = 0;                    // bucket_cap_mb of the current buckets
+  // Synchronised backward passes, a joined rank's shadow ones included (the same on every rank).
+  int64_t synced_steps_ = 0;
+  // bucket_cap_mb = auto.
+  struct CapTuner {
+    bool started = false;
+    bool done = false;
+    std::vector<std::pair<double, double>> caps;  // distinct (first, cap) candidates
+    std::vector<std::vector<double>> samples;   // per candidate: step seconds
+    size_t slot = 0;                            // round * caps.size() + candidate
+    int64_t slot_start = 0;                     // synced_steps_ when the slot began
+    std::vector<std::chrono::steady_clock::time_point> ends;  // backward ends in the slot
+    std::vector<ReducerStats::BucketCapTrial> trials;  // once decided
+  };
+  CapTuner tuner_;
+  bool auto_cap() const {
+    return options_.bucket_cap_mb == DistributedDataParallelOptions::kBucketCapAuto;
+  }
 
   std::chrono::steady_clock::time_point backward_start_;
   ReducerStats stats_;

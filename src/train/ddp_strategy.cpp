@@ -1,5 +1,8 @@
 #include "shoal/train/ddp_strategy.h"
 
+#include <cmath>
+#include <sstream>
+
 #include "shoal/error.h"
 #include "shoal/models/model.h"
 #include "shoal/parallel/distributed_data_parallel.h"
@@ -29,9 +32,35 @@ void DdpStrategy::set_comm_hook(const std::string& name,
   power_sgd_ = name == "powersgd" ? std::move(power_sgd) : nullptr;
 }
 
+void DdpStrategy::set_bucket_cap_mb(double cap_mb) {
+  SHOAL_CHECK_T(InvalidArgument,
+                (cap_mb > 0 && std::isfinite(cap_mb)) ||
+                    cap_mb == parallel::DistributedDataParallelOptions::kBucketCapAuto,
+                "DDP's bucket_cap_mb must be a positive number of MiB or auto, got ", cap_mb);
+  bucket_cap_mb_ = cap_mb;
+}
+
+std::string DdpStrategy::describe() const {
+  if (bucket_cap_mb_ != parallel::DistributedDataParallelOptions::kBucketCapAuto) {
+    std::ostringstream text;
+    text << "bucket_cap_mb " << bucket_cap_mb_;
+    return text.str();
+  }
+  const parallel::DistributedDataParallelOptions defaults;
+  std::ostringstream text;
+  text << "bucket_cap_mb auto (each of";
+  for (double cap : defaults.bucket_cap_candidates_mb) text << " " << cap;
+  text << " MiB that gives other buckets, tried " << defaults.bucket_cap_tuning_rounds
+       << " times over " << defaults.bucket_cap_tuning_steps + 1
+       << " steps after the first; the choice is logged and in --metrics)";
+  return text.str();
+}
+
 void DdpStrategy::prepare(TrainState& state) {
   // Any module: the type-independent DDP, around the model's own forward.
-  auto ddp = std::make_shared<parallel::DistributedDataParallelBase>(state.model, group_);
+  parallel::DistributedDataParallelOptions options;
+  options.bucket_cap_mb = bucket_cap_mb_;
+  auto ddp = std::make_shared<parallel::DistributedDataParallelBase>(state.model, group_, options);
   stats_source_ = ddp;
   if (comm_hook_ == "fp16") ddp->register_comm_hook(parallel::fp16_compress_hook(group_));
   if (comm_hook_ == "bf16") ddp->register_comm_hook(parallel::bf16_compress_hook(group_));
@@ -57,7 +86,8 @@ void DdpStrategy::all_reduce_sum(std::vector<double>& values) {
 std::optional<CommStats> DdpStrategy::comm_stats() const {
   if (!stats_source_) return std::nullopt;
   const parallel::ReducerStats stats = stats_source_->stats();
-  return CommStats{stats.reduced_bytes, stats.wait_seconds};
+  return CommStats{stats.reduced_bytes, stats.wait_seconds, stats.bucket_cap_mb,
+                   stats.bucket_cap_tuning};
 }
 
 parallel::ReducerStats DdpStrategy::reducer_stats() const {

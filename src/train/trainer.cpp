@@ -677,6 +677,10 @@ TrainResult Trainer::fit(const data::BatchDataset& train, const data::BatchDatas
           const double per = 1.0 / static_cast<double>(std::max<int64_t>(comm_steps, 1));
           line.add("comm_bytes", (now->bytes - comm_before->bytes) * per)
               .add("comm_wait_s", (now->wait_seconds - comm_before->wait_seconds) * per);
+          if (now->bucket_cap_mb > 0) {
+            line.add("bucket_cap_mb", now->bucket_cap_mb)
+                .add("bucket_cap_tuning", now->bucket_cap_tuning);
+          }
           comm_before = now;
         } else if (now) {
           comm_before = now;
@@ -1000,7 +1004,8 @@ TrainResult run_training(const TrainOptions& options, std::unique_ptr<Strategy> 
               ", momentum ", options.momentum,
               options.lr_schedule == "constant" ? "" : ", lr schedule " + options.lr_schedule,
               ", seed ", options.seed, ", ", world, " process",
-              world > 1 ? "es" : "", " x ", torch::get_num_threads(), " threads");
+              world > 1 ? "es" : "", " x ", torch::get_num_threads(), " threads",
+              strategy && !strategy->describe().empty() ? ", " + strategy->describe() : "");
   }
   Trainer trainer(options, std::move(model), std::move(strategy));
   // Restarted by `shoal run --max-restarts` (or torchrun) after a worker died: carry on from the

@@ -6,8 +6,10 @@
 #include <sys/wait.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
+#include <set>
 
 #include "shoal/checkpoint/serialization.h"
 #include "testing/multi_rank.h"
@@ -89,6 +91,73 @@ TEST(DdpCli, PowerSgdOnTheCnnStaysCloseToDdpWithFewerBytes) {
   // The CNN has 1,199,882 parameters: 4.8 MB of float32 gradient per step when dense.
   EXPECT_GT(bytes, 0);
   EXPECT_LT(bytes, 1199882 * 4 / 4.0) << power;
+}
+
+// `shoal train --strategy ddp --bucket-cap-mb auto`: the first steps try the candidate caps and keep
+// one; the header says auto, the log names the choice, every --metrics step line carries the cap
+// in use and whether it is still tuning (1 for the first steps, then 0 to the end), and the run
+// ends with the parameters of the default fixed cap (on 2 ranks the average of two gradients
+// does not depend on where the buckets split, so to float rounding at most).
+TEST(DdpCli, BucketCapAutoTrainsLikeAFixedCapAndSaysWhatItChose) {
+  auto run = [](const std::string& cap, const std::string& prefix) {
+    const std::string command =
+        shoal_binary() + " train --strategy ddp --nproc-per-node 2 --model mlp --epochs 1 "
+        "--train-samples 2400 --test-samples 32 --batch-size 8 --threads 1 "
+        "--log-interval 1 --metrics " + prefix + ".jsonl --dump-parameters " + prefix +
+        " --bucket-cap-mb " + cap + " >" + prefix + ".log 2>&1";
+    const int status = std::system(command.c_str());
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+        << command << "\n" << shoal::testing::read_file(prefix + ".log");
+  };
+  const std::string fixed = shoal::testing::temp_path("shoal-cap-fixed");
+  const std::string tuned = shoal::testing::temp_path("shoal-cap-auto");
+  run("25", fixed);
+  run("auto", tuned);
+  const std::string log = shoal::testing::read_file(tuned + ".log");
+  EXPECT_NE(log.find("bucket_cap_mb auto"), std::string::npos) << "the header:\n" << log;
+  EXPECT_NE(log.find("bucket_cap_mb=auto chose "), std::string::npos) << log;
+  const auto caps = shoal::testing::step_metrics(tuned + ".jsonl", "bucket_cap_mb");
+  const auto tuning = shoal::testing::step_metrics(tuned + ".jsonl", "bucket_cap_tuning");
+  ASSERT_EQ(caps.size(), 150u);  // 2400 samples / (2 ranks x 8)
+  ASSERT_EQ(tuning.size(), caps.size());
+  EXPECT_EQ(tuning.front(), 1);
+  EXPECT_EQ(tuning.back(), 0) << "still tuning after 150 steps";
+  const size_t decided = std::find(tuning.begin(), tuning.end(), 0.0) - tuning.begin();
+  std::set<double> tried(caps.begin() + 1, caps.begin() + static_cast<long>(decided));
+  EXPECT_GE(tried.size(), 2u) << "the MLP's candidates give several bucket sets";
+  for (size_t k = decided; k < caps.size(); ++k) {
+    EXPECT_EQ(tuning[k], 0) << "step " << k + 1;
+    EXPECT_EQ(caps[k], caps.back()) << "step " << k + 1 << ": the choice changed";
+  }
+  EXPECT_TRUE(tried.count(caps.back())) << "kept " << caps.back() << ", a cap it never tried";
+  for (double cap : shoal::testing::step_metrics(fixed + ".jsonl", "bucket_cap_mb")) {
+    EXPECT_EQ(cap, 25);
+  }
+  for (int rank = 0; rank < 2; ++rank) {
+    const std::string suffix = ".rank" + std::to_string(rank) + ".pt";
+    EXPECT_LE(max_relative_difference(shoal::checkpoint::load_state_dict_file(tuned + suffix),
+                                      shoal::checkpoint::load_state_dict_file(fixed + suffix)),
+              1e-6)
+        << "rank " << rank;
+  }
+  for (const auto& prefix : {fixed, tuned}) {
+    for (const auto& suffix : {".rank0.pt", ".rank1.pt", ".log", ".jsonl"}) fs::remove(prefix + suffix);
+  }
+}
+
+TEST(DdpCli, BucketCapMbIsCheckedBeforeAnythingStarts) {
+  auto fails_with = [](const std::string& args, const std::string& message) {
+    const std::string log = shoal::testing::temp_path("shoal-cap-bad");
+    const std::string command = shoal_binary() + " train " + args + " >" + log + " 2>&1";
+    const int status = std::system(command.c_str());
+    const std::string text = shoal::testing::read_file(log);
+    fs::remove(log);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) != 0) << command << "\n" << text;
+    EXPECT_NE(text.find(message), std::string::npos) << command << "\n" << text;
+  };
+  fails_with("--strategy ddp --bucket-cap-mb 0", "--bucket-cap-mb takes a positive number");
+  fails_with("--strategy ddp --bucket-cap-mb fast", "not 'fast'");
+  fails_with("--strategy fsdp --bucket-cap-mb auto", "--bucket-cap-mb applies to --strategy ddp");
 }
 
 }  // namespace test_data_parallel_cli

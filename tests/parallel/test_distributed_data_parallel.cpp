@@ -8,6 +8,7 @@
 #include <cmath>
 #include <map>
 #include <set>
+#include <thread>
 
 #include "shoal/comm/init.h"
 #include "shoal/error.h"
@@ -54,12 +55,22 @@ struct Spec {
   int accumulate = 1;  // micro-batches per step; all but the last under no_sync()
   bool bucket_view = false;
   std::string backend = "gloo";  // shm: the buckets are symmetric memory, reduced in place
+  bool auto_cap = false;         // bucket_cap_mb = auto: the buckets change in the first steps
 };
+
+// bucket_cap_mb = auto over caps that split the small models in several ways, decided within a
+// few steps (2 rounds of 1 warm-up + 1 timed step per distinct cap).
+void use_auto_cap(DistributedDataParallelOptions& options) {
+  options.bucket_cap_mb = DistributedDataParallelOptions::kBucketCapAuto;
+  options.bucket_cap_candidates_mb = {0.0001, 0.001, 0.004, 0.005, 1.0};
+  options.bucket_cap_tuning_rounds = 2;
+  options.bucket_cap_tuning_steps = 1;
+}
 
 std::string spec_name(const ::testing::TestParamInfo<Spec>& info) {
   const Spec& s = info.param;
   return s.model + "_w" + std::to_string(s.world) + (s.accumulate > 1 ? "_nosync" : "") +
-         (s.bucket_view ? "_view" : "") + "_" + s.backend;
+         (s.bucket_view ? "_view" : "") + "_" + s.backend + (s.auto_cap ? "_autocap" : "");
 }
 
 constexpr int kSteps = 50;
@@ -97,9 +108,11 @@ void check_equivalence(const Spec& spec) {
 
   std::vector<std::vector<torch::Tensor>> results(spec.world);
   std::vector<size_t> bucket_counts(spec.world);
+  std::vector<ReducerStats> final_stats(spec.world);
   with_groups(spec.world, [&](int rank, std::shared_ptr<comm::ProcessGroup> group) {
     auto options = small_buckets();
     options.gradient_as_bucket_view = spec.bucket_view;
+    if (spec.auto_cap) use_auto_cap(options);
     DistributedDataParallel ddp(models[rank], group, options);
     torch::optim::SGD optimizer(ddp.module()->parameters(), sgd);
     for (int step = 0; step < kSteps; ++step) {
@@ -129,9 +142,20 @@ void check_equivalence(const Spec& spec) {
     }
     results[rank] = clone_all(ddp.module()->parameters());
     bucket_counts[rank] = ddp.stats().bucket_bytes.size();
+    final_stats[rank] = ddp.stats();
   }, spec.backend);
 
-  EXPECT_GE(bucket_counts[0], 3u) << "the test should exercise several buckets";
+  if (spec.auto_cap) {
+    // The tuning ran its course within the steps and every rank kept the same cap.
+    for (int r = 0; r < spec.world; ++r) {
+      EXPECT_FALSE(final_stats[r].bucket_cap_tuning) << "rank " << r;
+      EXPECT_GE(final_stats[r].bucket_cap_trials.size(), 2u) << "rank " << r;
+      EXPECT_EQ(final_stats[r].bucket_cap_mb, final_stats[0].bucket_cap_mb) << "rank " << r;
+      EXPECT_EQ(final_stats[r].bucket_bytes, final_stats[0].bucket_bytes) << "rank " << r;
+    }
+  } else {
+    EXPECT_GE(bucket_counts[0], 3u) << "the test should exercise several buckets";
+  }
   const auto expected = reference->parameters();
   for (int r = 0; r < spec.world; ++r) {
     EXPECT_LE(max_relative_difference(results[r], clone_all(expected)), 1e-5) << "rank " << r;
@@ -157,7 +181,8 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(Spec{"cnn", 2}, Spec{"mlp", 2}, Spec{"cnn", 3}, Spec{"mlp", 3},
                       Spec{"cnn", 2, 2}, Spec{"mlp", 3, 2}, Spec{"cnn", 2, 1, true},
                       Spec{"mlp", 3, 2, true}, Spec{"cnn", 2, 1, false, "shm"},
-                      Spec{"mlp", 2, 2, true, "shm"}, Spec{"mlp", 3, 1, true, "shm"}),
+                      Spec{"mlp", 2, 2, true, "shm"}, Spec{"mlp", 3, 1, true, "shm"},
+                      Spec{"cnn", 2, 1, false, "gloo", true}, Spec{"mlp", 3, 2, true, "shm", true}),
     spec_name);
 
 // ---- unused parameters ---------------------------------------------------------------------------
@@ -642,7 +667,7 @@ TEST(DdpBuckets, InitialBucketsFollowReverseRegistrationOrder) {
 
 // ---- join ----------------------------------------------------------------------------------------
 
-void join_uneven_inputs(const std::string& backend, bool bucket_view) {
+void join_uneven_inputs(const std::string& backend, bool bucket_view, bool auto_cap = false) {
   constexpr int kWorld = 3;
   const int batches[kWorld] = {5, 2, 0};  // rank 2 has no data at all
   std::vector<SmallMlp> models;
@@ -677,6 +702,12 @@ void join_uneven_inputs(const std::string& backend, bool bucket_view) {
       [&](int rank, std::shared_ptr<comm::ProcessGroup> group) {
         auto options = small_buckets();
         options.gradient_as_bucket_view = bucket_view;
+        if (auto_cap) {
+          // Switches of cap at steps 2 and 4, while ranks 1 and 2 shadow the others' steps.
+          use_auto_cap(options);
+          options.bucket_cap_candidates_mb = {0.0001, 1.0};
+          options.bucket_cap_tuning_rounds = 1;
+        }
         DistributedDataParallel ddp(models[rank], group, options);
         torch::optim::SGD opt(ddp.module()->parameters(),
                               torch::optim::SGDOptions(0.1).momentum(0.9));
@@ -709,6 +740,114 @@ TEST(DdpJoin, UnevenInputsFinishWithTheExpectedGradients) { join_uneven_inputs("
 
 // On shm the buckets live in symmetric memory, which the joined ranks' reductions must use too.
 TEST(DdpJoin, UnevenInputsOnSharedMemoryWithBucketViews) { join_uneven_inputs("shm", true); }
+
+// bucket_cap_mb = auto changes the buckets at the same steps on the joined ranks, which shadow the
+// active ranks' reductions with buckets of the same sizes.
+TEST(DdpJoin, UnevenInputsWhileBucketCapAutoTunes) { join_uneven_inputs("shm", false, true); }
+
+// ---- bucket_cap_mb = auto -------------------------------------------------------------------------
+
+// A communication hook that takes `delay` per bucket before reducing: the more buckets a cap gives,
+// the slower its steps, by at least `delay` per extra bucket, whatever the machine is doing.
+CommHook slow_hook(std::shared_ptr<comm::ProcessGroup> group, Milliseconds delay) {
+  auto inner = allreduce_hook(group);
+  return [inner, delay](GradBucket& bucket) {
+    std::this_thread::sleep_for(delay);
+    return inner(bucket);
+  };
+}
+
+// The tuning tries every cap that gives different buckets, interleaved over the rounds (each for
+// one warm-up step and the timed ones), then keeps the one with the least median step time on
+// every rank: with a cost per bucket, the cap with the fewest buckets.
+TEST(DdpBucketCapAuto, TriesEachDistinctCapInTurnThenKeepsTheFastest) {
+  constexpr int kRounds = 3, kTimed = 2, kSteps = 60;
+  // Per rank: the (first, other) bucket caps of each step's buckets.
+  std::vector<std::vector<std::pair<double, double>>> caps(2);
+  std::vector<std::vector<size_t>> buckets(2);       // per rank: how many buckets each step had
+  std::vector<std::vector<bool>> tuning(2);
+  std::vector<ReducerStats> last(2);
+  with_groups(2, [&](int rank, std::shared_ptr<comm::ProcessGroup> group) {
+    SmallMlp model;
+    auto options = small_buckets();
+    use_auto_cap(options);
+    options.bucket_cap_tuning_rounds = kRounds;
+    options.bucket_cap_tuning_steps = kTimed;
+    DistributedDataParallel ddp(model, group, options);
+    ddp.register_comm_hook(slow_hook(group, Milliseconds(20)));
+    torch::optim::SGD optimizer(ddp.module()->parameters(), torch::optim::SGDOptions(0.01));
+    for (int step = 0; step < kSteps; ++step) {
+      optimizer.zero_grad();
+      auto [x, y] = make_batch("mlp", step, 4);
+      auto loss = torch::nll_loss(ddp.forward(x), y);
+      const ReducerStats now = ddp.stats();  // the buckets this step's backward uses
+      caps[rank].emplace_back(now.first_bucket_cap_mb, now.bucket_cap_mb);
+      buckets[rank].push_back(now.bucket_bytes.size());
+      tuning[rank].push_back(now.bucket_cap_tuning);
+      loss.backward();
+      optimizer.step();
+    }
+    last[rank] = ddp.stats();
+  });
+  EXPECT_EQ(caps[0], caps[1]);
+  EXPECT_EQ(buckets[0], buckets[1]);
+  const auto& trials = last[0].bucket_cap_trials;
+  ASSERT_GE(trials.size(), 2u) << "the candidates should give at least two different bucket sets";
+  ASSERT_FALSE(last[0].bucket_cap_tuning);
+  // Step 0 runs with the initial buckets; from step 1 (after the rebuild) each distinct cap runs
+  // 1 + kTimed steps in turn, the round over every cap kRounds times; then the choice stays.
+  const size_t n = trials.size();
+  const size_t tuned = n * kRounds * (1 + kTimed);
+  ASSERT_LT(1 + tuned, static_cast<size_t>(kSteps));
+  auto pair_of = [](const ReducerStats::BucketCapTrial& trial) {
+    return std::make_pair(trial.first_bucket_cap_mb, trial.bucket_cap_mb);
+  };
+  std::map<std::pair<double, double>, size_t> buckets_of;
+  for (size_t k = 0; k < tuned; ++k) {
+    const auto expected = pair_of(trials[(k / (1 + kTimed)) % n]);
+    EXPECT_EQ(caps[0][1 + k], expected) << "step " << 1 + k;
+    EXPECT_TRUE(tuning[0][1 + k]) << "step " << 1 + k;
+    buckets_of[expected] = buckets[0][1 + k];
+  }
+  size_t best = 0;
+  for (size_t c = 0; c < n; ++c) {
+    EXPECT_TRUE(std::isfinite(trials[c].seconds) && trials[c].seconds > 0) << c;
+    if (trials[c].seconds < trials[best].seconds) best = c;
+  }
+  for (size_t k = 1 + tuned; k < caps[0].size(); ++k) {
+    EXPECT_EQ(caps[0][k], pair_of(trials[best])) << "step " << k;
+    EXPECT_FALSE(tuning[0][k]) << "step " << k;
+  }
+  EXPECT_EQ(last[1].bucket_cap_trials, trials) << "every rank decides on the same times";
+  // 20 ms per bucket: the candidate with the fewest buckets wins.
+  size_t fewest = buckets_of.begin()->second;
+  for (const auto& [cap, count] : buckets_of) fewest = std::min(fewest, count);
+  EXPECT_EQ(buckets_of[pair_of(trials[best])], fewest)
+      << "kept " << trials[best].first_bucket_cap_mb << "/" << trials[best].bucket_cap_mb
+      << " MiB with " << buckets_of[pair_of(trials[best])] << " buckets";
+}
+
+TEST(DdpBucketCapAuto, BadOptionsAreRefusedAtConstruction) {
+  with_groups(1, [&](int, std::shared_ptr<comm::ProcessGroup> group) {
+    auto make = [&](const DistributedDataParallelOptions& options) {
+      SmallMlp model;
+      DistributedDataParallel ddp(model, group, options);
+    };
+    DistributedDataParallelOptions options;
+    options.bucket_cap_mb = -5;  // not kBucketCapAuto
+    EXPECT_THROW(make(options), InvalidArgument);
+    use_auto_cap(options);
+    options.bucket_cap_candidates_mb = {};
+    EXPECT_THROW(make(options), InvalidArgument);
+    options.bucket_cap_candidates_mb = {1.0, 0.0};
+    EXPECT_THROW(make(options), InvalidArgument);
+    options.bucket_cap_candidates_mb = {1.0};
+    options.bucket_cap_tuning_steps = 0;
+    EXPECT_THROW(make(options), InvalidArgument);
+    options.bucket_cap_tuning_steps = 1;
+    EXPECT_NO_THROW(make(options));
+  });
+}
 
 // ---- communication hooks -------------------------------------------------------------------------
 

@@ -54,7 +54,23 @@ class Reducer;
 struct DistributedDataParallelOptions {
   /// Size of every bucket after the first (MiB). 25 is PyTorch's default: large enough that the
   /// per-collective latency is amortised, small enough that reduction starts early in backward.
+  /// kBucketCapAuto: chosen by measurement (see bucket_cap_candidates_mb).
   double bucket_cap_mb = 25.0;
+  /// bucket_cap_mb = kBucketCapAuto (`--bucket-cap-mb auto`): after the one-time bucket rebuild,
+  /// the synchronised steps that follow try the candidates, each cap C of
+  /// bucket_cap_candidates_mb twice: with the first bucket at first_bucket_cap_mb, and with the
+  /// first bucket at C too (so a small model can have a single bucket). Candidates that give the
+  /// same buckets are tried once. Interleaved: each round tries every candidate once (one
+  /// warm-up step, then bucket_cap_tuning_steps timed steps, each timed from the end of one
+  /// synchronised backward to the end of the next), for bucket_cap_tuning_rounds rounds; every
+  /// rank then takes the candidate with the least median step time (the slowest rank's, one
+  /// allreduce) and keeps it, as Horovod's autotuner keeps its fusion-buffer size. Gradients are
+  /// averaged exactly as with a fixed cap; only the bucket boundaries move. ReducerStats says
+  /// what was tried and chosen.
+  static constexpr double kBucketCapAuto = -1.0;
+  std::vector<double> bucket_cap_candidates_mb{0.25, 0.5, 1, 2, 5, 10, 25, 50};
+  int bucket_cap_tuning_rounds = 3;
+  int bucket_cap_tuning_steps = 2;
   /// Size of the first bucket (MiB). Small (PyTorch's 1 MiB) so that the first reduction starts as
   /// soon as the last layers' gradients are ready.
   double first_bucket_cap_mb = 1.0;
@@ -97,6 +113,22 @@ struct ReducerStats {
   double reduced_bytes = 0;         ///< bytes of every bucket reduced
   double hidden_bytes = 0;          ///< of which already reduced when backward ended (overlapped)
   std::vector<int64_t> bucket_bytes;  ///< current bucket sizes, in reduction order
+  double bucket_cap_mb = 0;           ///< the bucket_cap_mb in use (auto: the candidate now tried)
+  double first_bucket_cap_mb = 0;     ///< the first_bucket_cap_mb in use
+  bool bucket_cap_auto = false;       ///< bucket_cap_mb = kBucketCapAuto
+  bool bucket_cap_tuning = false;     ///< auto, and not decided yet
+  struct BucketCapTrial {
+    double first_bucket_cap_mb = 0;
+    double bucket_cap_mb = 0;
+    double seconds = 0;  ///< median step time, the slowest rank's
+    bool operator==(const BucketCapTrial& o) const {
+      return first_bucket_cap_mb == o.first_bucket_cap_mb && bucket_cap_mb == o.bucket_cap_mb &&
+             seconds == o.seconds;
+    }
+  };
+  /// auto, once decided: each distinct candidate tried (in the order tried) and its median step
+  /// time.
+  std::vector<BucketCapTrial> bucket_cap_trials;
   bool static_graph = false;          ///< the static_graph option
   int64_t unused_parameters = 0;      ///< unused in the last walk (static_graph: on every rank)
 };

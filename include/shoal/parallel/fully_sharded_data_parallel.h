@@ -21,10 +21,14 @@
 // the shm backend all-gathers each peer's shard directly.
 //
 // Sharding strategies (ZeRO's stages):
-//   kShardOptimState (1)  the unit's gradients are allreduced, each rank keeps its shard's part;
-//                         full parameters stay on every rank (PyTorch's ZeroRedundancyOptimizer).
+//   kShardOptimState (1)  the optimizer state is the shard's; full parameters stay on every rank
+//                         (PyTorch's ZeroRedundancyOptimizer). The gradients are reduce-scattered,
+//                         as DeepSpeed's stage 1 does by default: a rank steps only its shard,
+//                         so it receives only its shard's average (half an allreduce's bytes).
 //   kShardGradOp     (2)  gradients are reduce-scattered: a rank receives only its shard's sum
-//                         (PyTorch's SHARD_GRAD_OP); full parameters stay.
+//                         (PyTorch's SHARD_GRAD_OP); full parameters stay. The same communication
+//                         and memory between steps as stage 1 here: stage 1 frees each unit's
+//                         full gradient once it is reduced, as stage 2 does.
 //   kFullShard       (3)  also the parameters: a unit's flat buffer holds memory only while the
 //                         unit runs (all-gathered before its forward and again before its
 //                         backward, freed after each), the next unit's gather started before the
@@ -60,7 +64,7 @@
 // Collectives, in this order, identical on every rank: at construction a parameter check and one
 // broadcast per dtype (rank 0's parameters and buffers); before a forward, [buffer broadcast] and
 // the units' all-gathers (stages 1-2: only when the shards changed since the last gather); during
-// and at the end of backward, one allreduce (stage 1) or reduce-scatter (stages 2-3) per unit,
+// and at the end of backward, one reduce-scatter per unit,
 // and under stage 3 the all-gathers of the units before their backward. Every rank must run the
 // same forwards and backwards (no uneven inputs).
 //

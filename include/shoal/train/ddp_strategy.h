@@ -40,7 +40,12 @@ class DdpStrategy : public Strategy {
   void set_comm_hook(const std::string& name,
                      std::shared_ptr<parallel::PowerSGDState> power_sgd = nullptr);
 
+  /// DDP's bucket_cap_mb for prepare(): MiB, or parallel::DistributedDataParallelOptions::
+  /// kBucketCapAuto (chosen by timing the candidates in the first steps).
+  void set_bucket_cap_mb(double cap_mb);
+
   void prepare(TrainState& state) override;
+  std::string describe() const override;
   at::Tensor epoch_indices(int64_t dataset_size, int64_t epoch, uint64_t seed) override;
   void all_reduce_sum(std::vector<double>& values) override;
   int rank() const override;
@@ -62,6 +67,7 @@ class DdpStrategy : public Strategy {
  private:
   std::shared_ptr<comm::ProcessGroup> group_;
   std::string comm_hook_ = "allreduce";
+  double bucket_cap_mb_ = 25.0;
   std::shared_ptr<parallel::PowerSGDState> power_sgd_;
   std::shared_ptr<parallel::DistributedDataParallelBase> stats_source_;
 };

@@ -37,6 +37,8 @@ struct TrainState;
 struct CommStats {
   double bytes = 0;         ///< bytes of gradients reduced
   double wait_seconds = 0;  ///< time training was blocked waiting for reductions to finish
+  double bucket_cap_mb = 0;  ///< DDP: the bucket_cap_mb in use (0: not DDP)
+  bool bucket_cap_tuning = false;  ///< DDP with bucket_cap_mb = auto, still trying candidates
 };
 
 /// The hooks a distribution strategy implements; the defaults are single-process training.
@@ -103,6 +105,9 @@ class Strategy {
   /// The gradient communication so far, for metrics; nullopt when the strategy does not
   /// measure it (or does not communicate).
   virtual std::optional<CommStats> comm_stats() const { return std::nullopt; }
+
+  /// What the run's header line adds about this strategy's settings (empty: nothing).
+  virtual std::string describe() const { return ""; }
 };
 
 /// Plain single-process training: the defaults of Strategy.
