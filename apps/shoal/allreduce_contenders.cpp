@@ -63,11 +63,7 @@ std::string collective_name(Collective collective) {
 
 ShoalContender::ShoalContender(std::shared_ptr<comm::ProcessGroup> pg, bool symmetric,
                                Collective collective)
-    : pg_(std::move(pg)), symmetric_(symmetric), collective_(collective) {
-  SHOAL_CHECK_T(InvalidArgument, !symmetric_ || collective_ == Collective::kAllreduce,
-                "shm_symmetric races allreduce only; leave it out of --backend for --collective ",
-                collective_name(collective_));
-}
+    : pg_(std::move(pg)), symmetric_(symmetric), collective_(collective) {}
 
 std::string ShoalContender::name() const {
   return pg_->backend_name() + (symmetric_ ? "_symmetric" : "");
@@ -79,8 +75,20 @@ at::Tensor& ShoalContender::buffer(int64_t bytes) {
     // Whole floats per rank: the full tensor is n pieces.
     const int64_t per_rank = bytes / 4 / pg_->size();
     if (piece_.numel() != per_rank) {
-      tensor_ = torch::zeros({per_rank * pg_->size()}, torch::kFloat);
-      piece_ = torch::zeros({per_rank}, torch::kFloat);
+      tensor_ = at::Tensor();
+      piece_ = at::Tensor();
+      // shm_symmetric: the input in symmetric memory, as FSDP's are (its flat gradients for the
+      // reduce-scatter; its shards for the all-gather).
+      const bool full_symmetric = symmetric_ && collective_ == Collective::kReduceScatter;
+      const bool piece_symmetric = symmetric_ && collective_ == Collective::kAllGather;
+      tensor_ = full_symmetric ? pg_->empty_symmetric(per_rank * pg_->size(), torch::kFloat).zero_()
+                               : torch::zeros({per_rank * pg_->size()}, torch::kFloat);
+      piece_ = piece_symmetric ? pg_->empty_symmetric(per_rank, torch::kFloat).zero_()
+                               : torch::zeros({per_rank}, torch::kFloat);
+      SHOAL_CHECK(!symmetric_ || pg_->is_symmetric(full_symmetric ? tensor_ : piece_),
+                  pg_->rank_prefix(), " ", name(), ": no symmetric memory for ",
+                  format_bytes(bytes),
+                  "; make /dev/shm larger (df -h /dev/shm) or leave shm_symmetric out of --backend");
     }
     return tensor_;
   }

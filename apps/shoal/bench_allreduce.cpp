@@ -146,11 +146,11 @@ void print_json(const std::string& backend, const std::string& collective, int w
 void check_collective_contender(const std::string& name, Collective collective) {
   SHOAL_CHECK_T(InvalidArgument,
                 collective == Collective::kAllreduce ||
-                    !(is_torch_contender_name(name) || name == "shm_symmetric" ||
-                      name == "floor_staged" || name == "floor_inplace"),
+                    !(is_torch_contender_name(name) || name == "floor_staged" ||
+                      name == "floor_inplace"),
                 "--collective ", collective_name(collective), ": the ", name,
-                " contender races allreduce only; choose from gloo, shm, mpi, openmpi, "
-                "hierarchical");
+                " contender races allreduce only; choose from gloo, shm, shm_symmetric (the input "
+                "in symmetric memory, as FSDP's), mpi, openmpi, hierarchical");
 }
 
 // The process group backend a contender runs on (its timing's barrier for the floors), after

@@ -7,7 +7,9 @@
 // Modes, each `--world` fresh processes per round (one intra-op thread each, shm for Shoal, gloo
 // for PyTorch, synthetic data, SGD with momentum): shoal_ddp, shoal_fsdp1/2/3, pytorch_ddp,
 // pytorch_zero1, pytorch_fsdp2/3 (fully_shard with reshard_after_forward false/true: FSDP1's
-// SHARD_GRAD_OP and FULL_SHARD). Rounds interleave the modes; the report gives medians. Per mode:
+// SHARD_GRAD_OP and FULL_SHARD). Rounds interleave the modes, and every mode runs between two
+// shoal_ddp runs, so its ratio to DDP is taken per round against the DDP runs beside it (the
+// machine's speed drifts within a minute); the report gives medians. Per mode:
 // samples/s (all ranks), its ratio to shoal_ddp and to the PyTorch peer, peak RSS of the largest
 // rank, and for Shoal the bytes a rank holds between steps for parameters, gradients and
 // optimizer state (FSDP: memory_stats() plus the shards' momentum; DDP: parameters, gradients,
@@ -222,17 +224,30 @@ int run_fsdp_bench(const FsdpBenchArgs& args) {
                             : std::vector<std::string>{"pytorch_ddp", "pytorch_zero1"};
     for (const auto& name : names) modes.push_back({name, &peer});
   }
+  // This machine's speed swings by tens of percent within a minute, so every mode runs between
+  // two runs of Shoal's DDP (A B A B ...): its ratio to DDP for a round is its rate over the mean
+  // of those two, and the median over the rounds is reported (vs_ddp). PyTorch's modes get the
+  // same ratio, so vs_pt = (Shoal's mode / DDP beside it) / (PyTorch's peer / DDP beside it).
   for (int round = 0; round < args.rounds; ++round) {
-    for (auto& mode : modes) run_mode(args, dir, mode);
+    run_mode(args, dir, modes[0]);
+    for (size_t i = 1; i < modes.size(); ++i) {
+      const double before = modes[0].samples["samples_per_s"].back();
+      run_mode(args, dir, modes[i]);
+      run_mode(args, dir, modes[0]);
+      const double after = modes[0].samples["samples_per_s"].back();
+      modes[i].samples["vs_ddp"].push_back(modes[i].samples["samples_per_s"].back() /
+                                           ((before + after) / 2));
+    }
   }
   std::system(("rm -rf " + dir).c_str());
+  modes[0].samples["vs_ddp"].assign(1, 1.0);
 
-  const double ddp = modes[0].get("samples_per_s");
-  auto peer_rate = [&](const std::string& name) {
+  // A mode's vs_ddp per round, by name.
+  auto ratios = [&](const std::string& name) -> const std::vector<double>* {
     for (const auto& m : modes) {
-      if (m.name == name) return m.get("samples_per_s");
+      if (m.name == name) return &m.samples.at("vs_ddp");
     }
-    return static_cast<double>(NAN);
+    return nullptr;
   };
   if (!args.json) {
     std::string beside;
@@ -241,8 +256,8 @@ int run_fsdp_bench(const FsdpBenchArgs& args) {
                 "rounds%s\n",
                 args.model.c_str(), args.world, args.batch, args.steps, args.rounds,
                 beside.c_str());
-    std::printf("%-16s %10s %8s %8s %9s %9s\n", "mode", "samples/s", "vs_ddp", "vs_pt",
-                "held MB", "peak MB");
+    std::printf("%-16s %10s %8s %13s %8s %9s %9s\n", "mode", "samples/s", "vs_ddp",
+                "vs_ddp range", "vs_pt", "held MB", "peak MB");
   }
   for (const auto& mode : modes) {
     const double rate = mode.get("samples_per_s");
@@ -251,13 +266,27 @@ int run_fsdp_bench(const FsdpBenchArgs& args) {
                                   : mode.name == "shoal_fsdp2" ? "pytorch_fsdp2"
                                   : mode.name == "shoal_fsdp3" ? "pytorch_fsdp3"
                                                                : "";
-    const double vs_pt = peer_name.empty() ? NAN : rate / peer_rate(peer_name);
+    // Round by round, each against the DDP runs beside it; shoal_ddp against pytorch_ddp directly.
+    double vs_pt = NAN;
+    if (const auto* peer = peer_name.empty() ? nullptr : ratios(peer_name)) {
+      const auto& mine = mode.samples.at("vs_ddp");
+      std::vector<double> per_round;
+      for (size_t k = 0; k < peer->size(); ++k) {
+        per_round.push_back((mode.name == "shoal_ddp" ? 1.0 : mine.at(k)) / peer->at(k));
+      }
+      vs_pt = median(per_round);
+    }
+    const double vs_ddp = mode.get("vs_ddp");
+    const auto& each = mode.samples.at("vs_ddp");
+    const auto [low, high] = std::minmax_element(each.begin(), each.end());
     if (args.json) {
       std::printf("{\"bench\": \"fsdp\", \"model\": \"%s\", \"mode\": \"%s\", \"world\": %d, "
                   "\"batch\": %d, \"samples_per_s\": %s, \"vs_shoal_ddp\": %s, "
+                  "\"vs_shoal_ddp_min\": %s, \"vs_shoal_ddp_max\": %s, "
                   "\"vs_pytorch\": %s, \"held_mb\": %s, \"peak_rss_mb\": %s, \"rounds\": %d}\n",
                   args.model.c_str(), mode.name.c_str(), args.world, args.batch,
-                  json_number(rate).c_str(), json_number(rate / ddp).c_str(),
+                  json_number(rate).c_str(), json_number(vs_ddp).c_str(),
+                  json_number(*low).c_str(), json_number(*high).c_str(),
                   json_number(vs_pt).c_str(), json_number(mode.get("held_mb")).c_str(),
                   json_number(mode.get("peak_rss_mb")).c_str(), args.rounds);
     } else {
@@ -266,16 +295,24 @@ int run_fsdp_bench(const FsdpBenchArgs& args) {
         std::snprintf(text, sizeof text, format, v);
         return std::string(std::isfinite(v) ? text : "-");
       };
-      std::printf("%-16s %10.1f %8s %8s %9s %9.1f\n", mode.name.c_str(), rate,
-                  cell(rate / ddp, "%.3f").c_str(), cell(vs_pt, "%.3f").c_str(),
+      std::printf("%-16s %10.1f %8s %13s %8s %9s %9.1f\n", mode.name.c_str(), rate,
+                  cell(vs_ddp, "%.3f").c_str(),
+                  mode.name == "shoal_ddp"
+                      ? "-"
+                      : (cell(*low, "%.2f") + "-" + cell(*high, "%.2f")).c_str(),
+                  cell(vs_pt, "%.3f").c_str(),
                   cell(mode.get("held_mb"), "%.2f").c_str(), mode.get("peak_rss_mb"));
     }
   }
   if (!args.json) {
-    std::printf("vs_ddp = samples/s / shoal_ddp's; vs_pt = shoal_ddp / pytorch_ddp, "
-                "shoal_fsdp1 / pytorch_zero1 (ZeroRedundancyOptimizer) and shoal_fsdp2|3 / "
-                "pytorch_fsdp2|3 (2.x fully_shard, reshard_after_forward false|true); held MB = "
-                "parameters + gradients + optimizer state a rank holds between steps\n");
+    std::printf("vs_ddp = samples/s / the mean of the two shoal_ddp runs beside it (every mode "
+                "runs between two), median over the rounds (range: lowest-highest round); "
+                "vs_pt = the same ratio of shoal_ddp / pytorch_ddp, shoal_fsdp1 / pytorch_zero1 "
+                "(ZeroRedundancyOptimizer) and shoal_fsdp2|3 / pytorch_fsdp2|3 (2.x fully_shard, "
+                "reshard_after_forward false|true), round by round; samples/s: medians (shoal_ddp "
+                "over its %zu runs); held MB = parameters + gradients + optimizer state a rank "
+                "holds between steps\n",
+                modes[0].samples.at("samples_per_s").size());
   }
   return 0;
 }

@@ -42,6 +42,10 @@ struct FullyShardedDataParallel::Unit {
   at::Tensor full;   ///< [padded]; its storage is freed between uses under stage 3
   at::Tensor shard;  ///< [shard_numel] leaf: this rank's piece, what the optimizer steps
   at::Tensor reduce_input;   ///< [padded] the flat local gradients, while being reduced
+  /// Stage 1 only: where reduce_input lives, kept between steps (ZeRO-1 keeps full gradients;
+  /// on the CPU in symmetric memory, so the shm backend reduce-scatters from the ranks' copies
+  /// in place instead of staging them).
+  at::Tensor grad_buffer;
   at::Tensor reduce_output;  ///< [shard_numel] the reduce-scatter's result
   std::shared_ptr<comm::Work> gather_work;
   std::shared_ptr<comm::Work> reduce_work;
@@ -197,6 +201,13 @@ void FullyShardedDataParallel::build_units() {
       unit.shard = piece.clone();
     }
     unit.shard.set_requires_grad(true);
+    if (options_.sharding_strategy == ShardingStrategy::kShardOptimState) {
+      // A collective too (same units, same order on every rank), like the shard's.
+      unit.grad_buffer = piece.device().is_cpu()
+                             ? group_->empty_symmetric(unit.padded, piece.scalar_type())
+                             : at::empty({unit.padded}, piece.options());
+      unit.grad_buffer.narrow(0, unit.numel, unit.padded - unit.numel).zero_();
+    }
     for (const auto& param : unit.params) {
       unit.hooks.push_back(compat::add_grad_accumulated_hook(param, [this, u] { on_grad_ready(u); }));
     }
@@ -406,8 +417,12 @@ void FullyShardedDataParallel::on_grad_ready(size_t unit_index) {
 void FullyShardedDataParallel::reduce_unit(Unit& unit) {
   torch::NoGradGuard no_grad;
   unit.reduced = true;
-  unit.reduce_input = at::empty({unit.padded}, unit.full.options());
-  unit.reduce_input.narrow(0, unit.numel, unit.padded - unit.numel).zero_();
+  if (unit.grad_buffer.defined()) {
+    unit.reduce_input = unit.grad_buffer;  // its padding stays zero
+  } else {
+    unit.reduce_input = at::empty({unit.padded}, unit.full.options());
+    unit.reduce_input.narrow(0, unit.numel, unit.padded - unit.numel).zero_();
+  }
   for (size_t i = 0; i < unit.params.size(); ++i) {
     at::Tensor& param = unit.params[i];
     at::Tensor slice = unit.reduce_input.narrow(0, unit.offsets[i], param.numel());
@@ -646,8 +661,9 @@ FsdpMemoryStats FullyShardedDataParallel::memory_stats() const {
   for (const auto& unit : units_) {
     stats.parameter_bytes += static_cast<int64_t>(compat::storage_bytes(unit->full));
     stats.parameter_bytes += bytes(unit->shard);
-    stats.gradient_bytes += bytes(unit->shard.grad()) + bytes(unit->reduce_input) +
-                            bytes(unit->reduce_output);
+    stats.gradient_bytes += bytes(unit->shard.grad()) + bytes(unit->reduce_output) +
+                            (unit->grad_buffer.defined() ? bytes(unit->grad_buffer)
+                                                         : bytes(unit->reduce_input));
     for (const auto& param : unit->params) stats.gradient_bytes += bytes(param.grad());
   }
   stats.peak_parameter_bytes = std::max(peak_parameter_bytes_, stats.parameter_bytes);

@@ -493,6 +493,78 @@ TEST(ShmSymmetric, AllGatherRanksThatDisagreeAboutTheOutputFailClearly) {
   EXPECT_FALSE(errors[1].empty()) << "rank 1 must fail too, not hang or succeed";
 }
 
+// reduce_scatter_tensor from an input in empty_symmetric() (FSDP's stage-1 flat gradients) reduces
+// each rank's block straight from every rank's slot: bit for bit the staged result on ordinary
+// tensors (the same sums in the same order), in float and half, sum and average, an input that
+// is part of a larger symmetric tensor, queued back to back with ordinary ones; up to 64 KiB in
+// all both are staged.
+TEST(ShmSymmetric, ReduceScatterFromASymmetricInput) {
+  for (int world : {2, 3}) {
+    auto store = make_hash_store();
+    std::vector<std::string> failures(world);
+    run_threads(world, [&](int rank) {
+      auto pg = new_process_group("shm", store, rank, world, Milliseconds(20'000));
+      for (int64_t numel : {int64_t{1}, int64_t{5000}, int64_t{(1 << 18) + 3}}) {
+        for (auto dtype : {torch::kFloat, torch::kHalf}) {
+          for (auto op : {ReduceOp::kSum, ReduceOp::kAvg}) {
+            // One element before the input: the input starts inside the region, not at its start.
+            auto region = pg->empty_symmetric(numel * world + 1, dtype);
+            auto input = region.narrow(0, 1, numel * world);
+            auto plain = torch::empty({numel * world}, dtype);
+            for (int iteration = 0; iteration < 2; ++iteration) {
+              auto values = torch::randn({numel * world}, torch::TensorOptions().dtype(torch::kFloat)
+                                                              .requires_grad(false))
+                                .mul_(rank + 1 + iteration)
+                                .to(dtype);
+              input.copy_(values);
+              plain.copy_(values);
+              auto out_symmetric = torch::empty({numel}, dtype);
+              auto out_plain = torch::empty({numel}, dtype);
+              auto ws = pg->reduce_scatter_tensor(out_symmetric, input, {op});
+              auto wp = pg->reduce_scatter_tensor(out_plain, plain, {op});
+              ws->wait();
+              wp->wait();
+              if (!torch::equal(out_symmetric, out_plain)) {
+                failures[rank] += "numel " + std::to_string(numel) + " differs; ";
+              }
+              // Against the sum itself (every rank's values, gathered).
+              auto all = torch::empty({numel * world * world}, dtype);
+              pg->all_gather_into_tensor(all, values)->wait();
+              auto want = all.view({world, world, numel}).to(torch::kDouble).sum(0)[rank];
+              if (op == ReduceOp::kAvg) want = want / world;
+              const double tolerance = dtype == torch::kHalf ? 5e-2 : 1e-5;
+              if (!torch::allclose(out_symmetric.to(torch::kDouble), want, tolerance, tolerance)) {
+                failures[rank] += "numel " + std::to_string(numel) + " wrong sum; ";
+              }
+            }
+          }
+        }
+      }
+    });
+    for (int rank = 0; rank < world; ++rank) EXPECT_EQ(failures[rank], "") << "world " << world;
+  }
+}
+
+TEST(ShmSymmetric, ReduceScatterRanksThatDisagreeAboutTheInputFailClearly) {
+  auto store = make_hash_store();
+  std::vector<std::string> errors(2);
+  run_threads(2, [&](int rank) {
+    auto pg = new_process_group("shm", store, rank, 2, Milliseconds(10'000));
+    const int64_t numel = 1 << 16;  // 256 KiB in all: above the staged-only size
+    auto symmetric = pg->empty_symmetric(2 * numel, torch::kFloat).fill_(1);
+    auto ordinary = torch::ones({2 * numel});
+    auto out = torch::empty({numel});
+    try {
+      pg->reduce_scatter_tensor(out, rank == 0 ? symmetric : ordinary)->wait();
+    } catch (const Error& e) {
+      errors[rank] = e.what();
+    }
+  });
+  EXPECT_NE(errors[0].find("rank 1 passed an ordinary tensor"), std::string::npos) << errors[0];
+  EXPECT_NE(errors[1].find("rank 0 passed a tensor from empty_symmetric()"), std::string::npos)
+      << errors[1];
+}
+
 TEST(ShmSymmetric, OtherBackendsGiveOrdinaryTensorsAndNothingLeaks) {
   auto store = make_hash_store();
   run_threads(2, [&](int rank) {

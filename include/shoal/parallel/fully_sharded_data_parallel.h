@@ -21,14 +21,16 @@
 // the shm backend all-gathers each peer's shard directly.
 //
 // Sharding strategies (ZeRO's stages):
-//   kShardOptimState (1)  the optimizer state is the shard's; full parameters stay on every rank
-//                         (PyTorch's ZeroRedundancyOptimizer). The gradients are reduce-scattered,
-//                         as DeepSpeed's stage 1 does by default: a rank steps only its shard,
-//                         so it receives only its shard's average (half an allreduce's bytes).
-//   kShardGradOp     (2)  gradients are reduce-scattered: a rank receives only its shard's sum
-//                         (PyTorch's SHARD_GRAD_OP); full parameters stay. The same communication
-//                         and memory between steps as stage 1 here: stage 1 frees each unit's
-//                         full gradient once it is reduced, as stage 2 does.
+//   kShardOptimState (1)  the optimizer state is the shard's; full parameters and a full flat
+//                         gradient buffer per unit stay on every rank (PyTorch's
+//                         ZeroRedundancyOptimizer). The gradients are reduce-scattered from that
+//                         buffer, as DeepSpeed's stage 1 does by default: a rank steps only its
+//                         shard, so it receives only its shard's average (half an allreduce's
+//                         bytes). On the CPU the buffer is the group's symmetric memory, which
+//                         the shm backend reduce-scatters in place, without staging copies.
+//   kShardGradOp     (2)  gradients are reduce-scattered too: a rank receives only its shard's
+//                         sum (PyTorch's SHARD_GRAD_OP), and the full flat gradients are freed
+//                         once reduced; full parameters stay.
 //   kFullShard       (3)  also the parameters: a unit's flat buffer holds memory only while the
 //                         unit runs (all-gathered before its forward and again before its
 //                         backward, freed after each), the next unit's gather started before the

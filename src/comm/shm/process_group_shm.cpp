@@ -938,12 +938,52 @@ std::shared_ptr<Work> ProcessGroupShm::run_scatter(at::Tensor& output,
       });
 }
 
+void ProcessGroupShm::reduce_scatter_symmetric(const at::Tensor& output,
+                                               const std::vector<at::Tensor>& inputs, ReduceOp op,
+                                               const SymmetricRegion& region, size_t offset,
+                                               const Running& r) {
+  const int me = rank();
+  const size_t bytes = output.nbytes();
+  // Round A: every rank's input is in place in its slot. Tagged apart from a symmetric output of
+  // an all-gather and from an allreduce's tensor (bit 62).
+  const uint64_t ref = ((region.id << 40 | offset) + 1) | (uint64_t{1} << 62);
+  meet_on_symmetric(ref, r);
+  // This rank's block of every rank's input, summed in rank order (as the staged path does).
+  for (int s = 0; s < size(); ++s) sources_[s] = region.slot(s) + offset + me * bytes;
+  ReduceArgs args;
+  args.dst = output.data_ptr();
+  args.src = sources_.data();
+  args.num_src = size();
+  args.count = output.numel();
+  args.dtype = output.scalar_type();
+  args.op = op;
+  args.divisor = size();
+  reduce_sources(args);
+  // Round B: no peer reads this rank's input after it; the caller may reuse it.
+  const uint64_t kb = round_;
+  post();
+  wait_all_posted(kb + 1, r);
+}
+
 std::shared_ptr<Work> ProcessGroupShm::run_reduce_scatter(at::Tensor& output,
                                                           std::vector<at::Tensor>& inputs,
                                                           ReduceOp op, const OpContext& ctx) {
+  size_t offset = 0;
+  // Above 64 KiB in all, the two rounds of the symmetric way cost less than the staging copy.
+  // Every rank passes inputs of one size, so all choose alike (and the first round checks that
+  // all passed the same kind of tensor).
+  if (output.nbytes() * size() > (64 << 10)) {
+    if (auto region = find_symmetric_blocks(inputs, &offset)) {
+      return submit(ctx, Lane::kCollective, output.nbytes() * size(),
+                    [this, output, inputs, op, region, offset](const Running& r) {
+                      reduce_scatter_symmetric(output, inputs, op, *region, offset, r);
+                    });
+    }
+  }
+  const bool checked_kind = output.nbytes() * size() > (64 << 10);
   return submit(
       ctx, Lane::kCollective, output.nbytes() * size(),
-      [this, output, inputs, op](const Running& r) {
+      [this, output, inputs, op, checked_kind](const Running& r) {
         const size_t esz = output.element_size();
         const size_t total = output.numel();
         const int me = rank();
@@ -961,8 +1001,11 @@ std::shared_ptr<Work> ProcessGroupShm::run_reduce_scatter(at::Tensor& output,
             const auto* in = static_cast<const uint8_t*>(inputs[s].data_ptr()) + start * esz;
             std::memcpy(mine + place(s, me) * piece * esz, in, m * esz);
           }
+          // Where the others may have taken the symmetric way, all must agree on the kind.
+          if (start == 0 && checked_kind) publish_tensor_kind(0);
           post();
           wait_all_posted(k + 1, r);
+          if (start == 0 && checked_kind) check_same_tensor_kind(0, k, r);
           for (int s = 0; s < size(); ++s) {
             sources_[s] = s == me
                               ? static_cast<const uint8_t*>(inputs[s].data_ptr()) + start * esz

@@ -24,7 +24,9 @@
 // blocks straight from their slots instead (two rounds in all). As for the allreduce, every rank
 // must pass the same kind of tensor; the first round checks. Reduce-scatter: per round, each
 // rank publishes one piece per peer (a chunk shared among the n-1 peers) and reduces its own
-// block from its input and the peers' pieces.
+// block from its input and the peers' pieces. From an input in one empty_symmetric() tensor (FSDP's
+// flat gradients at stage 1), above 64 KiB, each rank reduces its block straight from every rank's
+// slot instead: two rounds in all and no copy (the same sums in the same order).
 //
 // Operations run in issue order on a per-group worker thread (small ones inline on the caller's
 // thread when nothing is queued); sends and receives on threads of their own, so that a ring of
@@ -163,6 +165,12 @@ class ProcessGroupShm : public ProcessGroup {
   // slots into its outputs (two rounds, one copy of the output).
   void allgather_from_symmetric(const std::vector<at::Tensor>& outputs, const at::Tensor& input,
                                 const SymmetricRegion& region, size_t offset, const Running& r);
+
+  // Reduce-scatter from inputs in a symmetric region (back to back, block 0 at `offset`): each
+  // rank reduces its block from every rank's slot into its output (two rounds, no staging copy).
+  void reduce_scatter_symmetric(const at::Tensor& output, const std::vector<at::Tensor>& inputs,
+                                ReduceOp op, const SymmetricRegion& region, size_t offset,
+                                const Running& r);
 
   Channel& channel(int src, int dst) const;
 
