@@ -569,14 +569,17 @@ int run_ddp_bench(const DdpBenchArgs& args) {
     }
   }
   if (args.bucket_sweep) {
-    // auto against the best fixed cap of the sweep (first backend, by median samples/s).
+    // auto against the best fixed cap of the sweep (first backend). Both through their of_ceil,
+    // each taken against the ceiling runs beside it, so that the machine's drift between the two
+    // runs cancels: best = the highest median of_ceil; auto_of_best = the median over the rounds
+    // of auto's of_ceil / best's.
     const DdpMode* best = nullptr;
     const DdpMode* automatic = nullptr;
     for (const auto& m : modes) {
       if (m.name != "shoal_ddp" || m.cap.empty() || m.backend != args.backends.front()) continue;
       if (m.cap == "auto") {
         automatic = &m;
-      } else if (!best || m.get("samples_per_s") > best->get("samples_per_s")) {
+      } else if (!best || m.get("of_ceiling") > best->get("of_ceiling")) {
         best = &m;
       }
     }
@@ -589,7 +592,11 @@ int run_ddp_bench(const DdpBenchArgs& args) {
         text << (args.json ? "\"" : "") << firsts[k] << "/" << caps[k] << (args.json ? "\"" : "");
         chosen += (chosen.empty() ? "" : ",") + text.str();
       }
-      const double ratio = automatic->get("samples_per_s") / best->get("samples_per_s");
+      std::vector<double> per_round;
+      const auto& a = automatic->samples.at("of_ceiling");
+      const auto& b = best->samples.at("of_ceiling");
+      for (size_t k = 0; k < a.size() && k < b.size(); ++k) per_round.push_back(a[k] / b[k]);
+      const double ratio = median(per_round);
       if (args.json) {
         std::printf("{\"bucket_sweep\": true, \"model\": \"%s\", \"best_fixed_cap_mb\": \"%s\", "
                     "\"best_fixed_first_cap_mb\": \"%s\", "
@@ -603,7 +610,8 @@ int run_ddp_bench(const DdpBenchArgs& args) {
                     json_number(automatic->get("tuning_steps")).c_str());
       } else {
         std::printf("bucket sweep: best fixed bucket_cap_mb %s%s (%.1f samples/s); auto %.1f "
-                    "samples/s = %.3f of it; auto chose %s MiB (first/other bucket cap, one per round) in %.0f untimed "
+                    "samples/s; auto / best = %.3f (of_ceil over of_ceil, median of the rounds); "
+                    "auto chose %s MiB (first/other bucket cap, one per round) in %.0f untimed "
                     "tuning steps\n",
                     best->cap.c_str(),
                     best->first_cap.empty() ? "" : (" (first " + best->first_cap + ")").c_str(),

@@ -437,7 +437,7 @@ TEST(ShmSymmetric, RanksThatDisagreeAboutTheTensorFailClearly) {
 // all_gather_into_tensor into a tensor of empty_symmetric(), or from one (FSDP's shards), copies
 // the peers' blocks straight from their slots: the same result as between ordinary tensors, with
 // the input anywhere or already in this rank's block, queued back to back with ordinary ones
-// (#31). Gathers of up to a chunk (1 MiB) a rank are staged as before: fewer rounds.
+// (#31). Gathers of up to 64 KiB in all are staged as before: fewer rounds.
 TEST(ShmSymmetric, AllGatherIntoASymmetricTensor) {
   for (int world : {2, 3}) {
     auto store = make_hash_store();
@@ -479,7 +479,7 @@ TEST(ShmSymmetric, AllGatherRanksThatDisagreeAboutTheOutputFailClearly) {
   std::vector<std::string> errors(2);
   run_threads(2, [&](int rank) {
     auto pg = new_process_group("shm", store, rank, 2, Milliseconds(10'000));
-    // Above a chunk (1 MiB): smaller gathers are staged whatever the tensors.
+    // Above 64 KiB in all: smaller gathers are staged whatever the tensors.
     const int64_t numel = (1 << 18) + 16;
     auto symmetric = pg->empty_symmetric(2 * numel, torch::kFloat);
     auto ordinary = torch::empty({2 * numel});

@@ -109,6 +109,13 @@ inline void cpu_relax() {
 
 size_t round_up(size_t value, size_t to) { return (value + to - 1) / to * to; }
 
+// All-gathers and reduce-scatters larger than this in all (the full tensor) take the symmetric
+// way when their tensors are symmetric; smaller ones are staged (see run_allgather).
+const size_t kSymmetricMinBytes = [] {
+  const char* env = std::getenv("SHOAL_SHM_SYMMETRIC_MIN_BYTES");  // experiments only
+  return env ? static_cast<size_t>(std::strtoull(env, nullptr, 10)) : size_t{64} << 10;
+}();
+
 size_t env_bytes(const char* name, size_t fallback) {
   const char* value = std::getenv(name);
   if (value == nullptr || *value == '\0') return fallback;
@@ -154,6 +161,7 @@ ProcessGroupShm::ProcessGroupShm(std::shared_ptr<Store> store, std::string scope
   // scatter and reduce_scatter put one cache-line-aligned piece per rank in a buffer.
   options_.chunk_bytes = std::max(options_.chunk_bytes, round_up(64 * size, 4096));
   options_.direct_bytes = std::min(options_.direct_bytes, options_.chunk_bytes);
+  options_.inline_bytes = env_bytes("SHOAL_SHM_INLINE_BYTES", options_.inline_bytes);
   const auto deadline = Clock::now() + timeout;
 
   // Every rank must be on this host: a rank elsewhere would fail to open the segment, less clearly.
@@ -441,7 +449,7 @@ std::shared_ptr<Work> ProcessGroupShm::submit(const OpContext& ctx, Lane lane, s
     const int code = op_code(ctx.name());
     // Small collectives run on the calling thread when nothing is queued before them: no hand-off
     // to the worker, whose wake-up would cost more than the operation.
-    if (bytes <= options_.direct_bytes && collectives_->idle()) {
+    if (bytes <= options_.inline_bytes && collectives_->idle()) {
       try {
         controls_[rank()].op_code.store(code, std::memory_order_relaxed);
         controls_[rank()].op_sequence.store(ctx.sequence(), std::memory_order_relaxed);
@@ -844,10 +852,10 @@ std::shared_ptr<Work> ProcessGroupShm::run_allgather(std::vector<at::Tensor>& ou
                                                      const at::Tensor& input,
                                                      const OpContext& ctx) {
   size_t offset = 0;
-  // The symmetric ways take two rounds whatever the size, the staged one a round per chunk: up to
-  // a chunk it has the fewer rendezvous (a small gather costs its latency, not its copies). Every
+  // The symmetric ways take two rounds whatever the size, the staged one a round per chunk and a
+  // copy more; above kSymmetricMinBytes in all the copy costs more than the second round. Every
   // rank passes inputs of one size, so all choose alike.
-  if (input.nbytes() > options_.chunk_bytes) {
+  if (input.nbytes() * size() > kSymmetricMinBytes) {
     if (auto region = find_symmetric_blocks(outputs, &offset)) {
       // all_gather_into_tensor into a tensor of empty_symmetric().
       return submit(ctx, Lane::kCollective, input.nbytes() * size(),
@@ -969,10 +977,10 @@ std::shared_ptr<Work> ProcessGroupShm::run_reduce_scatter(at::Tensor& output,
                                                           std::vector<at::Tensor>& inputs,
                                                           ReduceOp op, const OpContext& ctx) {
   size_t offset = 0;
-  // Above 64 KiB in all, the two rounds of the symmetric way cost less than the staging copy.
-  // Every rank passes inputs of one size, so all choose alike (and the first round checks that
-  // all passed the same kind of tensor).
-  if (output.nbytes() * size() > (64 << 10)) {
+  // Above kSymmetricMinBytes in all, the two rounds of the symmetric way cost less than the
+  // staging copy. Every rank passes inputs of one size, so all choose alike (and the first round
+  // checks that all passed the same kind of tensor).
+  if (output.nbytes() * size() > kSymmetricMinBytes) {
     if (auto region = find_symmetric_blocks(inputs, &offset)) {
       return submit(ctx, Lane::kCollective, output.nbytes() * size(),
                     [this, output, inputs, op, region, offset](const Running& r) {
@@ -980,7 +988,7 @@ std::shared_ptr<Work> ProcessGroupShm::run_reduce_scatter(at::Tensor& output,
                     });
     }
   }
-  const bool checked_kind = output.nbytes() * size() > (64 << 10);
+  const bool checked_kind = output.nbytes() * size() > kSymmetricMinBytes;
   return submit(
       ctx, Lane::kCollective, output.nbytes() * size(),
       [this, output, inputs, op, checked_kind](const Running& r) {

@@ -19,7 +19,7 @@
 // An allreduce of a tensor from empty_symmetric() reduces in place across the ranks' slots.
 //
 // Allgather: per chunk, each rank copies its input into its buffer and every rank copies all
-// buffers out. Above a chunk a rank, into blocks of one empty_symmetric() tensor
+// buffers out. Above 64 KiB in all, into blocks of one empty_symmetric() tensor
 // (all_gather_into_tensor) or from an input in one (FSDP's shards), each rank copies the peers'
 // blocks straight from their slots instead (two rounds in all). As for the allreduce, every rank
 // must pass the same kind of tensor; the first round checks. Reduce-scatter: per round, each
@@ -64,6 +64,10 @@ struct ShmOptions {
   /// Largest allreduce done in one round by every rank reducing every buffer. Up to this size the
   /// saved second round is worth more than the (n-1)/n of redundant reduction work.
   size_t direct_bytes = 32 << 10;
+  /// Largest collective run on the calling thread when nothing is queued before it (no hand-off
+  /// to the worker thread); larger ones, and any queued behind another, run on the worker.
+  /// SHOAL_SHM_INLINE_BYTES overrides it (benchmarks).
+  size_t inline_bytes = 32 << 10;
   /// The most a wait spins before it yields (the budget adapts below it). A running peer reaches the same point within a few
   /// microseconds (a 4 KiB allreduce takes ~2 us), so 20 us of spinning catches the common case
   /// at cache-line latency; past that the peer is probably descheduled (cores shared with compute
