@@ -306,7 +306,7 @@ ShardedTrainingState load_shard(const std::string& path, const LoadOptions& opti
     s.optimizer_shards.push_back(std::move(fields));
   }
   for (const char* key : {kMetadataKey, "flat_param_shards", "optimizer_shards"}) {
-    dict.erase(c10::IValue(std::string(key)));
+    (void)dict.erase(c10::IValue(std::string(key)));  // absent keys are fine
   }
   s.replicated = training_state_from_ivalue(dict, path);
   check_units(s, path);
