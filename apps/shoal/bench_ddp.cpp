@@ -178,10 +178,8 @@ void run_worker_with(const DdpBenchArgs& args) {
     DistributedDataParallelOptions options;
     options.gradient_as_bucket_view = args.bucket_view;
     const bool auto_cap = args.bucket_cap_mb == "auto";
-    if (auto_cap) {
-      options.bucket_cap_mb = DistributedDataParallelOptions::kBucketCapAuto;
-    } else if (const double cap = std::stod(args.bucket_cap_mb); cap > 0) {
-      options.bucket_cap_mb = cap;
+    if (std::strtod(args.bucket_cap_mb.c_str(), nullptr) > 0 || auto_cap) {
+      options.bucket_cap_mb = parallel::parse_bucket_cap_mb(args.bucket_cap_mb);
     }
     if (args.first_bucket_cap_mb > 0) options.first_bucket_cap_mb = args.first_bucket_cap_mb;
     DistributedDataParallel<models::Model> ddp(model, group, options);
@@ -659,11 +657,13 @@ void add_bench_ddp_command(CLI::App& bench, std::vector<Command>& commands) {
   app->add_option("--bucket-cap-mb", args->bucket_cap_mb,
                   "DDP bucket_cap_mb: MiB, auto, or 0 for DDP's default")
       ->check([](const std::string& value) -> std::string {
-        if (value == "auto") return "";
-        char* end = nullptr;
-        const double mb = std::strtod(value.c_str(), &end);
-        if (end != value.c_str() && *end == '\0' && mb >= 0 && mb <= 1e6) return "";
-        return "--bucket-cap-mb takes MiB (0: DDP's default) or auto, not '" + value + "'";
+        if (value == "0" || value == "0.000000") return "";  // DDP's default
+        try {
+          parallel::parse_bucket_cap_mb(value);
+          return "";
+        } catch (const InvalidArgument& e) {
+          return e.what();
+        }
       })
       ->capture_default_str();
   app->add_flag("--bucket-sweep", args->bucket_sweep,

@@ -365,12 +365,12 @@ void add_train_command(CLI::App& root, std::vector<Command>& commands) {
                   "(PyTorch's bucket_cap_mb), or auto: the first steps time each candidate cap\n"
                   "and keep the fastest (logged, and bucket_cap_mb in --metrics)")
       ->check([](const std::string& value) -> std::string {
-        if (value == "auto") return "";
-        char* end = nullptr;
-        const double mb = std::strtod(value.c_str(), &end);
-        if (end != value.c_str() && *end == '\0' && mb > 0 && mb <= 1e6) return "";
-        return "--bucket-cap-mb takes a positive number of MiB (at most 1e6) or auto, not '" +
-               value + "'";
+        try {
+          parallel::parse_bucket_cap_mb(value);
+          return "";
+        } catch (const InvalidArgument& e) {
+          return e.what();
+        }
       })
       ->capture_default_str();
   app->add_option("--powersgd-rank", args->powersgd_rank,
@@ -642,10 +642,7 @@ void add_train_command(CLI::App& root, std::vector<Command>& commands) {
                               power_sgd->start_powerSGD_iter = args->powersgd_start_iter;
                             }
                             ddp->set_comm_hook(args->comm_hook, power_sgd);
-                            ddp->set_bucket_cap_mb(
-                                args->bucket_cap_mb == "auto"
-                                    ? parallel::DistributedDataParallelOptions::kBucketCapAuto
-                                    : std::strtod(args->bucket_cap_mb.c_str(), nullptr));
+                            ddp->set_bucket_cap_mb(parallel::parse_bucket_cap_mb(args->bucket_cap_mb));
                             strategy = std::move(ddp);
                           }
                         } else if (args->strategy == "dp") {

@@ -117,6 +117,17 @@ DistributedDataParallelBase::DistributedDataParallelBase(std::shared_ptr<torch::
                                        group_, options_);
 }
 
+double parse_bucket_cap_mb(const std::string& text) {
+  if (text == "auto") return DistributedDataParallelOptions::kBucketCapAuto;
+  char* end = nullptr;
+  const double mb = std::strtod(text.c_str(), &end);
+  SHOAL_CHECK_T(InvalidArgument,
+                end != text.c_str() && *end == '\0' && mb > 0 && mb <= 1e6,
+                "--bucket-cap-mb takes a positive number of MiB (at most 1e6) or auto, not '",
+                text, "'");
+  return mb;
+}
+
 DistributedDataParallelBase::~DistributedDataParallelBase() = default;
 
 void DistributedDataParallelBase::prepare_for_forward() {

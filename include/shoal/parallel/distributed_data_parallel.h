@@ -105,6 +105,11 @@ struct DistributedDataParallelOptions {
   static bool debug_detail_from_env();
 };
 
+/// A bucket_cap_mb as a user writes it (`--bucket-cap-mb`): a positive number of MiB (at most
+/// 1e6), or "auto" (DistributedDataParallelOptions::kBucketCapAuto). Throws InvalidArgument
+/// saying what it takes.
+double parse_bucket_cap_mb(const std::string& text);
+
 /// What the reducer measured, for benchmarks (seconds summed over iterations).
 struct ReducerStats {
   uint64_t iterations = 0;          ///< synchronised backward passes
