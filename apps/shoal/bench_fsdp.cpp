@@ -34,6 +34,7 @@
 #include "shoal/comm/store.h"
 #include "shoal/error.h"
 #include "shoal/log.h"
+#include "shoal/memory/cpu_allocator.h"
 #include "shoal/models/registry.h"
 #include "shoal/parallel/distributed_data_parallel.h"
 #include "shoal/parallel/fully_sharded_data_parallel.h"
@@ -94,7 +95,12 @@ void run_rank(const FsdpBenchArgs& args, const std::string& mode, int rank,
   std::shared_ptr<parallel::FullyShardedDataParallel> fsdp;
   std::unique_ptr<torch::optim::Optimizer> optimizer;
   const auto sgd = torch::optim::SGDOptions(0.01).momentum(0.9);
-  if (mode == "shoal_ddp") {
+  if (mode == "independent") {
+    // The ceiling: the same training in every process, no communication (the group only lines
+    // up the timed steps' start and end), with the allocator settings DDP and FSDP use.
+    memory::tune_cpu_allocator();
+    optimizer = std::make_unique<torch::optim::SGD>(model->parameters(), sgd);
+  } else if (mode == "shoal_ddp") {
     ddp = std::make_shared<parallel::DistributedDataParallelBase>(model, group);
     optimizer = std::make_unique<torch::optim::SGD>(model->parameters(), sgd);
   } else {
@@ -110,10 +116,10 @@ void run_rank(const FsdpBenchArgs& args, const std::string& mode, int rank,
   auto step = [&] {
     optimizer->zero_grad();
     at::Tensor out;
-    if (ddp) {
-      ddp->prepare_for_forward();
+    if (!fsdp) {
+      if (ddp) ddp->prepare_for_forward();
       out = model->forward(x);
-      ddp->prepare_for_backward(out);
+      if (ddp) ddp->prepare_for_backward(out);
     } else {
       fsdp->prepare_for_forward();
       out = model->forward(x);
@@ -128,7 +134,7 @@ void run_rank(const FsdpBenchArgs& args, const std::string& mode, int rank,
   for (int i = 0; i < args.steps; ++i) step();
   const double seconds = seconds_since(start);
   int64_t held = momentum_bytes(*optimizer);
-  if (ddp) {
+  if (!fsdp) {
     for (const auto& p : model->parameters()) held += tensor_bytes(p) + tensor_bytes(p.grad());
   } else {
     const auto stats = fsdp->memory_stats();
@@ -221,7 +227,8 @@ int run_fsdp_bench(const FsdpBenchArgs& args) {
     }
     peers.push_back(peer);
   }
-  std::vector<Mode> modes{{"shoal_ddp"}, {"shoal_fsdp1"}, {"shoal_fsdp2"}, {"shoal_fsdp3"}};
+  std::vector<Mode> modes{{"shoal_ddp"}, {"independent"}, {"shoal_fsdp1"}, {"shoal_fsdp2"},
+                          {"shoal_fsdp3"}};
   for (const auto& peer : peers) {
     // Debian's 1.13 cannot run FSDP under Python 3.11 (bench/ddp_torch.py --fsdp says why).
     const std::vector<std::string> names =
@@ -309,8 +316,31 @@ int run_fsdp_bench(const FsdpBenchArgs& args) {
                   cell(mode.get("held_mb"), "%.2f").c_str(), mode.get("peak_rss_mb"));
     }
   }
+  // The floor the machine sets on vs_pt: no data-parallel mode beats `independent` (the same
+  // processes without communication), so against a PyTorch peer none can exceed the ceiling's
+  // ratio to that peer (round by round, each against the DDP runs beside it).
+  if (const auto* ceiling = ratios("independent")) {
+    for (const auto& m : modes) {
+      if (m.peer == nullptr) continue;
+      const auto& peer = m.samples.at("vs_ddp");
+      std::vector<double> per_round;
+      for (size_t k = 0; k < peer.size() && k < ceiling->size(); ++k) {
+        per_round.push_back(ceiling->at(k) / peer[k]);
+      }
+      if (args.json) {
+        std::printf("{\"bench\": \"fsdp\", \"model\": \"%s\", \"ceiling_over\": \"%s\", "
+                    "\"ratio\": %s}\n",
+                    args.model.c_str(), m.name.c_str(), json_number(median(per_round)).c_str());
+      } else {
+        std::printf("ceiling: independent / %s = %.3f (the most any mode can reach against it)\n",
+                    m.name.c_str(), median(per_round));
+      }
+    }
+  }
   if (!args.json) {
-    std::printf("vs_ddp = samples/s / the mean of the two shoal_ddp runs beside it (every mode "
+    std::printf("independent = the same processes training without communication (the machine's "
+                "ceiling for data parallelism); "
+                "vs_ddp = samples/s / the mean of the two shoal_ddp runs beside it (every mode "
                 "runs between two), median over the rounds (range: lowest-highest round); "
                 "vs_pt = the same ratio of shoal_ddp / pytorch_ddp, shoal_fsdp1 / pytorch_zero1 "
                 "(ZeroRedundancyOptimizer) and shoal_fsdp2|3 / pytorch_fsdp2|3 (2.x fully_shard, "
