@@ -656,14 +656,8 @@ void add_bench_ddp_command(CLI::App& bench, std::vector<Command>& commands) {
   app->add_option("--nproc-per-node,--world", args->world, "ranks of the DDP runs")->capture_default_str();
   app->add_option("--bucket-cap-mb", args->bucket_cap_mb,
                   "DDP bucket_cap_mb: MiB, auto, or 0 for DDP's default")
-      ->check([](const std::string& value) -> std::string {
-        if (value == "0" || value == "0.000000") return "";  // DDP's default
-        try {
-          parallel::parse_bucket_cap_mb(value);
-          return "";
-        } catch (const InvalidArgument& e) {
-          return e.what();
-        }
+      ->check([](const std::string& value) {
+        return value == "0" ? std::string() : bucket_cap_mb_error(value);  // 0: DDP's default
       })
       ->capture_default_str();
   app->add_flag("--bucket-sweep", args->bucket_sweep,

@@ -253,6 +253,15 @@ void install_preemption_handler() {
 
 }  // namespace
 
+std::string bucket_cap_mb_error(const std::string& value) {
+  try {
+    parallel::parse_bucket_cap_mb(value);
+    return "";
+  } catch (const InvalidArgument& e) {
+    return e.what();
+  }
+}
+
 void add_train_command(CLI::App& root, std::vector<Command>& commands) {
   auto options = std::make_shared<train::TrainOptions>();
   auto args = std::make_shared<TrainArgs>();
@@ -364,14 +373,7 @@ void add_train_command(CLI::App& root, std::vector<Command>& commands) {
                   "With --strategy ddp: size of DDP's gradient buckets after the first, in MiB\n"
                   "(PyTorch's bucket_cap_mb), or auto: the first steps time each candidate cap\n"
                   "and keep the fastest (logged, and bucket_cap_mb in --metrics)")
-      ->check([](const std::string& value) -> std::string {
-        try {
-          parallel::parse_bucket_cap_mb(value);
-          return "";
-        } catch (const InvalidArgument& e) {
-          return e.what();
-        }
-      })
+      ->check(bucket_cap_mb_error)
       ->capture_default_str();
   app->add_option("--powersgd-rank", args->powersgd_rank,
                   "With --comm-hook powersgd: rank of each gradient matrix's approximation")

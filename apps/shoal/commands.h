@@ -4,6 +4,7 @@
 #include <CLI/CLI.hpp>
 
 #include <functional>
+#include <string>
 #include <vector>
 
 namespace shoal::cli {
@@ -13,6 +14,10 @@ struct Command {
   CLI::App* app = nullptr;
   std::function<int()> run;
 };
+
+/// `--bucket-cap-mb`'s check (shoal train, shoal bench ddp): "" for MiB > 0 or auto, else what is
+/// wrong (cmd_train.cpp).
+std::string bucket_cap_mb_error(const std::string& value);
 
 void add_train_command(CLI::App& root, std::vector<Command>& commands);   // cmd_train.cpp
 void add_run_command(CLI::App& root, std::vector<Command>& commands);     // cmd_run.cpp

@@ -493,6 +493,20 @@ std::shared_ptr<Work> ProcessGroupShm::submit(const OpContext& ctx, Lane lane, s
 
 // ---- collectives -------------------------------------------------------------------------------
 
+void ProcessGroupShm::reduce_into(void* dst, size_t count, at::ScalarType dtype, ReduceOp op,
+                                  void* dst2) {
+  ReduceArgs args;
+  args.dst = dst;
+  args.dst2 = dst2;
+  args.src = sources_.data();
+  args.num_src = size();
+  args.count = count;
+  args.dtype = dtype;
+  args.op = op;
+  args.divisor = size();
+  reduce_sources(args);
+}
+
 void ProcessGroupShm::allreduce_direct(at::Tensor& tensor, ReduceOp op, int root,
                                        const Running& r) {
   const size_t bytes = tensor.nbytes();
@@ -505,15 +519,7 @@ void ProcessGroupShm::allreduce_direct(at::Tensor& tensor, ReduceOp op, int root
   wait_all_posted(k + 1, r);
   if (root < 0) check_same_tensor_kind(0, k, r);
   for (int s = 0; s < size(); ++s) sources_[s] = s == rank() ? data : peer_buffer(s, k);
-  ReduceArgs args;
-  args.dst = data;
-  args.src = sources_.data();
-  args.num_src = size();
-  args.count = tensor.numel();
-  args.dtype = tensor.scalar_type();
-  args.op = op;
-  args.divisor = size();
-  reduce_sources(args);
+  reduce_into(data, tensor.numel(), tensor.scalar_type(), op);
 }
 
 void ProcessGroupShm::allreduce_chunked(at::Tensor& tensor, ReduceOp op, int root,
@@ -551,22 +557,13 @@ void ProcessGroupShm::allreduce_chunked(at::Tensor& tensor, ReduceOp op, int roo
       for (int s = 0; s < n; ++s) {
         sources_[s] = s == me ? base + my_lo * esz : peer_buffer(s, ka) + my_lo * esz;
       }
-      ReduceArgs args;
       if (root < 0) {  // allreduce: into the tensor, and published for the others
-        args.dst = base + my_lo * esz;
-        args.dst2 = reduced + my_lo * esz;
+        reduce_into(base + my_lo * esz, my_count, tensor.scalar_type(), op, reduced + my_lo * esz);
       } else if (root == me) {
-        args.dst = base + my_lo * esz;
+        reduce_into(base + my_lo * esz, my_count, tensor.scalar_type(), op);
       } else {  // reduce: published for the root only; this rank's tensor is left alone
-        args.dst = reduced + my_lo * esz;
+        reduce_into(reduced + my_lo * esz, my_count, tensor.scalar_type(), op);
       }
-      args.src = sources_.data();
-      args.num_src = n;
-      args.count = my_count;
-      args.dtype = tensor.scalar_type();
-      args.op = op;
-      args.divisor = n;
-      reduce_sources(args);
     }
     post();
     if (root >= 0 && root != me) continue;
@@ -627,16 +624,8 @@ void ProcessGroupShm::allreduce_symmetric(at::Tensor& tensor, ReduceOp op,
   if (hi > lo) {
     const size_t at = offset + lo * esz;
     for (int s = 0; s < n; ++s) sources_[s] = region.slot(s) + at;
-    ReduceArgs args;
-    args.dst = region.slot(me) + at;
-    args.dst2 = n == 2 ? region.slot(1 - me) + at : nullptr;
-    args.src = sources_.data();
-    args.num_src = n;
-    args.count = hi - lo;
-    args.dtype = tensor.scalar_type();
-    args.op = op;
-    args.divisor = n;
-    reduce_sources(args);
+    reduce_into(region.slot(me) + at, hi - lo, tensor.scalar_type(), op,
+                n == 2 ? region.slot(1 - me) + at : nullptr);
     for (int s = 0; s < n && n > 2; ++s) {
       if (s != me) std::memcpy(region.slot(s) + at, region.slot(me) + at, (hi - lo) * esz);
     }
@@ -958,15 +947,7 @@ void ProcessGroupShm::reduce_scatter_symmetric(const at::Tensor& output,
   meet_on_symmetric(ref, r);
   // This rank's block of every rank's input, summed in rank order (as the staged path does).
   for (int s = 0; s < size(); ++s) sources_[s] = region.slot(s) + offset + me * bytes;
-  ReduceArgs args;
-  args.dst = output.data_ptr();
-  args.src = sources_.data();
-  args.num_src = size();
-  args.count = output.numel();
-  args.dtype = output.scalar_type();
-  args.op = op;
-  args.divisor = size();
-  reduce_sources(args);
+  reduce_into(output.data_ptr(), output.numel(), output.scalar_type(), op);
   // Round B: no peer reads this rank's input after it; the caller may reuse it.
   const uint64_t kb = round_;
   post();
@@ -1019,15 +1000,7 @@ std::shared_ptr<Work> ProcessGroupShm::run_reduce_scatter(at::Tensor& output,
                               ? static_cast<const uint8_t*>(inputs[s].data_ptr()) + start * esz
                               : peer_buffer(s, k) + place(me, s) * piece * esz;
           }
-          ReduceArgs args;
-          args.dst = out + start * esz;
-          args.src = sources_.data();
-          args.num_src = size();
-          args.count = m;
-          args.dtype = output.scalar_type();
-          args.op = op;
-          args.divisor = size();
-          reduce_sources(args);
+          reduce_into(out + start * esz, m, output.scalar_type(), op);
         }
       });
 }

@@ -176,6 +176,11 @@ class ProcessGroupShm : public ProcessGroup {
                                 ReduceOp op, const SymmetricRegion& region, size_t offset,
                                 const Running& r);
 
+  // Reduces sources_[0 .. size()) (`count` elements of `dtype` each, in rank order) into `dst`,
+  // and into `dst2` too when given; kAvg divides by the group's size.
+  void reduce_into(void* dst, size_t count, at::ScalarType dtype, ReduceOp op,
+                   void* dst2 = nullptr);
+
   Channel& channel(int src, int dst) const;
 
   std::shared_ptr<Store> store_;
