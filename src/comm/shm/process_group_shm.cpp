@@ -109,12 +109,6 @@ inline void cpu_relax() {
 
 size_t round_up(size_t value, size_t to) { return (value + to - 1) / to * to; }
 
-// All-gathers and reduce-scatters larger than this in all (the full tensor) take the symmetric
-// way when their tensors are symmetric; smaller ones are staged (see run_allgather).
-const size_t kSymmetricMinBytes = [] {
-  const char* env = std::getenv("SHOAL_SHM_SYMMETRIC_MIN_BYTES");  // experiments only
-  return env ? static_cast<size_t>(std::strtoull(env, nullptr, 10)) : size_t{64} << 10;
-}();
 
 size_t env_bytes(const char* name, size_t fallback) {
   const char* value = std::getenv(name);
@@ -162,6 +156,8 @@ ProcessGroupShm::ProcessGroupShm(std::shared_ptr<Store> store, std::string scope
   options_.chunk_bytes = std::max(options_.chunk_bytes, round_up(64 * size, 4096));
   options_.direct_bytes = std::min(options_.direct_bytes, options_.chunk_bytes);
   options_.inline_bytes = env_bytes("SHOAL_SHM_INLINE_BYTES", options_.inline_bytes);
+  options_.symmetric_min_bytes =
+      env_bytes("SHOAL_SHM_SYMMETRIC_MIN_BYTES", options_.symmetric_min_bytes);
   const auto deadline = Clock::now() + timeout;
 
   // Every rank must be on this host: a rank elsewhere would fail to open the segment, less clearly.
@@ -842,9 +838,9 @@ std::shared_ptr<Work> ProcessGroupShm::run_allgather(std::vector<at::Tensor>& ou
                                                      const OpContext& ctx) {
   size_t offset = 0;
   // The symmetric ways take two rounds whatever the size, the staged one a round per chunk and a
-  // copy more; above kSymmetricMinBytes in all the copy costs more than the second round. Every
+  // copy more; above options_.symmetric_min_bytes in all the copy costs more than the second round. Every
   // rank passes inputs of one size, so all choose alike.
-  if (input.nbytes() * size() > kSymmetricMinBytes) {
+  if (input.nbytes() * size() > options_.symmetric_min_bytes) {
     if (auto region = find_symmetric_blocks(outputs, &offset)) {
       // all_gather_into_tensor into a tensor of empty_symmetric().
       return submit(ctx, Lane::kCollective, input.nbytes() * size(),
@@ -958,10 +954,10 @@ std::shared_ptr<Work> ProcessGroupShm::run_reduce_scatter(at::Tensor& output,
                                                           std::vector<at::Tensor>& inputs,
                                                           ReduceOp op, const OpContext& ctx) {
   size_t offset = 0;
-  // Above kSymmetricMinBytes in all, the two rounds of the symmetric way cost less than the
+  // Above options_.symmetric_min_bytes in all, the two rounds of the symmetric way cost less than the
   // staging copy. Every rank passes inputs of one size, so all choose alike (and the first round
   // checks that all passed the same kind of tensor).
-  if (output.nbytes() * size() > kSymmetricMinBytes) {
+  if (output.nbytes() * size() > options_.symmetric_min_bytes) {
     if (auto region = find_symmetric_blocks(inputs, &offset)) {
       return submit(ctx, Lane::kCollective, output.nbytes() * size(),
                     [this, output, inputs, op, region, offset](const Running& r) {
@@ -969,7 +965,7 @@ std::shared_ptr<Work> ProcessGroupShm::run_reduce_scatter(at::Tensor& output,
                     });
     }
   }
-  const bool checked_kind = output.nbytes() * size() > kSymmetricMinBytes;
+  const bool checked_kind = output.nbytes() * size() > options_.symmetric_min_bytes;
   return submit(
       ctx, Lane::kCollective, output.nbytes() * size(),
       [this, output, inputs, op, checked_kind](const Running& r) {

@@ -68,6 +68,10 @@ struct ShmOptions {
   /// to the worker thread); larger ones, and any queued behind another, run on the worker.
   /// SHOAL_SHM_INLINE_BYTES overrides it (benchmarks).
   size_t inline_bytes = 32 << 10;
+  /// All-gathers and reduce-scatters larger than this in all (the full tensor) take the symmetric
+  /// way when their tensors are symmetric; smaller ones are staged (fewer rounds).
+  /// SHOAL_SHM_SYMMETRIC_MIN_BYTES overrides it (benchmarks; checked like the other sizes).
+  size_t symmetric_min_bytes = 64 << 10;
   /// The most a wait spins before it yields (the budget adapts below it). A running peer reaches the same point within a few
   /// microseconds (a 4 KiB allreduce takes ~2 us), so 20 us of spinning catches the common case
   /// at cache-line latency; past that the peer is probably descheduled (cores shared with compute
