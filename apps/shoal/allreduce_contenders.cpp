@@ -103,14 +103,22 @@ at::Tensor& ShoalContender::buffer(int64_t bytes) {
   return tensor_;
 }
 
-void ShoalContender::allreduce(at::Tensor& tensor) { pg_->allreduce(tensor)->wait(); }
+void ShoalContender::allreduce(at::Tensor& tensor) {
+  comm::AllreduceOptions options;
+  options.async_op = async_op_;
+  pg_->allreduce(tensor, options)->wait();
+}
 
 void ShoalContender::reduce_scatter(at::Tensor& output, const at::Tensor& input) {
-  pg_->reduce_scatter_tensor(output, input)->wait();
+  comm::ReduceScatterOptions options;
+  options.async_op = async_op_;
+  pg_->reduce_scatter_tensor(output, input, options)->wait();
 }
 
 void ShoalContender::all_gather(at::Tensor& output, const at::Tensor& input) {
-  pg_->all_gather_into_tensor(output, input)->wait();
+  comm::AllgatherOptions options;
+  options.async_op = async_op_;
+  pg_->all_gather_into_tensor(output, input, options)->wait();
 }
 
 void ShoalContender::run_once() {

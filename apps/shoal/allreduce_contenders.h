@@ -52,6 +52,10 @@ class ShoalContender : public Contender {
   std::string name() const override;
   void warm_up(int64_t bytes, int iterations) override;
   double measure(int64_t bytes, int iterations) override;
+  /// true: each collective is issued as DDP issues its buckets (a Work returned at once, then
+  /// waited for); false (the default): a blocking call (async_op = false), as MPI_Allreduce and
+  /// torch.distributed's default.
+  void set_async_op(bool async_op) { async_op_ = async_op; }
 
  protected:
   /// One blocking float32 sum allreduce and one barrier: what warm_up() and measure() time.
@@ -69,6 +73,7 @@ class ShoalContender : public Contender {
   std::shared_ptr<comm::ProcessGroup> pg_;
   bool symmetric_;
   Collective collective_;
+  bool async_op_ = false;
   at::Tensor tensor_;  ///< the full tensor: allreduce's, reduce-scatter's input, all-gather's output
   at::Tensor piece_;   ///< reduce-scatter's output, all-gather's input
 };

@@ -66,6 +66,7 @@ struct AllreduceBenchArgs {
   bool json = false;
   std::string torch_script;
   std::string launcher = "auto";  // how ranks are started when none is around: shoal, mpirun
+  bool async_op = false;  // Shoal's calls return a Work first (as DDP's buckets), then wait
 };
 
 std::vector<std::string> split(const std::string& text, char sep) {
@@ -226,7 +227,9 @@ int run_rank(const AllreduceBenchArgs& args) {
     } else if (floor) {
       contenders.push_back(std::make_unique<MemoryFloorContender>(pg, backend == "floor_staged"));
     } else {
-      contenders.push_back(std::make_unique<ShoalContender>(pg, symmetric, collective));
+      auto shoal = std::make_unique<ShoalContender>(pg, symmetric, collective);
+      shoal->set_async_op(args.async_op);
+      contenders.push_back(std::move(shoal));
     }
   }
   SHOAL_CHECK_T(InvalidArgument, !contenders.empty(), "--backend names no backend");
@@ -319,6 +322,7 @@ std::vector<std::string> rank_command(const AllreduceBenchArgs& args) {
                                    "--repeats", std::to_string(args.repeats),
                                    "--warmup", std::to_string(args.warmup)};
   if (args.json) command.push_back("--json");
+  if (args.async_op) command.push_back("--async-op");
   if (!args.torch_script.empty()) {
     command.push_back("--torch-script");
     command.push_back(args.torch_script);
@@ -418,6 +422,10 @@ void add_bench_allreduce_command(CLI::App& bench, std::vector<Command>& commands
       ->capture_default_str()
       ->check(CLI::Range(0, 1000));
   app->add_flag("--json", args->json, "one JSON object per line instead of a table");
+  app->add_flag("--async-op", args->async_op,
+                "Shoal's backends: issue each collective as DDP issues its buckets (the Work\n"
+                "returned at once, then waited for) instead of a blocking call (async_op = false,\n"
+                "as MPI_Allreduce and torch.distributed's default)");
   app->add_option("--torch-script", args->torch_script,
                   "path of bench/allreduce_torch.py (for torch_gloo)");
   app->add_option("--launcher", args->launcher,

@@ -284,6 +284,13 @@ std::shared_ptr<Work> failed_work(const OpContext& ctx, std::exception_ptr error
   return work;
 }
 
+// async_op = false: the caller gets the operation done, or its error thrown, as from
+// torch.distributed's async_op=False.
+std::shared_ptr<Work> completed_if_sync(const OpContext& ctx, std::shared_ptr<Work> work) {
+  if (!ctx.async_op) work->wait();
+  return work;
+}
+
 }  // namespace
 
 void ProcessGroup::record_failure(const OpContext& ctx, std::exception_ptr error) {
@@ -343,6 +350,7 @@ std::shared_ptr<Work> ProcessGroup::allreduce(at::Tensor& tensor,
                                               const AllreduceOptions& options) {
   check_tensor(*this, "allreduce", tensor);
   auto ctx = make_context("allreduce", options.timeout, &tensor);
+  ctx.async_op = options.async_op;
   ctx.label.reduce_op = static_cast<int>(options.op);
   if (options.note != nullptr) {
     std::lock_guard<std::mutex> lock(recent_mutex_);
@@ -352,13 +360,17 @@ std::shared_ptr<Work> ProcessGroup::allreduce(at::Tensor& tensor,
     }
   }
   if (options.check) {
-    if (auto failed = check_same_collective(ctx)) return record(ctx, failed);
+    if (auto failed = check_same_collective(ctx)) {
+      return completed_if_sync(ctx, record(ctx, failed));
+    }
   }
   // Nothing to move: every rank has the same (empty) shape in a correct program.
   if (tensor.numel() == 0) return record(ctx, make_completed_work(ctx.label));
   HostStaging staging(!takes_cuda_tensors());
   at::Tensor& t = staging.tensor(tensor, true, true);
-  return recorded(ctx, [&] { return staging.finish(run_allreduce(t, options.op, ctx)); });
+  return completed_if_sync(ctx, recorded(ctx, [&] {
+    return staging.finish(run_allreduce(t, options.op, ctx));
+  }));
 }
 
 std::shared_ptr<Work> ProcessGroup::broadcast(at::Tensor& tensor,
@@ -366,13 +378,18 @@ std::shared_ptr<Work> ProcessGroup::broadcast(at::Tensor& tensor,
   check_tensor(*this, "broadcast", tensor);
   check_rank(*this, "broadcast", options.root, "root");
   auto ctx = make_context("broadcast", options.timeout, &tensor);
+  ctx.async_op = options.async_op;
   ctx.label.root = options.root;
-  if (auto failed = check_same_collective(ctx)) return record(ctx, failed);
+  if (auto failed = check_same_collective(ctx)) {
+    return completed_if_sync(ctx, record(ctx, failed));
+  }
   // Nothing to move: every rank has the same (empty) shape in a correct program.
   if (tensor.numel() == 0) return record(ctx, make_completed_work(ctx.label));
   HostStaging staging(!takes_cuda_tensors());
   at::Tensor& t = staging.tensor(tensor, rank_ == options.root, rank_ != options.root);
-  return recorded(ctx, [&] { return staging.finish(run_broadcast(t, options.root, ctx)); });
+  return completed_if_sync(ctx, recorded(ctx, [&] {
+    return staging.finish(run_broadcast(t, options.root, ctx));
+  }));
 }
 
 std::shared_ptr<Work> ProcessGroup::reduce(at::Tensor& tensor, const ReduceOptions& options) {
@@ -395,13 +412,18 @@ std::shared_ptr<Work> ProcessGroup::allgather(std::vector<at::Tensor>& outputs,
   check_tensor(*this, "allgather", input, "input");
   check_list(*this, "allgather", outputs, input, "outputs");
   auto ctx = make_context("allgather", options.timeout, &input);
-  if (auto failed = check_same_collective(ctx)) return record(ctx, failed);
+  ctx.async_op = options.async_op;
+  if (auto failed = check_same_collective(ctx)) {
+    return completed_if_sync(ctx, record(ctx, failed));
+  }
   // Nothing to move: every rank has the same (empty) shape in a correct program.
   if (input.numel() == 0) return record(ctx, make_completed_work(ctx.label));
   HostStaging staging(!takes_cuda_tensors());
   const at::Tensor& in = staging.input(input);
   auto& outs = staging.list(outputs, false, true);
-  return recorded(ctx, [&] { return staging.finish(run_allgather(outs, in, ctx)); });
+  return completed_if_sync(ctx, recorded(ctx, [&] {
+    return staging.finish(run_allgather(outs, in, ctx));
+  }));
 }
 
 namespace {
@@ -455,14 +477,19 @@ std::shared_ptr<Work> ProcessGroup::reduce_scatter(at::Tensor& output,
   check_tensor(*this, "reduce_scatter", output, "output");
   check_list(*this, "reduce_scatter", inputs, output, "inputs");
   auto ctx = make_context("reduce_scatter", options.timeout, &output);
+  ctx.async_op = options.async_op;
   ctx.label.reduce_op = static_cast<int>(options.op);
-  if (auto failed = check_same_collective(ctx)) return record(ctx, failed);
+  if (auto failed = check_same_collective(ctx)) {
+    return completed_if_sync(ctx, record(ctx, failed));
+  }
   // Nothing to move: every rank has the same (empty) shape in a correct program.
   if (output.numel() == 0) return record(ctx, make_completed_work(ctx.label));
   HostStaging staging(!takes_cuda_tensors());
   at::Tensor& out = staging.tensor(output, false, true);
   auto& ins = staging.list(inputs, true, false);
-  return recorded(ctx, [&] { return staging.finish(run_reduce_scatter(out, ins, options.op, ctx)); });
+  return completed_if_sync(ctx, recorded(ctx, [&] {
+    return staging.finish(run_reduce_scatter(out, ins, options.op, ctx));
+  }));
 }
 
 std::shared_ptr<Work> ProcessGroup::gather(std::vector<at::Tensor>& outputs,

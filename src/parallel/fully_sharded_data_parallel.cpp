@@ -235,7 +235,7 @@ std::vector<FullyShardedDataParallel::UnitInfo> FullyShardedDataParallel::units(
 
 // ---- gathering and freeing the full parameters --------------------------------------------------
 
-void FullyShardedDataParallel::gather(Unit& unit, bool force) {
+void FullyShardedDataParallel::gather(Unit& unit, bool force, bool async_op) {
   if (unit.gather_work) return;  // in flight
   // Whether to gather is decided the same way on every rank (the same calls, in the same order):
   // LibTorch's optimizers change a shard without bumping its version, so a change cannot be seen.
@@ -243,12 +243,13 @@ void FullyShardedDataParallel::gather(Unit& unit, bool force) {
   compat::allocate_storage(unit.full, static_cast<size_t>(unit.padded * unit.element_size()));
   note_parameter_bytes();
   comm::AllgatherOptions options;
+  options.async_op = async_op;
   unit.gather_work = group_->all_gather_into_tensor(unit.full, unit.shard.detach(), options);
   unit.current = true;
 }
 
 void FullyShardedDataParallel::wait_gathered(Unit& unit) {
-  gather(unit, false);
+  gather(unit, false, /*async_op=*/false);
   if (unit.gather_work) {
     auto work = std::move(unit.gather_work);
     unit.gather_work = nullptr;
@@ -358,7 +359,7 @@ at::Tensor FullyShardedDataParallel::forward(const at::Tensor& input) {
   size_t c = 0;
   for (auto it = sequential->begin(); it != sequential->end(); ++it, ++c) {
     for (size_t u : held[c]) {
-      gather(*units_[u], force);
+      gather(*units_[u], force, /*async_op=*/false);  // unless prefetched: needed now
       wait_gathered(*units_[u]);
     }
     if (options_.prefetch) {

@@ -250,6 +250,49 @@ void check_sub_group(ProcessGroup& pg, int64_t numel) {
   pg.barrier()->wait();
 }
 
+void check_blocking_calls(ProcessGroup& pg, int64_t numel) {
+  const int n = pg.size();
+  const auto done = [&](const std::shared_ptr<Work>& work, const std::string& what) {
+    expect(work->is_completed(), pg, what + " (async_op = false) returned before it completed");
+  };
+  // Behind an asynchronous allreduce that may still be queued (the shm backend's worker thread).
+  auto queued = input(pg.rank(), numel);
+  auto queued_work = pg.allreduce(queued);
+  auto t = input(pg.rank(), numel, torch::kDouble);
+  AllreduceOptions sum;
+  sum.async_op = false;
+  done(pg.allreduce(t, sum), "allreduce");
+  expect_close(pg, t, reduce_expected(ReduceOp::kSum, n, numel), "allreduce(async_op=false)",
+               1e-12);
+  queued_work->wait();
+  expect_close(pg, queued, reduce_expected(ReduceOp::kSum, n, numel), "allreduce before it");
+
+  BroadcastOptions from_last;
+  from_last.root = n - 1;
+  from_last.async_op = false;
+  auto b = input(pg.rank(), numel);
+  done(pg.broadcast(b, from_last), "broadcast");
+  expect_close(pg, b, input(n - 1, numel), "broadcast(async_op=false)", 0);
+
+  AllgatherOptions gather;
+  gather.async_op = false;
+  auto gathered = torch::full({numel * n}, -1.0f);
+  done(pg.all_gather_into_tensor(gathered, input(pg.rank(), numel), gather),
+       "all_gather_into_tensor");
+  std::vector<torch::Tensor> blocks;
+  for (int r = 0; r < n; ++r) blocks.push_back(input(r, numel));
+  expect_close(pg, gathered, torch::cat(blocks), "all_gather_into_tensor(async_op=false)", 0);
+
+  ReduceScatterOptions scatter;
+  scatter.async_op = false;
+  auto piece = torch::full({numel}, -1.0, torch::kDouble);
+  done(pg.reduce_scatter_tensor(piece, input(pg.rank(), numel * n, torch::kDouble), scatter),
+       "reduce_scatter_tensor");
+  expect_close(pg, piece,
+               reduce_expected(ReduceOp::kSum, n, numel * n).narrow(0, pg.rank() * numel, numel),
+               "reduce_scatter_tensor(async_op=false)", 1e-12);
+}
+
 const std::vector<NamedCheck>& all_checks() {
   static const std::vector<NamedCheck> checks = {
       {"allreduce_ops", check_allreduce_ops}, {"allreduce_dtypes", check_allreduce_dtypes},
@@ -257,7 +300,7 @@ const std::vector<NamedCheck>& all_checks() {
       {"allgather", check_allgather},         {"gather", check_gather},
       {"scatter", check_scatter},             {"reduce_scatter", check_reduce_scatter},
       {"send_recv", check_send_recv},         {"barrier", check_barrier},
-      {"sub_group", check_sub_group},
+      {"sub_group", check_sub_group},         {"blocking_calls", check_blocking_calls},
   };
   return checks;
 }

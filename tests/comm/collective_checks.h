@@ -39,6 +39,10 @@ void check_barrier(ProcessGroup& pg, int64_t numel);
 /// wait to see the check fail.
 void check_barrier_with(ProcessGroup& pg, int64_t numel, const std::function<void()>& barrier);
 void check_sub_group(ProcessGroup& pg, int64_t numel);
+/// async_op = false (allreduce, broadcast, all_gather_into_tensor, reduce_scatter_tensor): each
+/// call returns with its Work completed and its result in place, also behind an asynchronous
+/// collective still in flight.
+void check_blocking_calls(ProcessGroup& pg, int64_t numel);
 
 /// Every check above, in a fixed order.
 const std::vector<NamedCheck>& all_checks();

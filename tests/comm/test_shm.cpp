@@ -160,6 +160,36 @@ TEST(ShmOpQueue, ReverseWaitsThroughTheGroup) {
   });
 }
 
+// async_op = false on a collective too large to run inline by default: the call itself runs it (on
+// the calling thread) and throws what goes wrong, a rank that never comes here named in it.
+TEST(ShmBlockingCalls, AFailureIsThrownByTheCallItself) {
+  auto store = make_hash_store(Milliseconds(30'000));
+  std::atomic<bool> thrown{false};
+  run_threads(2, [&](int rank) {
+    auto pg = new_process_group("shm", store, rank, 2, Milliseconds(30'000));
+    if (rank == 1) {
+      const auto limit = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+      while (!thrown.load() && std::chrono::steady_clock::now() < limit) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      }
+      return;
+    }
+    auto t = torch::ones({1 << 18});  // 1 MiB: above the inline size, so queued unless blocking
+    AllreduceOptions options;
+    options.async_op = false;
+    options.timeout = Milliseconds(300);
+    try {
+      pg->allreduce(t, options);
+      ADD_FAILURE() << "allreduce(async_op=false) returned without its peer";
+    } catch (const TimeoutError& e) {
+      EXPECT_NE(std::string(e.what()).find("allreduce"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("rank 1"), std::string::npos) << e.what();
+    }
+    thrown = true;
+  });
+  EXPECT_TRUE(thrown.load());
+}
+
 TEST(ShmProcesses, CollectivesAcrossProcesses) {
   for (int world = 2; world <= 4; ++world) {
     auto results = run_processes(world, [world](int rank, const std::string& path) {

@@ -219,8 +219,9 @@ class FullyShardedDataParallel {
  private:
   struct Unit;
   void build_units();
-  /// Starts the unit's all-gather unless one is in flight or (without `force`) `full` is current.
-  void gather(Unit& unit, bool force);
+  /// Starts the unit's all-gather unless one is in flight or (without `force`) `full` is current;
+  /// `async_op` false: returns once it is done (the caller needs it now: no hand-off).
+  void gather(Unit& unit, bool force, bool async_op = true);
   void gather_all(bool force);
   bool must_gather() const;
   void wait_gathered(Unit& unit);

@@ -443,9 +443,11 @@ std::shared_ptr<Work> ProcessGroupShm::submit(const OpContext& ctx, Lane lane, s
                                         lane == Lane::kCollective ? collectives_ : nullptr);
   if (lane == Lane::kCollective) {
     const int code = op_code(ctx.name());
-    // Small collectives run on the calling thread when nothing is queued before them: no hand-off
-    // to the worker, whose wake-up would cost more than the operation.
-    if (bytes <= options_.inline_bytes && collectives_->idle()) {
+    // Small collectives, and any the caller waits for at once (async_op = false), run on the
+    // calling thread when nothing is queued before them: no hand-off to the worker, whose
+    // wake-up would cost more than the operation (and, with a rank per CPU, takes a CPU from a
+    // peer in the same collective).
+    if ((bytes <= options_.inline_bytes || !ctx.async_op) && collectives_->idle()) {
       try {
         controls_[rank()].op_code.store(code, std::memory_order_relaxed);
         controls_[rank()].op_sequence.store(ctx.sequence(), std::memory_order_relaxed);
