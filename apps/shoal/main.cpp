@@ -12,6 +12,7 @@
 
 #include "commands.h"
 #include "shoal/error.h"
+#include "shoal/launcher/launch.h"
 
 namespace {
 
@@ -42,7 +43,11 @@ int report(const std::string& message, int status) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+namespace {
+
+// main's work; also the entry of workers that `shoal train` and `shoal run` start from this
+// program without exec (launcher::set_self_entry).
+int run_shoal(int argc, char** argv) {
   std::signal(SIGPIPE, SIG_IGN);
   CLI::App app{
       "Shoal: distributed training for LibTorch (the PyTorch C++ API).\n"
@@ -77,4 +82,11 @@ int main(int argc, char** argv) {
     return report(e.what(), 1);
   }
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  shoal::launcher::set_self_entry(&run_shoal);
+  return run_shoal(argc, argv);
 }

@@ -1,29 +1,78 @@
 #include "launcher/worker_process.h"
 
+#include <ATen/Parallel.h>
+#include <dirent.h>
+#include <dlfcn.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <thread>
+#include <vector>
 
 #include "shoal/error.h"
+#include "shoal/launcher/launch.h"
 
 namespace shoal::launcher {
 namespace {
+
+std::atomic<SelfEntry> g_self_entry{nullptr};
 
 void close_fd(int& fd) {
   if (fd >= 0) ::close(fd);
   fd = -1;
 }
 
-// In the child between fork and exec: only async-signal-safe calls from here on.
-[[noreturn]] void exec_child(const char* program, char* const* argv, char* const* envp,
-                             int out_fd, int err_fd, int status_fd, pid_t launcher) {
+// Whether this process runs a single thread: fork() then leaves no lock held by a thread that does
+// not exist in the child, and the child may run anything.
+bool single_threaded() {
+  DIR* dir = ::opendir("/proc/self/task");
+  if (dir == nullptr) return false;
+  int threads = 0;
+  while (const dirent* entry = ::readdir(dir)) {
+    if (entry->d_name[0] != '.') ++threads;
+  }
+  ::closedir(dir);
+  return threads == 1;
+}
+
+// OpenBLAS (Debian's LibTorch calls it) starts its server threads when it loads, and stops them
+// itself before every fork (its own pthread_atfork handler), to start them again when next needed:
+// stopped here first, they do not make the launcher look multi-threaded.
+void stop_blas_threads() {
+  using Shutdown = int (*)();
+  if (auto shutdown = reinterpret_cast<Shutdown>(::dlsym(RTLD_DEFAULT, "blas_thread_shutdown_"))) {
+    shutdown();
+  }
+}
+
+// Whether `program` is this program's file (the same inode, whatever the path).
+bool is_this_program(const std::string& program) {
+  struct stat mine {};
+  struct stat theirs {};
+  return ::stat("/proc/self/exe", &mine) == 0 && ::stat(program.c_str(), &theirs) == 0 &&
+         mine.st_dev == theirs.st_dev && mine.st_ino == theirs.st_ino;
+}
+
+bool exec_forced() {
+  const char* setting = std::getenv("SHOAL_LAUNCH_EXEC");
+  return setting != nullptr && std::strcmp(setting, "1") == 0;
+}
+
+// In the child right after fork, before exec or the entry: what every worker starts with.
+// Async-signal-safe calls only (before exec the launcher may have had other threads).
+void prepare_child(int out_fd, int err_fd, pid_t launcher) {
   ::setpgid(0, 0);
   // A worker must not outlive its launcher, however the launcher ends (kill -9 included): the
   // kernel sends SIGKILL when the forking thread dies. SIGKILL, not SIGTERM: a launcher that died
@@ -55,13 +104,82 @@ void close_fd(int& fd) {
   }
   if (out_fd >= 0) ::dup2(out_fd, 1);  // dup2 clears O_CLOEXEC on the copy
   if (err_fd >= 0) ::dup2(err_fd, 2);
+}
+
+// Closes every descriptor from 3 on but `keep` (-1: none): a worker starts with stdin, stdout and
+// stderr only, as torchrun's do (Python's close_fds), whatever the launcher itself inherited
+// without O_CLOEXEC. Async-signal-safe: `max_fd` (the limit, for kernels without close_range) is
+// looked up before fork.
+void close_descriptors(int keep, int max_fd) {
+  const auto close_span = [max_fd](int first, int last) {  // [first, last]
+    if (first > last) return;
+#ifdef SYS_close_range
+    if (::syscall(SYS_close_range, static_cast<unsigned>(first), static_cast<unsigned>(last), 0) == 0) {
+      return;
+    }
+#endif
+    for (int fd = first; fd <= std::min(last, max_fd); ++fd) ::close(fd);
+  };
+  if (keep >= 3) {
+    close_span(3, keep - 1);
+    close_span(keep + 1, std::numeric_limits<int>::max());
+  } else {
+    close_span(3, std::numeric_limits<int>::max());
+  }
+}
+
+// In the child between fork and exec: only async-signal-safe calls from here on.
+[[noreturn]] void exec_child(const char* program, char* const* argv, char* const* envp,
+                             int out_fd, int err_fd, int status_fd, pid_t launcher, int max_fd) {
+  prepare_child(out_fd, err_fd, launcher);
+  close_descriptors(status_fd, max_fd);  // the status pipe closes on exec (O_CLOEXEC)
   ::execve(program, argv, envp);
   const int error = errno;
   [[maybe_unused]] ssize_t ignored = ::write(status_fd, &error, sizeof(error));
   ::_exit(127);
 }
 
+// LibTorch's intra-op threads and OpenBLAS's come from OMP_NUM_THREADS when the libraries load,
+// which in a forked worker happened in the launcher, before the worker's environment existed.
+void apply_thread_count() {
+  const char* text = std::getenv("OMP_NUM_THREADS");
+  if (text == nullptr) return;
+  char* end = nullptr;
+  const long threads = std::strtol(text, &end, 10);
+  if (end == text || *end != '\0' || threads < 1 || threads > 4096) return;
+  at::set_num_threads(static_cast<int>(threads));
+  using SetThreads = void (*)(int);
+  if (auto set = reinterpret_cast<SetThreads>(::dlsym(RTLD_DEFAULT, "openblas_set_num_threads"))) {
+    set(static_cast<int>(threads));
+  }
+}
+
+// In the child of a single-threaded launcher: the worker is this program, run from its main
+// without exec (set_self_entry()). Its stack below this frame is the launcher's, never returned to.
+[[noreturn]] void run_entry(SelfEntry entry, char** argv, char** envp, int out_fd, int err_fd,
+                            pid_t launcher, int max_fd) {
+  prepare_child(out_fd, err_fd, launcher);
+  close_descriptors(-1, max_fd);  // the status pipe too: its end tells the launcher we started
+  ::clearenv();
+  for (char** var = envp; *var != nullptr; ++var) ::putenv(*var);
+  apply_thread_count();
+  int argc = 0;
+  while (argv[argc] != nullptr) ++argc;
+  int code = 1;
+  try {
+    code = entry(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s: uncaught exception: %s\n", argv[0], e.what());
+  } catch (...) {
+    std::fprintf(stderr, "%s: uncaught exception\n", argv[0]);
+  }
+  std::fflush(nullptr);
+  std::exit(code);  // as main's return: static destructors and atexit handlers run
+}
+
 }  // namespace
+
+void set_self_entry(SelfEntry entry) { g_self_entry.store(entry); }
 
 WorkerProcess::WorkerProcess(WorkerSpec spec, bool capture_output)
     : spec_(std::move(spec)), capture_output_(capture_output) {}
@@ -110,6 +228,17 @@ void WorkerProcess::start() {
     SHOAL_THROW(Error, "cannot start ", spec_.label, ": pipe: ", std::strerror(error));
   }
 
+  // Without exec when the worker is this program and nothing else runs here (launch.h).
+  const SelfEntry entry = g_self_entry.load();
+  bool in_process = entry != nullptr && !exec_forced() && is_this_program(spec_.program);
+  if (in_process) {
+    stop_blas_threads();
+    in_process = single_threaded();
+  }
+  // What stdio holds unwritten would otherwise be written by the worker too.
+  if (in_process) std::fflush(nullptr);
+  const long open_max = ::sysconf(_SC_OPEN_MAX);
+  const int max_fd = open_max > 0 && open_max < (1 << 20) ? static_cast<int>(open_max) : (1 << 20);
   const pid_t launcher = ::getpid();
   const pid_t pid = ::fork();
   if (pid < 0) {
@@ -118,8 +247,11 @@ void WorkerProcess::start() {
     SHOAL_THROW(Error, "cannot start ", spec_.label, ": fork: ", std::strerror(error));
   }
   if (pid == 0) {
+    if (in_process) {
+      run_entry(entry, argv.data(), envp.data(), out_pipe[1], err_pipe[1], launcher, max_fd);
+    }
     exec_child(spec_.program.c_str(), argv.data(), envp.data(), out_pipe[1], err_pipe[1],
-               status_pipe[1], launcher);
+               status_pipe[1], launcher, max_fd);
   }
   pid_ = pid;
   // Also here, so the group exists before start() returns whoever runs first (the classic race).

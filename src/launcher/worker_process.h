@@ -1,4 +1,5 @@
-// WorkerProcess: one worker, started with fork+exec in a process group of its own.
+// WorkerProcess: one worker, started with fork+exec in a process group of its own (or with fork
+// alone when the worker is this program and set_self_entry() gave its main: launch.h).
 //
 // The worker's group lets the launcher signal the worker together with whatever it started
 // (a shell script's children, a Python worker's data loaders). Its stdin is /dev/null (a

@@ -108,6 +108,17 @@ int launch(const LaunchOptions& options);
 /// launch(LaunchOptions::workers(n, {self_executable(), args...})).
 std::string self_executable();
 
+/// This program's main, for workers that are this program itself (self_executable(), or the same
+/// file by another path): once set, launch() starts such a worker with fork() alone, no exec,
+/// when the launcher has a single thread (the worker then runs `entry(argc, argv)` with the
+/// worker's arguments and environment and exits with its result). The worker skips loading the
+/// program and its libraries again: LibTorch alone takes 0.6 s. Everything else is as after exec:
+/// its own process group, /dev/null for stdin, default signal dispositions, no inherited file
+/// descriptor beyond 0-2, the intra-op and BLAS thread counts of its OMP_NUM_THREADS.
+/// SHOAL_LAUNCH_EXEC=1 in the launcher's environment starts every worker with exec instead.
+using SelfEntry = int (*)(int argc, char** argv);
+void set_self_entry(SelfEntry entry);
+
 /// A TCP port that was free on every interface a moment ago (bound to port 0 and released).
 int pick_free_port();
 
