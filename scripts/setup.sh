@@ -15,6 +15,7 @@ PACKAGES=(
   libopenmpi-dev openmpi-bin
   libzmq3-dev cppzmq-dev  # parameter-server transport
   zlib1g-dev
+  libdeflate-dev          # fast whole-file gzip inflation for the datasets (optional)
   libgtest-dev libgmock-dev libbenchmark-dev
   libcli11-dev
   libspdlog-dev           # diagnostics with levels (SHOAL_LOG_LEVEL); brings libfmt-dev

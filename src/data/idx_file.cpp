@@ -1,7 +1,13 @@
 #include "data/idx_file.h"
 
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 #include <zlib.h>
+#if __has_include(<libdeflate.h>)
+#include <libdeflate.h>
+#define SHOAL_IDX_LIBDEFLATE 1
+#endif
 
 #include <ATen/Functions.h>
 
@@ -31,12 +37,57 @@ struct GzCloser {
   void operator()(gzFile_s* file) const { gzclose(file); }
 };
 
+// Gzip files up to this size may be inflated whole, in memory (inflate_whole); larger ones stream.
+constexpr int64_t kWholeFileMaxBytes = int64_t{1} << 30;
+
+/// A gzip file inflated at once (libdeflate: twice zlib's streaming speed), when that works at
+/// all: a single gzip member whose size field (the trailer's ISIZE, which the file itself states)
+/// is at most `max_decoded` and which inflates to exactly that many bytes. Undefined otherwise,
+/// whatever the reason (not gzip, several members, damage, a size field that lies): the streaming
+/// path then reads the file and says what is wrong with it.
+at::Tensor inflate_whole(const std::string& path, int64_t file_bytes, int64_t max_decoded) {
+#ifdef SHOAL_IDX_LIBDEFLATE
+  if (file_bytes < 18 || file_bytes > kWholeFileMaxBytes) return {};  // 18: header + trailer
+  std::vector<uint8_t> packed(static_cast<size_t>(file_bytes));
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return {};
+  size_t got = 0;
+  while (got < packed.size()) {
+    const ssize_t n = ::read(fd, packed.data() + got, packed.size() - got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    got += static_cast<size_t>(n);
+  }
+  ::close(fd);
+  if (got != packed.size() || packed[0] != 0x1f || packed[1] != 0x8b) return {};
+  const uint8_t* trailer = packed.data() + packed.size() - 4;
+  const uint32_t isize = uint32_t{trailer[0]} | (uint32_t{trailer[1]} << 8) |
+                         (uint32_t{trailer[2]} << 16) | (uint32_t{trailer[3]} << 24);
+  if (isize == 0 || static_cast<int64_t>(isize) > max_decoded) return {};
+  std::unique_ptr<libdeflate_decompressor, void (*)(libdeflate_decompressor*)> inflater(
+      libdeflate_alloc_decompressor(), libdeflate_free_decompressor);
+  if (!inflater) return {};
+  at::Tensor out = at::empty({static_cast<int64_t>(isize)}, at::kByte);
+  size_t used = 0;
+  size_t produced = 0;
+  const libdeflate_result result =
+      libdeflate_gzip_decompress_ex(inflater.get(), packed.data(), packed.size(),
+                                    out.data_ptr<uint8_t>(), isize, &used, &produced);
+  if (result != LIBDEFLATE_SUCCESS || used != packed.size() || produced != isize) return {};
+  return out;
+#else
+  return {};
+#endif
+}
+
 /// An IDX file (gzipped or plain) read as a stream, so that nothing beyond what its header
 /// announces is ever decompressed: a small gzip that inflates to gigabytes is refused after the
 /// expected size plus one byte.
 class IdxStream {
  public:
-  explicit IdxStream(const std::string& path) : path_(path) {
+  /// `max_ratio`: read_idx's decompression-ratio limit (0: none); a file is inflated whole only
+  /// up to what read_idx could accept, so that path never allocates more than it would.
+  IdxStream(const std::string& path, double max_ratio) : path_(path) {
     struct stat info {};
     if (::stat(path.c_str(), &info) != 0) {
       const int err = errno;
@@ -44,13 +95,48 @@ class IdxStream {
       SHOAL_THROW(DataError, path, ": cannot open: ", std::strerror(err));
     }
     if (S_ISDIR(info.st_mode)) SHOAL_THROW(DataError, path, ": is a directory, expected a file");
+    file_bytes_ = static_cast<int64_t>(info.st_size);
+    int64_t max_decoded = kMaxElements + 16;
+    if (max_ratio > 0) {
+      const double by_ratio = max_ratio * static_cast<double>(std::max<int64_t>(file_bytes_, 1));
+      max_decoded = std::min<int64_t>(
+          max_decoded, std::max<int64_t>(kIdxRatioFreeBytes,
+                                         static_cast<int64_t>(std::min(by_ratio, 1e18))));
+    }
+    if (S_ISREG(info.st_mode)) inflated_ = inflate_whole(path, file_bytes_, max_decoded);
+    if (inflated_.defined()) return;
     file_.reset(gzopen(path.c_str(), "rb"));
     if (!file_) SHOAL_THROW(DataError, path, ": cannot open: ", std::strerror(errno));
     gzbuffer(file_.get(), kReadChunk);
   }
 
+  /// The file's size on disk.
+  int64_t file_bytes() const { return file_bytes_; }
+
+  /// The next `count` bytes as a tensor (a view of the inflated file where it was inflated whole);
+  /// `got` says how many there were (fewer only at the end of the data).
+  at::Tensor read_tensor(int64_t count, size_t* got) {
+    if (inflated_.defined() && offset_ + count <= inflated_.numel()) {
+      at::Tensor view = inflated_.narrow(0, offset_, count);
+      offset_ += count;
+      consumed_ += static_cast<size_t>(count);
+      *got = static_cast<size_t>(count);
+      return view;
+    }
+    at::Tensor out = at::empty({count}, at::kByte);
+    *got = read(out.data_ptr<uint8_t>(), static_cast<size_t>(count));
+    return out;
+  }
+
   /// Reads up to `size` bytes into `out`; returns how many (fewer only at the end of the data).
   size_t read(uint8_t* out, size_t size) {
+    if (inflated_.defined()) {
+      const size_t got = std::min<size_t>(size, static_cast<size_t>(inflated_.numel() - offset_));
+      std::memcpy(out, inflated_.data_ptr<uint8_t>() + offset_, got);
+      offset_ += static_cast<int64_t>(got);
+      consumed_ += got;
+      return got;
+    }
     size_t got = 0;
     while (got < size) {
       const unsigned want = static_cast<unsigned>(std::min<size_t>(size - got, kReadChunk));
@@ -92,6 +178,9 @@ class IdxStream {
   }
 
   std::string path_;
+  int64_t file_bytes_ = 0;
+  at::Tensor inflated_;  // the whole file, when inflate_whole() could read it; else file_ streams
+  int64_t offset_ = 0;   // into inflated_
   std::unique_ptr<gzFile_s, GzCloser> file_;
   size_t consumed_ = 0;
 };
@@ -100,7 +189,7 @@ class IdxStream {
 /// returns the dimensions and fills `data`.
 std::vector<int64_t> read_idx(const std::string& path, uint32_t expected_magic, int64_t num_dims,
                               const char* what, const char* items, double max_ratio, at::Tensor* data) {
-  IdxStream stream(path);
+  IdxStream stream(path, max_ratio);
   const size_t header_bytes = 4 + 4 * static_cast<size_t>(num_dims);
   uint8_t header[16] = {};
   const size_t got = stream.read(header, header_bytes);
@@ -132,8 +221,7 @@ std::vector<int64_t> read_idx(const std::string& path, uint32_t expected_magic, 
   // A header may announce up to kMaxElements, which a 1 MB gzip of zeros can deliver: 1 GB here,
   // 4 GB once the images are floats, per process. Real image sets decode to 2-5x their gzipped size
   // (Fashion-MNIST 1.8x, MNIST 4.8x): far more than that needs the caller's explicit consent.
-  struct stat info {};
-  const int64_t file_bytes = ::stat(path.c_str(), &info) == 0 ? static_cast<int64_t>(info.st_size) : 0;
+  const int64_t file_bytes = stream.file_bytes();
   const int64_t decoded = static_cast<int64_t>(header_bytes) + elements;
   if (max_ratio > 0 && decoded > kIdxRatioFreeBytes &&
       static_cast<double>(decoded) > max_ratio * static_cast<double>(std::max<int64_t>(file_bytes, 1))) {
@@ -143,8 +231,8 @@ std::vector<int64_t> read_idx(const std::string& path, uint32_t expected_magic, 
                 "before allocating it; if the file is genuine, raise --max-decompression-ratio (0: no check; "
                 "FashionMnist's max_decompression_ratio)");
   }
-  *data = at::empty({elements}, at::kByte);
-  const size_t body = stream.read(data->data_ptr<uint8_t>(), static_cast<size_t>(elements));
+  size_t body = 0;
+  *data = stream.read_tensor(elements, &body);
   if (body < static_cast<size_t>(elements)) {
     SHOAL_THROW(DataError, path, ": truncated: expected ", header_bytes + elements, " bytes of ", what,
                 " data (", dims[0], " ", items, " and a ", header_bytes, "-byte header), got ",

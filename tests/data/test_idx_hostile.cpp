@@ -6,6 +6,8 @@
 #include <filesystem>
 #include <fstream>
 
+#include <torch/torch.h>
+
 #include "data/idx_file.h"
 #include "shoal/error.h"
 #include "testing/child_process.h"
@@ -77,6 +79,44 @@ TEST(IdxHostile, HeaderAnnouncingTooMuchIsRefusedBeforeAllocating) {
   header[4] = header[5] = header[6] = header[7] = 0xEE;
   shoal::testing::write_gzip(path, header);
   expect_refused(path, "announces more than", 16 * 1024);
+}
+
+// A gzip file is inflated whole when it is one member whose trailer states its size truly, and
+// streamed otherwise: several members (valid gzip) read the same images, and a trailer whose size
+// field lies (a corrupt file) is refused, never read as something else.
+TEST(IdxGzip, OneMemberSeveralMembersAndALyingSizeField) {
+  TempDir dir;
+  const std::vector<uint8_t> contents = shoal::testing::idx_images(300);
+  const at::Tensor want =
+      torch::from_blob(const_cast<uint8_t*>(contents.data()) + 16, {300, 28, 28}, at::kByte);
+  const std::string one = dir.path + "/one.gz";
+  shoal::testing::write_gzip(one, contents);
+  EXPECT_TRUE(at::equal(detail::read_idx_images(one, 28, 28, FashionMnist::kMaxDecompressionRatio),
+                        want));
+
+  const size_t half = contents.size() / 2;
+  shoal::testing::write_gzip(dir.path + "/a.gz", {contents.begin(), contents.begin() + half});
+  shoal::testing::write_gzip(dir.path + "/b.gz", {contents.begin() + half, contents.end()});
+  const std::string two = dir.path + "/two.gz";
+  {
+    std::ofstream out(two, std::ios::binary);
+    out << file_bytes(dir.path + "/a.gz") << file_bytes(dir.path + "/b.gz");
+  }
+  EXPECT_TRUE(at::equal(detail::read_idx_images(two, 28, 28, FashionMnist::kMaxDecompressionRatio),
+                        want));
+
+  for (const int delta : {-1, +1}) {
+    std::string bytes = file_bytes(one);
+    bytes[bytes.size() - 4] = static_cast<char>(static_cast<uint8_t>(bytes[bytes.size() - 4]) + delta);
+    const std::string lying = dir.path + "/lying" + std::to_string(delta + 1) + ".gz";
+    {
+      std::ofstream out(lying, std::ios::binary);
+      out << bytes;
+    }
+    EXPECT_THROW(detail::read_idx_images(lying, 28, 28, FashionMnist::kMaxDecompressionRatio),
+                 DataError)
+        << "a size field off by " << delta;
+  }
 }
 
 }  // namespace test_idx_hostile
