@@ -5,13 +5,15 @@ shoal command pays). Issue #32's target: launch to first step <= --version + 0.3
 
 usage: startup.py [--shoal PATH] [--baseline PATH] [--rounds N] [--data-dir DIR]
 
-Three measurements per binary, interleaved A B A B over --rounds rounds (these machines are
+Four measurements per binary, interleaved A B A B over --rounds rounds (these machines are
 shared and noisy: medians, measured side by side, are what to compare):
-  version  wall time of `shoal --version` (spawn to exit)
-  single   `shoal train --model mlp --stop-after-steps 1 --trace FILE`: the end of the first
-           "train step" span in the trace (system-clock microseconds) minus the time just before
-           the spawn; also the wall time to exit
-  ddp      the same with `--strategy ddp --nproc-per-node 2`: the latest rank's first step end
+  version   wall time of `shoal --version` (spawn to exit)
+  single    `shoal train --model mlp --log-interval 1`: from just before the spawn to the line of
+            step 1 on its output (printed once the step is complete); the job is then killed
+  ddp       the same with `--strategy ddp --nproc-per-node 2` (rank 0's line: a DDP step is
+            complete on every rank once its gradients are averaged), its workers forked from the
+            launcher without exec (launcher::set_self_entry, the default)
+  ddp_exec  the same with SHOAL_LAUNCH_EXEC=1: each worker exec'd, loading LibTorch again
 --baseline (optional) is a second build of shoal (e.g. main's) measured in the same rounds.
 Prints one JSON line per binary and measurement (medians, in seconds) and the margin against the
 --version + 0.3 s target; a benchmark, not a test: it never fails on a slow machine.
@@ -19,29 +21,13 @@ Prints one JSON line per binary and measurement (medians, in seconds) and the ma
 import argparse
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 
 TARGET_MARGIN_S = 0.3
-
-
-def first_step_end_s(trace_path):
-    """The end of the first 'train step' span, in seconds since the epoch: the latest over ranks
-    (a DDP step is complete when every rank's is)."""
-    with open(trace_path) as f:
-        events = json.load(f)["traceEvents"]
-    first = {}
-    for e in events:
-        if e.get("name") == "train step" and e.get("ph") == "X":
-            end = e["ts"] + e["dur"]
-            pid = e.get("pid", 0)
-            first[pid] = min(first.get(pid, end), end)
-    if not first:
-        raise RuntimeError(f"{trace_path}: no 'train step' span")
-    return max(first.values()) / 1e6
 
 
 def run_version(shoal):
@@ -50,18 +36,27 @@ def run_version(shoal):
     return {"wall": time.time() - start}
 
 
-def run_train(shoal, extra, data_dir, workdir):
-    trace = os.path.join(workdir, "trace.json")
-    if os.path.exists(trace):
-        os.remove(trace)
-    cmd = [shoal, "train", "--model", "mlp", "--stop-after-steps", "1", "--no-progress",
-           "--trace", trace] + extra
+def run_train(shoal, extra, data_dir, env=None, timeout=300):
+    cmd = [shoal, "train", "--model", "mlp", "--log-interval", "1"] + extra
     if data_dir:
         cmd += ["--data-dir", data_dir]
     start = time.time()
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    wall = time.time() - start
-    return {"first_step": first_step_end_s(trace) - start, "wall": wall}
+    job = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                           env=env, start_new_session=True)
+    first = None
+    try:
+        for line in job.stdout:
+            if " step 1/" in line:
+                first = time.time() - start
+                break
+            if time.time() - start > timeout:
+                break
+    finally:
+        os.killpg(job.pid, signal.SIGKILL)
+        job.wait()
+    if first is None:
+        raise RuntimeError(f"`{' '.join(cmd)}` printed no first step")
+    return {"first_step": first}
 
 
 def main():
@@ -75,28 +70,30 @@ def main():
     binaries = {"shoal": args.shoal}
     if args.baseline:
         binaries["baseline"] = args.baseline
+    execed = dict(os.environ, SHOAL_LAUNCH_EXEC="1")
+    forked = {k: v for k, v in os.environ.items() if k != "SHOAL_LAUNCH_EXEC"}
+    ddp = ["--strategy", "ddp", "--nproc-per-node", "2"]
     cases = {
-        "version": lambda b, w: run_version(b),
-        "single": lambda b, w: run_train(b, [], args.data_dir, w),
-        "ddp": lambda b, w: run_train(b, ["--strategy", "ddp", "--nproc-per-node", "2"],
-                                      args.data_dir, w),
+        "version": lambda b: run_version(b),
+        "single": lambda b: run_train(b, [], args.data_dir, forked),
+        "ddp": lambda b: run_train(b, ddp, args.data_dir, forked),
+        "ddp_exec": lambda b: run_train(b, ddp, args.data_dir, execed),
     }
     samples = {(name, case): {} for name in binaries for case in cases}
     load_before = os.getloadavg()
-    with tempfile.TemporaryDirectory(prefix="shoal-startup-") as workdir:
-        # One warm-up of each (page cache), not counted.
-        for shoal in binaries.values():
-            for run in cases.values():
-                run(shoal, workdir)
-        for r in range(args.rounds):
-            for case, run in cases.items():
-                # A B A B ...; the order alternates per round so neither always goes first.
-                order = list(binaries.items())
-                if r % 2 == 1:
-                    order.reverse()
-                for name, shoal in order:
-                    for key, value in run(shoal, workdir).items():
-                        samples[(name, case)].setdefault(key, []).append(value)
+    # One warm-up of each (page cache), not counted.
+    for shoal in binaries.values():
+        for run in cases.values():
+            run(shoal)
+    for r in range(args.rounds):
+        for case, run in cases.items():
+            # A B A B ...; the order alternates per round so neither always goes first.
+            order = list(binaries.items())
+            if r % 2 == 1:
+                order.reverse()
+            for name, shoal in order:
+                for key, value in run(shoal).items():
+                    samples[(name, case)].setdefault(key, []).append(value)
     load_after = os.getloadavg()
 
     for name in binaries:
