@@ -41,7 +41,7 @@ def run_train(shoal, extra, data_dir, env=None, timeout=300):
     if data_dir:
         cmd += ["--data-dir", data_dir]
     start = time.time()
-    job = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+    job = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                            env=env, start_new_session=True)
     first = None
     try:

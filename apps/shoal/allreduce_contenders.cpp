@@ -263,6 +263,19 @@ void MemoryFloorContender::allreduce(at::Tensor& tensor) {
   }
 }
 
+// ---- AllGatherFloorContender -------------------------------------------------------------------
+
+AllGatherFloorContender::AllGatherFloorContender(std::shared_ptr<comm::ProcessGroup> group)
+    : ShoalContender(std::move(group), false, Collective::kAllGather) {}
+
+void AllGatherFloorContender::all_gather(at::Tensor& output, const at::Tensor& input) {
+  if (source_.numel() != output.numel()) {
+    const int n = group().size();
+    source_ = torch::arange(1, n + 1, torch::kFloat).repeat_interleave(output.numel() / n);
+  }
+  output.copy_(source_);
+}
+
 // ---- TorchContender ----------------------------------------------------------------------------
 
 TorchContender::TorchContender(int rank, int world_size, const std::string& script,

@@ -116,6 +116,23 @@ class MemoryFloorContender : public ShoalContender {
   at::Tensor stage_;  // three halves of a chunk
 };
 
+/// No communication at all, for --collective all_gather: every rank at once writes its whole
+/// output once from a buffer of its own holding what the all-gather would give (block i is
+/// i + 1, so warm_up()'s check holds): the least any all-gather moves, one write of every output
+/// byte (shm's symmetric way and OpenMPI's single-copy path also read it from the peers' memory).
+/// Named "floor_copy"; `group` only times.
+class AllGatherFloorContender : public ShoalContender {
+ public:
+  explicit AllGatherFloorContender(std::shared_ptr<comm::ProcessGroup> group);
+  std::string name() const override { return "floor_copy"; }
+
+ protected:
+  void all_gather(at::Tensor& output, const at::Tensor& input) override;
+
+ private:
+  at::Tensor source_;  // the output's values, the size of the last output
+};
+
 /// PyTorch's torch.distributed gloo in processes of its own (bench/allreduce_torch.py --serve),
 /// which rank 0 starts and drives over pipes; killed and reaped on destruction.
 class TorchContender : public Contender {

@@ -14,8 +14,10 @@
 // --collective reduce_scatter | all_gather races reduce_scatter_tensor / all_gather_into_tensor
 // instead (what FSDP's stages 2-3 run), "openmpi" being MPI_Reduce_scatter_block / MPI_Allgather;
 // a size is then the full tensor's (the reduce-scatter's input, the all-gather's output) and the
-// bus bandwidth bytes x (n-1)/n / time. The PyTorch, symmetric and floor contenders race
-// allreduce only and are refused there.
+// bus bandwidth bytes x (n-1)/n / time. The PyTorch and the two allreduce floor contenders race
+// allreduce only and are refused there; "floor_copy" races all_gather only: no communication,
+// every rank at once writes its whole output once from a buffer of its own (the least any
+// all-gather moves), which bounds what any all-gather can reach on this machine.
 //
 // Without a launcher around it (comm::detect_rank_info().launched is false) the bench starts
 // its own ranks: through shoal::launcher::launch(), or through mpirun when --backend names mpi.
@@ -145,6 +147,10 @@ void print_json(const std::string& backend, const std::string& collective, int w
 
 // Only Shoal's process groups and OpenMPI race reduce_scatter and all_gather.
 void check_collective_contender(const std::string& name, Collective collective) {
+  SHOAL_CHECK_T(InvalidArgument, name != "floor_copy" || collective == Collective::kAllGather,
+                "--collective ", collective_name(collective),
+                ": the floor_copy contender races all_gather only (floor_staged and "
+                "floor_inplace are allreduce's floors)");
   SHOAL_CHECK_T(InvalidArgument,
                 collective == Collective::kAllreduce ||
                     !(is_torch_contender_name(name) || name == "floor_staged" ||
@@ -168,12 +174,12 @@ TorchPeer torch_peer_of(const std::string& contender) {
 
 std::string check_contender(const std::string& name) {
   const std::string backend = name == "shm_symmetric" || name == "floor_staged" ||
-                                      name == "floor_inplace" ? "shm"
+                                      name == "floor_inplace" || name == "floor_copy" ? "shm"
                               : name == "openmpi"             ? "mpi"
                                                               : name;
   SHOAL_CHECK_T(InvalidArgument, comm::is_backend_available(backend), "backend '", name,
                 "' is not built into this shoal; choose from gloo, shm, shm_symmetric, mpi, "
-                "openmpi, hierarchical, torch_gloo, torch2_gloo, floor_staged, floor_inplace");
+                "openmpi, hierarchical, torch_gloo, torch2_gloo, floor_staged, floor_inplace, floor_copy");
   return backend;
 }
 
@@ -224,6 +230,8 @@ int run_rank(const AllreduceBenchArgs& args) {
     }
     if (openmpi) {
       contenders.push_back(std::make_unique<OpenMpiContender>(pg, collective));
+    } else if (backend == "floor_copy") {
+      contenders.push_back(std::make_unique<AllGatherFloorContender>(pg));
     } else if (floor) {
       contenders.push_back(std::make_unique<MemoryFloorContender>(pg, backend == "floor_staged"));
     } else {
@@ -397,7 +405,7 @@ void add_bench_allreduce_command(CLI::App& bench, std::vector<Command>& commands
       "mpirun. Several backends (--backend gloo,shm,torch_gloo) run interleaved, medians reported.");
   app->add_option("--backend", args->backends,
                   "comma-separated: gloo, shm, shm_symmetric, mpi, openmpi (MPI_Allreduce itself), "
-                  "hierarchical, torch_gloo (PyTorch's gloo), torch2_gloo (PyTorch 2.x's gloo, from PyPI), floor_staged and floor_inplace (no "
+                  "hierarchical, torch_gloo (PyTorch's gloo), torch2_gloo (PyTorch 2.x's gloo, from PyPI), floor_staged and floor_inplace (allreduce), floor_copy (all_gather) (no "
                   "communication: the memory work alone)")
       ->capture_default_str();
   app->add_option("--collective", args->collective,

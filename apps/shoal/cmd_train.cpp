@@ -598,7 +598,7 @@ void add_train_command(CLI::App& root, std::vector<Command>& commands) {
                                       "--comm-hook ", args->comm_hook,
                                       " applies to --strategy ddp (without --model-parallel)");
                         SHOAL_CHECK_T(InvalidArgument,
-                                      args->bucket_cap_mb == "25" ||
+                                      app->get_option("--bucket-cap-mb")->count() == 0 ||
                                           (args->strategy == "ddp" && args->model_parallel == 1),
                                       "--bucket-cap-mb applies to --strategy ddp (without "
                                       "--model-parallel)");

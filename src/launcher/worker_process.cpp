@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <linux/prctl.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -17,7 +18,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <limits>
+#include <sstream>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -154,10 +158,65 @@ void apply_thread_count() {
   }
 }
 
+// /proc/PID/environ and /proc/PID/cmdline show what the kernel noted at exec: a worker started
+// without exec would show the launcher's (no RANK), to ps, to /proc readers, to tests that look
+// for a rank. Points the kernel at the worker's own arguments and environment, laid out as exec
+// lays them out, with PR_SET_MM_MAP (CRIU's restore call: no privilege needed while the
+// executable stays the same; every other field is passed back unchanged). False when the kernel
+// refuses (built without checkpoint/restore): the caller execs instead.
+bool show_own_arguments_and_environment(char** argv, char** envp) {
+  std::ifstream in("/proc/self/stat");
+  std::string stat;
+  std::getline(in, stat);
+  const size_t close = stat.rfind(')');
+  if (close == std::string::npos) return false;
+  std::istringstream fields(stat.substr(close + 2));  // from field 3 (state) on
+  std::vector<unsigned long long> field(53, 0);
+  std::string word;
+  for (int i = 3; i <= 52 && fields >> word; ++i) {
+    field[i] = std::strtoull(word.c_str(), nullptr, 10);
+  }
+  // One block, never freed (the process's life): the arguments, then the environment.
+  std::string block;
+  for (char** arg = argv; *arg != nullptr; ++arg) block.append(*arg).push_back('\0');
+  const size_t args_bytes = block.size();
+  for (char** var = envp; *var != nullptr; ++var) block.append(*var).push_back('\0');
+  char* memory = static_cast<char*>(std::malloc(block.size() + 1));
+  if (memory == nullptr) return false;
+  std::memcpy(memory, block.data(), block.size());
+  const auto at = [&](size_t offset) {
+    return static_cast<__u64>(reinterpret_cast<uintptr_t>(memory + offset));
+  };
+  prctl_mm_map map {};
+  map.start_code = field[26];
+  map.end_code = field[27];
+  map.start_stack = field[28];
+  map.start_data = field[45];
+  map.end_data = field[46];
+  map.start_brk = field[47];
+  map.brk = static_cast<__u64>(reinterpret_cast<uintptr_t>(::sbrk(0)));
+  map.arg_start = at(0);
+  map.arg_end = at(args_bytes);
+  map.env_start = at(args_bytes);
+  map.env_end = at(block.size());
+  map.auxv = nullptr;
+  map.auxv_size = 0;
+  map.exe_fd = static_cast<__u32>(-1);
+  if (map.start_code == 0 || map.start_data == 0 ||
+      ::prctl(PR_SET_MM, PR_SET_MM_MAP, &map, sizeof map, 0) != 0) {
+    std::free(memory);
+    return false;
+  }
+  return true;
+}
+
 // In the child of a single-threaded launcher: the worker is this program, run from its main
 // without exec (set_self_entry()). Its stack below this frame is the launcher's, never returned to.
-[[noreturn]] void run_entry(SelfEntry entry, char** argv, char** envp, int out_fd, int err_fd,
-                            pid_t launcher, int max_fd) {
+[[noreturn]] void run_entry(SelfEntry entry, const char* program, char** argv, char** envp,
+                            int out_fd, int err_fd, int status_fd, pid_t launcher, int max_fd) {
+  if (!show_own_arguments_and_environment(argv, envp)) {
+    exec_child(program, argv, envp, out_fd, err_fd, status_fd, launcher, max_fd);
+  }
   prepare_child(out_fd, err_fd, launcher);
   close_descriptors(-1, max_fd);  // the status pipe too: its end tells the launcher we started
   ::clearenv();
@@ -248,7 +307,8 @@ void WorkerProcess::start() {
   }
   if (pid == 0) {
     if (in_process) {
-      run_entry(entry, argv.data(), envp.data(), out_pipe[1], err_pipe[1], launcher, max_fd);
+      run_entry(entry, spec_.program.c_str(), argv.data(), envp.data(), out_pipe[1], err_pipe[1],
+                status_pipe[1], launcher, max_fd);
     }
     exec_child(spec_.program.c_str(), argv.data(), envp.data(), out_pipe[1], err_pipe[1],
                status_pipe[1], launcher, max_fd);

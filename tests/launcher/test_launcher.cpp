@@ -738,6 +738,19 @@ TEST(BenchAllreduceFormat, ReduceScatterAndAllGatherLines) {
   EXPECT_NE(refused.code, 0);
   EXPECT_NE(refused.err.find("floor_staged contender races allreduce only"), std::string::npos)
       << refused.err;
+  const auto copy_refused = run_shoal({"bench", "allreduce", "--backend", "shm,floor_copy"}, {},
+                                      Milliseconds(60'000));
+  EXPECT_NE(copy_refused.code, 0);
+  EXPECT_NE(copy_refused.err.find("floor_copy contender races all_gather only"), std::string::npos)
+      << copy_refused.err;
+  // The all-gather's floor: a line per size like any contender's (its warm-up checks that its
+  // output holds what an all-gather gives).
+  const auto floor = run_shoal({"bench", "allreduce", "--collective", "all_gather", "--backend",
+                                "shm,floor_copy", "--json", "--min-bytes", "64KiB", "--max-bytes",
+                                "64KiB", "--iters", "5", "--repeats", "1", "--warmup", "1"},
+                               {}, Milliseconds(60'000));
+  ASSERT_EQ(floor.code, 0) << floor.err;
+  EXPECT_NE(floor.out.find("\"backend\": \"floor_copy\""), std::string::npos) << floor.out;
 }
 
 // Format check: `shoal bench ddp --json`: one line per mode, with the fields the DDP issue asks

@@ -1,7 +1,8 @@
 // launch() starting workers that are this program itself without exec (set_self_entry): each
 // worker must start as an exec'd one would (its own environment and rank, its own process group,
 // stdin from /dev/null, no inherited descriptor, default signal dispositions with SIGUSR1 ignored,
-// an empty signal mask, the thread count of its OMP_NUM_THREADS), and the launcher must fall back
+// an empty signal mask, the thread count of its OMP_NUM_THREADS, its own arguments and
+// environment in /proc/PID/cmdline and /proc/PID/environ), and the launcher must fall back
 // to exec when it has another thread (fork would leave that thread's locks held) or when
 // SHOAL_LAUNCH_EXEC=1 says so.
 //
@@ -63,6 +64,17 @@ void write_report() {
     out << name << "=" << (value != nullptr ? value : "(unset)") << "\n";
   }
   out << "fds=" << fds << "\n";  // unordered: compared as a set below
+  // What ps and /proc readers see (the kernel's copy): the worker's own, not the launcher's.
+  std::ifstream environ_file("/proc/self/environ", std::ios::binary);
+  std::string proc_rank = "(unset)";
+  for (std::string entry; std::getline(environ_file, entry, '\0');) {
+    if (entry.rfind("RANK=", 0) == 0) proc_rank = entry.substr(5);
+  }
+  out << "proc_RANK=" << proc_rank << "\n";
+  std::ifstream cmdline_file("/proc/self/cmdline", std::ios::binary);
+  std::string last_argument;
+  for (std::string argument; std::getline(cmdline_file, argument, '\0');) last_argument = argument;
+  out << "proc_last_argument=" << last_argument << "\n";
   char target[256] = {};
   const ssize_t n = ::readlink("/proc/self/fd/0", target, sizeof target - 1);
   out << "stdin=" << (n > 0 ? std::string(target, static_cast<size_t>(n)) : "?") << "\n";
@@ -139,6 +151,8 @@ class LauncherSelfEntry : public ::testing::Test {
   static void expect_fresh_worker(const std::map<std::string, std::string>& report, int rank) {
     SCOPED_TRACE("rank " + std::to_string(rank));
     EXPECT_EQ(report.at("RANK"), std::to_string(rank));
+    EXPECT_EQ(report.at("proc_RANK"), std::to_string(rank));
+    EXPECT_EQ(report.at("proc_last_argument"), "--gtest_filter=LauncherSelfEntryWorker.WorkerReport");
     EXPECT_EQ(report.at("LOCAL_RANK"), std::to_string(rank));
     EXPECT_EQ(report.at("WORLD_SIZE"), "2");
     EXPECT_EQ(report.at("OMP_NUM_THREADS"), "2");

@@ -158,6 +158,8 @@ TEST(DdpCli, BucketCapMbIsCheckedBeforeAnythingStarts) {
   fails_with("--strategy ddp --bucket-cap-mb 0", "--bucket-cap-mb takes a positive number");
   fails_with("--strategy ddp --bucket-cap-mb fast", "not 'fast'");
   fails_with("--strategy fsdp --bucket-cap-mb auto", "--bucket-cap-mb applies to --strategy ddp");
+  // Given at all, even at DDP's default: it would be ignored, not applied.
+  fails_with("--strategy fsdp --bucket-cap-mb 25", "--bucket-cap-mb applies to --strategy ddp");
 }
 
 }  // namespace test_data_parallel_cli
