@@ -32,6 +32,7 @@
 #include <map>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "bench_util.h"
@@ -357,6 +358,7 @@ void run_mode(const DdpBenchArgs& args, const std::string& exe, const std::strin
     }
     if (ddp) {
       s["wait_ms"].push_back(r["wait_ms"]);
+      s["comm_ms"].push_back(r["comm_ms"]);
       s["overlap"].push_back(std::clamp(1.0 - r["wait_ms"] / std::max(r["comm_ms"], 1e-9), 0.0, 1.0));
       s["hidden_bytes_fraction"].push_back(r["hidden_fraction"]);
       s["buckets"].push_back(r["buckets"]);
@@ -483,6 +485,7 @@ int run_ddp_bench(const DdpBenchArgs& args) {
                 "samples/s", "peak MB", "+MB", "+live", "effic.", "of_ceil", "vs_pt", "fwd ms",
                 "bwd ms", "opt ms", "wait ms", "hidden", "sent_kb");
   }
+  std::vector<std::string> comm_floors;  // one line per shoal_ddp mode, under the table
   for (const auto& mode : modes) {
     const double rate = mode.get("samples_per_s");
     const bool parallel = mode.name != "single";
@@ -497,6 +500,22 @@ int run_ddp_bench(const DdpBenchArgs& args) {
         has_ratios ? *std::max_element(ratios->second.begin(), ratios->second.end()) : std::nan("");
     const double vs =
         mode.name == "shoal_ddp" ? rate / pytorch_rate(mode.bucket_view, "") : std::nan("");
+    // The floor under of_ceil where no core is spare (a rank per core, each busy with its own
+    // step): the mode's bucket allreduces, timed alone in the same run (comm_ms), take CPU from
+    // the step, so a step lasts at least the ceiling's step plus that.
+    const double ceiling_step_ms =
+        1e3 * args.world * args.batch / independent.get("samples_per_s");
+    const double comm_bound = mode.name == "shoal_ddp"
+                                  ? ceiling_step_ms / (ceiling_step_ms + mode.get("comm_ms"))
+                                  : std::nan("");
+    if (mode.name == "shoal_ddp" && std::isfinite(comm_bound)) {
+      char line[256];
+      std::snprintf(line, sizeof line,
+                    "  %s: its bucket allreduces alone %.2f ms a step, the ceiling's step %.2f "
+                    "ms: of_ceil <= %.3f\n",
+                    mode.label().c_str(), mode.get("comm_ms"), ceiling_step_ms, comm_bound);
+      comm_floors.push_back(line);
+    }
     // Against every PyTorch peer: {"1.13.1": 1.31, "2.15.0": 1.12}.
     std::string vs_each = "{";
     for (const auto& peer : peers) {
@@ -523,7 +542,8 @@ int run_ddp_bench(const DdpBenchArgs& args) {
           "\"forward_ms\": %s, \"backward_ms\": %s, "
           "\"optimizer_ms\": %s, \"wait_ms\": %s, \"overlap\": %s, \"hidden_bytes_fraction\": %s, "
           "\"buckets\": %s, \"comm_hook\": %s, \"sent_bytes_per_step\": %s, "
-          "\"bucket_cap_mb\": %s, \"bucket_cap\": %s, \"rounds\": %d}\n",
+          "\"bucket_cap_mb\": %s, \"bucket_cap\": %s, \"comm_ms\": %s, "
+          "\"comm_bound_of_ceiling\": %s, \"rounds\": %d}\n",
           mode.name.c_str(), args.model.c_str(),
           mode.backend.empty() ? "null" : ("\"" + mode.backend + "\"").c_str(),
           mode.name == "single" ? 1 : args.world, args.batch, mode.bucket_view ? "true" : "false",
@@ -546,6 +566,7 @@ int run_ddp_bench(const DdpBenchArgs& args) {
           mode.name == "shoal_ddp"
               ? ("\"" + (mode.cap.empty() ? args.bucket_cap_mb : mode.cap) + "\"").c_str()
               : "null",
+          json_number(mode.get("comm_ms")).c_str(), json_number(comm_bound).c_str(),
           args.rounds);
     } else {
       auto cell = [](double v, const char* format) {
@@ -628,6 +649,13 @@ int run_ddp_bench(const DdpBenchArgs& args) {
                 ceilings.size(),
                 args.ceiling == "interleaved" ? "interleaved with the contenders" : "once a round",
                 ceiling, *low, *high, 100 * (*low / ceiling - 1), 100 * (*high / ceiling - 1));
+    if (!comm_floors.empty() &&
+        static_cast<unsigned>(args.world) >= std::thread::hardware_concurrency()) {
+      std::printf("communication floor (%d ranks on %u cores: no core is spare, so the "
+                  "communication's own time adds to a step):\n",
+                  args.world, std::thread::hardware_concurrency());
+      for (const std::string& line : comm_floors) std::fputs(line.c_str(), stdout);
+    }
     std::printf("efficiency = samples/s / (%d x single); of_ceil = samples/s / independent (%d "
                 "processes without communication; per round, against the ceiling runs beside "
                 "it, median of the rounds); vs_pt = Shoal / PyTorch DDP (the first --torch peer) with the same "

@@ -783,6 +783,13 @@ TEST(BenchDdpFormat, ReportsEveryModeAsJsonLines) {
   }
   EXPECT_NE(lines[3].find("\"gradient_as_bucket_view\": true"), std::string::npos) << lines[3];
   EXPECT_GT(json_number(lines[2], "buckets"), 0) << lines[2];
+  // The communication floor: ceiling step / (ceiling step + the buckets' allreduces alone).
+  const double ceiling_step_ms = 1e3 * 2 * 64 / json_number(lines[1], "samples_per_s");
+  const double comm_ms = json_number(lines[2], "comm_ms");
+  ASSERT_GT(comm_ms, 0) << lines[2];
+  EXPECT_NEAR(json_number(lines[2], "comm_bound_of_ceiling"),
+              ceiling_step_ms / (ceiling_step_ms + comm_ms), 1e-3)
+      << lines[1] << "\n" << lines[2];
 
   // The hooks, next to the default: bytes sent per step are the gradients (7.2 MiB), half of them
   // for fp16, and PowerSGD rank 2's P and Q ((n + m) x 2 for fc1 1024 x 784, fc2 1024 x 1024,
