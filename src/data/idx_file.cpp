@@ -14,6 +14,7 @@
 #include <cerrno>
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <memory>
 
 #include "shoal/error.h"
@@ -37,6 +38,15 @@ struct GzCloser {
   void operator()(gzFile_s* file) const { gzclose(file); }
 };
 
+// The most a file of `file_bytes` may decode to under `max_ratio` (0: no ratio check), header
+// included: kIdxRatioFreeBytes whatever the ratio, more only within the ratio. read_idx refuses
+// a header announcing more; inflate_whole never allocates more.
+int64_t ratio_limit(int64_t file_bytes, double max_ratio) {
+  if (max_ratio <= 0) return std::numeric_limits<int64_t>::max();
+  const double by_ratio = max_ratio * static_cast<double>(std::max<int64_t>(file_bytes, 1));
+  return std::max<int64_t>(kIdxRatioFreeBytes, static_cast<int64_t>(std::min(by_ratio, 1e18)));
+}
+
 // Gzip files up to this size may be inflated whole (inflate_whole), the compressed file held in
 // memory beside the output; larger ones stream, in 1 MiB pieces (Fashion-MNIST's largest: 26 MB).
 constexpr int64_t kWholeFileMaxBytes = int64_t{256} << 20;
@@ -58,6 +68,7 @@ at::Tensor inflate_whole(const std::string& path, int64_t file_bytes, int64_t ma
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) break;
     got += static_cast<size_t>(n);
+    if (got >= 2 && (packed[0] != 0x1f || packed[1] != 0x8b)) break;  // not gzip: streamed
   }
   ::close(fd);
   if (got != packed.size() || packed[0] != 0x1f || packed[1] != 0x8b) return {};
@@ -97,13 +108,8 @@ class IdxStream {
     }
     if (S_ISDIR(info.st_mode)) SHOAL_THROW(DataError, path, ": is a directory, expected a file");
     file_bytes_ = static_cast<int64_t>(info.st_size);
-    int64_t max_decoded = kMaxElements + 16;
-    if (max_ratio > 0) {
-      const double by_ratio = max_ratio * static_cast<double>(std::max<int64_t>(file_bytes_, 1));
-      max_decoded = std::min<int64_t>(
-          max_decoded, std::max<int64_t>(kIdxRatioFreeBytes,
-                                         static_cast<int64_t>(std::min(by_ratio, 1e18))));
-    }
+    const int64_t max_decoded =
+        std::min<int64_t>(kMaxElements + 16, ratio_limit(file_bytes_, max_ratio));
     if (S_ISREG(info.st_mode)) inflated_ = inflate_whole(path, file_bytes_, max_decoded);
     if (inflated_.defined()) return;
     file_.reset(gzopen(path.c_str(), "rb"));
@@ -224,8 +230,7 @@ std::vector<int64_t> read_idx(const std::string& path, uint32_t expected_magic, 
   // (Fashion-MNIST 1.8x, MNIST 4.8x): far more than that needs the caller's explicit consent.
   const int64_t file_bytes = stream.file_bytes();
   const int64_t decoded = static_cast<int64_t>(header_bytes) + elements;
-  if (max_ratio > 0 && decoded > kIdxRatioFreeBytes &&
-      static_cast<double>(decoded) > max_ratio * static_cast<double>(std::max<int64_t>(file_bytes, 1))) {
+  if (decoded > ratio_limit(file_bytes, max_ratio)) {
     SHOAL_THROW(DataError, path, ": the header announces ", decoded, " bytes of ", what, " data from a file of ",
                 file_bytes, " bytes (", static_cast<int64_t>(static_cast<double>(decoded) / std::max<int64_t>(file_bytes, 1)),
                 ":1, more than the ", max_ratio, ":1 real image files come near): refused as a decompression bomb "
