@@ -11,8 +11,9 @@
 
 #include <ATen/Functions.h>
 
-#include <cerrno>
 #include <algorithm>
+#include <atomic>
+#include <cerrno>
 #include <cstring>
 #include <limits>
 #include <memory>
@@ -56,6 +57,8 @@ constexpr int64_t kWholeFileMaxBytes = int64_t{256} << 20;
 /// is at most `max_decoded` and which inflates to exactly that many bytes. Undefined otherwise,
 /// whatever the reason (not gzip, several members, damage, a size field that lies): the streaming
 /// path then reads the file and says what is wrong with it.
+std::atomic<uint64_t> whole_file_inflations{0};
+
 at::Tensor inflate_whole(const std::string& path, int64_t file_bytes, int64_t max_decoded) {
 #ifdef SHOAL_IDX_LIBDEFLATE
   if (file_bytes < 18 || file_bytes > kWholeFileMaxBytes) return {};  // 18: header + trailer
@@ -86,6 +89,7 @@ at::Tensor inflate_whole(const std::string& path, int64_t file_bytes, int64_t ma
       libdeflate_gzip_decompress_ex(inflater.get(), packed.data(), packed.size(),
                                     out.data_ptr<uint8_t>(), isize, &used, &produced);
   if (result != LIBDEFLATE_SUCCESS || used != packed.size() || produced != isize) return {};
+  whole_file_inflations.fetch_add(1, std::memory_order_relaxed);
   return out;
 #else
   return {};
@@ -283,6 +287,18 @@ at::Tensor read_idx_labels(const std::string& path, int64_t num_classes, double 
     out[i] = label;
   }
   return labels;
+}
+
+bool idx_whole_file_inflation_built() {
+#ifdef SHOAL_IDX_LIBDEFLATE
+  return true;
+#else
+  return false;
+#endif
+}
+
+uint64_t idx_whole_file_inflations() {
+  return whole_file_inflations.load(std::memory_order_relaxed);
 }
 
 }  // namespace shoal::data::detail

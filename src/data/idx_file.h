@@ -36,4 +36,11 @@ at::Tensor read_idx_images(const std::string& path, int64_t expected_rows, int64
 /// in [0, num_classes); the ratio check as for images.
 at::Tensor read_idx_labels(const std::string& path, int64_t num_classes, double max_decompression_ratio);
 
+/// Whether this build inflates gzipped IDX files of one member whole (libdeflate found at build
+/// time); without it every gzipped file streams through zlib.
+bool idx_whole_file_inflation_built();
+
+/// How many files this process has inflated whole so far (diagnostics and tests).
+uint64_t idx_whole_file_inflations();
+
 }  // namespace shoal::data::detail

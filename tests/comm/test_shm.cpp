@@ -18,6 +18,7 @@
 
 #include "comm/hierarchical/process_group_hierarchical.h"
 #include "comm/shm/op_queue.h"
+#include "comm/shm/process_group_shm.h"
 #include "comm/shm/shared_segment.h"
 #include "comm/timeouts.h"
 #include "shoal/comm/init.h"
@@ -188,6 +189,50 @@ TEST(ShmBlockingCalls, AFailureIsThrownByTheCallItself) {
     thrown = true;
   });
   EXPECT_TRUE(thrown.load());
+}
+
+// async_op = false on collectives far above the inline size: each runs on the calling thread (no
+// hand-off to the group's worker), counted by the group; the same calls asynchronous are queued.
+TEST(ShmBlockingCalls, RunOnTheCallingThread) {
+  auto store = make_hash_store(Milliseconds(30'000));
+  run_threads(2, [&](int rank) {
+    auto pg = new_process_group("shm", store, rank, 2, Milliseconds(30'000));
+    auto* shm = dynamic_cast<shm::ProcessGroupShm*>(pg.get());
+    ASSERT_NE(shm, nullptr) << pg->backend_name();
+    const int64_t numel = 1 << 18;  // 1 MiB of floats: far above the 32 KiB inline size
+    // Blocking calls first: nothing has been queued on this group, so none waits behind another.
+    const uint64_t before = shm->collectives_run_inline();
+    auto sum = input(rank, numel);
+    AllreduceOptions reduce_options;
+    reduce_options.async_op = false;
+    auto work = pg->allreduce(sum, reduce_options);
+    EXPECT_TRUE(work->is_completed());
+    EXPECT_TRUE(torch::equal(sum, expected_sum(2, numel)));
+    auto mine = input(rank, numel / 2);
+    auto gathered = torch::empty({numel});
+    AllgatherOptions gather_options;
+    gather_options.async_op = false;
+    pg->all_gather_into_tensor(gathered, mine, gather_options);
+    EXPECT_TRUE(torch::equal(gathered, torch::cat({input(0, numel / 2), input(1, numel / 2)})));
+    auto full = input(rank, numel);
+    auto block = torch::empty({numel / 2});
+    ReduceScatterOptions scatter_options;
+    scatter_options.async_op = false;
+    pg->reduce_scatter_tensor(block, full, scatter_options);
+    EXPECT_TRUE(torch::equal(block, expected_sum(2, numel).narrow(0, rank * (numel / 2), numel / 2)));
+    auto root = input(rank, numel);
+    BroadcastOptions broadcast_options;
+    broadcast_options.root = 1;
+    broadcast_options.async_op = false;
+    pg->broadcast(root, broadcast_options);
+    EXPECT_TRUE(torch::equal(root, input(1, numel)));
+    EXPECT_EQ(shm->collectives_run_inline(), before + 4);
+    // The same sizes asynchronous go to the worker thread.
+    auto queued = input(rank, numel);
+    pg->allreduce(queued)->wait();
+    EXPECT_TRUE(torch::equal(queued, expected_sum(2, numel)));
+    EXPECT_EQ(shm->collectives_run_inline(), before + 4);
+  });
 }
 
 TEST(ShmProcesses, CollectivesAcrossProcesses) {

@@ -783,13 +783,20 @@ TEST(BenchDdpFormat, ReportsEveryModeAsJsonLines) {
   }
   EXPECT_NE(lines[3].find("\"gradient_as_bucket_view\": true"), std::string::npos) << lines[3];
   EXPECT_GT(json_number(lines[2], "buckets"), 0) << lines[2];
-  // The communication floor: ceiling step / (ceiling step + the buckets' allreduces alone).
+  // The communication floor: ceiling step / (ceiling step + the buckets' allreduces alone + with
+  // plain gradients their copies into the buckets and back; bucket views copy nothing).
   const double ceiling_step_ms = 1e3 * 2 * 64 / json_number(lines[1], "samples_per_s");
   const double comm_ms = json_number(lines[2], "comm_ms");
+  const double copy_ms = json_number(lines[2], "copy_ms");
   ASSERT_GT(comm_ms, 0) << lines[2];
+  ASSERT_GT(copy_ms, 0) << lines[2];
   EXPECT_NEAR(json_number(lines[2], "comm_bound_of_ceiling"),
-              ceiling_step_ms / (ceiling_step_ms + comm_ms), 1e-3)
+              ceiling_step_ms / (ceiling_step_ms + comm_ms + copy_ms), 1e-3)
       << lines[1] << "\n" << lines[2];
+  EXPECT_EQ(json_number(lines[3], "copy_ms"), 0) << lines[3];
+  EXPECT_NEAR(json_number(lines[3], "comm_bound_of_ceiling"),
+              ceiling_step_ms / (ceiling_step_ms + json_number(lines[3], "comm_ms")), 1e-3)
+      << lines[1] << "\n" << lines[3];
 
   // The hooks, next to the default: bytes sent per step are the gradients (7.2 MiB), half of them
   // for fp16, and PowerSGD rank 2's P and Q ((n + m) x 2 for fc1 1024 x 784, fc2 1024 x 1024,
@@ -806,6 +813,13 @@ TEST(BenchDdpFormat, ReportsEveryModeAsJsonLines) {
   const double power = 4.0 * ((1024 + 784) * 2 + (1024 + 1024) * 2 + (10 + 1024) * 2 + 1024 * 2 + 10);
   EXPECT_NEAR(json_number(lines[5], "sent_bytes_per_step"), power, 1.0) << lines[5];
   EXPECT_NE(lines[0].find("\"comm_hook\": null"), std::string::npos) << lines[0];
+  // The ceiling over each PyTorch peer: its of_ceil inverted (null on the other modes).
+  for (size_t i = 6; i < lines.size(); ++i) {
+    EXPECT_NEAR(json_number(lines[i], "ceiling_over_this"), 1 / json_number(lines[i], "of_ceiling"),
+                1e-3 * json_number(lines[i], "ceiling_over_this"))
+        << lines[i];
+  }
+  EXPECT_NE(lines[2].find("\"ceiling_over_this\": null"), std::string::npos) << lines[2];
 
   // Live memory (heap in use + shared memory share), which does not depend on what the allocator
   // keeps: DDP costs one copy of the gradients (its buckets) plus its communication buffers;

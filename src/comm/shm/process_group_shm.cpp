@@ -448,6 +448,7 @@ std::shared_ptr<Work> ProcessGroupShm::submit(const OpContext& ctx, Lane lane, s
     // wake-up would cost more than the operation (and, with a rank per CPU, takes a CPU from a
     // peer in the same collective).
     if ((bytes <= options_.inline_bytes || !ctx.async_op) && collectives_->idle()) {
+      run_inline_.fetch_add(1, std::memory_order_relaxed);
       try {
         controls_[rank()].op_code.store(code, std::memory_order_relaxed);
         controls_[rank()].op_sequence.store(ctx.sequence(), std::memory_order_relaxed);

@@ -36,6 +36,7 @@
 // Thread safety: as ProcessGroup.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <memory>
 #include <string>
@@ -90,6 +91,9 @@ class ProcessGroupShm : public ProcessGroup {
   std::string backend_name() const override { return "shm"; }
   void abort(const std::string& reason) override;
   bool is_symmetric(const at::Tensor& tensor) const override;
+  /// Collectives this group has run on the calling thread (small ones, and those called with
+  /// async_op = false, when nothing was queued before them) rather than on its worker thread.
+  uint64_t collectives_run_inline() const { return run_inline_.load(std::memory_order_relaxed); }
 
  protected:
   at::Tensor run_empty_symmetric(int64_t numel, at::ScalarType dtype,
@@ -217,6 +221,7 @@ class ProcessGroupShm : public ProcessGroup {
   std::atomic<bool> warned_no_symmetric_{false};
 
   std::shared_ptr<OpQueue> collectives_;  // shared with the Works that may run its tasks
+  std::atomic<uint64_t> run_inline_{0};
   std::unique_ptr<OpQueue> sends_;
   std::unique_ptr<OpQueue> recvs_;
 };
