@@ -19,6 +19,8 @@
 // the bytes rank 0 passed to its collectives per step (`sent_kb`): the buckets for allreduce, half
 // of them for fp16/bf16, PowerSGD's P, Q and uncompressed tensors (rank --powersgd-rank,
 // compressing from the first timed step: start_powerSGD_iter = max(2, warmup)).
+// --bucket-reduction auto,overlapped,inline: the first is the default shoal_ddp modes'
+// bucket_reduction; each other adds a plain and a bucket-view mode in the same rounds.
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -67,6 +69,7 @@ struct DdpBenchArgs : StepBenchArgs, WorkerArgs {
   std::string torch_script = bench_script("ddp_torch.py");
   std::vector<std::string> torch_peers{"debian"};  // the PyTorch peers measured (--torch)
   std::vector<std::string> comm_hooks{"allreduce"};  // a worker: its one hook
+  std::vector<std::string> bucket_reductions{"auto"};  // a worker: its one bucket_reduction
   int64_t powersgd_rank = 2;
   bool bucket_view = false;  // hidden: a worker's gradient_as_bucket_view
 };
@@ -178,6 +181,7 @@ void run_worker_with(const DdpBenchArgs& args) {
     auto group = comm::new_process_group(args.backends.at(0), store, args.rank, args.world);
     DistributedDataParallelOptions options;
     options.gradient_as_bucket_view = args.bucket_view;
+    options.bucket_reduction = parallel::parse_bucket_reduction(args.bucket_reductions.at(0));
     const bool auto_cap = args.bucket_cap_mb == "auto";
     if (std::strtod(args.bucket_cap_mb.c_str(), nullptr) > 0 || auto_cap) {
       options.bucket_cap_mb = parallel::parse_bucket_cap_mb(args.bucket_cap_mb);
@@ -208,6 +212,7 @@ void run_worker_with(const DdpBenchArgs& args) {
     const auto before = ddp.stats();
     result["bucket_cap_mb"] = before.bucket_cap_mb;
     result["first_bucket_cap_mb"] = before.first_bucket_cap_mb;
+    result["inline_reduction"] = before.inline_reduction ? 1 : 0;
     // Which buckets (their sizes in order), as one number: the sweep drops caps that give the
     // same buckets as another.
     double layout = 0;
@@ -237,9 +242,11 @@ void run_worker_with(const DdpBenchArgs& args) {
     constexpr int kCommRepeats = 5;
     group->barrier()->wait();
     const auto comm_start = Clock::now();
+    comm::AllreduceOptions comm_options;
+    comm_options.async_op = !after.inline_reduction;  // as DDP reduces them (bucket_reduction)
     for (int r = 0; r < kCommRepeats; ++r) {
       std::vector<std::shared_ptr<comm::Work>> works;
-      for (auto& b : buckets) works.push_back(group->allreduce(b));
+      for (auto& b : buckets) works.push_back(group->allreduce(b, comm_options));
       for (auto& w : works) w->wait();
     }
     result["comm_ms"] = 1e3 * seconds_since(comm_start) / kCommRepeats;
@@ -292,6 +299,7 @@ struct DdpMode {
   TorchPeer peer;       // pytorch_ddp: which PyTorch runs it
   std::string cap;      // shoal_ddp's bucket_cap_mb when not --bucket-cap-mb's: MiB or auto
   std::string first_cap;  // and first_bucket_cap_mb when not --first-bucket-cap-mb's
+  std::string reduction;  // shoal_ddp's bucket_reduction when not --bucket-reduction's first
   std::map<std::string, std::vector<double>> samples;  // field -> one value per round
 
   std::string label() const {
@@ -302,6 +310,7 @@ struct DdpMode {
     if (hook != "allreduce") text += " " + hook;
     if (!first_cap.empty()) text += " first=" + first_cap;
     if (!cap.empty()) text += " cap=" + cap;
+    if (!reduction.empty()) text += " " + reduction;
     return text;
   }
   double get(const std::string& field) const {
@@ -334,7 +343,10 @@ void run_mode(const DdpBenchArgs& args, const std::string& exe, const std::strin
                                          ? std::to_string(args.first_bucket_cap_mb)
                                          : mode.first_cap,
                                      "--comm-hook",
-                                     mode.hook, "--powersgd-rank",
+                                     mode.hook, "--bucket-reduction",
+                                     mode.reduction.empty() ? args.bucket_reductions.at(0)
+                                                            : mode.reduction,
+                                     "--powersgd-rank",
                                      std::to_string(args.powersgd_rank), "--worker", worker};
     if (mode.bucket_view) command.push_back("--gradient-as-bucket-view");
     return command;
@@ -364,7 +376,8 @@ void run_mode(const DdpBenchArgs& args, const std::string& exe, const std::strin
   const std::string store = dir + "/store_" + std::to_string(round) + "_" + mode.name + "_" +
                             mode.backend + (mode.bucket_view ? "_view" : "") + "_" + mode.hook +
                             "_" + (mode.cap.empty() ? "default" : mode.cap) + "_" +
-                            (mode.first_cap.empty() ? "default" : mode.first_cap);
+                            (mode.first_cap.empty() ? "default" : mode.first_cap) + "_" +
+                            (mode.reduction.empty() ? "default" : mode.reduction);
   std::vector<ChildProcess> ranks;
   for (int rank = 0; rank < processes; ++rank) {
     auto command = common(ddp ? "shoal" : "single", mode.backend);
@@ -397,6 +410,7 @@ void run_mode(const DdpBenchArgs& args, const std::string& exe, const std::strin
       s["tuning_steps"].push_back(r["tuning_steps"]);
       s["first_bucket_cap_mb"].push_back(r["first_bucket_cap_mb"]);
       s["layout"].push_back(r["layout"]);
+      s["inline_reduction"].push_back(r["inline_reduction"]);
     }
   }
   s["samples_per_s"].push_back(processes * args.batch * args.steps / seconds);
@@ -432,12 +446,23 @@ int run_ddp_bench(const DdpBenchArgs& args) {
                   "'");
   }
   SHOAL_CHECK_T(InvalidArgument, args.powersgd_rank >= 1, "bench ddp: --powersgd-rank must be >= 1");
+  SHOAL_CHECK_T(InvalidArgument, !args.bucket_reductions.empty(),
+                "bench ddp: --bucket-reduction needs at least one of auto, overlapped, inline");
+  for (const auto& reduction : args.bucket_reductions) parallel::parse_bucket_reduction(reduction);
   for (const auto& backend : args.backends) {
     modes.push_back({"shoal_ddp", backend, false});
     modes.push_back({"shoal_ddp", backend, true});
     if (backend != args.backends.front()) continue;
     for (const auto& hook : args.comm_hooks) {
       if (hook != "allreduce") modes.push_back({"shoal_ddp", backend, false, hook});
+    }
+    // The other bucket reductions, plain and with bucket views, in the same rounds.
+    for (size_t r = 1; r < args.bucket_reductions.size(); ++r) {
+      for (const bool view : {false, true}) {
+        DdpMode mode{"shoal_ddp", backend, view};
+        mode.reduction = args.bucket_reductions[r];
+        modes.push_back(mode);
+      }
     }
     if (args.bucket_sweep) {
       // bucket_cap_mb=auto against each of its candidates fixed, in the same rounds.
@@ -515,8 +540,9 @@ int run_ddp_bench(const DdpBenchArgs& args) {
                 "samples/s", "peak MB", "+MB", "+live", "effic.", "of_ceil", "vs_pt", "fwd ms",
                 "bwd ms", "opt ms", "wait ms", "hidden", "sent_kb");
   }
-  std::vector<std::string> comm_floors;  // one line per shoal_ddp mode, under the table
+  std::vector<std::string> comm_costs;  // one line per shoal_ddp mode, under the table
   std::vector<std::string> peer_ceilings;  // one line per pytorch_ddp mode
+  const bool no_spare_core = static_cast<unsigned>(args.world) >= std::thread::hardware_concurrency();
   for (const auto& mode : modes) {
     const double rate = mode.get("samples_per_s");
     const bool parallel = mode.name != "single";
@@ -531,17 +557,18 @@ int run_ddp_bench(const DdpBenchArgs& args) {
         has_ratios ? *std::max_element(ratios->second.begin(), ratios->second.end()) : std::nan("");
     const double vs =
         mode.name == "shoal_ddp" ? rate / pytorch_rate(mode.bucket_view, "") : std::nan("");
-    // The floor under of_ceil where no core is spare (a rank per core, each busy with its own
-    // step): the mode's bucket allreduces, timed alone in the same run (comm_ms), and with plain
-    // gradients their copies into the buckets and back (copy_ms), take CPU from the step, so a
-    // step lasts at least the ceiling's step plus those.
+    // Where no core is spare (a rank per core, each busy with its own step), what of_ceil would be
+    // if the mode's bucket allreduces, timed alone in the same run (comm_ms), and with plain
+    // gradients their copies into the buckets and back (copy_ms), added their own time to the
+    // ceiling's step. An estimate, not a bound: where the vCPUs share floating-point units, a rank
+    // that communicates (or waits) lets its sibling compute faster, and runs beat it.
     const double ceiling_step_ms =
         1e3 * args.world * args.batch / independent.get("samples_per_s");
-    const double comm_bound =
+    const double comm_added =
         mode.name == "shoal_ddp"
             ? ceiling_step_ms / (ceiling_step_ms + mode.get("comm_ms") + mode.get("copy_ms"))
             : std::nan("");
-    if (mode.name == "shoal_ddp" && std::isfinite(comm_bound)) {
+    if (mode.name == "shoal_ddp" && std::isfinite(comm_added)) {
       char line[320];
       char copies[96] = "";
       if (!mode.bucket_view) {
@@ -551,10 +578,10 @@ int run_ddp_bench(const DdpBenchArgs& args) {
       }
       std::snprintf(line, sizeof line,
                     "  %s: its bucket allreduces alone %.2f ms a step%s, the ceiling's step %.2f "
-                    "ms: of_ceil <= %.3f\n",
+                    "ms: of_ceil %.3f if added\n",
                     mode.label().c_str(), mode.get("comm_ms"), copies, ceiling_step_ms,
-                    comm_bound);
-      comm_floors.push_back(line);
+                    comm_added);
+      comm_costs.push_back(line);
     }
     // How far above a PyTorch peer the no-communication ceiling is (its of_ceil inverted, per
     // round against the ceiling runs beside it): no DDP can beat that peer by more, here and now.
@@ -594,7 +621,8 @@ int run_ddp_bench(const DdpBenchArgs& args) {
           "\"optimizer_ms\": %s, \"wait_ms\": %s, \"overlap\": %s, \"hidden_bytes_fraction\": %s, "
           "\"buckets\": %s, \"comm_hook\": %s, \"sent_bytes_per_step\": %s, "
           "\"bucket_cap_mb\": %s, \"bucket_cap\": %s, \"comm_ms\": %s, \"copy_ms\": %s, "
-          "\"comm_bound_of_ceiling\": %s, \"ceiling_over_this\": %s, \"rounds\": %d}\n",
+          "\"comm_added_of_ceiling\": %s, \"ceiling_over_this\": %s, \"bucket_reduction\": %s, "
+          "\"inline_reduction\": %s, \"rounds\": %d}\n",
           mode.name.c_str(), args.model.c_str(),
           mode.backend.empty() ? "null" : ("\"" + mode.backend + "\"").c_str(),
           mode.name == "single" ? 1 : args.world, args.batch, mode.bucket_view ? "true" : "false",
@@ -618,7 +646,12 @@ int run_ddp_bench(const DdpBenchArgs& args) {
               ? ("\"" + (mode.cap.empty() ? args.bucket_cap_mb : mode.cap) + "\"").c_str()
               : "null",
           json_number(mode.get("comm_ms")).c_str(), json_number(mode.get("copy_ms")).c_str(),
-          json_number(comm_bound).c_str(), json_number(ceiling_over).c_str(),
+          json_number(comm_added).c_str(), json_number(ceiling_over).c_str(),
+          mode.name == "shoal_ddp"
+              ? ("\"" + (mode.reduction.empty() ? args.bucket_reductions.at(0) : mode.reduction) +
+                 "\"").c_str()
+              : "null",
+          json_number(mode.get("inline_reduction")).c_str(),
           args.rounds);
     } else {
       auto cell = [](double v, const char* format) {
@@ -701,12 +734,12 @@ int run_ddp_bench(const DdpBenchArgs& args) {
                 ceilings.size(),
                 args.ceiling == "interleaved" ? "interleaved with the contenders" : "once a round",
                 ceiling, *low, *high, 100 * (*low / ceiling - 1), 100 * (*high / ceiling - 1));
-    if (!comm_floors.empty() &&
-        static_cast<unsigned>(args.world) >= std::thread::hardware_concurrency()) {
-      std::printf("communication floor (%d ranks on %u cores: no core is spare, so the "
-                  "communication's own time adds to a step):\n",
+    if (!comm_costs.empty() && no_spare_core) {
+      std::printf("communication's own time (%d ranks on %u cores, none spare; what of_ceil would "
+                  "be if it added to the ceiling's step: an estimate, not a bound, since a rank "
+                  "that communicates lets a vCPU sharing its core compute faster):\n",
                   args.world, std::thread::hardware_concurrency());
-      for (const std::string& line : comm_floors) std::fputs(line.c_str(), stdout);
+      for (const std::string& line : comm_costs) std::fputs(line.c_str(), stdout);
     }
     if (!peer_ceilings.empty()) {
       std::printf("the ceiling over each PyTorch peer (the most any DDP can beat it by here):\n");
@@ -759,6 +792,11 @@ void add_bench_ddp_command(CLI::App& bench, std::vector<Command>& commands) {
   app->add_option("--comm-hook", args->comm_hooks,
                   "communication hooks of Shoal's DDP, each measured (allreduce, fp16, bf16, "
                   "powersgd; allreduce is the default DDP modes)")
+      ->delimiter(',')
+      ->capture_default_str();
+  app->add_option("--bucket-reduction", args->bucket_reductions,
+                  "DDP bucket_reduction, each measured (auto, overlapped, inline; the first is "
+                  "the default DDP modes', the others add a plain and a bucket-view mode)")
       ->delimiter(',')
       ->capture_default_str();
   app->add_option("--powersgd-rank", args->powersgd_rank,

@@ -79,9 +79,9 @@ std::shared_ptr<comm::Work> then(std::shared_ptr<comm::Work> work, std::function
   return std::make_shared<ThenWork>(std::move(work), std::move(then));
 }
 
-CommHook allreduce_hook(std::shared_ptr<comm::ProcessGroup> group) {
+CommHook allreduce_hook(std::shared_ptr<comm::ProcessGroup> group, bool async_op) {
   SHOAL_CHECK_T(InvalidArgument, group != nullptr, "allreduce_hook: the process group is null");
-  return [group](GradBucket& bucket) {
+  return [group, async_op](GradBucket& bucket) {
     // Averaging inside the collective: the shm backend divides in the same pass that sums (one
     // pass over the bucket fewer on the training thread than dividing first, as PyTorch does);
     // other backends divide the summed result. float32 gradients do not overflow either way.
@@ -92,6 +92,7 @@ CommHook allreduce_hook(std::shared_ptr<comm::ProcessGroup> group) {
     // round trip before each bucket's reduction.
     options.check = false;
     options.note = bucket.note().c_str();
+    options.async_op = async_op;
     return group->allreduce(bucket.buffer(), options);
   };
 }

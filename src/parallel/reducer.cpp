@@ -3,13 +3,16 @@
 #include <torch/torch.h>
 
 #include <c10/util/strides.h>
+#include <sched.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <iomanip>
 #include <limits>
 #include <map>
 #include <sstream>
+#include <thread>
 
 #include "shoal/error.h"
 #include "shoal/log.h"
@@ -42,7 +45,46 @@ std::string format_mb(int64_t bytes) {
   }
 }
 
+// The ranks on this host: LOCAL_WORLD_SIZE where a launcher set it; else all of a shm group's
+// (one host by construction); else this one.
+int local_ranks(const comm::ProcessGroup& group) {
+  if (const char* text = std::getenv("LOCAL_WORLD_SIZE")) {
+    char* end = nullptr;
+    const long value = std::strtol(text, &end, 10);
+    if (end != text && *end == '\0' && value > 0 && value <= 1 << 20) return static_cast<int>(value);
+  }
+  return group.backend_name() == "shm" ? group.size() : 1;
+}
+
+// The cores this process may run on (its CPU affinity set).
+int usable_cores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return std::max(1u, std::thread::hardware_concurrency());
+}
+
+bool reduce_inline(const DistributedDataParallelOptions& options, const comm::ProcessGroup& group,
+                   const std::vector<at::Tensor>& params) {
+  using Mode = DistributedDataParallelOptions::BucketReduction;
+  if (options.bucket_reduction != Mode::kAuto) return options.bucket_reduction == Mode::kInline;
+  // No spare core: every core already runs a rank's compute, so a communication thread beside
+  // it only takes turns with that compute (and the peers wait for whichever is descheduled).
+  // Gradients on a GPU are computed there: the cores are not what the two would share.
+  const bool cpu = std::all_of(params.begin(), params.end(), [](const at::Tensor& p) { return p.is_cpu(); });
+  return cpu && static_cast<int64_t>(local_ranks(group)) * at::get_num_threads() >= usable_cores();
+}
+
 }  // namespace
+
+DistributedDataParallelOptions::BucketReduction parse_bucket_reduction(const std::string& text) {
+  using Mode = DistributedDataParallelOptions::BucketReduction;
+  if (text == "auto") return Mode::kAuto;
+  if (text == "overlapped") return Mode::kOverlapped;
+  if (text == "inline") return Mode::kInline;
+  SHOAL_THROW(InvalidArgument, "--bucket-reduction takes auto, overlapped or inline, not '", text,
+              "'");
+}
 
 Reducer::Reducer(std::vector<at::Tensor> parameters, std::vector<std::string> names,
                  std::vector<bool> sparse, std::shared_ptr<comm::ProcessGroup> group,
@@ -52,7 +94,8 @@ Reducer::Reducer(std::vector<at::Tensor> parameters, std::vector<std::string> na
       sparse_(std::move(sparse)),
       group_(std::move(group)),
       options_(options),
-      hook_(allreduce_hook(group_)) {
+      inline_reduction_(reduce_inline(options_, *group_, params_)),
+      hook_(allreduce_hook(group_, /*async_op=*/!inline_reduction_)) {
   SHOAL_CHECK_T(InvalidArgument, (options_.bucket_cap_mb > 0 || auto_cap()) &&
                                      options_.first_bucket_cap_mb > 0,
                 "DistributedDataParallel: bucket_cap_mb (or kBucketCapAuto) and "
@@ -740,6 +783,7 @@ ReducerStats Reducer::stats() const {
   stats.bucket_cap_mb = cap_mb_;
   stats.first_bucket_cap_mb = first_cap_mb_;
   stats.bucket_cap_auto = auto_cap();
+  stats.inline_reduction = inline_reduction_;
   stats.bucket_cap_tuning = auto_cap() && !tuner_.done;
   stats.bucket_cap_trials = tuner_.trials;
   stats.bucket_bytes.clear();

@@ -110,6 +110,7 @@ class Reducer {
   std::vector<at::TensorOptions> param_options_;  // dtype and device at construction
   std::shared_ptr<comm::ProcessGroup> group_;
   DistributedDataParallelOptions options_;
+  bool inline_reduction_;  // options_.bucket_reduction, kAuto decided at construction
   CommHook hook_;
   std::vector<std::unique_ptr<compat::GradAccumulatedHook>> hooks_;
 

@@ -4,12 +4,15 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <sched.h>
+
 #include <atomic>
 #include <cmath>
 #include <map>
 #include <set>
 #include <thread>
 
+#include "comm/shm/process_group_shm.h"
 #include "shoal/comm/init.h"
 #include "shoal/error.h"
 #include "shoal/parallel/comm_hooks.h"
@@ -56,6 +59,7 @@ struct Spec {
   bool bucket_view = false;
   std::string backend = "gloo";  // shm: the buckets are symmetric memory, reduced in place
   bool auto_cap = false;         // bucket_cap_mb = auto: the buckets change in the first steps
+  std::string reduction = "overlapped";  // bucket_reduction: overlapped, inline or auto
 };
 
 // bucket_cap_mb = auto over caps that split the small models in several ways, decided within a
@@ -70,7 +74,8 @@ void use_auto_cap(DistributedDataParallelOptions& options) {
 std::string spec_name(const ::testing::TestParamInfo<Spec>& info) {
   const Spec& s = info.param;
   return s.model + "_w" + std::to_string(s.world) + (s.accumulate > 1 ? "_nosync" : "") +
-         (s.bucket_view ? "_view" : "") + "_" + s.backend + (s.auto_cap ? "_autocap" : "");
+         (s.bucket_view ? "_view" : "") + "_" + s.backend + (s.auto_cap ? "_autocap" : "") +
+         (s.reduction != "overlapped" ? "_" + s.reduction : "");
 }
 
 constexpr int kSteps = 50;
@@ -112,6 +117,7 @@ void check_equivalence(const Spec& spec) {
   with_groups(spec.world, [&](int rank, std::shared_ptr<comm::ProcessGroup> group) {
     auto options = small_buckets();
     options.gradient_as_bucket_view = spec.bucket_view;
+    options.bucket_reduction = parse_bucket_reduction(spec.reduction);
     if (spec.auto_cap) use_auto_cap(options);
     DistributedDataParallel ddp(models[rank], group, options);
     torch::optim::SGD optimizer(ddp.module()->parameters(), sgd);
@@ -182,7 +188,12 @@ INSTANTIATE_TEST_SUITE_P(
                       Spec{"cnn", 2, 2}, Spec{"mlp", 3, 2}, Spec{"cnn", 2, 1, true},
                       Spec{"mlp", 3, 2, true}, Spec{"cnn", 2, 1, false, "shm"},
                       Spec{"mlp", 2, 2, true, "shm"}, Spec{"mlp", 3, 1, true, "shm"},
-                      Spec{"cnn", 2, 1, false, "gloo", true}, Spec{"mlp", 3, 2, true, "shm", true}),
+                      Spec{"cnn", 2, 1, false, "gloo", true}, Spec{"mlp", 3, 2, true, "shm", true},
+                      // Buckets reduced by the hook that fills them (bucket_reduction = inline).
+                      Spec{"cnn", 2, 1, false, "shm", false, "inline"},
+                      Spec{"mlp", 3, 2, true, "shm", false, "inline"},
+                      Spec{"mlp", 2, 1, false, "gloo", false, "inline"},
+                      Spec{"cnn", 3, 2, false, "shm", true, "inline"}),
     spec_name);
 
 // ---- unused parameters ---------------------------------------------------------------------------
@@ -1038,6 +1049,137 @@ class FailedWork : public comm::Work {
   }
   std::exception_ptr exception() override { return nullptr; }
 };
+
+// ---- bucket_reduction ---------------------------------------------------------------------------
+
+// Buckets of 256 KiB and more, far above what shm runs on the calling thread by itself (32 KiB).
+struct WideImpl : torch::nn::Module {
+  WideImpl()
+      : fc1(register_module("fc1", torch::nn::Linear(256, 256))),
+        fc2(register_module("fc2", torch::nn::Linear(256, 256))),
+        fc3(register_module("fc3", torch::nn::Linear(256, 10))) {}
+  torch::Tensor forward(torch::Tensor x) {
+    return fc3(torch::relu(fc2(torch::relu(fc1(x)))));
+  }
+  torch::nn::Linear fc1, fc2, fc3;
+};
+TORCH_MODULE(Wide);
+
+// inline: every bucket is reduced by the autograd hook that fills it, on the training thread
+// (the shm group counts each such collective), and the result is what overlapped gives, bit for
+// bit; overlapped: the backend's thread reduces them.
+TEST(DdpBucketReduction, InlineReducesEachBucketOnTheTrainingThread) {
+  constexpr int kStepsHere = 4;
+  // Weights and batches made before the ranks start (the global generator is not per thread).
+  torch::manual_seed(7);
+  Wide initial;
+  std::vector<std::vector<std::pair<torch::Tensor, torch::Tensor>>> batches(2);
+  for (int rank = 0; rank < 2; ++rank) {
+    for (int step = 0; step < kStepsHere + 2; ++step) {
+      batches[rank].emplace_back(torch::randn({8, 256}), torch::randint(0, 10, {8}, torch::kLong));
+    }
+  }
+  std::map<std::string, std::vector<std::vector<torch::Tensor>>> results;
+  for (const std::string reduction : {"overlapped", "inline"}) {
+    std::vector<Wide> models;
+    for (int rank = 0; rank < 2; ++rank) {
+      models.emplace_back();
+      torch::NoGradGuard no_grad;
+      auto src = initial->parameters();
+      auto dst = models.back()->parameters();
+      for (size_t i = 0; i < src.size(); ++i) dst[i].copy_(src[i]);
+    }
+    std::vector<std::vector<torch::Tensor>> params(2);
+    with_groups(2, [&](int rank, std::shared_ptr<comm::ProcessGroup> group) {
+      auto* shm = dynamic_cast<comm::shm::ProcessGroupShm*>(group.get());
+      ASSERT_NE(shm, nullptr);
+      DistributedDataParallelOptions options;
+      options.first_bucket_cap_mb = 0.2;
+      options.bucket_cap_mb = 0.2;
+      options.bucket_reduction = parse_bucket_reduction(reduction);
+      DistributedDataParallel ddp(models[rank], group, options);
+      EXPECT_EQ(ddp.stats().inline_reduction, reduction == "inline");
+      torch::optim::SGD optimizer(ddp.module()->parameters(), torch::optim::SGDOptions(0.1));
+      auto step = [&](int index) {
+        optimizer.zero_grad();
+        const auto& [x, y] = batches[rank][index];
+        torch::cross_entropy_loss(ddp.forward(x), y).backward();
+        optimizer.step();
+      };
+      // The buckets are rebuilt at the second forward (with a small collective of their own).
+      step(0);
+      step(1);
+      const uint64_t before = shm->collectives_run_inline();
+      for (int index = 2; index < kStepsHere + 2; ++index) step(index);
+      const auto buckets = ddp.stats().bucket_bytes;
+      ASSERT_GE(buckets.size(), 2u);
+      for (int64_t bytes : buckets) EXPECT_GT(bytes, 32 << 10);
+      const uint64_t ran_inline = shm->collectives_run_inline() - before;
+      if (reduction == "inline") {
+        EXPECT_EQ(ran_inline, kStepsHere * buckets.size()) << "rank " << rank;
+      } else {
+        EXPECT_EQ(ran_inline, 0u) << "rank " << rank;
+      }
+      params[rank] = clone_all(ddp.module()->parameters());
+    }, "shm");
+    for (size_t i = 0; i < params[0].size(); ++i) {
+      EXPECT_TRUE(torch::equal(params[0][i], params[1][i])) << reduction << ": ranks differ";
+    }
+    results[reduction] = params;
+  }
+  for (size_t i = 0; i < results["inline"][0].size(); ++i) {
+    EXPECT_TRUE(torch::equal(results["inline"][0][i], results["overlapped"][0][i])) << "tensor " << i;
+  }
+}
+
+// auto: inline exactly when the ranks on this host (LOCAL_WORLD_SIZE; else a shm group's size,
+// else 1) times the intra-op threads leave none of this process's cores spare.
+TEST(DdpBucketReduction, AutoIsInlineWhenNoCoreIsSpare) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  ASSERT_EQ(sched_getaffinity(0, sizeof set, &set), 0);
+  const int cores = CPU_COUNT(&set);
+  const char* saved = std::getenv("LOCAL_WORLD_SIZE");
+  const std::string saved_value = saved ? saved : "";
+  struct Case {
+    const char* local_world_size;  // nullptr: unset
+    std::string backend;
+    bool expect_inline;
+  };
+  const std::vector<Case> cases{
+      {"4096", "gloo", true},
+      {"1", "gloo", 1 >= cores},
+      {nullptr, "gloo", 1 >= cores},
+      {nullptr, "shm", 2 >= cores},
+  };
+  for (const Case& c : cases) {
+    if (c.local_world_size) {
+      setenv("LOCAL_WORLD_SIZE", c.local_world_size, 1);
+    } else {
+      unsetenv("LOCAL_WORLD_SIZE");
+    }
+    with_groups(2, [&](int, std::shared_ptr<comm::ProcessGroup> group) {
+      SmallMlp model;
+      DistributedDataParallelOptions options;
+      options.bucket_reduction = DistributedDataParallelOptions::BucketReduction::kAuto;
+      DistributedDataParallel ddp(model, group, options);
+      EXPECT_EQ(ddp.stats().inline_reduction, c.expect_inline)
+          << "LOCAL_WORLD_SIZE=" << (c.local_world_size ? c.local_world_size : "(unset)") << ", "
+          << c.backend << ", " << cores << " cores";
+    }, c.backend);
+  }
+  if (saved) {
+    setenv("LOCAL_WORLD_SIZE", saved_value.c_str(), 1);
+  } else {
+    unsetenv("LOCAL_WORLD_SIZE");
+  }
+  EXPECT_THROW(parse_bucket_reduction("sideways"), InvalidArgument);
+  try {
+    parse_bucket_reduction("sideways");
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("auto, overlapped or inline"), std::string::npos) << e.what();
+  }
+}
 
 TEST(DdpErrors, AFailedReductionNamesTheBucket) {
   with_groups(2, [&](int rank, std::shared_ptr<comm::ProcessGroup> group) {

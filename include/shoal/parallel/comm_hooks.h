@@ -19,7 +19,8 @@
 namespace shoal::parallel {
 
 /// Averages the bucket across ranks with an allreduce of ReduceOp::kAvg (DDP's default).
-CommHook allreduce_hook(std::shared_ptr<comm::ProcessGroup> group);
+/// async_op = false: the hook returns the bucket reduced (comm::AllreduceOptions::async_op).
+CommHook allreduce_hook(std::shared_ptr<comm::ProcessGroup> group, bool async_op = true);
 
 /// Casts the bucket to float16, averages it across ranks, and casts the result back.
 CommHook fp16_compress_hook(std::shared_ptr<comm::ProcessGroup> group);

@@ -90,6 +90,15 @@ struct DistributedDataParallelOptions {
   bool broadcast_buffers = true;
   /// Make each parameter's `.grad` a view into its bucket: no copy in or out, less peak memory.
   bool gradient_as_bucket_view = false;
+  /// How each bucket's allreduce runs beside backward (the default hook; a registered comm hook
+  /// decides for itself). kOverlapped: started asynchronously when the bucket fills, reduced by
+  /// the backend's thread while backward computes the earlier layers (PyTorch's way; it pays where
+  /// a core is spare). kInline: reduced by the autograd hook that fills the bucket, before backward
+  /// goes on (async_op = false; shm runs it on the training thread), so no second thread competes
+  /// with the ranks' compute for the cores. kAuto: kInline when the ranks on this host times each
+  /// one's intra-op threads leave no core of this process's CPU set spare, else kOverlapped.
+  enum class BucketReduction { kAuto, kOverlapped, kInline };
+  BucketReduction bucket_reduction = BucketReduction::kAuto;
   /// Keep freed CPU memory for reuse (shoal::memory::tune_cpu_allocator): without it, glibc gives
   /// large freed blocks back and every step faults them in again, at a rate that differs from rank
   /// to rank, so the fastest rank waits at each reduction. A process-wide setting.
@@ -104,6 +113,10 @@ struct DistributedDataParallelOptions {
 
   static bool debug_detail_from_env();
 };
+
+/// A bucket_reduction as a user writes it (`--bucket-reduction`): auto, overlapped or inline.
+/// Throws InvalidArgument saying what it takes.
+DistributedDataParallelOptions::BucketReduction parse_bucket_reduction(const std::string& text);
 
 /// A bucket_cap_mb as a user writes it (`--bucket-cap-mb`): a positive number of MiB (at most
 /// 1e6), or "auto" (DistributedDataParallelOptions::kBucketCapAuto). Throws InvalidArgument
@@ -121,6 +134,7 @@ struct ReducerStats {
   double bucket_cap_mb = 0;           ///< the bucket_cap_mb in use (auto: the candidate now tried)
   double first_bucket_cap_mb = 0;     ///< the first_bucket_cap_mb in use
   bool bucket_cap_auto = false;       ///< bucket_cap_mb = kBucketCapAuto
+  bool inline_reduction = false;      ///< buckets reduced inline (bucket_reduction, auto decided)
   bool bucket_cap_tuning = false;     ///< auto, and not decided yet
   struct BucketCapTrial {
     double first_bucket_cap_mb = 0;
