@@ -64,18 +64,18 @@ int usable_cores() {
   return std::max(1u, std::thread::hardware_concurrency());
 }
 
-bool reduce_inline(const DistributedDataParallelOptions& options, const comm::ProcessGroup& group,
-                   const std::vector<at::Tensor>& params) {
+}  // namespace
+
+bool reduces_buckets_inline(const DistributedDataParallelOptions& options,
+                            const comm::ProcessGroup& group, bool cpu_parameters) {
   using Mode = DistributedDataParallelOptions::BucketReduction;
   if (options.bucket_reduction != Mode::kAuto) return options.bucket_reduction == Mode::kInline;
   // No spare core: every core already runs a rank's compute, so a communication thread beside
   // it only takes turns with that compute (and the peers wait for whichever is descheduled).
   // Gradients on a GPU are computed there: the cores are not what the two would share.
-  const bool cpu = std::all_of(params.begin(), params.end(), [](const at::Tensor& p) { return p.is_cpu(); });
-  return cpu && static_cast<int64_t>(local_ranks(group)) * at::get_num_threads() >= usable_cores();
+  return cpu_parameters &&
+         static_cast<int64_t>(local_ranks(group)) * at::get_num_threads() >= usable_cores();
 }
-
-}  // namespace
 
 DistributedDataParallelOptions::BucketReduction parse_bucket_reduction(const std::string& text) {
   using Mode = DistributedDataParallelOptions::BucketReduction;
@@ -94,7 +94,9 @@ Reducer::Reducer(std::vector<at::Tensor> parameters, std::vector<std::string> na
       sparse_(std::move(sparse)),
       group_(std::move(group)),
       options_(options),
-      inline_reduction_(reduce_inline(options_, *group_, params_)),
+      inline_reduction_(reduces_buckets_inline(
+          options_, *group_,
+          std::all_of(params_.begin(), params_.end(), [](const at::Tensor& p) { return p.is_cpu(); }))),
       hook_(allreduce_hook(group_, /*async_op=*/!inline_reduction_)) {
   SHOAL_CHECK_T(InvalidArgument, (options_.bucket_cap_mb > 0 || auto_cap()) &&
                                      options_.first_bucket_cap_mb > 0,

@@ -41,18 +41,24 @@ void DdpStrategy::set_bucket_cap_mb(double cap_mb) {
 }
 
 std::string DdpStrategy::describe() const {
+  // How the buckets are reduced beside backward (bucket_reduction auto; the trainer's models
+  // train on the CPU).
+  const parallel::DistributedDataParallelOptions defaults;
+  const std::string reduction =
+      group_ && parallel::reduces_buckets_inline(defaults, *group_, /*cpu_parameters=*/true)
+          ? ", buckets reduced inline (no core spare beside the ranks)"
+          : ", buckets reduced overlapped with backward";
   if (bucket_cap_mb_ != parallel::DistributedDataParallelOptions::kBucketCapAuto) {
     std::ostringstream text;
-    text << "bucket_cap_mb " << bucket_cap_mb_;
+    text << "bucket_cap_mb " << bucket_cap_mb_ << reduction;
     return text.str();
   }
-  const parallel::DistributedDataParallelOptions defaults;
   std::ostringstream text;
   text << "bucket_cap_mb auto (each of";
   for (double cap : defaults.bucket_cap_candidates_mb) text << " " << cap;
   text << " MiB that gives other buckets, tried " << defaults.bucket_cap_tuning_rounds
        << " times over " << defaults.bucket_cap_tuning_steps + 1
-       << " steps after the first; the choice is logged and in --metrics)";
+       << " steps after the first; the choice is logged and in --metrics)" << reduction;
   return text.str();
 }
 

@@ -114,6 +114,11 @@ struct DistributedDataParallelOptions {
   static bool debug_detail_from_env();
 };
 
+/// Whether DistributedDataParallel with `options` on `group` reduces its buckets inline
+/// (bucket_reduction; kAuto decided as documented there) for parameters on the CPU or not.
+bool reduces_buckets_inline(const DistributedDataParallelOptions& options,
+                            const comm::ProcessGroup& group, bool cpu_parameters);
+
 /// A bucket_reduction as a user writes it (`--bucket-reduction`): auto, overlapped or inline.
 /// Throws InvalidArgument saying what it takes.
 DistributedDataParallelOptions::BucketReduction parse_bucket_reduction(const std::string& text);
