@@ -1052,27 +1052,15 @@ class FailedWork : public comm::Work {
 
 // ---- bucket_reduction ---------------------------------------------------------------------------
 
-// Buckets of 256 KiB and more, far above what shm runs on the calling thread by itself (32 KiB).
-struct WideImpl : torch::nn::Module {
-  WideImpl()
-      : fc1(register_module("fc1", torch::nn::Linear(256, 256))),
-        fc2(register_module("fc2", torch::nn::Linear(256, 256))),
-        fc3(register_module("fc3", torch::nn::Linear(256, 10))) {}
-  torch::Tensor forward(torch::Tensor x) {
-    return fc3(torch::relu(fc2(torch::relu(fc1(x)))));
-  }
-  torch::nn::Linear fc1, fc2, fc3;
-};
-TORCH_MODULE(Wide);
-
 // inline: every bucket is reduced by the autograd hook that fills it, on the training thread
 // (the shm group counts each such collective), and the result is what overlapped gives, bit for
 // bit; overlapped: the backend's thread reduces them.
 TEST(DdpBucketReduction, InlineReducesEachBucketOnTheTrainingThread) {
   constexpr int kStepsHere = 4;
   // Weights and batches made before the ranks start (the global generator is not per thread).
+  // Buckets of 256 KiB and more, far above what shm runs on the calling thread by itself (32 KiB).
   torch::manual_seed(7);
-  Wide initial;
+  SmallMlp initial(256, 256);
   std::vector<std::vector<std::pair<torch::Tensor, torch::Tensor>>> batches(2);
   for (int rank = 0; rank < 2; ++rank) {
     for (int step = 0; step < kStepsHere + 2; ++step) {
@@ -1081,9 +1069,9 @@ TEST(DdpBucketReduction, InlineReducesEachBucketOnTheTrainingThread) {
   }
   std::map<std::string, std::vector<std::vector<torch::Tensor>>> results;
   for (const std::string reduction : {"overlapped", "inline"}) {
-    std::vector<Wide> models;
+    std::vector<SmallMlp> models;
     for (int rank = 0; rank < 2; ++rank) {
-      models.emplace_back();
+      models.emplace_back(256, 256);
       torch::NoGradGuard no_grad;
       auto src = initial->parameters();
       auto dst = models.back()->parameters();
@@ -1103,7 +1091,7 @@ TEST(DdpBucketReduction, InlineReducesEachBucketOnTheTrainingThread) {
       auto step = [&](int index) {
         optimizer.zero_grad();
         const auto& [x, y] = batches[rank][index];
-        torch::cross_entropy_loss(ddp.forward(x), y).backward();
+        torch::nll_loss(ddp.forward(x), y).backward();
         optimizer.step();
       };
       // The buckets are rebuilt at the second forward (with a small collective of their own).

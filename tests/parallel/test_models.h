@@ -29,12 +29,12 @@ struct SmallCnnImpl : torch::nn::Module {
 };
 TORCH_MODULE(SmallCnn);
 
-/// fc1 20->32, fc2 32->32, fc3 32->10.
+/// fc1 20->32, fc2 32->32, fc3 32->10 (other input and hidden widths on request).
 struct SmallMlpImpl : torch::nn::Module {
-  SmallMlpImpl()
-      : fc1(register_module("fc1", torch::nn::Linear(20, 32))),
-        fc2(register_module("fc2", torch::nn::Linear(32, 32))),
-        fc3(register_module("fc3", torch::nn::Linear(32, 10))) {}
+  explicit SmallMlpImpl(int64_t in = 20, int64_t hidden = 32)
+      : fc1(register_module("fc1", torch::nn::Linear(in, hidden))),
+        fc2(register_module("fc2", torch::nn::Linear(hidden, hidden))),
+        fc3(register_module("fc3", torch::nn::Linear(hidden, 10))) {}
   torch::Tensor forward(torch::Tensor x) {
     x = torch::relu(fc1(x));
     x = torch::relu(fc2(x));
