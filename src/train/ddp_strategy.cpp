@@ -41,11 +41,12 @@ void DdpStrategy::set_bucket_cap_mb(double cap_mb) {
 }
 
 std::string DdpStrategy::describe() const {
-  // How the buckets are reduced beside backward (bucket_reduction auto; the trainer's models
-  // train on the CPU).
+  // How the buckets are reduced beside backward (bucket_reduction auto; a GPU job's group is
+  // NCCL's, and its gradients are not computed on the cores).
   const parallel::DistributedDataParallelOptions defaults;
   const std::string reduction =
-      group_ && parallel::reduces_buckets_inline(defaults, *group_, /*cpu_parameters=*/true)
+      group_ && parallel::reduces_buckets_inline(defaults, *group_,
+                                                 group_->backend_name() != "nccl")
           ? ", buckets reduced inline (no core spare beside the ranks)"
           : ", buckets reduced overlapped with backward";
   if (bucket_cap_mb_ != parallel::DistributedDataParallelOptions::kBucketCapAuto) {
