@@ -236,9 +236,12 @@ void run_worker_with(const DdpBenchArgs& args) {
     result["wait_ms"] = 1e3 * (after.wait_seconds - before.wait_seconds) / args.steps;
     result["hidden_fraction"] = (after.hidden_bytes - before.hidden_bytes) /
                                 std::max(after.reduced_bytes - before.reduced_bytes, 1.0);
-    // The same bucket reductions on their own, launched back to back as backward launches them.
+    // The same bucket reductions on their own, launched back to back as backward launches them,
+    // on buckets where DDP keeps them (the group's symmetric memory where it has some: shm).
     std::vector<torch::Tensor> buckets;
-    for (int64_t bytes : after.bucket_bytes) buckets.push_back(torch::zeros({bytes / 4}));
+    for (int64_t bytes : after.bucket_bytes) {
+      buckets.push_back(group->empty_symmetric(bytes / 4, torch::kFloat).zero_());
+    }
     constexpr int kCommRepeats = 5;
     group->barrier()->wait();
     const auto comm_start = Clock::now();
