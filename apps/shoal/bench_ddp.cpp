@@ -545,7 +545,8 @@ int run_ddp_bench(const DdpBenchArgs& args) {
   }
   std::vector<std::string> comm_costs;  // one line per shoal_ddp mode, under the table
   std::vector<std::string> peer_ceilings;  // one line per pytorch_ddp mode
-  const bool no_spare_core = static_cast<unsigned>(args.world) >= std::thread::hardware_concurrency();
+  const int cores = launcher::available_cores();
+  const bool no_spare_core = args.world >= cores;
   for (const auto& mode : modes) {
     const double rate = mode.get("samples_per_s");
     const bool parallel = mode.name != "single";
@@ -738,10 +739,10 @@ int run_ddp_bench(const DdpBenchArgs& args) {
                 args.ceiling == "interleaved" ? "interleaved with the contenders" : "once a round",
                 ceiling, *low, *high, 100 * (*low / ceiling - 1), 100 * (*high / ceiling - 1));
     if (!comm_costs.empty() && no_spare_core) {
-      std::printf("communication's own time (%d ranks on %u cores, none spare; what of_ceil would "
+      std::printf("communication's own time (%d ranks on %d cores, none spare; what of_ceil would "
                   "be if it added to the ceiling's step: an estimate, not a bound, since a rank "
                   "that communicates lets a vCPU sharing its core compute faster):\n",
-                  args.world, std::thread::hardware_concurrency());
+                  args.world, cores);
       for (const std::string& line : comm_costs) std::fputs(line.c_str(), stdout);
     }
     if (!peer_ceilings.empty()) {

@@ -80,12 +80,7 @@ int parse_nnodes(const std::string& text) {
 /// --nproc-per-node N | auto | cpu | gpu, as torchrun counts them (cpu: the cores this process
 /// may use, its affinity mask, where torchrun takes os.cpu_count()).
 int parse_nproc_per_node(const std::string& text) {
-  auto cpus = [] {
-    cpu_set_t set;
-    if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
-    return std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
-  };
-  if (text == "cpu") return cpus();
+  if (text == "cpu") return launcher::available_cores();
   const int gpus = static_cast<int>(torch::cuda::device_count());
   if (text == "gpu") {
     SHOAL_CHECK_T(InvalidArgument, gpus > 0, "--nproc-per-node gpu: no CUDA GPU is visible (",
@@ -93,7 +88,7 @@ int parse_nproc_per_node(const std::string& text) {
                   "); give a number, or cpu");
     return gpus;
   }
-  if (text == "auto") return gpus > 0 ? gpus : cpus();
+  if (text == "auto") return gpus > 0 ? gpus : launcher::available_cores();
   char* end = nullptr;
   const long n = std::strtol(text.c_str(), &end, 10);
   SHOAL_CHECK_T(InvalidArgument, !text.empty() && *end == '\0' && n >= 1 && n <= 65536,

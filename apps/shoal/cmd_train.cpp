@@ -145,14 +145,6 @@ std::vector<std::string> own_command_line() {
   return words;
 }
 
-/// Cores this process may run on: its own affinity mask (as taskset, a container, or a launcher's
-/// binding — mpirun --bind-to core, srun --cpu-bind=cores — limits it).
-int available_cores() {
-  cpu_set_t set;
-  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
-  return std::max(1u, std::thread::hardware_concurrency());
-}
-
 /// True when the launcher bound this process to cores of its own: its mask is narrower than the
 /// launcher's (its parent: mpirun's daemon, slurmstepd, shoal run). A process that inherited its
 /// launcher's whole mask shares those cores with the other local ranks; a bound one does not (a
@@ -570,7 +562,7 @@ void add_train_command(CLI::App& root, std::vector<Command>& commands) {
                             as_rank ? rank_info.local_world_size
                                     : ddp ? args->nproc_per_node
                                           : pipelined ? args->stages * args->replicas : 1;
-                        const int cores = available_cores();
+                        const int cores = launcher::available_cores();
                         const bool bound = as_rank && bound_by_launcher();
                         const int sharing = bound ? 1 : local;
                         if (threads->count() == 0) options->threads = std::max(1, cores / sharing);

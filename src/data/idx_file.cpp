@@ -48,6 +48,9 @@ int64_t ratio_limit(int64_t file_bytes, double max_ratio) {
   return std::max<int64_t>(kIdxRatioFreeBytes, static_cast<int64_t>(std::min(by_ratio, 1e18)));
 }
 
+// Files inflate_whole() has inflated in this process (idx_whole_file_inflations()).
+std::atomic<uint64_t> whole_file_inflations{0};
+
 // Gzip files up to this size may be inflated whole (inflate_whole), the compressed file held in
 // memory beside the output; larger ones stream, in 1 MiB pieces (Fashion-MNIST's largest: 26 MB).
 constexpr int64_t kWholeFileMaxBytes = int64_t{256} << 20;
@@ -57,8 +60,6 @@ constexpr int64_t kWholeFileMaxBytes = int64_t{256} << 20;
 /// is at most `max_decoded` and which inflates to exactly that many bytes. Undefined otherwise,
 /// whatever the reason (not gzip, several members, damage, a size field that lies): the streaming
 /// path then reads the file and says what is wrong with it.
-std::atomic<uint64_t> whole_file_inflations{0};
-
 at::Tensor inflate_whole(const std::string& path, int64_t file_bytes, int64_t max_decoded) {
 #ifdef SHOAL_IDX_LIBDEFLATE
   if (file_bytes < 18 || file_bytes > kWholeFileMaxBytes) return {};  // 18: header + trailer

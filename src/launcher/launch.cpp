@@ -5,15 +5,18 @@
 #include <arpa/inet.h>
 #include <netdb.h>
 #include <netinet/in.h>
+#include <sched.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <thread>
 
 #include "comm/shm/shared_segment.h"
 #include "launcher/signal_relay.h"
@@ -284,6 +287,13 @@ std::string self_executable() {
   const auto path = std::filesystem::read_symlink("/proc/self/exe", error);
   SHOAL_CHECK(!error, "cannot find this program's path (/proc/self/exe): ", error.message());
   return path.string();
+}
+
+int available_cores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
 }
 
 int pick_free_port() {

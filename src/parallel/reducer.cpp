@@ -3,18 +3,17 @@
 #include <torch/torch.h>
 
 #include <c10/util/strides.h>
-#include <sched.h>
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <iomanip>
 #include <limits>
 #include <map>
 #include <sstream>
-#include <thread>
 
+#include "shoal/comm/init.h"
 #include "shoal/error.h"
+#include "shoal/launcher/launch.h"
 #include "shoal/log.h"
 #include "shoal/parallel/comm_hooks.h"
 #include "shoal/trace/tracer.h"
@@ -45,23 +44,17 @@ std::string format_mb(int64_t bytes) {
   }
 }
 
-// The ranks on this host: LOCAL_WORLD_SIZE where a launcher set it; else all of a shm group's
-// (one host by construction); else this one.
+// The ranks on this host: what the launcher says (torchrun, `shoal run`, mpirun, MPICH, srun:
+// comm::detect_rank_info, the one reader of those variables); else all of a shm group's (one
+// host by construction); else this one. A launcher environment init would refuse is init's to
+// report: here it only falls back to the group.
 int local_ranks(const comm::ProcessGroup& group) {
-  if (const char* text = std::getenv("LOCAL_WORLD_SIZE")) {
-    char* end = nullptr;
-    const long value = std::strtol(text, &end, 10);
-    if (end != text && *end == '\0' && value > 0 && value <= 1 << 20) return static_cast<int>(value);
+  try {
+    const comm::RankInfo info = comm::detect_rank_info();
+    if (info.launched) return info.local_world_size;
+  } catch (const std::exception&) {
   }
   return group.backend_name() == "shm" ? group.size() : 1;
-}
-
-// The cores this process may run on (its CPU affinity set).
-int usable_cores() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof set, &set) == 0) return std::max(1, CPU_COUNT(&set));
-  return std::max(1u, std::thread::hardware_concurrency());
 }
 
 }  // namespace
@@ -74,7 +67,8 @@ bool reduces_buckets_inline(const DistributedDataParallelOptions& options,
   // it only takes turns with that compute (and the peers wait for whichever is descheduled).
   // Gradients on a GPU are computed there: the cores are not what the two would share.
   return cpu_parameters &&
-         static_cast<int64_t>(local_ranks(group)) * at::get_num_threads() >= usable_cores();
+         static_cast<int64_t>(local_ranks(group)) * at::get_num_threads() >=
+             launcher::available_cores();
 }
 
 DistributedDataParallelOptions::BucketReduction parse_bucket_reduction(const std::string& text) {

@@ -4,8 +4,6 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include <sched.h>
-
 #include <atomic>
 #include <cmath>
 #include <map>
@@ -15,6 +13,7 @@
 #include "comm/shm/process_group_shm.h"
 #include "shoal/comm/init.h"
 #include "shoal/error.h"
+#include "shoal/launcher/launch.h"
 #include "shoal/parallel/comm_hooks.h"
 #include "shoal/parallel/distributed_data_parallel.h"
 #include "test_models.h"
@@ -1120,30 +1119,40 @@ TEST(DdpBucketReduction, InlineReducesEachBucketOnTheTrainingThread) {
   }
 }
 
-// auto: inline exactly when the ranks on this host (LOCAL_WORLD_SIZE; else a shm group's size,
-// else 1) times the intra-op threads leave none of this process's cores spare.
+// auto: inline exactly when the ranks on this host (the launcher's word, as comm::detect_rank_info
+// reads it; else a shm group's size, else 1) times the intra-op threads leave none of this
+// process's cores spare.
 TEST(DdpBucketReduction, AutoIsInlineWhenNoCoreIsSpare) {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  ASSERT_EQ(sched_getaffinity(0, sizeof set, &set), 0);
-  const int cores = CPU_COUNT(&set);
-  const char* saved = std::getenv("LOCAL_WORLD_SIZE");
-  const std::string saved_value = saved ? saved : "";
+  const int cores = launcher::available_cores();
+  struct Saved {
+    const char* name;
+    bool set;
+    std::string value;
+  };
+  std::vector<Saved> saved;
+  for (const char* name : {"WORLD_SIZE", "LOCAL_WORLD_SIZE", "RANK"}) {
+    const char* value = std::getenv(name);
+    saved.push_back({name, value != nullptr, value ? value : ""});
+  }
   struct Case {
-    const char* local_world_size;  // nullptr: unset
+    const char* local_world_size;  // nullptr: not started by a launcher
     std::string backend;
     bool expect_inline;
   };
   const std::vector<Case> cases{
       {"4096", "gloo", true},
       {"1", "gloo", 1 >= cores},
+      {"1", "shm", 1 >= cores},  // the launcher's word over the group's size
       {nullptr, "gloo", 1 >= cores},
       {nullptr, "shm", 2 >= cores},
   };
   for (const Case& c : cases) {
+    unsetenv("RANK");
     if (c.local_world_size) {
+      setenv("WORLD_SIZE", "4096", 1);  // a torchrun-style environment: a launched process
       setenv("LOCAL_WORLD_SIZE", c.local_world_size, 1);
     } else {
+      unsetenv("WORLD_SIZE");
       unsetenv("LOCAL_WORLD_SIZE");
     }
     with_groups(2, [&](int, std::shared_ptr<comm::ProcessGroup> group) {
@@ -1156,10 +1165,12 @@ TEST(DdpBucketReduction, AutoIsInlineWhenNoCoreIsSpare) {
           << c.backend << ", " << cores << " cores";
     }, c.backend);
   }
-  if (saved) {
-    setenv("LOCAL_WORLD_SIZE", saved_value.c_str(), 1);
-  } else {
-    unsetenv("LOCAL_WORLD_SIZE");
+  for (const Saved& s : saved) {
+    if (s.set) {
+      setenv(s.name, s.value.c_str(), 1);
+    } else {
+      unsetenv(s.name);
+    }
   }
   EXPECT_THROW(parse_bucket_reduction("sideways"), InvalidArgument);
   try {

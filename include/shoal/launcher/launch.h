@@ -119,6 +119,10 @@ std::string self_executable();
 using SelfEntry = int (*)(int argc, char** argv);
 void set_self_entry(SelfEntry entry);
 
+/// Cores this process may run on: its CPU affinity mask (taskset, a container, or a launcher's
+/// binding — mpirun --bind-to core, srun --cpu-bind=cores — limits it); at least 1.
+int available_cores();
+
 /// A TCP port that was free on every interface a moment ago (bound to port 0 and released).
 int pick_free_port();
 
