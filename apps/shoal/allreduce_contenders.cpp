@@ -66,7 +66,7 @@ ShoalContender::ShoalContender(std::shared_ptr<comm::ProcessGroup> pg, bool symm
     : pg_(std::move(pg)), symmetric_(symmetric), collective_(collective) {}
 
 std::string ShoalContender::name() const {
-  return pg_->backend_name() + (symmetric_ ? "_symmetric" : "");
+  return pg_->backend_name() + (in_place_ ? "_in_place" : symmetric_ ? "_symmetric" : "");
 }
 
 at::Tensor& ShoalContender::buffer(int64_t bytes) {
@@ -78,13 +78,16 @@ at::Tensor& ShoalContender::buffer(int64_t bytes) {
       tensor_ = at::Tensor();
       piece_ = at::Tensor();
       // shm_symmetric: the input in symmetric memory, as FSDP's are (its flat gradients for the
-      // reduce-scatter; its shards for the all-gather).
-      const bool full_symmetric = symmetric_ && collective_ == Collective::kReduceScatter;
-      const bool piece_symmetric = symmetric_ && collective_ == Collective::kAllGather;
+      // reduce-scatter; stage 3's shards for the all-gather). In place: the output (symmetric
+      // for shm_in_place) with the input its own block, as stages 1-2 gather.
+      const bool full_symmetric =
+          symmetric_ && (collective_ == Collective::kReduceScatter || in_place_);
+      const bool piece_symmetric = symmetric_ && collective_ == Collective::kAllGather && !in_place_;
       tensor_ = full_symmetric ? pg_->empty_symmetric(per_rank * pg_->size(), torch::kFloat).zero_()
                                : torch::zeros({per_rank * pg_->size()}, torch::kFloat);
-      piece_ = piece_symmetric ? pg_->empty_symmetric(per_rank, torch::kFloat).zero_()
-                               : torch::zeros({per_rank}, torch::kFloat);
+      piece_ = in_place_        ? tensor_.narrow(0, pg_->rank() * per_rank, per_rank)
+               : piece_symmetric ? pg_->empty_symmetric(per_rank, torch::kFloat).zero_()
+                                 : torch::zeros({per_rank}, torch::kFloat);
       SHOAL_CHECK(!symmetric_ || pg_->is_symmetric(full_symmetric ? tensor_ : piece_),
                   pg_->rank_prefix(), " ", name(), ": no symmetric memory for ",
                   format_bytes(bytes),
@@ -216,8 +219,11 @@ void OpenMpiContender::reduce_scatter(at::Tensor& output, const at::Tensor& inpu
 void OpenMpiContender::all_gather(at::Tensor& output, const at::Tensor& input) {
 #if SHOAL_HAVE_MPI
   const int count = static_cast<int>(input.numel());
-  const int rc = MPI_Allgather(input.data_ptr(), count, MPI_FLOAT, output.data_ptr(), count,
-                               MPI_FLOAT, MPI_COMM_WORLD);
+  // In place: the input already lies in this rank's block of the output (MPI's own way to say so).
+  const int rc = in_place() ? MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, output.data_ptr(),
+                                            count, MPI_FLOAT, MPI_COMM_WORLD)
+                            : MPI_Allgather(input.data_ptr(), count, MPI_FLOAT, output.data_ptr(),
+                                            count, MPI_FLOAT, MPI_COMM_WORLD);
   SHOAL_CHECK(rc == MPI_SUCCESS, "[rank ", group().rank(), "/", group().size(), "] openmpi: "
               "MPI_Allgather of ", count, " elements a rank failed with MPI error ", rc,
               "; rerun with --backend mpi for Shoal's checks and time-outs");
@@ -273,7 +279,14 @@ void AllGatherFloorContender::all_gather(at::Tensor& output, const at::Tensor& i
     const int n = group().size();
     source_ = torch::arange(1, n + 1, torch::kFloat).repeat_interleave(output.numel() / n);
   }
-  output.copy_(source_);
+  if (!in_place()) {
+    output.copy_(source_);
+    return;
+  }
+  const int64_t block = input.numel();
+  for (int s = 0; s < group().size(); ++s) {
+    if (s != group().rank()) output.narrow(0, s * block, block).copy_(source_.narrow(0, s * block, block));
+  }
 }
 
 // ---- TorchContender ----------------------------------------------------------------------------

@@ -56,6 +56,10 @@ class ShoalContender : public Contender {
   /// waited for); false (the default): a blocking call (async_op = false), as MPI_Allreduce and
   /// torch.distributed's default.
   void set_async_op(bool async_op) { async_op_ = async_op; }
+  /// all_gather only: the input is this rank's own block of the output (torch's in-place
+  /// all_gather_into_tensor, as FSDP's stages 1-2 gather; MPI_IN_PLACE for OpenMPI), and with
+  /// `symmetric` the output is in symmetric memory. Named "<backend>_in_place".
+  void set_in_place(bool in_place) { in_place_ = in_place; }
 
  protected:
   /// One blocking float32 sum allreduce and one barrier: what warm_up() and measure() time.
@@ -66,6 +70,7 @@ class ShoalContender : public Contender {
   virtual void all_gather(at::Tensor& output, const at::Tensor& input);
   virtual void barrier();
   const comm::ProcessGroup& group() const { return *pg_; }
+  bool in_place() const { return in_place_; }
 
  private:
   at::Tensor& buffer(int64_t bytes);
@@ -74,19 +79,21 @@ class ShoalContender : public Contender {
   bool symmetric_;
   Collective collective_;
   bool async_op_ = false;
+  bool in_place_ = false;
   at::Tensor tensor_;  ///< the full tensor: allreduce's, reduce-scatter's input, all-gather's output
   at::Tensor piece_;   ///< reduce-scatter's output, all-gather's input
 };
 
 /// OpenMPI itself: MPI_Allreduce in place (MPI_Reduce_scatter_block, MPI_Allgather for the other
-/// collectives) on MPI_COMM_WORLD, blocking, with nothing of Shoal's around it (no worker thread,
-/// no checks); the same timing loop as ShoalContender. `keep_alive` is the Shoal mpi group whose
-/// creation initialised MPI. Only where Shoal is built with MPI.
+/// collectives; with set_in_place, MPI_Allgather with MPI_IN_PLACE, "openmpi_in_place") on
+/// MPI_COMM_WORLD, blocking, with nothing of Shoal's around it (no worker thread, no checks); the
+/// same timing loop as ShoalContender. `keep_alive` is the Shoal mpi group whose creation
+/// initialised MPI. Only where Shoal is built with MPI.
 class OpenMpiContender : public ShoalContender {
  public:
   explicit OpenMpiContender(std::shared_ptr<comm::ProcessGroup> keep_alive,
                             Collective collective = Collective::kAllreduce);
-  std::string name() const override { return "openmpi"; }
+  std::string name() const override { return in_place() ? "openmpi_in_place" : "openmpi"; }
 
  protected:
   void allreduce(at::Tensor& tensor) override;
@@ -120,11 +127,12 @@ class MemoryFloorContender : public ShoalContender {
 /// output once from a buffer of its own holding what the all-gather would give (block i is
 /// i + 1, so warm_up()'s check holds): the least any all-gather moves, one write of every output
 /// byte (shm's symmetric way and OpenMPI's single-copy path also read it from the peers' memory).
-/// Named "floor_copy"; `group` only times.
+/// Named "floor_copy"; with set_in_place ("floor_copy_in_place") only the peers' blocks are
+/// written, the least an in-place all-gather moves. `group` only times.
 class AllGatherFloorContender : public ShoalContender {
  public:
   explicit AllGatherFloorContender(std::shared_ptr<comm::ProcessGroup> group);
-  std::string name() const override { return "floor_copy"; }
+  std::string name() const override { return in_place() ? "floor_copy_in_place" : "floor_copy"; }
 
  protected:
   void all_gather(at::Tensor& output, const at::Tensor& input) override;

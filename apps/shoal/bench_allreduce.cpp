@@ -17,7 +17,11 @@
 // bus bandwidth bytes x (n-1)/n / time. The PyTorch and the two allreduce floor contenders race
 // allreduce only and are refused there; "floor_copy" races all_gather only: no communication,
 // every rank at once writes its whole output once from a buffer of its own (the least any
-// all-gather moves), which bounds what any all-gather can reach on this machine.
+// all-gather moves), which bounds what any all-gather can reach on this machine. The "_in_place"
+// contenders race all_gather only, with the input already in this rank's block of the output
+// (torch's in-place all_gather_into_tensor, as FSDP's stages 1-2 gather): "shm_in_place" (the
+// output symmetric), "openmpi_in_place" (MPI_IN_PLACE), "floor_copy_in_place" (only the peers'
+// blocks written, the least an in-place all-gather moves).
 //
 // Without a launcher around it (comm::detect_rank_info().launched is false) the bench starts
 // its own ranks: through shoal::launcher::launch(), or through mpirun when --backend names mpi.
@@ -146,11 +150,20 @@ void print_json(const std::string& backend, const std::string& collective, int w
 }
 
 // Only Shoal's process groups and OpenMPI race reduce_scatter and all_gather.
+bool ends_with_in_place(const std::string& name) {
+  const std::string tail = "_in_place";
+  return name.size() > tail.size() && name.compare(name.size() - tail.size(), tail.size(), tail) == 0;
+}
+
 void check_collective_contender(const std::string& name, Collective collective) {
   SHOAL_CHECK_T(InvalidArgument, name != "floor_copy" || collective == Collective::kAllGather,
                 "--collective ", collective_name(collective),
                 ": the floor_copy contender races all_gather only (floor_staged and "
                 "floor_inplace are allreduce's floors)");
+  SHOAL_CHECK_T(InvalidArgument, !ends_with_in_place(name) || collective == Collective::kAllGather,
+                "--collective ", collective_name(collective), ": the ", name,
+                " contender races all_gather only (give --collective all_gather, or shm_symmetric "
+                "for a symmetric input)");
   SHOAL_CHECK_T(InvalidArgument,
                 collective == Collective::kAllreduce ||
                     !(is_torch_contender_name(name) || name == "floor_staged" ||
@@ -173,13 +186,16 @@ TorchPeer torch_peer_of(const std::string& contender) {
 }
 
 std::string check_contender(const std::string& name) {
-  const std::string backend = name == "shm_symmetric" || name == "floor_staged" ||
-                                      name == "floor_inplace" || name == "floor_copy" ? "shm"
-                              : name == "openmpi"             ? "mpi"
-                                                              : name;
+  const std::string backend =
+      name == "shm_symmetric" || name == "shm_in_place" || name == "floor_staged" ||
+              name == "floor_inplace" || name == "floor_copy" || name == "floor_copy_in_place"
+          ? "shm"
+      : name == "openmpi" || name == "openmpi_in_place" ? "mpi"
+                                                        : name;
   SHOAL_CHECK_T(InvalidArgument, comm::is_backend_available(backend), "backend '", name,
                 "' is not built into this shoal; choose from gloo, shm, shm_symmetric, mpi, "
-                "openmpi, hierarchical, torch_gloo, torch2_gloo, floor_staged, floor_inplace, floor_copy");
+                "openmpi, hierarchical, torch_gloo, torch2_gloo, floor_staged, floor_inplace, "
+                "floor_copy, and for all_gather shm_in_place, openmpi_in_place, floor_copy_in_place");
   return backend;
 }
 
@@ -208,8 +224,9 @@ int run_rank(const AllreduceBenchArgs& args) {
           rank, n, find_torch_script(args.torch_script), peer.python, backend));
       continue;
     }
-    const bool symmetric = backend == "shm_symmetric";
-    const bool openmpi = backend == "openmpi";
+    const bool in_place = ends_with_in_place(backend);
+    const bool symmetric = backend == "shm_symmetric" || backend == "shm_in_place";
+    const bool openmpi = backend == "openmpi" || backend == "openmpi_in_place";
     const bool floor = backend == "floor_staged" || backend == "floor_inplace";
     const std::string group_backend = check_contender(backend);
     std::shared_ptr<comm::ProcessGroup> pg;
@@ -228,17 +245,19 @@ int run_rank(const AllreduceBenchArgs& args) {
                                        store),
                                    rank, n, kBenchTimeout);
     }
+    std::unique_ptr<ShoalContender> contender;
     if (openmpi) {
-      contenders.push_back(std::make_unique<OpenMpiContender>(pg, collective));
-    } else if (backend == "floor_copy") {
-      contenders.push_back(std::make_unique<AllGatherFloorContender>(pg));
+      contender = std::make_unique<OpenMpiContender>(pg, collective);
+    } else if (backend == "floor_copy" || backend == "floor_copy_in_place") {
+      contender = std::make_unique<AllGatherFloorContender>(pg);
     } else if (floor) {
-      contenders.push_back(std::make_unique<MemoryFloorContender>(pg, backend == "floor_staged"));
+      contender = std::make_unique<MemoryFloorContender>(pg, backend == "floor_staged");
     } else {
-      auto shoal = std::make_unique<ShoalContender>(pg, symmetric, collective);
-      shoal->set_async_op(args.async_op);
-      contenders.push_back(std::move(shoal));
+      contender = std::make_unique<ShoalContender>(pg, symmetric, collective);
+      contender->set_async_op(args.async_op);
     }
+    contender->set_in_place(in_place);
+    contenders.push_back(std::move(contender));
   }
   SHOAL_CHECK_T(InvalidArgument, !contenders.empty(), "--backend names no backend");
 
@@ -380,7 +399,9 @@ int run_allreduce_bench(const AllreduceBenchArgs& args) {
     }
   }
   const bool has_mpi = std::find(backends.begin(), backends.end(), "mpi") != backends.end() ||
-                       std::find(backends.begin(), backends.end(), "openmpi") != backends.end();
+                       std::find(backends.begin(), backends.end(), "openmpi") != backends.end() ||
+                       std::find(backends.begin(), backends.end(), "openmpi_in_place") !=
+                           backends.end();
   SHOAL_CHECK_T(InvalidArgument, !(has_mpi && args.launcher == "shoal"),
                 "--backend mpi needs its ranks started by mpirun; drop --launcher shoal");
   if (args.launcher == "mpirun" || (args.launcher == "auto" && has_mpi)) {
@@ -406,7 +427,8 @@ void add_bench_allreduce_command(CLI::App& bench, std::vector<Command>& commands
   app->add_option("--backend", args->backends,
                   "comma-separated: gloo, shm, shm_symmetric, mpi, openmpi (MPI_Allreduce itself), "
                   "hierarchical, torch_gloo (PyTorch's gloo), torch2_gloo (PyTorch 2.x's gloo, from PyPI), floor_staged and floor_inplace (allreduce), floor_copy (all_gather) (no "
-                  "communication: the memory work alone)")
+                  "communication: the memory work alone); for all_gather in place (the input in the "
+                  "output's own block): shm_in_place, openmpi_in_place, floor_copy_in_place")
       ->capture_default_str();
   app->add_option("--collective", args->collective,
                   "what is raced: allreduce, reduce_scatter (reduce_scatter_tensor; OpenMPI's\n"

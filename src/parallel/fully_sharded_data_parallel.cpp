@@ -40,7 +40,9 @@ struct FullyShardedDataParallel::Unit {
   int64_t padded = 0;
   int64_t shard_numel = 0;
   at::Tensor full;   ///< [padded]; its storage is freed between uses under stage 3
-  at::Tensor shard;  ///< [shard_numel] leaf: this rank's piece, what the optimizer steps
+  /// [shard_numel] leaf: this rank's piece, what the optimizer steps; stages 1-2: `full`'s own
+  /// piece (the same storage), stage 3: a tensor of its own
+  at::Tensor shard;
   at::Tensor reduce_input;   ///< [padded] the flat local gradients, while being reduced
   /// Stage 1 only: where reduce_input lives, kept between steps (ZeRO-1 keeps full gradients;
   /// on the CPU in symmetric memory, so the shm backend reduce-scatters from the ranks' copies
@@ -182,7 +184,13 @@ void FullyShardedDataParallel::build_units() {
     unit.padded = (unit.numel + world - 1) / world * world;
     unit.shard_numel = unit.padded / world;
     const at::Tensor& first = unit.params.front();
-    unit.full = at::empty({unit.padded}, first.options().requires_grad(false));
+    const bool keeps_full = options_.sharding_strategy != ShardingStrategy::kFullShard;
+    // Stages 1-2 keep the flat buffer and shard it in place: on the CPU in symmetric memory (a
+    // collective: the same units in the same order on every rank), whose all-gather the shm
+    // backend runs in place, copying only the peers' pieces straight from their memory.
+    unit.full = keeps_full && first.device().is_cpu()
+                    ? group_->empty_symmetric(unit.padded, first.scalar_type())
+                    : at::empty({unit.padded}, first.options().requires_grad(false));
     unit.full.narrow(0, unit.numel, unit.padded - unit.numel).zero_();
     for (size_t i = 0; i < unit.params.size(); ++i) {
       at::Tensor& param = unit.params[i];
@@ -191,7 +199,12 @@ void FullyShardedDataParallel::build_units() {
       param.set_data(view);
     }
     const at::Tensor piece = unit.full.narrow(0, rank * unit.shard_numel, unit.shard_numel);
-    if (piece.device().is_cpu()) {
+    if (keeps_full) {
+      // The piece itself, as a leaf of its own (not an autograd view of `full`): the optimizer
+      // steps it in place where the module's parameters read it.
+      unit.shard = at::empty({0}, piece.options());
+      unit.shard.set_(piece.storage(), piece.storage_offset(), {unit.shard_numel}, {1});
+    } else if (piece.device().is_cpu()) {
       // In symmetric memory (a collective: the same units in the same order on every rank), the
       // shm backend's all-gathers copy each peer's shard straight from the peer's memory instead
       // of staging it through the group's buffers: a copy and most rendezvous fewer per gather.
@@ -661,7 +674,8 @@ FsdpMemoryStats FullyShardedDataParallel::memory_stats() const {
   };
   for (const auto& unit : units_) {
     stats.parameter_bytes += static_cast<int64_t>(compat::storage_bytes(unit->full));
-    stats.parameter_bytes += bytes(unit->shard);
+    // Under stages 1-2 the shard is a piece of `full`, counted with it.
+    if (!unit->shard.is_alias_of(unit->full)) stats.parameter_bytes += bytes(unit->shard);
     stats.gradient_bytes += bytes(unit->shard.grad()) + bytes(unit->reduce_output) +
                             (unit->grad_buffer.defined() ? bytes(unit->grad_buffer)
                                                          : bytes(unit->reduce_input));

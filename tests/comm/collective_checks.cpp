@@ -134,6 +134,13 @@ void check_allgather(ProcessGroup& pg, int64_t numel) {
                                                                std::to_string(r), 0);
     }
   }
+  // In place, as FSDP's stages 1-2 gather: the input is this rank's own block of the output.
+  auto full = torch::full({numel * n}, -1.0f);
+  auto own = full.narrow(0, pg.rank() * numel, numel).copy_(input(pg.rank(), numel));
+  pg.all_gather_into_tensor(full, own)->wait();
+  std::vector<torch::Tensor> blocks;
+  for (int r = 0; r < n; ++r) blocks.push_back(input(r, numel));
+  expect_close(pg, full, torch::cat(blocks), "all_gather_into_tensor in place", 0);
 }
 
 void check_gather(ProcessGroup& pg, int64_t numel) {

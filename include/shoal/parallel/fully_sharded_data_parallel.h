@@ -16,9 +16,12 @@
 // Each unit's parameters live in one flat buffer padded to a multiple of the world size; the
 // module's parameters are views into it. Rank r owns the r-th equal piece of every buffer: its
 // shard, a leaf tensor that fsdp.parameters() returns and the optimizer steps (so the optimizer
-// state of SGD's momentum or Adam's moments is a shard's, 1/N of the model's). On the CPU the
-// shards are the process group's symmetric memory (ProcessGroup::empty_symmetric), from which
-// the shm backend all-gathers each peer's shard directly.
+// state of SGD's momentum or Adam's moments is a shard's, 1/N of the model's). Under stages 1-2,
+// whose flat buffers stay, a shard is the rank's own piece of its unit's buffer (no copy of its
+// own: the optimizer steps it where the module reads it, and the all-gather writes only the
+// peers' pieces, in place as PyTorch's FSDP gathers); under stage 3 a shard is a tensor of its
+// own. On the CPU both are the process group's symmetric memory (ProcessGroup::empty_symmetric),
+// from which the shm backend all-gathers each peer's piece directly.
 //
 // Sharding strategies (ZeRO's stages):
 //   kShardOptimState (1)  the optimizer state is the shard's; full parameters and a full flat
@@ -124,7 +127,7 @@ struct FullyShardedDataParallelOptions {
 /// their gradients, and the module's own `.grad`s), for memory accounting. The optimizer's state
 /// is the optimizer's (over parameters(), so a shard's).
 struct FsdpMemoryStats {
-  int64_t parameter_bytes = 0;       ///< full flat buffers holding memory now + shards
+  int64_t parameter_bytes = 0;       ///< full flat buffers holding memory now + stage 3's shards
   int64_t gradient_bytes = 0;        ///< shard gradients + module gradients + reduction buffers
   int64_t peak_parameter_bytes = 0;  ///< most parameter_bytes since reset_peak_memory_stats()
 };

@@ -874,7 +874,9 @@ std::shared_ptr<Work> ProcessGroupShm::run_allgather(std::vector<at::Tensor>& ou
                     if (off == 0) check_same_tensor_kind(0, k, r);
                     for (int s = 0; s < size(); ++s) {
                       auto* out = static_cast<uint8_t*>(outputs[s].data_ptr()) + off;
-                      std::memcpy(out, s == rank() ? in + off : peer_buffer(s, k), len);
+                      const uint8_t* from = s == rank() ? in + off : peer_buffer(s, k);
+                      // In place (the input is this rank's output block): nothing to copy.
+                      if (out != from) std::memcpy(out, from, len);
                     }
                   }
                 });
@@ -899,7 +901,9 @@ std::shared_ptr<Work> ProcessGroupShm::run_gather(std::vector<at::Tensor>& outpu
                     wait_all_posted(k + 1, r);
                     for (int s = 0; s < size(); ++s) {
                       auto* out = static_cast<uint8_t*>(outputs[s].data_ptr()) + off;
-                      std::memcpy(out, s == rank() ? in + off : peer_buffer(s, k), len);
+                      const uint8_t* from = s == rank() ? in + off : peer_buffer(s, k);
+                      // In place (the input is this rank's output block): nothing to copy.
+                      if (out != from) std::memcpy(out, from, len);
                     }
                   }
                 });
