@@ -745,12 +745,25 @@ TEST(BenchAllreduceFormat, ReduceScatterAndAllGatherLines) {
       << copy_refused.err;
   // The all-gather's floor: a line per size like any contender's (its warm-up checks that its
   // output holds what an all-gather gives).
+  // In place (the input in the output's own block, as FSDP's stages 1-2 gather): symmetric
+  // (1 MiB: above shm's staged size) and its floor, each warm-up checking the gathered values.
   const auto floor = run_shoal({"bench", "allreduce", "--collective", "all_gather", "--backend",
-                                "shm,floor_copy", "--json", "--min-bytes", "64KiB", "--max-bytes",
-                                "64KiB", "--iters", "5", "--repeats", "1", "--warmup", "1"},
+                                "shm,floor_copy,shm_in_place,floor_copy_in_place", "--json",
+                                "--min-bytes", "64KiB", "--max-bytes", "1MiB", "--iters", "5",
+                                "--repeats", "1", "--warmup", "1"},
                                {}, Milliseconds(60'000));
   ASSERT_EQ(floor.code, 0) << floor.err;
-  EXPECT_NE(floor.out.find("\"backend\": \"floor_copy\""), std::string::npos) << floor.out;
+  for (const char* name : {"floor_copy", "shm_in_place", "floor_copy_in_place"}) {
+    EXPECT_NE(floor.out.find("\"backend\": \"" + std::string(name) + "\""), std::string::npos)
+        << name << "\n" << floor.out;
+  }
+  const auto in_place_refused =
+      run_shoal({"bench", "allreduce", "--collective", "reduce_scatter", "--backend",
+                 "shm,shm_in_place"}, {}, Milliseconds(60'000));
+  EXPECT_NE(in_place_refused.code, 0);
+  EXPECT_NE(in_place_refused.err.find("shm_in_place contender races all_gather only"),
+            std::string::npos)
+      << in_place_refused.err;
 }
 
 // Format check: `shoal bench ddp --json`: one line per mode, with the fields the DDP issue asks

@@ -439,8 +439,24 @@ TEST(FsdpMemory, ShardedBytesBetweenStepsAndStageThreePeak) {
         ASSERT_EQ(fsdp.units().size(), 8u);
         torch::optim::Adam optimizer(fsdp.parameters(), torch::optim::AdamOptions(1e-3));
         int64_t largest_unit = 0;
+        int64_t padded_bytes = 0;
         for (const auto& unit : fsdp.units()) {
           largest_unit = std::max(largest_unit, unit.padded_numel * 4);
+          padded_bytes += unit.padded_numel * 4;
+        }
+        if (stage < 3) {
+          // Stages 1-2: each shard is this rank's piece of its unit's flat buffer, where the
+          // module's parameters live (no copy of its own).
+          const auto named = model->named_parameters();
+          const auto units = fsdp.units();
+          for (size_t u = 0; u < units.size(); ++u) {
+            const auto& unit = units[u];
+            const auto* first = static_cast<const char*>(named[unit.parameter_names[0]].data_ptr());
+            const char* flat = first - unit.offsets[0] * 4;
+            EXPECT_EQ(static_cast<const char*>(fsdp.parameters()[u].data_ptr()),
+                      flat + rank * (unit.padded_numel / world) * 4)
+                << "stage " << stage << " unit " << u;
+          }
         }
         for (int step = 0; step < 3; ++step) {
           auto x = torch::randn({4, 96});
@@ -469,6 +485,7 @@ TEST(FsdpMemory, ShardedBytesBetweenStepsAndStageThreePeak) {
             EXPECT_GT(during.peak_parameter_bytes, shards);  // it did gather
           } else {
             EXPECT_GE(between.parameter_bytes, model_bytes);  // full parameters stay
+            EXPECT_LE(between.parameter_bytes, padded_bytes);  // and the shards are in them
           }
           if (rank == 0 && step == 2) {
             std::printf("world %d stage %d: parameters %lld, gradients %lld, Adam state %lld, "
