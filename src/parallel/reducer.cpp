@@ -10,6 +10,7 @@
 #include <limits>
 #include <map>
 #include <sstream>
+#include <utility>
 
 #include "shoal/comm/init.h"
 #include "shoal/error.h"
@@ -135,6 +136,7 @@ void Reducer::set_comm_hook(CommHook hook) {
   SHOAL_CHECK_T(InvalidArgument, stats_.iterations == 0 && !in_backward_,
                 "register_comm_hook must be called before the first backward pass");
   hook_ = std::move(hook);
+  default_hook_ = false;
 }
 
 std::vector<std::vector<size_t>> Reducer::assign_buckets(const std::vector<size_t>& order,
@@ -427,6 +429,7 @@ void Reducer::begin_backward() {
   for (auto& bucket : buckets_) {
     bucket.pending = bucket.variables.size();
     bucket.work.reset();
+    bucket.copied_out = false;  // a backward that failed may have left it set
   }
   next_bucket_ = 0;
   compat::queue_backward_callback([this] { on_backward_end(); });
@@ -508,9 +511,43 @@ void Reducer::check_used_on_every_rank() {
 
 void Reducer::launch_ready_buckets() {
   // Buckets are launched strictly in order so every rank issues the same sequence of collectives.
+  const bool copy_out_now = copies_out_on_launch();
+  // static_graph (its unused set learnt: tracks_unused() is false): those stay untouched.
+  const int* used_everywhere = options_.static_graph ? static_used_.data() : nullptr;
   while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].pending == 0) {
-    buckets_[next_bucket_].work = launch(next_bucket_);
+    Bucket& bucket = buckets_[next_bucket_];
+    bucket.work = launch(next_bucket_);
+    // Inline, the reduction is done: its result is in cache now, and at the end of backward
+    // it would be read back from memory. A failed or deferred one is left to finalize_backward.
+    if (copy_out_now && bucket.work->is_completed() && !bucket.work->exception()) {
+      copy_out(next_bucket_, used_everywhere);
+      bucket.copied_out = true;
+    }
     ++next_bucket_;
+  }
+}
+
+bool Reducer::copies_out_on_launch() const {
+  // A registered hook's Work may deliver its result when waited for (PowerSGD's does): only the
+  // built-in allreduce's is in the bucket as soon as an inline reduction returns.
+  return inline_reduction_ && default_hook_ && !options_.gradient_as_bucket_view &&
+         !options_.debug_detail &&
+         !tracks_unused() && gradient_scale_ == 1.0;
+}
+
+void Reducer::copy_out(size_t bucket_index, const int* used_everywhere) {
+  torch::NoGradGuard no_grad;
+  Bucket& bucket = buckets_[bucket_index];
+  for (size_t slot = 0; slot < bucket.variables.size(); ++slot) {
+    const size_t index = bucket.variables[slot];
+    // Unused everywhere (find_unused_parameters): left as it is, as in PyTorch.
+    if (used_everywhere != nullptr && used_everywhere[index] == 0) continue;
+    auto& grad = params_[index].mutable_grad();
+    if (grad.defined()) {
+      grad.copy_(bucket.views[slot]);
+    } else {
+      grad = bucket.views[slot].clone();
+    }
   }
 }
 
@@ -614,7 +651,7 @@ void Reducer::finalize_backward() {
   const double scale = gradient_scale_;
   gradient_scale_ = 1.0;
   if (scale != 1.0) {
-    for (auto& bucket : buckets_) bucket.contents.mul_(scale);
+    for (auto& bucket : buckets_) bucket.contents.mul_(scale);  // none copied out (scale 1 only)
   }
 
   if (used_map.defined()) learn_static_graph(used_map);
@@ -628,15 +665,16 @@ void Reducer::finalize_backward() {
     }
     if (used_everywhere != nullptr && used_everywhere[index] == 0) continue;  // unused everywhere
     auto [b, slot] = locator_[index];
-    auto& view = buckets_[b].views[slot];
-    auto& param = params_[index];
-    auto& grad = param.mutable_grad();
     if (options_.gradient_as_bucket_view) {
+      auto& view = buckets_[b].views[slot];
+      auto& grad = params_[index].mutable_grad();
       if (!grad.defined() || !grad.is_alias_of(view)) grad = view;
-    } else if (grad.defined()) {
-      grad.copy_(view);
-    } else {
-      grad = view.clone();
+    }
+  }
+  if (!options_.gradient_as_bucket_view) {
+    // Plain gradients: each bucket's, unless written when it was reduced.
+    for (size_t b = 0; b < buckets_.size(); ++b) {
+      if (!std::exchange(buckets_[b].copied_out, false)) copy_out(b, used_everywhere);
     }
   }
   stats_.iterations += 1;

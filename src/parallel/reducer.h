@@ -68,6 +68,7 @@ class Reducer {
     std::vector<at::Tensor> views;       // slices of contents shaped like the parameters
     size_t pending = 0;                  // gradients still missing this iteration
     std::shared_ptr<comm::Work> work;    // the reduction in flight
+    bool copied_out = false;             // its .grads already hold this iteration's result
     // What the communication hook sees, built with the bucket: launching a reduction from the
     // backward hook then allocates nothing.
     std::unique_ptr<GradBucket> hook_view;
@@ -87,6 +88,13 @@ class Reducer {
   void abandon_backward();
   void launch_ready_buckets();
   std::shared_ptr<comm::Work> launch(size_t bucket_index);
+  /// Plain gradients (not bucket views) of bucket `bucket_index` from its reduced contents,
+  /// except those of parameters `used_everywhere` (when given) marks unused on every rank.
+  void copy_out(size_t bucket_index, const int* used_everywhere = nullptr);
+  /// Reduced inline, plain gradients, nothing left to decide at the end of backward (no unused
+  /// parameters to learn, no join scale): a bucket's .grads are written as soon as it is reduced,
+  /// while it is in cache, instead of all at the end.
+  bool copies_out_on_launch() const;
   /// The end-of-backward callback: finalize_backward(), unless a re-entrant backward ended with
   /// gradients still missing (the outer backward goes on; the next hook queues it again).
   void on_backward_end();
@@ -112,6 +120,7 @@ class Reducer {
   DistributedDataParallelOptions options_;
   bool inline_reduction_;  // options_.bucket_reduction, kAuto decided at construction
   CommHook hook_;
+  bool default_hook_ = true;  // hook_ is the built-in allreduce (no register_comm_hook)
   std::vector<std::unique_ptr<compat::GradAccumulatedHook>> hooks_;
 
   std::vector<Bucket> buckets_;

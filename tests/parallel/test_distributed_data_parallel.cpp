@@ -1077,6 +1077,8 @@ TEST(DdpBucketReduction, InlineReducesEachBucketOnTheTrainingThread) {
       for (size_t i = 0; i < src.size(); ++i) dst[i].copy_(src[i]);
     }
     std::vector<std::vector<torch::Tensor>> params(2);
+    // fc3's .grad while fc1's gradient is computed, before backward ends.
+    std::vector<torch::Tensor> fc3_grad_during(2);
     with_groups(2, [&](int rank, std::shared_ptr<comm::ProcessGroup> group) {
       auto* shm = dynamic_cast<comm::shm::ProcessGroupShm*>(group.get());
       ASSERT_NE(shm, nullptr);
@@ -1085,6 +1087,9 @@ TEST(DdpBucketReduction, InlineReducesEachBucketOnTheTrainingThread) {
       options.bucket_cap_mb = 0.2;
       options.bucket_reduction = parse_bucket_reduction(reduction);
       DistributedDataParallel ddp(models[rank], group, options);
+      models[rank]->fc1->weight.register_hook([&, rank](const torch::Tensor&) {
+        fc3_grad_during[rank] = models[rank]->fc3->weight.grad().clone();
+      });
       EXPECT_EQ(ddp.stats().inline_reduction, reduction == "inline");
       torch::optim::SGD optimizer(ddp.module()->parameters(), torch::optim::SGDOptions(0.1));
       auto step = [&](int index) {
@@ -1112,6 +1117,12 @@ TEST(DdpBucketReduction, InlineReducesEachBucketOnTheTrainingThread) {
     for (size_t i = 0; i < params[0].size(); ++i) {
       EXPECT_TRUE(torch::equal(params[0][i], params[1][i])) << reduction << ": ranks differ";
     }
+    // Plain gradients: inline, fc3's bucket (reduced before fc1's gradient exists) has written
+    // its .grads already, the same average on both ranks; overlapped, they are still each
+    // rank's own until the end of backward.
+    ASSERT_TRUE(fc3_grad_during[0].defined() && fc3_grad_during[1].defined());
+    EXPECT_EQ(torch::equal(fc3_grad_during[0], fc3_grad_during[1]), reduction == "inline")
+        << reduction;
     results[reduction] = params;
   }
   for (size_t i = 0; i < results["inline"][0].size(); ++i) {
