@@ -10,10 +10,11 @@
 // Ranks are this program re-executed with hidden --worker options; every process uses one thread.
 // Also reported: peak RSS of each mode (largest rank) and its difference to `single`, the median
 // time of a step's phases on rank 0, and how much communication backward hid:
-// `overlap` = 1 - time waiting for buckets at the end of backward / time the same bucket
-// reductions take on their own (includes waiting for a slower peer, so a loaded machine drives it
-// to 0), and `hidden_bytes_fraction` = share of the bucket bytes whose reduction had already
-// completed when backward ended (insensitive to peer skew).
+// `overlap` = 1 - time waiting for buckets at the end of backward (inline reduction: in the
+// hooks that reduce them) / time the same bucket reductions take on their own (includes waiting
+// for a slower peer, so a loaded machine drives it to 0), and `hidden_bytes_fraction` = share of
+// the bucket bytes whose asynchronous reduction had already completed when backward ended
+// (insensitive to peer skew; 0 inline, where every bucket is waited for where it fills).
 // --comm-hook allreduce,fp16,powersgd adds, in the same rounds, a shoal_ddp mode (first backend,
 // without bucket view) per hook other than the default allreduce; every shoal_ddp mode reports
 // the bytes rank 0 passed to its collectives per step (`sent_kb`): the buckets for allreduce, half

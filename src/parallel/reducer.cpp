@@ -512,11 +512,18 @@ void Reducer::check_used_on_every_rank() {
 void Reducer::launch_ready_buckets() {
   // Buckets are launched strictly in order so every rank issues the same sequence of collectives.
   const bool copy_out_now = copies_out_on_launch();
+  // Inline, the built-in allreduce blocks this thread: that is the time training waits for it.
+  const bool blocking = inline_reduction_ && default_hook_;
   // static_graph (its unused set learnt: tracks_unused() is false): those stay untouched.
   const int* used_everywhere = options_.static_graph ? static_used_.data() : nullptr;
   while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].pending == 0) {
     Bucket& bucket = buckets_[next_bucket_];
+    const auto start = blocking ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
     bucket.work = launch(next_bucket_);
+    if (blocking) {
+      stats_.wait_seconds +=
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    }
     // Inline, the reduction is done: its result is in cache now, and at the end of backward
     // it would be read back from memory. A failed or deferred one is left to finalize_backward.
     if (copy_out_now && bucket.work->is_completed() && !bucket.work->exception()) {
@@ -643,7 +650,10 @@ void Reducer::finalize_backward() {
   for (const auto& bucket : buckets_) {
     const double bytes = static_cast<double>(bucket.contents.numel() * bucket.contents.element_size());
     stats_.reduced_bytes += bytes;
-    if (bucket.work->is_completed()) stats_.hidden_bytes += bytes;
+    // Reduced inline, a bucket was waited for where it filled: nothing of it was hidden.
+    if (!(inline_reduction_ && default_hook_) && bucket.work->is_completed()) {
+      stats_.hidden_bytes += bytes;
+    }
   }
   for (size_t b = 0; b < buckets_.size(); ++b) wait_bucket(b);
   if (used_work) used_work->wait();

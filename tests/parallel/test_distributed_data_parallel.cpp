@@ -1107,8 +1107,13 @@ TEST(DdpBucketReduction, InlineReducesEachBucketOnTheTrainingThread) {
       ASSERT_GE(buckets.size(), 2u);
       for (int64_t bytes : buckets) EXPECT_GT(bytes, 32 << 10);
       const uint64_t ran_inline = shm->collectives_run_inline() - before;
+      const ReducerStats stats = ddp.stats();
+      EXPECT_GT(stats.reduced_bytes, 0);
       if (reduction == "inline") {
         EXPECT_EQ(ran_inline, kStepsHere * buckets.size()) << "rank " << rank;
+        // Waited for where each bucket filled: that is waiting, and nothing was hidden.
+        EXPECT_GT(stats.wait_seconds, 0) << "rank " << rank;
+        EXPECT_EQ(stats.hidden_bytes, 0) << "rank " << rank;
       } else {
         EXPECT_EQ(ran_inline, 0u) << "rank " << rank;
       }

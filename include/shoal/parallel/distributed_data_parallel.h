@@ -131,10 +131,13 @@ double parse_bucket_cap_mb(const std::string& text);
 /// What the reducer measured, for benchmarks (seconds summed over iterations).
 struct ReducerStats {
   uint64_t iterations = 0;          ///< synchronised backward passes
-  double wait_seconds = 0;          ///< time blocked at the end of backward waiting for buckets
+  /// time training was blocked on bucket reductions: at the end of backward (overlapped), or in
+  /// the hooks that reduce buckets inline (bucket_reduction)
+  double wait_seconds = 0;
   double backward_seconds = 0;      ///< from the first gradient hook to the end of backward
   double reduced_bytes = 0;         ///< bytes of every bucket reduced
-  double hidden_bytes = 0;          ///< of which already reduced when backward ended (overlapped)
+  /// of which reduced asynchronously and done when backward ended (overlapped; 0 inline)
+  double hidden_bytes = 0;
   std::vector<int64_t> bucket_bytes;  ///< current bucket sizes, in reduction order
   double bucket_cap_mb = 0;           ///< the bucket_cap_mb in use (auto: the candidate now tried)
   double first_bucket_cap_mb = 0;     ///< the first_bucket_cap_mb in use
