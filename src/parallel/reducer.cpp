@@ -518,7 +518,8 @@ void Reducer::launch_ready_buckets() {
   const int* used_everywhere = options_.static_graph ? static_used_.data() : nullptr;
   while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].pending == 0) {
     Bucket& bucket = buckets_[next_bucket_];
-    const auto start = blocking ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
+    const auto start =
+        blocking ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
     bucket.work = launch(next_bucket_);
     if (blocking) {
       stats_.wait_seconds +=
@@ -674,8 +675,8 @@ void Reducer::finalize_backward() {
       continue;
     }
     if (used_everywhere != nullptr && used_everywhere[index] == 0) continue;  // unused everywhere
-    auto [b, slot] = locator_[index];
     if (options_.gradient_as_bucket_view) {
+      auto [b, slot] = locator_[index];
       auto& view = buckets_[b].views[slot];
       auto& grad = params_[index].mutable_grad();
       if (!grad.defined() || !grad.is_alias_of(view)) grad = view;

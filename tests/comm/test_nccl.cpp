@@ -1,16 +1,22 @@
-// The nccl backend (c10d's ProcessGroupNCCL behind compat/). Built on every leg; without NCCL in
-// the build, or without a GPU, the GPU tests are skipped and the program exits 77 (CTest: skipped)
-// after checking what can be checked on CPU: that asking for nccl fails with a clear error.
+// The nccl backend (c10d's ProcessGroupNCCL behind compat/), and FullyShardedDataParallel's stages
+// over it. Built on every leg; without NCCL in the build, or without a GPU, the GPU tests are
+// skipped and the program exits 77 (CTest: skipped) after checking what can be checked on CPU:
+// that asking for nccl fails with a clear error, and the FSDP check itself over gloo.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <utility>
+#include <vector>
 
 #include "shoal/comm/init.h"
 #include "shoal/comm/store.h"
 #include "shoal/error.h"
+#include "shoal/parallel/distributed_data_parallel.h"
+#include "shoal/parallel/fully_sharded_data_parallel.h"
 #include "testing/multi_rank.h"
 
 namespace {
@@ -87,6 +93,15 @@ void check_collectives(int rank, int world, const std::string& store_path,
                 ": allgather block ", r);
   }
 
+  // In place (the input this rank's own block of the output), as FSDP's stages 1-2 gather.
+  auto full = torch::zeros({n * world}, cuda);
+  full.narrow(0, rank * n, n).copy_(base * (rank + 1));
+  pg->all_gather_into_tensor(full, full.narrow(0, rank * n, n))->wait();
+  for (int r = 0; r < world; ++r) {
+    SHOAL_CHECK(torch::equal(full.narrow(0, r * n, n).cpu(), (base * (r + 1)).cpu()), "rank ",
+                rank, ": all_gather_into_tensor in place, block ", r);
+  }
+
   std::vector<at::Tensor> blocks = (base * (rank + 1)).chunk(world);
   for (auto& b : blocks) b = b.contiguous();
   auto mine = torch::empty_like(blocks[0]);
@@ -108,6 +123,95 @@ void check_collectives(int rank, int world, const std::string& store_path,
     SHOAL_THROW(shoal::Error, "rank ", rank, ": a CPU tensor was accepted");
   } catch (const shoal::InvalidArgument& e) {
     SHOAL_CHECK(std::string(e.what()).find("CUDA tensors only") != std::string::npos, e.what());
+  }
+}
+
+// FullyShardedDataParallel's three stages over NCCL, each rank's model on its GPU: the weights
+// after a few SGD-momentum steps equal DDP's over the same group (uneven sizes: 12x10 + 10 is not
+// a multiple of every world size, so the shards are padded).
+std::vector<at::Tensor> train_on(const torch::Device& device, int stage, int rank, int world,
+                                 const std::shared_ptr<shoal::comm::ProcessGroup>& pg) {
+  torch::manual_seed(0);
+  torch::nn::Sequential model(torch::nn::Linear(12, 10), torch::nn::ReLU(),
+                              torch::nn::Linear(10, 7), torch::nn::ReLU(), torch::nn::Linear(7, 3));
+  model->to(device);
+  auto batch = [&](int step) {
+    auto generator = at::make_generator<at::CPUGeneratorImpl>(100 + step);
+    auto x = torch::randn({4 * world, 12}, generator).narrow(0, 4 * rank, 4).to(device);
+    auto y = torch::randint(0, 3, {4 * world}, generator).narrow(0, 4 * rank, 4).to(device);
+    return std::make_pair(x, y);
+  };
+  const auto sgd = torch::optim::SGDOptions(0.1).momentum(0.9);
+  if (stage == 0) {
+    shoal::parallel::DistributedDataParallel ddp(model, pg);
+    torch::optim::SGD optimizer(model->parameters(), sgd);
+    for (int step = 0; step < 5; ++step) {
+      auto [x, y] = batch(step);
+      optimizer.zero_grad();
+      torch::nn::functional::cross_entropy(ddp.forward(x), y).backward();
+      optimizer.step();
+    }
+  } else {
+    shoal::parallel::FullyShardedDataParallelOptions options;
+    options.sharding_strategy = shoal::parallel::sharding_strategy_from_stage(stage);
+    options.auto_wrap_min_num_params = 60;  // the first two Linears units, the last the root's
+    shoal::parallel::FullyShardedDataParallel fsdp(model, pg, options);
+    torch::optim::SGD optimizer(fsdp.parameters(), sgd);
+    for (int step = 0; step < 5; ++step) {
+      auto [x, y] = batch(step);
+      optimizer.zero_grad();
+      torch::nn::functional::cross_entropy(fsdp.forward(x), y).backward();
+      optimizer.step();
+    }
+    fsdp.gather_full_parameters();
+  }
+  std::vector<at::Tensor> weights;
+  for (const auto& p : model->parameters()) weights.push_back(p.detach().cpu().clone());
+  return weights;
+}
+
+// `backend` nccl: each rank on its GPU; gloo: on the CPU (the check itself, on any machine).
+void check_fsdp(int rank, int world, const std::string& store_path, const std::string& backend) {
+  auto store = shoal::comm::make_file_store(store_path, world, Milliseconds(60'000));
+  auto pg = shoal::comm::new_process_group(backend, store, rank, world, Milliseconds(60'000));
+  const torch::Device device = backend == "nccl" ? torch::Device(torch::kCUDA, rank % kGpus)
+                                                 : torch::Device(torch::kCPU);
+  const auto ddp = train_on(device, 0, rank, world, pg);
+  for (int stage : {1, 2, 3}) {
+    const auto fsdp = train_on(device, stage, rank, world, pg);
+    SHOAL_CHECK(fsdp.size() == ddp.size(), "rank ", rank, ": stage ", stage, " has ",
+                fsdp.size(), " parameters, DDP ", ddp.size());
+    for (size_t i = 0; i < ddp.size(); ++i) {
+      const double scale = std::max(ddp[i].abs().max().item<double>(), 1e-12);
+      const double difference = (fsdp[i] - ddp[i]).abs().max().item<double>() / scale;
+      SHOAL_CHECK(difference < 1e-5, "rank ", rank, ": stage ", stage, " parameter ", i,
+                  " differs from DDP's by ", difference, " (relative)");
+    }
+  }
+}
+
+TEST(Nccl, FsdpStagesEqualDdpOnOneGpuPerProcess) {
+  if (kGpus == 0) GTEST_SKIP() << "no GPU";
+  const int world = std::min(kGpus, 4);
+  auto results = shoal::testing::run_processes(
+      world, [&](int rank, const std::string& path) { check_fsdp(rank, world, path, "nccl"); },
+      Milliseconds(180'000));
+  for (const auto& r : results) {
+    EXPECT_TRUE(r.ok()) << "rank " << r.rank << " exit " << r.exit_code << ": " << r.error;
+  }
+}
+
+// The same check on the CPU over gloo, on every machine: a failure of the GPU case above is then
+// the GPU's, not the check's.
+TEST(Nccl, FsdpCheckItselfOnTheCpu) {
+  for (int world : {2, 3}) {
+    auto results = shoal::testing::run_processes(
+        world, [&](int rank, const std::string& path) { check_fsdp(rank, world, path, "gloo"); },
+        Milliseconds(180'000));
+    for (const auto& r : results) {
+      EXPECT_TRUE(r.ok()) << "world " << world << " rank " << r.rank << " exit " << r.exit_code
+                          << ": " << r.error;
+    }
   }
 }
 
