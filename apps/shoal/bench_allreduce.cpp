@@ -185,13 +185,17 @@ TorchPeer torch_peer_of(const std::string& contender) {
   return peer;
 }
 
+// The process group a (non-PyTorch) contender runs on.
+std::string contender_backend(const std::string& name) {
+  if (name == "shm_symmetric" || name == "shm_in_place" || name == "floor_staged" ||
+      name == "floor_inplace" || name == "floor_copy" || name == "floor_copy_in_place") {
+    return "shm";
+  }
+  return name == "openmpi" || name == "openmpi_in_place" ? "mpi" : name;
+}
+
 std::string check_contender(const std::string& name) {
-  const std::string backend =
-      name == "shm_symmetric" || name == "shm_in_place" || name == "floor_staged" ||
-              name == "floor_inplace" || name == "floor_copy" || name == "floor_copy_in_place"
-          ? "shm"
-      : name == "openmpi" || name == "openmpi_in_place" ? "mpi"
-                                                        : name;
+  const std::string backend = contender_backend(name);
   SHOAL_CHECK_T(InvalidArgument, comm::is_backend_available(backend), "backend '", name,
                 "' is not built into this shoal; choose from gloo, shm, shm_symmetric, mpi, "
                 "openmpi, hierarchical, torch_gloo, torch2_gloo, floor_staged, floor_inplace, "
@@ -226,7 +230,7 @@ int run_rank(const AllreduceBenchArgs& args) {
     }
     const bool in_place = ends_with_in_place(backend);
     const bool symmetric = backend == "shm_symmetric" || backend == "shm_in_place";
-    const bool openmpi = backend == "openmpi" || backend == "openmpi_in_place";
+    const bool openmpi = backend != "mpi" && contender_backend(backend) == "mpi";
     const bool floor = backend == "floor_staged" || backend == "floor_inplace";
     const std::string group_backend = check_contender(backend);
     std::shared_ptr<comm::ProcessGroup> pg;
@@ -398,10 +402,9 @@ int run_allreduce_bench(const AllreduceBenchArgs& args) {
       torch_peer_of(backend);
     }
   }
-  const bool has_mpi = std::find(backends.begin(), backends.end(), "mpi") != backends.end() ||
-                       std::find(backends.begin(), backends.end(), "openmpi") != backends.end() ||
-                       std::find(backends.begin(), backends.end(), "openmpi_in_place") !=
-                           backends.end();
+  const bool has_mpi = std::any_of(backends.begin(), backends.end(), [](const std::string& name) {
+    return contender_backend(name) == "mpi";
+  });
   SHOAL_CHECK_T(InvalidArgument, !(has_mpi && args.launcher == "shoal"),
                 "--backend mpi needs its ranks started by mpirun; drop --launcher shoal");
   if (args.launcher == "mpirun" || (args.launcher == "auto" && has_mpi)) {

@@ -136,7 +136,9 @@ void Reducer::set_comm_hook(CommHook hook) {
   SHOAL_CHECK_T(InvalidArgument, stats_.iterations == 0 && !in_backward_,
                 "register_comm_hook must be called before the first backward pass");
   hook_ = std::move(hook);
-  default_hook_ = false;
+  // A registered hook runs as it is written (its Work may deliver the result only when waited
+  // for, as PowerSGD's does): nothing is reduced inline on its behalf.
+  inline_reduction_ = false;
 }
 
 std::vector<std::vector<size_t>> Reducer::assign_buckets(const std::vector<size_t>& order,
@@ -512,16 +514,15 @@ void Reducer::check_used_on_every_rank() {
 void Reducer::launch_ready_buckets() {
   // Buckets are launched strictly in order so every rank issues the same sequence of collectives.
   const bool copy_out_now = copies_out_on_launch();
-  // Inline, the built-in allreduce blocks this thread: that is the time training waits for it.
-  const bool blocking = inline_reduction_ && default_hook_;
   // static_graph (its unused set learnt: tracks_unused() is false): those stay untouched.
   const int* used_everywhere = options_.static_graph ? static_used_.data() : nullptr;
   while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].pending == 0) {
     Bucket& bucket = buckets_[next_bucket_];
-    const auto start =
-        blocking ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
+    // Inline, the allreduce blocks this thread: that is the time training waits for it.
+    const auto start = inline_reduction_ ? std::chrono::steady_clock::now()
+                                         : std::chrono::steady_clock::time_point{};
     bucket.work = launch(next_bucket_);
-    if (blocking) {
+    if (inline_reduction_) {
       stats_.wait_seconds +=
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     }
@@ -536,10 +537,7 @@ void Reducer::launch_ready_buckets() {
 }
 
 bool Reducer::copies_out_on_launch() const {
-  // A registered hook's Work may deliver its result when waited for (PowerSGD's does): only the
-  // built-in allreduce's is in the bucket as soon as an inline reduction returns.
-  return inline_reduction_ && default_hook_ && !options_.gradient_as_bucket_view &&
-         !options_.debug_detail &&
+  return inline_reduction_ && !options_.gradient_as_bucket_view && !options_.debug_detail &&
          !tracks_unused() && gradient_scale_ == 1.0;
 }
 
@@ -652,7 +650,7 @@ void Reducer::finalize_backward() {
     const double bytes = static_cast<double>(bucket.contents.numel() * bucket.contents.element_size());
     stats_.reduced_bytes += bytes;
     // Reduced inline, a bucket was waited for where it filled: nothing of it was hidden.
-    if (!(inline_reduction_ && default_hook_) && bucket.work->is_completed()) {
+    if (!inline_reduction_ && bucket.work->is_completed()) {
       stats_.hidden_bytes += bytes;
     }
   }

@@ -118,9 +118,9 @@ class Reducer {
   std::vector<at::TensorOptions> param_options_;  // dtype and device at construction
   std::shared_ptr<comm::ProcessGroup> group_;
   DistributedDataParallelOptions options_;
-  bool inline_reduction_;  // options_.bucket_reduction, kAuto decided at construction
+  // options_.bucket_reduction, kAuto decided at construction; false once a hook is registered
+  bool inline_reduction_;
   CommHook hook_;
-  bool default_hook_ = true;  // hook_ is the built-in allreduce (no register_comm_hook)
   std::vector<std::unique_ptr<compat::GradAccumulatedHook>> hooks_;
 
   std::vector<Bucket> buckets_;

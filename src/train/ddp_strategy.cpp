@@ -43,10 +43,13 @@ void DdpStrategy::set_bucket_cap_mb(double cap_mb) {
 std::string DdpStrategy::describe() const {
   // How the buckets are reduced beside backward (bucket_reduction auto; a GPU job's group is
   // NCCL's, and its gradients are not computed on the cores).
+  // A registered hook (--comm-hook) runs as it is written.
   const parallel::DistributedDataParallelOptions defaults;
   const std::string reduction =
-      group_ && parallel::reduces_buckets_inline(defaults, *group_,
-                                                 group_->backend_name() != "nccl")
+      comm_hook_ != "allreduce"
+          ? ", buckets reduced by the " + comm_hook_ + " comm hook"
+      : group_ && parallel::reduces_buckets_inline(defaults, *group_,
+                                                   group_->backend_name() != "nccl")
           ? ", buckets reduced inline (no core spare beside the ranks)"
           : ", buckets reduced overlapped with backward";
   if (bucket_cap_mb_ != parallel::DistributedDataParallelOptions::kBucketCapAuto) {

@@ -12,6 +12,7 @@
 #include <set>
 
 #include "shoal/checkpoint/serialization.h"
+#include "shoal/launcher/launch.h"
 #include "testing/multi_rank.h"
 #include "testing/shoal_cli.h"
 
@@ -115,6 +116,24 @@ TEST(DdpCli, BucketCapAutoTrainsLikeAFixedCapAndSaysWhatItChose) {
   run("auto", tuned);
   const std::string log = shoal::testing::read_file(tuned + ".log");
   EXPECT_NE(log.find("bucket_cap_mb auto"), std::string::npos) << "the header:\n" << log;
+  // The header says how the buckets are reduced: inline where the two ranks' one thread each
+  // leave no core spare, else overlapped; a registered comm hook runs as it is written.
+  EXPECT_NE(log.find(shoal::launcher::available_cores() <= 2
+                         ? "buckets reduced inline"
+                         : "buckets reduced overlapped with backward"),
+            std::string::npos)
+      << log;
+  const std::string hooked = shoal::testing::temp_path("shoal-cap-hook");
+  const std::string command =
+      shoal_binary() + " train --strategy ddp --nproc-per-node 2 --model mlp --epochs 1 "
+      "--train-samples 256 --test-samples 32 --batch-size 32 --threads 1 --comm-hook fp16 >" +
+      hooked + " 2>&1";
+  const int status = std::system(command.c_str());
+  const std::string hooked_log = shoal::testing::read_file(hooked);
+  fs::remove(hooked);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << command << "\n" << hooked_log;
+  EXPECT_NE(hooked_log.find("buckets reduced by the fp16 comm hook"), std::string::npos)
+      << hooked_log;
   EXPECT_NE(log.find("bucket_cap_mb=auto chose "), std::string::npos) << log;
   const auto caps = shoal::testing::step_metrics(tuned + ".jsonl", "bucket_cap_mb");
   const auto tuning = shoal::testing::step_metrics(tuned + ".jsonl", "bucket_cap_tuning");

@@ -142,7 +142,8 @@ struct ReducerStats {
   double bucket_cap_mb = 0;           ///< the bucket_cap_mb in use (auto: the candidate now tried)
   double first_bucket_cap_mb = 0;     ///< the first_bucket_cap_mb in use
   bool bucket_cap_auto = false;       ///< bucket_cap_mb = kBucketCapAuto
-  bool inline_reduction = false;      ///< buckets reduced inline (bucket_reduction, auto decided)
+  /// buckets reduced inline (bucket_reduction, auto decided; never under a registered comm hook)
+  bool inline_reduction = false;
   bool bucket_cap_tuning = false;     ///< auto, and not decided yet
   struct BucketCapTrial {
     double first_bucket_cap_mb = 0;
