@@ -58,6 +58,23 @@ int local_ranks(const comm::ProcessGroup& group) {
   return group.backend_name() == "shm" ? group.size() : 1;
 }
 
+// Whether `grad` already is `view`'s memory, laid out like it (the bucket view itself, or a slot
+// gradient): nothing to copy in or out.
+bool occupies(const at::Tensor& grad, const at::Tensor& view) {
+  return grad.defined() && grad.data_ptr() == view.data_ptr() &&
+         grad.scalar_type() == view.scalar_type() && grad.device() == view.device() &&
+         grad.sizes() == view.sizes() && grad.strides() == view.strides();
+}
+
+// Whether `grad` can be replaced by another tensor of the same values without anyone seeing it:
+// only the parameter refers to it and to its memory, and it is laid out like `view`.
+bool replaceable(const at::Tensor& grad, const at::Tensor& view) {
+  return grad.layout() == at::kStrided && grad.use_count() == 1 &&
+         grad.storage().use_count() == 1 && grad.scalar_type() == view.scalar_type() &&
+         grad.device() == view.device() && grad.sizes() == view.sizes() &&
+         grad.strides() == view.strides() && !grad.requires_grad();
+}
+
 }  // namespace
 
 bool reduces_buckets_inline(const DistributedDataParallelOptions& options,
@@ -110,6 +127,8 @@ Reducer::Reducer(std::vector<at::Tensor> parameters, std::vector<std::string> na
     }
   }
   ready_.assign(params_.size(), 0);
+  handed_.assign(params_.size(),
+                 c10::weak_intrusive_ptr<c10::StorageImpl>(c10::intrusive_ptr<c10::StorageImpl>()));
   locally_used_.assign(params_.size(), 0);
   arrived_.assign(params_.size(), 0);
   for (const auto& p : params_) param_options_.push_back(p.options());
@@ -212,12 +231,19 @@ void Reducer::build_buckets(const std::vector<size_t>& order, double first_cap_m
       auto view = torch::empty({0}, bucket.contents.options())
                       .set_(bucket.contents.storage(), offset, param.sizes(), strides);
       offset += param.numel();
-      if (options_.gradient_as_bucket_view && param.grad().defined()) {
-        view.copy_(param.grad());
-        param.mutable_grad() = view;
-      }
       bucket.views.push_back(view);
       locator_[index] = {b, slot};
+      auto& grad = param.mutable_grad();
+      if (!grad.defined()) continue;
+      if (options_.gradient_as_bucket_view) {
+        view.copy_(grad);
+        grad = view;
+      } else if (grads_in_buckets() && replaceable(grad, view)) {
+        // A slot gradient of the old buckets (or a .grad nothing else sees) moves to the new
+        // ones, so the old buckets' memory is freed now.
+        view.copy_(grad);
+        grad = slot_gradient(bucket, slot, index);
+      }
     }
     std::vector<at::Tensor> params;
     for (size_t index : bucket.variables) params.push_back(params_[index]);
@@ -464,9 +490,10 @@ void Reducer::mark_ready(size_t index) {
   // An unused parameter contributes its .grad when it has one (accumulated in earlier no_sync
   // micro-batches, or left from an earlier step without zero_grad), as in PyTorch.
   const auto& grad = param.grad();
+  if (grads_in_buckets()) release_slot(index, grad);
   if (!grad.defined()) {
     view.zero_();
-  } else if (!grad.is_alias_of(view)) {
+  } else if (!occupies(grad, view)) {
     view.copy_(grad);
     if (options_.gradient_as_bucket_view) param.mutable_grad() = view;
   }
@@ -529,32 +556,76 @@ void Reducer::launch_ready_buckets() {
     // Inline, the reduction is done: its result is in cache now, and at the end of backward
     // it would be read back from memory. A failed or deferred one is left to finalize_backward.
     if (copy_out_now && bucket.work->is_completed() && !bucket.work->exception()) {
-      copy_out(next_bucket_, used_everywhere);
-      bucket.copied_out = true;
+      bucket.copied_out = copy_out(next_bucket_, used_everywhere, /*early=*/true);
     }
     ++next_bucket_;
   }
 }
 
-bool Reducer::copies_out_on_launch() const {
+bool Reducer::grads_in_buckets() const {
   return inline_reduction_ && !options_.gradient_as_bucket_view && !options_.debug_detail &&
-         !tracks_unused() && gradient_scale_ == 1.0;
+         !tracks_unused();
 }
 
-void Reducer::copy_out(size_t bucket_index, const int* used_everywhere) {
+bool Reducer::copies_out_on_launch() const {
+  return grads_in_buckets() && gradient_scale_ == 1.0;
+}
+
+bool Reducer::copy_out(size_t bucket_index, const int* used_everywhere, bool early) {
   torch::NoGradGuard no_grad;
   Bucket& bucket = buckets_[bucket_index];
+  const bool in_buckets = grads_in_buckets();
+  bool all = true;
   for (size_t slot = 0; slot < bucket.variables.size(); ++slot) {
     const size_t index = bucket.variables[slot];
     // Unused everywhere (find_unused_parameters): left as it is, as in PyTorch.
     if (used_everywhere != nullptr && used_everywhere[index] == 0) continue;
     auto& grad = params_[index].mutable_grad();
-    if (grad.defined()) {
-      grad.copy_(bucket.views[slot]);
+    const at::Tensor& view = bucket.views[slot];
+    if (occupies(grad, view)) continue;  // reduced where it is
+    if (in_buckets && (!grad.defined() || replaceable(grad, view))) {
+      grad = slot_gradient(bucket, slot, index);
+    } else if (in_buckets && early) {
+      // Seen elsewhere now (a gradient autograd has just stolen is still referenced by the
+      // engine): decided when backward ends.
+      all = false;
+    } else if (grad.defined()) {
+      grad.copy_(view);
     } else {
-      grad = bucket.views[slot].clone();
+      grad = view.clone();
     }
   }
+  return all;
+}
+
+at::Tensor Reducer::slot_gradient(const Bucket& bucket, size_t slot, size_t index) {
+  const at::Tensor& view = bucket.views[slot];
+  // Its own storage (a plain .grad: not a view, detach_() and set_() work on it, the bucket is
+  // not reachable from it) over the slot's bytes; the deleter's context keeps the bucket alive.
+  auto* keep = new c10::Storage(bucket.contents.storage());
+  at::DataPtr data(view.data_ptr(), keep,
+                   [](void* ctx) { delete static_cast<c10::Storage*>(ctx); }, view.device());
+  c10::Storage storage(c10::Storage::use_byte_size_t(),
+                       static_cast<size_t>(view.numel()) * view.element_size(), std::move(data),
+                       /*allocator=*/nullptr, /*resizable=*/false);
+  handed_[index] = storage.getWeakStorageImpl();
+  return at::empty({0}, view.options()).set_(storage, 0, view.sizes(), view.strides());
+}
+
+void Reducer::release_slot(size_t index, const at::Tensor& grad) {
+  auto handed = handed_[index].lock();
+  if (!handed) return;
+  // Still the .grad (accumulated into in place): reduced where it is.
+  if (grad.defined() && grad.storage().unsafeGetStorageImpl() == handed.get()) return;
+  handed_[index] = c10::weak_intrusive_ptr<c10::StorageImpl>(c10::intrusive_ptr<c10::StorageImpl>());
+  const size_t bytes = handed->nbytes();
+  const at::Device device = handed->data_ptr().device();
+  at::DataPtr own = c10::GetAllocator(device.type())->allocate(bytes);
+  const auto as_bytes = at::TensorOptions().dtype(at::kByte).device(device);
+  at::from_blob(own.get(), {static_cast<int64_t>(bytes)}, as_bytes)
+      .copy_(at::from_blob(const_cast<void*>(static_cast<const void*>(handed->data())),
+                           {static_cast<int64_t>(bytes)}, as_bytes));
+  handed->set_data_ptr_noswap(std::move(own));  // the old one's deleter lets the bucket go
 }
 
 std::shared_ptr<comm::Work> Reducer::launch(size_t bucket_index) {

@@ -8,6 +8,8 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/StorageImpl.h>
+#include <c10/util/intrusive_ptr.h>
 
 #include <chrono>
 #include <memory>
@@ -89,12 +91,30 @@ class Reducer {
   void launch_ready_buckets();
   std::shared_ptr<comm::Work> launch(size_t bucket_index);
   /// Plain gradients (not bucket views) of bucket `bucket_index` from its reduced contents,
-  /// except those of parameters `used_everywhere` (when given) marks unused on every rank.
-  void copy_out(size_t bucket_index, const int* used_everywhere = nullptr);
+  /// except those of parameters `used_everywhere` (when given) marks unused on every rank. With
+  /// grads_in_buckets(), a .grad that nothing else can see becomes its slot's own tensor instead
+  /// of a copy; `early` (during backward) leaves the others to the end of backward, when the
+  /// autograd engine has dropped its references. Returns whether every .grad of the bucket holds
+  /// the result.
+  bool copy_out(size_t bucket_index, const int* used_everywhere = nullptr, bool early = false);
   /// Reduced inline, plain gradients, nothing left to decide at the end of backward (no unused
   /// parameters to learn, no join scale): a bucket's .grads are written as soon as it is reduced,
   /// while it is in cache, instead of all at the end.
   bool copies_out_on_launch() const;
+  /// Plain gradients kept in the buckets' memory as tensors of their own (not views of the
+  /// bucket: LibTorch's plain-gradient semantics hold, see slot_gradient): from the second step
+  /// autograd accumulates straight into the slot and no gradient is copied in or out. Only where
+  /// a .grad changes exactly when it did with copies: inline reduction (a bucket's .grads are its
+  /// average once the hook that fills it returns), no unused parameters to find (their .grads
+  /// must stay untouched where no rank used them), no debug_detail.
+  bool grads_in_buckets() const;
+  /// A new tensor of its own over parameter `index`'s slot of bucket `bucket`, shaped like the
+  /// slot's view; the bucket's memory lives as long as it does.
+  at::Tensor slot_gradient(const Bucket& bucket, size_t slot, size_t index);
+  /// Before this step writes parameter `index`'s slot: a gradient handed out there earlier that
+  /// is no longer the parameter's .grad but still alive (a reference the caller kept across
+  /// zero_grad(set_to_none)) moves to memory of its own, its values intact.
+  void release_slot(size_t index, const at::Tensor& grad);
   /// The end-of-backward callback: finalize_backward(), unless a re-entrant backward ended with
   /// gradients still missing (the outer backward goes on; the next hook queues it again).
   void on_backward_end();
@@ -125,6 +145,8 @@ class Reducer {
 
   std::vector<Bucket> buckets_;
   std::vector<std::pair<size_t, size_t>> locator_;  // parameter -> (bucket, slot)
+  // grads_in_buckets(): per parameter, the storage of the slot gradient last handed out.
+  std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> handed_;
 
   bool grad_sync_ = true;
   double gradient_scale_ = 1.0;

@@ -136,15 +136,24 @@ void check_equivalence(const Spec& spec) {
       }
       optimizer.step();
     }
+    const auto params = ddp.module()->parameters();
     if (spec.bucket_view) {
       // Gradients live in the buckets: fewer distinct storages than parameters.
       std::set<const void*> storages;
-      for (const auto& p : ddp.module()->parameters()) storages.insert(p.grad().storage().data());
+      for (const auto& p : params) storages.insert(p.grad().storage().data());
       EXPECT_EQ(storages.size(), ddp.stats().bucket_bytes.size());
+    } else {
+      // Plain gradients: each a storage of its own (reduced inline, over its bucket slot).
+      std::set<const void*> storages;
+      for (const auto& p : params) storages.insert(p.grad().storage().unsafeGetStorageImpl());
+      EXPECT_EQ(storages.size(), params.size());
     }
-    for (const auto& p : ddp.module()->parameters()) {
-      // On shm the buckets (and with views the gradients) are the group's symmetric memory.
-      EXPECT_EQ(group->is_symmetric(p.grad()), spec.backend == "shm" && spec.bucket_view);
+    const bool inline_reduction = ddp.stats().inline_reduction;
+    for (const auto& p : params) {
+      // On shm the buckets (and with views, or reduced inline, the gradients) are the group's
+      // symmetric memory.
+      EXPECT_EQ(group->is_symmetric(p.grad()),
+                spec.backend == "shm" && (spec.bucket_view || inline_reduction));
     }
     results[rank] = clone_all(ddp.module()->parameters());
     bucket_counts[rank] = ddp.stats().bucket_bytes.size();
@@ -1144,6 +1153,112 @@ TEST(DdpBucketReduction, InlineReducesEachBucketOnTheTrainingThread) {
   }
   for (size_t i = 0; i < results["inline"][0].size(); ++i) {
     EXPECT_TRUE(torch::equal(results["inline"][0][i], results["overlapped"][0][i])) << "tensor " << i;
+  }
+}
+
+// Plain gradients reduced inline live in the buckets' memory as tensors of their own: after the
+// first step autograd accumulates into them and nothing is copied in or out. What LibTorch's plain
+// gradients promise still holds: each .grad is its own storage, not a view; a .grad (or a view of
+// it) kept across zero_grad(set_to_none) keeps its values while the next step writes the slot; a
+// .grad kept across an in-place zero_grad is the one that receives the next average; a .grad the
+// caller assigned and still holds receives the average by a copy; the gradients outlive DDP.
+TEST(DdpBucketReduction, InlinePlainGradientsLiveInTheBucketsAsTensorsOfTheirOwn) {
+  torch::manual_seed(11);
+  SmallMlp initial(64, 64);
+  std::vector<std::vector<std::pair<torch::Tensor, torch::Tensor>>> batches(2);
+  for (int rank = 0; rank < 2; ++rank) {
+    for (int step = 0; step < 8; ++step) {
+      batches[rank].emplace_back(torch::randn({8, 64}), torch::randint(0, 10, {8}, torch::kLong));
+    }
+  }
+  std::vector<SmallMlp> models;
+  for (int rank = 0; rank < 2; ++rank) {
+    models.emplace_back(64, 64);
+    torch::NoGradGuard no_grad;
+    auto src = initial->parameters();
+    auto dst = models.back()->parameters();
+    for (size_t i = 0; i < src.size(); ++i) dst[i].copy_(src[i]);
+  }
+  std::vector<std::vector<torch::Tensor>> averaged(2);  // step 5's gradients, per rank
+  with_groups(2, [&](int rank, std::shared_ptr<comm::ProcessGroup> group) {
+    DistributedDataParallelOptions options;
+    options.first_bucket_cap_mb = 0.01;
+    options.bucket_cap_mb = 0.01;
+    options.bucket_reduction = parse_bucket_reduction("inline");
+    auto ddp = std::make_unique<DistributedDataParallel<shoal::testing::SmallMlpImpl>>(models[rank], group, options);
+    const auto params = models[rank]->parameters();
+    auto zero_in_place = [&] {
+      for (const auto& p : params) {
+        if (p.grad().defined()) p.mutable_grad().zero_();
+      }
+    };
+    auto set_to_none = [&] {
+      for (const auto& p : params) p.mutable_grad().reset();
+    };
+    auto backward = [&](int index) {
+      const auto& [x, y] = batches[rank][index];
+      torch::nll_loss(ddp->forward(x), y).backward();
+    };
+    backward(0);  // private gradients from autograd, become slot gradients when backward ends
+    zero_in_place();
+    backward(1);  // buckets rebuilt at this forward: the gradients move with them
+    std::vector<const void*> addresses;
+    for (const auto& p : params) {
+      const auto& g = p.grad();
+      EXPECT_TRUE(group->is_symmetric(g)) << "a gradient outside the buckets";
+      EXPECT_FALSE(g.is_view());
+      EXPECT_EQ(g.storage_offset(), 0);
+      EXPECT_EQ(g.storage().nbytes(), static_cast<size_t>(g.numel()) * g.element_size());
+      addresses.push_back(g.data_ptr());
+    }
+    zero_in_place();
+    backward(2);
+    for (size_t i = 0; i < params.size(); ++i) {
+      EXPECT_EQ(params[i].grad().data_ptr(), addresses[i]) << "accumulated in place, not moved";
+    }
+
+    // Kept across set_to_none: the kept tensor and a kept view keep their values.
+    auto kept = params[0].grad();
+    const auto kept_values = kept.clone();
+    auto kept_view = params[2].grad().view({-1});
+    const auto kept_view_values = kept_view.clone();
+    set_to_none();
+    backward(3);
+    EXPECT_TRUE(torch::equal(kept, kept_values)) << "a kept .grad changed under the next step";
+    EXPECT_TRUE(torch::equal(kept_view, kept_view_values)) << "a kept view changed";
+    EXPECT_FALSE(group->is_symmetric(kept)) << "a kept .grad should have moved out of the slot";
+    EXPECT_FALSE(kept.is_same(params[0].grad()));
+    for (const auto& p : params) EXPECT_TRUE(group->is_symmetric(p.grad()));
+
+    // Kept across an in-place zero: it is the .grad, and receives step 4's average.
+    auto same = params[1].grad();
+    zero_in_place();
+    backward(4);
+    EXPECT_TRUE(same.is_same(params[1].grad()));
+
+    // Assigned by the caller and still held by it: the average is copied into it.
+    auto mine = torch::zeros_like(params[3]);
+    params[3].mutable_grad() = mine;
+    zero_in_place();
+    backward(5);
+    EXPECT_TRUE(mine.is_same(params[3].grad()));
+    EXPECT_FALSE(group->is_symmetric(mine));
+    for (const auto& p : params) averaged[rank].push_back(p.grad().clone());
+    params[0].grad().detach_();  // a plain tensor, not a view: LibTorch's zero_grad() calls this
+
+    // DDP and its group gone: the gradients stay readable and accumulate without DDP.
+    std::vector<torch::Tensor> before;
+    for (const auto& p : params) before.push_back(p.grad().clone());
+    ddp.reset();
+    group.reset();
+    const auto& [x, y] = batches[rank][6];
+    torch::nll_loss(models[rank]->forward(x), y).backward();
+    for (size_t i = 0; i < params.size(); ++i) {
+      EXPECT_FALSE(torch::equal(params[i].grad(), before[i])) << "parameter " << i;
+    }
+  }, "shm");
+  for (size_t i = 0; i < averaged[0].size(); ++i) {
+    EXPECT_TRUE(torch::equal(averaged[0][i], averaged[1][i])) << "ranks differ at parameter " << i;
   }
 }
 
