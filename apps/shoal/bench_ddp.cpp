@@ -235,6 +235,10 @@ void run_worker_with(const DdpBenchArgs& args) {
     result["sent_bytes"] = sent;
     record_memory(forward_loss, optimizer, result);
     result["wait_ms"] = 1e3 * (after.wait_seconds - before.wait_seconds) / args.steps;
+    // Bytes DDP copied between gradients and buckets per timed step (0 once the gradients live
+    // in the buckets).
+    const double copied = (after.copied_bytes - before.copied_bytes) / args.steps;
+    result["copied_mb"] = copied / 1048576.0;
     result["hidden_fraction"] = (after.hidden_bytes - before.hidden_bytes) /
                                 std::max(after.reduced_bytes - before.reduced_bytes, 1.0);
     // The same bucket reductions on their own, launched back to back as backward launches them,
@@ -255,10 +259,11 @@ void run_worker_with(const DdpBenchArgs& args) {
     }
     result["comm_ms"] = 1e3 * seconds_since(comm_start) / kCommRepeats;
     result["buckets"] = static_cast<double>(buckets.size());
-    // Plain gradients (not bucket views) are copied into their bucket when ready and back into
-    // .grad after the reduction, as PyTorch's DDP does: that work, alone, per step (copy_ms).
+    // Gradients that do not live in the buckets are copied into their bucket when ready and back
+    // into .grad after the reduction, as PyTorch's DDP does with plain gradients: that work,
+    // alone, per step (copy_ms), in proportion to the bytes DDP copied in the timed steps.
     double copy_ms = 0;
-    if (!args.bucket_view) {
+    if (copied > 0) {
       torch::NoGradGuard no_grad;
       std::vector<torch::Tensor> grads;
       int64_t total = 0;
@@ -281,7 +286,8 @@ void run_worker_with(const DdpBenchArgs& args) {
           offset += g.numel();
         }
       }
-      copy_ms = 1e3 * seconds_since(copy_start) / kCommRepeats;
+      copy_ms = 1e3 * seconds_since(copy_start) / kCommRepeats *
+                std::min(1.0, copied / std::max(2.0 * total * 4, 1.0));
     }
     result["copy_ms"] = copy_ms;
   }
@@ -406,6 +412,7 @@ void run_mode(const DdpBenchArgs& args, const std::string& exe, const std::strin
       s["wait_ms"].push_back(r["wait_ms"]);
       s["comm_ms"].push_back(r["comm_ms"]);
       s["copy_ms"].push_back(r["copy_ms"]);
+      s["copied_mb"].push_back(r["copied_mb"]);
       s["overlap"].push_back(std::clamp(1.0 - r["wait_ms"] / std::max(r["comm_ms"], 1e-9), 0.0, 1.0));
       s["hidden_bytes_fraction"].push_back(r["hidden_fraction"]);
       s["buckets"].push_back(r["buckets"]);
@@ -563,8 +570,9 @@ int run_ddp_bench(const DdpBenchArgs& args) {
     const double vs =
         mode.name == "shoal_ddp" ? rate / pytorch_rate(mode.bucket_view, "") : std::nan("");
     // Where no core is spare (a rank per core, each busy with its own step), what of_ceil would be
-    // if the mode's bucket allreduces, timed alone in the same run (comm_ms), and with plain
-    // gradients their copies into the buckets and back (copy_ms), added their own time to the
+    // if the mode's bucket allreduces, timed alone in the same run (comm_ms), and the copies DDP
+    // made between gradients and buckets (copy_ms: plain gradients reduced overlapped, or under a
+    // comm hook), added their own time to the
     // ceiling's step. An estimate, not a bound: where the vCPUs share floating-point units, a rank
     // that communicates (or waits) lets its sibling compute faster, and runs beat it.
     const double ceiling_step_ms =
@@ -575,11 +583,13 @@ int run_ddp_bench(const DdpBenchArgs& args) {
             : std::nan("");
     if (mode.name == "shoal_ddp" && std::isfinite(comm_added)) {
       char line[320];
-      char copies[96] = "";
-      if (!mode.bucket_view) {
+      char copies[128] = "";
+      if (mode.get("copied_mb") > 0) {
         std::snprintf(copies, sizeof copies,
-                      " + its gradients' copies into the buckets and back %.2f ms",
-                      mode.get("copy_ms"));
+                      " + its copies between gradients and buckets (%.1f MB a step) %.2f ms",
+                      mode.get("copied_mb"), mode.get("copy_ms"));
+      } else if (!mode.bucket_view) {
+        std::snprintf(copies, sizeof copies, " (plain gradients in the buckets: none copied)");
       }
       std::snprintf(line, sizeof line,
                     "  %s: its bucket allreduces alone %.2f ms a step%s, the ceiling's step %.2f "
@@ -626,6 +636,7 @@ int run_ddp_bench(const DdpBenchArgs& args) {
           "\"optimizer_ms\": %s, \"wait_ms\": %s, \"overlap\": %s, \"hidden_bytes_fraction\": %s, "
           "\"buckets\": %s, \"comm_hook\": %s, \"sent_bytes_per_step\": %s, "
           "\"bucket_cap_mb\": %s, \"bucket_cap\": %s, \"comm_ms\": %s, \"copy_ms\": %s, "
+          "\"copied_mb_per_step\": %s, "
           "\"comm_added_of_ceiling\": %s, \"ceiling_over_this\": %s, \"bucket_reduction\": %s, "
           "\"inline_reduction\": %s, \"rounds\": %d}\n",
           mode.name.c_str(), args.model.c_str(),
@@ -651,7 +662,7 @@ int run_ddp_bench(const DdpBenchArgs& args) {
               ? ("\"" + (mode.cap.empty() ? args.bucket_cap_mb : mode.cap) + "\"").c_str()
               : "null",
           json_number(mode.get("comm_ms")).c_str(), json_number(mode.get("copy_ms")).c_str(),
-          json_number(comm_added).c_str(), json_number(ceiling_over).c_str(),
+          json_number(mode.get("copied_mb")).c_str(), json_number(comm_added).c_str(), json_number(ceiling_over).c_str(),
           mode.name == "shoal_ddp"
               ? ("\"" + (mode.reduction.empty() ? args.bucket_reductions.at(0) : mode.reduction) +
                  "\"").c_str()

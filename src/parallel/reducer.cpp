@@ -243,7 +243,10 @@ void Reducer::build_buckets(const std::vector<size_t>& order, double first_cap_m
         // ones, so the old buckets' memory is freed now.
         view.copy_(grad);
         grad = slot_gradient(bucket, slot, index);
+      } else {
+        continue;
       }
+      stats_.copied_bytes += static_cast<double>(view.nbytes());
     }
     std::vector<at::Tensor> params;
     for (size_t index : bucket.variables) params.push_back(params_[index]);
@@ -495,6 +498,7 @@ void Reducer::mark_ready(size_t index) {
     view.zero_();
   } else if (!occupies(grad, view)) {
     view.copy_(grad);
+    stats_.copied_bytes += static_cast<double>(view.nbytes());
     if (options_.gradient_as_bucket_view) param.mutable_grad() = view;
   }
   // Under debug_detail nothing is launched before every rank knows every rank's used set.
@@ -589,10 +593,13 @@ bool Reducer::copy_out(size_t bucket_index, const int* used_everywhere, bool ear
       // Seen elsewhere now (a gradient autograd has just stolen is still referenced by the
       // engine): decided when backward ends.
       all = false;
-    } else if (grad.defined()) {
-      grad.copy_(view);
     } else {
-      grad = view.clone();
+      if (grad.defined()) {
+        grad.copy_(view);
+      } else {
+        grad = view.clone();
+      }
+      stats_.copied_bytes += static_cast<double>(view.nbytes());
     }
   }
   return all;
@@ -626,6 +633,7 @@ void Reducer::release_slot(size_t index, const at::Tensor& grad) {
       .copy_(at::from_blob(const_cast<void*>(static_cast<const void*>(handed->data())),
                            {static_cast<int64_t>(bytes)}, as_bytes));
   handed->set_data_ptr_noswap(std::move(own));  // the old one's deleter lets the bucket go
+  stats_.copied_bytes += static_cast<double>(bytes);
 }
 
 std::shared_ptr<comm::Work> Reducer::launch(size_t bucket_index) {

@@ -1211,11 +1211,15 @@ TEST(DdpBucketReduction, InlinePlainGradientsLiveInTheBucketsAsTensorsOfTheirOwn
       EXPECT_EQ(g.storage().nbytes(), static_cast<size_t>(g.numel()) * g.element_size());
       addresses.push_back(g.data_ptr());
     }
+    double copied = ddp->stats().copied_bytes;
     zero_in_place();
     backward(2);
     for (size_t i = 0; i < params.size(); ++i) {
       EXPECT_EQ(params[i].grad().data_ptr(), addresses[i]) << "accumulated in place, not moved";
     }
+    EXPECT_EQ(ddp->stats().copied_bytes, copied) << "a step copied gradients";
+    int64_t all_bytes = 0;
+    for (const auto& p : params) all_bytes += p.numel() * p.element_size();
 
     // Kept across set_to_none: the kept tensor and a kept view keep their values.
     auto kept = params[0].grad();
@@ -1223,7 +1227,12 @@ TEST(DdpBucketReduction, InlinePlainGradientsLiveInTheBucketsAsTensorsOfTheirOwn
     auto kept_view = params[2].grad().view({-1});
     const auto kept_view_values = kept_view.clone();
     set_to_none();
+    copied = ddp->stats().copied_bytes;
     backward(3);
+    // Autograd's new gradients copied in, none out (they became the slots' tensors when backward
+    // ended), and the two kept gradients moved out.
+    EXPECT_EQ(ddp->stats().copied_bytes - copied,
+              static_cast<double>(all_bytes + kept.nbytes() + params[2].nbytes()));
     EXPECT_TRUE(torch::equal(kept, kept_values)) << "a kept .grad changed under the next step";
     EXPECT_TRUE(torch::equal(kept_view, kept_view_values)) << "a kept view changed";
     EXPECT_FALSE(group->is_symmetric(kept)) << "a kept .grad should have moved out of the slot";

@@ -138,6 +138,9 @@ struct ReducerStats {
   double reduced_bytes = 0;         ///< bytes of every bucket reduced
   /// of which reduced asynchronously and done when backward ended (overlapped; 0 inline)
   double hidden_bytes = 0;
+  /// bytes copied between gradients and buckets, into them and out of them (0 a step once the
+  /// gradients live in the buckets: bucket views, or plain gradients reduced inline)
+  double copied_bytes = 0;
   std::vector<int64_t> bucket_bytes;  ///< current bucket sizes, in reduction order
   double bucket_cap_mb = 0;           ///< the bucket_cap_mb in use (auto: the candidate now tried)
   double first_bucket_cap_mb = 0;     ///< the first_bucket_cap_mb in use
