@@ -524,9 +524,9 @@ void Reducer::check_used_on_every_rank() {
     ++unused;
     if (listed++ >= 10) continue;
     const auto ranks = [](const std::vector<int>& list) {
-      std::string text;
-      for (size_t k = 0; k < list.size(); ++k) text += (k ? "," : "") + std::to_string(list[k]);
-      return text.empty() ? std::string("none") : text;
+      std::ostringstream text;
+      for (size_t k = 0; k < list.size(); ++k) text << (k ? "," : "") << list[k];
+      return list.empty() ? std::string("none") : text.str();
     };
     report << (listed > 1 ? "; " : "") << "'" << names_[i] << "' got no gradient on rank(s) "
            << ranks(without) << " (a gradient on rank(s) " << ranks(with) << ")";

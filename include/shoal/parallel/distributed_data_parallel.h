@@ -89,6 +89,13 @@ struct DistributedDataParallelOptions {
   /// Copy rank 0's buffers (BatchNorm running statistics) to every rank before each forward.
   bool broadcast_buffers = true;
   /// Make each parameter's `.grad` a view into its bucket: no copy in or out, less peak memory.
+  /// Without it (plain gradients) and with buckets reduced inline (bucket_reduction, no unused
+  /// parameters to find, no debug_detail), each `.grad` is also kept in its bucket's memory, but
+  /// as a tensor of its own (not a view: its own storage, detach_() and set_() work): from the
+  /// second step autograd accumulates into it and nothing is copied either, while a `.grad` the
+  /// caller still holds stays plain: one kept across zero_grad(set_to_none) is moved to memory of
+  /// its own (its values intact) before the next step writes the slot, one the caller assigned
+  /// and holds receives the result by a copy. stats().copied_bytes counts what is copied.
   bool gradient_as_bucket_view = false;
   /// How each bucket's allreduce runs beside backward (the default hook; a registered comm hook
   /// decides for itself). kOverlapped: started asynchronously when the bucket fills, reduced by
