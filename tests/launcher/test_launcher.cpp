@@ -797,16 +797,29 @@ TEST(BenchDdpFormat, ReportsEveryModeAsJsonLines) {
   EXPECT_NE(lines[3].find("\"gradient_as_bucket_view\": true"), std::string::npos) << lines[3];
   EXPECT_GT(json_number(lines[2], "buckets"), 0) << lines[2];
   // The communication's own time as of_ceil: ceiling step / (ceiling step + the buckets'
-  // allreduces alone + with plain gradients their copies into the buckets and back; bucket views
-  // copy nothing).
+  // allreduces alone + the copies DDP made between gradients and buckets). Bucket views copy
+  // nothing; plain gradients neither where the default hook reduces inline (no core spare: they
+  // live in the buckets), else they are copied in and out, as under the fp16 hook (line 4).
   const double ceiling_step_ms = 1e3 * 2 * 64 / json_number(lines[1], "samples_per_s");
-  const double comm_ms = json_number(lines[2], "comm_ms");
-  const double copy_ms = json_number(lines[2], "copy_ms");
-  ASSERT_GT(comm_ms, 0) << lines[2];
-  ASSERT_GT(copy_ms, 0) << lines[2];
-  EXPECT_NEAR(json_number(lines[2], "comm_added_of_ceiling"),
-              ceiling_step_ms / (ceiling_step_ms + comm_ms + copy_ms), 1e-3)
-      << lines[1] << "\n" << lines[2];
+  const double grad_mb = json_number(lines[0], "grad_mb");
+  for (size_t i : {2, 4}) {
+    const double comm_ms = json_number(lines[i], "comm_ms");
+    const double copy_ms = json_number(lines[i], "copy_ms");
+    const bool copies = i == 4 || json_number(lines[i], "inline_reduction") == 0;
+    ASSERT_GT(comm_ms, 0) << lines[i];
+    EXPECT_NEAR(json_number(lines[i], "copied_mb_per_step"), copies ? 2 * grad_mb : 0.0,
+                0.01 * grad_mb)
+        << lines[i];
+    if (copies) {
+      ASSERT_GT(copy_ms, 0) << lines[i];
+    } else {
+      EXPECT_EQ(copy_ms, 0) << lines[i];
+    }
+    EXPECT_NEAR(json_number(lines[i], "comm_added_of_ceiling"),
+                ceiling_step_ms / (ceiling_step_ms + comm_ms + copy_ms), 1e-3)
+        << lines[1] << "\n" << lines[i];
+  }
+  EXPECT_EQ(json_number(lines[3], "copied_mb_per_step"), 0) << lines[3];
   EXPECT_EQ(json_number(lines[3], "copy_ms"), 0) << lines[3];
   EXPECT_NEAR(json_number(lines[3], "comm_added_of_ceiling"),
               ceiling_step_ms / (ceiling_step_ms + json_number(lines[3], "comm_ms")), 1e-3)
@@ -836,17 +849,25 @@ TEST(BenchDdpFormat, ReportsEveryModeAsJsonLines) {
   EXPECT_NE(lines[2].find("\"ceiling_over_this\": null"), std::string::npos) << lines[2];
 
   // Live memory (heap in use + shared memory share), which does not depend on what the allocator
-  // keeps: DDP costs one copy of the gradients (its buckets) plus its communication buffers;
-  // with gradient_as_bucket_view the gradients are the buckets, so at least most of that copy
-  // goes, and what DDP adds stays under one copy of the gradients (the DDP issue's bound).
-  const double grad_mb = json_number(lines[0], "grad_mb");
+  // keeps: DDP costs one copy of the gradients (its buckets) plus its communication buffers
+  // where gradients and buckets are apart (plain gradients under the fp16 hook, line 4); with
+  // gradient_as_bucket_view the gradients are the buckets, so at least most of that copy goes,
+  // and what DDP adds stays under one copy of the gradients (the DDP issue's bound). So do plain
+  // gradients reduced inline (they live in the buckets).
   ASSERT_GT(grad_mb, 5) << lines[0];  // the MLP: 7.2 MiB of float32 gradients
   for (const auto& line : lines) EXPECT_GT(json_number(line, "live_mb"), 10) << line;
-  const double copy_extra = json_number(lines[2], "extra_live_mb");
-  const double view_extra = json_number(lines[3], "extra_live_mb");
-  EXPECT_GT(copy_extra, grad_mb) << lines[2];
-  EXPECT_LT(view_extra, copy_extra - 0.75 * grad_mb) << lines[3];
-  EXPECT_LT(view_extra, grad_mb) << lines[3];
+  const double copy_extra = json_number(lines[4], "extra_live_mb");
+  EXPECT_GT(copy_extra, grad_mb) << lines[4];
+  const bool plain_inline = json_number(lines[2], "inline_reduction") == 1;
+  for (size_t i : {2, 3}) {
+    const double extra = json_number(lines[i], "extra_live_mb");
+    if (i == 2 && !plain_inline) {
+      EXPECT_GT(extra, grad_mb) << lines[i];
+      continue;
+    }
+    EXPECT_LT(extra, copy_extra - 0.75 * grad_mb) << lines[i];
+    EXPECT_LT(extra, grad_mb) << lines[i];
+  }
 }
 
 // Format check: `shoal bench ddp --bucket-sweep --json`: besides the usual modes, Shoal's DDP with
