@@ -3,6 +3,7 @@
 // exit-status propagation, teardown (no process left behind), signal forwarding, the free-port
 // choice, the multi-node loopback refusal and the rank prefix on output lines.
 #include <gtest/gtest.h>
+#include <torch/torch.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -797,21 +798,29 @@ TEST(BenchDdpFormat, ReportsEveryModeAsJsonLines) {
   EXPECT_NE(lines[3].find("\"gradient_as_bucket_view\": true"), std::string::npos) << lines[3];
   EXPECT_GT(json_number(lines[2], "buckets"), 0) << lines[2];
   // The communication's own time as of_ceil: ceiling step / (ceiling step + the buckets'
-  // allreduces alone + the copies DDP made between gradients and buckets). Bucket views copy
-  // nothing; plain gradients neither where the default hook reduces inline (no core spare: they
-  // live in the buckets), else they are copied in and out, as under the fp16 hook (line 4).
+  // allreduces alone + the copies DDP made between gradients and buckets, timed alone). Where
+  // gradients live in the buckets (bucket views; plain gradients where the default hook reduces
+  // inline, no core spare) a step copies nothing, or, where the optimizer's zero_grad() drops
+  // them (LibTorch 2.x's set_to_none), autograd's new gradients in; else (overlapped, or the fp16
+  // hook on line 4) every gradient is copied in and out.
   const double ceiling_step_ms = 1e3 * 2 * 64 / json_number(lines[1], "samples_per_s");
   const double grad_mb = json_number(lines[0], "grad_mb");
-  for (size_t i : {2, 4}) {
+  const bool set_to_none = [] {
+    auto p = torch::zeros({1}, torch::requires_grad());
+    p.mutable_grad() = torch::ones({1});
+    torch::optim::SGD sgd({p}, 0.1);
+    sgd.zero_grad();
+    return !p.grad().defined();
+  }();
+  for (size_t i : {2, 3, 4}) {
     const double comm_ms = json_number(lines[i], "comm_ms");
     const double copy_ms = json_number(lines[i], "copy_ms");
-    const bool copies = i == 4 || json_number(lines[i], "inline_reduction") == 0;
+    const bool in_buckets = i == 3 || (i == 2 && json_number(lines[i], "inline_reduction") == 1);
+    const double copied = in_buckets ? (set_to_none ? grad_mb : 0.0) : 2 * grad_mb;
     ASSERT_GT(comm_ms, 0) << lines[i];
-    EXPECT_NEAR(json_number(lines[i], "copied_mb_per_step"), copies ? 2 * grad_mb : 0.0,
-                0.01 * grad_mb)
-        << lines[i];
-    if (copies) {
-      ASSERT_GT(copy_ms, 0) << lines[i];
+    EXPECT_NEAR(json_number(lines[i], "copied_mb_per_step"), copied, 0.01 * grad_mb) << lines[i];
+    if (copied > 0) {
+      EXPECT_GT(copy_ms, 0) << lines[i];
     } else {
       EXPECT_EQ(copy_ms, 0) << lines[i];
     }
@@ -819,11 +828,6 @@ TEST(BenchDdpFormat, ReportsEveryModeAsJsonLines) {
                 ceiling_step_ms / (ceiling_step_ms + comm_ms + copy_ms), 1e-3)
         << lines[1] << "\n" << lines[i];
   }
-  EXPECT_EQ(json_number(lines[3], "copied_mb_per_step"), 0) << lines[3];
-  EXPECT_EQ(json_number(lines[3], "copy_ms"), 0) << lines[3];
-  EXPECT_NEAR(json_number(lines[3], "comm_added_of_ceiling"),
-              ceiling_step_ms / (ceiling_step_ms + json_number(lines[3], "comm_ms")), 1e-3)
-      << lines[1] << "\n" << lines[3];
 
   // The hooks, next to the default: bytes sent per step are the gradients (7.2 MiB), half of them
   // for fp16, and PowerSGD rank 2's P and Q ((n + m) x 2 for fc1 1024 x 784, fc2 1024 x 1024,
