@@ -44,6 +44,32 @@ void with_groups(int world,
   });
 }
 
+// `world` replicas of SmallMlp(width, width), each with `initial`'s weights.
+std::vector<SmallMlp> replicas_of(const SmallMlp& initial, int world, int64_t width) {
+  std::vector<SmallMlp> models;
+  for (int rank = 0; rank < world; ++rank) {
+    models.emplace_back(width, width);
+    torch::NoGradGuard no_grad;
+    auto src = initial->parameters();
+    auto dst = models.back()->parameters();
+    for (size_t i = 0; i < src.size(); ++i) dst[i].copy_(src[i]);
+  }
+  return models;
+}
+
+// Per rank, `steps` batches of 8 samples of `width` features and their labels (made before the
+// ranks start: the global generator is not per thread).
+std::vector<std::vector<std::pair<torch::Tensor, torch::Tensor>>> batches_of(int world, int steps,
+                                                                             int64_t width) {
+  std::vector<std::vector<std::pair<torch::Tensor, torch::Tensor>>> batches(world);
+  for (int rank = 0; rank < world; ++rank) {
+    for (int step = 0; step < steps; ++step) {
+      batches[rank].emplace_back(torch::randn({8, width}), torch::randint(0, 10, {8}, torch::kLong));
+    }
+  }
+  return batches;
+}
+
 // Bucket caps small enough to split these small models into several buckets.
 DistributedDataParallelOptions small_buckets() {
   DistributedDataParallelOptions options;
@@ -1070,22 +1096,10 @@ TEST(DdpBucketReduction, InlineReducesEachBucketOnTheTrainingThread) {
   // Buckets of 256 KiB and more, far above what shm runs on the calling thread by itself (32 KiB).
   torch::manual_seed(7);
   SmallMlp initial(256, 256);
-  std::vector<std::vector<std::pair<torch::Tensor, torch::Tensor>>> batches(2);
-  for (int rank = 0; rank < 2; ++rank) {
-    for (int step = 0; step < kStepsHere + 2; ++step) {
-      batches[rank].emplace_back(torch::randn({8, 256}), torch::randint(0, 10, {8}, torch::kLong));
-    }
-  }
+  const auto batches = batches_of(2, kStepsHere + 2, 256);
   std::map<std::string, std::vector<std::vector<torch::Tensor>>> results;
   for (const std::string reduction : {"overlapped", "inline"}) {
-    std::vector<SmallMlp> models;
-    for (int rank = 0; rank < 2; ++rank) {
-      models.emplace_back(256, 256);
-      torch::NoGradGuard no_grad;
-      auto src = initial->parameters();
-      auto dst = models.back()->parameters();
-      for (size_t i = 0; i < src.size(); ++i) dst[i].copy_(src[i]);
-    }
+    std::vector<SmallMlp> models = replicas_of(initial, 2, 256);
     std::vector<std::vector<torch::Tensor>> params(2);
     // fc3's .grad while fc1's gradient is computed, before backward ends.
     std::vector<torch::Tensor> fc3_grad_during(2);
@@ -1165,20 +1179,8 @@ TEST(DdpBucketReduction, InlineReducesEachBucketOnTheTrainingThread) {
 TEST(DdpBucketReduction, InlinePlainGradientsLiveInTheBucketsAsTensorsOfTheirOwn) {
   torch::manual_seed(11);
   SmallMlp initial(64, 64);
-  std::vector<std::vector<std::pair<torch::Tensor, torch::Tensor>>> batches(2);
-  for (int rank = 0; rank < 2; ++rank) {
-    for (int step = 0; step < 8; ++step) {
-      batches[rank].emplace_back(torch::randn({8, 64}), torch::randint(0, 10, {8}, torch::kLong));
-    }
-  }
-  std::vector<SmallMlp> models;
-  for (int rank = 0; rank < 2; ++rank) {
-    models.emplace_back(64, 64);
-    torch::NoGradGuard no_grad;
-    auto src = initial->parameters();
-    auto dst = models.back()->parameters();
-    for (size_t i = 0; i < src.size(); ++i) dst[i].copy_(src[i]);
-  }
+  const auto batches = batches_of(2, 8, 64);
+  std::vector<SmallMlp> models = replicas_of(initial, 2, 64);
   std::vector<std::vector<torch::Tensor>> averaged(2);  // step 5's gradients, per rank
   with_groups(2, [&](int rank, std::shared_ptr<comm::ProcessGroup> group) {
     DistributedDataParallelOptions options;
