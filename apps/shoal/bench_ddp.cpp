@@ -534,13 +534,22 @@ int run_ddp_bench(const DdpBenchArgs& args) {
 
   const DdpMode& single = modes[0];
   const DdpMode& independent = modes[1];
-  // vs_pt: against the first PyTorch peer given (--torch), with the same bucket views.
-  auto pytorch_rate = [&](bool view, const std::string& version) {
+  // vs_pt: a Shoal mode's samples/s over a PyTorch peer's with the same bucket views (the first
+  // --torch peer unless `version` names one): the median over the rounds of the two's ratio in
+  // each round (run within seconds of each other, so a minute of noise moves both), or the ratio
+  // of the medians where the two ran different rounds.
+  auto vs_pytorch = [&](const DdpMode& mode, const std::string& version) {
     for (const auto& m : modes) {
-      if (m.name == "pytorch_ddp" && m.bucket_view == view &&
-          (version.empty() || m.peer.version == version)) {
-        return m.get("samples_per_s");
+      if (m.name != "pytorch_ddp" || m.bucket_view != mode.bucket_view ||
+          (!version.empty() && m.peer.version != version)) {
+        continue;
       }
+      const auto& a = mode.samples.at("samples_per_s");
+      const auto& b = m.samples.at("samples_per_s");
+      if (a.size() != b.size()) return mode.get("samples_per_s") / m.get("samples_per_s");
+      std::vector<double> ratios;
+      for (size_t r = 0; r < a.size(); ++r) ratios.push_back(a[r] / b[r]);
+      return median(ratios);
     }
     return std::nan("");
   };
@@ -567,8 +576,7 @@ int run_ddp_bench(const DdpBenchArgs& args) {
         has_ratios ? *std::min_element(ratios->second.begin(), ratios->second.end()) : std::nan("");
     const double of_ceiling_max =
         has_ratios ? *std::max_element(ratios->second.begin(), ratios->second.end()) : std::nan("");
-    const double vs =
-        mode.name == "shoal_ddp" ? rate / pytorch_rate(mode.bucket_view, "") : std::nan("");
+    const double vs = mode.name == "shoal_ddp" ? vs_pytorch(mode, "") : std::nan("");
     // Where no core is spare (a rank per core, each busy with its own step), what of_ceil would be
     // if the mode's bucket allreduces, timed alone in the same run (comm_ms), and the copies DDP
     // made between gradients and buckets (copy_ms: plain gradients reduced overlapped, or under a
@@ -612,8 +620,7 @@ int run_ddp_bench(const DdpBenchArgs& args) {
     // Against every PyTorch peer: {"1.13.1": 1.31, "2.15.0": 1.12}.
     std::string vs_each = "{";
     for (const auto& peer : peers) {
-      const double v =
-          mode.name == "shoal_ddp" ? rate / pytorch_rate(mode.bucket_view, peer.version) : std::nan("");
+      const double v = mode.name == "shoal_ddp" ? vs_pytorch(mode, peer.version) : std::nan("");
       vs_each += (vs_each.size() > 1 ? ", \"" : "\"") + peer.version + "\": " + json_number(v);
     }
     vs_each += "}";
@@ -764,7 +771,7 @@ int run_ddp_bench(const DdpBenchArgs& args) {
     std::printf("efficiency = samples/s / (%d x single); of_ceil = samples/s / independent (%d "
                 "processes without communication; per round, against the ceiling runs beside "
                 "it, median of the rounds); vs_pt = Shoal / PyTorch DDP (the first --torch peer) with the same "
-                "gradient_as_bucket_view; +MB = peak RSS - single's (shared memory counted in full by every "
+                "gradient_as_bucket_view (per round, median of the rounds); +MB = peak RSS - single's (shared memory counted in full by every "
                 "rank); +live = live memory - single's (heap in use at the end of forward and of "
                 "backward, the larger, plus the rank's share of shared memory; JSON also has PSS); "
                 "MB = MiB; sent_kb = KiB rank 0 passed to its collectives per step; gradients: %.1f "
