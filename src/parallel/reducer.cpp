@@ -156,8 +156,12 @@ void Reducer::set_comm_hook(CommHook hook) {
                 "register_comm_hook must be called before the first backward pass");
   hook_ = std::move(hook);
   // A registered hook runs as it is written (its Work may deliver the result only when waited
-  // for, as PowerSGD's does): nothing is reduced inline on its behalf.
+  // for, as PowerSGD's does): nothing is reduced inline on its behalf, and so no plain gradient
+  // lives in a bucket (one handed out at construction, from a .grad the parameter had, moves out).
   inline_reduction_ = false;
+  for (size_t index = 0; index < params_.size(); ++index) {
+    if (auto handed = handed_[index].lock()) move_out_of_slot(index, *handed);
+  }
 }
 
 std::vector<std::vector<size_t>> Reducer::assign_buckets(const std::vector<size_t>& order,
@@ -624,15 +628,20 @@ void Reducer::release_slot(size_t index, const at::Tensor& grad) {
   if (!handed) return;
   // Still the .grad (accumulated into in place): reduced where it is.
   if (grad.defined() && grad.storage().unsafeGetStorageImpl() == handed.get()) return;
+  move_out_of_slot(index, *handed);
+}
+
+void Reducer::move_out_of_slot(size_t index, c10::StorageImpl& handed) {
+  torch::NoGradGuard no_grad;
   handed_[index] = c10::weak_intrusive_ptr<c10::StorageImpl>(c10::intrusive_ptr<c10::StorageImpl>());
-  const size_t bytes = handed->nbytes();
-  const at::Device device = handed->data_ptr().device();
+  const size_t bytes = handed.nbytes();
+  const at::Device device = handed.data_ptr().device();
   at::DataPtr own = c10::GetAllocator(device.type())->allocate(bytes);
   const auto as_bytes = at::TensorOptions().dtype(at::kByte).device(device);
   at::from_blob(own.get(), {static_cast<int64_t>(bytes)}, as_bytes)
-      .copy_(at::from_blob(const_cast<void*>(static_cast<const void*>(handed->data())),
+      .copy_(at::from_blob(const_cast<void*>(static_cast<const void*>(handed.data())),
                            {static_cast<int64_t>(bytes)}, as_bytes));
-  handed->set_data_ptr_noswap(std::move(own));  // the old one's deleter lets the bucket go
+  handed.set_data_ptr_noswap(std::move(own));  // the old one's deleter lets the bucket go
   stats_.copied_bytes += static_cast<double>(bytes);
 }
 

@@ -115,6 +115,9 @@ class Reducer {
   /// is no longer the parameter's .grad but still alive (a reference the caller kept across
   /// zero_grad(set_to_none)) moves to memory of its own, its values intact.
   void release_slot(size_t index, const at::Tensor& grad);
+  /// Gives `handed` (a slot gradient's storage) memory of its own with the same bytes: every
+  /// tensor on it keeps its values, and the slot is no longer theirs.
+  void move_out_of_slot(size_t index, c10::StorageImpl& handed);
   /// The end-of-backward callback: finalize_backward(), unless a re-entrant backward ended with
   /// gradients still missing (the outer backward goes on; the next hook queues it again).
   void on_backward_end();

@@ -1273,6 +1273,34 @@ TEST(DdpBucketReduction, InlinePlainGradientsLiveInTheBucketsAsTensorsOfTheirOwn
   }
 }
 
+// .grads a module already has when DDP (inline, plain) is built move into the buckets; a comm
+// hook registered afterwards (nothing is then reduced inline) moves them out again, values intact,
+// and the hook's training averages them as the allreduce does.
+TEST(DdpBucketReduction, ARegisteredHookTakesThePlainGradientsOutOfTheBuckets) {
+  torch::manual_seed(12);
+  SmallMlp initial(32, 32);
+  const auto batches = batches_of(2, 2, 32);
+  std::vector<SmallMlp> models = replicas_of(initial, 2, 32);
+  with_groups(2, [&](int rank, std::shared_ptr<comm::ProcessGroup> group) {
+    const auto params = models[rank]->parameters();
+    for (const auto& p : params) p.mutable_grad() = torch::full_like(p, 1.0 + rank);
+    DistributedDataParallelOptions options;
+    options.bucket_reduction = parse_bucket_reduction("inline");
+    DistributedDataParallel ddp(models[rank], group, options);
+    for (const auto& p : params) EXPECT_TRUE(group->is_symmetric(p.grad()));
+    ddp.register_comm_hook(fp16_compress_hook(group));
+    EXPECT_FALSE(ddp.stats().inline_reduction);
+    for (const auto& p : params) {
+      EXPECT_FALSE(group->is_symmetric(p.grad())) << "a .grad left in a bucket under a hook";
+      EXPECT_TRUE(torch::equal(p.grad(), torch::full_like(p, 1.0 + rank))) << "values lost";
+      p.mutable_grad().zero_();
+    }
+    const auto& [x, y] = batches[rank][0];
+    torch::nll_loss(ddp.forward(x), y).backward();
+    for (const auto& p : params) EXPECT_FALSE(group->is_symmetric(p.grad()));
+  }, "shm");
+}
+
 // auto: inline exactly when the ranks on this host (the launcher's word, as comm::detect_rank_info
 // reads it; else a shm group's size, else 1) times the intra-op threads leave none of this
 // process's cores spare.

@@ -95,7 +95,8 @@ struct DistributedDataParallelOptions {
   /// second step autograd accumulates into it and nothing is copied either, while a `.grad` the
   /// caller still holds stays plain: one kept across zero_grad(set_to_none) is moved to memory of
   /// its own (its values intact) before the next step writes the slot, one the caller assigned
-  /// and holds receives the result by a copy. stats().copied_bytes counts what is copied.
+  /// and holds receives the result by a copy; register_comm_hook (nothing reduced inline) moves
+  /// them out of the buckets. stats().copied_bytes counts what is copied.
   bool gradient_as_bucket_view = false;
   /// How each bucket's allreduce runs beside backward (the default hook; a registered comm hook
   /// decides for itself). kOverlapped: started asynchronously when the bucket fills, reduced by
