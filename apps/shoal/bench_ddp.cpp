@@ -267,10 +267,12 @@ void run_worker_with(const DdpBenchArgs& args) {
       torch::NoGradGuard no_grad;
       std::vector<torch::Tensor> grads;
       int64_t total = 0;
+      double total_bytes = 0;
       for (const auto& p : model->parameters()) {
         if (!p.grad().defined()) continue;
         grads.push_back(p.grad());
         total += p.numel();
+        total_bytes += static_cast<double>(p.grad().nbytes());
       }
       auto flat = torch::zeros({total});
       const auto copy_start = Clock::now();
@@ -287,7 +289,7 @@ void run_worker_with(const DdpBenchArgs& args) {
         }
       }
       copy_ms = 1e3 * seconds_since(copy_start) / kCommRepeats *
-                std::min(1.0, copied / std::max(2.0 * total * 4, 1.0));
+                std::min(1.0, copied / std::max(2.0 * total_bytes, 1.0));
     }
     result["copy_ms"] = copy_ms;
   }
@@ -579,10 +581,11 @@ int run_ddp_bench(const DdpBenchArgs& args) {
     const double vs = mode.name == "shoal_ddp" ? vs_pytorch(mode, "") : std::nan("");
     // Where no core is spare (a rank per core, each busy with its own step), what of_ceil would be
     // if the mode's bucket allreduces, timed alone in the same run (comm_ms), and the copies DDP
-    // made between gradients and buckets (copy_ms: plain gradients reduced overlapped, or under a
-    // comm hook), added their own time to the
-    // ceiling's step. An estimate, not a bound: where the vCPUs share floating-point units, a rank
-    // that communicates (or waits) lets its sibling compute faster, and runs beat it.
+    // made between gradients and buckets (copy_ms: plain gradients reduced overlapped or under a
+    // comm hook, in and out; where the optimizer's zero_grad() drops the gradients, autograd's new
+    // ones in) added their own time to the ceiling's step. An estimate, not a bound: where the
+    // vCPUs share floating-point units, a rank that communicates (or waits) lets its sibling
+    // compute faster, and runs beat it.
     const double ceiling_step_ms =
         1e3 * args.world * args.batch / independent.get("samples_per_s");
     const double comm_added =
