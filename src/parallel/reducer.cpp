@@ -58,21 +58,23 @@ int local_ranks(const comm::ProcessGroup& group) {
   return group.backend_name() == "shm" ? group.size() : 1;
 }
 
+// Whether `grad` has `view`'s dtype, device, shape and strides.
+bool laid_out_like(const at::Tensor& grad, const at::Tensor& view) {
+  return grad.scalar_type() == view.scalar_type() && grad.device() == view.device() &&
+         grad.sizes() == view.sizes() && grad.strides() == view.strides();
+}
+
 // Whether `grad` already is `view`'s memory, laid out like it (the bucket view itself, or a slot
 // gradient): nothing to copy in or out.
 bool occupies(const at::Tensor& grad, const at::Tensor& view) {
-  return grad.defined() && grad.data_ptr() == view.data_ptr() &&
-         grad.scalar_type() == view.scalar_type() && grad.device() == view.device() &&
-         grad.sizes() == view.sizes() && grad.strides() == view.strides();
+  return grad.defined() && grad.data_ptr() == view.data_ptr() && laid_out_like(grad, view);
 }
 
 // Whether `grad` can be replaced by another tensor of the same values without anyone seeing it:
 // only the parameter refers to it and to its memory, and it is laid out like `view`.
 bool replaceable(const at::Tensor& grad, const at::Tensor& view) {
   return grad.layout() == at::kStrided && grad.use_count() == 1 &&
-         grad.storage().use_count() == 1 && grad.scalar_type() == view.scalar_type() &&
-         grad.device() == view.device() && grad.sizes() == view.sizes() &&
-         grad.strides() == view.strides() && !grad.requires_grad();
+         grad.storage().use_count() == 1 && !grad.requires_grad() && laid_out_like(grad, view);
 }
 
 }  // namespace
@@ -612,10 +614,15 @@ bool Reducer::copy_out(size_t bucket_index, const int* used_everywhere, bool ear
 at::Tensor Reducer::slot_gradient(const Bucket& bucket, size_t slot, size_t index) {
   const at::Tensor& view = bucket.views[slot];
   // Its own storage (a plain .grad: not a view, detach_() and set_() work on it, the bucket is
-  // not reachable from it) over the slot's bytes; the deleter's context keeps the bucket alive.
-  auto* keep = new c10::Storage(bucket.contents.storage());
-  at::DataPtr data(view.data_ptr(), keep,
-                   [](void* ctx) { delete static_cast<c10::Storage*>(ctx); }, view.device());
+  // not reachable from it) over the slot's bytes; the deleter's context is a reference to the
+  // bucket's storage (kept alive with it, no allocation of its own).
+  c10::StorageImpl* bucket_storage = bucket.contents.storage().unsafeGetStorageImpl();
+  c10::raw::intrusive_ptr::incref(bucket_storage);
+  at::DataPtr data(view.data_ptr(), bucket_storage,
+                   [](void* ctx) {
+                     c10::raw::intrusive_ptr::decref(static_cast<c10::StorageImpl*>(ctx));
+                   },
+                   view.device());
   c10::Storage storage(c10::Storage::use_byte_size_t(),
                        static_cast<size_t>(view.numel()) * view.element_size(), std::move(data),
                        /*allocator=*/nullptr, /*resizable=*/false);
@@ -765,7 +772,7 @@ void Reducer::finalize_backward() {
       auto [b, slot] = locator_[index];
       auto& view = buckets_[b].views[slot];
       auto& grad = params_[index].mutable_grad();
-      if (!grad.defined() || !grad.is_alias_of(view)) grad = view;
+      if (!occupies(grad, view)) grad = view;
     }
   }
   if (!options_.gradient_as_bucket_view) {
