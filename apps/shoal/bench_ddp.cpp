@@ -3,7 +3,10 @@
 //
 // Each round runs, in this order, fresh processes for every mode: `single` (one process, no DDP),
 // `independent` (world-size copies of `single` at once, no communication: what the machine allows
-// any data-parallel scheme, since the ranks share its caches and memory bandwidth), `shoal_ddp` for
+// any data-parallel scheme, since the ranks share its caches and memory bandwidth), `lockstep` (the
+// same processes meeting at an shm barrier after every backward, with no data: what the machine
+// allows any synchronous data-parallel scheme, whose every step waits for the slower rank and runs
+// the ranks' phases at the same time on shared floating-point units), `shoal_ddp` for
 // every backend asked for, without and with gradient_as_bucket_view, and `pytorch_ddp` (gloo)
 // without and with gradient_as_bucket_view. The report gives each mode's median over the rounds
 // (this machine is shared and noisy: interleaving spreads the noise over every mode).
@@ -32,6 +35,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <sstream>
 #include <string>
@@ -116,6 +120,7 @@ struct PhaseTimer {
   double forward = 0, backward = 0, optimizer = 0;
   bool sample_memory = false;
   long long peak_heap_bytes = 0;
+  std::function<void()> after_backward;  // lockstep: the barrier, timed with backward
 
   template <class Forward, class Optimizer>
   void step(Forward&& forward_loss, Optimizer& opt) {
@@ -126,6 +131,7 @@ struct PhaseTimer {
     if (sample_memory) peak_heap_bytes = std::max(peak_heap_bytes, memory::heap_bytes_in_use());
     loss.backward();
     if (sample_memory) peak_heap_bytes = std::max(peak_heap_bytes, memory::heap_bytes_in_use());
+    if (after_backward) after_backward();
     const auto t2 = Clock::now();
     opt.step();
     const auto t3 = Clock::now();
@@ -168,12 +174,22 @@ void run_worker_with(const DdpBenchArgs& args) {
   for (const auto& p : model->parameters()) grad_bytes += p.numel() * p.element_size();
   result["grad_mb"] = grad_bytes / 1048576.0;
 
-  if (args.worker == "single") {
+  if (args.worker == "single" || args.worker == "lockstep") {
     auto forward_loss = [&] { return torch::cross_entropy_loss(model->forward(x), y); };
     PhaseTimer warm, timed;
+    // lockstep: `single` on every rank, meeting the others at a barrier after each backward, with
+    // no data (shm: the cheapest meeting there is), timed and started as the DDP ranks are.
+    std::shared_ptr<comm::ProcessGroup> group;
+    if (args.worker == "lockstep") {
+      group = comm::new_process_group("shm", comm::make_file_store(args.store, args.world),
+                                      args.rank, args.world);
+      warm.after_backward = timed.after_backward = [&group] { group->barrier()->wait(); };
+    }
     for (int i = 0; i < args.warmup; ++i) warm.step(forward_loss, optimizer);
+    if (group) group->barrier()->wait();
     const auto start = Clock::now();
     for (int i = 0; i < args.steps; ++i) timed.step(forward_loss, optimizer);
+    if (group) group->barrier()->wait();
     result["seconds"] = seconds_since(start);
     timed.record(result, args.steps);
     record_memory(forward_loss, optimizer, result);
@@ -392,7 +408,8 @@ void run_mode(const DdpBenchArgs& args, const std::string& exe, const std::strin
                             (mode.reduction.empty() ? "default" : mode.reduction);
   std::vector<ChildProcess> ranks;
   for (int rank = 0; rank < processes; ++rank) {
-    auto command = common(ddp ? "shoal" : "single", mode.backend);
+    auto command = common(ddp ? "shoal" : mode.name == "lockstep" ? "lockstep" : "single",
+                          mode.backend);
     command.insert(command.end(), {"--rank", std::to_string(rank), "--store", store, "--result",
                                    dir + "/rank" + std::to_string(rank)});
     ranks.push_back({command});
@@ -451,7 +468,10 @@ int run_ddp_bench(const DdpBenchArgs& args) {
     if (peer.available()) peers.push_back(peer);
   }
 
-  std::vector<DdpMode> modes{{"single", ""}, {"independent", ""}};
+  // `lockstep`: the ceiling's processes meeting once a step (after backward) with no data: no
+  // synchronous data parallelism can do better here, since each step waits for the slower rank
+  // and the ranks run the same phases at the same time on the vCPUs' shared units.
+  std::vector<DdpMode> modes{{"single", ""}, {"independent", ""}, {"lockstep", "shm"}};
   for (const auto& hook : args.comm_hooks) {
     SHOAL_CHECK_T(InvalidArgument,
                   hook == "allreduce" || hook == "fp16" || hook == "bf16" || hook == "powersgd",
@@ -536,6 +556,15 @@ int run_ddp_bench(const DdpBenchArgs& args) {
 
   const DdpMode& single = modes[0];
   const DdpMode& independent = modes[1];
+  const DdpMode& lockstep = modes[2];
+  // of_lockstep: a mode's of_ceil over lockstep's in the same round, median of the rounds.
+  auto of_lockstep = [&](const DdpMode& mode) {
+    const auto& a = mode.samples.at("of_ceiling");
+    const auto& b = lockstep.samples.at("of_ceiling");
+    std::vector<double> ratios;
+    for (size_t r = 0; r < a.size() && r < b.size(); ++r) ratios.push_back(a[r] / b[r]);
+    return ratios.empty() ? std::nan("") : median(ratios);
+  };
   // vs_pt: a Shoal mode's samples/s over a PyTorch peer's with the same bucket views (the first
   // --torch peer unless `version` names one): the median over the rounds of the two's ratio in
   // each round (run within seconds of each other, so a minute of noise moves both), or the ratio
@@ -564,14 +593,23 @@ int run_ddp_bench(const DdpBenchArgs& args) {
   }
   std::vector<std::string> comm_costs;  // one line per shoal_ddp mode, under the table
   std::vector<std::string> peer_ceilings;  // one line per pytorch_ddp mode
+  std::vector<std::string> lockstep_shares;  // one line per shoal_ddp mode
   const int cores = launcher::available_cores();
   const bool no_spare_core = args.world >= cores;
   for (const auto& mode : modes) {
     const double rate = mode.get("samples_per_s");
     const bool parallel = mode.name != "single";
     const double efficiency = parallel ? rate / (args.world * single.get("samples_per_s")) : std::nan("");
-    const bool ddp = mode.name == "shoal_ddp" || mode.name == "pytorch_ddp";
+    const bool ddp = mode.name == "shoal_ddp" || mode.name == "pytorch_ddp" ||
+                     mode.name == "lockstep";  // those measured against the ceiling
     const double of_ceiling = ddp ? mode.get("of_ceiling") : std::nan("");
+    const double of_lock = mode.name == "shoal_ddp" ? of_lockstep(mode) : std::nan("");
+    if (std::isfinite(of_lock)) {
+      char line[160];
+      std::snprintf(line, sizeof line, "  %s: %.2f of lockstep's rate\n", mode.label().c_str(),
+                    of_lock);
+      lockstep_shares.push_back(line);
+    }
     const auto ratios = mode.samples.find("of_ceiling");
     const bool has_ratios = ddp && ratios != mode.samples.end() && !ratios->second.empty();
     const double of_ceiling_min =
@@ -593,7 +631,7 @@ int run_ddp_bench(const DdpBenchArgs& args) {
             ? ceiling_step_ms / (ceiling_step_ms + mode.get("comm_ms") + mode.get("copy_ms"))
             : std::nan("");
     if (mode.name == "shoal_ddp" && std::isfinite(comm_added)) {
-      char line[320];
+      char line[400];
       char copies[128] = "";
       if (mode.get("copied_mb") > 0) {
         std::snprintf(copies, sizeof copies,
@@ -640,7 +678,7 @@ int run_ddp_bench(const DdpBenchArgs& args) {
           "\"batch_per_rank\": %d, \"gradient_as_bucket_view\": %s, \"samples_per_s\": %s, "
           "\"peak_rss_mb\": %s, \"extra_rss_mb\": %s, \"pss_mb\": %s, \"extra_pss_mb\": %s, "
           "\"live_mb\": %s, \"extra_live_mb\": %s, \"grad_mb\": %s, \"efficiency\": %s, "
-          "\"of_ceiling\": %s, \"of_ceiling_min\": %s, \"of_ceiling_max\": %s, "
+          "\"of_ceiling\": %s, \"of_ceiling_min\": %s, \"of_ceiling_max\": %s, \"of_lockstep\": %s, "
           "\"ceiling_runs\": %zu, \"vs_pytorch\": %s, \"vs_pytorch_by_version\": %s, \"torch\": %s, "
           "\"forward_ms\": %s, \"backward_ms\": %s, "
           "\"optimizer_ms\": %s, \"wait_ms\": %s, \"overlap\": %s, \"hidden_bytes_fraction\": %s, "
@@ -658,6 +696,7 @@ int run_ddp_bench(const DdpBenchArgs& args) {
           json_number(extra_live).c_str(), json_number(single.get("grad_mb")).c_str(),
           json_number(efficiency).c_str(), json_number(of_ceiling).c_str(),
           json_number(of_ceiling_min).c_str(), json_number(of_ceiling_max).c_str(),
+          json_number(of_lock).c_str(),
           independent.samples.count("samples_per_s") ? independent.samples.at("samples_per_s").size() : 0,
           json_number(vs).c_str(), vs_each.c_str(),
           mode.peer.version.empty() ? "null" : ("\"" + mode.peer.version + "\"").c_str(),
@@ -760,6 +799,13 @@ int run_ddp_bench(const DdpBenchArgs& args) {
                 ceilings.size(),
                 args.ceiling == "interleaved" ? "interleaved with the contenders" : "once a round",
                 ceiling, *low, *high, 100 * (*low / ceiling - 1), 100 * (*high / ceiling - 1));
+    const auto& locked = lockstep.samples.at("of_ceiling");
+    const auto [locked_low, locked_high] = std::minmax_element(locked.begin(), locked.end());
+    std::printf("lockstep (the ceiling's processes meeting at a barrier after every backward, no "
+                "data: the most any synchronous data parallelism reaches here): of_ceil %.2f "
+                "(rounds %.2f-%.2f)\n",
+                lockstep.get("of_ceiling"), *locked_low, *locked_high);
+    for (const std::string& line : lockstep_shares) std::fputs(line.c_str(), stdout);
     if (!comm_costs.empty() && no_spare_core) {
       std::printf("communication's own time (%d ranks on %d cores, none spare; what of_ceil would "
                   "be if it added to the ceiling's step: an estimate, not a bound, since a rank "

@@ -777,9 +777,10 @@ TEST(BenchDdpFormat, ReportsEveryModeAsJsonLines) {
                                 {}, Milliseconds(240'000));
   ASSERT_EQ(result.code, 0) << result.err;
   const auto lines = lines_of(result.out);
-  ASSERT_GE(lines.size(), 6u) << result.out;
-  const std::vector<std::string> modes{"single",    "independent", "shoal_ddp",  "shoal_ddp",
-                                       "shoal_ddp", "shoal_ddp",   "pytorch_ddp", "pytorch_ddp"};
+  ASSERT_GE(lines.size(), 7u) << result.out;
+  const std::vector<std::string> modes{"single",    "independent", "lockstep",   "shoal_ddp",
+                                       "shoal_ddp", "shoal_ddp",   "shoal_ddp",  "pytorch_ddp",
+                                       "pytorch_ddp"};
   const double single = json_number(lines[0], "samples_per_s");
   ASSERT_GT(single, 0) << lines[0];
   for (size_t i = 0; i < lines.size(); ++i) {
@@ -795,14 +796,25 @@ TEST(BenchDdpFormat, ReportsEveryModeAsJsonLines) {
           << line;
     }
   }
-  EXPECT_NE(lines[3].find("\"gradient_as_bucket_view\": true"), std::string::npos) << lines[3];
-  EXPECT_GT(json_number(lines[2], "buckets"), 0) << lines[2];
+  EXPECT_NE(lines[4].find("\"gradient_as_bucket_view\": true"), std::string::npos) << lines[4];
+  EXPECT_GT(json_number(lines[3], "buckets"), 0) << lines[3];
+  // lockstep (the ceiling's processes meeting once a step, no data) is measured against the
+  // ceiling like the DDP modes, and each Shoal mode's of_lockstep is its of_ceil over lockstep's
+  // (one round here: exactly).
+  const double lockstep = json_number(lines[2], "of_ceiling");
+  EXPECT_GT(lockstep, 0) << lines[2];
+  EXPECT_NE(lines[2].find("\"of_lockstep\": null"), std::string::npos) << lines[2];
+  for (size_t i = 3; i < 7 && i < lines.size(); ++i) {
+    EXPECT_NEAR(json_number(lines[i], "of_lockstep"), json_number(lines[i], "of_ceiling") / lockstep,
+                1e-3 * json_number(lines[i], "of_lockstep"))
+        << lines[2] << "\n" << lines[i];
+  }
   // The communication's own time as of_ceil: ceiling step / (ceiling step + the buckets'
   // allreduces alone + the copies DDP made between gradients and buckets, timed alone). Where
   // gradients live in the buckets (bucket views; plain gradients where the default hook reduces
   // inline, no core spare) a step copies nothing, or, where the optimizer's zero_grad() drops
   // them (LibTorch 2.x's set_to_none), autograd's new gradients in; else (overlapped, or the fp16
-  // hook on line 4) every gradient is copied in and out.
+  // hook on line 5) every gradient is copied in and out.
   const double ceiling_step_ms = 1e3 * 2 * 64 / json_number(lines[1], "samples_per_s");
   const double grad_mb = json_number(lines[0], "grad_mb");
   const bool set_to_none = [] {
@@ -812,10 +824,10 @@ TEST(BenchDdpFormat, ReportsEveryModeAsJsonLines) {
     sgd.zero_grad();
     return !p.grad().defined();
   }();
-  for (size_t i : {2, 3, 4}) {
+  for (size_t i : {3, 4, 5}) {
     const double comm_ms = json_number(lines[i], "comm_ms");
     const double copy_ms = json_number(lines[i], "copy_ms");
-    const bool in_buckets = i == 3 || (i == 2 && json_number(lines[i], "inline_reduction") == 1);
+    const bool in_buckets = i == 4 || (i == 3 && json_number(lines[i], "inline_reduction") == 1);
     const double copied = in_buckets ? (set_to_none ? grad_mb : 0.0) : 2 * grad_mb;
     ASSERT_GT(comm_ms, 0) << lines[i];
     EXPECT_NEAR(json_number(lines[i], "copied_mb_per_step"), copied, 0.01 * grad_mb) << lines[i];
@@ -834,38 +846,38 @@ TEST(BenchDdpFormat, ReportsEveryModeAsJsonLines) {
   // fc3 10 x 1024) plus the uncompressed biases: 35 KiB.
   const char* hooks[] = {"allreduce", "allreduce", "fp16", "powersgd"};
   for (int i = 0; i < 4; ++i) {
-    EXPECT_NE(lines[2 + i].find(std::string("\"comm_hook\": \"") + hooks[i] + "\""),
+    EXPECT_NE(lines[3 + i].find(std::string("\"comm_hook\": \"") + hooks[i] + "\""),
               std::string::npos)
-        << lines[2 + i];
+        << lines[3 + i];
   }
-  const double dense = json_number(lines[2], "sent_bytes_per_step");
-  EXPECT_NEAR(dense, json_number(lines[0], "grad_mb") * 1048576, 0.01 * dense) << lines[2];
-  EXPECT_NEAR(json_number(lines[4], "sent_bytes_per_step"), dense / 2, 0.01 * dense) << lines[4];
+  const double dense = json_number(lines[3], "sent_bytes_per_step");
+  EXPECT_NEAR(dense, json_number(lines[0], "grad_mb") * 1048576, 0.01 * dense) << lines[3];
+  EXPECT_NEAR(json_number(lines[5], "sent_bytes_per_step"), dense / 2, 0.01 * dense) << lines[5];
   const double power = 4.0 * ((1024 + 784) * 2 + (1024 + 1024) * 2 + (10 + 1024) * 2 + 1024 * 2 + 10);
-  EXPECT_NEAR(json_number(lines[5], "sent_bytes_per_step"), power, 1.0) << lines[5];
+  EXPECT_NEAR(json_number(lines[6], "sent_bytes_per_step"), power, 1.0) << lines[6];
   EXPECT_NE(lines[0].find("\"comm_hook\": null"), std::string::npos) << lines[0];
   // The ceiling over each PyTorch peer: its of_ceil inverted (null on the other modes).
-  for (size_t i = 6; i < lines.size(); ++i) {
+  for (size_t i = 7; i < lines.size(); ++i) {
     EXPECT_NEAR(json_number(lines[i], "ceiling_over_this"), 1 / json_number(lines[i], "of_ceiling"),
                 1e-3 * json_number(lines[i], "ceiling_over_this"))
         << lines[i];
   }
-  EXPECT_NE(lines[2].find("\"ceiling_over_this\": null"), std::string::npos) << lines[2];
+  EXPECT_NE(lines[3].find("\"ceiling_over_this\": null"), std::string::npos) << lines[3];
 
   // Live memory (heap in use + shared memory share), which does not depend on what the allocator
   // keeps: DDP costs one copy of the gradients (its buckets) plus its communication buffers
-  // where gradients and buckets are apart (plain gradients under the fp16 hook, line 4); with
+  // where gradients and buckets are apart (plain gradients under the fp16 hook, line 5); with
   // gradient_as_bucket_view the gradients are the buckets, so at least most of that copy goes,
   // and what DDP adds stays under one copy of the gradients (the DDP issue's bound). So do plain
   // gradients reduced inline (they live in the buckets).
   ASSERT_GT(grad_mb, 5) << lines[0];  // the MLP: 7.2 MiB of float32 gradients
   for (const auto& line : lines) EXPECT_GT(json_number(line, "live_mb"), 10) << line;
-  const double copy_extra = json_number(lines[4], "extra_live_mb");
-  EXPECT_GT(copy_extra, grad_mb) << lines[4];
-  const bool plain_inline = json_number(lines[2], "inline_reduction") == 1;
-  for (size_t i : {2, 3}) {
+  const double copy_extra = json_number(lines[5], "extra_live_mb");
+  EXPECT_GT(copy_extra, grad_mb) << lines[5];
+  const bool plain_inline = json_number(lines[3], "inline_reduction") == 1;
+  for (size_t i : {3, 4}) {
     const double extra = json_number(lines[i], "extra_live_mb");
-    if (i == 2 && !plain_inline) {
+    if (i == 3 && !plain_inline) {
       EXPECT_GT(extra, grad_mb) << lines[i];
       continue;
     }
