@@ -1182,6 +1182,15 @@ TEST(DdpBucketReduction, InlinePlainGradientsLiveInTheBucketsAsTensorsOfTheirOwn
   const auto batches = batches_of(2, 8, 64);
   std::vector<SmallMlp> models = replicas_of(initial, 2, 64);
   std::vector<std::vector<torch::Tensor>> averaged(2);  // step 5's gradients, per rank
+  // Step 3 (after set_to_none) reduces gradients autograd has just allocated: its result against
+  // each rank's own gradient alone.
+  std::vector<std::vector<torch::Tensor>> local(2), step3(2);
+  for (int rank = 0; rank < 2; ++rank) {
+    auto alone = replicas_of(initial, 1, 64)[0];
+    const auto& [x, y] = batches[rank][3];
+    torch::nll_loss(alone->forward(x), y).backward();
+    for (const auto& p : alone->parameters()) local[rank].push_back(p.grad().clone());
+  }
   with_groups(2, [&](int rank, std::shared_ptr<comm::ProcessGroup> group) {
     DistributedDataParallelOptions options;
     options.first_bucket_cap_mb = 0.01;
@@ -1235,6 +1244,7 @@ TEST(DdpBucketReduction, InlinePlainGradientsLiveInTheBucketsAsTensorsOfTheirOwn
     // ended), and the two kept gradients moved out.
     EXPECT_EQ(ddp->stats().copied_bytes - copied,
               static_cast<double>(all_bytes + kept.nbytes() + params[2].nbytes()));
+    for (const auto& p : params) step3[rank].push_back(p.grad().clone());
     EXPECT_TRUE(torch::equal(kept, kept_values)) << "a kept .grad changed under the next step";
     EXPECT_TRUE(torch::equal(kept_view, kept_view_values)) << "a kept view changed";
     EXPECT_FALSE(group->is_symmetric(kept)) << "a kept .grad should have moved out of the slot";
@@ -1270,6 +1280,13 @@ TEST(DdpBucketReduction, InlinePlainGradientsLiveInTheBucketsAsTensorsOfTheirOwn
   }, "shm");
   for (size_t i = 0; i < averaged[0].size(); ++i) {
     EXPECT_TRUE(torch::equal(averaged[0][i], averaged[1][i])) << "ranks differ at parameter " << i;
+  }
+  for (size_t i = 0; i < local[0].size(); ++i) {
+    const auto expected = (local[0][i] + local[1][i]) / 2;
+    EXPECT_TRUE(torch::equal(step3[0][i], step3[1][i])) << "ranks differ at parameter " << i;
+    EXPECT_TRUE(torch::allclose(step3[0][i], expected, 1e-6, 1e-7))
+        << "parameter " << i << ": max difference "
+        << (step3[0][i] - expected).abs().max().item<float>();
   }
 }
 
