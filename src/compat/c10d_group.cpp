@@ -29,10 +29,11 @@ class C10dWork : public NativeWork {
       return work_->wait(timeout);
     } catch (const std::exception& e) {
       // c10d reports a local time-out as a plain runtime_error; keep its text for the caller.
-      if (std::string(e.what()).find("timed out") != std::string::npos && !work_->isCompleted()) {
-        return false;
-      }
-      throw;
+      if (std::string(e.what()).find("timed out") == std::string::npos) throw;
+      if (!work_->isCompleted()) return false;
+      // It completed in the moment between the wait giving up and this check (a peer arriving at
+      // the end of a poll slice): its own outcome, which waiting now returns (or throws) at once.
+      return work_->wait(timeout);
     }
   }
 
