@@ -557,13 +557,15 @@ int run_ddp_bench(const DdpBenchArgs& args) {
   const DdpMode& single = modes[0];
   const DdpMode& independent = modes[1];
   const DdpMode& lockstep = modes[2];
-  // of_lockstep: a mode's of_ceil over lockstep's in the same round, median of the rounds.
-  auto of_lockstep = [&](const DdpMode& mode) {
-    const auto& a = mode.samples.at("of_ceiling");
-    const auto& b = lockstep.samples.at("of_ceiling");
+  // Two modes' values in the same rounds: the median over the rounds of their ratio.
+  auto median_ratio = [](const std::vector<double>& a, const std::vector<double>& b) {
     std::vector<double> ratios;
     for (size_t r = 0; r < a.size() && r < b.size(); ++r) ratios.push_back(a[r] / b[r]);
     return ratios.empty() ? std::nan("") : median(ratios);
+  };
+  // of_lockstep: a mode's of_ceil over lockstep's in the same round, median of the rounds.
+  auto of_lockstep = [&](const DdpMode& mode) {
+    return median_ratio(mode.samples.at("of_ceiling"), lockstep.samples.at("of_ceiling"));
   };
   // vs_pt: a Shoal mode's samples/s over a PyTorch peer's with the same bucket views (the first
   // --torch peer unless `version` names one): the median over the rounds of the two's ratio in
@@ -578,9 +580,7 @@ int run_ddp_bench(const DdpBenchArgs& args) {
       const auto& a = mode.samples.at("samples_per_s");
       const auto& b = m.samples.at("samples_per_s");
       if (a.size() != b.size()) return mode.get("samples_per_s") / m.get("samples_per_s");
-      std::vector<double> ratios;
-      for (size_t r = 0; r < a.size(); ++r) ratios.push_back(a[r] / b[r]);
-      return median(ratios);
+      return median_ratio(a, b);
     }
     return std::nan("");
   };
@@ -600,9 +600,9 @@ int run_ddp_bench(const DdpBenchArgs& args) {
     const double rate = mode.get("samples_per_s");
     const bool parallel = mode.name != "single";
     const double efficiency = parallel ? rate / (args.world * single.get("samples_per_s")) : std::nan("");
-    const bool ddp = mode.name == "shoal_ddp" || mode.name == "pytorch_ddp" ||
-                     mode.name == "lockstep";  // those measured against the ceiling
-    const double of_ceiling = ddp ? mode.get("of_ceiling") : std::nan("");
+    const bool against_ceiling =
+        mode.name == "shoal_ddp" || mode.name == "pytorch_ddp" || mode.name == "lockstep";
+    const double of_ceiling = against_ceiling ? mode.get("of_ceiling") : std::nan("");
     const double of_lock = mode.name == "shoal_ddp" ? of_lockstep(mode) : std::nan("");
     if (std::isfinite(of_lock)) {
       char line[160];
@@ -611,7 +611,7 @@ int run_ddp_bench(const DdpBenchArgs& args) {
       lockstep_shares.push_back(line);
     }
     const auto ratios = mode.samples.find("of_ceiling");
-    const bool has_ratios = ddp && ratios != mode.samples.end() && !ratios->second.empty();
+    const bool has_ratios = against_ceiling && ratios != mode.samples.end() && !ratios->second.empty();
     const double of_ceiling_min =
         has_ratios ? *std::min_element(ratios->second.begin(), ratios->second.end()) : std::nan("");
     const double of_ceiling_max =
@@ -761,11 +761,8 @@ int run_ddp_bench(const DdpBenchArgs& args) {
         text << (args.json ? "\"" : "") << firsts[k] << "/" << caps[k] << (args.json ? "\"" : "");
         chosen += (chosen.empty() ? "" : ",") + text.str();
       }
-      std::vector<double> per_round;
-      const auto& a = automatic->samples.at("of_ceiling");
-      const auto& b = best->samples.at("of_ceiling");
-      for (size_t k = 0; k < a.size() && k < b.size(); ++k) per_round.push_back(a[k] / b[k]);
-      const double ratio = median(per_round);
+      const double ratio =
+          median_ratio(automatic->samples.at("of_ceiling"), best->samples.at("of_ceiling"));
       if (args.json) {
         std::printf("{\"bucket_sweep\": true, \"model\": \"%s\", \"best_fixed_cap_mb\": \"%s\", "
                     "\"best_fixed_first_cap_mb\": \"%s\", "
