@@ -1,7 +1,8 @@
 // `shoal bench ddp`: training throughput of one process without DDP, Shoal's DDP and PyTorch's
 // Python DDP on the same model, batch and thread count, measured side by side.
 //
-// Each round runs, in this order, fresh processes for every mode: `single` (one process, no DDP),
+// Each round runs, in this order (the contenders after `independent` reversed in odd rounds), fresh
+// processes for every mode: `single` (one process, no DDP),
 // `independent` (world-size copies of `single` at once, no communication: what the machine allows
 // any data-parallel scheme, since the ranks share its caches and memory bandwidth), `lockstep` (the
 // same processes meeting at an shm barrier after every backward, with no data: what the machine
@@ -529,7 +530,13 @@ int run_ddp_bench(const DdpBenchArgs& args) {
   for (int round = 0; round < args.rounds; ++round) {
     run_mode(args, exe, dir, round, modes[0]);
     double before = ceiling_now(round);
-    for (size_t i = 2; i < modes.size(); ++i) {
+    // The contenders in order in even rounds and in reverse in odd ones: no mode always runs
+    // right after the same one (and a minute of the machine's noise, at the same place of every
+    // round, does not always fall on the same mode).
+    std::vector<size_t> order;
+    for (size_t i = 2; i < modes.size(); ++i) order.push_back(i);
+    if (round % 2 == 1) std::reverse(order.begin(), order.end());
+    for (size_t i : order) {
       run_mode(args, exe, dir, round, modes[i]);
       const double after = args.ceiling == "interleaved" ? ceiling_now(round) : before;
       const double ceiling = (before + after) / 2;
@@ -630,6 +637,13 @@ int run_ddp_bench(const DdpBenchArgs& args) {
         mode.name == "shoal_ddp"
             ? ceiling_step_ms / (ceiling_step_ms + mode.get("comm_ms") + mode.get("copy_ms"))
             : std::nan("");
+    // The same allreduces added to lockstep's step instead (the ranks' waiting for each other
+    // that any synchronous scheme has, then the data exchange this one needs; the copies left
+    // out: they are this DDP's choice, not the exchange's). An estimate in the same sense.
+    const double lockstep_step_ms = ceiling_step_ms / lockstep.get("of_ceiling");
+    const double lockstep_comm =
+        mode.name == "shoal_ddp" ? ceiling_step_ms / (lockstep_step_ms + mode.get("comm_ms"))
+                                 : std::nan("");
     if (mode.name == "shoal_ddp" && std::isfinite(comm_added)) {
       char line[400];
       char copies[128] = "";
@@ -642,9 +656,10 @@ int run_ddp_bench(const DdpBenchArgs& args) {
       }
       std::snprintf(line, sizeof line,
                     "  %s: its bucket allreduces alone %.2f ms a step%s, the ceiling's step %.2f "
-                    "ms: of_ceil %.3f if added\n",
+                    "ms: of_ceil %.3f if added; the allreduces added to lockstep's step (%.2f "
+                    "ms): of_ceil %.3f\n",
                     mode.label().c_str(), mode.get("comm_ms"), copies, ceiling_step_ms,
-                    comm_added);
+                    comm_added, lockstep_step_ms, lockstep_comm);
       comm_costs.push_back(line);
     }
     // How far above a PyTorch peer the no-communication ceiling is (its of_ceil inverted, per
@@ -685,7 +700,8 @@ int run_ddp_bench(const DdpBenchArgs& args) {
           "\"buckets\": %s, \"comm_hook\": %s, \"sent_bytes_per_step\": %s, "
           "\"bucket_cap_mb\": %s, \"bucket_cap\": %s, \"comm_ms\": %s, \"copy_ms\": %s, "
           "\"copied_mb_per_step\": %s, "
-          "\"comm_added_of_ceiling\": %s, \"ceiling_over_this\": %s, \"bucket_reduction\": %s, "
+          "\"comm_added_of_ceiling\": %s, \"lockstep_comm_of_ceiling\": %s, "
+          "\"ceiling_over_this\": %s, \"bucket_reduction\": %s, "
           "\"inline_reduction\": %s, \"rounds\": %d}\n",
           mode.name.c_str(), args.model.c_str(),
           mode.backend.empty() ? "null" : ("\"" + mode.backend + "\"").c_str(),
@@ -711,7 +727,8 @@ int run_ddp_bench(const DdpBenchArgs& args) {
               ? ("\"" + (mode.cap.empty() ? args.bucket_cap_mb : mode.cap) + "\"").c_str()
               : "null",
           json_number(mode.get("comm_ms")).c_str(), json_number(mode.get("copy_ms")).c_str(),
-          json_number(mode.get("copied_mb")).c_str(), json_number(comm_added).c_str(), json_number(ceiling_over).c_str(),
+          json_number(mode.get("copied_mb")).c_str(), json_number(comm_added).c_str(),
+          json_number(lockstep_comm).c_str(), json_number(ceiling_over).c_str(),
           mode.name == "shoal_ddp"
               ? ("\"" + (mode.reduction.empty() ? args.bucket_reductions.at(0) : mode.reduction) +
                  "\"").c_str()

@@ -839,6 +839,10 @@ TEST(BenchDdpFormat, ReportsEveryModeAsJsonLines) {
     EXPECT_NEAR(json_number(lines[i], "comm_added_of_ceiling"),
                 ceiling_step_ms / (ceiling_step_ms + comm_ms + copy_ms), 1e-3)
         << lines[1] << "\n" << lines[i];
+    // The allreduces alone added to lockstep's step instead (no copies: they are this DDP's).
+    EXPECT_NEAR(json_number(lines[i], "lockstep_comm_of_ceiling"),
+                ceiling_step_ms / (ceiling_step_ms / lockstep + comm_ms), 1e-3)
+        << lines[2] << "\n" << lines[i];
   }
 
   // The hooks, next to the default: bytes sent per step are the gradients (7.2 MiB), half of them
