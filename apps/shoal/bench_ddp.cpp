@@ -603,6 +603,13 @@ int run_ddp_bench(const DdpBenchArgs& args) {
   std::vector<std::string> lockstep_shares;  // one line per shoal_ddp mode
   const int cores = launcher::available_cores();
   const bool no_spare_core = args.world >= cores;
+  // The ceiling's and lockstep's step times (median rates), and of_ceil of a step `ms` longer
+  // than a step of `step_ms`.
+  const double ceiling_step_ms = 1e3 * args.world * args.batch / independent.get("samples_per_s");
+  const double lockstep_step_ms = ceiling_step_ms / lockstep.get("of_ceiling");
+  auto of_ceiling_adding = [&](double step_ms, double ms) {
+    return ceiling_step_ms / (step_ms + ms);
+  };
   for (const auto& mode : modes) {
     const double rate = mode.get("samples_per_s");
     const bool parallel = mode.name != "single";
@@ -628,23 +635,18 @@ int run_ddp_bench(const DdpBenchArgs& args) {
     // if the mode's bucket allreduces, timed alone in the same run (comm_ms), and the copies DDP
     // made between gradients and buckets (copy_ms: plain gradients reduced overlapped or under a
     // comm hook, in and out; where the optimizer's zero_grad() drops the gradients, autograd's new
-    // ones in) added their own time to the ceiling's step. An estimate, not a bound: where the
-    // vCPUs share floating-point units, a rank that communicates (or waits) lets its sibling
-    // compute faster, and runs beat it.
-    const double ceiling_step_ms =
-        1e3 * args.world * args.batch / independent.get("samples_per_s");
+    // ones in) added their own time to the ceiling's step; and if the allreduces alone added to
+    // lockstep's step instead (the waiting any synchronous scheme has, then the exchange this one
+    // needs; the copies are this DDP's choice, not the exchange's). Estimates, not bounds: where
+    // the vCPUs share floating-point units, a rank that communicates (or waits) lets its sibling
+    // compute faster, and runs beat them.
+    const bool is_shoal = mode.name == "shoal_ddp";
     const double comm_added =
-        mode.name == "shoal_ddp"
-            ? ceiling_step_ms / (ceiling_step_ms + mode.get("comm_ms") + mode.get("copy_ms"))
-            : std::nan("");
-    // The same allreduces added to lockstep's step instead (the ranks' waiting for each other
-    // that any synchronous scheme has, then the data exchange this one needs; the copies left
-    // out: they are this DDP's choice, not the exchange's). An estimate in the same sense.
-    const double lockstep_step_ms = ceiling_step_ms / lockstep.get("of_ceiling");
+        is_shoal ? of_ceiling_adding(ceiling_step_ms, mode.get("comm_ms") + mode.get("copy_ms"))
+                 : std::nan("");
     const double lockstep_comm =
-        mode.name == "shoal_ddp" ? ceiling_step_ms / (lockstep_step_ms + mode.get("comm_ms"))
-                                 : std::nan("");
-    if (mode.name == "shoal_ddp" && std::isfinite(comm_added)) {
+        is_shoal ? of_ceiling_adding(lockstep_step_ms, mode.get("comm_ms")) : std::nan("");
+    if (is_shoal && std::isfinite(comm_added)) {
       char line[400];
       char copies[128] = "";
       if (mode.get("copied_mb") > 0) {
