@@ -295,8 +295,8 @@ void add_train_command(CLI::App& root, std::vector<Command>& commands) {
           ->capture_default_str();
   add_training_feature_options(*app, *options);
   auto* seed = app->add_option("--seed", options->seed,
-                               "Seeds the initial weights and the shuffle: the same seed gives the "
-                               "same run (>= 0)")
+                               "Seeds the initial weights, the shuffle and dropout: the same seed "
+                               "gives the same run (>= 0)")
                    ->check(CLI::NonNegativeNumber)
                    ->capture_default_str();
   auto* threads = app->add_option(

@@ -1007,6 +1007,11 @@ TrainResult run_training(const TrainOptions& options, std::unique_ptr<Strategy> 
               world > 1 ? "es" : "", " x ", torch::get_num_threads(), " threads",
               strategy && !strategy->describe().empty() ? ", " + strategy->describe() : "");
   }
+  // Dropout and every other random layer draw from torch's default generator, which LibTorch
+  // seeds at random in each process: seeded here, the same --seed gives the same run (as
+  // torch.manual_seed(seed) at the top of a Python script, on every rank). A resumed run puts the
+  // checkpoint's generator state back over this.
+  torch::manual_seed(options.seed);
   Trainer trainer(options, std::move(model), std::move(strategy));
   // Restarted by `shoal run --max-restarts` (or torchrun) after a worker died: carry on from the
   // last intact checkpoint, when one was written.

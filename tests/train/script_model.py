@@ -10,8 +10,9 @@ data in the same order (#29):
   dp, 2 slots  20 steps equal PyTorch's DataParallel semantics: the batch split in two chunks,
                BatchNorm per chunk, replica 0's running statistics kept, gradients summed
   traced       a torch.jit.trace module (conv, residual, linear): 20 steps equal PyTorch's
-  dropout on   (p = 0.5) the run trains (the loss falls), differs from p = 0, and its test accuracy
-               is PyTorch's eval() of the saved weights (dropout off in evaluation)
+  dropout on   (p = 0.5) the run trains (the loss falls), differs from p = 0, its test accuracy
+               is PyTorch's eval() of the saved weights (dropout off in evaluation), and a second
+               run with the same --seed is the same run (weights bit-equal, the same output)
   ps           trains (2 workers, 1 server) and saves a state dict Python loads
   pipeline     a scripted nn.Sequential over 2 stages x 4 micro-batches: 20 steps equal PyTorch's;
                any other module refused in one line saying why
@@ -192,6 +193,17 @@ with tempfile.TemporaryDirectory() as tmp:
         single = torch.load(os.path.join(tmp, "single.rank0.pt"))
         check(relative(state["fc.weight"], single["fc.weight"]) > 1e-3,
               "dropout on: the weights differ from the p = 0 run")
+        # --seed promises the same run: the dropout masks too (torch's default generator, which
+        # LibTorch seeds at random in every process unless it is seeded).
+        again = shoal(*args, "--batch-size", "32", "--epochs", "4", "--dump-parameters",
+                      dump + "-again")
+        check(again.returncode == 0, "dropout on, again: shoal train exits 0", again)
+        if again.returncode == 0:
+            repeat = torch.load(dump + "-again.rank0.pt")
+            differing = [k for k in state if not torch.equal(state[k], repeat[k])]
+            untimed = lambda out: [l.split(" (")[0] for l in out.splitlines() if "loss" in l]
+            check(not differing and untimed(again.stdout) == untimed(run.stdout),
+                  f"dropout on: the same --seed gives the same run (differing: {differing})", again)
         fresh = Net(0.5)
         fresh.load_state_dict(state)
         fresh.eval()

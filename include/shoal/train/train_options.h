@@ -48,7 +48,8 @@ struct TrainOptions {
   /// optimizer, and under the parameter server to the servers' optimizer (each push carries its
   /// step's factor).
   std::string lr_schedule = "constant";
-  /// Seeds the model's initial weights and the per-epoch shuffle; same seed, same run.
+  /// Seeds the model's initial weights, the per-epoch shuffle and (in run_training) torch's default
+  /// CPU generator, which dropout draws from; same seed, same run.
   uint64_t seed = 0;
   /// LibTorch intra-op threads (torch::set_num_threads); 0 leaves the current setting.
   int threads = 2;
