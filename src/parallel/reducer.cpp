@@ -133,7 +133,13 @@ Reducer::Reducer(std::vector<at::Tensor> parameters, std::vector<std::string> na
                  c10::weak_intrusive_ptr<c10::StorageImpl>(c10::intrusive_ptr<c10::StorageImpl>()));
   locally_used_.assign(params_.size(), 0);
   arrived_.assign(params_.size(), 0);
+  deferred_.assign(params_.size(), 0);
+  result_in_grad_.assign(params_.size(), 0);
   for (const auto& p : params_) param_options_.push_back(p.options());
+  if (std::all_of(params_.begin(), params_.end(), [](const at::Tensor& p) { return p.is_cpu(); }) &&
+      SlotLender::install()) {
+    lender_ = std::make_shared<SlotLender>(params_.size());
+  }
   // Gradients arrive roughly in reverse registration order, so the first buckets hold the last
   // parameters and can be reduced while backward still computes the earlier layers' gradients.
   std::vector<size_t> order(params_.size());
@@ -150,7 +156,9 @@ Reducer::Reducer(std::vector<at::Tensor> parameters, std::vector<std::string> na
   if (options_.find_unused_parameters && !options_.static_graph) rebuilt_ = true;
 }
 
-Reducer::~Reducer() = default;
+Reducer::~Reducer() {
+  if (lender_) lender_->disarm();
+}
 
 void Reducer::set_comm_hook(CommHook hook) {
   SHOAL_CHECK_T(InvalidArgument, hook != nullptr, "register_comm_hook: the hook is empty");
@@ -237,6 +245,9 @@ void Reducer::build_buckets(const std::vector<size_t>& order, double first_cap_m
       auto view = torch::empty({0}, bucket.contents.options())
                       .set_(bucket.contents.storage(), offset, param.sizes(), strides);
       offset += param.numel();
+      if (lender_ && view.nbytes() >= SlotLender::kMinBytes && view.is_non_overlapping_and_dense()) {
+        lender_->set_slot(index, view.data_ptr(), view.nbytes(), bucket.contents.storage());
+      }
       bucket.views.push_back(view);
       locator_[index] = {b, slot};
       auto& grad = param.mutable_grad();
@@ -401,6 +412,15 @@ void Reducer::prepare_for_backward(const std::vector<at::Tensor>& outputs) {
   if (in_backward_) abandon_backward();
   expect_hooks_ = true;
   ever_prepared_ = true;
+  if (lends_slots()) {
+    // A slot is free for a new gradient where the parameter has none (zero_grad(set_to_none))
+    // and no earlier one handed out there is still alive.
+    std::vector<char> free(params_.size(), 0);
+    for (size_t i = 0; i < params_.size(); ++i) {
+      free[i] = !params_[i].grad().defined() && handed_[i].expired();
+    }
+    lender_->arm(std::move(free));
+  }
   if (!tracks_unused()) return;
   std::vector<const compat::GradAccumulatedHook*> hooks;
   for (const auto& h : hooks_) hooks.push_back(h.get());
@@ -453,14 +473,19 @@ void Reducer::abandon_backward() {
   callback_queued_ = false;
   expect_hooks_ = false;
   next_bucket_ = 0;
+  if (lender_) lender_->disarm();
   std::fill(ready_.begin(), ready_.end(), 0);
   std::fill(locally_used_.begin(), locally_used_.end(), 0);
+  std::fill(deferred_.begin(), deferred_.end(), 0);
+  std::fill(result_in_grad_.begin(), result_in_grad_.end(), 0);
 }
 
 void Reducer::begin_backward() {
   in_backward_ = true;
   backward_start_ = std::chrono::steady_clock::now();
   std::fill(ready_.begin(), ready_.end(), 0);
+  std::fill(deferred_.begin(), deferred_.end(), 0);
+  std::fill(result_in_grad_.begin(), result_in_grad_.end(), 0);
   // Cleared after each synchronised reduction; what no_sync() passes used since then stays.
   if (!no_sync_use_counts_) std::fill(locally_used_.begin(), locally_used_.end(), 0);
   for (auto& bucket : buckets_) {
@@ -500,7 +525,41 @@ void Reducer::mark_ready(size_t index) {
   // micro-batches, or left from an earlier step without zero_grad), as in PyTorch.
   const auto& grad = param.grad();
   if (grads_in_buckets()) release_slot(index, grad);
-  if (!grad.defined()) {
+  bool in_slot = false;
+  if (grad.defined() && lends_slots()) {
+    const SlotLender::Where where = lender_->learn(index, grad);
+    in_slot = where == SlotLender::Where::kOwnSlot && occupies(grad, view);
+    // Computed in another parameter's slot (a wrong guess): out, before that slot is written.
+    if (where == SlotLender::Where::kOtherSlot) {
+      SlotLender::Uncounted uncounted;
+      param.mutable_grad() = grad.clone(at::MemoryFormat::Contiguous);
+      stats_.copied_bytes += static_cast<double>(view.nbytes());
+    }
+    if (!in_slot && lender_->lent(index)) {
+      // Its slot holds another tensor allocated this step (the graph changed since the step the
+      // lender learnt from): it stays there, this gradient goes through the slot only while its
+      // bucket is reduced (place_deferred). One that lies in its slot in another layout moves out.
+      const auto* begin = static_cast<const char*>(view.data_ptr());
+      const auto* memory = static_cast<const char*>(grad.storage().data());
+      if (memory + grad.storage().nbytes() > begin && memory < begin + view.nbytes()) {
+        SlotLender::Uncounted uncounted;
+        param.mutable_grad() = grad.clone(at::MemoryFormat::Contiguous);
+      }
+      deferred_[index] = 1;
+    }
+  }
+  if (in_slot) {
+    // Computed where it is reduced: nothing to copy. A plain one is this slot's gradient now (a
+    // reference kept across set_to_none moves out before the slot is written again); a bucket
+    // view's parameter gets the view itself.
+    stats_.computed_in_bucket_bytes += static_cast<double>(view.nbytes());
+    if (options_.gradient_as_bucket_view) {
+      param.mutable_grad() = view;
+    } else {
+      handed_[index] = grad.storage().getWeakStorageImpl();
+    }
+  } else if (deferred_[index]) {
+  } else if (!grad.defined()) {
     view.zero_();
   } else if (!occupies(grad, view)) {
     view.copy_(grad);
@@ -558,7 +617,18 @@ void Reducer::launch_ready_buckets() {
     // Inline, the allreduce blocks this thread: that is the time training waits for it.
     const auto start = inline_reduction_ ? std::chrono::steady_clock::now()
                                          : std::chrono::steady_clock::time_point{};
-    bucket.work = launch(next_bucket_);
+    auto saved = place_deferred(next_bucket_);
+    try {
+      bucket.work = launch(next_bucket_);
+      if (!saved.empty()) bucket.work->wait();
+    } catch (...) {
+      for (auto& [index, bytes] : saved) {
+        auto [b, slot] = locator_[index];
+        buckets_[b].views[slot].copy_(bytes);  // the other tensor's bytes back, result or not
+      }
+      throw;
+    }
+    if (!saved.empty()) restore_deferred(next_bucket_, saved);
     if (inline_reduction_) {
       stats_.wait_seconds +=
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -569,6 +639,48 @@ void Reducer::launch_ready_buckets() {
       bucket.copied_out = copy_out(next_bucket_, used_everywhere, /*early=*/true);
     }
     ++next_bucket_;
+  }
+}
+
+bool Reducer::lends_slots() const {
+  return lender_ != nullptr && inline_reduction_ && !options_.debug_detail && !tracks_unused();
+}
+
+std::vector<std::pair<size_t, at::Tensor>> Reducer::place_deferred(size_t bucket_index) {
+  std::vector<std::pair<size_t, at::Tensor>> saved;
+  Bucket& bucket = buckets_[bucket_index];
+  torch::NoGradGuard no_grad;
+  for (size_t slot = 0; slot < bucket.variables.size(); ++slot) {
+    const size_t index = bucket.variables[slot];
+    if (!std::exchange(deferred_[index], 0)) continue;
+    auto& view = bucket.views[slot];
+    auto& grad = params_[index].mutable_grad();
+    if (!lender_->lent(index)) {
+      // The other tensor died meanwhile: the ordinary copy.
+      view.copy_(grad);
+      stats_.copied_bytes += static_cast<double>(view.nbytes());
+      if (options_.gradient_as_bucket_view) grad = view;
+      continue;
+    }
+    SlotLender::Uncounted uncounted;
+    saved.emplace_back(index, view.clone());
+    view.copy_(grad);
+    stats_.copied_bytes += 2.0 * static_cast<double>(view.nbytes());
+  }
+  return saved;
+}
+
+void Reducer::restore_deferred(size_t bucket_index,
+                               std::vector<std::pair<size_t, at::Tensor>>& saved) {
+  torch::NoGradGuard no_grad;
+  Bucket& bucket = buckets_[bucket_index];
+  for (auto& [index, bytes] : saved) {
+    const size_t slot = locator_[index].second;
+    auto& view = bucket.views[slot];
+    params_[index].mutable_grad().copy_(view);  // the result, in the gradient's own memory
+    view.copy_(bytes);                          // and the slot's tensor as it was
+    stats_.copied_bytes += 2.0 * static_cast<double>(view.nbytes());
+    result_in_grad_[index] = 1;
   }
 }
 
@@ -590,6 +702,7 @@ bool Reducer::copy_out(size_t bucket_index, const int* used_everywhere, bool ear
     const size_t index = bucket.variables[slot];
     // Unused everywhere (find_unused_parameters): left as it is, as in PyTorch.
     if (used_everywhere != nullptr && used_everywhere[index] == 0) continue;
+    if (result_in_grad_[index]) continue;  // reduced through its slot, written then
     auto& grad = params_[index].mutable_grad();
     const at::Tensor& view = bucket.views[slot];
     if (occupies(grad, view)) continue;  // reduced where it is
@@ -700,6 +813,7 @@ void Reducer::on_backward_end() {
 
 void Reducer::finalize_backward() {
   torch::NoGradGuard no_grad;
+  if (lender_) lender_->disarm();
   in_backward_ = false;
   expect_hooks_ = false;
   const auto wait_start = std::chrono::steady_clock::now();
@@ -756,6 +870,9 @@ void Reducer::finalize_backward() {
   gradient_scale_ = 1.0;
   if (scale != 1.0) {
     for (auto& bucket : buckets_) bucket.contents.mul_(scale);  // none copied out (scale 1 only)
+    for (size_t i = 0; i < params_.size(); ++i) {
+      if (result_in_grad_[i]) params_[i].mutable_grad().mul_(scale);
+    }
   }
 
   if (used_map.defined()) learn_static_graph(used_map);
@@ -768,7 +885,7 @@ void Reducer::finalize_backward() {
       continue;
     }
     if (used_everywhere != nullptr && used_everywhere[index] == 0) continue;  // unused everywhere
-    if (options_.gradient_as_bucket_view) {
+    if (options_.gradient_as_bucket_view && !result_in_grad_[index]) {
       auto [b, slot] = locator_[index];
       auto& view = buckets_[b].views[slot];
       auto& grad = params_[index].mutable_grad();

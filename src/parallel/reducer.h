@@ -18,6 +18,7 @@
 
 #include "compat/autograd_hooks.h"
 #include "compat/ddp_semantics.h"
+#include "parallel/slot_lender.h"
 #include "shoal/comm/process_group.h"
 #include "shoal/parallel/distributed_data_parallel.h"
 
@@ -133,6 +134,14 @@ class Reducer {
   /// `scale`; a `shadow` (joined) rank takes part with nothing and keeps its .grad.
   void reduce_sparse(size_t index, bool used_somewhere, double scale, bool shadow);
   void wait_bucket(size_t bucket_index);
+  /// Gradients computed in their slots (SlotLender): reduced inline, no unused parameters to
+  /// find, no debug_detail, the default reduction (bucket views or plain gradients alike).
+  bool lends_slots() const;
+  /// Before bucket `bucket_index` is reduced: the gradients whose slots were held by another
+  /// tensor when they arrived (deferred_) go through their slots for the reduction, the other
+  /// tensor's bytes put back after it (see launch_ready_buckets).
+  std::vector<std::pair<size_t, at::Tensor>> place_deferred(size_t bucket_index);
+  void restore_deferred(size_t bucket_index, std::vector<std::pair<size_t, at::Tensor>>& saved);
   std::string describe_bucket(size_t bucket_index) const;
 
   std::vector<at::Tensor> params_;
@@ -150,6 +159,12 @@ class Reducer {
   std::vector<std::pair<size_t, size_t>> locator_;  // parameter -> (bucket, slot)
   // grads_in_buckets(): per parameter, the storage of the slot gradient last handed out.
   std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> handed_;
+  // Gradients computed in their slots (null where the allocator could not be put in place).
+  std::shared_ptr<SlotLender> lender_;
+  // Per parameter, this backward: its gradient arrived while its slot held another live tensor
+  // (deferred_), and then its .grad got the result directly (result_in_grad_).
+  std::vector<char> deferred_;
+  std::vector<char> result_in_grad_;
 
   bool grad_sync_ = true;
   double gradient_scale_ = 1.0;

@@ -1290,6 +1290,98 @@ TEST(DdpBucketReduction, InlinePlainGradientsLiveInTheBucketsAsTensorsOfTheirOwn
   }
 }
 
+// With zero_grad(set_to_none) each backward gives every parameter a new gradient: DDP's CPU
+// allocator places the allocations that became them in the last step in their bucket slots, so
+// autograd computes them where they are reduced and nothing is copied in (plain gradients and
+// bucket views alike). A tensor of the same size allocated in between (the guess goes wrong: here
+// on rank 0 only) keeps its memory and values, and the gradients still get the right averages.
+TEST(DdpBucketReduction, NewGradientsAreComputedInTheirBucketSlots) {
+  constexpr int64_t kWidth = 256;  // fc1 and fc2's weights: 256 KiB each, over SlotLender's floor
+  constexpr int kSteps = 7;
+  torch::manual_seed(13);
+  SmallMlp initial(kWidth, kWidth);
+  const auto batches = batches_of(2, kSteps, kWidth);
+  for (const bool as_view : {false, true}) {
+    std::vector<SmallMlp> models = replicas_of(initial, 2, kWidth);
+    // Per rank and step: the gradients DDP left, and each rank's own computed alone first.
+    std::vector<std::vector<std::vector<torch::Tensor>>> reduced(2), alone(2);
+    std::vector<double> in_slots(2, 0), copied_late(2, 0);
+    with_groups(2, [&](int rank, std::shared_ptr<comm::ProcessGroup> group) {
+      DistributedDataParallelOptions options;
+      options.bucket_cap_mb = 0.3;  // fc3 and fc2 in one bucket, fc1 in another
+      options.first_bucket_cap_mb = 0.3;
+      options.bucket_reduction = parse_bucket_reduction("inline");
+      options.gradient_as_bucket_view = as_view;
+      DistributedDataParallel ddp(models[rank], group, options);
+      const auto params = models[rank]->parameters();
+      int64_t large_bytes = 0;
+      for (const auto& p : params) {
+        if (p.nbytes() >= (64 << 10)) large_bytes += p.numel() * p.element_size();
+      }
+      EXPECT_EQ(large_bytes, 2 * kWidth * kWidth * 4);
+      torch::Tensor held;  // rank 0, step 4 on: a tensor of fc2.weight's size, allocated in between
+      for (int step = 0; step < kSteps; ++step) {
+        const auto& [x, y] = batches[rank][step];
+        {
+          auto copy = replicas_of(models[rank], 1, kWidth)[0];
+          torch::nll_loss(copy->forward(x), y).backward();
+          std::vector<torch::Tensor> grads;
+          for (const auto& p : copy->parameters()) grads.push_back(p.grad().clone());
+          alone[rank].push_back(grads);
+        }
+        for (const auto& p : params) p.mutable_grad().reset();  // zero_grad(set_to_none)
+        const ReducerStats before = ddp.stats();
+        auto loss = torch::nll_loss(ddp.forward(x), y);
+        if (rank == 0 && step == 4) held = torch::full({kWidth, kWidth}, 7.0f);
+        loss.backward();
+        const ReducerStats after = ddp.stats();
+        std::vector<torch::Tensor> grads;
+        for (const auto& p : params) grads.push_back(p.grad().clone());
+        reduced[rank].push_back(grads);
+        if (step >= 2 && step < 4) {
+          // Learnt (step 0) and rebuilt (step 1): the two large gradients computed in their slots.
+          EXPECT_EQ(after.computed_in_bucket_bytes - before.computed_in_bucket_bytes,
+                    static_cast<double>(large_bytes)) << "step " << step;
+          for (size_t i : {0, 2}) {  // fc1.weight, fc2.weight
+            const auto& grad = params[i].grad();
+            EXPECT_TRUE(group->is_symmetric(grad)) << "parameter " << i;
+            // A plain .grad has a storage of its own; a bucket view shares the bucket's.
+            if (as_view) {
+              EXPECT_GT(grad.storage().nbytes(), params[i].nbytes()) << "parameter " << i;
+            } else {
+              EXPECT_EQ(grad.storage().nbytes(), params[i].nbytes()) << "parameter " << i;
+            }
+          }
+        }
+        if (step == 3) in_slots[rank] = after.computed_in_bucket_bytes;
+        if (step >= 4) copied_late[rank] += after.copied_bytes - before.copied_bytes;
+        if (held.defined()) {
+          EXPECT_TRUE(torch::all(held == 7.0f).item<bool>()) << "step " << step << ": the tensor "
+              "allocated in between changed";
+        }
+        torch::NoGradGuard no_grad;
+        for (const auto& p : params) p.sub_(0.1 * p.grad());
+      }
+    }, "shm");
+    for (int rank = 0; rank < 2; ++rank) {
+      EXPECT_GE(in_slots[rank], 2.0 * 2 * kWidth * kWidth * 4) << "rank " << rank;
+    }
+    // Rank 0's guesses went wrong from step 4: its gradients went through the slots by copies.
+    EXPECT_GT(copied_late[0], copied_late[1]);
+    for (int step = 0; step < kSteps; ++step) {
+      for (size_t i = 0; i < reduced[0][step].size(); ++i) {
+        const auto& mine = reduced[0][step][i];
+        EXPECT_TRUE(torch::equal(mine, reduced[1][step][i]))
+            << "view " << as_view << ", step " << step << ": ranks differ at parameter " << i;
+        const auto expected = (alone[0][step][i] + alone[1][step][i]) / 2;
+        EXPECT_TRUE(torch::allclose(mine, expected, 1e-5, 1e-6))
+            << "view " << as_view << ", step " << step << ", parameter " << i
+            << ": max difference " << (mine - expected).abs().max().item<float>();
+      }
+    }
+  }
+}
+
 // .grads a module already has when DDP (inline, plain) is built move into the buckets; a comm
 // hook registered afterwards (nothing is then reduced inline) moves them out again, values intact,
 // and the hook's training averages them as the allreduce does.

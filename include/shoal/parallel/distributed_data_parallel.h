@@ -149,6 +149,9 @@ struct ReducerStats {
   /// bytes copied between gradients and buckets, into them and out of them (0 a step once the
   /// gradients live in the buckets: bucket views, or plain gradients reduced inline)
   double copied_bytes = 0;
+  /// bytes of gradients autograd computed straight into their bucket slots (new gradients each
+  /// step, as with zero_grad(set_to_none): placed there by DDP's CPU allocator, not copied in)
+  double computed_in_bucket_bytes = 0;
   std::vector<int64_t> bucket_bytes;  ///< current bucket sizes, in reduction order
   double bucket_cap_mb = 0;           ///< the bucket_cap_mb in use (auto: the candidate now tried)
   double first_bucket_cap_mb = 0;     ///< the first_bucket_cap_mb in use
