@@ -26,12 +26,15 @@ namespace fs = std::filesystem;
 namespace ckpt = shoal::checkpoint;
 
 // Trains the MLP with Adam on 256 samples (8 steps of 2 x 16 an epoch at 2 ranks) under
-// `--strategy fsdp --shard 3` on `ranks` processes, checkpointing into `dir`.
+// `--strategy fsdp --shard 3` on `ranks` processes, checkpointing into `dir`. One thread each: a
+// lone rank would otherwise get both cores, and how the work is split between threads is what can
+// differ between two runs of the same checkpoint (once 1.7e-5 apart at 1 rank on the 2.15 leg,
+// the machine loaded; 0 in the reruns).
 void train(int ranks, const std::string& dir, const std::string& more) {
   const std::string err = shoal::testing::temp_path("shoal-fsdp-sharded") + ".err";
   const std::string command =
       shoal::testing::shoal_cli_with_dataset() + " train --strategy fsdp --shard 3 --nproc-per-node " +
-      std::to_string(ranks) + " --model mlp --optimizer adam --lr 0.001 --train-samples 256"
+      std::to_string(ranks) + " --model mlp --optimizer adam --lr 0.001 --train-samples 256 --threads 1"
       " --test-samples 32 --batch-size 16 --no-progress --checkpoint-keep 0 --checkpoint-dir " + dir +
       " " + more + " >/dev/null 2>" + err;
   const int status = std::system(command.c_str());
