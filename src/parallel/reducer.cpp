@@ -135,6 +135,7 @@ Reducer::Reducer(std::vector<at::Tensor> parameters, std::vector<std::string> na
   arrived_.assign(params_.size(), 0);
   deferred_.assign(params_.size(), 0);
   result_in_grad_.assign(params_.size(), 0);
+  slot_free_.assign(params_.size(), 0);
   for (const auto& p : params_) param_options_.push_back(p.options());
   if (std::all_of(params_.begin(), params_.end(), [](const at::Tensor& p) { return p.is_cpu(); }) &&
       SlotLender::install()) {
@@ -415,11 +416,10 @@ void Reducer::prepare_for_backward(const std::vector<at::Tensor>& outputs) {
   if (lends_slots()) {
     // A slot is free for a new gradient where the parameter has none (zero_grad(set_to_none))
     // and no earlier one handed out there is still alive.
-    std::vector<char> free(params_.size(), 0);
     for (size_t i = 0; i < params_.size(); ++i) {
-      free[i] = !params_[i].grad().defined() && handed_[i].expired();
+      slot_free_[i] = !params_[i].grad().defined() && handed_[i].expired();
     }
-    lender_->arm(std::move(free));
+    lender_->arm(slot_free_);
   }
   if (!tracks_unused()) return;
   std::vector<const compat::GradAccumulatedHook*> hooks;

@@ -165,6 +165,9 @@ class Reducer {
   // (deferred_), and then its .grad got the result directly (result_in_grad_).
   std::vector<char> deferred_;
   std::vector<char> result_in_grad_;
+  // Per parameter, at each forward: whether its slot may take this step's new gradient (sized
+  // once, refilled every step: nothing allocated per step).
+  std::vector<char> slot_free_;
 
   bool grad_sync_ = true;
   double gradient_scale_ = 1.0;

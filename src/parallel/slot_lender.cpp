@@ -109,8 +109,8 @@ void SlotLender::set_slot(size_t index, void* address, size_t bytes, c10::Storag
   classes_.try_emplace(bytes);
 }
 
-void SlotLender::arm(std::vector<char> free) {
-  free_ = std::move(free);
+void SlotLender::arm(const std::vector<char>& free) {
+  free_.assign(free.begin(), free.end());  // the same size every step: no allocation
   for (auto& [bytes, size_class] : classes_) size_class.count = 0;
   armed = this;
   armed_keep = shared_from_this();

@@ -56,7 +56,7 @@ class SlotLender : public std::enable_shared_from_this<SlotLender> {
 
   /// From now on this thread's allocations of the gradients' sizes are counted, and placed in
   /// the slot of the parameter they became the gradient of in the last step, when `free[index]`.
-  void arm(std::vector<char> free);
+  void arm(const std::vector<char>& free);
   /// Stops counting (and lending) on this thread.
   void disarm();
   /// Where a gradient's memory lies.
