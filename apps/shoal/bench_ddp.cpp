@@ -62,7 +62,7 @@ using Clock = std::chrono::steady_clock;
 
 struct DdpBenchArgs : StepBenchArgs, WorkerArgs {
   DdpBenchArgs() {  // bench ddp's defaults
-    steps = 20;
+    steps = 0;  // per model: see choose_steps()
     warmup = 3;
   }
   std::vector<std::string> backends{"shm"};
@@ -276,6 +276,17 @@ void run_worker_with(const DdpBenchArgs& args) {
     }
     result["comm_ms"] = 1e3 * seconds_since(comm_start) / kCommRepeats;
     result["buckets"] = static_cast<double>(buckets.size());
+    // The memory floor of any allreduce of these gradients: every rank reads each byte of its
+    // buckets once and writes it once (each byte of every rank's gradients must be read, each of
+    // every rank's results written, and the ranks share the work at best evenly), all ranks at
+    // once, as `bench allreduce`'s floor_inplace. Zeros stay zeros.
+    group->barrier()->wait();
+    const auto floor_start = Clock::now();
+    for (int r = 0; r < kCommRepeats; ++r) {
+      for (auto& b : buckets) b.mul_(0.5);
+    }
+    result["floor_ms"] = 1e3 * seconds_since(floor_start) / kCommRepeats;
+    group->barrier()->wait();
     // Gradients that do not live in the buckets are copied into their bucket when ready and back
     // into .grad after the reduction, as PyTorch's DDP does with plain gradients: that work,
     // alone, per step (copy_ms), in proportion to the bytes DDP copied in the timed steps.
@@ -431,6 +442,7 @@ void run_mode(const DdpBenchArgs& args, const std::string& exe, const std::strin
     if (ddp) {
       s["wait_ms"].push_back(r["wait_ms"]);
       s["comm_ms"].push_back(r["comm_ms"]);
+      s["floor_ms"].push_back(r["floor_ms"]);
       s["copy_ms"].push_back(r["copy_ms"]);
       s["copied_mb"].push_back(r["copied_mb"]);
       s["overlap"].push_back(std::clamp(1.0 - r["wait_ms"] / std::max(r["comm_ms"], 1e-9), 0.0, 1.0));
@@ -448,6 +460,15 @@ void run_mode(const DdpBenchArgs& args, const std::string& exe, const std::strin
   s["peak_rss_mb"].push_back(rss);
   s["pss_mb"].push_back(pss);
   s["live_mb"].push_back(live);
+}
+
+// --steps 0: about a second a run on this kind of machine, so that every model's runs are read at
+// the same precision (a step of the MLP takes 7 ms, of the CNN and the transformer 50 ms; 20 steps
+// of the MLP, 0.15 s, were at the mercy of one scheduling hiccup); more warm-up steps with more steps.
+void choose_steps(DdpBenchArgs& args) {
+  if (args.steps != 0) return;
+  args.steps = args.model == "mlp" ? 140 : 20;
+  args.warmup = std::max(args.warmup, args.steps / 7);
 }
 
 int run_ddp_bench(const DdpBenchArgs& args) {
@@ -646,6 +667,10 @@ int run_ddp_bench(const DdpBenchArgs& args) {
                  : std::nan("");
     const double lockstep_comm =
         is_shoal ? of_ceiling_adding(lockstep_step_ms, mode.get("comm_ms")) : std::nan("");
+    // The floor no DDP goes under where no core is spare: the memory work alone of any allreduce
+    // of these gradients, added to the ceiling's step.
+    const double floor_added =
+        is_shoal ? of_ceiling_adding(ceiling_step_ms, mode.get("floor_ms")) : std::nan("");
     if (is_shoal && std::isfinite(comm_added)) {
       char line[400];
       char copies[128] = "";
@@ -663,6 +688,14 @@ int run_ddp_bench(const DdpBenchArgs& args) {
                     mode.label().c_str(), mode.get("comm_ms"), copies, ceiling_step_ms,
                     comm_added, lockstep_step_ms, lockstep_comm);
       comm_costs.push_back(line);
+      if (std::isfinite(floor_added)) {
+        std::snprintf(line, sizeof line,
+                      "  %s: the memory work alone of any allreduce of its gradients (each rank "
+                      "reading and writing every byte of its buckets once, both at once, timed "
+                      "here) %.2f ms a step: of_ceil %.3f if added (no allreduce moves less)\n",
+                      mode.label().c_str(), mode.get("floor_ms"), floor_added);
+        comm_costs.push_back(line);
+      }
     }
     // How far above a PyTorch peer the no-communication ceiling is (its of_ceil inverted, per
     // round against the ceiling runs beside it): no DDP can beat that peer by more, here and now.
@@ -701,7 +734,7 @@ int run_ddp_bench(const DdpBenchArgs& args) {
           "\"optimizer_ms\": %s, \"wait_ms\": %s, \"overlap\": %s, \"hidden_bytes_fraction\": %s, "
           "\"buckets\": %s, \"comm_hook\": %s, \"sent_bytes_per_step\": %s, "
           "\"bucket_cap_mb\": %s, \"bucket_cap\": %s, \"comm_ms\": %s, \"copy_ms\": %s, "
-          "\"copied_mb_per_step\": %s, "
+          "\"copied_mb_per_step\": %s, \"floor_ms\": %s, \"floor_of_ceiling\": %s, "
           "\"comm_added_of_ceiling\": %s, \"lockstep_comm_of_ceiling\": %s, "
           "\"ceiling_over_this\": %s, \"bucket_reduction\": %s, "
           "\"inline_reduction\": %s, \"rounds\": %d}\n",
@@ -729,7 +762,8 @@ int run_ddp_bench(const DdpBenchArgs& args) {
               ? ("\"" + (mode.cap.empty() ? args.bucket_cap_mb : mode.cap) + "\"").c_str()
               : "null",
           json_number(mode.get("comm_ms")).c_str(), json_number(mode.get("copy_ms")).c_str(),
-          json_number(mode.get("copied_mb")).c_str(), json_number(comm_added).c_str(),
+          json_number(mode.get("copied_mb")).c_str(), json_number(mode.get("floor_ms")).c_str(),
+          json_number(floor_added).c_str(), json_number(comm_added).c_str(),
           json_number(lockstep_comm).c_str(), json_number(ceiling_over).c_str(),
           mode.name == "shoal_ddp"
               ? ("\"" + (mode.reduction.empty() ? args.bucket_reductions.at(0) : mode.reduction) +
@@ -853,6 +887,9 @@ void add_bench_ddp_command(CLI::App& bench, std::vector<Command>& commands) {
   auto* app = bench.add_subcommand(
       "ddp", "DDP throughput: one process vs Shoal DDP vs PyTorch's Python DDP, side by side");
   add_step_options(*app, *args);
+  app->get_option("--steps")->description(
+      "timed steps per run; 0: about a second a run here (140 for mlp, 20 for cnn and transformer, "
+      "with at least a seventh as many warm-up steps)");
   app->add_option("--backend", args->backends,
                   "process group backends for Shoal's DDP, each measured (e.g. shm,gloo)")
       ->delimiter(',')
@@ -892,7 +929,11 @@ void add_bench_ddp_command(CLI::App& bench, std::vector<Command>& commands) {
       ->capture_default_str();
   add_worker_options(*app, *args);
   app->add_flag("--gradient-as-bucket-view", args->bucket_view)->group("");
-  commands.push_back({app, [args] { return args->worker.empty() ? run_ddp_bench(*args) : run_worker(*args); }});
+  commands.push_back({app, [args] {
+                        if (!args->worker.empty()) return run_worker(*args);
+                        choose_steps(*args);
+                        return run_ddp_bench(*args);
+                      }});
 }
 
 }  // namespace shoal::cli

@@ -853,7 +853,15 @@ TEST(BenchDdpFormat, ReportsEveryModeAsJsonLines) {
     EXPECT_NEAR(json_number(lines[i], "lockstep_comm_of_ceiling"),
                 ceiling_step_ms / (ceiling_step_ms / lockstep + comm_ms), 1e-3)
         << lines[2] << "\n" << lines[i];
+    // The memory floor of any allreduce of the gradients (one in-place pass over the buckets,
+    // both ranks at once), timed, and of_ceil with it added to the ceiling's step.
+    const double floor_ms = json_number(lines[i], "floor_ms");
+    EXPECT_GT(floor_ms, 0) << lines[i];
+    EXPECT_NEAR(json_number(lines[i], "floor_of_ceiling"),
+                ceiling_step_ms / (ceiling_step_ms + floor_ms), 1e-3)
+        << lines[1] << "\n" << lines[i];
   }
+  EXPECT_NE(lines[0].find("\"floor_ms\": null"), std::string::npos) << lines[0];
 
   // The hooks, next to the default: bytes sent per step are the gradients (7.2 MiB), half of them
   // for fp16, and PowerSGD rank 2's P and Q ((n + m) x 2 for fc1 1024 x 784, fc2 1024 x 1024,
