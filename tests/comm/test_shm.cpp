@@ -492,6 +492,43 @@ TEST(ShmSymmetric, AllreduceInPlaceAcrossProcesses) {
   }
 }
 
+// Averaging (DDP's buckets) on 2 ranks is one pass that halves the sum: bit for bit
+// (a + b) / 2 in float32 (what the generic kernel gives: the sum, then the division), on values
+// that reach subnormals and overflow, on the direct and the chunked paths (ordinary tensors) and
+// the symmetric one, with a length that leaves a vector tail.
+TEST(ShmAllreduce, TwoRankAverageIsTheSumHalvedBitForBit) {
+  auto store = make_hash_store();
+  std::vector<std::string> failures(2);
+  run_threads(2, [&](int rank) {
+    auto pg = new_process_group("shm", store, rank, 2, Milliseconds(20'000));
+    for (int64_t numel : {int64_t{1003}, int64_t{(1 << 19) + 5}}) {
+      auto values = [&](int r) {
+        auto g = at::make_generator<at::CPUGeneratorImpl>(numel * 7 + r);
+        auto x = at::randn({numel}, g, torch::TensorOptions().dtype(torch::kFloat));
+        // A spread of magnitudes: subnormal results, overflowing sums, ordinary ones.
+        auto exponent = at::randint(-135, 128, {numel}, g, torch::TensorOptions().dtype(torch::kFloat));
+        return x.mul(at::pow(2.0, exponent)).clamp(-3.4e38, 3.4e38);
+      };
+      const auto mine = values(rank);
+      const auto want = (values(0) + values(1)) / 2;
+      auto plain = mine.clone();
+      pg->allreduce(plain, {ReduceOp::kAvg})->wait();
+      auto symmetric = pg->empty_symmetric(numel, torch::kFloat).copy_(mine);
+      pg->allreduce(symmetric, {ReduceOp::kAvg})->wait();
+      for (const auto& [name, got] : {std::pair{"plain", plain}, std::pair{"symmetric", symmetric}}) {
+        // equal() with NaN nowhere: inf stays inf; compare the bits.
+        if (!torch::equal(got.view(torch::kInt), want.view(torch::kInt))) {
+          const auto differ = got.view(torch::kInt).ne(want.view(torch::kInt)).sum().item<int64_t>();
+          failures[rank] += std::string(name) + " numel " + std::to_string(numel) + ": " +
+                            std::to_string(differ) + " elements differ; ";
+        }
+      }
+    }
+  });
+  EXPECT_EQ(failures[0], "");
+  EXPECT_EQ(failures[1], "");
+}
+
 TEST(ShmSymmetric, RanksThatDisagreeAboutTheTensorFailClearly) {
   auto store = make_hash_store();
   std::vector<std::string> errors(2);

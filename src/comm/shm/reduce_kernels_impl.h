@@ -118,21 +118,43 @@ void combine(const ReduceArgs& args) {
 
 // Two float32 sources into one or two destinations, the hot case of a 2-rank allreduce: a single
 // streaming pass, no accumulator block.
-inline void sum2_float(const ReduceArgs& args) {
+// Two float32 sources summed, or averaged (the sum divided by `divisor`, as combine() does: the
+// same bits), in one pass: every 2-rank allreduce, DDP's averaging buckets included, for which
+// combine()'s block-wise accumulator is a pass too many. A divisor that is a power of two divides
+// as a multiplication by its exact reciprocal (both round the same real number once: the same
+// bits), which vectorises without a division's throughput.
+enum class Sum2 { kSum, kScale, kDivide };
+
+template <Sum2 kMode>
+void sum2_float(const ReduceArgs& args) {
   const float* a = static_cast<const float*>(args.src[0]);
   const float* b = static_cast<const float*>(args.src[1]);
   float* dst = static_cast<float*>(args.dst);
   float* dst2 = static_cast<float*>(args.dst2);
+  const float divisor = static_cast<float>(args.divisor);
+  const float scale = 1.0f / divisor;
   const size_t n = args.count;
+  auto value = [&](size_t i) {
+    const float v = a[i] + b[i];
+    if constexpr (kMode == Sum2::kScale) return v * scale;
+    if constexpr (kMode == Sum2::kDivide) return v / divisor;
+    return v;
+  };
   if (dst2 == nullptr) {
-    for (size_t i = 0; i < n; ++i) dst[i] = a[i] + b[i];
+    for (size_t i = 0; i < n; ++i) dst[i] = value(i);
   } else {
     for (size_t i = 0; i < n; ++i) {
-      const float v = a[i] + b[i];
+      const float v = value(i);
       dst[i] = v;
       dst2[i] = v;
     }
   }
+}
+
+inline void sum2_float(const ReduceArgs& args) {
+  if (args.op == ReduceOp::kSum) return sum2_float<Sum2::kSum>(args);
+  if ((args.divisor & (args.divisor - 1)) == 0) return sum2_float<Sum2::kScale>(args);
+  return sum2_float<Sum2::kDivide>(args);
 }
 
 template <class Traits>
@@ -153,7 +175,9 @@ void dispatch_op(const ReduceArgs& args) {
 inline void reduce(const ReduceArgs& args) {
   switch (args.dtype) {
     case at::kFloat:
-      if (args.op == ReduceOp::kSum && args.num_src == 2) return sum2_float(args);
+      if ((args.op == ReduceOp::kSum || args.op == ReduceOp::kAvg) && args.num_src == 2) {
+        return sum2_float(args);
+      }
       return dispatch_op<Plain<float>>(args);
     case at::kDouble:
       return dispatch_op<Plain<double>>(args);
