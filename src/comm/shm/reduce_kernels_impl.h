@@ -116,13 +116,11 @@ void combine(const ReduceArgs& args) {
   }
 }
 
-// Two float32 sources into one or two destinations, the hot case of a 2-rank allreduce: a single
-// streaming pass, no accumulator block.
-// Two float32 sources summed, or averaged (the sum divided by `divisor`, as combine() does: the
-// same bits), in one pass: every 2-rank allreduce, DDP's averaging buckets included, for which
-// combine()'s block-wise accumulator is a pass too many. A divisor that is a power of two divides
-// as a multiplication by its exact reciprocal (both round the same real number once: the same
-// bits), which vectorises without a division's throughput.
+// Two float32 sources into one or two destinations, summed or averaged (the sum divided by
+// `divisor`, as combine() does: the same bits), in a single streaming pass with no accumulator
+// block: the hot case of a 2-rank allreduce, DDP's averaging buckets included. A divisor that is
+// a power of two divides as a multiplication by its exact reciprocal (both round the same real
+// number once: the same bits), which vectorises without a division's throughput.
 enum class Sum2 { kSum, kScale, kDivide };
 
 template <Sum2 kMode>
