@@ -559,6 +559,7 @@ void Reducer::mark_ready(size_t index) {
       handed_[index] = grad.storage().getWeakStorageImpl();
     }
   } else if (deferred_[index]) {
+    // Nothing yet: it goes through its slot when its bucket is launched (place_deferred).
   } else if (!grad.defined()) {
     view.zero_();
   } else if (!occupies(grad, view)) {

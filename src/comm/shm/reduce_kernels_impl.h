@@ -116,27 +116,22 @@ void combine(const ReduceArgs& args) {
   }
 }
 
-// Two float32 sources into one or two destinations, summed or averaged (the sum divided by
-// `divisor`, as combine() does: the same bits), in a single streaming pass with no accumulator
-// block: the hot case of a 2-rank allreduce, DDP's averaging buckets included. A divisor that is
-// a power of two divides as a multiplication by its exact reciprocal (both round the same real
-// number once: the same bits), which vectorises without a division's throughput.
-enum class Sum2 { kSum, kScale, kDivide };
-
-template <Sum2 kMode>
+// Two float32 sources into one or two destinations, summed, or averaged by a power-of-two divisor
+// (every 2-rank average: DDP's buckets), in a single streaming pass with no accumulator block. The
+// average multiplies by the divisor's exact reciprocal: the division combine() does and this
+// multiplication round the same real number once, so the bits are the same, and the loop
+// vectorises without a division's throughput.
+template <bool kAverage>
 void sum2_float(const ReduceArgs& args) {
   const float* a = static_cast<const float*>(args.src[0]);
   const float* b = static_cast<const float*>(args.src[1]);
   float* dst = static_cast<float*>(args.dst);
   float* dst2 = static_cast<float*>(args.dst2);
-  const float divisor = static_cast<float>(args.divisor);
-  const float scale = 1.0f / divisor;
+  const float scale = 1.0f / static_cast<float>(args.divisor);
   const size_t n = args.count;
   auto value = [&](size_t i) {
     const float v = a[i] + b[i];
-    if constexpr (kMode == Sum2::kScale) return v * scale;
-    if constexpr (kMode == Sum2::kDivide) return v / divisor;
-    return v;
+    return kAverage ? v * scale : v;
   };
   if (dst2 == nullptr) {
     for (size_t i = 0; i < n; ++i) dst[i] = value(i);
@@ -147,12 +142,6 @@ void sum2_float(const ReduceArgs& args) {
       dst2[i] = v;
     }
   }
-}
-
-inline void sum2_float(const ReduceArgs& args) {
-  if (args.op == ReduceOp::kSum) return sum2_float<Sum2::kSum>(args);
-  if ((args.divisor & (args.divisor - 1)) == 0) return sum2_float<Sum2::kScale>(args);
-  return sum2_float<Sum2::kDivide>(args);
 }
 
 template <class Traits>
@@ -173,8 +162,10 @@ void dispatch_op(const ReduceArgs& args) {
 inline void reduce(const ReduceArgs& args) {
   switch (args.dtype) {
     case at::kFloat:
-      if ((args.op == ReduceOp::kSum || args.op == ReduceOp::kAvg) && args.num_src == 2) {
-        return sum2_float(args);
+      if (args.num_src == 2 && args.op == ReduceOp::kSum) return sum2_float<false>(args);
+      if (args.num_src == 2 && args.op == ReduceOp::kAvg && args.divisor > 0 &&
+          (args.divisor & (args.divisor - 1)) == 0) {
+        return sum2_float<true>(args);
       }
       return dispatch_op<Plain<float>>(args);
     case at::kDouble:
