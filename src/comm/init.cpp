@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "comm/backends.h"
+#include "comm/c10d_wire_store.h"
 #include "comm/gloo/process_group_gloo.h"
 #include "comm/multi_device/process_group_multi_device.h"
 #include "comm/peer_directory.h"
@@ -45,6 +46,10 @@ bool torchelastic_agent_store() {
   const char* value = init_env("TORCHELASTIC_USE_AGENT_STORE");
   return value != nullptr && std::string(value) == "True";
 }
+
+// Whether that agent is PyTorch 2.x's: every 2.x torchrun since 2.2 gives its workers
+// TORCH_NCCL_ASYNC_ERROR_HANDLING (1.x's give NCCL_ASYNC_ERROR_HANDLING).
+bool torchelastic_agent_is_2x() { return init_env("TORCH_NCCL_ASYNC_ERROR_HANDLING") != nullptr; }
 
 }  // namespace
 
@@ -257,17 +262,24 @@ std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options) {
                     info.world_size, "); set MASTER_ADDR to rank 0's address on the network");
       // Under torchrun (elastic agent), the agent already serves the store at MASTER_ADDR:
       // MASTER_PORT: every rank joins it as a client, in this restart attempt's own key space.
-      // A LibTorch that cannot speak to the agent's store (1.13 under 2.x's torchrun) meets on
-      // a store of its own that rank 0 serves on the next port.
+      // LibTorch 2.x's own client speaks to it; under LibTorch 1.13, whose client cannot join a
+      // 2.x agent's store, Shoal's own client of c10d 2.x's protocol does. Only a 1.x agent
+      // under LibTorch 1.13 (no TORCH_NCCL_ASYNC_ERROR_HANDLING, which every 2.x agent since 2.2
+      // sets) leaves the ranks to meet on a store of their own that rank 0 serves on the next port.
       const bool under_agent = torchelastic_agent_store();
-      const bool agent_store = under_agent && compat::can_join_torchrun_agent_store();
-      const int port = under_agent && !agent_store ? info.master_port + 1 : info.master_port;
-      // The agent's store is c10d's own TCPStore (its protocol, no Shoal token); otherwise
-      // Shoal's authenticated store, which rank 0 serves.
-      store = agent_store ? make_c10d_tcp_store_client(info.master_addr, port, timeout)
-                          : make_tcp_store(info.master_addr, port, info.world_size,
-                                           info.rank == 0, timeout);
-      if (agent_store) {
+      const bool libtorch_client = under_agent && compat::can_join_torchrun_agent_store();
+      const bool wire_client = under_agent && !libtorch_client && torchelastic_agent_is_2x();
+      const bool own_store = !libtorch_client && !wire_client;
+      const int port = under_agent && own_store ? info.master_port + 1 : info.master_port;
+      if (libtorch_client) {
+        store = make_c10d_tcp_store_client(info.master_addr, port, timeout);
+      } else if (wire_client) {
+        store = std::make_shared<C10dWireStore>(info.master_addr, port, timeout);
+      } else {
+        // Shoal's authenticated store, which rank 0 serves.
+        store = make_tcp_store(info.master_addr, port, info.world_size, info.rank == 0, timeout);
+      }
+      if (!own_store) {
         store = make_prefix_store(
             "/worker/attempt_" + std::to_string(init_env_int("TORCHELASTIC_RESTART_COUNT", 0)), store);
       }

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <thread>
 
+#include "comm/store_poll.h"
 #include "comm/tcp_store_server.h"
 #include "comm/tcp_store_wire.h"
 #include "security/auth_token.h"
@@ -131,19 +132,7 @@ bool TcpStore::check(const std::vector<std::string>& keys) {
 
 void TcpStore::wait(const std::vector<std::string>& keys, Milliseconds timeout) {
   if (timeout == kGroupTimeout) timeout = timeout_;
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  // Poll from 1 ms up to 20 ms: fast while ranks arrive together, cheap while one is late.
-  auto pause = std::chrono::milliseconds(1);
-  while (!check(keys)) {
-    if (std::chrono::steady_clock::now() >= deadline) {
-      std::string names;
-      for (const auto& k : keys) names += (names.empty() ? "'" : ", '") + k + "'";
-      SHOAL_THROW(TimeoutError, "store wait for ", names, " at ", endpoint_, " timed out after ", timeout.count(),
-                  " ms", timeout_hint());
-    }
-    std::this_thread::sleep_for(pause);
-    pause = std::min(pause * 2, std::chrono::milliseconds(20));
-  }
+  wait_by_polling([&] { return check(keys); }, keys, timeout, endpoint_);
 }
 
 bool TcpStore::delete_key(const std::string& key) {

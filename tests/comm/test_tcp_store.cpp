@@ -7,14 +7,19 @@
 #include <arpa/inet.h>
 #include <ifaddrs.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <thread>
 
+#include "comm/c10d_wire_store.h"
 #include "comm/tcp_store.h"
 #include "comm/tcp_store_server.h"
 #include "security/auth_token.h"
@@ -22,6 +27,7 @@
 #include "shoal/comm/init.h"
 #include "shoal/error.h"
 #include "testing/multi_rank.h"
+#include "testing/python.h"
 
 namespace shoal::comm {
 namespace test_tcp_store {
@@ -226,6 +232,131 @@ TEST(TcpStore, MissingMasterAddressIsAnErrorAboveOneRank) {
   ::unsetenv("RANK");
   ::unsetenv("WORLD_SIZE");
   ::unsetenv("MASTER_PORT");
+}
+
+// Shoal's client of c10d 2.x's store protocol (how LibTorch 1.13 ranks join PyTorch 2.x torchrun's
+// agent store) against PyTorch 2.x's own TCPStore servers: the libuv one (torchrun's default) and
+// the legacy one. Values cross both ways; the server checks what the client wrote.
+void expect_c10d_server_agrees(bool libuv) {
+  const std::string python = shoal::testing::torch2_python();
+  if (python.empty()) GTEST_SKIP() << "PyTorch 2.x is not installed (scripts/setup_torch_pypi.sh)";
+  const std::string dir = shoal::testing::temp_path("c10d-wire");
+  std::filesystem::create_directories(dir);
+  const std::string script = dir + "/server.py";
+  std::ofstream(script) << "import sys, datetime\n"
+                        << shoal::testing::kImportTorchOrExit
+                        << "import torch.distributed as dist\n"
+                           "store = dist.TCPStore('127.0.0.1', 0, is_master=True, wait_for_workers=False,\n"
+                           "    timeout=datetime.timedelta(seconds=30), use_libuv=" << (libuv ? "True" : "False") << ")\n"
+                           "store.set('from_python', bytes(range(256)) * 400 + b'\\0end')\n"
+                           "store.set('to_delete', 'x')\n"
+                           "open(sys.argv[1] + '.tmp', 'w').write(str(store.port))\n"
+                           "import os; os.rename(sys.argv[1] + '.tmp', sys.argv[1])\n"
+                           "store.wait(['done'])\n"
+                           "assert store.get('from_shoal') == bytes(range(255, -1, -1)) * 3, store.get('from_shoal')[:16]\n"
+                           "assert store.get('empty') == b''\n"
+                           "assert int(store.get('counter')) == 7, store.get('counter')\n"
+                           "assert not store.check(['to_delete'])\n"
+                           "print('ORACLE OK c10d server saw the client', flush=True)\n";
+  const std::string port_file = dir + "/port";
+  shoal::testing::PythonResult server;
+  std::thread runner([&] { server = shoal::testing::run_command("timeout 120 env " + python + " " + script + " " + port_file); });
+  const bool up = shoal::testing::wait_for_file(port_file, Milliseconds(60000));
+  if (!up) {
+    runner.join();
+    FAIL() << "the PyTorch 2.x store did not start: " << server.describe();
+  }
+  const int port = std::stoi(shoal::testing::read_file(port_file));
+  try {
+    C10dWireStore client("127.0.0.1", port, kTimeout);
+    std::vector<uint8_t> expected;
+    for (int r = 0; r < 400; ++r) {
+      for (int b = 0; b < 256; ++b) expected.push_back(static_cast<uint8_t>(b));
+    }
+    for (char c : std::string("\0end", 4)) expected.push_back(static_cast<uint8_t>(c));
+    EXPECT_EQ(client.get("from_python"), expected);
+    std::vector<uint8_t> mine;
+    for (int r = 0; r < 3; ++r) {
+      for (int b = 255; b >= 0; --b) mine.push_back(static_cast<uint8_t>(b));
+    }
+    client.set("from_shoal", mine);
+    client.set("empty", {});
+    EXPECT_EQ(client.get("empty"), std::vector<uint8_t>());
+    EXPECT_EQ(client.add("counter", 3), 3);
+    EXPECT_EQ(client.add("counter", 4), 7);
+    EXPECT_TRUE(client.check({"from_python", "counter"}));
+    EXPECT_FALSE(client.check({"from_python", "missing"}));
+    EXPECT_TRUE(client.delete_key("to_delete"));
+    EXPECT_FALSE(client.delete_key("to_delete"));
+    const auto start = Clock::now();
+    try {
+      client.wait({"never"}, Milliseconds(300));
+      ADD_FAILURE() << "no time-out";
+    } catch (const TimeoutError& e) {
+      EXPECT_NE(std::string(e.what()).find("'never'"), std::string::npos) << e.what();
+    }
+    EXPECT_LT(seconds_since(start), 0.3 + kLoadSeconds);
+    // The connection is still in step after the time-out.
+    EXPECT_EQ(client.add("counter", 0), 7);
+    client.set("done", {'1'});
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << e.what();
+  }
+  runner.join();
+  EXPECT_TRUE(shoal::testing::oracle_succeeded(server));
+  std::filesystem::remove_all(dir);
+}
+
+TEST(C10dWireStore, PyTorchLibuvServerAgrees) { expect_c10d_server_agrees(true); }
+TEST(C10dWireStore, PyTorchLegacyServerAgrees) { expect_c10d_server_agrees(false); }
+
+/// The next connection to `listener`, or -1 when none comes within 10 s.
+int accept_within(int listener) {
+  pollfd p{listener, POLLIN, 0};
+  return ::poll(&p, 1, 10000) == 1 ? ::accept(listener, nullptr, nullptr) : -1;
+}
+
+TEST(C10dWireStore, HostileServerIsBoundedInSizeAndTime) {
+  // A server that says a value is 1 TiB long: refused before anything is allocated.
+  const int listener = security::listen_on("127.0.0.1", 0);
+  const int port = security::bound_port(listener);
+  std::thread liar([&] {
+    const int fd = accept_within(listener);
+    if (fd < 0) return;
+    // "Ready" for get()'s CHECK, then the length of the GET's value.
+    uint8_t reply[9] = {0};
+    const uint64_t huge = 1ull << 40;
+    std::memcpy(reply + 1, &huge, sizeof(huge));
+    (void)!::write(fd, reply, sizeof(reply));
+    closed_within(fd, std::chrono::milliseconds(10000));
+    ::close(fd);
+  });
+  try {
+    C10dWireStore client("127.0.0.1", port, kTimeout);
+    client.get("key");
+    ADD_FAILURE() << "accepted a 1 TiB value";
+  } catch (const PeerError& e) {
+    EXPECT_NE(std::string(e.what()).find("1099511627776 bytes"), std::string::npos) << e.what();
+  }
+  liar.join();
+  // A server that never answers: the request fails within the client's time-out, naming it.
+  std::thread silent([&] {
+    const int fd = accept_within(listener);
+    if (fd < 0) return;
+    closed_within(fd, std::chrono::milliseconds(10000));
+    ::close(fd);
+  });
+  const auto start = Clock::now();
+  try {
+    C10dWireStore client("127.0.0.1", port, Milliseconds(500));
+    client.add("key", 1);
+    ADD_FAILURE() << "a silent server answered";
+  } catch (const TimeoutError& e) {
+    EXPECT_NE(std::string(e.what()).find("127.0.0.1:" + std::to_string(port)), std::string::npos) << e.what();
+  }
+  EXPECT_LT(seconds_since(start), 0.5 + kLoadSeconds);
+  silent.join();
+  ::close(listener);
 }
 
 }  // namespace test_tcp_store

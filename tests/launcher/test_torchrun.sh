@@ -2,6 +2,8 @@
 # Shoal ranks started by PyTorch 2.x's torchrun join its elastic agent's store
 # (TORCHELASTIC_USE_AGENT_STORE) instead of serving one themselves: static rendezvous, the c10d
 # rendezvous backend, and a restart (--max-restarts) after a rank failed in the first attempt.
+# Built on LibTorch 1.13, whose own client cannot join a 2.x store, ranks join it with Shoal's client
+# of c10d 2.x's protocol (src/comm/c10d_wire_store.h).
 # Uses the torch 2.x of scripts/setup_torch_pypi.sh; exits 77 (skipped) when it is not installed.
 #   test_torchrun.sh SOURCE_DIR WORKER
 set -uo pipefail
@@ -29,14 +31,27 @@ run() {  # run NAME EXPECTED_OKS TORCHRUN_ARGS...
     local p args=()
     p=$(port)
     for a in "$@"; do args+=("${a//PORT/$p}"); done
+    # The port after MASTER_PORT is taken by a stranger for the run: the ranks must meet in the
+    # agent's store itself, not on a store of their own beside it (the c10d rendezvous gives the
+    # workers an ephemeral MASTER_PORT, whose next port any connection may hold).
+    local holder=""
+    if [ "${HOLD_NEXT_PORT:-0}" = 1 ]; then
+      "$PY" -c 'import socket, sys, time
+s = socket.socket(); s.bind(("127.0.0.1", int(sys.argv[1]))); s.listen(); time.sleep(300)' \
+        $((p + 1)) 2>/dev/null &
+      holder=$!
+    fi
     timeout 120 "$PY" -m torch.distributed.run "${args[@]}" --no-python "$WORKER" >"$log" 2>&1
     rc=$?
+    [ -n "$holder" ] && kill "$holder" 2>/dev/null
     grep -qiE "address already in use|EADDRINUSE" "$log" && [ $rc -ne 0 ] && [ $attempt = 1 ] || break
     echo "retry $name: port $p was taken before torchrun bound it"
   done
   oks=$(grep -c "sum ok" "$log")
   if [ $rc -ne 0 ] || [ "$oks" -ne "$want" ]; then
-    echo "FAIL $name: torchrun exit $rc, $oks of $want ranks reported 'sum ok'; output:"
+    echo "FAIL $name: torchrun exit $rc, $oks of $want ranks reported 'sum ok'; the ranks said:"
+    grep -E "allreduce_worker|^rank " "$log"
+    echo "the output's end:"
     tail -n 30 "$log"
     failures=$((failures + 1))
   else
@@ -45,7 +60,7 @@ run() {  # run NAME EXPECTED_OKS TORCHRUN_ARGS...
   rm -f "$log"
 }
 export OMP_NUM_THREADS=1
-run static 2 --nnodes 1 --nproc-per-node 2 --master-addr 127.0.0.1 --master-port PORT
+HOLD_NEXT_PORT=1 run static 2 --nnodes 1 --nproc-per-node 2 --master-addr 127.0.0.1 --master-port PORT
 run c10d 2 --nnodes 1 --nproc-per-node 2 --rdzv-backend c10d --rdzv-endpoint "127.0.0.1:PORT"
 # Rank 1 fails in attempt 0; the agent restarts both ranks, which meet again in attempt 1.
 SHOAL_TEST_FAIL_ATTEMPT=0 run restart 2 --nnodes 1 --nproc-per-node 2 --max-restarts 1 \

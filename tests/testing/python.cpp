@@ -87,6 +87,18 @@ PythonResult run_python(const std::vector<std::string>& args) {
 
 PythonResult run_python_code(const std::string& code) { return run_python({"-c", code}); }
 
+std::string torch2_python() {
+  if (const char* own = std::getenv("SHOAL_ORACLE_PYTHON"); own != nullptr && *own != '\0') return own;
+  const char* source = std::getenv("SHOAL_SOURCE_DIR");
+  if (source == nullptr) return "";
+  const auto prefix = run_command("bash " + shell_quote(std::string(source) + "/scripts/setup_torch_pypi.sh") +
+                                  " --prefix");
+  const std::string torch_dir = prefix.out.substr(0, prefix.out.find_last_not_of('\n') + 1);
+  const std::string site = std::filesystem::path(torch_dir).parent_path().string();
+  if (!prefix.ok() || site.empty() || !std::filesystem::exists(site + "/.complete")) return "";
+  return "PYTHONPATH=" + shell_quote(site) + " python3";
+}
+
 ::testing::AssertionResult oracle_succeeded(const PythonResult& result) {
   if (!result.ok()) {
     return ::testing::AssertionFailure() << "the PyTorch oracle failed: " << result.describe();

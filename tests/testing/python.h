@@ -53,6 +53,12 @@ PythonResult run_python(const std::vector<std::string>& args);
 /// Runs the program text `code` (`/usr/bin/python3 -c code`).
 PythonResult run_python_code(const std::string& code);
 
+/// A shell command prefix that runs a python3 whose torch is PyTorch 2.x: SHOAL_ORACLE_PYTHON when
+/// set (a GPU machine's own, scripts/gpu_check.sh), else `PYTHONPATH=<site> python3` for the PyPI
+/// wheel that scripts/setup_torch_pypi.sh installs (under $SHOAL_SOURCE_DIR). Empty when neither
+/// is there.
+std::string torch2_python();
+
 /// Success when the oracle exited 0 and printed its closing line last (kOracleClosing); else a
 /// failure naming the exit status, its stderr and, without the closing line, its stdout.
 ::testing::AssertionResult oracle_succeeded(const PythonResult& result);

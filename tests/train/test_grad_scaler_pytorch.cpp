@@ -170,26 +170,13 @@ std::string joined(const std::vector<int64_t>& values) {
 /// Runs train_features_oracle.py under PyTorch 2.x's Python once for every case.
 const std::map<std::string, shoal::testing::FeaturesOracleRun>& oracle() {
   static const std::map<std::string, shoal::testing::FeaturesOracleRun> results = [] {
-    const char* source = std::getenv("SHOAL_SOURCE_DIR");
-    if (source == nullptr) {
+    // A python whose own torch is 2.x (a GPU machine's), else the PyPI wheel's torch (as
+    // tests/launcher/test_torchrun.sh finds it).
+    const std::string python = shoal::testing::torch2_python();
+    if (python.empty()) {
       shoal::testing::skip_program(shoal::testing::Dependency::kOptional,
+                                   "PyTorch 2.x not installed (scripts/setup_torch_pypi.sh), or "
                                    "SHOAL_SOURCE_DIR is not set (run through ctest)");
-    }
-    // SHOAL_ORACLE_PYTHON: a python whose own torch is 2.x (a GPU machine's, scripts/gpu_check.sh);
-    // else the PyPI wheel's torch (as tests/launcher/test_torchrun.sh finds it).
-    std::string python = "python3";
-    if (const char* own = std::getenv("SHOAL_ORACLE_PYTHON"); own != nullptr && *own != '\0') {
-      python = own;
-    } else {
-      const auto prefix = shoal::testing::run_command("bash " + std::string(source) +
-                                                      "/scripts/setup_torch_pypi.sh --prefix");
-      const std::string torch_dir = prefix.out.substr(0, prefix.out.find_last_not_of("\n") + 1);
-      const std::string site = std::filesystem::path(torch_dir).parent_path().string();
-      if (!prefix.ok() || !std::filesystem::exists(site + "/.complete")) {
-        shoal::testing::skip_program(shoal::testing::Dependency::kOptional,
-                                     "PyTorch 2.x not installed (scripts/setup_torch_pypi.sh)");
-      }
-      python = "PYTHONPATH='" + site + "' python3";
     }
     std::vector<std::pair<std::string, std::string>> lines;
     for (const Case& c : cases()) {

@@ -1,0 +1,36 @@
+// Waiting for keys by polling check(), for the TCP stores whose wire has no wait of its own that a
+// deadline can cut short (private to the library).
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "comm/timeouts.h"
+#include "shoal/error.h"
+
+namespace shoal::comm {
+
+/// Calls `check` until it returns true, from 1 ms up to 20 ms apart (fast while ranks arrive
+/// together, cheap while one is late); throws TimeoutError naming `keys` and `where` once `timeout`
+/// has passed.
+inline void wait_by_polling(const std::function<bool()>& check, const std::vector<std::string>& keys,
+                            Milliseconds timeout, const std::string& where) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  auto pause = std::chrono::milliseconds(1);
+  while (!check()) {
+    if (std::chrono::steady_clock::now() >= deadline) {
+      std::string names;
+      for (const auto& k : keys) names += (names.empty() ? "'" : ", '") + k + "'";
+      SHOAL_THROW(TimeoutError, "store wait for ", names, " at ", where, " timed out after ", timeout.count(),
+                  " ms", kTimeoutHint);
+    }
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::milliseconds(20));
+  }
+}
+
+}  // namespace shoal::comm
