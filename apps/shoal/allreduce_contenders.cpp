@@ -238,8 +238,25 @@ void OpenMpiContender::barrier() {
 
 // ---- MemoryFloorContender ----------------------------------------------------------------------
 
-MemoryFloorContender::MemoryFloorContender(std::shared_ptr<comm::ProcessGroup> group, bool staged)
-    : ShoalContender(std::move(group)), staged_(staged) {}
+MemoryFloorContender::MemoryFloorContender(std::shared_ptr<comm::ProcessGroup> group, Floor floor)
+    : ShoalContender(std::move(group)), floor_(floor) {}
+
+std::string MemoryFloorContender::name() const {
+  switch (floor_) {
+    case Floor::kStaged: return "floor_staged";
+    case Floor::kSingleCopy: return "floor_single_copy";
+    case Floor::kInplace: break;
+  }
+  return "floor_inplace";
+}
+
+bool MemoryFloorContender::parse(const std::string& name, Floor* floor) {
+  if (name == "floor_staged") *floor = Floor::kStaged;
+  else if (name == "floor_single_copy") *floor = Floor::kSingleCopy;
+  else if (name == "floor_inplace") *floor = Floor::kInplace;
+  else return false;
+  return true;
+}
 
 void MemoryFloorContender::warm_up(int64_t bytes, int iterations) {
   at::Tensor probe = torch::zeros({bytes / 4}, torch::kFloat);
@@ -247,7 +264,7 @@ void MemoryFloorContender::warm_up(int64_t bytes, int iterations) {
 }
 
 void MemoryFloorContender::allreduce(at::Tensor& tensor) {
-  if (!staged_) {
+  if (floor_ == Floor::kInplace) {
     tensor.mul_(0.5f);  // zeros stay zeros
     return;
   }
@@ -261,11 +278,12 @@ void MemoryFloorContender::allreduce(at::Tensor& tensor) {
     at::Tensor mine = tensor.narrow(0, start, own);
     at::Tensor theirs = tensor.narrow(0, start + own, other);
     at::Tensor published = stage_[0].narrow(0, 0, other);
-    at::Tensor reduced = stage_[1].narrow(0, 0, own);
-    published.copy_(theirs);                            // for the peer to sum
-    at::add_out(mine, mine, stage_[2].narrow(0, 0, own));  // with the peer's published half
-    reduced.copy_(mine);                                // for the peer to read back
-    theirs.copy_(stage_[2].narrow(0, 0, other));        // the peer's reduced half
+    published.copy_(theirs);                               // for the peer to sum
+    at::add_out(mine, mine, stage_[2].narrow(0, 0, own));  // with the peer's half
+    if (floor_ == Floor::kStaged) {
+      stage_[1].narrow(0, 0, own).copy_(mine);  // for the peer to read back
+    }
+    theirs.copy_(stage_[2].narrow(0, 0, other));  // the peer's reduced half
   }
 }
 

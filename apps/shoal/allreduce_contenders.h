@@ -104,22 +104,31 @@ class OpenMpiContender : public ShoalContender {
 
 /// No communication at all: every rank at once does only the memory work an allreduce of its
 /// tensor cannot avoid, timed like the others (the reference for what this machine allows).
-/// `staged`: the shm backend's path for ordinary tensors without its waits (per 1 MiB chunk: copy
+/// kStaged: the shm backend's path for ordinary tensors without its waits (per 1 MiB chunk: copy
 /// the half the peer reduces to a staging buffer, sum the own half with a staged one into the
-/// tensor and a second staging buffer, copy a staged half back); otherwise one in-place pass over
-/// the tensor (read and write every byte once: the least an in-place allreduce moves). Named
-/// "floor_staged" / "floor_inplace"; `group` only times (barrier, slowest rank).
+/// tensor and a second staging buffer, copy a staged half back). kSingleCopy: the least any
+/// allreduce of two ranks' private tensors moves (OpenMPI's single-copy way without its waits and
+/// system calls: per 1 MiB chunk, copy the half the peer reduces, as the peer's kernel copies it
+/// out, sum the own half with a copied one into the tensor, copy a reduced half back; nothing is
+/// written twice). kInplace: one in-place pass over the tensor (read and write every byte once:
+/// the least an in-place allreduce moves, were the peers' tensors in shared memory). Named
+/// "floor_staged" / "floor_single_copy" / "floor_inplace"; `group` only times (barrier, slowest
+/// rank).
 class MemoryFloorContender : public ShoalContender {
  public:
-  MemoryFloorContender(std::shared_ptr<comm::ProcessGroup> group, bool staged);
-  std::string name() const override { return staged_ ? "floor_staged" : "floor_inplace"; }
+  enum class Floor { kInplace, kStaged, kSingleCopy };
+  MemoryFloorContender(std::shared_ptr<comm::ProcessGroup> group, Floor floor);
+  std::string name() const override;
   void warm_up(int64_t bytes, int iterations) override;
+
+  /// The floor a contender name stands for; false when it names none.
+  static bool parse(const std::string& name, Floor* floor);
 
  protected:
   void allreduce(at::Tensor& tensor) override;
 
  private:
-  bool staged_;
+  Floor floor_;
   at::Tensor stage_;  // three halves of a chunk
 };
 

@@ -7,14 +7,15 @@
 // torch.distributed gloo, run by bench/allreduce_torch.py as a co-process that rank 0 drives.
 // "openmpi" is MPI_Allreduce itself (Shoal's "mpi" backend adds a worker thread and the collective
 // checks around it). "shm_symmetric" is the shm backend on tensors from empty_symmetric() (reduced in place across
-// the ranks' copies, as DDP's buckets are). "floor_staged" and "floor_inplace" communicate nothing:
-// every rank does at once only the memory work of shm's staged path, or one in-place pass over
-// its tensor, which bounds what any allreduce of private tensors can reach on this machine.
+// the ranks' copies, as DDP's buckets are). "floor_staged", "floor_single_copy" and
+// "floor_inplace" communicate nothing: every rank does at once only the memory work of shm's
+// staged path, of the single-copy way (the least any allreduce of private tensors moves, which
+// bounds what any of them can reach on this machine), or one in-place pass over its tensor.
 //
 // --collective reduce_scatter | all_gather races reduce_scatter_tensor / all_gather_into_tensor
 // instead (what FSDP's stages 2-3 run), "openmpi" being MPI_Reduce_scatter_block / MPI_Allgather;
 // a size is then the full tensor's (the reduce-scatter's input, the all-gather's output) and the
-// bus bandwidth bytes x (n-1)/n / time. The PyTorch and the two allreduce floor contenders race
+// bus bandwidth bytes x (n-1)/n / time. The PyTorch and the three allreduce floor contenders race
 // allreduce only and are refused there; "floor_copy" races all_gather only: no communication,
 // every rank at once writes its whole output once from a buffer of its own (the least any
 // all-gather moves), which bounds what any all-gather can reach on this machine. The "_in_place"
@@ -158,8 +159,8 @@ bool ends_with_in_place(const std::string& name) {
 void check_collective_contender(const std::string& name, Collective collective) {
   SHOAL_CHECK_T(InvalidArgument, name != "floor_copy" || collective == Collective::kAllGather,
                 "--collective ", collective_name(collective),
-                ": the floor_copy contender races all_gather only (floor_staged and "
-                "floor_inplace are allreduce's floors)");
+                ": the floor_copy contender races all_gather only (floor_staged, "
+                "floor_single_copy and floor_inplace are allreduce's floors)");
   SHOAL_CHECK_T(InvalidArgument, !ends_with_in_place(name) || collective == Collective::kAllGather,
                 "--collective ", collective_name(collective), ": the ", name,
                 " contender races all_gather only (give --collective all_gather, or shm_symmetric "
@@ -167,7 +168,7 @@ void check_collective_contender(const std::string& name, Collective collective) 
   SHOAL_CHECK_T(InvalidArgument,
                 collective == Collective::kAllreduce ||
                     !(is_torch_contender_name(name) || name == "floor_staged" ||
-                      name == "floor_inplace"),
+                      name == "floor_single_copy" || name == "floor_inplace"),
                 "--collective ", collective_name(collective), ": the ", name,
                 " contender races allreduce only; choose from gloo, shm, shm_symmetric (the input "
                 "in symmetric memory, as FSDP's), mpi, openmpi, hierarchical");
@@ -188,7 +189,8 @@ TorchPeer torch_peer_of(const std::string& contender) {
 // The process group a (non-PyTorch) contender runs on.
 std::string contender_backend(const std::string& name) {
   if (name == "shm_symmetric" || name == "shm_in_place" || name == "floor_staged" ||
-      name == "floor_inplace" || name == "floor_copy" || name == "floor_copy_in_place") {
+      name == "floor_single_copy" || name == "floor_inplace" || name == "floor_copy" ||
+      name == "floor_copy_in_place") {
     return "shm";
   }
   return name == "openmpi" || name == "openmpi_in_place" ? "mpi" : name;
@@ -198,8 +200,8 @@ std::string check_contender(const std::string& name) {
   const std::string backend = contender_backend(name);
   SHOAL_CHECK_T(InvalidArgument, comm::is_backend_available(backend), "backend '", name,
                 "' is not built into this shoal; choose from gloo, shm, shm_symmetric, mpi, "
-                "openmpi, hierarchical, torch_gloo, torch2_gloo, floor_staged, floor_inplace, "
-                "floor_copy, and for all_gather shm_in_place, openmpi_in_place, floor_copy_in_place");
+                "openmpi, hierarchical, torch_gloo, torch2_gloo, floor_staged, floor_single_copy, "
+                "floor_inplace, floor_copy, and for all_gather shm_in_place, openmpi_in_place, floor_copy_in_place");
   return backend;
 }
 
@@ -231,7 +233,8 @@ int run_rank(const AllreduceBenchArgs& args) {
     const bool in_place = ends_with_in_place(backend);
     const bool symmetric = backend == "shm_symmetric" || backend == "shm_in_place";
     const bool openmpi = backend != "mpi" && contender_backend(backend) == "mpi";
-    const bool floor = backend == "floor_staged" || backend == "floor_inplace";
+    MemoryFloorContender::Floor floor_kind{};
+    const bool floor = MemoryFloorContender::parse(backend, &floor_kind);
     const std::string group_backend = check_contender(backend);
     std::shared_ptr<comm::ProcessGroup> pg;
     if (group_backend == "mpi") {
@@ -255,7 +258,7 @@ int run_rank(const AllreduceBenchArgs& args) {
     } else if (backend == "floor_copy" || backend == "floor_copy_in_place") {
       contender = std::make_unique<AllGatherFloorContender>(pg);
     } else if (floor) {
-      contender = std::make_unique<MemoryFloorContender>(pg, backend == "floor_staged");
+      contender = std::make_unique<MemoryFloorContender>(pg, floor_kind);
     } else {
       contender = std::make_unique<ShoalContender>(pg, symmetric, collective);
       contender->set_async_op(args.async_op);
@@ -429,7 +432,7 @@ void add_bench_allreduce_command(CLI::App& bench, std::vector<Command>& commands
       "mpirun. Several backends (--backend gloo,shm,torch_gloo) run interleaved, medians reported.");
   app->add_option("--backend", args->backends,
                   "comma-separated: gloo, shm, shm_symmetric, mpi, openmpi (MPI_Allreduce itself), "
-                  "hierarchical, torch_gloo (PyTorch's gloo), torch2_gloo (PyTorch 2.x's gloo, from PyPI), floor_staged and floor_inplace (allreduce), floor_copy (all_gather) (no "
+                  "hierarchical, torch_gloo (PyTorch's gloo), torch2_gloo (PyTorch 2.x's gloo, from PyPI), floor_staged, floor_single_copy and floor_inplace (allreduce), floor_copy (all_gather) (no "
                   "communication: the memory work alone); for all_gather in place (the input in the "
                   "output's own block): shm_in_place, openmpi_in_place, floor_copy_in_place")
       ->capture_default_str();
