@@ -12,6 +12,7 @@
 #include <cstring>
 #include <vector>
 
+#include "comm/shm/reduce_kernels.h"
 #include "shoal/error.h"
 #include "shoal/launcher/launch.h"
 
@@ -278,11 +279,17 @@ void MemoryFloorContender::allreduce(at::Tensor& tensor) {
     at::Tensor mine = tensor.narrow(0, start, own);
     at::Tensor theirs = tensor.narrow(0, start + own, other);
     at::Tensor published = stage_[0].narrow(0, 0, other);
-    published.copy_(theirs);                               // for the peer to sum
-    at::add_out(mine, mine, stage_[2].narrow(0, 0, own));  // with the peer's half
-    if (floor_ == Floor::kStaged) {
-      stage_[1].narrow(0, 0, own).copy_(mine);  // for the peer to read back
-    }
+    published.copy_(theirs);  // for the peer to sum
+    // The own half with the peer's, by the shm backend's own kernel; staged, it writes the sum
+    // a second time in the same pass, for the peer to read back.
+    const void* sources[2] = {mine.data_ptr(), stage_[2].data_ptr()};
+    comm::shm::ReduceArgs args;
+    args.dst = mine.data_ptr();
+    args.dst2 = floor_ == Floor::kStaged ? stage_[1].data_ptr() : nullptr;
+    args.src = sources;
+    args.num_src = 2;
+    args.count = static_cast<size_t>(own);
+    comm::shm::reduce_sources(args);
     theirs.copy_(stage_[2].narrow(0, 0, other));  // the peer's reduced half
   }
 }
