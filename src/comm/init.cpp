@@ -48,7 +48,8 @@ bool torchelastic_agent_store() {
 }
 
 // Whether that agent is PyTorch 2.x's: every 2.x torchrun since 2.2 gives its workers
-// TORCH_NCCL_ASYNC_ERROR_HANDLING (1.x's give NCCL_ASYNC_ERROR_HANDLING).
+// TORCH_NCCL_ASYNC_ERROR_HANDLING (1.x's give NCCL_ASYNC_ERROR_HANDLING). 2.0 and 2.1 set neither
+// and count as 1.x here.
 bool torchelastic_agent_is_2x() { return init_env("TORCH_NCCL_ASYNC_ERROR_HANDLING") != nullptr; }
 
 }  // namespace
@@ -262,13 +263,14 @@ std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options) {
                     info.world_size, "); set MASTER_ADDR to rank 0's address on the network");
       // Under torchrun (elastic agent), the agent already serves the store at MASTER_ADDR:
       // MASTER_PORT: every rank joins it as a client, in this restart attempt's own key space.
-      // LibTorch 2.x's own client speaks to it; under LibTorch 1.13, whose client cannot join a
-      // 2.x agent's store, Shoal's own client of c10d 2.x's protocol does. Only a 1.x agent
-      // under LibTorch 1.13 (no TORCH_NCCL_ASYNC_ERROR_HANDLING, which every 2.x agent since 2.2
-      // sets) leaves the ranks to meet on a store of their own that rank 0 serves on the next port.
+      // LibTorch's own client speaks to an agent of its own generation; under LibTorch 1.13 a
+      // 2.x agent's store gets Shoal's own client of c10d 2.x's protocol. Only LibTorch 2.x
+      // under a 1.x agent (whose protocol no client here speaks) leaves the ranks to meet on a
+      // store of their own that rank 0 serves on the next port.
       const bool under_agent = torchelastic_agent_store();
-      const bool libtorch_client = under_agent && compat::can_join_torchrun_agent_store();
-      const bool wire_client = under_agent && !libtorch_client && torchelastic_agent_is_2x();
+      const bool agent_2x = torchelastic_agent_is_2x();
+      const bool libtorch_client = under_agent && compat::can_join_torchrun_agent_store(agent_2x);
+      const bool wire_client = under_agent && !libtorch_client && agent_2x;
       const bool own_store = !libtorch_client && !wire_client;
       const int port = under_agent && own_store ? info.master_port + 1 : info.master_port;
       if (libtorch_client) {

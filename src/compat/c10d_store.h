@@ -17,9 +17,10 @@ namespace shoal::compat {
 struct C10dStoreRef;
 std::shared_ptr<C10dStoreRef> to_c10d_store(const std::shared_ptr<comm::Store>& store);
 
-/// Whether this LibTorch's TCPStore client can join the store that PyTorch 2.x's torchrun agent
-/// serves. LibTorch 1.13's cannot: 2.x servers answer its requests with a connection reset (the
-/// legacy server) or never (the libuv server, the default), as the wire protocol changed.
-bool can_join_torchrun_agent_store();
+/// Whether this LibTorch's TCPStore client can join the store that a torchrun agent of PyTorch
+/// 2.x (`agent_is_2x`) or 1.x serves: only one of its own generation. 2.x servers answer 1.13's
+/// requests with a connection reset (the legacy server) or never (the libuv server, the default),
+/// as the wire protocol changed (2.x opens with a validation message and renumbered the requests).
+bool can_join_torchrun_agent_store(bool agent_is_2x);
 
 }  // namespace shoal::compat
