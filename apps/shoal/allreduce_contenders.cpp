@@ -12,6 +12,7 @@
 #include <cstring>
 #include <vector>
 
+#include "comm/shm/process_group_shm.h"
 #include "comm/shm/reduce_kernels.h"
 #include "shoal/error.h"
 #include "shoal/launcher/launch.h"
@@ -269,9 +270,10 @@ void MemoryFloorContender::allreduce(at::Tensor& tensor) {
     tensor.mul_(0.5f);  // zeros stay zeros
     return;
   }
-  constexpr int64_t kChunk = (int64_t{1} << 20) / 4;  // the shm backend's default chunk
-  constexpr int64_t kHalf = kChunk / 2;
-  if (!stage_.defined()) stage_ = torch::zeros({3, kHalf}, torch::kFloat);
+  // The shm backend's chunk (in floats), as a group of this size chooses it.
+  const int64_t kChunk = static_cast<int64_t>(comm::shm::staged_chunk_bytes(group().size())) / 4;
+  const int64_t kHalf = (kChunk + 1) / 2;
+  if (!stage_.defined() || stage_.size(1) != kHalf) stage_ = torch::zeros({3, kHalf}, torch::kFloat);
   const int64_t total = tensor.numel();
   for (int64_t start = 0; start < total; start += kChunk) {
     const int64_t m = std::min(kChunk, total - start);

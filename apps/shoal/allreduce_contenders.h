@@ -104,11 +104,12 @@ class OpenMpiContender : public ShoalContender {
 
 /// No communication at all: every rank at once does only the memory work an allreduce of its
 /// tensor cannot avoid, timed like the others (the reference for what this machine allows).
-/// kStaged: the shm backend's path for ordinary tensors without its waits (per 1 MiB chunk: copy
+/// kStaged: the shm backend's path for ordinary tensors without its waits (per chunk, the
+/// backend's (shm::staged_chunk_bytes): copy
 /// the half the peer reduces to a staging buffer, sum the own half with a staged one into the
 /// tensor and a second staging buffer, copy a staged half back). kSingleCopy: the least any
 /// allreduce of two ranks' private tensors moves (OpenMPI's single-copy way without its waits and
-/// system calls: per 1 MiB chunk, copy the half the peer reduces, as the peer's kernel copies it
+/// system calls: per chunk, copy the half the peer reduces, as the peer's kernel copies it
 /// out, sum the own half with a copied one into the tensor, copy a reduced half back; nothing is
 /// written twice). kInplace: one in-place pass over the tensor (read and write every byte once:
 /// the least an in-place allreduce moves, were the peers' tensors in shared memory). Named

@@ -132,6 +132,21 @@ std::string unique_segment_name() {
 
 // ---- construction ------------------------------------------------------------------------------
 
+// A staged round's working set is about three chunks (the tensor's chunk, the parts published
+// for the peers, the parts read back): a quarter of one core's L2 keeps it there. At most 1 MiB,
+// less with many ranks (the segment stays near 32 MiB), at least 256 KiB (each round costs a
+// rendezvous). Measured in docs/PERFORMANCE.md ("The staged chunk sized to the L2").
+size_t default_chunk_bytes(int ranks) {
+  const long l2 = ::sysconf(_SC_LEVEL2_CACHE_SIZE);  // 0 or -1 where the C library cannot tell
+  const size_t by_cache = l2 > 0 ? static_cast<size_t>(l2) / 4 : size_t{1} << 20;
+  const size_t by_segment = (size_t{32} << 20) / (2 * static_cast<size_t>(std::max(ranks, 1)));
+  return round_up(std::clamp<size_t>(std::min(by_cache, by_segment), 256u << 10, 1u << 20), 4096);
+}
+
+size_t staged_chunk_bytes(int ranks) {
+  return round_up(env_bytes("SHOAL_SHM_CHUNK_BYTES", default_chunk_bytes(ranks)), 4096);
+}
+
 ProcessGroupShm::ProcessGroupShm(std::shared_ptr<Store> store, std::string scope, int rank,
                                  int size, Milliseconds timeout, ShmOptions options)
     : ProcessGroup(rank, size, timeout),
@@ -143,9 +158,7 @@ ProcessGroupShm::ProcessGroupShm(std::shared_ptr<Store> store, std::string scope
       sources_(size, nullptr) {
   SHOAL_CHECK_T(InvalidArgument, size <= kMaxSources, rank_prefix(), " shm: ", size,
                 " ranks on one host is more than the ", kMaxSources, " the shm backend supports");
-  if (options_.chunk_bytes == 0) {
-    options_.chunk_bytes = std::clamp<size_t>((32u << 20) / (2 * size), 256u << 10, 1u << 20);
-  }
+  if (options_.chunk_bytes == 0) options_.chunk_bytes = default_chunk_bytes(size);
   options_.chunk_bytes = round_up(env_bytes("SHOAL_SHM_CHUNK_BYTES", options_.chunk_bytes), 4096);
   if (const char* spin = std::getenv("SHOAL_SHM_SPIN_US")) {
     options_.spin_time = std::chrono::microseconds(std::atoi(spin));

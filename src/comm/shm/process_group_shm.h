@@ -54,13 +54,14 @@ struct RankControl;
 struct Channel;
 
 struct ShmOptions {
-  /// Bytes per rank per round of a large operation (0: chosen by the group size). 1 MiB up to
-  /// 16 ranks: a round's working set (the chunk of the tensor, the peers' parts of it) stays in
-  /// the L3 the ranks share, and each round costs a rendezvous, which on a busy machine means a
-  /// scheduling delay: measured on the shared 2-core test machine, 1 MiB chunks gave ~1.5x the
-  /// bandwidth of 256 KiB (L2-sized) ones and ~1.2x that of 4 MiB ones (docs/PERFORMANCE.md).
-  /// More ranks get smaller chunks (down to 256 KiB), keeping the segment near 32 MiB.
-  /// SHOAL_SHM_CHUNK_BYTES overrides it (benchmarks, tests).
+  /// Bytes per rank per round of a large operation (0: chosen by the cache and the group size).
+  /// A quarter of one core's L2 (sysconf), within 256 KiB .. 1 MiB: a round's working set (the
+  /// chunk of the tensor, the parts published for the peers, the parts read back) stays in L2,
+  /// while each round still moves enough to pay for its rendezvous; 1 MiB where the L2 size is
+  /// unknown. Measured on a 2-vCPU machine with 2 MiB of L2: 512 KiB chunks made 1-4 MiB
+  /// allreduces 4-6 % faster than 1 MiB ones, 16 MiB alike, 64 MiB 2 % slower
+  /// (docs/PERFORMANCE.md). More ranks get smaller chunks (down to 256 KiB), keeping the segment
+  /// near 32 MiB. SHOAL_SHM_CHUNK_BYTES overrides it (benchmarks, tests).
   size_t chunk_bytes = 0;
   /// Largest allreduce done in one round by every rank reducing every buffer. Up to this size the
   /// saved second round is worth more than the (n-1)/n of redundant reduction work.
@@ -80,6 +81,11 @@ struct ShmOptions {
   /// overrides it (benchmarks).
   std::chrono::microseconds spin_time{20};
 };
+
+/// The chunk a group of `ranks` ranks stages large operations in by default (ShmOptions::
+/// chunk_bytes = 0), and with SHOAL_SHM_CHUNK_BYTES applied: what the group will use.
+size_t default_chunk_bytes(int ranks);
+size_t staged_chunk_bytes(int ranks);
 
 class ProcessGroupShm : public ProcessGroup {
  public:
