@@ -98,6 +98,15 @@ s = socket.socket(); s.bind(("127.0.0.1", int(sys.argv[1]))); s.listen(); time.s
   if [ -z "$why" ] && [ "$expect" = own ] && [ "${keys:-x}" != 0 ]; then
     why="the ranks wrote into a store whose protocol they do not speak (keys: '${keys}')"
   fi
+  if [ -n "$why" ] && [ "$expect" = own ] && [ "${RETRIED:-0}" = 0 ] &&
+     grep -q "the port is in use" "$dir"/rank*.log; then
+    # The store of their own listens on the port after the agent's, which the kernel chose
+    # (ephemeral, as torchrun's c10d rendezvous does): another connection may hold it. Once more.
+    echo "retry $name: port $((port + 1)) was taken"
+    rm -rf "$dir"
+    RETRIED=1 case_run "$@"
+    return
+  fi
   if [ -n "$why" ]; then
     echo "FAIL $name: $why; the ranks and the store said:"
     cat "$dir"/rank*.log "$dir/agent.log"
