@@ -241,7 +241,9 @@ void OpenMpiContender::barrier() {
 // ---- MemoryFloorContender ----------------------------------------------------------------------
 
 MemoryFloorContender::MemoryFloorContender(std::shared_ptr<comm::ProcessGroup> group, Floor floor)
-    : ShoalContender(std::move(group)), floor_(floor) {}
+    : ShoalContender(std::move(group)),
+      floor_(floor),
+      chunk_(static_cast<int64_t>(comm::shm::staged_chunk_bytes(this->group().size())) / 4) {}
 
 std::string MemoryFloorContender::name() const {
   switch (floor_) {
@@ -270,13 +272,10 @@ void MemoryFloorContender::allreduce(at::Tensor& tensor) {
     tensor.mul_(0.5f);  // zeros stay zeros
     return;
   }
-  // The shm backend's chunk (in floats), as a group of this size chooses it.
-  const int64_t kChunk = static_cast<int64_t>(comm::shm::staged_chunk_bytes(group().size())) / 4;
-  const int64_t kHalf = (kChunk + 1) / 2;
-  if (!stage_.defined() || stage_.size(1) != kHalf) stage_ = torch::zeros({3, kHalf}, torch::kFloat);
+  if (!stage_.defined()) stage_ = torch::zeros({3, (chunk_ + 1) / 2}, torch::kFloat);
   const int64_t total = tensor.numel();
-  for (int64_t start = 0; start < total; start += kChunk) {
-    const int64_t m = std::min(kChunk, total - start);
+  for (int64_t start = 0; start < total; start += chunk_) {
+    const int64_t m = std::min(chunk_, total - start);
     const int64_t own = m / 2, other = m - own;
     at::Tensor mine = tensor.narrow(0, start, own);
     at::Tensor theirs = tensor.narrow(0, start + own, other);

@@ -130,6 +130,7 @@ class MemoryFloorContender : public ShoalContender {
 
  private:
   Floor floor_;
+  int64_t chunk_;     // the shm backend's chunk, in floats
   at::Tensor stage_;  // three halves of a chunk
 };
 

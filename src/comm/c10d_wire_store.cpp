@@ -47,9 +47,10 @@ T take(const std::vector<uint8_t>& in) {
 
 }  // namespace
 
-C10dWireStore::C10dWireStore(std::string host, int port, Milliseconds timeout)
+C10dWireStore::C10dWireStore(std::string host, int port, int rank, Milliseconds timeout)
     : host_(std::move(host)), port_(port), timeout_(timeout) {
-  SHOAL_CHECK_T(InvalidArgument, port > 0 && port <= 65535, "c10d store client: port ", port,
+  who_ = "[rank " + std::to_string(rank) + "] ";
+  SHOAL_CHECK_T(InvalidArgument, port > 0 && port <= 65535, who_, "torchrun's agent store: MASTER_PORT ", port,
                 " is out of range 1..65535");
   endpoint_ = host_ + ":" + std::to_string(port_);
   std::lock_guard<std::mutex> lock(mutex_);
@@ -69,9 +70,9 @@ void C10dWireStore::connect_locked() {
   if (io != security::Io::kOk) {
     ::close(fd_);
     fd_ = -1;
-    SHOAL_THROW(PeerError, "torchrun's agent store at ", endpoint_,
+    SHOAL_THROW(PeerError, who_, "torchrun's agent store at ", endpoint_,
                 " closed the connection before it was validated: is MASTER_PORT the agent's store "
-                "(a PyTorch 2.x torchrun)?");
+                "(a PyTorch 2.x torchrun), and is the agent still running?");
   }
 }
 
@@ -84,11 +85,12 @@ std::vector<uint8_t> C10dWireStore::exchange(const std::vector<uint8_t>& request
     ::close(fd_);
     fd_ = -1;
     if (io == security::Io::kTimeout) {
-      SHOAL_THROW(TimeoutError, "store ", what, " of '", key, "': torchrun's agent store at ", endpoint_,
-                  " did not answer within ", timeout_.count(), " ms", kTimeoutHint);
+      SHOAL_THROW(TimeoutError, who_, "store ", what, " of '", key, "': torchrun's agent store at ",
+                  endpoint_, " did not answer within ", timeout_.count(), " ms", kTimeoutHint);
     }
-    SHOAL_THROW(PeerError, "store ", what, " of '", key, "': torchrun's agent store at ", endpoint_,
-                " closed the connection: the agent has exited, or it is not a PyTorch 2.x store");
+    SHOAL_THROW(PeerError, who_, "store ", what, " of '", key, "': torchrun's agent store at ", endpoint_,
+                " closed the connection: the agent has exited (see torchrun's own output for why), "
+                "or MASTER_PORT is not a PyTorch 2.x agent's store");
   };
   security::Io io = security::write_all(fd_, request.data(), request.size(), deadline);
   if (io != security::Io::kOk) fail(io);
@@ -101,7 +103,8 @@ std::vector<uint8_t> C10dWireStore::exchange(const std::vector<uint8_t>& request
     if (size > kMaxValue) {
       ::close(fd_);
       fd_ = -1;
-      SHOAL_THROW(PeerError, "store ", what, " of '", key, "': the store at ", endpoint_, " announced a value of ",
+      SHOAL_THROW(PeerError, who_, "store ", what, " of '", key, "': the store at ", endpoint_,
+                  " announced a value of ",
                   size, " bytes, more than the ", kMaxValue,
                   " a rendezvous value may have: not torchrun's agent store, or a corrupt one");
     }
@@ -149,7 +152,7 @@ bool C10dWireStore::check(const std::vector<std::string>& keys) {
 
 void C10dWireStore::wait(const std::vector<std::string>& keys, Milliseconds timeout) {
   if (timeout == kGroupTimeout) timeout = timeout_;
-  wait_by_polling([&] { return check(keys); }, keys, timeout, "torchrun's agent store at " + endpoint_);
+  wait_by_polling([&] { return check(keys); }, keys, timeout, "torchrun's agent store at " + endpoint_, who_);
 }
 
 bool C10dWireStore::delete_key(const std::string& key) {

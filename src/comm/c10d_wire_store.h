@@ -29,8 +29,9 @@ namespace shoal::comm {
 class C10dWireStore : public Store {
  public:
   /// Connects to host:port (retrying until `timeout` while the server is not up yet) and
-  /// validates; throws TimeoutError naming the endpoint when it cannot.
-  C10dWireStore(std::string host, int port, Milliseconds timeout);
+  /// validates; throws TimeoutError naming the endpoint when it cannot. `rank`: this process's,
+  /// named in every error.
+  C10dWireStore(std::string host, int port, int rank, Milliseconds timeout);
   ~C10dWireStore() override;
 
   void set(const std::string& key, const std::vector<uint8_t>& value) override;
@@ -55,6 +56,7 @@ class C10dWireStore : public Store {
   std::string host_;
   int port_;
   std::string endpoint_;
+  std::string who_;  // "[rank R] "
   Milliseconds timeout_;
   std::mutex mutex_;
   int fd_ = -1;

@@ -276,7 +276,7 @@ std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options) {
       if (libtorch_client) {
         store = make_c10d_tcp_store_client(info.master_addr, port, timeout);
       } else if (wire_client) {
-        store = std::make_shared<C10dWireStore>(info.master_addr, port, timeout);
+        store = std::make_shared<C10dWireStore>(info.master_addr, port, info.rank, timeout);
       } else {
         // Shoal's authenticated store, which rank 0 serves.
         store = make_tcp_store(info.master_addr, port, info.world_size, info.rank == 0, timeout);

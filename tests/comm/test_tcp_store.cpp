@@ -268,7 +268,7 @@ void expect_c10d_server_agrees(bool libuv) {
   }
   const int port = std::stoi(shoal::testing::read_file(port_file));
   try {
-    C10dWireStore client("127.0.0.1", port, kTimeout);
+    C10dWireStore client("127.0.0.1", port, 3, kTimeout);
     std::vector<uint8_t> expected;
     for (int r = 0; r < 400; ++r) {
       for (int b = 0; b < 256; ++b) expected.push_back(static_cast<uint8_t>(b));
@@ -332,30 +332,57 @@ TEST(C10dWireStore, HostileServerIsBoundedInSizeAndTime) {
     ::close(fd);
   });
   try {
-    C10dWireStore client("127.0.0.1", port, kTimeout);
+    C10dWireStore client("127.0.0.1", port, 3, kTimeout);
     client.get("key");
     ADD_FAILURE() << "accepted a 1 TiB value";
   } catch (const PeerError& e) {
     EXPECT_NE(std::string(e.what()).find("1099511627776 bytes"), std::string::npos) << e.what();
   }
   liar.join();
-  // A server that never answers: the request fails within the client's time-out, naming it.
-  std::thread silent([&] {
-    const int fd = accept_within(listener);
-    if (fd < 0) return;
-    closed_within(fd, std::chrono::milliseconds(10000));
-    ::close(fd);
+  // A server that never answers on the first connection: the request fails within the client's
+  // time-out, naming the rank, the operation and the endpoint; the next request opens a new
+  // connection (the first may still deliver a late reply) and gets its answer there.
+  std::thread silent_then_honest([&] {
+    const int first = accept_within(listener);
+    if (first < 0) return;
+    const int second = accept_within(listener);
+    if (second >= 0) {
+      // VALIDATE (1 + 4 bytes), then ADD: type, u64 length, "/key", i64 delta.
+      uint8_t request[5 + 1 + 8 + 4 + 8];
+      size_t got = 0;
+      const auto until = Clock::now() + std::chrono::seconds(10);
+      while (got < sizeof(request) && Clock::now() < until) {
+        pollfd p{second, POLLIN, 0};
+        if (::poll(&p, 1, 100) != 1) continue;
+        const ssize_t n = ::recv(second, request + got, sizeof(request) - got, 0);
+        if (n <= 0) break;
+        got += static_cast<size_t>(n);
+      }
+      const int64_t answer = 42;
+      if (got == sizeof(request)) (void)!::write(second, &answer, sizeof(answer));
+      closed_within(second, std::chrono::milliseconds(10000));
+      ::close(second);
+    }
+    ::close(first);
   });
-  const auto start = Clock::now();
   try {
-    C10dWireStore client("127.0.0.1", port, Milliseconds(500));
-    client.add("key", 1);
-    ADD_FAILURE() << "a silent server answered";
-  } catch (const TimeoutError& e) {
-    EXPECT_NE(std::string(e.what()).find("127.0.0.1:" + std::to_string(port)), std::string::npos) << e.what();
+    C10dWireStore client("127.0.0.1", port, 3, Milliseconds(500));
+    const auto start = Clock::now();
+    try {
+      client.add("key", 1);
+      ADD_FAILURE() << "a silent server answered";
+    } catch (const TimeoutError& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("[rank 3] store add of 'key'"), std::string::npos) << what;
+      EXPECT_NE(what.find("127.0.0.1:" + std::to_string(port)), std::string::npos) << what;
+      EXPECT_NE(what.find("SHOAL_TIMEOUT"), std::string::npos) << what;
+    }
+    EXPECT_LT(seconds_since(start), 0.5 + kLoadSeconds);
+    EXPECT_EQ(client.add("key", 1), 42);
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << e.what();
   }
-  EXPECT_LT(seconds_since(start), 0.5 + kLoadSeconds);
-  silent.join();
+  silent_then_honest.join();
   ::close(listener);
 }
 

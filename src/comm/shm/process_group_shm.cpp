@@ -136,6 +136,8 @@ std::string unique_segment_name() {
 // for the peers, the parts read back): a quarter of one core's L2 keeps it there. At most 1 MiB,
 // less with many ranks (the segment stays near 32 MiB), at least 256 KiB (each round costs a
 // rendezvous). Measured in docs/PERFORMANCE.md ("The staged chunk sized to the L2").
+namespace {
+
 size_t default_chunk_bytes(int ranks) {
   const long l2 = ::sysconf(_SC_LEVEL2_CACHE_SIZE);  // 0 or -1 where the C library cannot tell
   const size_t by_cache = l2 > 0 ? static_cast<size_t>(l2) / 4 : size_t{1} << 20;
@@ -143,8 +145,13 @@ size_t default_chunk_bytes(int ranks) {
   return round_up(std::clamp<size_t>(std::min(by_cache, by_segment), 256u << 10, 1u << 20), 4096);
 }
 
-size_t staged_chunk_bytes(int ranks) {
-  return round_up(env_bytes("SHOAL_SHM_CHUNK_BYTES", default_chunk_bytes(ranks)), 4096);
+}  // namespace
+
+size_t staged_chunk_bytes(int ranks, size_t requested) {
+  const size_t chosen = requested > 0 ? requested : default_chunk_bytes(ranks);
+  const size_t chunk = round_up(env_bytes("SHOAL_SHM_CHUNK_BYTES", chosen), 4096);
+  // scatter and reduce_scatter put one cache-line-aligned piece per rank in a buffer.
+  return std::max(chunk, round_up(64 * static_cast<size_t>(std::max(ranks, 1)), 4096));
 }
 
 ProcessGroupShm::ProcessGroupShm(std::shared_ptr<Store> store, std::string scope, int rank,
@@ -158,15 +165,12 @@ ProcessGroupShm::ProcessGroupShm(std::shared_ptr<Store> store, std::string scope
       sources_(size, nullptr) {
   SHOAL_CHECK_T(InvalidArgument, size <= kMaxSources, rank_prefix(), " shm: ", size,
                 " ranks on one host is more than the ", kMaxSources, " the shm backend supports");
-  if (options_.chunk_bytes == 0) options_.chunk_bytes = default_chunk_bytes(size);
-  options_.chunk_bytes = round_up(env_bytes("SHOAL_SHM_CHUNK_BYTES", options_.chunk_bytes), 4096);
+  options_.chunk_bytes = staged_chunk_bytes(size, options_.chunk_bytes);
   if (const char* spin = std::getenv("SHOAL_SHM_SPIN_US")) {
     options_.spin_time = std::chrono::microseconds(std::atoi(spin));
   }
   max_spin_ns_ = std::chrono::nanoseconds(options_.spin_time).count();
   spin_budget_ns_.store(max_spin_ns_);
-  // scatter and reduce_scatter put one cache-line-aligned piece per rank in a buffer.
-  options_.chunk_bytes = std::max(options_.chunk_bytes, round_up(64 * size, 4096));
   options_.direct_bytes = std::min(options_.direct_bytes, options_.chunk_bytes);
   options_.inline_bytes = env_bytes("SHOAL_SHM_INLINE_BYTES", options_.inline_bytes);
   options_.symmetric_min_bytes =

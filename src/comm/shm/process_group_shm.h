@@ -82,10 +82,10 @@ struct ShmOptions {
   std::chrono::microseconds spin_time{20};
 };
 
-/// The chunk a group of `ranks` ranks stages large operations in by default (ShmOptions::
-/// chunk_bytes = 0), and with SHOAL_SHM_CHUNK_BYTES applied: what the group will use.
-size_t default_chunk_bytes(int ranks);
-size_t staged_chunk_bytes(int ranks);
+/// The chunk a group of `ranks` ranks stages large operations in, given ShmOptions::chunk_bytes
+/// (`requested`; 0: sized to the L2, see there), with SHOAL_SHM_CHUNK_BYTES and the per-rank
+/// minimum applied: what the group uses (and what `bench allreduce`'s floors stage in).
+size_t staged_chunk_bytes(int ranks, size_t requested = 0);
 
 class ProcessGroupShm : public ProcessGroup {
  public:
