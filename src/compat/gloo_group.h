@@ -13,6 +13,11 @@
 
 namespace shoal::compat {
 
+/// Sets SIGPIPE to "ignore" when the process has left it at its default (terminate), so that a
+/// write to a socket whose peer is gone fails with EPIPE instead of killing the process; a handler
+/// or disposition the program chose stays. Returns whether it changed the disposition.
+bool ignore_sigpipe_unless_handled();
+
 class GlooGroup : public C10dGroup {
  public:
   /// `hostname` is the address the other ranks reach this one at ("127.0.0.1" on one host);

@@ -101,6 +101,55 @@ TEST(GlooFaults, KilledRankIsNamedByTheOthers) {
   expect_all_reaped();
 }
 
+struct sigaction sigpipe_action() {
+  struct sigaction current {};
+  sigaction(SIGPIPE, nullptr, &current);
+  return current;
+}
+
+void programs_own_sigpipe_handler(int) {}
+
+// Gloo writes with writev, which raises SIGPIPE on a socket whose peer has gone: a rank writing
+// to a peer that just left could die of the signal, silently, instead of failing its operation
+// with an error that names the peer. Opening a gloo group sets SIGPIPE to "ignore" when the
+// program left it at its default (as Python does for every PyTorch program), and keeps a handler
+// the program installed. Then rank 0 goes on writing while rank 1 leaves.
+TEST(GlooFaults, APeerThatLeftIsAnErrorNotASigpipe) {
+  constexpr int kWorld = 2;
+  auto results = shoal::testing::run_processes(
+      kWorld,
+      [](int rank, const std::string& path) {
+        if (sigpipe_action().sa_handler != SIG_DFL) {
+          throw std::runtime_error("SIGPIPE is not at its default before the group opens");
+        }
+        if (rank == 1) ::signal(SIGPIPE, programs_own_sigpipe_handler);
+        auto pg = gloo_group(rank, kWorld, path);
+        const auto after = sigpipe_action().sa_handler;
+        if (rank == 0 && after != SIG_IGN) {
+          throw std::runtime_error("the gloo group left SIGPIPE at its default (terminate)");
+        }
+        if (rank == 1 && after != programs_own_sigpipe_handler) {
+          throw std::runtime_error("the gloo group replaced the program's own SIGPIPE handler");
+        }
+        auto t = torch::ones({1024});
+        pg->allreduce(t, kBeforeTheFault)->wait();
+        if (rank == 1) {
+          // Takes some of rank 0's messages, then ends, closing its sockets while rank 0 is
+          // still writing to them.
+          for (int i = 0; i < 50; ++i) pg->recv(t, 0)->wait();
+          return;
+        }
+        expect_named_failure(*pg, [&] {
+          for (int i = 0; i < 1'000'000; ++i) pg->send(t, 1)->wait();
+        }, "rank 1");
+      },
+      Milliseconds(60'000));
+  EXPECT_NE(results[0].signal, SIGPIPE) << describe(results[0]);
+  EXPECT_TRUE(results[0].ok()) << describe(results[0]);
+  EXPECT_TRUE(results[1].ok()) << describe(results[1]);
+  expect_all_reaped();
+}
+
 TEST(GlooFaults, LateRankIsNamedInTheTimeout) {
   constexpr int kWorld = 3;
   auto results = shoal::testing::run_processes(

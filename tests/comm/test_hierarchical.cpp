@@ -207,7 +207,7 @@ TEST(HierarchicalFaults, KilledRankFailsEveryoneNamingTheOperation) {
   for (int rank : {0, 1, 2}) {
     const auto& r = results[rank];
     EXPECT_FALSE(r.ok()) << messages(results);
-    EXPECT_NE(r.error.find("allgather #"), std::string::npos) << r.error;
+    EXPECT_NE(r.error.find("allgather #"), std::string::npos) << messages(results);
     EXPECT_LT(r.seconds, 2.0 * timeout.count() / 1000.0) << r.error;
     std::cout << "rank " << rank << " reported: " << r.error << "\n";
   }
