@@ -255,10 +255,12 @@ std::string MemoryFloorContender::name() const {
 }
 
 bool MemoryFloorContender::parse(const std::string& name, Floor* floor) {
-  if (name == "floor_staged") *floor = Floor::kStaged;
-  else if (name == "floor_single_copy") *floor = Floor::kSingleCopy;
-  else if (name == "floor_inplace") *floor = Floor::kInplace;
+  Floor found;
+  if (name == "floor_staged") found = Floor::kStaged;
+  else if (name == "floor_single_copy") found = Floor::kSingleCopy;
+  else if (name == "floor_inplace") found = Floor::kInplace;
   else return false;
+  if (floor != nullptr) *floor = found;
   return true;
 }
 

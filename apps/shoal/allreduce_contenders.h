@@ -122,8 +122,8 @@ class MemoryFloorContender : public ShoalContender {
   std::string name() const override;
   void warm_up(int64_t bytes, int iterations) override;
 
-  /// The floor a contender name stands for; false when it names none.
-  static bool parse(const std::string& name, Floor* floor);
+  /// The floor a contender name stands for (into `floor` unless null); false when it names none.
+  static bool parse(const std::string& name, Floor* floor = nullptr);
 
  protected:
   void allreduce(at::Tensor& tensor) override;

@@ -167,8 +167,7 @@ void check_collective_contender(const std::string& name, Collective collective) 
                 "for a symmetric input)");
   SHOAL_CHECK_T(InvalidArgument,
                 collective == Collective::kAllreduce ||
-                    !(is_torch_contender_name(name) || name == "floor_staged" ||
-                      name == "floor_single_copy" || name == "floor_inplace"),
+                    !(is_torch_contender_name(name) || MemoryFloorContender::parse(name)),
                 "--collective ", collective_name(collective), ": the ", name,
                 " contender races allreduce only; choose from gloo, shm, shm_symmetric (the input "
                 "in symmetric memory, as FSDP's), mpi, openmpi, hierarchical");
@@ -188,9 +187,8 @@ TorchPeer torch_peer_of(const std::string& contender) {
 
 // The process group a (non-PyTorch) contender runs on.
 std::string contender_backend(const std::string& name) {
-  if (name == "shm_symmetric" || name == "shm_in_place" || name == "floor_staged" ||
-      name == "floor_single_copy" || name == "floor_inplace" || name == "floor_copy" ||
-      name == "floor_copy_in_place") {
+  if (name == "shm_symmetric" || name == "shm_in_place" || MemoryFloorContender::parse(name) ||
+      name == "floor_copy" || name == "floor_copy_in_place") {
     return "shm";
   }
   return name == "openmpi" || name == "openmpi_in_place" ? "mpi" : name;
@@ -201,7 +199,8 @@ std::string check_contender(const std::string& name) {
   SHOAL_CHECK_T(InvalidArgument, comm::is_backend_available(backend), "backend '", name,
                 "' is not built into this shoal; choose from gloo, shm, shm_symmetric, mpi, "
                 "openmpi, hierarchical, torch_gloo, torch2_gloo, floor_staged, floor_single_copy, "
-                "floor_inplace, floor_copy, and for all_gather shm_in_place, openmpi_in_place, floor_copy_in_place");
+                "floor_inplace, floor_copy, and for all_gather shm_in_place, openmpi_in_place, "
+                "floor_copy_in_place");
   return backend;
 }
 
@@ -432,7 +431,9 @@ void add_bench_allreduce_command(CLI::App& bench, std::vector<Command>& commands
       "mpirun. Several backends (--backend gloo,shm,torch_gloo) run interleaved, medians reported.");
   app->add_option("--backend", args->backends,
                   "comma-separated: gloo, shm, shm_symmetric, mpi, openmpi (MPI_Allreduce itself), "
-                  "hierarchical, torch_gloo (PyTorch's gloo), torch2_gloo (PyTorch 2.x's gloo, from PyPI), floor_staged, floor_single_copy and floor_inplace (allreduce), floor_copy (all_gather) (no "
+                  "hierarchical, torch_gloo (PyTorch's gloo), torch2_gloo (PyTorch 2.x's gloo, "
+                  "from PyPI), floor_staged, floor_single_copy and floor_inplace (allreduce), "
+                  "floor_copy (all_gather) (no "
                   "communication: the memory work alone); for all_gather in place (the input in the "
                   "output's own block): shm_in_place, openmpi_in_place, floor_copy_in_place")
       ->capture_default_str();

@@ -50,8 +50,8 @@ T take(const std::vector<uint8_t>& in) {
 C10dWireStore::C10dWireStore(std::string host, int port, int rank, Milliseconds timeout)
     : host_(std::move(host)), port_(port), timeout_(timeout) {
   who_ = "[rank " + std::to_string(rank) + "] ";
-  SHOAL_CHECK_T(InvalidArgument, port > 0 && port <= 65535, who_, "torchrun's agent store: MASTER_PORT ", port,
-                " is out of range 1..65535");
+  SHOAL_CHECK_T(InvalidArgument, port > 0 && port <= 65535, who_,
+                "torchrun's agent store: MASTER_PORT ", port, " is out of range 1..65535");
   endpoint_ = host_ + ":" + std::to_string(port_);
   std::lock_guard<std::mutex> lock(mutex_);
   connect_locked();
@@ -88,9 +88,9 @@ std::vector<uint8_t> C10dWireStore::exchange(const std::vector<uint8_t>& request
       SHOAL_THROW(TimeoutError, who_, "store ", what, " of '", key, "': torchrun's agent store at ",
                   endpoint_, " did not answer within ", timeout_.count(), " ms", kTimeoutHint);
     }
-    SHOAL_THROW(PeerError, who_, "store ", what, " of '", key, "': torchrun's agent store at ", endpoint_,
-                " closed the connection: the agent has exited (see torchrun's own output for why), "
-                "or MASTER_PORT is not a PyTorch 2.x agent's store");
+    SHOAL_THROW(PeerError, who_, "store ", what, " of '", key, "': torchrun's agent store at ",
+                endpoint_, " closed the connection: the agent has exited (see torchrun's own output "
+                "for why), or MASTER_PORT is not a PyTorch 2.x agent's store");
   };
   security::Io io = security::write_all(fd_, request.data(), request.size(), deadline);
   if (io != security::Io::kOk) fail(io);
@@ -104,8 +104,7 @@ std::vector<uint8_t> C10dWireStore::exchange(const std::vector<uint8_t>& request
       ::close(fd_);
       fd_ = -1;
       SHOAL_THROW(PeerError, who_, "store ", what, " of '", key, "': the store at ", endpoint_,
-                  " announced a value of ",
-                  size, " bytes, more than the ", kMaxValue,
+                  " announced a value of ", size, " bytes, more than the ", kMaxValue,
                   " a rendezvous value may have: not torchrun's agent store, or a corrupt one");
     }
   }
@@ -152,7 +151,8 @@ bool C10dWireStore::check(const std::vector<std::string>& keys) {
 
 void C10dWireStore::wait(const std::vector<std::string>& keys, Milliseconds timeout) {
   if (timeout == kGroupTimeout) timeout = timeout_;
-  wait_by_polling([&] { return check(keys); }, keys, timeout, "torchrun's agent store at " + endpoint_, who_);
+  wait_by_polling([&] { return check(keys); }, keys, timeout,
+                  "torchrun's agent store at " + endpoint_, who_);
 }
 
 bool C10dWireStore::delete_key(const std::string& key) {

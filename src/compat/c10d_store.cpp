@@ -131,7 +131,9 @@ std::shared_ptr<C10dStoreRef> to_c10d_store(const std::shared_ptr<comm::Store>& 
   return ref;
 }
 
-bool can_join_torchrun_agent_store(bool agent_is_2x) { return (TORCH_VERSION_MAJOR >= 2) == agent_is_2x; }
+bool can_join_torchrun_agent_store(bool agent_is_2x) {
+  return (TORCH_VERSION_MAJOR >= 2) == agent_is_2x;
+}
 
 }  // namespace shoal::compat
 

@@ -22,7 +22,8 @@ if [ -z "$PY1" ] && [ -z "$PY2" ]; then
   exit 77
 fi
 work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+# Also on an early exit: no stand-in agent or port holder is left behind.
+trap 'kill $(jobs -p) 2>/dev/null; rm -rf "$work"' EXIT
 export OMP_NUM_THREADS=1
 unset TORCH_NCCL_ASYNC_ERROR_HANDLING NCCL_ASYNC_ERROR_HANDLING TORCHELASTIC_USE_AGENT_STORE
 # The agent's store: writes its port, then waits for the ranks' "done" file (at most 150 s) and

@@ -675,9 +675,10 @@ double json_number(const std::string& line, const std::string& key) {
 // that follows from latency. One check a wrong measurement fails: the one-thread memcpy bandwidth
 // and every bus bandwidth lie within what a machine can physically do.
 TEST(BenchAllreduceFormat, StartsItsOwnRanksAndPrintsJsonLines) {
-  const auto result = run_shoal({"bench", "allreduce", "--backend", "gloo,shm_symmetric,floor_staged,floor_single_copy",
-                                 "--json", "--min-bytes", "4KiB", "--max-bytes", "16KiB", "--iters",
-                                 "5", "--repeats", "1", "--warmup", "1"},
+  const auto result = run_shoal({"bench", "allreduce", "--backend",
+                                 "gloo,shm_symmetric,floor_staged,floor_single_copy", "--json",
+                                 "--min-bytes", "4KiB", "--max-bytes", "16KiB", "--iters", "5",
+                                 "--repeats", "1", "--warmup", "1"},
                                 {}, Milliseconds(60'000));
   ASSERT_EQ(result.code, 0) << result.err;
   const auto lines = lines_of(result.out);
