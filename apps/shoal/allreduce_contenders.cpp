@@ -68,7 +68,13 @@ ShoalContender::ShoalContender(std::shared_ptr<comm::ProcessGroup> pg, bool symm
     : pg_(std::move(pg)), symmetric_(symmetric), collective_(collective) {}
 
 std::string ShoalContender::name() const {
-  return pg_->backend_name() + (in_place_ ? "_in_place" : symmetric_ ? "_symmetric" : "");
+  return pg_->backend_name() + (in_place_ ? "_in_place" : symmetric_ ? "_symmetric" : "") +
+         (unchecked_ ? "_unchecked" : "");
+}
+
+void ShoalContender::set_unchecked(bool unchecked) {
+  unchecked_ = unchecked;
+  if (unchecked) pg_->set_check_collectives(false);
 }
 
 at::Tensor& ShoalContender::buffer(int64_t bytes) {

@@ -60,6 +60,9 @@ class ShoalContender : public Contender {
   /// all_gather_into_tensor, as FSDP's stages 1-2 gather; MPI_IN_PLACE for OpenMPI), and with
   /// `symmetric` the output is in symmetric memory. Named "<backend>_in_place".
   void set_in_place(bool in_place) { in_place_ = in_place; }
+  /// Turns the group's collective check off (ProcessGroup::set_check_collectives), named
+  /// "<backend>_unchecked": what the check costs, next to the checked group in the same run.
+  void set_unchecked(bool unchecked);
 
  protected:
   /// One blocking float32 sum allreduce and one barrier: what warm_up() and measure() time.
@@ -80,6 +83,7 @@ class ShoalContender : public Contender {
   Collective collective_;
   bool async_op_ = false;
   bool in_place_ = false;
+  bool unchecked_ = false;
   at::Tensor tensor_;  ///< the full tensor: allreduce's, reduce-scatter's input, all-gather's output
   at::Tensor piece_;   ///< reduce-scatter's output, all-gather's input
 };

@@ -6,7 +6,9 @@
 // contender alike) and each reports the median of its repeats. "torch_gloo" is PyTorch's own
 // torch.distributed gloo, run by bench/allreduce_torch.py as a co-process that rank 0 drives.
 // "openmpi" is MPI_Allreduce itself (Shoal's "mpi" backend adds a worker thread and the collective
-// checks around it). "shm_symmetric" is the shm backend on tensors from empty_symmetric() (reduced in place across
+// checks around it). "gloo_unchecked" and "mpi_unchecked" are those backends with their
+// per-collective check off: the check's cost, measured next to the checked one.
+// "shm_symmetric" is the shm backend on tensors from empty_symmetric() (reduced in place across
 // the ranks' copies, as DDP's buckets are). "floor_staged", "floor_single_copy" and
 // "floor_inplace" communicate nothing: every rank does at once only the memory work of shm's
 // staged path, of the single-copy way (the least any allreduce of private tensors moves, which
@@ -150,10 +152,18 @@ void print_json(const std::string& backend, const std::string& collective, int w
               iters, repeats, seconds * 1e6, busbw);
 }
 
-// Only Shoal's process groups and OpenMPI race reduce_scatter and all_gather.
-bool ends_with_in_place(const std::string& name) {
-  const std::string tail = "_in_place";
+bool ends_with(const std::string& name, const std::string& tail) {
   return name.size() > tail.size() && name.compare(name.size() - tail.size(), tail.size(), tail) == 0;
+}
+
+// Only Shoal's process groups and OpenMPI race reduce_scatter and all_gather.
+bool ends_with_in_place(const std::string& name) { return ends_with(name, "_in_place"); }
+
+// "gloo_unchecked", "mpi_unchecked": the backend with its collective check off.
+const std::string kUnchecked = "_unchecked";
+
+bool is_unchecked_contender(const std::string& name) {
+  return name == "gloo" + kUnchecked || name == "mpi" + kUnchecked;
 }
 
 void check_collective_contender(const std::string& name, Collective collective) {
@@ -187,6 +197,7 @@ TorchPeer torch_peer_of(const std::string& contender) {
 
 // The process group a (non-PyTorch) contender runs on.
 std::string contender_backend(const std::string& name) {
+  if (is_unchecked_contender(name)) return name.substr(0, name.size() - kUnchecked.size());
   if (name == "shm_symmetric" || name == "shm_in_place" || MemoryFloorContender::parse(name) ||
       name == "floor_copy" || name == "floor_copy_in_place") {
     return "shm";
@@ -199,8 +210,8 @@ std::string check_contender(const std::string& name) {
   SHOAL_CHECK_T(InvalidArgument, comm::is_backend_available(backend), "backend '", name,
                 "' is not built into this shoal; choose from gloo, shm, shm_symmetric, mpi, "
                 "openmpi, hierarchical, torch_gloo, torch2_gloo, floor_staged, floor_single_copy, "
-                "floor_inplace, floor_copy, and for all_gather shm_in_place, openmpi_in_place, "
-                "floor_copy_in_place");
+                "floor_inplace, floor_copy, gloo_unchecked, mpi_unchecked, and for all_gather "
+                "shm_in_place, openmpi_in_place, floor_copy_in_place");
   return backend;
 }
 
@@ -231,7 +242,7 @@ int run_rank(const AllreduceBenchArgs& args) {
     }
     const bool in_place = ends_with_in_place(backend);
     const bool symmetric = backend == "shm_symmetric" || backend == "shm_in_place";
-    const bool openmpi = backend != "mpi" && contender_backend(backend) == "mpi";
+    const bool openmpi = backend == "openmpi" || backend == "openmpi_in_place";
     MemoryFloorContender::Floor floor_kind{};
     const bool floor = MemoryFloorContender::parse(backend, &floor_kind);
     const std::string group_backend = check_contender(backend);
@@ -261,6 +272,7 @@ int run_rank(const AllreduceBenchArgs& args) {
     } else {
       contender = std::make_unique<ShoalContender>(pg, symmetric, collective);
       contender->set_async_op(args.async_op);
+      contender->set_unchecked(is_unchecked_contender(backend));
     }
     contender->set_in_place(in_place);
     contenders.push_back(std::move(contender));
@@ -432,10 +444,11 @@ void add_bench_allreduce_command(CLI::App& bench, std::vector<Command>& commands
   app->add_option("--backend", args->backends,
                   "comma-separated: gloo, shm, shm_symmetric, mpi, openmpi (MPI_Allreduce itself), "
                   "hierarchical, torch_gloo (PyTorch's gloo), torch2_gloo (PyTorch 2.x's gloo, "
-                  "from PyPI), floor_staged, floor_single_copy and floor_inplace (allreduce), "
-                  "floor_copy (all_gather) (no "
-                  "communication: the memory work alone); for all_gather in place (the input in the "
-                  "output's own block): shm_in_place, openmpi_in_place, floor_copy_in_place")
+                  "from PyPI), gloo_unchecked and mpi_unchecked (without their per-collective "
+                  "check), floor_staged, floor_single_copy and floor_inplace (allreduce), "
+                  "floor_copy (all_gather) (no communication: the memory work alone); for "
+                  "all_gather in place (the input in the output's own block): shm_in_place, "
+                  "openmpi_in_place, floor_copy_in_place")
       ->capture_default_str();
   app->add_option("--collective", args->collective,
                   "what is raced: allreduce, reduce_scatter (reduce_scatter_tensor; OpenMPI's\n"

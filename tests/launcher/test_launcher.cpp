@@ -676,13 +676,14 @@ double json_number(const std::string& line, const std::string& key) {
 // and every bus bandwidth lie within what a machine can physically do.
 TEST(BenchAllreduceFormat, StartsItsOwnRanksAndPrintsJsonLines) {
   const auto result = run_shoal({"bench", "allreduce", "--backend",
-                                 "gloo,shm_symmetric,floor_staged,floor_single_copy", "--json",
+                                 "gloo,shm_symmetric,floor_staged,floor_single_copy,gloo_unchecked",
+                                 "--json",
                                  "--min-bytes", "4KiB", "--max-bytes", "16KiB", "--iters", "5",
                                  "--repeats", "1", "--warmup", "1"},
                                 {}, Milliseconds(60'000));
   ASSERT_EQ(result.code, 0) << result.err;
   const auto lines = lines_of(result.out);
-  ASSERT_EQ(lines.size(), 9u) << result.out;
+  ASSERT_EQ(lines.size(), 11u) << result.out;
   EXPECT_NE(lines[0].find("\"backend\": \"memcpy\""), std::string::npos) << lines[0];
   // memcpy of 4 KiB by one thread: above 0.1 GB/s (40 us per copy even on a loaded machine) and
   // below 1000 GB/s (no core copies at a terabyte a second); a time in wrong units (ns for us, a
@@ -691,21 +692,22 @@ TEST(BenchAllreduceFormat, StartsItsOwnRanksAndPrintsJsonLines) {
   EXPECT_GT(memcpy_gbps, 0.1) << lines[0];
   EXPECT_LT(memcpy_gbps, 1000) << lines[0];
   const double sizes[] = {4096, 16384};
-  // Per size: gloo, shm on symmetric tensors, and the no-communication staged and single-copy
-  // floors.
+  // Per size: gloo, shm on symmetric tensors, the no-communication staged and single-copy
+  // floors, and gloo without its collective check.
   const char* backends[] = {"\"backend\": \"gloo\"", "\"backend\": \"shm_symmetric\"",
-                            "\"backend\": \"floor_staged\"", "\"backend\": \"floor_single_copy\""};
-  for (int i = 0; i < 8; ++i) {
+                            "\"backend\": \"floor_staged\"", "\"backend\": \"floor_single_copy\"",
+                            "\"backend\": \"gloo_unchecked\""};
+  for (int i = 0; i < 10; ++i) {
     const std::string& line = lines[1 + i];
-    EXPECT_NE(line.find(backends[i % 4]), std::string::npos) << line;
+    EXPECT_NE(line.find(backends[i % 5]), std::string::npos) << line;
     EXPECT_EQ(json_number(line, "world_size"), 2);
-    EXPECT_EQ(json_number(line, "bytes"), sizes[i / 4]);
+    EXPECT_EQ(json_number(line, "bytes"), sizes[i / 5]);
     const double latency_us = json_number(line, "latency_us");
     ASSERT_GT(latency_us, 0) << line;
     EXPECT_LT(json_number(line, "busbw_gbps"), 1000) << line;
     // busbw = bytes x 2(n-1)/n / time; n = 2: bytes / time.
-    EXPECT_NEAR(json_number(line, "busbw_gbps"), sizes[i / 4] / (latency_us * 1e3),
-                sizes[i / 4] / (latency_us * 1e3) * 0.01 + 1e-4)
+    EXPECT_NEAR(json_number(line, "busbw_gbps"), sizes[i / 5] / (latency_us * 1e3),
+                sizes[i / 5] / (latency_us * 1e3) * 0.01 + 1e-4)
         << line;
   }
 }
