@@ -3,6 +3,7 @@
 #include <torch/nn/functional/dropout.h>
 #include <torch/nn/functional/loss.h>
 #include <torch/nn/init.h>
+#include <torch/utils.h>
 
 #include <cmath>
 
@@ -135,6 +136,31 @@ at::Tensor Gpt::forward_loss(const at::Tensor& idx, const at::Tensor& targets) {
   const at::Tensor logits = forward(idx);
   return F::cross_entropy(logits.view({-1, logits.size(-1)}), targets.reshape({-1}).to(at::kLong),
                           F::CrossEntropyFuncOptions().ignore_index(-1));
+}
+
+at::Tensor Gpt::generate(const at::Tensor& idx, const GenerateOptions& options,
+                         at::Generator generator) {
+  SHOAL_CHECK_T(InvalidArgument, options.temperature > 0 && std::isfinite(options.temperature),
+                "--temperature must be a positive number, got ", options.temperature);
+  SHOAL_CHECK_T(InvalidArgument, options.top_k >= 0 && options.max_new_tokens >= 0,
+                "--top-k and --max-new-tokens must be >= 0, got ", options.top_k, " and ",
+                options.max_new_tokens);
+  torch::NoGradGuard no_grad;
+  at::Tensor tokens = idx.to(at::kLong);
+  for (int64_t n = 0; n < options.max_new_tokens; ++n) {
+    const int64_t length = tokens.size(1);
+    const at::Tensor context =
+        length <= config_.block_size ? tokens : tokens.slice(1, length - config_.block_size);
+    at::Tensor logits = forward(context).select(1, context.size(1) - 1) / options.temperature;
+    if (options.top_k > 0) {
+      const int64_t k = std::min(options.top_k, logits.size(-1));
+      const at::Tensor kth = std::get<0>(logits.topk(k)).slice(1, k - 1);
+      logits = logits.masked_fill(logits < kth, -INFINITY);
+    }
+    const at::Tensor next = at::multinomial(at::softmax(logits, -1), 1, false, generator);
+    tokens = at::cat({tokens, next}, 1);
+  }
+  return tokens;
 }
 
 }  // namespace shoal::models

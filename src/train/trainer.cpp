@@ -554,6 +554,16 @@ void Trainer::save_checkpoint(int64_t completed_epochs, int64_t samples_seen) {
                        {"accumulate", options_.accumulate},
                        {"precision", options_.precision},
                        {"loss", std::string(loss_name(options_.loss))}});
+  // The GPT's sizes: what `shoal generate` rebuilds it from.
+  if (options_.model == "gpt") {
+    const models::GptConfig& gpt = options_.gpt;
+    state.config.insert({{"gpt.n_layer", gpt.n_layer},
+                         {"gpt.n_head", gpt.n_head},
+                         {"gpt.n_embd", gpt.n_embd},
+                         {"gpt.block_size", gpt.block_size},
+                         {"gpt.vocab_size", gpt.vocab_size},
+                         {"gpt.dropout", gpt.dropout}});
+  }
   // fp16's loss scale (#29), under PyTorch's GradScaler.state_dict() keys.
   if (state_.grad_scaler) {
     for (const auto& [key, value] : state_.grad_scaler->state_dict()) {

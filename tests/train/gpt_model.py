@@ -9,6 +9,8 @@
               of c_attn's key bias is zero up to rounding (softmax ignores a shift shared by all
               keys), and Adam's normalisation turns a clip factor's last-bit difference there
               into a 1e-4 one
+  generate    shoal generate --top-k 1 from the run's checkpoint equals Python's greedy decoding
+              of the same weights (past the block size); sampling is seeded
   ddp         2 ranks of 4 blocks: 12 steps equal PyTorch's DDP (DistributedSampler shards,
               gradients averaged)
   bad input   sizes that cannot work (--n-embd not a multiple of --n-head), a token id beyond
@@ -18,6 +20,7 @@
 """
 import math
 import os
+import subprocess
 import sys
 import tempfile
 
@@ -105,13 +108,16 @@ class GPT(nn.Module):
                 with torch.no_grad():
                     p.add_(0.1 * torch.randn_like(p))
 
-    def forward(self, idx, targets):
+    def logits(self, idx):
         t = idx.size(1)
         pos = torch.arange(0, t, dtype=torch.long)
         x = self.transformer.wte(idx) + self.transformer.wpe(pos)
         for block in self.transformer.h:
             x = block(x)
-        logits = self.lm_head(self.transformer.ln_f(x))
+        return self.lm_head(self.transformer.ln_f(x))
+
+    def forward(self, idx, targets):
+        logits = self.logits(idx)
         return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
 
 
@@ -186,11 +192,39 @@ with tempfile.TemporaryDirectory() as tmp:
     with torch.no_grad():
         test_loss = model(xt, yt).item()
     dump = os.path.join(tmp, "single")
-    run = run_shoal(SHOAL, "train", *common, "--batch-size", "8", "--dump-parameters", dump)
+    checkpoints = os.path.join(tmp, "checkpoints")
+    run = run_shoal(SHOAL, "train", *common, "--batch-size", "8", "--dump-parameters", dump,
+                    "--checkpoint-dir", checkpoints)
     compare(run, model, dump, "single")
     line = [l for l in run.stdout.splitlines() if l.startswith("final test loss")]
     check(len(line) == 1 and abs(float(line[0].split()[-1]) - test_loss) <= 1e-5 * test_loss,
           f"single: the test loss {line} is PyTorch's {test_loss:.6g}", run)
+
+    # --- shoal generate: greedy (--top-k 1) equals Python's greedy decoding of the same weights,
+    # past the block size (the context is cropped to its last 16 tokens, as nanoGPT does)
+    def generate(*args):
+        return subprocess.run([SHOAL, "generate", "--checkpoint", checkpoints, *args],
+                              capture_output=True, timeout=120)
+
+    if os.path.exists(dump + ".rank0.pt"):
+        trained = GPT()
+        trained.load_state_dict(torch.load(dump + ".rank0.pt"))
+        trained.eval()
+        ids = torch.tensor([list(b"0123")])
+        with torch.no_grad():
+            for _ in range(24):
+                ids = torch.cat([ids, trained.logits(ids[:, -BLOCK:])[:, -1].argmax(-1, keepdim=True)], 1)
+        expected = bytes(ids[0].tolist()) + b"\n"
+        run = generate("--prompt", "0123", "--max-new-tokens", "24", "--top-k", "1")
+        check(run.returncode == 0 and run.stdout == expected,
+              f"generate, greedy: {run.stdout!r} == Python's {expected!r} ({run.stderr[-300:]!r})")
+        sampled = [generate("--prompt", "0123", "--max-new-tokens", "24", "--temperature", "0.8",
+                            "--seed", seed).stdout for seed in ("1", "1", "2")]
+        check(sampled[0] == sampled[1] and len(sampled[0]) == 29 and sampled[0] != sampled[2],
+              f"generate, sampled: the same --seed gives the same text, another seed another ({sampled})")
+        run = generate("--prompt", "0123\x7f")
+        check(run.returncode != 0 and b"byte 127 at position 4 is beyond the model's vocabulary of 64"
+              in run.stderr, f"generate: a prompt byte beyond the vocabulary is refused ({run.stderr!r})")
 
     # --- ddp, 2 ranks of 4: PyTorch's DDP simulated step by step
     ranks = [copy_of(initial) for _ in range(2)]

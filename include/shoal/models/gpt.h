@@ -64,6 +64,16 @@ class GptBlock : public torch::nn::Module {
   std::shared_ptr<GptMlp> mlp;
 };
 
+/// How Gpt::generate samples (nanoGPT's sample.py).
+struct GenerateOptions {
+  /// Tokens appended to the prompt.
+  int64_t max_new_tokens = 100;
+  /// The logits are divided by it before sampling; > 0 (lower: more likely tokens).
+  double temperature = 1.0;
+  /// > 0: only the top_k most likely tokens are drawn from (1: greedy); 0: all of them.
+  int64_t top_k = 0;
+};
+
 /// The decoder; forward(idx [B,T] int64) -> logits [B,T,vocab_size].
 class Gpt : public Model {
  public:
@@ -74,6 +84,11 @@ class Gpt : public Model {
   /// Mean cross-entropy of forward(idx) against targets [B,T] (ids, or -1 to ignore a position).
   at::Tensor forward_loss(const at::Tensor& idx, const at::Tensor& targets) override;
   const GptConfig& config() const { return config_; }
+  /// idx [B,T] followed by options.max_new_tokens tokens, each drawn with `generator` from the
+  /// next-token distribution of the last block_size tokens (nanoGPT's GPT.generate). Runs without
+  /// autograd, in the model's current mode (call eval() first to turn dropout off).
+  at::Tensor generate(const at::Tensor& idx, const GenerateOptions& options,
+                      at::Generator generator);
 
   /// nanoGPT's `transformer` ModuleDict: wte, wpe, h (the blocks), ln_f.
   std::shared_ptr<torch::nn::Module> transformer;
