@@ -25,7 +25,7 @@ struct GenerateArgs {
 };
 
 /// The checkpoint `path` names: a file, or the newest intact one of a checkpoint folder.
-checkpoint::TrainingState load_checkpoint(const std::string& path) {
+checkpoint::TrainingState load_gpt_checkpoint(const std::string& path) {
   if (!std::filesystem::is_directory(path)) return checkpoint::load_training_state(path);
   std::optional<checkpoint::ResumePoint> point = checkpoint::load_latest_intact(path);
   SHOAL_CHECK_T(CheckpointError, point.has_value(), "--checkpoint ", path,
@@ -35,7 +35,7 @@ checkpoint::TrainingState load_checkpoint(const std::string& path) {
 
 /// The GPT a checkpoint of `shoal train --model gpt` holds, its weights loaded.
 std::shared_ptr<models::Gpt> load_gpt(const std::string& path) {
-  const checkpoint::TrainingState state = load_checkpoint(path);
+  const checkpoint::TrainingState state = load_gpt_checkpoint(path);
   const std::string model = checkpoint::config_text(state, "model", "unknown");
   SHOAL_CHECK_T(InvalidArgument, model == "gpt", "--checkpoint ", path,
                 " holds a checkpoint of model '", model, "'; shoal generate samples from --model gpt");
