@@ -29,7 +29,8 @@ checkpoint::TrainingState load_gpt_checkpoint(const std::string& path) {
   if (!std::filesystem::is_directory(path)) return checkpoint::load_training_state(path);
   std::optional<checkpoint::ResumePoint> point = checkpoint::load_latest_intact(path);
   SHOAL_CHECK_T(CheckpointError, point.has_value(), "--checkpoint ", path,
-                ": the folder holds no checkpoint; pass one that shoal train --checkpoint-dir wrote");
+                ": the folder holds no checkpoint; pass one that shoal train --checkpoint-dir "
+                "wrote");
   return std::move(point->state);
 }
 
@@ -38,7 +39,8 @@ std::shared_ptr<models::Gpt> load_gpt(const std::string& path) {
   const checkpoint::TrainingState state = load_gpt_checkpoint(path);
   const std::string model = checkpoint::config_text(state, "model", "unknown");
   SHOAL_CHECK_T(InvalidArgument, model == "gpt", "--checkpoint ", path,
-                " holds a checkpoint of model '", model, "'; shoal generate samples from --model gpt");
+                " holds a checkpoint of model '", model,
+                "'; shoal generate samples from --model gpt");
   const auto size = [&](const char* key) {
     const std::optional<int64_t> value = checkpoint::config_integer(state, key, path);
     SHOAL_CHECK_T(CheckpointError, value.has_value(), "--checkpoint ", path, " has no '", key,

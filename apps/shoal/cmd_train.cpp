@@ -229,13 +229,14 @@ void add_model_options(CLI::App& app, train::TrainOptions& options) {
   app.add_option_function<std::string>(
          "--loss", [&options](const std::string& name) { options.loss = train::parse_loss(name); },
                  "The loss minimized on the model's output, with PyTorch's mean reduction:\n"
-                 "cross_entropy or nll (class targets; accuracy reported), mse, l1, smooth_l1 or\n"
-                 "bce_with_logits (float targets of the output's shape, from --data). A model that\n"
-                 "computes its own loss (forward(inputs, targets)) ignores it")
+                 "cross_entropy or nll (class targets; accuracy reported), mse, l1, smooth_l1\n"
+                 "or bce_with_logits (float targets of the output's shape, from --data). A\n"
+                 "model that computes its own loss (forward(inputs, targets)) ignores it")
       ->check(CLI::IsMember(train::loss_names()))
       ->default_str("cross_entropy");
   models::GptConfig& gpt = options.gpt;
-  app.add_option("--n-layer", gpt.n_layer, "--model gpt: transformer blocks")->capture_default_str();
+  app.add_option("--n-layer", gpt.n_layer, "--model gpt: transformer blocks")
+      ->capture_default_str();
   app.add_option("--n-head", gpt.n_head, "--model gpt: attention heads (divides --n-embd)")
       ->capture_default_str();
   app.add_option("--n-embd", gpt.n_embd, "--model gpt: embedding width")->capture_default_str();
@@ -293,14 +294,16 @@ void add_train_command(CLI::App& root, std::vector<Command>& commands) {
   auto* app = root.add_subcommand(
       "train",
       "Train a built-in model or a TorchScript file on Fashion-MNIST, CIFAR-10 or your own tensors\n"
-      "(SGD with momentum and cross-entropy by default), evaluating on the test set after every epoch, in one\n"
-      "process or data-parallel over N processes (--strategy ddp). The defaults reach >= 0.85 test accuracy in one epoch.");
+      "(SGD with momentum and cross-entropy by default), evaluating on the test set after every\n"
+      "epoch, in one process or data-parallel over N processes (--strategy ddp). The defaults\n"
+      "reach >= 0.85 test accuracy in one epoch.");
   app->footer(
       "SGD with momentum and cross-entropy by default (--optimizer, --loss); the test set is\n"
       "evaluated after every epoch. The last stdout line is 'final test accuracy: A', or\n"
-      "'final test loss: L' where accuracy means nothing (regression, a model's own loss). Progress goes to stderr: a live bar on\n"
-      "a terminal, plain lines otherwise. Under --strategy ddp, --batch-size is per rank\n"
-      "(the global batch is N x batch size, as in PyTorch DDP).");
+      "'final test loss: L' where accuracy means nothing (regression, a model's own loss).\n"
+      "Progress goes to stderr: a live bar on a terminal, plain lines otherwise. Under\n"
+      "--strategy ddp, --batch-size is per rank (the global batch is N x batch size, as in\n"
+      "PyTorch DDP).");
   // A repeated option takes its last value, so that `make run RUN_ARGS="--epochs 2"` overrides.
   app->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
 

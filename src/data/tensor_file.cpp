@@ -48,9 +48,9 @@ at::Tensor as_saved(at::Tensor t, const std::string& path, const char* key) {
 /// Token ids [N, T] in [lowest, vocab) (vocab 0: no bound), as int64.
 at::Tensor tokens(at::Tensor t, const std::string& path, const char* key, int64_t lowest,
                   int64_t vocab) {
-  SHOAL_CHECK_T(DataError, at::isIntegralType(t.scalar_type(), /*includeBool=*/false) && t.dim() == 2,
-                path, ": '", key, "' is ", t.scalar_type(), " ", t.sizes(),
-                "; a language model takes blocks of token ids [N, T] (integers)");
+  const bool integral = at::isIntegralType(t.scalar_type(), /*includeBool=*/false);
+  SHOAL_CHECK_T(DataError, integral && t.dim() == 2, path, ": '", key, "' is ", t.scalar_type(),
+                " ", t.sizes(), "; a language model takes blocks of token ids [N, T] (integers)");
   t = t.to(at::kLong).contiguous();
   if (t.numel() == 0) return t;
   const int64_t low = t.min().item<int64_t>();
@@ -73,8 +73,8 @@ at::Tensor targets(at::Tensor y, const std::string& path, const char* key,
   const int64_t classes = options.num_classes;
   SHOAL_CHECK_T(DataError, at::isIntegralType(y.scalar_type(), /*includeBool=*/false), path,
                 ": '", key, "' has dtype ", y.scalar_type(),
-                ", not an integer type; class targets are indices, save them as y.long() (or pass a "
-                "regression --loss: mse, l1, smooth_l1, bce_with_logits)");
+                ", not an integer type; class targets are indices, save them as y.long() (or "
+                "pass a regression --loss: mse, l1, smooth_l1, bce_with_logits)");
   SHOAL_CHECK_T(DataError, y.dim() == 1, path, ": '", key, "' has shape ", y.sizes(),
                 "; class targets are [N]");
   y = y.to(at::kLong).contiguous();

@@ -58,11 +58,13 @@ at::Tensor CausalSelfAttention::forward(const at::Tensor& x) {
     return t.view({batch, tokens, n_head_, head}).transpose(1, 2);
   };
   const at::Tensor q = heads(qkv[0]), k = heads(qkv[1]), v = heads(qkv[2]);
-  at::Tensor att = at::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(head)));
+  const double scale = 1.0 / std::sqrt(static_cast<double>(head));
+  at::Tensor att = at::matmul(q, k.transpose(-2, -1)) * scale;
   const at::Tensor future = at::ones({tokens, tokens}, x.options().dtype(at::kBool)).triu(1);
   att = at::softmax(att.masked_fill(future, -INFINITY), -1);
   att = gpt_dropout(att, dropout_, is_training());
-  const at::Tensor y = at::matmul(att, v).transpose(1, 2).contiguous().view({batch, tokens, channels});
+  const at::Tensor y =
+      at::matmul(att, v).transpose(1, 2).contiguous().view({batch, tokens, channels});
   return gpt_dropout(c_proj->forward(y), dropout_, is_training());
 }
 

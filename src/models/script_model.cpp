@@ -80,9 +80,10 @@ at::Tensor ScriptModel::forward_loss(const at::Tensor& inputs, const at::Tensor&
                 "one input; it does not compute its own loss");
   const c10::IValue output = module_->forward({inputs, targets});
   const std::optional<at::Tensor> loss = loss_in(output);
-  SHOAL_CHECK_T(InvalidArgument, loss.has_value(), source_, ": forward(inputs, targets) returned a ",
-                output.tagKind(), ", neither a tensor nor a dict with 'loss'; a model that "
-                "computes its own loss returns the loss or {'loss': loss, ...}");
+  SHOAL_CHECK_T(InvalidArgument, loss.has_value(), source_,
+                ": forward(inputs, targets) returned a ", output.tagKind(),
+                ", neither a tensor nor a dict with 'loss'; a model that computes its own loss "
+                "returns the loss or {'loss': loss, ...}");
   SHOAL_CHECK_T(InvalidArgument, loss->numel() == 1, source_, ": forward(inputs, targets) returned "
                 "a loss of shape ", loss->sizes(), "; the loss is one value (reduce it, e.g. "
                 ".mean())");

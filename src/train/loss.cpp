@@ -37,7 +37,9 @@ Loss parse_loss(const std::string& name) {
     if (name == text) return loss;
   }
   std::string known;
-  for (const auto& entry : kLossNames) known += (known.empty() ? "" : ", ") + std::string(entry.second);
+  for (const auto& entry : kLossNames) {
+    known += (known.empty() ? "" : ", ") + std::string(entry.second);
+  }
   SHOAL_THROW(InvalidArgument, "unknown loss '", name, "'; known losses: ", known);
 }
 

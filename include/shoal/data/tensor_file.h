@@ -7,9 +7,10 @@
 // float16 and bfloat16 are converted to float32); targets, as TensorFileOptions::targets says,
 // integer class indices [N] (any integer dtype, converted to int64) in [0, num_classes) when
 // num_classes is given, float regression targets [N, ...], or a language model's blocks of token
-// ids. For a model that computes its own loss, inputs and targets are taken as saved. Every problem (a
-// missing key, a value that is not a tensor, a wrong dtype or shape, counts that disagree, a label
-// out of range) throws DataError with one line that names the file, the key and what to do.
+// ids. For a model that computes its own loss, inputs and targets are taken as saved. Every
+// problem (a missing key, a value that is not a tensor, a wrong dtype or shape, counts that
+// disagree, a label out of range) throws DataError with one line that names the file, the key
+// and what to do.
 //
 // Thread safety: a function of its arguments.
 #pragma once
