@@ -11,8 +11,8 @@
               into a 1e-4 one
   generate    shoal generate --top-k 1 from the run's checkpoint equals Python's greedy decoding
               of the same weights (past the block size); sampling is seeded
-  ddp         2 ranks of 4 blocks: 12 steps equal PyTorch's DDP (DistributedSampler shards,
-              gradients averaged)
+  ddp, fsdp   2 ranks of 4 blocks: 12 steps equal PyTorch's DDP (DistributedSampler shards,
+              gradients averaged); fsdp (ZeRO-3, the tied head too) with Adam
   bad input   sizes that cannot work (--n-embd not a multiple of --n-head), a token id beyond
               --vocab-size, no --data: one line each
 
@@ -147,6 +147,10 @@ def adamw(model):
     return torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.1)
 
 
+def adam(model):
+    return torch.optim.Adam(model.parameters(), lr=LR, weight_decay=0.1)
+
+
 def copy_of(model):
     fresh = GPT()
     fresh.load_state_dict(model.state_dict())
@@ -226,30 +230,33 @@ with tempfile.TemporaryDirectory() as tmp:
         check(run.returncode != 0 and b"byte 127 at position 4 is beyond the model's vocabulary of 64"
               in run.stderr, f"generate: a prompt byte beyond the vocabulary is refused ({run.stderr!r})")
 
-    # --- ddp, 2 ranks of 4: PyTorch's DDP simulated step by step
-    ranks = [copy_of(initial) for _ in range(2)]
-    opts = [adamw(m) for m in ranks]
+    # --- ddp and fsdp, 2 ranks of 4: PyTorch's DDP simulated step by step (FSDP shards Adam's
+    # state, not AdamW's: it trains with Adam and L2 weight decay)
     shards = []
     for r in range(2):
         sampler = torch.utils.data.DistributedSampler(range(len(x)), num_replicas=2, rank=r,
                                                       shuffle=True, seed=SEED)
         sampler.set_epoch(0)
         shards.append(torch.tensor(list(sampler)))
-    for step in range(12):
-        for r in range(2):
-            idx = shards[r][step * 4:(step + 1) * 4]
-            opts[r].zero_grad()
-            ranks[r](x[idx], y[idx]).backward()
-        for p0, p1 in zip(ranks[0].parameters(), ranks[1].parameters()):
-            mean = (p0.grad + p1.grad) / 2
-            p0.grad.copy_(mean)
-            p1.grad.copy_(mean)
-        for o in opts:
-            o.step()
-    dump = os.path.join(tmp, "ddp")
-    run = run_shoal(SHOAL, "train", *common, "--strategy", "ddp", "--nproc-per-node", "2",
-                    "--batch-size", "4", "--dump-parameters", dump)
-    compare(run, ranks[0], dump, "ddp, 2 ranks")
+    for strategy, optimizer, make in (("ddp", "adamw", adamw), ("fsdp", "adam", adam)):
+        ranks = [copy_of(initial) for _ in range(2)]
+        opts = [make(m) for m in ranks]
+        for step in range(12):
+            for r in range(2):
+                idx = shards[r][step * 4:(step + 1) * 4]
+                opts[r].zero_grad()
+                ranks[r](x[idx], y[idx]).backward()
+            for p0, p1 in zip(ranks[0].parameters(), ranks[1].parameters()):
+                mean = (p0.grad + p1.grad) / 2
+                p0.grad.copy_(mean)
+                p1.grad.copy_(mean)
+            for o in opts:
+                o.step()
+        dump = os.path.join(tmp, strategy)
+        args = [a if a != "adamw" else optimizer for a in common]
+        run = run_shoal(SHOAL, "train", *args, "--strategy", strategy, "--nproc-per-node", "2",
+                        "--batch-size", "4", "--dump-parameters", dump)
+        compare(run, ranks[0], dump, f"{strategy}, 2 ranks, {optimizer}")
 
     # --- bad input: one line each
     def refused(args, expect, what):
