@@ -224,6 +224,40 @@ void add_training_feature_options(CLI::App& app, train::TrainOptions& options) {
       ->capture_default_str();
 }
 
+/// What is trained and on what loss: --loss, parsed into train::Loss here.
+void add_model_options(CLI::App& app, train::TrainOptions& options) {
+  app.add_option_function<std::string>(
+         "--loss", [&options](const std::string& name) { options.loss = train::parse_loss(name); },
+                 "The loss minimized on the model's output, with PyTorch's mean reduction:\n"
+                 "cross_entropy or nll (class targets; accuracy reported), mse, l1, smooth_l1\n"
+                 "or bce_with_logits (float targets of the output's shape, from --data). A\n"
+                 "model that computes its own loss (forward(inputs, targets)) ignores it")
+      ->check(CLI::IsMember(train::loss_names()))
+      ->default_str("cross_entropy");
+  models::GptConfig& gpt = options.gpt;
+  app.add_option("--n-layer", gpt.n_layer, "--model gpt: transformer blocks")
+      ->capture_default_str();
+  app.add_option("--n-head", gpt.n_head, "--model gpt: attention heads (divides --n-embd)")
+      ->capture_default_str();
+  app.add_option("--n-embd", gpt.n_embd, "--model gpt: embedding width")->capture_default_str();
+  app.add_option("--block-size", gpt.block_size, "--model gpt: the longest sequence, in tokens")
+      ->capture_default_str();
+  app.add_option("--vocab-size", gpt.vocab_size, "--model gpt: token ids are < this (256: bytes)")
+      ->capture_default_str();
+  app.add_option("--dropout", gpt.dropout, "--model gpt: dropout in training, in [0, 1)")
+      ->capture_default_str();
+}
+
+/// The run's last stdout line: the test accuracy where it means something, else the test loss.
+void print_result(const train::TrainResult& result) {
+  const double accuracy = result.final_test_accuracy();
+  if (!std::isnan(accuracy) || result.epochs.empty()) {
+    std::printf("final test accuracy: %.4f\n", accuracy);
+  } else {
+    std::printf("final test loss: %.6g\n", result.epochs.back().test_loss);
+  }
+}
+
 /// Exit status of a run stopped by the preemption warning, after its checkpoint was saved: 75,
 /// EX_TEMPFAIL of <sysexits.h> ("try again later"); the batch script requeues on it.
 constexpr int kExitPreempted = 75;
@@ -260,13 +294,16 @@ void add_train_command(CLI::App& root, std::vector<Command>& commands) {
   auto* app = root.add_subcommand(
       "train",
       "Train a built-in model or a TorchScript file on Fashion-MNIST, CIFAR-10 or your own tensors\n"
-      "(SGD with momentum, cross-entropy), evaluating on the test set after every epoch, in one\n"
-      "process or data-parallel over N processes (--strategy ddp). The defaults reach >= 0.85 test accuracy in one epoch.");
+      "(SGD with momentum and cross-entropy by default), evaluating on the test set after every\n"
+      "epoch, in one process or data-parallel over N processes (--strategy ddp). The defaults\n"
+      "reach >= 0.85 test accuracy in one epoch.");
   app->footer(
-      "SGD with momentum and cross-entropy; the test set is evaluated after every epoch.\n"
-      "The last stdout line is 'final test accuracy: A'. Progress goes to stderr: a live bar on\n"
-      "a terminal, plain lines otherwise. Under --strategy ddp, --batch-size is per rank\n"
-      "(the global batch is N x batch size, as in PyTorch DDP).");
+      "SGD with momentum and cross-entropy by default (--optimizer, --loss); the test set is\n"
+      "evaluated after every epoch. The last stdout line is 'final test accuracy: A', or\n"
+      "'final test loss: L' where accuracy means nothing (regression, a model's own loss).\n"
+      "Progress goes to stderr: a live bar on a terminal, plain lines otherwise. Under\n"
+      "--strategy ddp, --batch-size is per rank (the global batch is N x batch size, as in\n"
+      "PyTorch DDP).");
   // A repeated option takes its last value, so that `make run RUN_ARGS="--epochs 2"` overrides.
   app->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
 
@@ -294,6 +331,7 @@ void add_train_command(CLI::App& root, std::vector<Command>& commands) {
           ->check(CLI::IsMember({"constant", "cosine", "step", "multistep"}))
           ->capture_default_str();
   add_training_feature_options(*app, *options);
+  add_model_options(*app, *options);
   auto* seed = app->add_option("--seed", options->seed,
                                "Seeds the initial weights, the shuffle and dropout: the same seed "
                                "gives the same run (>= 0)")
@@ -427,7 +465,9 @@ void add_train_command(CLI::App& root, std::vector<Command>& commands) {
   // Data (#29): the user's own tensors, and the workers that load batches ahead of the step.
   app->add_option("--data", options->data_path,
                   "Train on the tensors of FILE, written by Python's torch.save({'train_x': X,\n"
-                  "'train_y': y, 'test_x': Xt, 'test_y': yt}) (float inputs, class targets 0-9)")
+                  "'train_y': y, 'test_x': Xt, 'test_y': yt}): float inputs and class targets\n"
+                  "0-9, float targets under a regression --loss, or --model gpt's blocks of token\n"
+                  "ids (int64 [N, T] inputs, and targets: the next tokens, -1 ignored)")
       ->type_name("FILE");
   app->add_option("--num-workers,--num_workers", options->num_workers,
                   "Threads loading batches ahead of the step (PyTorch's DataLoader num_workers)")
@@ -548,7 +588,7 @@ void add_train_command(CLI::App& root, std::vector<Command>& commands) {
                           for (const char* name :
                                {"optimizer", "warmup_steps", "warmup_start_factor", "step_size",
                                 "gamma", "milestones", "t_max", "clip_grad_norm", "accumulate",
-                                "precision"}) {
+                                "precision", "loss"}) {
                             std::string flag = std::string("--") + name;
                             std::replace(flag.begin(), flag.end(), '_', '-');
                             if (app->get_option(flag)->count() > 0) given.insert(name);
@@ -694,8 +734,7 @@ void add_train_command(CLI::App& root, std::vector<Command>& commands) {
                             std::printf("stopped after step %lld\n",
                                         static_cast<long long>(options->stop_after_steps));
                           } else {
-                            std::printf("final test accuracy: %.4f\n",
-                                        result.final_test_accuracy());
+                            print_result(result);
                           }
                           if (power_sgd && power_sgd->iteration > 0) {
                             log::info("powersgd: ",

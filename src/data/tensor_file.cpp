@@ -32,10 +32,49 @@ at::Tensor inputs(at::Tensor x, const std::string& path, const char* key) {
   return x.to(at::kFloat).contiguous();
 }
 
-at::Tensor targets(at::Tensor y, const std::string& path, const char* key, int64_t classes) {
+at::Tensor values(at::Tensor y, const std::string& path, const char* key) {
+  SHOAL_CHECK_T(DataError, at::isFloatingType(y.scalar_type()), path, ": '", key, "' has dtype ",
+                y.scalar_type(), ", not floating point; a regression loss takes float targets "
+                "(save them as y.float()), or pass --loss cross_entropy for class indices");
+  SHOAL_CHECK_T(DataError, y.dim() >= 1, path, ": '", key, "' is a scalar; targets are [N, ...]");
+  return y.to(at::kFloat).contiguous();
+}
+
+at::Tensor as_saved(at::Tensor t, const std::string& path, const char* key) {
+  SHOAL_CHECK_T(DataError, t.dim() >= 1, path, ": '", key, "' is a scalar; one sample per row");
+  return t.contiguous();
+}
+
+/// Token ids [N, T] in [lowest, vocab) (vocab 0: no bound), as int64.
+at::Tensor tokens(at::Tensor t, const std::string& path, const char* key, int64_t lowest,
+                  int64_t vocab) {
+  const bool integral = at::isIntegralType(t.scalar_type(), /*includeBool=*/false);
+  SHOAL_CHECK_T(DataError, integral && t.dim() == 2, path, ": '", key, "' is ", t.scalar_type(),
+                " ", t.sizes(), "; a language model takes blocks of token ids [N, T] (integers)");
+  t = t.to(at::kLong).contiguous();
+  if (t.numel() == 0) return t;
+  const int64_t low = t.min().item<int64_t>();
+  const int64_t high = t.max().item<int64_t>();
+  SHOAL_CHECK_T(DataError, low >= lowest, path, ": '", key, "' holds the token id ", low,
+                "; token ids start at 0", lowest < 0 ? " (-1 in targets: ignored)" : "");
+  SHOAL_CHECK_T(DataError, vocab <= 0 || high < vocab, path, ": '", key, "' holds the token id ",
+                high, ", but the vocabulary has ", vocab, " tokens; raise --vocab-size");
+  return t;
+}
+
+at::Tensor targets(at::Tensor y, const std::string& path, const char* key,
+                   const TensorFileOptions& options) {
+  using Targets = TensorFileOptions::Targets;
+  if (options.targets == Targets::kValues) return values(std::move(y), path, key);
+  if (options.targets == Targets::kAsSaved) return as_saved(std::move(y), path, key);
+  if (options.targets == Targets::kTokens) {
+    return tokens(std::move(y), path, key, -1, options.num_classes);
+  }
+  const int64_t classes = options.num_classes;
   SHOAL_CHECK_T(DataError, at::isIntegralType(y.scalar_type(), /*includeBool=*/false), path,
                 ": '", key, "' has dtype ", y.scalar_type(),
-                ", not an integer type; class targets are indices, save them as y.long()");
+                ", not an integer type; class targets are indices, save them as y.long() (or "
+                "pass a regression --loss: mse, l1, smooth_l1, bce_with_logits)");
   SHOAL_CHECK_T(DataError, y.dim() == 1, path, ": '", key, "' has shape ", y.sizes(),
                 "; class targets are [N]");
   y = y.to(at::kLong).contiguous();
@@ -54,6 +93,20 @@ at::Tensor targets(at::Tensor y, const std::string& path, const char* key, int64
 }  // namespace
 
 TensorFileData read_tensor_file(const std::string& path, int64_t num_classes) {
+  TensorFileOptions options;
+  options.num_classes = num_classes;
+  return read_tensor_file(path, options);
+}
+
+TensorFileData read_tensor_file(const std::string& path, const TensorFileOptions& options) {
+  using Targets = TensorFileOptions::Targets;
+  const auto input = [&](const c10::impl::GenericDict& dict, const char* key) {
+    if (options.targets == Targets::kTokens) {
+      return tokens(take(dict, path, key), path, key, 0, options.num_classes);
+    }
+    return options.targets == Targets::kAsSaved ? as_saved(take(dict, path, key), path, key)
+                                                : inputs(take(dict, path, key), path, key);
+  };
   c10::IValue object;
   try {
     object = checkpoint::load(path);
@@ -64,10 +117,10 @@ TensorFileData read_tensor_file(const std::string& path, int64_t num_classes) {
                 ", not a dict; ", kLayout);
   const c10::impl::GenericDict dict = object.toGenericDict();
   TensorFileData data;
-  data.train_x = inputs(take(dict, path, "train_x"), path, "train_x");
-  data.train_y = targets(take(dict, path, "train_y"), path, "train_y", num_classes);
-  data.test_x = inputs(take(dict, path, "test_x"), path, "test_x");
-  data.test_y = targets(take(dict, path, "test_y"), path, "test_y", num_classes);
+  data.train_x = input(dict, "train_x");
+  data.train_y = targets(take(dict, path, "train_y"), path, "train_y", options);
+  data.test_x = input(dict, "test_x");
+  data.test_y = targets(take(dict, path, "test_y"), path, "test_y", options);
   SHOAL_CHECK_T(DataError, data.train_x.size(0) == data.train_y.size(0), path, ": train_x holds ",
                 data.train_x.size(0), " samples but train_y ", data.train_y.size(0),
                 " targets; they must be the same count");

@@ -7,6 +7,7 @@
 
 #include "shoal/error.h"
 #include "shoal/models/cnn.h"
+#include "shoal/models/gpt.h"
 #include "shoal/models/mlp.h"
 #include "shoal/models/script_model.h"
 #include "shoal/models/transformer.h"
@@ -14,13 +15,20 @@
 namespace shoal::models {
 namespace {
 
-using Factory = std::function<std::shared_ptr<Model>(const InputShape&)>;
+using Factory = std::function<std::shared_ptr<Model>(const ModelOptions&)>;
 
-const std::map<std::string, Factory>& factories() {
-  static const std::map<std::string, Factory> kFactories = {
-      {"cnn", [](const InputShape& shape) { return std::make_shared<Cnn>(shape); }},
-      {"mlp", [](const InputShape& shape) { return std::make_shared<Mlp>(shape); }},
-      {"transformer", [](const InputShape& shape) { return std::make_shared<Transformer>(shape); }},
+struct Entry {
+  Factory make;
+  bool needs_input_shape = true;
+};
+
+const std::map<std::string, Entry>& factories() {
+  static const std::map<std::string, Entry> kFactories = {
+      {"cnn", {[](const ModelOptions& o) { return std::make_shared<Cnn>(o.shape); }}},
+      {"gpt", {[](const ModelOptions& o) { return std::make_shared<Gpt>(o.gpt); }, false}},
+      {"mlp", {[](const ModelOptions& o) { return std::make_shared<Mlp>(o.shape); }}},
+      {"transformer",
+       {[](const ModelOptions& o) { return std::make_shared<Transformer>(o.shape); }}},
   };
   return kFactories;
 }
@@ -54,6 +62,18 @@ std::shared_ptr<Model> create(const std::string& name, uint64_t seed) {
 }
 
 std::shared_ptr<Model> create(const std::string& name, uint64_t seed, const InputShape& shape) {
+  ModelOptions options;
+  options.shape = shape;
+  return create(name, seed, options);
+}
+
+bool needs_input_shape(const std::string& name) {
+  if (is_script_path(name)) return false;
+  const auto it = factories().find(name);
+  return it != factories().end() && it->second.needs_input_shape;
+}
+
+std::shared_ptr<Model> create(const std::string& name, uint64_t seed, const ModelOptions& options) {
   // A TorchScript file: its weights are the file's (seed and shape do not apply).
   if (is_script_path(name)) return ScriptModel::load(name);
   const auto& known = factories();
@@ -65,7 +85,7 @@ std::shared_ptr<Model> create(const std::string& name, uint64_t seed, const Inpu
                 ", or a TorchScript file (path/to/model.pt)");
   }
   SeedGuard guard(seed);
-  return it->second(shape);
+  return it->second.make(options);
 }
 
 std::vector<std::string> list_models() {

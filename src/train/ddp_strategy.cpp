@@ -7,6 +7,7 @@
 #include "shoal/models/model.h"
 #include "shoal/parallel/distributed_data_parallel.h"
 #include "shoal/train/trainer.h"
+#include "train/around_forward.h"
 
 namespace shoal::train {
 
@@ -77,12 +78,8 @@ void DdpStrategy::prepare(TrainState& state) {
   if (comm_hook_ == "powersgd") ddp->register_comm_hook(parallel::powerSGD_hook(group_, power_sgd_));
   // Gradient accumulation (#29): the trainer's first N-1 micro-batches run in no_sync.
   state.no_sync = [ddp] { return std::make_shared<parallel::NoSyncGuard>(ddp->no_sync()); };
-  state.forward = [ddp, forward = state.model_forward](const at::Tensor& input) {
-    ddp->prepare_for_forward();
-    at::Tensor output = forward(input);
-    ddp->prepare_for_backward(output);
-    return output;
-  };
+  state.forward = around_forward(ddp, state.model_forward);
+  state.forward_loss = around_forward(ddp, state.model_loss);
 }
 
 at::Tensor DdpStrategy::epoch_indices(int64_t dataset_size, int64_t epoch, uint64_t seed) {

@@ -11,6 +11,7 @@
 #include "shoal/error.h"
 #include "shoal/parallel/fully_sharded_data_parallel.h"
 #include "shoal/train/trainer.h"
+#include "train/around_forward.h"
 
 namespace shoal::train {
 
@@ -43,12 +44,8 @@ void FsdpStrategy::prepare(TrainState& state) {
   state.no_sync = [fsdp] {
     return std::make_shared<parallel::FullyShardedDataParallel::NoSyncGuard>(fsdp->no_sync());
   };
-  state.forward = [fsdp, forward = state.model_forward](const at::Tensor& input) {
-    fsdp->prepare_for_forward();
-    at::Tensor output = forward(input);
-    fsdp->prepare_for_backward(output);
-    return output;
-  };
+  state.forward = around_forward(fsdp, state.model_forward);
+  state.forward_loss = around_forward(fsdp, state.model_loss);
 }
 
 double FsdpStrategy::clip_grad_norm(TrainState& state, double max_norm) {

@@ -109,11 +109,15 @@ void Progress::end_epoch(const EpochResult& result) {
     bar_visible_ = false;
   }
   if (summary_out_ != nullptr) {
+    // Accuracy only where it means something (class targets).
+    char accuracy[48] = "";
+    if (!std::isnan(result.test_accuracy)) {
+      std::snprintf(accuracy, sizeof(accuracy), ", test accuracy %.4f", result.test_accuracy);
+    }
     std::fprintf(summary_out_,
-                 "epoch %lld/%lld: train loss %.4f, test loss %.4f, test accuracy %.4f "
-                 "(%.0f samples/s, %.1f s)\n",
+                 "epoch %lld/%lld: train loss %.4f, test loss %.4f%s (%.0f samples/s, %.1f s)\n",
                  static_cast<long long>(result.epoch), static_cast<long long>(epochs_),
-                 result.train_loss, result.test_loss, result.test_accuracy, result.samples_per_s,
+                 result.train_loss, result.test_loss, accuracy, result.samples_per_s,
                  result.seconds);
     std::fflush(summary_out_);
   }

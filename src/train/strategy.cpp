@@ -11,6 +11,7 @@ namespace shoal::train {
 
 void Strategy::prepare(TrainState& state) {
   state.forward = state.model_forward;
+  state.forward_loss = state.model_loss;
 }
 
 torch::optim::Optimizer* Strategy::checkpoint_optimizer(TrainState& state) {

@@ -92,6 +92,7 @@ void TrainOptions::validate() const {
   SHOAL_CHECK_T(InvalidArgument, device == "cpu" || cuda_index(device).has_value(),
                 "--device must be cpu, cuda or cuda:N, got '", device, "'");
   SHOAL_CHECK_T(InvalidArgument, !model.empty(), "no model given; pass a model name such as cnn");
+  if (model == "gpt") gpt.validate();
   SHOAL_CHECK_T(InvalidArgument, epochs >= 1, "epochs must be at least 1, got ", epochs);
   SHOAL_CHECK_T(InvalidArgument, batch_size >= 1, "batch size must be at least 1, got ",
                 batch_size);

@@ -24,6 +24,7 @@
 #include "shoal/error.h"
 #include "shoal/log.h"
 #include "shoal/memory/cpu_allocator.h"
+#include "shoal/models/gpt.h"
 #include "shoal/models/registry.h"
 #include "shoal/summary/summary_writer.h"
 #include "shoal/train/clip_grad.h"
@@ -82,11 +83,58 @@ std::vector<double> group_lrs(const torch::optim::Optimizer& optimizer) {
   return lrs;
 }
 
-}  // namespace
-
-at::Tensor cross_entropy_loss(const at::Tensor& output, const at::Tensor& target) {
-  return torch::nn::functional::cross_entropy(output, target);
+/// The loss a training step minimizes on a batch: the model's own, or `loss` of its output.
+at::Tensor batch_loss(TrainState& state, const at::Tensor& inputs, const at::Tensor& targets) {
+  if (state.forward_loss) return state.forward_loss(inputs, targets);
+  return state.loss(state.forward(inputs), targets);
 }
+
+/// One batch's summed loss and correct predictions (-1: accuracy does not apply).
+using EvalBatch = std::function<std::pair<double, int64_t>(const at::Tensor& inputs,
+                                                           const at::Tensor& targets)>;
+
+/// Evaluates `per_batch` over `data` in batches of `batch_size`, without autograd, with `model`
+/// in eval mode; each batch goes to the model's device.
+EvalResult evaluate_batches(torch::nn::Module& model, const data::BatchDataset& data,
+                            int64_t batch_size, const EvalBatch& per_batch) {
+  SHOAL_CHECK_T(InvalidArgument, batch_size >= 1, "evaluate: batch size must be at least 1");
+  const bool was_training = model.is_training();
+  model.eval();
+  // No autograd: nothing of a batch outlives it, so evaluation holds one batch's activations.
+  torch::NoGradGuard no_grad;
+  double loss_sum = 0;
+  int64_t correct = 0;
+  bool classification = true;
+  const int64_t n = data.size();
+  data::DataLoaderOptions loader_options;
+  loader_options.batch_size = batch_size;
+  data::DataLoader loader(data, at::arange(n, at::kLong), loader_options);
+  // The model's device (--device cuda): each batch goes there.
+  at::Device device = at::kCPU;
+  for (const auto& p : model.parameters()) {
+    device = p.device();
+    break;
+  }
+  while (std::optional<data::Batch> batch = loader.next()) {
+    const at::Tensor targets = device.is_cpu() ? batch->target : batch->target.to(device);
+    const at::Tensor inputs = device.is_cpu() ? batch->data : batch->data.to(device);
+    const auto [loss, right] = per_batch(inputs, targets);
+    loss_sum += loss;
+    classification = classification && right >= 0;
+    correct += std::max<int64_t>(right, 0);
+  }
+  model.train(was_training);
+  EvalResult result;
+  result.samples = n;
+  if (n > 0) {
+    result.loss = loss_sum / static_cast<double>(n);
+    result.accuracy =
+        classification ? static_cast<double>(correct) / static_cast<double>(n) : NAN;
+  }
+  return result;
+}
+
+}  // namespace
 
 double train_step(TrainState& state, const at::Tensor& batch_inputs, const at::Tensor& batch_targets) {
   // A batch on the CPU goes to the model's device (--device cuda, #29).
@@ -113,8 +161,8 @@ double train_step(TrainState& state, const at::Tensor& batch_inputs, const at::T
       compat::CpuAutocastGuard autocast(on_cpu ? state.autocast_dtype : std::nullopt);
       compat::CudaAutocastGuard cuda_autocast(state.device.is_cuda() ? state.autocast_dtype
                                                                      : std::nullopt);
-      loss = chunks == 1 ? state.loss(state.forward(inputs), targets)
-                         : state.loss(state.forward(inputs.slice(0, begin, end)),
+      loss = chunks == 1 ? batch_loss(state, inputs, targets)
+                         : batch_loss(state, inputs.slice(0, begin, end),
                                       targets.slice(0, begin, end));
     }
     const double share = chunks == 1 ? 1.0 : static_cast<double>(end - begin) / static_cast<double>(n);
@@ -170,46 +218,25 @@ EvalResult evaluate(torch::nn::Module& model,
 EvalResult evaluate(torch::nn::Module& model,
                     const std::function<at::Tensor(const at::Tensor&)>& forward,
                     const data::BatchDataset& data, int64_t batch_size, const LossFunction& loss) {
-  SHOAL_CHECK_T(InvalidArgument, batch_size >= 1, "evaluate: batch size must be at least 1");
-  const bool was_training = model.is_training();
-  model.eval();
-  // No autograd: nothing of a batch outlives it, so evaluation holds one batch's activations.
-  torch::NoGradGuard no_grad;
-  double loss_sum = 0;
-  int64_t correct = 0;
-  bool classification = true;
-  const int64_t n = data.size();
-  data::DataLoaderOptions loader_options;
-  loader_options.batch_size = batch_size;
-  data::DataLoader loader(data, at::arange(n, at::kLong), loader_options);
-  // The model's device (--device cuda): each batch goes there.
-  at::Device device = at::kCPU;
-  for (const auto& p : model.parameters()) {
-    device = p.device();
-    break;
-  }
-  while (std::optional<data::Batch> batch = loader.next()) {
-    const at::Tensor targets = device.is_cpu() ? batch->target : batch->target.to(device);
-    if (at::isFloatingType(targets.scalar_type())) classification = false;
-    const int64_t count = targets.size(0);
-    const at::Tensor output = forward(device.is_cpu() ? batch->data : batch->data.to(device));
+  return evaluate_batches(model, data, batch_size, [&](const at::Tensor& inputs,
+                                                       const at::Tensor& targets) {
+    const at::Tensor output = forward(inputs);
     // The loss is a batch mean: weighted by the batch's size, the sum is exact over batches.
-    loss_sum += loss(output, targets).item<double>() * static_cast<double>(count);
-    if (classification && output.dim() == 2 && targets.dim() == 1) {
-      correct += output.argmax(1).eq(targets).sum().item<int64_t>();
-    } else {
-      classification = false;
-    }
-  }
-  model.train(was_training);
-  EvalResult result;
-  result.samples = n;
-  if (n > 0) {
-    result.loss = loss_sum / static_cast<double>(n);
-    result.accuracy =
-        classification ? static_cast<double>(correct) / static_cast<double>(n) : NAN;
-  }
-  return result;
+    const double sum = loss(output, targets).item<double>() * static_cast<double>(targets.size(0));
+    const bool classes = !at::isFloatingType(targets.scalar_type()) && output.dim() == 2 &&
+                         targets.dim() == 1;
+    return std::make_pair(sum, classes ? output.argmax(1).eq(targets).sum().item<int64_t>()
+                                       : int64_t{-1});
+  });
+}
+
+EvalResult evaluate_model_loss(torch::nn::Module& model, const BatchLoss& model_loss,
+                               const data::BatchDataset& data, int64_t batch_size) {
+  return evaluate_batches(model, data, batch_size, [&](const at::Tensor& inputs,
+                                                       const at::Tensor& targets) {
+    const double mean = model_loss(inputs, targets).item<double>();
+    return std::make_pair(mean * static_cast<double>(targets.size(0)), int64_t{-1});
+  });
 }
 
 Trainer::Trainer(TrainOptions options, std::shared_ptr<models::Model> model,
@@ -217,8 +244,26 @@ Trainer::Trainer(TrainOptions options, std::shared_ptr<models::Model> model,
     : Trainer(options, model,
               [model](const at::Tensor& input) { return model->forward(input); },
               make_builtin_optimizer(options, model.get()),
-              cross_entropy_loss, std::move(strategy)) {
+              loss_function(options.loss), std::move(strategy)) {
   builtin_optimizer_ = true;
+  if (model->owns_loss()) {
+    state_.model_loss = [model](const at::Tensor& inputs, const at::Tensor& targets) {
+      return model->forward_loss(inputs, targets);
+    };
+  }
+}
+
+Trainer::Trainer(TrainOptions options, std::shared_ptr<torch::nn::Module> module,
+                 BatchLoss model_loss, std::unique_ptr<torch::optim::Optimizer> optimizer,
+                 std::unique_ptr<Strategy> strategy)
+    : Trainer(std::move(options), std::move(module),
+              [](const at::Tensor&) -> at::Tensor {
+                SHOAL_THROW(InvalidArgument, "Trainer: this model computes its own loss from "
+                            "inputs and targets; it has no forward of inputs alone");
+              },
+              std::move(optimizer), cross_entropy_loss, std::move(strategy)) {
+  SHOAL_CHECK_T(InvalidArgument, model_loss != nullptr, "Trainer: no model loss given");
+  state_.model_loss = std::move(model_loss);
 }
 
 Trainer::Trainer(TrainOptions options, std::shared_ptr<torch::nn::Module> module,
@@ -247,6 +292,19 @@ Trainer::Trainer(TrainOptions options, std::shared_ptr<torch::nn::Module> module
     SHOAL_CHECK_T(InvalidArgument, name == "single" || name == "ddp", "--device ", options_.device,
                   ": --strategy ", name, " trains on the CPU here; use --strategy single or ddp on a GPU");
     state_.model->to(state_.device);
+  }
+}
+
+void Trainer::prepare_strategy() {
+  strategy_->prepare(state_);
+  prepared_ = true;
+  SHOAL_CHECK_T(InvalidArgument, !state_.model_loss || state_.forward_loss, "--strategy ",
+                strategy_->name(), " does not train a model that computes its own loss (",
+                options_.model, "); use --strategy single, ddp, fsdp or ps");
+  // The parameter server's strategy replaces the optimizer by one group with the first
+  // group's lr; with several groups given, its own lr is the base.
+  if (base_lrs_.size() != state_.optimizer->param_groups().size()) {
+    base_lrs_ = group_lrs(*state_.optimizer);
   }
 }
 
@@ -322,6 +380,13 @@ void inherit_training_features(TrainOptions& options, const checkpoint::Training
   integer("accumulate", options.accumulate);
   if (!given.count("precision")) {
     options.precision = checkpoint::config_text(saved, "precision", options.precision);
+  }
+  if (!given.count("loss") && saved.config.count("loss")) {
+    const std::string loss = checkpoint::config_text(saved, "loss");
+    const std::vector<std::string> known = loss_names();
+    SHOAL_CHECK_T(CheckpointError, std::find(known.begin(), known.end(), loss) != known.end(), who,
+                  " has loss '", loss, "', which this build does not know; pass --loss");
+    options.loss = parse_loss(loss);
   }
   if (!given.count("milestones") && saved.config.count("milestones")) {
     options.milestones.clear();
@@ -487,7 +552,18 @@ void Trainer::save_checkpoint(int64_t completed_epochs, int64_t samples_seen) {
                        {"t_max", options_.t_max},
                        {"clip_grad_norm", options_.clip_grad_norm},
                        {"accumulate", options_.accumulate},
-                       {"precision", options_.precision}});
+                       {"precision", options_.precision},
+                       {"loss", std::string(loss_name(options_.loss))}});
+  // The GPT's sizes: what `shoal generate` rebuilds it from.
+  if (options_.model == "gpt") {
+    const models::GptConfig& gpt = options_.gpt;
+    state.config.insert({{"gpt.n_layer", gpt.n_layer},
+                         {"gpt.n_head", gpt.n_head},
+                         {"gpt.n_embd", gpt.n_embd},
+                         {"gpt.block_size", gpt.block_size},
+                         {"gpt.vocab_size", gpt.vocab_size},
+                         {"gpt.dropout", gpt.dropout}});
+  }
   // fp16's loss scale (#29), under PyTorch's GradScaler.state_dict() keys.
   if (state_.grad_scaler) {
     for (const auto& [key, value] : state_.grad_scaler->state_dict()) {
@@ -519,15 +595,7 @@ TrainResult Trainer::fit(const data::BatchDataset& train, const data::BatchDatas
   const int64_t test_n =
       options_.test_limit > 0 ? std::min(options_.test_limit, test.size()) : test.size();
   apply_training_features();
-  if (!prepared_) {
-    strategy_->prepare(state_);
-    prepared_ = true;
-    // The parameter server's strategy replaces the optimizer by one group with the first
-    // group's lr; with several groups given, its own lr is the base.
-    if (base_lrs_.size() != state_.optimizer->param_groups().size()) {
-      base_lrs_ = group_lrs(*state_.optimizer);
-    }
-  }
+  if (!prepared_) prepare_strategy();
   const bool reports = strategy_->rank() == 0;
   const bool checkpoints = !options_.checkpoint_dir.empty();
   MetricsWriter metrics(reports ? options_.metrics_path : std::string());
@@ -731,10 +799,11 @@ TrainResult Trainer::fit(const data::BatchDataset& train, const data::BatchDatas
     if (test_n > 0) {
       trace::set_step(epoch + 1, state_.step);
       trace::Span eval_span("evaluation", "eval");
+      const int64_t eval_batch = options_.eval_batch_size > 0 ? options_.eval_batch_size : batch;
       const EvalResult eval =
-          evaluate(*state_.model, state_.model_forward, test_shard,
-                   options_.eval_batch_size > 0 ? options_.eval_batch_size : batch,
-                   state_.loss);
+          state_.model_loss
+              ? evaluate_model_loss(*state_.model, state_.model_loss, test_shard, eval_batch)
+              : evaluate(*state_.model, state_.model_forward, test_shard, eval_batch, state_.loss);
       totals[2] = eval.loss * static_cast<double>(eval.samples);
       totals[3] = std::round(eval.accuracy * static_cast<double>(eval.samples));
       totals[4] = static_cast<double>(eval.samples);
@@ -915,27 +984,60 @@ struct LoadedData {
   std::string where;  // the file or folder
 };
 
-LoadedData load_data(const TrainOptions& options) {
+/// What the --data file must hold for `model` (built before the data, or null): inputs and
+/// targets as saved for a model that computes its own loss, else what options.loss takes.
+data::TensorFileOptions tensor_file_options(const TrainOptions& options,
+                                            const models::Model* model) {
+  data::TensorFileOptions file;
+  if (const auto* gpt = dynamic_cast<const models::Gpt*>(model)) {
+    file.targets = data::TensorFileOptions::Targets::kTokens;
+    file.num_classes = gpt->config().vocab_size;
+  } else if (model != nullptr && model->owns_loss()) {
+    file.targets = data::TensorFileOptions::Targets::kAsSaved;
+  } else if (!takes_class_targets(options.loss)) {
+    file.targets = data::TensorFileOptions::Targets::kValues;
+  } else if (!models::is_script_path(options.model)) {
+    // A TorchScript model's classes are its own business (its loss reports a bad label).
+    file.num_classes = models::InputShape{}.num_classes;
+  }
+  return file;
+}
+
+/// The built-in models' output width for `targets`: the classes, or each sample's values under a
+/// regression loss.
+int64_t output_width(const data::TensorFileOptions& file, const at::Tensor& targets) {
+  if (file.targets != data::TensorFileOptions::Targets::kValues) {
+    return models::InputShape{}.num_classes;
+  }
+  return targets.size(0) > 0 ? targets.numel() / targets.size(0) : 1;
+}
+
+LoadedData load_data(const TrainOptions& options, const data::TensorFileOptions& file) {
   LoadedData loaded;
   if (!options.data_path.empty()) {
-    // A TorchScript model's classes are its own business (its loss reports a bad label).
-    data::TensorFileData tensors = data::read_tensor_file(
-        options.data_path,
-        models::is_script_path(options.model) ? 0 : models::InputShape{}.num_classes);
+    data::TensorFileData tensors = data::read_tensor_file(options.data_path, file);
+    const int64_t width = output_width(file, tensors.train_y);
     const at::IntArrayRef sample = tensors.train_x.sizes().slice(1);
     if (sample.size() == 3) {
-      loaded.shape = {sample[0], sample[1], sample[2], models::InputShape{}.num_classes};
+      loaded.shape = {sample[0], sample[1], sample[2], width};
     } else {
       SHOAL_CHECK_T(DataError, options.model != "cnn", options.data_path, ": train_x has shape ",
                     tensors.train_x.sizes(), "; --model cnn takes images [N, C, H, W]");
       int64_t features = 1;
       for (const int64_t d : sample) features *= d;
-      loaded.shape = {features, 1, 1, models::InputShape{}.num_classes};
+      loaded.shape = {features, 1, 1, width};
     }
     loaded.train = std::make_unique<data::TensorDataset>(tensors.train_x, tensors.train_y);
     loaded.test = std::make_unique<data::TensorDataset>(tensors.test_x, tensors.test_y);
     loaded.name = "tensors";
     loaded.where = options.data_path;
+  } else if (file.targets == data::TensorFileOptions::Targets::kTokens) {
+    SHOAL_THROW(InvalidArgument, "--model ", options.model, " trains on blocks of token ids; pass "
+                "--data FILE, a torch.save dict of int64 train_x, train_y, test_x, test_y [N, T]");
+  } else if (file.targets == data::TensorFileOptions::Targets::kValues) {
+    SHOAL_THROW(InvalidArgument, "--loss ", loss_name(options.loss), " takes float targets, but ",
+                options.data_dir, " holds class labels; pass --data FILE with float train_y and "
+                "test_y, or --loss cross_entropy");
   } else if (data::Cifar10::present(options.data_dir)) {
     loaded.train = std::make_unique<data::Cifar10>(options.data_dir, /*train=*/true);
     loaded.test = std::make_unique<data::Cifar10>(options.data_dir, /*train=*/false);
@@ -970,17 +1072,19 @@ TrainResult run_training(const TrainOptions& options, std::unique_ptr<Strategy> 
   if (options.threads > 0) torch::set_num_threads(options.threads);
   // The model's name first: an unknown one should fail before seconds of data loading.
   // A TorchScript file (#29) loads here, with its own weights.
+  // A TorchScript file (#29) loads here, with its own weights; an unknown name throws, listing
+  // the known models.
+  models::ModelOptions model_options;
+  model_options.gpt = options.gpt;
   std::shared_ptr<models::Model> model;
-  const std::vector<std::string> known = models::list_models();
-  if (models::is_script_path(options.model)) {
-    model = models::create(options.model, options.seed);
-  } else if (std::find(known.begin(), known.end(), options.model) == known.end()) {
-    models::create(options.model, options.seed);  // throws, listing the known models
+  if (!models::needs_input_shape(options.model)) {
+    model = models::create(options.model, options.seed, model_options);
   }
   // The data (#29): a torch.save file of tensors (--data), CIFAR-10's binary files, or
   // Fashion-MNIST's IDX files in data_dir.
-  LoadedData loaded = load_data(options);
-  if (!model) model = models::create(options.model, options.seed, loaded.shape);
+  LoadedData loaded = load_data(options, tensor_file_options(options, model.get()));
+  model_options.shape = loaded.shape;
+  if (!model) model = models::create(options.model, options.seed, model_options);
   if (!options.init_from.empty()) {
     // Any state dict: torch.save(model.state_dict()) from Python, a DDP one ("module." keys are
     // accepted), or a Shoal checkpoint's model. Every key must match.

@@ -22,9 +22,10 @@ TEST(Models, ListsCnnAndMlp) {
   EXPECT_TRUE(std::is_sorted(names.begin(), names.end()));
 }
 
-TEST(Models, EveryModelMapsImagesToTenLogits) {
+TEST(Models, EveryImageModelMapsImagesToTenLogits) {
   torch::NoGradGuard no_grad;
   for (const std::string& name : list_models()) {
+    if (!needs_input_shape(name)) continue;  // the GPT takes token ids (below)
     auto model = create(name, 0);
     for (int64_t batch : {1, 5}) {
       const torch::Tensor logits = model->forward(torch::randn({batch, 1, 28, 28}));
@@ -105,6 +106,81 @@ TEST(Models, StateDictRoundTripsByName) {
   torch::NoGradGuard no_grad;
   const torch::Tensor x = torch::randn({3, 1, 28, 28});
   EXPECT_TRUE(torch::equal(a->forward(x), b->forward(x)));
+}
+
+GptConfig tiny_gpt() {
+  GptConfig config;
+  config.n_layer = 2;
+  config.n_head = 2;
+  config.n_embd = 16;
+  config.block_size = 8;
+  config.vocab_size = 32;
+  return config;
+}
+
+TEST(Gpt, HasNanoGptParameterNamesAndATiedHead) {
+  ModelOptions options;
+  options.gpt = tiny_gpt();
+  auto model = create("gpt", 0, options);
+  const std::vector<std::string> names = parameter_names(*model);
+  const std::vector<std::string> first{"transformer.wte.weight", "transformer.wpe.weight",
+                                       "transformer.h.0.ln_1.weight", "transformer.h.0.ln_1.bias",
+                                       "transformer.h.0.attn.c_attn.weight",
+                                       "transformer.h.0.attn.c_attn.bias",
+                                       "transformer.h.0.attn.c_proj.weight"};
+  ASSERT_GE(names.size(), first.size());
+  EXPECT_EQ(std::vector<std::string>(names.begin(), names.begin() + first.size()), first);
+  EXPECT_EQ(names.back(), "lm_head.weight");
+  const auto params = model->named_parameters();
+  EXPECT_TRUE(params["lm_head.weight"].is_same(params["transformer.wte.weight"]));
+  EXPECT_EQ(params["transformer.h.1.mlp.c_fc.weight"].sizes(), (std::vector<int64_t>{64, 16}));
+  EXPECT_FALSE(needs_input_shape("gpt"));
+}
+
+TEST(Gpt, ForwardIsCausalAndTheLossIsCrossEntropy) {
+  ModelOptions options;
+  options.gpt = tiny_gpt();
+  auto model = create("gpt", 1, options);
+  ASSERT_TRUE(model->owns_loss());
+  torch::NoGradGuard no_grad;
+  const torch::Tensor idx = torch::randint(0, 32, {3, 8}, torch::kLong);
+  const torch::Tensor logits = model->forward(idx);
+  EXPECT_EQ(logits.sizes(), (std::vector<int64_t>{3, 8, 32}));
+  // Changing the last token changes no earlier position's logits.
+  torch::Tensor changed = idx.clone();
+  changed.select(1, 7).add_(1).remainder_(32);
+  const torch::Tensor again = model->forward(changed);
+  EXPECT_TRUE(torch::allclose(logits.slice(1, 0, 7), again.slice(1, 0, 7)));
+  EXPECT_FALSE(torch::allclose(logits.select(1, 7), again.select(1, 7)));
+  const torch::Tensor targets = torch::randint(0, 32, {3, 8}, torch::kLong);
+  const torch::Tensor expected = torch::nn::functional::cross_entropy(logits.reshape({-1, 32}),
+                                                                      targets.reshape({-1}));
+  EXPECT_TRUE(torch::allclose(model->forward_loss(idx, targets), expected));
+}
+
+TEST(Gpt, SizesThatCannotWorkAreRefusedByFlag) {
+  const auto refused = [](GptConfig config, const std::string& flag) {
+    try {
+      config.validate();
+      ADD_FAILURE() << "expected InvalidArgument for " << flag;
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find(flag), std::string::npos) << e.what();
+    }
+  };
+  GptConfig config = tiny_gpt();
+  config.n_head = 3;
+  refused(config, "--n-embd must be a positive multiple of --n-head");
+  config = tiny_gpt();
+  config.n_layer = 0;
+  refused(config, "--n-layer");
+  config = tiny_gpt();
+  config.dropout = 1;
+  refused(config, "--dropout");
+  // A sequence longer than the block size.
+  ModelOptions options;
+  options.gpt = tiny_gpt();
+  auto model = create("gpt", 0, options);
+  EXPECT_THROW(model->forward(torch::zeros({1, 9}, torch::kLong)), InvalidArgument);
 }
 
 }  // namespace test_models

@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """`shoal train` on a user's own data, against PyTorch training the same model on the same data:
 
-  --data FILE.pt   a dict of tensors written here by torch.save (train_x, train_y, test_x, test_y)
+  --data FILE.pt   a dict of tensors written here by torch.save (train_x, train_y, test_x, test_y);
+                   class targets, and float targets under --loss mse, smooth_l1, bce_with_logits
   --data-dir DIR   CIFAR-10's binary files (data_batch_1.bin, data_batch_2.bin, test_batch.bin),
                    written here in the dataset's record layout and read by the test as
                    PyTorch's CIFAR-10 users read them (label byte, then 3x32x32 planes)
@@ -149,6 +150,62 @@ with tempfile.TemporaryDirectory() as tmp:
                 "--num-workers", "2", "--prefetch-factor", "3", "--dump-parameters", dump)
     compare(run, model, accuracy, dump, "CIFAR-10 --data-dir, --num-workers 2")
 
+    # --- --loss mse on regression targets: the built-in mlp with one output per target value
+    class Mlp(nn.Module):
+        """shoal's built-in mlp for F features and K outputs (models::Mlp(InputShape))."""
+
+        def __init__(self, features, outputs):
+            super().__init__()
+            self.fc1 = nn.Linear(features, 1024)
+            self.fc2 = nn.Linear(1024, 1024)
+            self.fc3 = nn.Linear(1024, outputs)
+
+        def forward(self, x):
+            x = F.relu(self.fc1(torch.flatten(x, 1)))
+            return self.fc3(F.relu(self.fc2(x)))
+
+    def regression(loss_name, loss_fn, rx, ry, rxt, ryt, seed=6, batch=32, lr=0.01):
+        torch.manual_seed(seed)
+        net = Mlp(rx[0].numel(), ry[0].numel())
+        opt = torch.optim.SGD(net.parameters(), lr=lr, momentum=0.9)
+        order = torch.randperm(len(rx), generator=torch.Generator().manual_seed(seed))
+        for begin in range(0, len(rx), batch):
+            idx = order[begin:begin + batch]
+            opt.zero_grad()
+            loss_fn(net(rx[idx]).view_as(ry[idx]), ry[idx]).backward()
+            opt.step()
+        with torch.no_grad():
+            test_loss = loss_fn(net(rxt).view_as(ryt), ryt).item()
+        path = os.path.join(tmp, f"regression_{loss_name}.pt")
+        torch.save({"train_x": rx, "train_y": ry, "test_x": rxt, "test_y": ryt}, path)
+        dump = os.path.join(tmp, f"regression_{loss_name}")
+        run = shoal("--data", path, "--model", "mlp", "--loss", loss_name, "--seed", str(seed),
+                    "--batch-size", str(batch), "--lr", str(lr), "--momentum", "0.9",
+                    "--threads", "1", "--no-progress", "--dump-parameters", dump)
+        what = f"--loss {loss_name}, targets {list(ry.shape)}"
+        check(run.returncode == 0, f"{what}: shoal train exits 0", run)
+        if run.returncode != 0:
+            return
+        state = torch.load(dump + ".rank0.pt")
+        worst = max(((state[k] - v).abs().max() / v.abs().max().clamp_min(1e-12)).item()
+                    for k, v in net.state_dict().items())
+        check(worst <= 1e-5, f"{what}: weights equal PyTorch's to 1e-5 relative (worst {worst:.3g})")
+        line = [l for l in run.stdout.splitlines() if l.startswith("final test loss")]
+        check(len(line) == 1 and abs(float(line[0].split()[-1]) - test_loss) <= 1e-5 * abs(test_loss),
+              f"{what}: the last line {line} is PyTorch's test loss {test_loss:.6g}", run)
+        check("accuracy" not in run.stdout, f"{what}: no accuracy reported for a regression", run)
+        print(f"{what}: worst relative difference {worst:.3g}, test loss {test_loss:.6g}", flush=True)
+
+    rx = torch.randn(384, 8, generator=g)
+    rw = torch.randn(8, 2, generator=g)
+    rxt = torch.randn(64, 8, generator=g)
+    regression("mse", F.mse_loss, rx, (rx @ rw)[:, 0].contiguous(), rxt, (rxt @ rw)[:, 0].contiguous())
+    regression("smooth_l1", F.smooth_l1_loss, rx, rx @ rw, rxt, rxt @ rw)
+    regression("bce_with_logits", F.binary_cross_entropy_with_logits, rx,
+               torch.sigmoid(rx @ rw), rxt, torch.sigmoid(rxt @ rw))
+    good_regression = {"train_x": rx, "train_y": (rx @ rw)[:, 0].contiguous(), "test_x": rxt,
+                       "test_y": (rxt @ rw)[:, 0].contiguous()}
+
     # --- malformed files: one clear line, a non-zero exit, no crash
     def refused(args, expect, what):
         run = shoal(*args, "--model", "cnn", "--no-progress", "--threads", "1")
@@ -196,6 +253,17 @@ with tempfile.TemporaryDirectory() as tmp:
     bad_pt("notdict", x[:4], "not a dict", ".pt holding a tensor, not a dict")
     bad_pt("notensor", dict(good, test_x=[1, 2, 3]), "'test_x' is a GenericList, not a tensor",
            ".pt with a list where a tensor belongs")
+    int_targets = os.path.join(tmp, "int_targets.pt")
+    torch.save(dict(good_regression, train_y=good_regression["train_y"].long()), int_targets)
+    run = shoal("--data", int_targets, "--model", "mlp", "--loss", "mse", "--no-progress")
+    lines = [l for l in run.stderr.splitlines() if l.strip()]
+    check(0 < run.returncode < 126 and len(lines) == 1 and "'train_y' has dtype Long, not floating "
+          "point; a regression loss takes float targets" in lines[0],
+          "--loss mse with integer targets: one line", run)
+    run = shoal("--model", "mlp", "--loss", "mse", "--no-progress")
+    lines = [l for l in run.stderr.splitlines() if l.strip()]
+    check(0 < run.returncode < 126 and len(lines) == 1 and "--loss mse takes float targets" in lines[0],
+          "--loss mse on Fashion-MNIST's class labels: one line", run)
     cut = os.path.join(tmp, "cut.pt")
     with open(data_pt, "rb") as f:
         whole = f.read()

@@ -16,6 +16,9 @@ data in the same order (#29):
   ps           trains (2 workers, 1 server) and saves a state dict Python loads
   pipeline     a scripted nn.Sequential over 2 stages x 4 micro-batches: 20 steps equal PyTorch's;
                any other module refused in one line saying why
+  own loss     a module whose forward(x, y) returns {"loss", "accuracy"}: 20 steps under ddp and
+               fsdp (2 ranks) equal PyTorch's DDP; evaluation reports its loss, no accuracy; a
+               forward(x, y) returning a tuple is one line naming the file
 
 Every saved state dict loads into the Python module with load_state_dict (strict).
 
@@ -25,6 +28,7 @@ import copy
 import os
 import sys
 import tempfile
+from typing import Dict
 
 from test_script_support import Checks, run_shoal, skip
 
@@ -290,6 +294,76 @@ with tempfile.TemporaryDirectory() as tmp:
         print(f"pipeline, Sequential: worst relative difference {worst:.3g}", flush=True)
         fresh = copy.deepcopy(sequential)
         fresh.load_state_dict(state)
+
+    # --- a model that computes its own loss: forward(x, y) returns {"loss": ..., "accuracy": ...}
+    # (Hugging Face's convention); 20 steps under ddp and fsdp (2 ranks of 16) equal PyTorch's DDP
+    class OwnLoss(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc1 = nn.Linear(2 * 12 * 12, 32)
+            self.fc2 = nn.Linear(32, 10)
+
+        def forward(self, x, y) -> Dict[str, torch.Tensor]:
+            logits = self.fc2(F.relu(self.fc1(torch.flatten(x, 1))))
+            accuracy = (logits.argmax(1) == y).float().mean()
+            return {"loss": F.cross_entropy(logits, y), "accuracy": accuracy}
+
+    torch.manual_seed(3)
+    own = OwnLoss()
+    own_file = os.path.join(tmp, "own_loss.pt")
+    torch.jit.script(own).save(own_file)
+    ranks = [copy.deepcopy(own) for _ in range(2)]
+    opts = [sgd(m) for m in ranks]
+    for step in range(20):
+        for r in range(2):
+            idx = shards[r][step * 16:(step + 1) * 16]
+            opts[r].zero_grad()
+            ranks[r](x[idx], y[idx])["loss"].backward()
+        for p0, p1 in zip(ranks[0].parameters(), ranks[1].parameters()):
+            mean = (p0.grad + p1.grad) / 2
+            p0.grad.copy_(mean)
+            p1.grad.copy_(mean)
+        for o in opts:
+            o.step()
+    with torch.no_grad():
+        own_test_loss = ranks[0](xt, yt)["loss"].item()
+    own_common = [a if a != script else own_file for a in common]
+    for strategy in ("ddp", "fsdp"):
+        what = f"own loss (dict), {strategy}, 2 ranks"
+        dump = os.path.join(tmp, "own_" + strategy)
+        run = shoal(*own_common, "--strategy", strategy, "--nproc-per-node", "2", "--batch-size", "16",
+                    "--dump-parameters", dump)
+        check(run.returncode == 0, f"{what}: shoal train exits 0", run)
+        if run.returncode != 0:
+            continue
+        state = torch.load(dump + ".rank0.pt")
+        worst = max(relative(state[k], v) for k, v in ranks[0].state_dict().items())
+        check(worst <= 1e-5, f"{what}: 20 steps equal PyTorch's to 1e-5 relative (worst {worst:.3g})")
+        print(f"{what}: worst relative difference {worst:.3g}", flush=True)
+        OwnLoss().load_state_dict(state)
+    # A whole epoch (40 steps of 16 x 2): the test loss is the model's own, no accuracy.
+    run = shoal(*own_common, "--batch-size", "32")
+    line = [l for l in run.stdout.splitlines() if l.startswith("final test loss")]
+    check(run.returncode == 0 and len(line) == 1 and "accuracy" not in run.stdout,
+          "own loss, single: reports the model's test loss and no accuracy", run)
+
+    # --- a model whose forward(x, y) returns neither a tensor nor a dict with "loss": one line
+    class Tupled(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(2 * 12 * 12, 10)
+
+        def forward(self, x, y):
+            logits = self.fc(torch.flatten(x, 1))
+            return logits, y
+
+    tupled = os.path.join(tmp, "tupled.pt")
+    torch.jit.script(Tupled()).save(tupled)
+    run = shoal("--model", tupled, "--data", data, "--no-progress", "--threads", "1")
+    lines = [l for l in run.stderr.splitlines() if l.strip()]
+    check(0 < run.returncode < 126 and len(lines) == 1 and tupled in lines[0] and
+          "neither a tensor nor a dict with 'loss'" in lines[0],
+          "forward(x, y) returning a tuple: one line naming the file", run)
 
     # --- a file that is not TorchScript
     run = shoal("--model", data, "--data", data, "--no-progress", "--threads", "1")

@@ -153,6 +153,58 @@ TEST(Trainer, EvaluateCountsAndAverages) {
   EXPECT_TRUE(model->is_training());  // evaluate puts the training mode back
 }
 
+TEST(Loss, NamesParseToTheEnumAndBack) {
+  for (const std::string& name : loss_names()) EXPECT_EQ(loss_name(parse_loss(name)), name);
+  EXPECT_EQ(parse_loss("mse"), Loss::kMse);
+  EXPECT_TRUE(takes_class_targets(Loss::kNll));
+  EXPECT_FALSE(takes_class_targets(Loss::kBceWithLogits));
+  try {
+    parse_loss("hinge");
+    FAIL() << "expected InvalidArgument";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("smooth_l1"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Loss, RegressionTakesOneTargetPerOutputValue) {
+  const torch::Tensor output = torch::randn({6, 1});
+  const torch::Tensor target = torch::randn({6});
+  // [N, 1] against [N] is the per-sample difference, not PyTorch's [N, N] broadcast.
+  const double mse = loss_function(Loss::kMse)(output, target).item<double>();
+  EXPECT_NEAR(mse, (output.squeeze(1) - target).pow(2).mean().item<double>(), 1e-6);
+  const double l1 = loss_function(Loss::kL1)(output, target).item<double>();
+  EXPECT_NEAR(l1, (output.squeeze(1) - target).abs().mean().item<double>(), 1e-6);
+  EXPECT_THROW(loss_function(Loss::kMse)(torch::randn({6, 2}), target), InvalidArgument);
+}
+
+/// forward(x, y): the model computes its own loss (mean squared error of a linear map).
+struct OwnLossNet : torch::nn::Module {
+  OwnLossNet() { fc = register_module("fc", torch::nn::Linear(4, 1)); }
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& y) {
+    return torch::mse_loss(fc->forward(x).squeeze(1), y);
+  }
+  torch::nn::Linear fc{nullptr};
+};
+
+TEST(Trainer, TrainsAModelThatComputesItsOwnLoss) {
+  torch::manual_seed(0);
+  const torch::Tensor x = torch::randn({256, 4});
+  const torch::Tensor y = x.matmul(torch::tensor({1.0f, -2.0f, 0.5f, 3.0f}));
+  auto net = std::make_shared<OwnLossNet>();
+  TrainOptions options = quick_options("own", 0);
+  options.epochs = 5;
+  Trainer trainer(options, net,
+                  [net](const torch::Tensor& inputs, const torch::Tensor& targets) {
+                    return net->forward(inputs, targets);
+                  },
+                  std::make_unique<torch::optim::SGD>(net->parameters(),
+                                                      torch::optim::SGDOptions(0.05)));
+  const TrainResult result = trainer.fit({x, y}, {x.slice(0, 0, 64), y.slice(0, 0, 64)});
+  ASSERT_EQ(result.epochs.size(), 5u);
+  EXPECT_LT(result.epochs.back().test_loss, 0.05 * result.epochs.front().train_loss);
+  EXPECT_TRUE(std::isnan(result.epochs.back().test_accuracy));  // no classes: no accuracy
+}
+
 TEST(Trainer, WritesStepAndEpochMetrics) {
   torch::set_num_threads(1);
   const std::string path = shoal::testing::temp_path("shoal-metrics") + ".jsonl";

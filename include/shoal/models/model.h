@@ -1,7 +1,9 @@
 // The common interface of Shoal's built-in models: a torch::nn::Module with a virtual forward.
 //
 // LibTorch modules have no common forward (each declares its own), so code that trains "a model
-// chosen by name" needs one. Built-in models map an image batch [B,1,28,28] to logits [B,10].
+// chosen by name" needs one. Built-in classifiers map an image batch [B,1,28,28] to logits
+// [B,10]; a model may also compute its own loss from a batch (owns_loss: the GPT's
+// forward(idx, targets), as nanoGPT's and Hugging Face's models do).
 //
 // Thread safety: as for any torch::nn::Module, not safe for concurrent mutation; concurrent
 // forward passes without autograd on a module nobody modifies are fine.
@@ -27,6 +29,12 @@ class Model : public torch::nn::Module {
   using torch::nn::Module::Module;
   /// Maps inputs [B, ...] to logits [B, num_classes].
   virtual at::Tensor forward(at::Tensor input) = 0;
+  /// True for a model that computes its own loss from a batch: the trainer minimizes
+  /// forward_loss() instead of a loss of forward()'s output.
+  virtual bool owns_loss() const { return false; }
+  /// The batch's mean loss (a 0-dim tensor), for a model that owns_loss(); the others throw
+  /// InvalidArgument.
+  virtual at::Tensor forward_loss(const at::Tensor& inputs, const at::Tensor& targets);
   /// The samples the model was built for (another replica of it is built from the same shape).
   const InputShape& input_shape() const { return input_shape_; }
 

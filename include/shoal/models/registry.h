@@ -1,4 +1,4 @@
-// Built-in models by name ("cnn", "mlp"), for the CLI, tests and benchmarks.
+// Built-in models by name ("cnn", "mlp", "transformer", "gpt"), for the CLI, tests and benchmarks.
 //
 // Thread safety: list_models() may be called from any thread. create() re-seeds LibTorch's global
 // CPU generator while it builds the model (and restores its state afterwards), so it must not run
@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "shoal/models/gpt_config.h"
 #include "shoal/models/model.h"
 
 namespace shoal::models {
@@ -23,6 +24,19 @@ std::shared_ptr<Model> create(const std::string& name, uint64_t seed = 0);
 /// The same for samples of `shape` (e.g. CIFAR-10's 3 x 32 x 32); create(name, seed) builds the
 /// Fashion-MNIST shape.
 std::shared_ptr<Model> create(const std::string& name, uint64_t seed, const InputShape& shape);
+
+/// What create() builds a model for: the samples of an image classifier, the GPT's sizes.
+struct ModelOptions {
+  InputShape shape;
+  GptConfig gpt;
+};
+
+/// The same, with every model's options ("gpt" takes options.gpt, the others options.shape).
+std::shared_ptr<Model> create(const std::string& name, uint64_t seed, const ModelOptions& options);
+
+/// True when model `name` is built for the data's sample shape (the image classifiers), so that it
+/// is made after the data is read; false for the GPT and TorchScript files (and unknown names).
+bool needs_input_shape(const std::string& name);
 
 /// The names create() accepts, sorted.
 std::vector<std::string> list_models();

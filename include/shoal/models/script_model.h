@@ -12,6 +12,10 @@
 // scripted torch.nn.Sequential into its children (pipeline::as_sequential) and refuse any other
 // script module in one line: its forward is one compiled graph.
 //
+// A script module whose forward takes two tensors, forward(inputs, targets), computes its own
+// loss (owns_loss): it returns the loss tensor, or a dict with "loss" (and any metrics, which the
+// trainer does not use), as Hugging Face's models and nanoGPT's GPT.forward(idx, targets) do.
+//
 // Thread safety: that of torch::nn::Module (see model.h); clone_module() gives a replica with
 // tensors of its own.
 #pragma once
@@ -29,8 +33,10 @@ namespace shoal::models {
 
 class ScriptModel : public Model {
  public:
-  /// Wraps `module` (shared: the adapter and `module` see the same tensors).
-  explicit ScriptModel(const torch::jit::Module& module);
+  /// Wraps `module` (shared: the adapter and `module` see the same tensors); `source` names it in
+  /// messages (load() passes the file's path).
+  explicit ScriptModel(const torch::jit::Module& module,
+                       std::string source = "the TorchScript model");
   ~ScriptModel() override;
 
   /// torch::jit::load(path) on the CPU, wrapped. Throws InvalidArgument with one line naming the
@@ -39,6 +45,11 @@ class ScriptModel : public Model {
 
   /// The script module's forward on one tensor; it must return one tensor.
   at::Tensor forward(at::Tensor input) override;
+  /// True when the script module's forward takes two tensors (inputs, targets).
+  bool owns_loss() const override { return owns_loss_; }
+  /// forward(inputs, targets)'s loss: the tensor it returns, or its dict's "loss". Anything else,
+  /// or a loss of more than one value, throws InvalidArgument naming the file.
+  at::Tensor forward_loss(const at::Tensor& inputs, const at::Tensor& targets) override;
   /// Sets training mode on the adapter and on the script module (all its submodules).
   void train(bool on = true) override;
   /// A deep copy (torch::jit::Module::clone: tensors of its own), wrapped: a replica for
@@ -49,6 +60,8 @@ class ScriptModel : public Model {
 
  private:
   std::unique_ptr<torch::jit::Module> module_;
+  std::string source_;
+  bool owns_loss_ = false;
 };
 
 /// True when `name` names a TorchScript file rather than a built-in model: it ends in .pt, .pth

@@ -47,7 +47,9 @@ class Strategy {
   virtual ~Strategy() = default;
 
   /// Called once before the first step. Sets state.forward to what the forward pass goes through
-  /// (the default: the model itself; DDP: its wrapper).
+  /// (the default: the model itself; DDP: its wrapper), and state.forward_loss likewise for a
+  /// model that computes its own loss (state.model_loss); a strategy that cannot train such a
+  /// model leaves forward_loss null and the trainer refuses it.
   virtual void prepare(TrainState& state);
 
   /// The training-sample indices ([k] int64) this process visits in `epoch` (0-based), in order.

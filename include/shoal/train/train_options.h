@@ -12,7 +12,9 @@
 #include <string>
 #include <vector>
 
+#include "shoal/models/gpt_config.h"
 #include "shoal/train/grad_scaler.h"
+#include "shoal/train/loss.h"
 
 namespace shoal::train {
 
@@ -30,6 +32,11 @@ struct TrainOptions {
   /// A name known to shoal::models::create ("cnn", "mlp"), or a TorchScript file's path
   /// (models::is_script_path).
   std::string model = "cnn";
+  /// The loss minimized on the model's output (`--loss`); a model that computes its own loss
+  /// (models::Model::owns_loss) ignores it.
+  Loss loss = Loss::kCrossEntropy;
+  /// The sizes of --model gpt (--n-layer, --n-head, ...).
+  models::GptConfig gpt;
   /// Passes over the training set.
   int64_t epochs = 1;
   /// Samples per optimizer step (per rank when distributed, as in PyTorch's DDP).

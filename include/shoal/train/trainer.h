@@ -40,6 +40,7 @@
 #include "shoal/trace/tracer.h"
 #include "shoal/models/model.h"
 #include "shoal/train/grad_scaler.h"
+#include "shoal/train/loss.h"
 #include "shoal/train/strategy.h"
 #include "shoal/train/train_options.h"
 
@@ -52,13 +53,6 @@ struct TensorData {
   int64_t size() const { return inputs.defined() ? inputs.size(0) : 0; }
 };
 
-/// A loss: the model's output and the targets of a batch to a scalar (the batch mean, as PyTorch's
-/// losses with reduction='mean'), e.g. torch::nn::functional::cross_entropy.
-using LossFunction = std::function<at::Tensor(const at::Tensor& output, const at::Tensor& target)>;
-
-/// Cross-entropy over logits [N, C] and class targets [N]: the default loss.
-at::Tensor cross_entropy_loss(const at::Tensor& output, const at::Tensor& target);
-
 /// Everything one training step reads and changes.
 struct TrainState {
   /// The model being trained (its parameters are what the optimizer updates).
@@ -67,8 +61,14 @@ struct TrainState {
   std::function<at::Tensor(const at::Tensor&)> model_forward;
   /// The optimizer over model's parameters.
   std::unique_ptr<torch::optim::Optimizer> optimizer;
-  /// The loss minimized.
+  /// The loss minimized on the forward's output.
   LossFunction loss = cross_entropy_loss;
+  /// Set for a model that computes its own loss (models::Model::owns_loss): that loss, unwrapped
+  /// (evaluation calls it). Training then minimizes `forward_loss`, and `loss` does not apply.
+  BatchLoss model_loss;
+  /// What a training step's loss goes through when model_loss is set: model_loss itself or a
+  /// strategy's wrapper (Strategy::prepare; one that leaves it null does not train such models).
+  BatchLoss forward_loss;
   /// What a forward pass calls: the model itself, or a wrapper set by Strategy::prepare.
   std::function<at::Tensor(const at::Tensor&)> forward;
   /// The current epoch, 0-based (shown 1-based to users).
@@ -207,11 +207,17 @@ EvalResult evaluate(torch::nn::Module& model,
                     const data::BatchDataset& data, int64_t batch_size,
                     const LossFunction& loss = cross_entropy_loss);
 
+/// Mean loss of a model that computes its own (`model_loss`, see TrainState::model_loss) on
+/// `data`, as evaluate() above; the accuracy is NaN.
+EvalResult evaluate_model_loss(torch::nn::Module& model, const BatchLoss& model_loss,
+                               const data::BatchDataset& data, int64_t batch_size);
+
 /// Trains a model on in-memory tensors or any BatchDataset; see the file comment.
 class Trainer {
  public:
-  /// `strategy` defaults to SingleProcess. Builds SGD (options.lr, options.momentum) over the
-  /// model's parameters and minimizes cross-entropy.
+  /// `strategy` defaults to SingleProcess. Builds the options' optimizer over the model's
+  /// parameters and minimizes options.loss on its output, or the model's own loss when it
+  /// computes one (models::Model::owns_loss).
   Trainer(TrainOptions options, std::shared_ptr<models::Model> model,
           std::unique_ptr<Strategy> strategy = nullptr);
 
@@ -230,6 +236,12 @@ class Trainer {
           std::unique_ptr<Strategy> strategy = nullptr)
       : Trainer(std::move(options), module.ptr(), std::move(optimizer), std::move(loss),
                 std::move(strategy)) {}
+
+  /// A module that computes its own loss (a language model's forward(idx, targets)): training
+  /// minimizes `model_loss` of each batch, evaluation reports its mean (no accuracy).
+  Trainer(TrainOptions options, std::shared_ptr<torch::nn::Module> module, BatchLoss model_loss,
+          std::unique_ptr<torch::optim::Optimizer> optimizer,
+          std::unique_ptr<Strategy> strategy = nullptr);
 
   /// The type-erased form of the constructors above: `forward` calls the module.
   Trainer(TrainOptions options, std::shared_ptr<torch::nn::Module> module,
@@ -287,6 +299,8 @@ class Trainer {
   int64_t resume_samples_seen_ = 0;
   /// Each parameter group's learning rate as given: the schedule's base values.
   std::vector<double> base_lrs_;
+  /// Strategy::prepare, once, and what follows from it (fit() calls it before the first step).
+  void prepare_strategy();
   /// Sets every parameter group's lr for the coming step of `total_steps` (lr_schedule).
   void apply_lr_schedule(int64_t total_steps);
   std::string resume_changes_;

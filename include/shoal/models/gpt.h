@@ -1,0 +1,107 @@
+// A GPT-2-style causal language model (nanoGPT's model.py): token and position embeddings,
+// pre-LayerNorm blocks of causal self-attention and a 4x GELU MLP, a final LayerNorm, and an
+// output head tied to the token embedding. Its parameters carry nanoGPT's names
+// (transformer.wte.weight, transformer.h.0.attn.c_attn.weight, ..., lm_head.weight, which is
+// transformer.wte.weight), so a state dict moves between it and nanoGPT's GPT with
+// load_state_dict. nanoGPT's causal-mask buffer (attn.bias) is not a buffer here: the mask is
+// made per forward.
+//
+// It computes its own loss (owns_loss): forward_loss(idx, targets) is the cross-entropy of the
+// next-token logits over the vocabulary (targets -1 are ignored), nanoGPT's
+// GPT.forward(idx, targets). Initialised as nanoGPT does: every Linear and Embedding weight
+// N(0, 0.02), the residual projections (c_proj) N(0, 0.02 / sqrt(2 n_layer)), biases 0.
+//
+// Thread safety: that of torch::nn::Module (see model.h).
+#pragma once
+
+#include <torch/nn/modules/container/modulelist.h>
+#include <torch/nn/modules/embedding.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/modules/normalization.h>
+
+#include "shoal/models/gpt_config.h"
+#include "shoal/models/model.h"
+
+namespace shoal::models {
+
+/// Multi-head causal self-attention: c_attn (q, k, v in one Linear), c_proj.
+class CausalSelfAttention : public torch::nn::Module {
+ public:
+  explicit CausalSelfAttention(const GptConfig& config);
+  /// [B,T,C] -> [B,T,C]; position t attends to positions <= t.
+  at::Tensor forward(const at::Tensor& x);
+
+  torch::nn::Linear c_attn{nullptr};
+  torch::nn::Linear c_proj{nullptr};
+
+ private:
+  int64_t n_head_;
+  double dropout_;
+};
+
+/// The block's MLP: c_fc (C -> 4C), GELU, c_proj (4C -> C).
+class GptMlp : public torch::nn::Module {
+ public:
+  explicit GptMlp(const GptConfig& config);
+  at::Tensor forward(const at::Tensor& x);
+
+  torch::nn::Linear c_fc{nullptr};
+  torch::nn::Linear c_proj{nullptr};
+
+ private:
+  double dropout_;
+};
+
+/// x + attn(ln_1(x)), then + mlp(ln_2(x)).
+class GptBlock : public torch::nn::Module {
+ public:
+  explicit GptBlock(const GptConfig& config);
+  at::Tensor forward(const at::Tensor& x);
+
+  torch::nn::LayerNorm ln_1{nullptr};
+  std::shared_ptr<CausalSelfAttention> attn;
+  torch::nn::LayerNorm ln_2{nullptr};
+  std::shared_ptr<GptMlp> mlp;
+};
+
+/// How Gpt::generate samples (nanoGPT's sample.py).
+struct GenerateOptions {
+  /// Tokens appended to the prompt.
+  int64_t max_new_tokens = 100;
+  /// The logits are divided by it before sampling; > 0 (lower: more likely tokens).
+  double temperature = 1.0;
+  /// > 0: only the top_k most likely tokens are drawn from (1: greedy); 0: all of them.
+  int64_t top_k = 0;
+};
+
+/// The decoder; forward(idx [B,T] int64) -> logits [B,T,vocab_size].
+class Gpt : public Model {
+ public:
+  explicit Gpt(const GptConfig& config = {});
+  /// Next-token logits at every position, [B,T,vocab_size]; T <= block_size.
+  at::Tensor forward(at::Tensor idx) override;
+  bool owns_loss() const override { return true; }
+  /// Mean cross-entropy of forward(idx) against targets [B,T] (ids, or -1 to ignore a position).
+  at::Tensor forward_loss(const at::Tensor& idx, const at::Tensor& targets) override;
+  const GptConfig& config() const { return config_; }
+  /// idx [B,T] followed by options.max_new_tokens tokens, each drawn with `generator` from the
+  /// next-token distribution of the last block_size tokens (nanoGPT's GPT.generate). Runs without
+  /// autograd, in the model's current mode (call eval() first to turn dropout off).
+  at::Tensor generate(const at::Tensor& idx, const GenerateOptions& options,
+                      at::Generator generator);
+
+  /// nanoGPT's `transformer` ModuleDict: wte, wpe, h (the blocks), ln_f.
+  std::shared_ptr<torch::nn::Module> transformer;
+  torch::nn::Embedding wte{nullptr};
+  torch::nn::Embedding wpe{nullptr};
+  torch::nn::ModuleList h;
+  torch::nn::LayerNorm ln_f{nullptr};
+  /// Holds `weight`, the tied wte.weight, under nanoGPT's name.
+  std::shared_ptr<torch::nn::Module> lm_head;
+
+ private:
+  void init_weights();
+  GptConfig config_;
+};
+
+}  // namespace shoal::models

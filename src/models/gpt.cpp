@@ -1,0 +1,168 @@
+#include "shoal/models/gpt.h"
+
+#include <torch/nn/functional/dropout.h>
+#include <torch/nn/functional/loss.h>
+#include <torch/nn/init.h>
+#include <torch/utils.h>
+
+#include <cmath>
+
+#include "shoal/error.h"
+
+namespace shoal::models {
+namespace {
+
+namespace F = torch::nn::functional;
+
+/// nanoGPT's initialisation: N(0, 0.02) weights.
+constexpr double kInitStd = 0.02;
+
+torch::nn::LayerNorm gpt_layer_norm(int64_t dim) {
+  return torch::nn::LayerNorm(torch::nn::LayerNormOptions({dim}));
+}
+
+at::Tensor gpt_dropout(const at::Tensor& x, double p, bool training) {
+  if (p == 0 || !training) return x;
+  return F::dropout(x, F::DropoutFuncOptions().p(p).training(true));
+}
+
+}  // namespace
+
+void GptConfig::validate() const {
+  SHOAL_CHECK_T(InvalidArgument, n_layer >= 1 && n_layer <= 1024,
+                "--n-layer must be in [1, 1024], got ", n_layer);
+  SHOAL_CHECK_T(InvalidArgument, n_head >= 1, "--n-head must be at least 1, got ", n_head);
+  SHOAL_CHECK_T(InvalidArgument, n_embd >= 1 && n_embd % n_head == 0,
+                "--n-embd must be a positive multiple of --n-head (each head takes n_embd / n_head "
+                "channels), got n_embd ", n_embd, " and n_head ", n_head);
+  SHOAL_CHECK_T(InvalidArgument, block_size >= 1 && block_size <= (int64_t{1} << 20),
+                "--block-size must be in [1, 1048576] tokens, got ", block_size);
+  SHOAL_CHECK_T(InvalidArgument, vocab_size >= 1 && vocab_size <= (int64_t{1} << 24),
+                "--vocab-size must be in [1, 16777216], got ", vocab_size);
+  SHOAL_CHECK_T(InvalidArgument, dropout >= 0 && dropout < 1, "--dropout must be in [0, 1), got ",
+                dropout);
+}
+
+CausalSelfAttention::CausalSelfAttention(const GptConfig& config)
+    : n_head_(config.n_head), dropout_(config.dropout) {
+  c_attn = register_module("c_attn", torch::nn::Linear(config.n_embd, 3 * config.n_embd));
+  c_proj = register_module("c_proj", torch::nn::Linear(config.n_embd, config.n_embd));
+}
+
+at::Tensor CausalSelfAttention::forward(const at::Tensor& x) {
+  const int64_t batch = x.size(0), tokens = x.size(1), channels = x.size(2);
+  const int64_t head = channels / n_head_;
+  // [B,T,3C] -> q, k, v as [B,nh,T,hs]
+  const std::vector<at::Tensor> qkv = c_attn->forward(x).split(channels, 2);
+  const auto heads = [&](const at::Tensor& t) {
+    return t.view({batch, tokens, n_head_, head}).transpose(1, 2);
+  };
+  const at::Tensor q = heads(qkv[0]), k = heads(qkv[1]), v = heads(qkv[2]);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(head));
+  at::Tensor att = at::matmul(q, k.transpose(-2, -1)) * scale;
+  const at::Tensor future = at::ones({tokens, tokens}, x.options().dtype(at::kBool)).triu(1);
+  att = at::softmax(att.masked_fill(future, -INFINITY), -1);
+  att = gpt_dropout(att, dropout_, is_training());
+  const at::Tensor y =
+      at::matmul(att, v).transpose(1, 2).contiguous().view({batch, tokens, channels});
+  return gpt_dropout(c_proj->forward(y), dropout_, is_training());
+}
+
+GptMlp::GptMlp(const GptConfig& config) : dropout_(config.dropout) {
+  c_fc = register_module("c_fc", torch::nn::Linear(config.n_embd, 4 * config.n_embd));
+  c_proj = register_module("c_proj", torch::nn::Linear(4 * config.n_embd, config.n_embd));
+}
+
+at::Tensor GptMlp::forward(const at::Tensor& x) {
+  return gpt_dropout(c_proj->forward(at::gelu(c_fc->forward(x))), dropout_, is_training());
+}
+
+GptBlock::GptBlock(const GptConfig& config) {
+  ln_1 = register_module("ln_1", gpt_layer_norm(config.n_embd));
+  attn = register_module("attn", std::make_shared<CausalSelfAttention>(config));
+  ln_2 = register_module("ln_2", gpt_layer_norm(config.n_embd));
+  mlp = register_module("mlp", std::make_shared<GptMlp>(config));
+}
+
+at::Tensor GptBlock::forward(const at::Tensor& x) {
+  const at::Tensor y = x + attn->forward(ln_1->forward(x));
+  return y + mlp->forward(ln_2->forward(y));
+}
+
+Gpt::Gpt(const GptConfig& config) : config_(config) {
+  config_.validate();
+  transformer = register_module("transformer", std::make_shared<torch::nn::Module>());
+  wte = transformer->register_module("wte", torch::nn::Embedding(config.vocab_size, config.n_embd));
+  wpe = transformer->register_module("wpe", torch::nn::Embedding(config.block_size, config.n_embd));
+  h = transformer->register_module("h", torch::nn::ModuleList());
+  for (int64_t i = 0; i < config.n_layer; ++i) h->push_back(std::make_shared<GptBlock>(config));
+  ln_f = transformer->register_module("ln_f", gpt_layer_norm(config.n_embd));
+  // Weight tying: the output head is the token embedding (one tensor under both names).
+  lm_head = register_module("lm_head", std::make_shared<torch::nn::Module>());
+  lm_head->register_parameter("weight", wte->weight);
+  init_weights();
+}
+
+void Gpt::init_weights() {
+  torch::NoGradGuard no_grad;
+  const double proj_std = kInitStd / std::sqrt(2.0 * static_cast<double>(config_.n_layer));
+  for (const auto& item : named_parameters()) {
+    const std::string& name = item.key();
+    at::Tensor p = item.value();
+    if (name.find("ln_") != std::string::npos || name == "lm_head.weight") continue;
+    if (name.size() >= 5 && name.compare(name.size() - 5, 5, ".bias") == 0) {
+      p.zero_();
+    } else {
+      const bool residual = name.find("c_proj.weight") != std::string::npos;
+      torch::nn::init::normal_(p, 0.0, residual ? proj_std : kInitStd);
+    }
+  }
+}
+
+at::Tensor Gpt::forward(at::Tensor idx) {
+  SHOAL_CHECK_T(InvalidArgument, idx.dim() == 2 && !at::isFloatingType(idx.scalar_type()),
+                "the gpt model takes token ids [B, T] (integers), got ", idx.scalar_type(), " ",
+                idx.sizes());
+  const int64_t tokens = idx.size(1);
+  SHOAL_CHECK_T(InvalidArgument, tokens <= config_.block_size, "the gpt model's block size is ",
+                config_.block_size, " tokens, got sequences of ", tokens,
+                "; raise --block-size or cut the sequences");
+  const at::Tensor positions = at::arange(tokens, idx.options().dtype(at::kLong));
+  at::Tensor x = wte->forward(idx.to(at::kLong)) + wpe->forward(positions);
+  x = gpt_dropout(x, config_.dropout, is_training());
+  for (const auto& block : *h) x = block->as<GptBlock>()->forward(x);
+  return at::linear(ln_f->forward(x), wte->weight);
+}
+
+at::Tensor Gpt::forward_loss(const at::Tensor& idx, const at::Tensor& targets) {
+  const at::Tensor logits = forward(idx);
+  return F::cross_entropy(logits.view({-1, logits.size(-1)}), targets.reshape({-1}).to(at::kLong),
+                          F::CrossEntropyFuncOptions().ignore_index(-1));
+}
+
+at::Tensor Gpt::generate(const at::Tensor& idx, const GenerateOptions& options,
+                         at::Generator generator) {
+  SHOAL_CHECK_T(InvalidArgument, options.temperature > 0 && std::isfinite(options.temperature),
+                "--temperature must be a positive number, got ", options.temperature);
+  SHOAL_CHECK_T(InvalidArgument, options.top_k >= 0 && options.max_new_tokens >= 0,
+                "--top-k and --max-new-tokens must be >= 0, got ", options.top_k, " and ",
+                options.max_new_tokens);
+  torch::NoGradGuard no_grad;
+  at::Tensor tokens = idx.to(at::kLong);
+  for (int64_t n = 0; n < options.max_new_tokens; ++n) {
+    const int64_t length = tokens.size(1);
+    const at::Tensor context =
+        length <= config_.block_size ? tokens : tokens.slice(1, length - config_.block_size);
+    at::Tensor logits = forward(context).select(1, context.size(1) - 1) / options.temperature;
+    if (options.top_k > 0) {
+      const int64_t k = std::min(options.top_k, logits.size(-1));
+      const at::Tensor kth = std::get<0>(logits.topk(k)).slice(1, k - 1);
+      logits = logits.masked_fill(logits < kth, -INFINITY);
+    }
+    const at::Tensor next = at::multinomial(at::softmax(logits, -1), 1, false, generator);
+    tokens = at::cat({tokens, next}, 1);
+  }
+  return tokens;
+}
+
+}  // namespace shoal::models
