@@ -2,6 +2,7 @@
 
 #include <torch/script.h>
 
+#include "checkpoint/script_archive.h"
 #include "shoal/error.h"
 
 namespace shoal::models {
@@ -37,6 +38,11 @@ ScriptModel::ScriptModel(const torch::jit::Module& module)
 ScriptModel::~ScriptModel() = default;
 
 std::shared_ptr<ScriptModel> ScriptModel::load(const std::string& path) {
+  try {
+    checkpoint::detail::check_script_archive(path);
+  } catch (const CheckpointError& e) {
+    throw InvalidArgument(e.what(), e.location());
+  }
   torch::jit::Module module;
   try {
     module = torch::jit::load(path, c10::Device(c10::kCPU));
