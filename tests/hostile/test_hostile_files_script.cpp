@@ -126,5 +126,32 @@ TEST_F(HostileScript, ABufferLargerThanItsStorageIsRefused) {
   expect_refused(dir_ + "/buffer.pt", "reaches past the end of its storage");
 }
 
+// A forward that throws (here only in training mode, so past the first-batch check): one line
+// naming the file, the operation and the error; the whole traceback only at debug level.
+TEST_F(HostileScript, AForwardThatThrowsIsOneLine) {
+  const std::string model = dir_ + "/throws.pt";
+  save_model(model, 10, 784, R"(
+def forward(self, x):
+    y = x.flatten(1)
+    if self.training:
+        y = y.view(-1, 5)
+    return y.matmul(self.weight.t())
+)");
+  const CliRun run = train(model);
+  const std::string out = run.text();
+  EXPECT_EQ(run.signal, 0) << out;
+  EXPECT_NE(run.exit_code, 0) << out;
+  EXPECT_EQ(out.rfind("shoal: error: ", 0), 0u) << out;
+  EXPECT_EQ(out.find('\n'), out.size() - 1) << out;
+  for (const std::string word : {model, std::string("at `y = y.view(-1, 5)`"), std::string("is invalid for input of size"),
+                                 std::string("SHOAL_LOG_LEVEL=debug")}) {
+    EXPECT_NE(out.find(word), std::string::npos) << word << " in " << out;
+  }
+  ::setenv("SHOAL_LOG_LEVEL", "debug", 1);
+  const CliRun debug = train(model);
+  ::unsetenv("SHOAL_LOG_LEVEL");
+  EXPECT_NE(debug.text().find("Traceback of TorchScript"), std::string::npos) << debug.text();
+}
+
 }  // namespace test_hostile_files_script
 }  // namespace shoal::models

@@ -29,16 +29,21 @@ namespace shoal::models {
 
 class ScriptModel : public Model {
  public:
-  /// Wraps `module` (shared: the adapter and `module` see the same tensors).
-  explicit ScriptModel(const torch::jit::Module& module);
+  /// Wraps `module` (shared: the adapter and `module` see the same tensors); `path`, the file it
+  /// came from, names it in errors.
+  explicit ScriptModel(const torch::jit::Module& module, std::string path = "the TorchScript model");
   ~ScriptModel() override;
 
   /// torch::jit::load(path) on the CPU, wrapped. Throws InvalidArgument with one line naming the
   /// file when it is missing or not a TorchScript archive.
   static std::shared_ptr<ScriptModel> load(const std::string& path);
 
-  /// The script module's forward on one tensor; it must return one tensor.
+  /// The script module's forward on one tensor; it must return one tensor. When the script
+  /// throws, throws InvalidArgument in one line naming the file, the operation that failed and
+  /// the error; the interpreter's whole traceback goes to the debug log.
   at::Tensor forward(at::Tensor input) override;
+  /// The file the model was loaded from (or what the constructor was given).
+  const std::string& path() const { return path_; }
   /// Sets training mode on the adapter and on the script module (all its submodules).
   void train(bool on = true) override;
   /// A deep copy (torch::jit::Module::clone: tensors of its own), wrapped: a replica for
@@ -49,6 +54,7 @@ class ScriptModel : public Model {
 
  private:
   std::unique_ptr<torch::jit::Module> module_;
+  std::string path_;
 };
 
 /// True when `name` names a TorchScript file rather than a built-in model: it ends in .pt, .pth
