@@ -963,6 +963,44 @@ LoadedData load_data(const TrainOptions& options) {
   return loaded;
 }
 
+/// A TorchScript model checked against the data on the first batch, so that a model and data
+/// that do not fit are one line naming both shapes, not an error deep in the first step. Built-in
+/// models are built to the data's shape; a script model brings its own. The forward runs in eval
+/// mode without gradients (no BatchNorm statistics move, no dropout draws) and the loss is the
+/// trainer's own.
+void check_model_fits_data(models::ScriptModel& model, const LoadedData& loaded, int64_t batch_size) {
+  if (loaded.train->size() == 0) return;
+  const data::Batch batch =
+      loaded.train->get_batch(at::arange(std::min(batch_size, loaded.train->size()), at::kLong));
+  const std::string first = shoal::detail::str_cat("on the first batch of ", loaded.where, " (inputs ",
+                                    batch.data.sizes(), ", targets ", batch.target.sizes(), ")");
+  torch::NoGradGuard no_grad;
+  const bool training = model.is_training();
+  model.train(false);
+  at::Tensor output;
+  try {
+    output = model.forward(batch.data);
+  } catch (const Error& e) {
+    model.train(training);
+    SHOAL_THROW(InvalidArgument, e.what(), "; ", first);
+  }
+  model.train(training);
+  try {
+    shoal::train::cross_entropy_loss(output, batch.target);
+  } catch (const c10::Error& e) {
+    std::string labels;
+    if (!at::isFloatingType(batch.target.scalar_type()) && batch.target.numel() > 0) {
+      labels = shoal::detail::str_cat(" (labels up to ", batch.target.max().item<int64_t>(), ")");
+    }
+    std::string why = e.what_without_backtrace();
+    why = why.substr(0, why.find('\n'));
+    SHOAL_THROW(InvalidArgument, model.path(), " returns ", output.sizes(), " for inputs ",
+                batch.data.sizes(), " from ", loaded.where, ", which the loss (cross-entropy) cannot take",
+                " with targets ", batch.target.sizes(), labels, ": ", why,
+                "; the model must return logits [batch, classes] (one per class) for this data");
+  }
+}
+
 }  // namespace
 
 TrainResult run_training(const TrainOptions& options, std::unique_ptr<Strategy> strategy) {
@@ -981,6 +1019,9 @@ TrainResult run_training(const TrainOptions& options, std::unique_ptr<Strategy> 
   // Fashion-MNIST's IDX files in data_dir.
   LoadedData loaded = load_data(options);
   if (!model) model = models::create(options.model, options.seed, loaded.shape);
+  if (auto* script = dynamic_cast<models::ScriptModel*>(model.get())) {
+    check_model_fits_data(*script, loaded, options.batch_size);
+  }
   if (!options.init_from.empty()) {
     // Any state dict: torch.save(model.state_dict()) from Python, a DDP one ("module." keys are
     // accepted), or a Shoal checkpoint's model. Every key must match.

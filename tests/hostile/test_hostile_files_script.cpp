@@ -153,5 +153,29 @@ def forward(self, x):
   EXPECT_NE(debug.text().find("Traceback of TorchScript"), std::string::npos) << debug.text();
 }
 
+// A model that does not fit the data: checked on the first batch, one line with both shapes.
+TEST_F(HostileScript, AModelThatDoesNotFitTheDataSaysWhichShapes) {
+  const std::string narrow = dir_ + "/narrow.pt";  // takes 100 features; the images have 784
+  save_model(narrow, 10, 100);
+  CliRun run = train(narrow);
+  std::string out = run.text();
+  EXPECT_NE(run.exit_code, 0) << out;
+  EXPECT_EQ(out.find('\n'), out.size() - 1) << out;
+  for (const std::string word : {narrow, "on the first batch of " + data_, std::string("inputs [16, 1, 28, 28]"),
+                                 std::string("targets [16]"), std::string("16x784 and 100x10")}) {
+    EXPECT_NE(out.find(word), std::string::npos) << word << " in " << out;
+  }
+  const std::string few = dir_ + "/few.pt";  // 5 logits; the labels go up to 9
+  save_model(few, 5, 784);
+  run = train(few);
+  out = run.text();
+  EXPECT_NE(run.exit_code, 0) << out;
+  EXPECT_EQ(out.find('\n'), out.size() - 1) << out;
+  for (const std::string word : {few + " returns [16, 5] for inputs [16, 1, 28, 28]", std::string("labels up to 9"),
+                                 std::string("logits [batch, classes]")}) {
+    EXPECT_NE(out.find(word), std::string::npos) << word << " in " << out;
+  }
+}
+
 }  // namespace test_hostile_files_script
 }  // namespace shoal::models
