@@ -41,10 +41,10 @@ void save_model(const std::string& path, int64_t outputs = 10, int64_t inputs = 
   module.save(path);
 }
 
-/// Pickle protocol 2's LONG1 of `value` (positive, below 2^47).
+/// Pickle protocol 2's LONG1 of `value` in 8 bytes, the only width LibTorch's unpickler reads.
 std::string long1(uint64_t value) {
-  std::string out = "\x8a\x06";
-  for (int i = 0; i < 6; ++i) out += static_cast<char>((value >> (8 * i)) & 0xFF);
+  std::string out = "\x8a\x08";
+  for (int i = 0; i < 8; ++i) out += static_cast<char>((value >> (8 * i)) & 0xFF);
   return out;
 }
 
