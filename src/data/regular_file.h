@@ -33,7 +33,7 @@ uint64_t require_regular_file(const std::string& path) {
   struct stat info {};
   if (::stat(path.c_str(), &info) != 0) {
     const int err = errno;
-    if (err == ENOENT) SHOAL_THROW(E, path, ": file not found");
+    if (err == ENOENT) SHOAL_THROW(E, path, ": cannot open: file not found");
     SHOAL_THROW(E, path, ": cannot open: ", std::strerror(err));
   }
   SHOAL_CHECK_T(E, S_ISREG(info.st_mode), path, ": is ", file_kind(info.st_mode),
