@@ -4,6 +4,7 @@
 #include <torch/cuda.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -56,6 +57,19 @@ int parse_port(const std::string& text, const std::string& what) {
   SHOAL_CHECK_T(InvalidArgument, !text.empty() && *end == '\0' && port >= 0 && port <= 65535,
                 what, ": '", text, "' is not a TCP port (0..65535)");
   return static_cast<int>(port);
+}
+
+/// A host name or address for MASTER_ADDR: what torchrun accepts in an endpoint (letters, digits,
+/// '_', '.', ':', '-'), so that an endpoint without a host (":29400") is refused as torchrun
+/// refuses it, rather than handing every worker an empty MASTER_ADDR.
+void check_host(const std::string& host, const std::string& flag, const std::string& given) {
+  const bool valid = !host.empty() && std::all_of(host.begin(), host.end(), [](unsigned char c) {
+    return std::isalnum(c) || c == '_' || c == '.' || c == ':' || c == '-';
+  });
+  SHOAL_CHECK_T(InvalidArgument, valid, "shoal run: ", flag, " '", given, "' has ",
+                host.empty() ? "no host" : "a host that is not a name or an address",
+                ": give node 0's host name or address", flag == "--rdzv-endpoint" ? " as HOST[:PORT]" : "",
+                " (torchrun refuses it too)");
 }
 
 /// --nnodes N, or MIN:MAX with MIN == MAX; an elastic range is refused in one line.
@@ -220,6 +234,7 @@ void add_run_command(CLI::App& root, std::vector<Command>& commands) {
                         int node_count = parse_nnodes(args->nnodes);
                         int this_node = args->node_rank;
                         std::string addr = args->master_addr;
+                        check_host(addr, "--master-addr", addr);
                         int port = args->master_port;
                         std::string run_id = args->rdzv_id;
                         if (args->standalone) {
@@ -241,6 +256,7 @@ void add_run_command(CLI::App& root, std::vector<Command>& commands) {
                           if (addr.size() > 2 && addr.front() == '[' && addr.back() == ']') {
                             addr = addr.substr(1, addr.size() - 2);
                           }
+                          check_host(addr, "--rdzv-endpoint", endpoint);
                           port = has_port ? parse_port(endpoint.substr(colon + 1), "--rdzv-endpoint")
                                           : kDefaultRdzvPort;
                           SHOAL_CHECK_T(InvalidArgument, node_count == 1 || node_rank->count() > 0,

@@ -107,7 +107,9 @@ void remove_stale_temporaries(const std::string& dir, const std::string& prefix)
 }  // namespace
 
 std::optional<std::string> find_latest(const std::string& dir, const std::string& prefix) {
-  std::ifstream pointer(dir + "/" + kLatestFile);
+  // A pointer that is not a regular file (a FIFO would block open()) is ignored like a missing one.
+  std::ifstream pointer;
+  if (is_file(dir + "/" + kLatestFile)) pointer.open(dir + "/" + kLatestFile);
   std::string name;
   if (pointer && std::getline(pointer, name) && !name.empty() && name.find('/') == std::string::npos &&
       (is_file(dir + "/" + name) || is_directory(dir + "/" + name))) {

@@ -39,6 +39,7 @@ constexpr uint8_t kEmptyTuple = ')';
 constexpr uint8_t kSetItems = 'u';
 constexpr uint8_t kBinFloat = 'G';
 constexpr uint8_t kProto = 0x80;
+constexpr uint8_t kNewObj = 0x81;
 constexpr uint8_t kTuple1 = 0x85;
 constexpr uint8_t kTuple2 = 0x86;
 constexpr uint8_t kTuple3 = 0x87;

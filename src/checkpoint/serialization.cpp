@@ -12,15 +12,12 @@
 #include "checkpoint/unpickler.h"
 #include "checkpoint/zip_directory.h"
 #include "compat/torch_archive.h"
+#include "data/regular_file.h"
 #include "shoal/checkpoint/sharded_checkpoint.h"
 #include "shoal/error.h"
 
 namespace shoal::checkpoint {
 namespace {
-
-// Largest size a deflated (non-tensor) record may inflate to. torch.save compresses nothing; a
-// pickle of a large optimizer state is a few MB.
-constexpr uint64_t kMaxInflatedRecord = uint64_t{64} << 20;
 
 std::string first_line(const char* text) {
   std::string s(text);
@@ -36,10 +33,7 @@ using detail::kChecksumRecord;
 class CheckedArchive {
  public:
   explicit CheckedArchive(const std::string& path) : path_(path) {
-    struct stat info {};
-    SHOAL_CHECK_T(CheckpointError, ::stat(path.c_str(), &info) == 0, path,
-                  ": cannot open the checkpoint: ", std::strerror(errno));
-    SHOAL_CHECK_T(CheckpointError, S_ISREG(info.st_mode), path, ": is not a regular file");
+    const uint64_t file_bytes = data::detail::require_regular_file<CheckpointError>(path);
     char magic[4] = {};
     std::ifstream(path, std::ios::binary).read(magic, sizeof(magic));
     SHOAL_CHECK_T(CheckpointError, static_cast<uint8_t>(magic[0]) != 0x80, path,
@@ -47,11 +41,11 @@ class CheckedArchive {
                   "PyTorch (torch.save(torch.load(f), f))");
     SHOAL_CHECK_T(CheckpointError, std::memcmp(magic, "PK\x03\x04", 4) == 0, path,
                   ": is not a torch.save file (it does not start like a zip archive)");
-    check_declared_sizes(detail::ZipDirectory(path));
+    detail::check_declared_sizes(detail::ZipDirectory(path), path);
     try {
       reader_ = std::make_unique<compat::TorchArchiveReader>(path);
     } catch (const c10::Error& e) {
-      SHOAL_THROW(CheckpointError, path, ": is truncated or corrupt (", info.st_size,
+      SHOAL_THROW(CheckpointError, path, ": is truncated or corrupt (", file_bytes,
                   " bytes; the zip archive cannot be read: ", first_line(e.what_without_backtrace()), ")");
     }
     SHOAL_CHECK_T(CheckpointError, !reader_->has_record("constants.pkl"), path,
@@ -87,30 +81,6 @@ class CheckedArchive {
   bool has_manifest() const { return has_manifest_; }
 
  private:
-  // Judges every record by what the zip directory declares, before anything is inflated: tensor
-  // records must be stored (torch.save never compresses them), other records may be deflated but
-  // not to more than kMaxInflatedRecord. A small file cannot make the reader allocate gigabytes.
-  void check_declared_sizes(const detail::ZipDirectory& directory) const {
-    for (const auto& entry : directory.entries()) {
-      const size_t slash = entry.name.find('/');
-      const std::string record = slash == std::string::npos ? entry.name : entry.name.substr(slash + 1);
-      if (entry.method == 0) {
-        SHOAL_CHECK_T(CheckpointError, entry.compressed_size == entry.uncompressed_size, path_,
-                      ": record '", record, "' declares ", entry.uncompressed_size, " bytes but stores ",
-                      entry.compressed_size, ": the file is corrupt");
-        continue;
-      }
-      SHOAL_CHECK_T(CheckpointError, entry.method == 8, path_, ": record '", record,
-                    "' uses zip compression method ", entry.method, ", which torch.save never writes");
-      SHOAL_CHECK_T(CheckpointError, record.compare(0, 5, "data/") != 0, path_, ": tensor record '", record,
-                    "' is compressed (", entry.compressed_size, " bytes inflating to ", entry.uncompressed_size,
-                    "); torch.save stores tensors uncompressed, so Shoal does not inflate it");
-      SHOAL_CHECK_T(CheckpointError, entry.uncompressed_size <= kMaxInflatedRecord, path_, ": record '", record,
-                    "' inflates to ", entry.uncompressed_size, " bytes from ", entry.compressed_size,
-                    " (more than ", kMaxInflatedRecord, "): refused");
-    }
-  }
-
   void parse_manifest(const std::string& text) {
     checksums_ = detail::parse_checksum_manifest(text, path_);
   }

@@ -33,10 +33,15 @@ const std::set<std::string> kCallable = {
     "_codecs.encode",
 };
 const std::set<std::string> kTypes = {"torch.Tensor", "torch.nn.parameter.Parameter"};
+// What TorchScript's pickler adds (see Limits::script_objects): each returns its first argument.
+const std::set<std::string> kScriptCallable = {
+    "torch.jit._pickle.build_intlist",    "torch.jit._pickle.build_floatlist",
+    "torch.jit._pickle.build_doublelist", "torch.jit._pickle.build_boollist",
+    "torch.jit._pickle.build_tensorlist", "torch.jit._pickle.build_complexlist",
+    "torch.jit._pickle.restore_type_tag",
+};
 
-bool allowed_global(const std::string& name) {
-  return kCallable.count(name) > 0 || kTypes.count(name) > 0 || storage_dtype(name).has_value();
-}
+bool is_script_class(const std::string& name) { return name.rfind("__torch__.", 0) == 0; }
 
 c10::IValue new_dict() {
   return c10::impl::GenericDict(c10::AnyType::get(), c10::AnyType::get());
@@ -135,6 +140,15 @@ const Unpickler::Global* Unpickler::as_global(const c10::IValue& value) {
   if (!value.isCapsule()) return nullptr;
   auto capsule = value.toCapsule();
   return dynamic_cast<const Global*>(capsule.get());
+}
+
+bool Unpickler::is_callable(const std::string& name) const {
+  return kCallable.count(name) > 0 || (limits_.script_objects && kScriptCallable.count(name) > 0);
+}
+
+bool Unpickler::allowed_global(const std::string& name) const {
+  return is_callable(name) || kTypes.count(name) > 0 || storage_dtype(name).has_value() ||
+         (limits_.script_objects && is_script_class(name));
 }
 
 void Unpickler::push_global(const std::string& module, const std::string& name) {
@@ -507,6 +521,9 @@ c10::IValue Unpickler::load_unchecked() {
         case op::kReduce:
           reduce();
           break;
+        case op::kNewObj:
+          new_object();
+          break;
         case op::kBuild:
           build();
           break;
@@ -533,14 +550,29 @@ void Unpickler::reduce() {
   c10::IValue args = pop();
   c10::IValue callable = pop();
   const Global* global = as_global(callable);
-  if (global == nullptr || kCallable.count(global->name) == 0) {
+  if (global == nullptr || !is_callable(global->name)) {
     fail("REDUCE calls something that is not an allowed function");
   }
   if (!args.isTuple()) fail("REDUCE with arguments that are not a tuple");
   stack_.push_back(call(global->name, args.toTupleRef().elements().vec()));
 }
 
+void Unpickler::new_object() {
+  c10::IValue args = pop();
+  c10::IValue cls = pop();
+  const Global* global = as_global(cls);
+  if (!limits_.script_objects || global == nullptr || !is_script_class(global->name)) {
+    fail("NEWOBJ of something that is not a TorchScript class");
+  }
+  if (!args.isTuple()) fail("NEWOBJ with arguments that are not a tuple");
+  stack_.push_back(track(new_dict()));
+}
+
 c10::IValue Unpickler::call(const std::string& function, std::vector<c10::IValue> args) {
+  if (kScriptCallable.count(function) > 0) {
+    if (args.empty()) fail("'" + function + "' without arguments");
+    return args[0];
+  }
   if (function == "collections.OrderedDict") {
     if (!args.empty()) fail("OrderedDict built from arguments is not supported");
     return track(new_dict());

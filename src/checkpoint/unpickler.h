@@ -42,6 +42,10 @@ struct UnpicklerLimits {
   uint64_t max_values = uint64_t{1} << 22;
   /// Accept tensors whose view has more elements than their storage (expand()ed, stride 0).
   bool allow_expanded_views = false;
+  /// Accept the objects of a TorchScript archive's data.pkl (torch.jit.save): classes of the
+  /// `__torch__` namespace built with NEWOBJ, each read as a dict and its state dropped (only its
+  /// tensors and containers are of interest), and torch.jit._pickle's typed-list rebuilders.
+  bool script_objects = false;
 };
 
 class Unpickler {
@@ -83,7 +87,10 @@ class Unpickler {
   std::vector<c10::IValue> pop_to_mark();
   c10::IValue& top();
   void push_global(const std::string& module, const std::string& name);
+  bool allowed_global(const std::string& name) const;
+  bool is_callable(const std::string& name) const;
   void reduce();
+  void new_object();
   void build();
   void persistent_load();
   c10::IValue call(const std::string& function, std::vector<c10::IValue> args);

@@ -33,7 +33,7 @@ uint64_t le(const uint8_t* p, int bytes) {
 class File {
  public:
   explicit File(const std::string& path) : path_(path), fd_(::open(path.c_str(), O_RDONLY | O_CLOEXEC)) {
-    SHOAL_CHECK_T(CheckpointError, fd_ >= 0, path, ": cannot open the checkpoint: ", std::strerror(errno));
+    SHOAL_CHECK_T(CheckpointError, fd_ >= 0, path, ": cannot open: ", std::strerror(errno));
     struct stat info {};
     SHOAL_CHECK_T(CheckpointError, ::fstat(fd_, &info) == 0, path, ": cannot stat: ", std::strerror(errno));
     size_ = static_cast<uint64_t>(info.st_size);
@@ -138,6 +138,37 @@ ZipDirectory::ZipDirectory(const std::string& path) {
     }
     entries_.push_back(std::move(entry));
     pos += kEntrySize + name_size + extra_size + comment_size;
+  }
+}
+
+std::string record_name(const ZipDirectory::Entry& entry) {
+  const size_t slash = entry.name.find('/');
+  return slash == std::string::npos ? entry.name : entry.name.substr(slash + 1);
+}
+
+void check_declared_sizes(const ZipDirectory& directory, const std::string& path) {
+  uint64_t inflated = 0;
+  for (const auto& entry : directory.entries()) {
+    const std::string record = record_name(entry);
+    if (entry.method == 0) {
+      SHOAL_CHECK_T(CheckpointError, entry.compressed_size == entry.uncompressed_size, path,
+                    ": record '", record, "' declares ", entry.uncompressed_size, " bytes but stores ",
+                    entry.compressed_size, ": the file is corrupt");
+      continue;
+    }
+    SHOAL_CHECK_T(CheckpointError, entry.method == 8, path, ": record '", record,
+                  "' uses zip compression method ", entry.method, ", which torch.save never writes");
+    const bool tensor = record.rfind("data/", 0) == 0 || record.rfind("constants/", 0) == 0;
+    SHOAL_CHECK_T(CheckpointError, !tensor, path, ": tensor record '", record, "' is compressed (",
+                  entry.compressed_size, " bytes inflating to ", entry.uncompressed_size,
+                  "); torch.save stores tensors uncompressed, so Shoal does not inflate it");
+    SHOAL_CHECK_T(CheckpointError, entry.uncompressed_size <= kMaxInflatedRecord, path, ": record '", record,
+                  "' inflates to ", entry.uncompressed_size, " bytes from ", entry.compressed_size,
+                  " (more than ", kMaxInflatedRecord, "): refused");
+    inflated += entry.uncompressed_size;
+    SHOAL_CHECK_T(CheckpointError, inflated <= kMaxInflatedTotal, path, ": its compressed records inflate to ",
+                  "more than ", kMaxInflatedTotal, " bytes in all (record '", record, "' reaches ", inflated,
+                  "): refused");
   }
 }
 

@@ -36,4 +36,20 @@ class ZipDirectory {
   uint64_t file_size_ = 0;
 };
 
+/// Largest size one deflated record (a pickle, TorchScript code) may inflate to, and all of them
+/// together. torch.save and torch.jit.save store tensors uncompressed; the rest of a checkpoint
+/// is a pickle of a few MB, and a TorchScript model's code and debug records a few MB more.
+constexpr uint64_t kMaxInflatedRecord = uint64_t{64} << 20;
+constexpr uint64_t kMaxInflatedTotal = uint64_t{256} << 20;
+
+/// Judges every record of `directory` (the file `path`) by what it declares, before anything is
+/// inflated: tensor records (under data/ or constants/) must be stored, as torch.save and
+/// torch.jit.save write them; other records may be deflated within kMaxInflatedRecord each and
+/// kMaxInflatedTotal in all. So a small file cannot make a reader allocate gigabytes. Throws
+/// CheckpointError naming the file and the record.
+void check_declared_sizes(const ZipDirectory& directory, const std::string& path);
+
+/// The record's name without the archive folder ("archive/data/0" -> "data/0").
+std::string record_name(const ZipDirectory::Entry& entry);
+
 }  // namespace shoal::checkpoint::detail

@@ -19,6 +19,20 @@ constexpr long long kSlurmPortSpan = 15000;
 // Concurrent steps of one job that get ports of their own.
 constexpr long long kSlurmStepsPerJob = 16;
 
+// Why a bound: a rendezvous keeps a flag per rank and each rank asks the store about every
+// other; no job runs a million ranks, and a corrupt or hostile count (SLURM_NTASKS=1000000000)
+// should be one line, not minutes of store traffic and a gigabyte of flags.
+constexpr int kMaxWorldSize = 1 << 20;
+
+/// The variable a world size was read from, for messages.
+const char* world_size_variable(const std::string& source) {
+  if (source == "slurm") return "SLURM_STEP_NUM_TASKS or SLURM_NTASKS";
+  if (source == "torchrun") return "WORLD_SIZE";
+  if (source == "openmpi") return "OMPI_COMM_WORLD_SIZE";
+  if (source == "pmi") return "PMI_SIZE";
+  return "the world size given";
+}
+
 const char* env(const char* name) {
   const char* value = std::getenv(name);
   return (value != nullptr && *value != '\0') ? value : nullptr;
@@ -135,7 +149,7 @@ void read_endpoint(RankInfo& info) {
   const char* job = first_env({"SLURM_JOB_ID", "SLURM_JOBID"});
   if ((addr == nullptr && list == nullptr) || (port == nullptr && job == nullptr)) return;
   if (addr == nullptr) {
-    const auto hosts = expand_slurm_hostlist(list, which);
+    const auto hosts = expand_slurm_hostlist(list, which, /*max_hosts=*/1);  // rank 0's host
     SHOAL_CHECK_T(InvalidArgument, !hosts.empty(), which, "='", list,
                   "' names no host: set MASTER_ADDR to rank 0's host");
     info.master_addr = hosts.front();
@@ -199,6 +213,9 @@ RankInfo detect_rank_info(const InitOptions& options) {
 
   SHOAL_CHECK_T(InvalidArgument, info.world_size >= 1, "world size is ", info.world_size,
                 " (from ", info.source, "); it must be at least 1");
+  SHOAL_CHECK_T(InvalidArgument, info.world_size <= kMaxWorldSize, "world size ", info.world_size,
+                " (", world_size_variable(info.source), ") is more than ", kMaxWorldSize,
+                ", more ranks than any job runs: check the variable");
   SHOAL_CHECK_T(InvalidArgument, info.rank < info.world_size, "rank ", info.rank,
                 " is not below the world size ", info.world_size, " (from ", info.source,
                 "); ranks are 0..", info.world_size - 1);

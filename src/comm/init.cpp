@@ -160,16 +160,22 @@ void check_membership(Store& store, const RankInfo& info, Milliseconds timeout) 
   store.set_string("shoal/init/host/" + me, local_hostname());
 
   std::vector<bool> seen(info.world_size, false);
-  std::vector<int> missing;
   const auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (true) {
+  bool timed_out = false;
+  while (!timed_out) {
     check_single_claim(store.add(claim_key, 0));
-    missing.clear();
+    bool all = true;
     for (int r = 0; r < info.world_size; ++r) {
       if (seen[r]) continue;
+      // The deadline at every rank, not once a pass: a pass is one store round trip per rank.
+      timed_out = std::chrono::steady_clock::now() >= deadline;
+      if (timed_out) {
+        all = false;
+        break;
+      }
       const std::string key = "shoal/init/world_size/" + std::to_string(r);
       if (!store.check({key})) {
-        missing.push_back(r);
+        all = false;
         continue;
       }
       const std::string theirs = store.get_string(key);
@@ -178,13 +184,21 @@ void check_membership(Store& store, const RankInfo& info, Milliseconds timeout) 
                     info.world_size, "; start every rank with the same WORLD_SIZE");
       seen[r] = true;
     }
-    if (missing.empty()) return;
-    if (std::chrono::steady_clock::now() >= deadline) break;
-    std::this_thread::sleep_for(kPollInterval);
+    if (all) return;
+    timed_out = std::chrono::steady_clock::now() >= deadline;
+    if (!timed_out) std::this_thread::sleep_for(kPollInterval);
   }
+  // The first few absent ranks by number, then how many in all: a message, not a list of a million.
+  constexpr size_t kListed = 8;
   std::ostringstream list;
-  for (size_t i = 0; i < missing.size(); ++i) list << (i ? ", " : "") << missing[i];
-  SHOAL_THROW(TimeoutError, who, " rendezvous: rank", missing.size() > 1 ? "s " : " ", list.str(),
+  size_t missing = 0;
+  for (int r = 0; r < info.world_size; ++r) {
+    if (seen[r]) continue;
+    if (missing < kListed) list << (missing ? ", " : "") << r;
+    ++missing;
+  }
+  if (missing > kListed) list << ", ... (" << missing << " of " << info.world_size << ")";
+  SHOAL_THROW(TimeoutError, who, " rendezvous: rank", missing > 1 ? "s " : " ", list.str(),
               " did not join within ", timeout.count(),
               " ms (are they started, with the same MASTER_ADDR/MASTER_PORT and WORLD_SIZE?)", kTimeoutHint);
 }

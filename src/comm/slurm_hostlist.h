@@ -10,16 +10,20 @@
 // Thread safety: free functions without state.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
 namespace shoal::comm {
 
-/// The host names of a SLURM hostlist, in order. Throws InvalidArgument naming `what` (the variable
-/// it came from, e.g. "SLURM_STEP_NODELIST") for a list SLURM would not accept: an unbalanced or
-/// empty bracket, a reversed range ("[5-3]"), a non-number in a bracket, or text after the last
-/// bracket of a name ("n[1-2]x").
+/// The host names of a SLURM hostlist, in order, the first `max_hosts` of them (the whole list is
+/// checked and counted all the same, without being written out). Throws InvalidArgument naming
+/// `what` (the variable it came from, e.g. "SLURM_STEP_NODELIST") for a list SLURM would not
+/// accept: an unbalanced or empty bracket, a reversed range ("[5-3]"), a non-number in a bracket,
+/// or text after the last bracket of a name ("n[1-2]x"); and for one naming more than 2^20 hosts
+/// in all, more than any job has.
 std::vector<std::string> expand_slurm_hostlist(const std::string& hostlist,
-                                               const std::string& what = "hostlist");
+                                               const std::string& what = "hostlist",
+                                               size_t max_hosts = SIZE_MAX);
 
 }  // namespace shoal::comm

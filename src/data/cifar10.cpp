@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "data/regular_file.h"
 #include "shoal/error.h"
 
 namespace shoal::data {
@@ -78,6 +79,7 @@ Cifar10::Cifar10(const std::string& root, bool train, bool in_memory) {
     for (const std::string& path : paths) {
       File file;
       file.path = path;
+      detail::require_regular_file<DataError>(path);
       file.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
       if (file.fd < 0) {
         SHOAL_THROW(DataError, path, ": cannot open (", std::strerror(errno),
@@ -85,8 +87,7 @@ Cifar10::Cifar10(const std::string& root, bool train, bool in_memory) {
       }
       files_.push_back(file);
       struct stat info {};
-      SHOAL_CHECK_T(DataError, ::fstat(file.fd, &info) == 0 && S_ISREG(info.st_mode), path,
-                    ": not a regular file");
+      SHOAL_CHECK_T(DataError, ::fstat(file.fd, &info) == 0, path, ": cannot stat: ", std::strerror(errno));
       const auto bytes = static_cast<int64_t>(info.st_size);
       SHOAL_CHECK_T(DataError, bytes > 0, path, ": is empty");
       SHOAL_CHECK_T(DataError, bytes % kRecordBytes == 0, path, ": ", bytes,

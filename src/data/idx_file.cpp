@@ -18,6 +18,7 @@
 #include <limits>
 #include <memory>
 
+#include "data/regular_file.h"
 #include "shoal/error.h"
 
 namespace shoal::data::detail {
@@ -105,17 +106,10 @@ class IdxStream {
   /// `max_ratio`: read_idx's decompression-ratio limit (0: none); a file is inflated whole only
   /// up to what read_idx could accept, so that path never allocates more than it would.
   IdxStream(const std::string& path, double max_ratio) : path_(path) {
-    struct stat info {};
-    if (::stat(path.c_str(), &info) != 0) {
-      const int err = errno;
-      if (err == ENOENT) SHOAL_THROW(DataError, path, ": file not found");
-      SHOAL_THROW(DataError, path, ": cannot open: ", std::strerror(err));
-    }
-    if (S_ISDIR(info.st_mode)) SHOAL_THROW(DataError, path, ": is a directory, expected a file");
-    file_bytes_ = static_cast<int64_t>(info.st_size);
+    file_bytes_ = static_cast<int64_t>(require_regular_file<DataError>(path));
     const int64_t max_decoded =
         std::min<int64_t>(kMaxElements + 16, ratio_limit(file_bytes_, max_ratio));
-    if (S_ISREG(info.st_mode)) inflated_ = inflate_whole(path, file_bytes_, max_decoded);
+    inflated_ = inflate_whole(path, file_bytes_, max_decoded);
     if (inflated_.defined()) return;
     file_.reset(gzopen(path.c_str(), "rb"));
     if (!file_) SHOAL_THROW(DataError, path, ": cannot open: ", std::strerror(errno));

@@ -1065,6 +1065,55 @@ LoadedData load_data(const TrainOptions& options, const data::TensorFileOptions&
   return loaded;
 }
 
+/// A TorchScript model checked against the data on the first batch, so that a model and data
+/// that do not fit are one line naming both shapes, not an error deep in the first step. Built-in
+/// models are built to the data's shape; a script model brings its own. The forward runs in eval
+/// mode without gradients (no BatchNorm statistics move, no dropout draws) and the loss is the
+/// trainer's own.
+void check_model_fits_data(models::ScriptModel& model, const LoadedData& loaded,
+                           const TrainOptions& options) {
+  if (loaded.train->size() == 0) return;
+  const data::Batch batch = loaded.train->get_batch(
+      at::arange(std::min(options.batch_size, loaded.train->size()), at::kLong));
+  const std::string first = shoal::detail::str_cat("on the first batch of ", loaded.where, " (inputs ",
+                                    batch.data.sizes(), ", targets ", batch.target.sizes(), ")");
+  torch::NoGradGuard no_grad;
+  const bool training = model.is_training();
+  model.train(false);
+  at::Tensor output;
+  try {
+    // A model that computes its own loss is checked whole: its loss must come out of the batch.
+    if (model.owns_loss()) {
+      model.forward_loss(batch.data, batch.target);
+    } else {
+      output = model.forward(batch.data);
+    }
+  } catch (const Error& e) {
+    model.train(training);
+    SHOAL_THROW(InvalidArgument, e.what(), "; ", first);
+  }
+  model.train(training);
+  if (model.owns_loss()) return;
+  try {
+    loss_function(options.loss)(output, batch.target);
+  } catch (const std::exception& e) {
+    std::string labels;
+    if (!at::isFloatingType(batch.target.scalar_type()) && batch.target.numel() > 0) {
+      labels = shoal::detail::str_cat(" (labels up to ", batch.target.max().item<int64_t>(), ")");
+    }
+    const auto* error = dynamic_cast<const c10::Error*>(&e);
+    std::string why = error ? error->what_without_backtrace() : e.what();
+    why = why.substr(0, why.find('\n'));
+    SHOAL_THROW(InvalidArgument, model.path(), " returns ", output.sizes(), " for inputs ",
+                batch.data.sizes(), " from ", loaded.where, ", which the loss (",
+                loss_name(options.loss), ") cannot take with targets ", batch.target.sizes(),
+                labels, ": ", why, "; the model must return ",
+                takes_class_targets(options.loss) ? "logits [batch, classes] (one per class)"
+                                                  : "outputs of the targets' shape",
+                " for this data");
+  }
+}
+
 }  // namespace
 
 TrainResult run_training(const TrainOptions& options, std::unique_ptr<Strategy> strategy) {
@@ -1085,6 +1134,9 @@ TrainResult run_training(const TrainOptions& options, std::unique_ptr<Strategy> 
   LoadedData loaded = load_data(options, tensor_file_options(options, model.get()));
   model_options.shape = loaded.shape;
   if (!model) model = models::create(options.model, options.seed, model_options);
+  if (auto* script = dynamic_cast<models::ScriptModel*>(model.get())) {
+    check_model_fits_data(*script, loaded, options);
+  }
   if (!options.init_from.empty()) {
     // Any state dict: torch.save(model.state_dict()) from Python, a DDP one ("module." keys are
     // accepted), or a Shoal checkpoint's model. Every key must match.

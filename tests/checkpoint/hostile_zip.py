@@ -5,6 +5,8 @@ MODE:
   tensor-bomb  every tensor record deflated and padded with zeros to 128 MiB: a ~0.2 MB file that
                inflates to 128 MiB per tensor (torch.save never compresses tensors)
   pickle-bomb  data.pkl deflated and padded with 100 MiB of zeros (more than the 64 MiB Shoal inflates)
+  weight-bomb  the first tensor record deflated and padded with zeros to 1 GiB: a ~1 MB file (a
+               TorchScript model's weights, say) that a reader inflating it takes a gigabyte for
 Only the standard library is used, so this runs without PyTorch.
 """
 import sys
@@ -14,6 +16,7 @@ MIB = 1 << 20
 
 
 def copy(src, dst, mode):
+    bombed = False
     with zipfile.ZipFile(src) as zin, zipfile.ZipFile(dst, "w", compresslevel=1) as zout:
         for info in zin.infolist():
             data = zin.read(info)
@@ -23,6 +26,9 @@ def copy(src, dst, mode):
                 pad = 128 * MIB - len(data)
             if mode == "pickle-bomb" and record == "data.pkl":
                 pad = 100 * MIB
+            if mode == "weight-bomb" and record.startswith("data/") and not bombed:
+                pad = 1024 * MIB - len(data)
+                bombed = True
             if pad <= 0:
                 zout.writestr(info, data)
                 continue

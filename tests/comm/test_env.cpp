@@ -2,6 +2,7 @@
 // SLURM), with the environment saved and restored around each test.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <map>
 #include <optional>
@@ -122,6 +123,42 @@ TEST_F(Environment, Slurm) {
   unsetenv("SLURM_NTASKS_PER_NODE");
   set({{"SLURM_TASKS_PER_NODE", "two"}});
   EXPECT_THROW(detect_rank_info(), InvalidArgument);
+}
+
+void set_srun_task(int procid);
+
+TEST_F(Environment, AWorldSizeBeyondAnyJobIsOneLine) {
+  set({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "1000000000"}, {"SLURM_STEP_ID", "0"}});
+  try {
+    detect_rank_info();
+    ADD_FAILURE() << "a world of 10^9 ranks was accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("SLURM_NTASKS"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("1000000000"), std::string::npos) << e.what();
+  }
+  set({{"SLURM_NTASKS", "1048576"}});  // 2^20: the largest accepted
+  EXPECT_EQ(detect_rank_info().world_size, 1 << 20);
+}
+
+TEST_F(Environment, OnlyTheFirstHostOfAHugeNodeListIsWrittenOut) {
+  // 10 KB of brackets naming a million hosts each: refused in one line, counted, not expanded.
+  std::string brackets;
+  while (brackets.size() < 10'000) brackets += (brackets.empty() ? "" : ",") + std::string("n[0-1048574]");
+  set_srun_task(0);
+  set({{"SLURM_STEP_NODELIST", brackets}});
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    detect_rank_info();
+    ADD_FAILURE() << "accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("SLURM_STEP_NODELIST names more than 1048576 hosts"),
+              std::string::npos) << e.what();
+    EXPECT_LT(std::string(e.what()).size(), 300u);
+  }
+  // A list of 2^20 hosts, the most accepted: only rank 0's host, the first, is written out.
+  set({{"SLURM_STEP_NODELIST", "n[0-1048574],m"}});
+  EXPECT_EQ(detect_rank_info().master_addr, "n0");
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(2));
 }
 
 TEST_F(Environment, LoneProcessIsNotLaunched) {

@@ -329,6 +329,20 @@ TEST(Rendezvous, MissingRankTimesOutNamingIt) {
   expect_all_reaped();
 }
 
+TEST(Rendezvous, TheDeadlineHoldsWhateverTheWorldSize) {
+  // A lone rank 0 of 2^20 (the largest world accepted): a pass over the others is a million store
+  // round trips, seconds to minutes; the time-out holds all the same, and names a few.
+  const auto results = rendezvous({{0, 1 << 20}});
+  for (const auto& r : results) {
+    EXPECT_NE(r.error.find("did not join within"), std::string::npos) << describe(r);
+    EXPECT_NE(r.error.find("ranks 1, 2, 3"), std::string::npos) << describe(r);
+    EXPECT_NE(r.error.find(" of 1048576)"), std::string::npos) << describe(r);
+    EXPECT_LT(r.error.size(), 1000u) << describe(r);
+    EXPECT_LT(r.seconds, kTimeout.count() / 1000.0 + 2) << describe(r);
+  }
+  expect_all_reaped();
+}
+
 // --- mpi: test_collectives_mpi --fault=... under mpirun ------------------------------------------
 
 // Runs mpirun -np `np` test_collectives_mpi `mode`; returns its result and output.

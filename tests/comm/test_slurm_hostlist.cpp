@@ -13,6 +13,7 @@
 
 #include "comm/slurm_hostlist.h"
 #include "shoal/error.h"
+#include "testing/child_process.h"
 #include "testing/dependencies.h"
 
 namespace shoal::comm {
@@ -79,6 +80,36 @@ TEST(SlurmHostlist, RefusesMalformedLists) {
   }
   // A bracket too large to be a real job fails instead of filling memory.
   EXPECT_THROW(expand_slurm_hostlist("n[0-999999999]"), InvalidArgument);
+}
+
+// 10 KB of "n[0-1048574]" names 10^9 hosts: counted and refused before any is written out, and
+// a caller asking for the first host of a long list gets it without the rest.
+TEST(SlurmHostlist, AHugeListIsCountedNotWrittenOut) {
+  std::string brackets;
+  while (brackets.size() < 10'000) brackets += (brackets.empty() ? "" : ",") + std::string("n[0-1048574]");
+  const auto refused = shoal::testing::run_in_child([&]() -> std::string {
+    try {
+      return "expanded to " + std::to_string(expand_slurm_hostlist(brackets, "SLURM_STEP_NODELIST").size());
+    } catch (const InvalidArgument& e) {
+      return e.what();
+    }
+  });
+  ASSERT_TRUE(refused.exited) << "signal " << refused.signal;
+  EXPECT_NE(refused.message.find("SLURM_STEP_NODELIST names more than 1048576 hosts"), std::string::npos)
+      << refused.message;
+  EXPECT_LT(refused.message.size(), 300u);
+  EXPECT_LT(refused.peak_growth_kb, 16 * 1024) << refused.message;
+  EXPECT_LT(refused.seconds, 5.0) << refused.message;
+
+  const auto first = shoal::testing::run_in_child([]() -> std::string {
+    const auto hosts = expand_slurm_hostlist("n[0-1048574],m", "SLURM_STEP_NODELIST", 1);
+    return hosts.size() == 1 ? hosts[0] : std::to_string(hosts.size()) + " hosts";
+  });
+  EXPECT_EQ(first.message, "n0");
+  EXPECT_LT(first.peak_growth_kb, 16 * 1024);
+  // The limit stops the writing, not the checking.
+  EXPECT_THROW(expand_slurm_hostlist("n[0-1],m[3-1]", "X", 1), InvalidArgument);
+  EXPECT_EQ(expand_slurm_hostlist("a[1-2]-[1-2],b", "X", 3), (Hosts{"a1-1", "a1-2", "a2-1"}));
 }
 
 // scontrol's expansion of `hostlist`, one host a line, with a throw-away configuration (scontrol

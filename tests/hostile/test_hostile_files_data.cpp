@@ -5,7 +5,10 @@
 #include <gtest/gtest.h>
 #include <zlib.h>
 
+#include <sys/stat.h>
+
 #include <filesystem>
+#include <fstream>
 
 #include "data/idx_file.h"
 #include "hostile_files_testing.h"
@@ -111,6 +114,44 @@ TEST_F(HostileData, TheRatioIsAnExplicitOption) {
   // real images.
   write_zero_images(path, 1000);
   EXPECT_EQ(detail::read_idx_images(path, 28, 28, FashionMnist::kMaxDecompressionRatio).size(0), 1000);
+}
+
+// A FIFO where a data file should be: open() would wait for a writer for ever. Each reader refuses
+// it before opening, in one line naming it, whichever option brought it.
+TEST_F(HostileData, AFifoForADataFileIsRefusedWithoutOpeningIt) {
+  const std::string shoal = shoal_cli();
+  auto fifo = [](const std::string& path) {
+    fs::remove(path);
+    ASSERT_EQ(::mkfifo(path.c_str(), 0600), 0) << path;
+  };
+  auto expect_refused = [&](const std::string& what, const std::string& path, std::vector<std::string> args) {
+    args.insert(args.begin(), {shoal, "train"});
+    for (const char* flag : {"--epochs", "1", "--threads", "1", "--no-progress"}) args.push_back(flag);
+    const CliRun run = run_cli(args, 20);
+    const std::string out = run.text();
+    EXPECT_FALSE(run.timed_out) << what << ": " << out;
+    EXPECT_GT(run.exit_code, 0) << what << ": " << out;
+    EXPECT_EQ(out.rfind("shoal: error: ", 0), 0u) << what << ": " << out;
+    EXPECT_EQ(out.find('\n'), out.size() - 1) << what << ": " << out;
+    EXPECT_NE(out.find(path + ": is a FIFO"), std::string::npos) << what << ": " << out;
+    EXPECT_LT(run.seconds, 10.0) << what << ": " << out;
+  };
+  // CIFAR-10: a genuine training file of 10 records, the test file a FIFO.
+  const std::string cifar = dir_ + "/cifar";
+  fs::create_directories(cifar);
+  std::ofstream(cifar + "/data_batch_1.bin", std::ios::binary) << std::string(10 * 3073, '\1');
+  fifo(cifar + "/test_batch.bin");
+  expect_refused("CIFAR-10", cifar + "/test_batch.bin", {"--model", "mlp", "--data-dir", cifar});
+  // Fashion-MNIST's IDX files: the test labels a FIFO.
+  const std::string idx = shoal::testing::make_small_dataset_dir(64, 32);
+  fifo(idx + "/t10k-labels-idx1-ubyte.gz");
+  expect_refused("IDX", idx + "/t10k-labels-idx1-ubyte.gz", {"--model", "mlp", "--data-dir", idx});
+  fs::remove_all(idx);
+  // A tensor file (--data) and a TorchScript model (--model).
+  fifo(dir_ + "/tensors.pt");
+  expect_refused("--data", dir_ + "/tensors.pt", {"--model", "mlp", "--data", dir_ + "/tensors.pt"});
+  fifo(dir_ + "/model.pt");
+  expect_refused("--model", dir_ + "/model.pt", {"--model", dir_ + "/model.pt", "--data-dir", cifar});
 }
 
 }  // namespace test_hostile_files_data

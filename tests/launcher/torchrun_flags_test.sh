@@ -156,6 +156,8 @@ refused "--nnodes" --nnodes 1:2 --nproc-per-node 1
 refused "--nproc-per-node" --nproc-per-node many
 refused "--rdzv-backend" --rdzv-backend etcd --nproc-per-node 1
 refused "--node-rank" --nnodes 2 --rdzv-backend c10d --rdzv-endpoint 10.0.0.1:29400
+refused "--rdzv-endpoint ':29400' has no host" --rdzv-endpoint :29400 --nproc-per-node 1
+refused "--master-addr '' has no host" --master-addr "" --nproc-per-node 1
 refused "--module" -m --nproc-per-node 1
 refused "--redirects" --redirects 4 --nproc-per-node 1
 [ -n "$TORCHRUN" ] && echo "(compared with $($TORCHRUN --help >/dev/null 2>&1 && /usr/bin/python3 -c 'import torch; print("torchrun", torch.__version__)'))"

@@ -33,23 +33,26 @@ namespace shoal::models {
 
 class ScriptModel : public Model {
  public:
-  /// Wraps `module` (shared: the adapter and `module` see the same tensors); `source` names it in
-  /// messages (load() passes the file's path).
-  explicit ScriptModel(const torch::jit::Module& module,
-                       std::string source = "the TorchScript model");
+  /// Wraps `module` (shared: the adapter and `module` see the same tensors); `path`, the file it
+  /// came from, names it in errors.
+  explicit ScriptModel(const torch::jit::Module& module, std::string path = "the TorchScript model");
   ~ScriptModel() override;
 
   /// torch::jit::load(path) on the CPU, wrapped. Throws InvalidArgument with one line naming the
   /// file when it is missing or not a TorchScript archive.
   static std::shared_ptr<ScriptModel> load(const std::string& path);
 
-  /// The script module's forward on one tensor; it must return one tensor.
+  /// The script module's forward on one tensor; it must return one tensor. When the script
+  /// throws, throws InvalidArgument in one line naming the file, the operation that failed and
+  /// the error; the interpreter's whole traceback goes to the debug log.
   at::Tensor forward(at::Tensor input) override;
   /// True when the script module's forward takes two tensors (inputs, targets).
   bool owns_loss() const override { return owns_loss_; }
   /// forward(inputs, targets)'s loss: the tensor it returns, or its dict's "loss". Anything else,
   /// or a loss of more than one value, throws InvalidArgument naming the file.
   at::Tensor forward_loss(const at::Tensor& inputs, const at::Tensor& targets) override;
+  /// The file the model was loaded from (or what the constructor was given).
+  const std::string& path() const { return path_; }
   /// Sets training mode on the adapter and on the script module (all its submodules).
   void train(bool on = true) override;
   /// A deep copy (torch::jit::Module::clone: tensors of its own), wrapped: a replica for
@@ -60,7 +63,7 @@ class ScriptModel : public Model {
 
  private:
   std::unique_ptr<torch::jit::Module> module_;
-  std::string source_;
+  std::string path_;
   bool owns_loss_ = false;
 };
 
