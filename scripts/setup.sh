@@ -22,6 +22,7 @@ PACKAGES=(
   nlohmann-json3-dev      # metrics and benchmark JSON
   librsvg2-dev libcairo2-dev  # `shoal plot -o run.png` (optional: SHOAL_WITH_PNG)
   dataset-fashion-mnist   # real Fashion-MNIST, gzipped IDX files
+  fortunes                # real English text (the fortune databases): token files, the GPT example
 )
 # Only the tests, benchmarks and fuzzers use these.
 TEST_PACKAGES=(

@@ -25,11 +25,13 @@ void add_bench_command(CLI::App& root, std::vector<Command>& commands);   // cmd
 void add_ckpt_command(CLI::App& root, std::vector<Command>& commands);    // cmd_ckpt.cpp
 void add_plot_command(CLI::App& root, std::vector<Command>& commands);    // cmd_plot.cpp
 void add_generate_command(CLI::App& root, std::vector<Command>& commands);  // cmd_generate.cpp
+void add_data_command(CLI::App& root, std::vector<Command>& commands);    // cmd_data.cpp
 void add_bench_allreduce_command(CLI::App& bench, std::vector<Command>& commands);  // bench_allreduce.cpp
 void add_bench_ddp_command(CLI::App& bench, std::vector<Command>& commands);        // bench_ddp.cpp
 void add_bench_ps_command(CLI::App& bench, std::vector<Command>& commands);         // bench_ps.cpp
 void add_bench_pipeline_command(CLI::App& bench, std::vector<Command>& commands);   // bench_pipeline.cpp
 void add_bench_dp_command(CLI::App& bench, std::vector<Command>& commands);         // bench_dp.cpp
 void add_bench_fsdp_command(CLI::App& bench, std::vector<Command>& commands);       // bench_fsdp.cpp
+void add_bench_tokens_command(CLI::App& bench, std::vector<Command>& commands);     // bench_tokens.cpp
 
 }  // namespace shoal::cli

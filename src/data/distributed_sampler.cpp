@@ -7,6 +7,13 @@
 
 namespace shoal::data {
 
+at::Tensor epoch_permutation(int64_t size, bool shuffle, uint64_t seed, uint64_t epoch) {
+  if (!shuffle || size == 0) return torch::arange(size, torch::kLong);
+  // The same generator and randperm as Python's sampler, so the order is bit-identical.
+  auto generator = at::make_generator<at::CPUGeneratorImpl>(seed + epoch);
+  return torch::randperm(size, generator, torch::kLong);
+}
+
 DistributedSampler::DistributedSampler(size_t dataset_size, int rank, int num_replicas,
                                        DistributedSamplerOptions options)
     : dataset_size_(dataset_size), rank_(rank), num_replicas_(num_replicas), options_(options) {
@@ -38,15 +45,10 @@ std::vector<size_t> DistributedSampler::indices() const {
   const size_t total = total_size();
   std::vector<size_t> all;
   all.reserve(std::max(n, total));
-  if (options_.shuffle && n > 0) {
-    // The same generator and randperm as Python's sampler, so the order is bit-identical.
-    auto generator = at::make_generator<at::CPUGeneratorImpl>(options_.seed + epoch_);
-    auto perm = torch::randperm(static_cast<int64_t>(n), generator, torch::kLong);
-    auto acc = perm.accessor<int64_t, 1>();
-    for (size_t i = 0; i < n; ++i) all.push_back(static_cast<size_t>(acc[i]));
-  } else {
-    for (size_t i = 0; i < n; ++i) all.push_back(i);
-  }
+  const at::Tensor order =
+      epoch_permutation(static_cast<int64_t>(n), options_.shuffle, options_.seed, epoch_);
+  const int64_t* ordered = order.data_ptr<int64_t>();
+  for (size_t i = 0; i < n; ++i) all.push_back(static_cast<size_t>(ordered[i]));
   if (!options_.drop_last) {
     // Pad by repeating from the start (several times when the dataset is smaller than the padding).
     for (size_t i = 0; all.size() < total; ++i) all.push_back(all[i % n]);

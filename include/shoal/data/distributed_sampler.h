@@ -13,6 +13,7 @@
 // Thread safety: not thread-safe; one instance per rank.
 #pragma once
 
+#include <ATen/core/Tensor.h>
 #include <torch/data/samplers/base.h>
 
 #include <cstddef>
@@ -20,6 +21,11 @@
 #include <vector>
 
 namespace shoal::data {
+
+/// An epoch's order of `size` indices, [size] int64: torch.randperm(size) under a CPU generator
+/// seeded with seed + epoch (Python's DistributedSampler and Shoal's samplers all shuffle so), or
+/// 0..size-1 without `shuffle`.
+at::Tensor epoch_permutation(int64_t size, bool shuffle, uint64_t seed, uint64_t epoch);
 
 struct DistributedSamplerOptions {
   bool shuffle = true;
