@@ -39,13 +39,13 @@ std::string shoal_binary() {
   return path;
 }
 
-// Runs `shoal train ARGS` with stdout and stderr captured separately; `env` ("NAME=value ...")
-// is added to the environment.
-CliResult shoal_train(const std::string& args, const std::string& env = {}) {
+// Runs `shoal ARGS` with stdout and stderr captured separately; `env` ("NAME=value ...") is added
+// to the environment.
+CliResult shoal_command(const std::string& args, const std::string& env = {}) {
   const std::string out = shoal::testing::temp_path("shoal-cli-out");
   const std::string err = shoal::testing::temp_path("shoal-cli-err");
   const std::string command =
-      (env.empty() ? "" : "env " + env + " ") + shoal_binary() + " train " + args + " >" + out + " 2>" + err;
+      (env.empty() ? "" : "env " + env + " ") + shoal_binary() + " " + args + " >" + out + " 2>" + err;
   const int status = std::system(command.c_str());
   CliResult run;
   run.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
@@ -54,6 +54,11 @@ CliResult shoal_train(const std::string& args, const std::string& env = {}) {
   fs::remove(out);
   fs::remove(err);
   return run;
+}
+
+// Runs `shoal train ARGS` (see shoal_command).
+CliResult shoal_train(const std::string& args, const std::string& env = {}) {
+  return shoal_command("train " + args, env);
 }
 
 int count_lines(const std::string& text) {
@@ -129,6 +134,30 @@ TEST(CliTrain, UnknownModelIsOneLineListingKnownOnes) {
   EXPECT_EQ(count_lines(run.err), 1) << run.err;
   EXPECT_NE(run.err.find("resnet9000"), std::string::npos) << run.err;
   EXPECT_NE(run.err.find("cnn"), std::string::npos) << run.err;
+}
+
+// A mistyped flag or subcommand, of any subcommand, gets the nearest one it has in its one line.
+TEST(CliTrain, UnknownFlagSuggestsTheNearestOne) {
+  const struct {
+    const char* args;
+    const char* suggestion;
+  } cases[] = {
+      {"train --epoch 2", "did you mean --epochs?"},
+      {"train --batchsize=8", "did you mean --batch-size?"},
+      {"bench ddp --bucket-cap 5", "did you mean --bucket-cap-mb?"},
+      {"ckpt inspect --max-value 3 x.pt", "did you mean --max-values?"},
+      {"plot --outptu x.png a.jsonl", "did you mean --output?"},
+  };
+  for (const auto& c : cases) {
+    const CliResult run = shoal_command(c.args);
+    EXPECT_EQ(run.exit_code, 2) << c.args << ": " << run.err;
+    EXPECT_EQ(count_lines(run.err), 1) << c.args << ": " << run.err;
+    EXPECT_NE(run.err.find(c.suggestion), std::string::npos) << c.args << ": " << run.err;
+  }
+  // Nothing near: no guess.
+  const CliResult far = shoal_train("--zzzzzzzzzz 1");
+  EXPECT_EQ(far.exit_code, 2) << far.err;
+  EXPECT_EQ(far.err.find("did you mean"), std::string::npos) << far.err;
 }
 
 TEST(CliTrain, ZeroBatchSizeIsOneLine) {
