@@ -458,18 +458,20 @@ void add_train_command(CLI::App& root, std::vector<Command>& commands) {
   app->add_flag("--tensorboard-all-ranks", options->tensorboard_all_ranks,
                 "With --tensorboard: every rank writes, into DIR/rank<R>");
   app->add_option("--histogram-interval", options->histogram_interval,
-                  "With --tensorboard: SGD steps between parameter histograms (0 = none)")
+                  "With --tensorboard: optimizer steps between parameter histograms (0 = none)")
       ->capture_default_str();
   app->add_option("--log-interval", options->log_interval,
                   "SGD steps between progress lines and step metrics (0 = none)")
       ->capture_default_str();
   app->add_flag("--no-progress", args->no_progress,
                 "No progress bar or lines on stderr; only epoch summaries and the result");
-  // Hidden options for quick runs and tests (an empty group hides them from --help).
-  app->add_option("--train-samples", options->train_limit, "Use the first K training images")
-      ->group("");
-  app->add_option("--test-samples", options->test_limit, "Use the first K test images")
-      ->group("");
+  app->add_option("--train-samples", options->train_limit,
+                  "Train on the first K training samples only (0 = all): a quick run")
+      ->capture_default_str();
+  app->add_option("--test-samples", options->test_limit,
+                  "Evaluate on the first K test samples only (0 = all)")
+      ->capture_default_str();
+  // Hidden options for tests (an empty group hides them from --help).
   app->add_option("--stop-after-steps", options->stop_after_steps,
                   "Stop after N SGD steps in all, as if interrupted")
       ->group("");

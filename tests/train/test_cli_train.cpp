@@ -172,9 +172,35 @@ TEST(CliTrain, HelpDescribesTheOptions) {
   EXPECT_EQ(run.exit_code, 0);
   for (const char* option : {"--model", "--epochs", "--batch-size", "--lr", "--momentum", "--seed",
                              "--threads", "--data-dir", "--metrics", "--log-interval",
-                             "--no-progress"}) {
+                             "--no-progress", "--train-samples", "--test-samples"}) {
     EXPECT_NE(run.out.find(option), std::string::npos) << option;
   }
+}
+
+// Histograms in the event files of a run of 469 steps, as many as an epoch of `make run` (60000
+// images, 2 ranks of batch 64), with the default --histogram-interval; none with 0.
+TEST(CliTrain, DefaultHistogramIntervalWritesHistogramsInADefaultLengthRun) {
+  const std::string dir = shoal::testing::make_small_dataset_dir(469, 16);
+  auto histograms = [&](const std::string& extra, const std::string& board) {
+    const CliResult run = shoal_train("--model mlp --epochs 1 --batch-size 1 --lr 0.001 --threads 1 "
+                                      "--log-interval 0 --no-progress --data-dir " + dir +
+                                      " --tensorboard " + board + extra);
+    EXPECT_EQ(run.exit_code, 0) << run.err;
+    int count = 0;
+    for (const auto& entry : fs::directory_iterator(board)) {
+      const std::string events = slurp(entry.path().string());
+      for (size_t at = events.find("parameters/"); at != std::string::npos;
+           at = events.find("parameters/", at + 1)) {
+        ++count;
+      }
+    }
+    return count;
+  };
+  const int by_default = histograms("", dir + "/default");
+  const int none = histograms(" --histogram-interval 0", dir + "/none");
+  fs::remove_all(dir);
+  EXPECT_GT(by_default, 0) << "the default --histogram-interval wrote no histogram in 469 steps";
+  EXPECT_EQ(none, 0);
 }
 
 TEST(CliTrain, TrainsOnASmallDatasetAndReportsAccuracy) {
