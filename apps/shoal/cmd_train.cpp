@@ -260,27 +260,29 @@ void add_train_command(CLI::App& root, std::vector<Command>& commands) {
   auto* app = root.add_subcommand(
       "train",
       "Train a built-in model or a TorchScript file on Fashion-MNIST, CIFAR-10 or your own tensors\n"
-      "(SGD with momentum, cross-entropy), evaluating on the test set after every epoch, in one\n"
-      "process or data-parallel over N processes (--strategy ddp). The defaults reach >= 0.85 test accuracy in one epoch.");
-  app->footer(
-      "SGD with momentum and cross-entropy; the test set is evaluated after every epoch.\n"
-      "The last stdout line is 'final test accuracy: A'. Progress goes to stderr: a live bar on\n"
-      "a terminal, plain lines otherwise. Under --strategy ddp, --batch-size is per rank\n"
-      "(the global batch is N x batch size, as in PyTorch DDP).");
+      "(cross-entropy; SGD, Adam or AdamW), evaluating on the test set after every epoch, in one\n"
+      "process or over many (--strategy ddp, fsdp, dp, ps or pipeline). The defaults reach\n"
+      ">= 0.85 test accuracy in one epoch.");
   // A repeated option takes its last value, so that `make run RUN_ARGS="--epochs 2"` overrides.
   app->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
 
   std::string models;
-  for (const auto& name : models::list_models()) models += (models.empty() ? "" : ", ") + name;
-  app->add_option("--model", options->model, "Model to train: " + models)->capture_default_str();
+  for (const auto& name : models::list_models()) models += name + ", ";
+  app->add_option("--model", options->model,
+                  "Model to train: " + models + "or a TorchScript file (model.pt, saved with\n"
+                  "torch.jit.script(model).save) under single, ddp, fsdp, dp or ps; pipeline when\n"
+                  "it is a scripted nn.Sequential")
+      ->capture_default_str();
   auto* epochs =
-      app->add_option("--epochs", options->epochs, "Passes over the 60000 training images")
+      app->add_option("--epochs", options->epochs,
+                      "Passes over the training set (60000 Fashion-MNIST images)")
           ->capture_default_str();
   auto* batch_size = app->add_option("--batch-size", options->batch_size,
-                  "Images per SGD step on each process: with --strategy ddp the global batch is\n"
-                  "nproc x batch size, as in PyTorch's DDP")
+                  "Samples per optimizer step on each process: with --strategy ddp the global\n"
+                  "batch is nproc x batch size, as in PyTorch's DDP")
       ->capture_default_str();
-  auto* lr = app->add_option("--lr", options->lr, "SGD learning rate, in (0, 1e4]")
+  auto* lr = app->add_option("--lr", options->lr,
+                             "Learning rate (of SGD, Adam or AdamW), in (0, 1e4]")
                  ->capture_default_str();
   auto* momentum = app->add_option("--momentum", options->momentum, "SGD momentum, in [0, 1)")
                        ->capture_default_str();
@@ -427,7 +429,8 @@ void add_train_command(CLI::App& root, std::vector<Command>& commands) {
   // Data (#29): the user's own tensors, and the workers that load batches ahead of the step.
   app->add_option("--data", options->data_path,
                   "Train on the tensors of FILE, written by Python's torch.save({'train_x': X,\n"
-                  "'train_y': y, 'test_x': Xt, 'test_y': yt}) (float inputs, class targets 0-9)")
+                  "'train_y': y, 'test_x': Xt, 'test_y': yt}) (float inputs; class targets 0-9\n"
+                  "for the built-in models, any number of classes for a TorchScript model)")
       ->type_name("FILE");
   app->add_option("--num-workers,--num_workers", options->num_workers,
                   "Threads loading batches ahead of the step (PyTorch's DataLoader num_workers)")
@@ -479,6 +482,9 @@ void add_train_command(CLI::App& root, std::vector<Command>& commands) {
                   "Every rank saves its final weights to PREFIX.rank<R>.pt")
       ->group("");
   app->footer(
+      "The last stdout line is 'final test accuracy: A'. Progress goes to stderr: a live bar on\n"
+      "a terminal, plain lines otherwise. Under --strategy ddp, --batch-size is per rank (the\n"
+      "global batch is N x batch size, as in PyTorch DDP).\n\n"
       "Examples:\n"
       "  shoal train --model cnn --epochs 2\n"
       "  shoal train --strategy ddp --nproc-per-node 2 --model cnn --checkpoint-dir ckpt\n"
