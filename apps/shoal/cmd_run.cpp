@@ -179,8 +179,9 @@ void add_run_command(CLI::App& root, std::vector<Command>& commands) {
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   app->add_option("--start-method,--start_method", args->start_method,
-                  "Python's multiprocessing start method; accepted and ignored (workers are "
-                  "always fork+exec'd programs)")
+                  "Python's multiprocessing start method; accepted and ignored (a worker that is\n"
+                  "this shoal program starts by fork alone, any other by fork+exec;\n"
+                  "SHOAL_LAUNCH_EXEC=1 execs every worker)")
       ->check(CLI::IsMember({"spawn", "fork", "forkserver"}))
       ->capture_default_str();
   app->add_option("--role", args->role, "ROLE_NAME given to the workers (default worker)");

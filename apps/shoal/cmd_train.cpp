@@ -294,9 +294,10 @@ void add_train_command(CLI::App& root, std::vector<Command>& commands) {
   auto* app = root.add_subcommand(
       "train",
       "Train a built-in model or a TorchScript file on Fashion-MNIST, CIFAR-10 or your own tensors\n"
-      "(SGD with momentum and cross-entropy by default), evaluating on the test set after every\n"
-      "epoch, in one process or data-parallel over N processes (--strategy ddp). The defaults\n"
-      "reach >= 0.85 test accuracy in one epoch.");
+      "(SGD with momentum and cross-entropy by default; Adam or AdamW; any --loss, or the model's\n"
+      "own), evaluating on the test set after every epoch, in one process or over many\n"
+      "(--strategy ddp, fsdp, dp, ps or pipeline). The defaults reach >= 0.85 test accuracy in\n"
+      "one epoch.");
   app->footer(
       "SGD with momentum and cross-entropy by default (--optimizer, --loss); the test set is\n"
       "evaluated after every epoch. The last stdout line is 'final test accuracy: A', or\n"
@@ -308,16 +309,22 @@ void add_train_command(CLI::App& root, std::vector<Command>& commands) {
   app->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
 
   std::string models;
-  for (const auto& name : models::list_models()) models += (models.empty() ? "" : ", ") + name;
-  app->add_option("--model", options->model, "Model to train: " + models)->capture_default_str();
+  for (const auto& name : models::list_models()) models += name + ", ";
+  app->add_option("--model", options->model,
+                  "Model to train: " + models + "or a TorchScript file (model.pt, saved with\n"
+                  "torch.jit.script(model).save) under single, ddp, fsdp, dp or ps; pipeline when\n"
+                  "it is a scripted nn.Sequential")
+      ->capture_default_str();
   auto* epochs =
-      app->add_option("--epochs", options->epochs, "Passes over the 60000 training images")
+      app->add_option("--epochs", options->epochs,
+                      "Passes over the training set (60000 Fashion-MNIST images)")
           ->capture_default_str();
   auto* batch_size = app->add_option("--batch-size", options->batch_size,
-                  "Images per SGD step on each process: with --strategy ddp the global batch is\n"
-                  "nproc x batch size, as in PyTorch's DDP")
+                  "Samples per optimizer step on each process: with --strategy ddp the global\n"
+                  "batch is nproc x batch size, as in PyTorch's DDP")
       ->capture_default_str();
-  auto* lr = app->add_option("--lr", options->lr, "SGD learning rate, in (0, 1e4]")
+  auto* lr = app->add_option("--lr", options->lr,
+                             "Learning rate (of SGD, Adam or AdamW), in (0, 1e4]")
                  ->capture_default_str();
   auto* momentum = app->add_option("--momentum", options->momentum, "SGD momentum, in [0, 1)")
                        ->capture_default_str();
@@ -466,8 +473,9 @@ void add_train_command(CLI::App& root, std::vector<Command>& commands) {
   app->add_option("--data", options->data_path,
                   "Train on the tensors of FILE, written by Python's torch.save({'train_x': X,\n"
                   "'train_y': y, 'test_x': Xt, 'test_y': yt}): float inputs and class targets\n"
-                  "0-9, float targets under a regression --loss, or --model gpt's blocks of token\n"
-                  "ids (int64 [N, T] inputs, and targets: the next tokens, -1 ignored)")
+                  "(0-9 for the built-in models, any number of classes for a TorchScript model),\n"
+                  "float targets under a regression --loss, or --model gpt's blocks of token ids\n"
+                  "(int64 [N, T] inputs, and targets: the next tokens, -1 ignored)")
       ->type_name("FILE");
   app->add_option("--num-workers,--num_workers", options->num_workers,
                   "Threads loading batches ahead of the step (PyTorch's DataLoader num_workers)")
@@ -498,18 +506,20 @@ void add_train_command(CLI::App& root, std::vector<Command>& commands) {
   app->add_flag("--tensorboard-all-ranks", options->tensorboard_all_ranks,
                 "With --tensorboard: every rank writes, into DIR/rank<R>");
   app->add_option("--histogram-interval", options->histogram_interval,
-                  "With --tensorboard: SGD steps between parameter histograms (0 = none)")
+                  "With --tensorboard: optimizer steps between parameter histograms (0 = none)")
       ->capture_default_str();
   app->add_option("--log-interval", options->log_interval,
                   "SGD steps between progress lines and step metrics (0 = none)")
       ->capture_default_str();
   app->add_flag("--no-progress", args->no_progress,
                 "No progress bar or lines on stderr; only epoch summaries and the result");
-  // Hidden options for quick runs and tests (an empty group hides them from --help).
-  app->add_option("--train-samples", options->train_limit, "Use the first K training images")
-      ->group("");
-  app->add_option("--test-samples", options->test_limit, "Use the first K test images")
-      ->group("");
+  app->add_option("--train-samples", options->train_limit,
+                  "Train on the first K training samples only (0 = all): a quick run")
+      ->capture_default_str();
+  app->add_option("--test-samples", options->test_limit,
+                  "Evaluate on the first K test samples only (0 = all)")
+      ->capture_default_str();
+  // Hidden options for tests (an empty group hides them from --help).
   app->add_option("--stop-after-steps", options->stop_after_steps,
                   "Stop after N SGD steps in all, as if interrupted")
       ->group("");
@@ -517,6 +527,9 @@ void add_train_command(CLI::App& root, std::vector<Command>& commands) {
                   "Every rank saves its final weights to PREFIX.rank<R>.pt")
       ->group("");
   app->footer(
+      "The last stdout line is 'final test accuracy: A'. Progress goes to stderr: a live bar on\n"
+      "a terminal, plain lines otherwise. Under --strategy ddp, --batch-size is per rank (the\n"
+      "global batch is N x batch size, as in PyTorch DDP).\n\n"
       "Examples:\n"
       "  shoal train --model cnn --epochs 2\n"
       "  shoal train --strategy ddp --nproc-per-node 2 --model cnn --checkpoint-dir ckpt\n"

@@ -5,8 +5,21 @@
 
 #include <cerrno>
 #include <cstring>
+#include <string_view>
+
+#include "shoal/log.h"
 
 namespace shoal::launcher {
+namespace {
+
+// The line every Shoal program ends a failure with (apps/shoal/main.cpp's report()).
+constexpr std::string_view kErrorLineStart = "shoal: error: ";
+
+bool is_error_line(const char* data, size_t size) {
+  return std::string_view(data, size).substr(0, kErrorLineStart.size()) == kErrorLineStart;
+}
+
+}  // namespace
 
 void write_all(int fd, const char* data, size_t size) {
   while (size > 0) {
@@ -65,6 +78,10 @@ void LinePrefixer::write_line(const char* data, size_t size, bool add_newline) {
     if (add_newline) write_all(copy_fd_, "\n", 1);
   }
   if (out_fd_ < 0) return;
+  if (errors_ != nullptr && is_error_line(data, size)) {
+    if (errors_->shown && !log::enabled(log::Level::kDebug)) return;
+    errors_->shown = true;
+  }
   line_.assign(prefix_);
   line_.append(data, size);
   if (add_newline) line_.push_back('\n');

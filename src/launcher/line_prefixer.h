@@ -13,6 +13,14 @@
 
 namespace shoal::launcher {
 
+/// What the stderr copies of one group's workers share: whether a worker's error line
+/// ("shoal: error: ...") has reached the console yet. When one rank fails, every rank usually
+/// prints one, most of them only about the first's failure ("rank 0's store went away"): the
+/// first is shown, the others only at debug level (SHOAL_LOG_LEVEL=debug). Log files get them all.
+struct SharedErrorLines {
+  bool shown = false;
+};
+
 class LinePrefixer {
  public:
   /// Why 1 MiB: far above any sensible log line, small enough to hold for hundreds of workers.
@@ -22,6 +30,8 @@ class LinePrefixer {
   LinePrefixer(std::string prefix, int out_fd);
   /// Also writes every line, without the prefix, to `fd` (not owned; a log file).
   void set_copy(int fd) { copy_fd_ = fd; }
+  /// Shows this stream's error lines only while no other stream of `errors` (not owned) has.
+  void set_error_lines(SharedErrorLines* errors) { errors_ = errors; }
 
   /// Takes `size` more bytes of the stream; writes out every line completed by them.
   void feed(const char* data, size_t size);
@@ -34,6 +44,7 @@ class LinePrefixer {
   std::string prefix_;
   int out_fd_;
   int copy_fd_ = -1;
+  SharedErrorLines* errors_ = nullptr;
   std::string pending_;  ///< the unfinished line so far
   std::string line_;     ///< scratch buffer: prefix + line
 };

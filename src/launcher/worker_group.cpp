@@ -119,6 +119,7 @@ GroupResult WorkerGroup::run(SignalRelay& relay) {
         prefix, spec.stdout_to_console ? STDOUT_FILENO : -1));
     prefixers_.push_back(std::make_unique<LinePrefixer>(
         prefix, spec.stderr_to_console ? STDERR_FILENO : -1));
+    prefixers_.back()->set_error_lines(&error_lines_);
     for (int stream = 0; stream < 2; ++stream) {
       const std::string& path = stream == 0 ? spec.stdout_file : spec.stderr_file;
       if (path.empty()) continue;

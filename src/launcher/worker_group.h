@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "launcher/exit_status.h"
+#include "launcher/line_prefixer.h"
 #include "launcher/worker_process.h"
 #include "launcher/worker_spec.h"
 
@@ -93,7 +94,8 @@ class WorkerGroup {
   std::vector<std::unique_ptr<WorkerProcess>> workers_;
   std::vector<int> pids_;  // every worker started, kept after they are reaped
   std::vector<int> log_fds_;  // --log-dir files, closed with the group
-  std::vector<std::unique_ptr<class LinePrefixer>> prefixers_;  // stdout, stderr per worker
+  SharedErrorLines error_lines_;  // the workers' stderr copies show one error line (see there)
+  std::vector<std::unique_ptr<LinePrefixer>> prefixers_;  // stdout, stderr per worker
   bool stopping_ = false;
   bool killed_ = false;
   std::chrono::steady_clock::time_point kill_at_;

@@ -44,8 +44,8 @@ torch::nn::Sequential as_sequential(models::Model& model) {
                   type.find("torch.nn.modules.container.Sequential") != std::string::npos,
                   "a TorchScript model splits into pipeline stages only when it is a "
                   "torch.nn.Sequential (its children run one after another); this one is ", type,
-                  ", whose forward is one compiled graph: train it with --strategy single, ddp, dp "
-                  "or ps, or script an nn.Sequential of its layers");
+                  ", whose forward is one compiled graph: train it with --strategy single, ddp, "
+                  "fsdp, dp or ps, or script an nn.Sequential of its layers");
     for (const auto& child : module.named_children()) {
       seq->push_back(child.name, std::make_shared<models::ScriptModel>(child.value));
     }

@@ -629,7 +629,7 @@ Server::Server(ServerOptions options) : impl_(std::make_unique<Impl>()) {
         impl_->context, gate_password(impl_->options.auth_token), [impl](const std::string& address) {
           {
             std::lock_guard<std::mutex> lock(impl->stats_mutex);
-            ++impl->stats.auth_failures;
+            ++impl->stats.gate_refusals;
           }
           if (int64_t held = 0; impl->reject_log.allow(&held)) {
             impl->log("refused a connection from " + address +

@@ -309,6 +309,43 @@ wait)");
   }
 }
 
+// Every rank of a failed job prints its error line, most only about the first's failure: the
+// console shows one of them (the rest at debug level), the launcher's summary after it.
+TEST_F(Launcher, ShowsOneWorkerErrorLineTheOthersAtDebugLevel) {
+  const auto worker = script("errors.sh", R"(
+if [ "$RANK" = 1 ]; then
+  echo "shoal: error: rank 1 failed first" >&2
+  touch "$DIR/first.$ATTEMPT"
+  while [ ! -e "$DIR/second.0.$ATTEMPT" ] || [ ! -e "$DIR/second.2.$ATTEMPT" ]; do sleep 0.02; done
+  exit 1
+fi
+while [ ! -e "$DIR/first.$ATTEMPT" ]; do sleep 0.02; done
+echo "shoal: error: rank $RANK lost rank 1" >&2
+touch "$DIR/second.$RANK.$ATTEMPT"
+sleep 60 &
+wait)");
+  auto error_lines = [](const std::string& err) {
+    std::vector<std::string> found;
+    for (const auto& line : lines_of(err)) {
+      if (line.find("] shoal: error: ") != std::string::npos) found.push_back(line);
+    }
+    return found;
+  };
+  const auto quiet = run_shoal({"run", "--nproc-per-node", "3", worker},
+                               {{"ATTEMPT", "quiet"}, {"SHOAL_LOG_LEVEL", ""}}, Milliseconds(90'000));
+  EXPECT_EQ(quiet.code, 1) << quiet.err;
+  const auto shown = error_lines(quiet.err);
+  ASSERT_EQ(shown.size(), 1u) << quiet.err;
+  EXPECT_NE(quiet.err.find("shoal run: rank 1 (pid"), std::string::npos) << quiet.err;
+  EXPECT_LT(quiet.err.find(shown[0]), quiet.err.find("shoal run: rank 1 (pid")) << quiet.err;
+
+  const auto debug = run_shoal({"run", "--nproc-per-node", "3", worker},
+                               {{"ATTEMPT", "debug"}, {"SHOAL_LOG_LEVEL", "debug"}},
+                               Milliseconds(90'000));
+  EXPECT_EQ(debug.code, 1) << debug.err;
+  EXPECT_EQ(error_lines(debug.err).size(), 3u) << debug.err;
+}
+
 TEST_F(Launcher, WorkerKilledBySignalGives128PlusSignal) {
   const auto worker = script("kill.sh", R"(
 if [ "$RANK" = 0 ]; then kill -KILL $$; fi

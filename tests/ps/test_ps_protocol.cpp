@@ -4,7 +4,9 @@
 // worker.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstring>
+#include <optional>
 #include <thread>
 
 #include "ps/auth.h"
@@ -48,16 +50,25 @@ TEST(PsPartition, CoversEveryElementOnceAndBalances) {
   }
 }
 
+// What a raw peer presents to the server's gate (ZeroMQ's PLAIN mechanism).
+struct GateCredentials {
+  std::string user;
+  std::string password;
+};
+
 // A raw peer: a DEALER socket that sends whatever frames the test gives it.
 struct RawPeer {
   zmq::context_t context{1};
   zmq::socket_t socket{context, zmq::socket_type::dealer};
   /// With `token`, it passes the server's gate (ZeroMQ's handshake) as a worker does, and no more.
-  explicit RawPeer(const std::string& endpoint, const std::string& token = {}) {
+  explicit RawPeer(const std::string& endpoint, const std::string& token = {})
+      : RawPeer(endpoint, token.empty() ? std::optional<GateCredentials>()
+                                        : GateCredentials{kGateUser, gate_password(token)}) {}
+  RawPeer(const std::string& endpoint, const std::optional<GateCredentials>& credentials) {
     socket.set(zmq::sockopt::linger, 0);
-    if (!token.empty()) {
-      socket.set(zmq::sockopt::plain_username, kGateUser);
-      socket.set(zmq::sockopt::plain_password, gate_password(token));
+    if (credentials) {
+      socket.set(zmq::sockopt::plain_username, credentials->user);
+      socket.set(zmq::sockopt::plain_password, credentials->password);
     }
     socket.connect(endpoint);
   }
@@ -232,7 +243,7 @@ TEST(PsServer, RefusesPeersWithoutTheToken) {
   WorkerOptions none = testing::worker_options(set, 0, 1);
   EXPECT_THROW({ Worker worker(none, testing::named(*net)); }, InvalidArgument);
   // The wrong token, refused by the gate (libzmq may have tried again before the worker gave up).
-  EXPECT_GE(set.servers[0]->stats().auth_failures, 1);
+  EXPECT_GE(set.servers[0]->stats().gate_refusals, 1);
 
   // A peer without the token is refused in ZeroMQ's handshake: nothing it sends is read.
   {
@@ -252,6 +263,38 @@ TEST(PsServer, RefusesPeersWithoutTheToken) {
   EXPECT_EQ(refused->type(), MessageType::kError);
 
   train_a_little(set, "s3cret-token");
+}
+
+// The gate alone. A peer with the gate's user name and a guessed password would also fail the
+// HMAC challenge that follows the gate, so only this shows that the gate itself refuses it: its
+// Hello gets no answer (not even the challenge), and the gate counts the refusal.
+TEST(PsServer, GateRefusesAGuessedPasswordBeforeTheChallenge) {
+  ServerOptions options;
+  options.num_workers = 1;
+  options.auth_token_from_env = false;
+  options.auth_token = "s3cret-token";
+  options.verbose = false;
+  ServerSet set(1, options);
+  {
+    RawPeer guesser(set.endpoints()[0], GateCredentials{kGateUser, "guessed-password"});
+    guesser.send({header_bytes(MessageType::kHello, 0, 0), "", ""});
+    EXPECT_FALSE(guesser.answer(milliseconds(2000)).has_value())
+        << "the gate let a guessed password through to the challenge";
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (set.servers[0]->stats().gate_refusals < 1 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(milliseconds(20));
+  }
+  EXPECT_GE(set.servers[0]->stats().gate_refusals, 1);
+  EXPECT_EQ(set.servers[0]->stats().auth_failures, 0) << "the guess reached the challenge";
+
+  // The same Hello with the gate's password is answered with the challenge: what refused the
+  // guess above was the password, not the message.
+  RawPeer peer(set.endpoints()[0], "s3cret-token");
+  peer.send({header_bytes(MessageType::kHello, 0, 0), "", ""});
+  auto challenge = peer.answer();
+  ASSERT_TRUE(challenge.has_value());
+  EXPECT_EQ(challenge->type(), MessageType::kChallenge);
 }
 
 }  // namespace test_ps_protocol

@@ -39,13 +39,13 @@ std::string shoal_binary() {
   return path;
 }
 
-// Runs `shoal train ARGS` with stdout and stderr captured separately; `env` ("NAME=value ...")
-// is added to the environment.
-CliResult shoal_train(const std::string& args, const std::string& env = {}) {
+// Runs `shoal ARGS` with stdout and stderr captured separately; `env` ("NAME=value ...") is added
+// to the environment.
+CliResult shoal_command(const std::string& args, const std::string& env = {}) {
   const std::string out = shoal::testing::temp_path("shoal-cli-out");
   const std::string err = shoal::testing::temp_path("shoal-cli-err");
   const std::string command =
-      (env.empty() ? "" : "env " + env + " ") + shoal_binary() + " train " + args + " >" + out + " 2>" + err;
+      (env.empty() ? "" : "env " + env + " ") + shoal_binary() + " " + args + " >" + out + " 2>" + err;
   const int status = std::system(command.c_str());
   CliResult run;
   run.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
@@ -54,6 +54,11 @@ CliResult shoal_train(const std::string& args, const std::string& env = {}) {
   fs::remove(out);
   fs::remove(err);
   return run;
+}
+
+// Runs `shoal train ARGS` (see shoal_command).
+CliResult shoal_train(const std::string& args, const std::string& env = {}) {
+  return shoal_command("train " + args, env);
 }
 
 int count_lines(const std::string& text) {
@@ -131,6 +136,30 @@ TEST(CliTrain, UnknownModelIsOneLineListingKnownOnes) {
   EXPECT_NE(run.err.find("cnn"), std::string::npos) << run.err;
 }
 
+// A mistyped flag or subcommand, of any subcommand, gets the nearest one it has in its one line.
+TEST(CliTrain, UnknownFlagSuggestsTheNearestOne) {
+  const struct {
+    const char* args;
+    const char* suggestion;
+  } cases[] = {
+      {"train --epoch 2", "did you mean --epochs?"},
+      {"train --batchsize=8", "did you mean --batch-size?"},
+      {"bench ddp --bucket-cap 5", "did you mean --bucket-cap-mb?"},
+      {"ckpt inspect --max-value 3 x.pt", "did you mean --max-values?"},
+      {"plot --outptu x.png a.jsonl", "did you mean --output?"},
+  };
+  for (const auto& c : cases) {
+    const CliResult run = shoal_command(c.args);
+    EXPECT_EQ(run.exit_code, 2) << c.args << ": " << run.err;
+    EXPECT_EQ(count_lines(run.err), 1) << c.args << ": " << run.err;
+    EXPECT_NE(run.err.find(c.suggestion), std::string::npos) << c.args << ": " << run.err;
+  }
+  // Nothing near: no guess.
+  const CliResult far = shoal_train("--zzzzzzzzzz 1");
+  EXPECT_EQ(far.exit_code, 2) << far.err;
+  EXPECT_EQ(far.err.find("did you mean"), std::string::npos) << far.err;
+}
+
 TEST(CliTrain, ZeroBatchSizeIsOneLine) {
   const CliResult run = shoal_train("--batch-size 0 --no-progress");
   EXPECT_NE(run.exit_code, 0);
@@ -143,9 +172,35 @@ TEST(CliTrain, HelpDescribesTheOptions) {
   EXPECT_EQ(run.exit_code, 0);
   for (const char* option : {"--model", "--epochs", "--batch-size", "--lr", "--momentum", "--seed",
                              "--threads", "--data-dir", "--metrics", "--log-interval",
-                             "--no-progress"}) {
+                             "--no-progress", "--train-samples", "--test-samples"}) {
     EXPECT_NE(run.out.find(option), std::string::npos) << option;
   }
+}
+
+// Histograms in the event files of a run of 469 steps, as many as an epoch of `make run` (60000
+// images, 2 ranks of batch 64), with the default --histogram-interval; none with 0.
+TEST(CliTrain, DefaultHistogramIntervalWritesHistogramsInADefaultLengthRun) {
+  const std::string dir = shoal::testing::make_small_dataset_dir(469, 16);
+  auto histograms = [&](const std::string& extra, const std::string& board) {
+    const CliResult run = shoal_train("--model mlp --epochs 1 --batch-size 1 --lr 0.001 --threads 1 "
+                                      "--log-interval 0 --no-progress --data-dir " + dir +
+                                      " --tensorboard " + board + extra);
+    EXPECT_EQ(run.exit_code, 0) << run.err;
+    int count = 0;
+    for (const auto& entry : fs::directory_iterator(board)) {
+      const std::string events = slurp(entry.path().string());
+      for (size_t at = events.find("parameters/"); at != std::string::npos;
+           at = events.find("parameters/", at + 1)) {
+        ++count;
+      }
+    }
+    return count;
+  };
+  const int by_default = histograms("", dir + "/default");
+  const int none = histograms(" --histogram-interval 0", dir + "/none");
+  fs::remove_all(dir);
+  EXPECT_GT(by_default, 0) << "the default --histogram-interval wrote no histogram in 469 steps";
+  EXPECT_EQ(none, 0);
 }
 
 TEST(CliTrain, TrainsOnASmallDatasetAndReportsAccuracy) {

@@ -73,6 +73,9 @@ struct ServerStats {
   int64_t updates = 0;           ///< optimizer steps applied (bsp: one per step)
   int64_t rejected = 0;          ///< malformed, oversized or unauthenticated messages
   int64_t auth_failures = 0;     ///< wrong answers to the challenge
+  /// Connections the gate refused in ZeroMQ's handshake (a wrong gate password): they never
+  /// reach the challenge, so auth_failures does not count them.
+  int64_t gate_refusals = 0;
   int64_t deferred_pulls = 0;    ///< pulls that had to wait (bsp/ssp)
   /// Staleness of each push: the pusher's clock minus the slowest live worker's finished clocks.
   int64_t max_staleness = 0;
