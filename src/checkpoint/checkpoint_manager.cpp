@@ -232,32 +232,36 @@ std::string CheckpointManager::save_sharded(const ShardedTrainingState& state,
                 "save_sharded: the state is rank ", state.rank, " of ", state.world_size,
                 "'s, this process is rank ", rank, " of ", alone ? 1 : pg->size());
   // Rank 0 picks the number (one past every file and folder present, complete or not, so that
-  // an interrupted save's folder is never reused) and everyone writes its file into that folder.
+  // an interrupted save's folder is never reused) and the save's id, and everyone writes its
+  // file into that folder.
   std::string error;
-  at::Tensor number = at::zeros({1}, at::kLong);
+  at::Tensor chosen = at::zeros({2}, at::kLong);  // number (-1: failed), save id
   if (rank == 0) {
     try {
       make_directories(dir_);
       remove_stale_temporaries(dir_, options_.prefix);
       const auto existing = numbered(dir_, options_.prefix);
-      number[0] = existing.empty() ? 0 : existing.back().first + 1;
+      chosen[0] = existing.empty() ? 0 : existing.back().first + 1;
+      chosen[1] = new_save_id();
     } catch (const std::exception& e) {
       error = e.what();
-      number[0] = -1;
+      chosen[0] = -1;
     }
   }
-  if (!alone) pg->broadcast(number)->wait();
-  const int64_t chosen = number[0].item<int64_t>();
-  if (chosen < 0) {
+  if (!alone) pg->broadcast(chosen)->wait();
+  const int64_t number = chosen[0].item<int64_t>();
+  if (number < 0) {
     SHOAL_CHECK_T(CheckpointError, rank != 0, error);
     SHOAL_THROW(CheckpointError, pg->rank_prefix(), " rank 0 cannot save the sharded checkpoint in ",
                 dir_, " (see rank 0's error)");
   }
-  const std::string name = checkpoint_name(options_.prefix, chosen, kShardedExtension);
+  const std::string name = checkpoint_name(options_.prefix, number, kShardedExtension);
   const std::string folder = dir_ + "/" + name;
+  ShardedTrainingState mine = state;  // tensors shared, not copied
+  mine.save_id = chosen[1].item<int64_t>();
   try {
     make_directories(folder);
-    save_shard(state, folder + "/" + shard_file_name(rank));
+    save_shard(mine, folder + "/" + shard_file_name(rank));
   } catch (const std::exception& e) {
     error = e.what();
   }
@@ -266,6 +270,7 @@ std::string CheckpointManager::save_sharded(const ShardedTrainingState& state,
   if (!alone) pg->allreduce(failed)->wait();
   if (failed[0].item<int64_t>() == 0 && rank == 0) {
     try {
+      write_sharded_manifest(folder, mine.save_id, mine.world_size);
       detail::write_file_atomically(dir_ + "/" + kLatestFile, name + "\n");
       remove_old_checkpoints(dir_, options_.prefix, options_.keep_last, name);
     } catch (const std::exception& e) {

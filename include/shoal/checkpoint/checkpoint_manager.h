@@ -50,10 +50,11 @@ class CheckpointManager {
   std::string save(const TrainingState& state, comm::ProcessGroup* pg = nullptr);
 
   /// Writes the next checkpoint as a sharded one (see sharded_checkpoint.h): every rank of `pg`
-  /// calls it with its own piece and writes "<dir>/<prefix>N.sharded/rank_<rank>.pt"; once all
-  /// files are complete rank 0 points `latest` at the folder and deletes the oldest checkpoints
-  /// beyond keep_last. A failure on any rank throws on every rank and keeps the previous
-  /// checkpoint the latest. Returns the folder's path. A collective.
+  /// calls it with its own piece and writes "<dir>/<prefix>N.sharded/rank_<rank>.pt" under one
+  /// new save id (state.save_id is replaced); once all files are complete rank 0 writes the
+  /// folder's manifest, points `latest` at the folder and deletes the oldest checkpoints beyond
+  /// keep_last. A failure on any rank throws on every rank and keeps the previous checkpoint the
+  /// latest. Returns the folder's path. A collective.
   std::string save_sharded(const ShardedTrainingState& state, comm::ProcessGroup* pg = nullptr);
 
   /// The newest intact checkpoint, or nullopt when there is none. A newer one that cannot be read
