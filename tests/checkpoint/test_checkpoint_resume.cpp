@@ -390,6 +390,48 @@ TEST_F(CheckpointResume, ShardedFolderRefusesARankFileOfAnotherSave) {
   EXPECT_THROW(load_training_state(old), CheckpointError);
 }
 
+// Two saves in a row interrupted (rank 1 killed mid-write: its temporary file left, no manifest)
+// with keep 3: the next save removes both broken folders and keeps the three newest complete
+// checkpoints, instead of counting the broken ones and deleting whole checkpoints.
+TEST_F(CheckpointResume, InterruptedShardedSavesAreRemovedAndNotCounted) {
+  for (int i = 0; i < 3; ++i) save_sharded_pair(dir_, i, 10 * (i + 1), 3);
+  const std::string last = dir_ + "/checkpoint_000002.sharded";
+  for (const char* broken : {"checkpoint_000003.sharded", "checkpoint_000004.sharded"}) {
+    const std::string folder = dir_ + "/" + broken;
+    std::filesystem::create_directories(folder);
+    std::filesystem::copy_file(last + "/rank_0.pt", folder + "/rank_0.pt");
+    std::ofstream(folder + "/.rank_1.pt.tmp.999999999") << "half a file";
+  }
+  std::ofstream(dir_ + "/.latest.tmp.999999999") << "checkpoint_000004.sharded\n";
+  EXPECT_EQ(find_latest(dir_).value(), last);
+  EXPECT_EQ(CheckpointManager(dir_, 3).load_latest()->step, 30);
+
+  const std::string newest = save_sharded_pair(dir_, 5, 60, 3);
+  EXPECT_EQ(newest, dir_ + "/checkpoint_000005.sharded");
+  std::vector<std::string> left;
+  for (const auto& entry : std::filesystem::directory_iterator(dir_)) {
+    left.push_back(entry.path().filename().string());
+  }
+  std::sort(left.begin(), left.end());
+  EXPECT_EQ(left, (std::vector<std::string>{"checkpoint_000001.sharded", "checkpoint_000002.sharded",
+                                            "checkpoint_000005.sharded", "latest"}));
+  for (const auto& path : CheckpointManager(dir_, 3).list()) {
+    EXPECT_NO_THROW(load_training_state(path)) << path;
+  }
+  EXPECT_EQ(CheckpointManager(dir_, 3).load_latest()->step, 60);
+
+  // A full save cleans up after an interrupted sharded one too; the complete ones stay.
+  std::filesystem::create_directories(dir_ + "/checkpoint_000006.sharded");
+  TrainingState state;
+  state.model.insert("w", torch::zeros({5}));
+  state.step = 70;
+  EXPECT_EQ(CheckpointManager(dir_, 3).save(state), dir_ + "/checkpoint_000007.pt");
+  EXPECT_FALSE(std::filesystem::exists(dir_ + "/checkpoint_000006.sharded"));
+  EXPECT_EQ(CheckpointManager(dir_, 3).list(),
+            (std::vector<std::string>{dir_ + "/checkpoint_000002.sharded", dir_ + "/checkpoint_000005.sharded",
+                                      dir_ + "/checkpoint_000007.pt"}));
+}
+
 TEST(SamplerState, SkipIsWorldSizeIndependent) {
   SamplerState sampler;
   sampler.samples_seen = 96;  // e.g. 4 ranks x 3 batches of 8

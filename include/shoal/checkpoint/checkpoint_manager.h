@@ -3,6 +3,9 @@
 // Files are "<dir>/checkpoint_000012.pt" (a sequence number, one more than the highest present)
 // plus "<dir>/latest", a one-line text file naming the newest complete checkpoint; both are written
 // atomically (see serialization.h), so a job killed while saving resumes from the previous one.
+// Each save first removes what interrupted saves left: sharded folders without a manifest newer
+// than "latest"'s checkpoint, and temporary files of dead writers; only complete checkpoints count
+// toward keep_last.
 //
 // In a distributed job pass the process group: rank 0 writes, and every rank returns from save()
 // only after the file is complete (rank 0 broadcasts the outcome, so a failed write throws on
