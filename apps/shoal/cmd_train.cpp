@@ -97,8 +97,8 @@ void configure_server_checkpoints(const train::TrainOptions& options, const ps::
     return;
   }
   if (std::filesystem::exists(old_path)) {
-    log::warn("shoal: ", old_path, " (an older Shoal's server checkpoint) holds no step: restored as "
-              "the shard of step ", step, " of ", point->path, " unchecked");
+    log::warn("shoal: ", old_path, " (an older Shoal's server checkpoint) holds no step: "
+              "restored as the shard of step ", step, " of ", point->path, " unchecked");
     server.restore_path = old_path;
     return;
   }

@@ -148,8 +148,9 @@ void remove_stale_temporaries(const std::string& dir, const std::string& prefix)
   while (dirent* entry = ::readdir(d)) {
     const std::string name = entry->d_name;
     const size_t tmp = name.rfind(".tmp.");
+    const std::string latest = std::string(".") + kLatestFile + ".";
     const bool ours = name.compare(0, start.size(), start) == 0 ||
-                      name.compare(0, std::strlen(kLatestFile) + 1, std::string(".") + kLatestFile) == 0;
+                      name.compare(0, latest.size(), latest) == 0;
     if (!ours || tmp == std::string::npos) continue;
     const std::string pid = name.substr(tmp + 5);
     if (pid.empty() || !std::all_of(pid.begin(), pid.end(), ::isdigit)) continue;

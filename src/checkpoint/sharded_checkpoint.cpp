@@ -398,8 +398,9 @@ TrainingState load_sharded_checkpoint(const std::string& folder, const LoadOptio
   SHOAL_CHECK_T(CheckpointError, first.rank == 0, first_path, ": says it is rank ", first.rank,
                 "'s file: the files were renamed or mixed");
   if (const auto manifest = read_manifest(folder)) {
-    SHOAL_CHECK_T(CheckpointError, manifest->save_id == first.save_id && manifest->world_size == world,
-                  first_path, ": is a file of ", save_text(first.save_id), " by ", world,
+    SHOAL_CHECK_T(CheckpointError,
+                  manifest->save_id == first.save_id && manifest->world_size == world, first_path,
+                  ": is a file of ", save_text(first.save_id), " by ", world,
                   " ranks, the folder's manifest names ", save_text(manifest->save_id), " by ",
                   manifest->world_size, ": the folder mixes two saves; put back this save's file "
                   "or resume from an older checkpoint");

@@ -123,7 +123,9 @@ void rotate_step_files(const std::string& prefix, int64_t current, int keep) {
   }
   std::sort(older.begin(), older.end());
   const size_t kept_older = keep > 0 ? static_cast<size_t>(keep - 1) : older.size();
-  for (size_t i = 0; i + kept_older < older.size(); ++i) std::filesystem::remove(older[i].second, ec);
+  for (size_t i = 0; i + kept_older < older.size(); ++i) {
+    std::filesystem::remove(older[i].second, ec);
+  }
 }
 
 }  // namespace

@@ -245,9 +245,8 @@ struct SummaryWriter::Impl {
       }
       const bool flush_now = requested != flush_done || stop || Clock::now() >= next_flush;
       for (size_t f = 0; f < count; ++f) {
-        if (pending[f].bytes.empty() || (!flush_now && pending[f].bytes.size() < kWriteChunkBytes)) {
-          continue;
-        }
+        const size_t size = pending[f].bytes.size();
+        if (size == 0 || (!flush_now && size < kWriteChunkBytes)) continue;
         if (!failed_before && failure.empty()) {
           File file;
           {

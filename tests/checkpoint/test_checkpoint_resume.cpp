@@ -324,7 +324,8 @@ std::string save_sharded_pair(const std::string& dir, int seed, int64_t step, in
   std::vector<std::string> folders(2);
   shoal::testing::run_threads(2, [&](int rank) {
     auto pg = comm::new_process_group("gloo", store, rank, 2, comm::Milliseconds(60'000));
-    folders[rank] = CheckpointManager(dir, keep).save_sharded(sharded_piece(rank, seed, step), pg.get());
+    CheckpointManager manager(dir, keep);
+    folders[rank] = manager.save_sharded(sharded_piece(rank, seed, step), pg.get());
   });
   EXPECT_EQ(folders[0], folders[1]);
   return folders[0];
@@ -363,9 +364,11 @@ TEST_F(CheckpointResume, ShardedFolderRefusesARankFileOfAnotherSave) {
   EXPECT_THROW(load_training_state(mine), CheckpointError);
   std::filesystem::copy_file(other + "/manifest", mine + "/manifest",
                              std::filesystem::copy_options::overwrite_existing);
-  EXPECT_TRUE(at::equal(load_training_state(mine).model["w"], torch::tensor({20.f, 20.f, 20.f, 21.f, 21.f})));
+  EXPECT_TRUE(at::equal(load_training_state(mine).model["w"],
+                        torch::tensor({20.f, 20.f, 20.f, 21.f, 21.f})));
   if (std::filesystem::exists(shoal_cli())) {
-    std::filesystem::copy_file(save_sharded_pair(dir_ + "/c", 3, 40) + "/rank_1.pt", mine + "/rank_1.pt",
+    const std::string third = save_sharded_pair(dir_ + "/c", 3, 40);
+    std::filesystem::copy_file(third + "/rank_1.pt", mine + "/rank_1.pt",
                                std::filesystem::copy_options::overwrite_existing);
     const auto start = std::chrono::steady_clock::now();
     const std::string inspect = run(shoal_cli() + " ckpt inspect " + mine);
@@ -383,8 +386,11 @@ TEST_F(CheckpointResume, ShardedFolderRefusesARankFileOfAnotherSave) {
   // files with one is refused.
   const std::string old = dir_ + "/old";
   std::filesystem::create_directories(old);
-  for (int rank = 0; rank < 2; ++rank) save_shard(sharded_piece(rank, 4, 40), old + "/" + shard_file_name(rank));
-  EXPECT_TRUE(at::equal(load_training_state(old).model["w"], torch::tensor({40.f, 40.f, 40.f, 41.f, 41.f})));
+  for (int rank = 0; rank < 2; ++rank) {
+    save_shard(sharded_piece(rank, 4, 40), old + "/" + shard_file_name(rank));
+  }
+  EXPECT_TRUE(at::equal(load_training_state(old).model["w"],
+                        torch::tensor({40.f, 40.f, 40.f, 41.f, 41.f})));
   std::filesystem::copy_file(other + "/rank_1.pt", old + "/rank_1.pt",
                              std::filesystem::copy_options::overwrite_existing);
   EXPECT_THROW(load_training_state(old), CheckpointError);
@@ -413,7 +419,8 @@ TEST_F(CheckpointResume, InterruptedShardedSavesAreRemovedAndNotCounted) {
     left.push_back(entry.path().filename().string());
   }
   std::sort(left.begin(), left.end());
-  EXPECT_EQ(left, (std::vector<std::string>{"checkpoint_000001.sharded", "checkpoint_000002.sharded",
+  EXPECT_EQ(left, (std::vector<std::string>{"checkpoint_000001.sharded",
+                                            "checkpoint_000002.sharded",
                                             "checkpoint_000005.sharded", "latest"}));
   for (const auto& path : CheckpointManager(dir_, 3).list()) {
     EXPECT_NO_THROW(load_training_state(path)) << path;
@@ -428,7 +435,8 @@ TEST_F(CheckpointResume, InterruptedShardedSavesAreRemovedAndNotCounted) {
   EXPECT_EQ(CheckpointManager(dir_, 3).save(state), dir_ + "/checkpoint_000007.pt");
   EXPECT_FALSE(std::filesystem::exists(dir_ + "/checkpoint_000006.sharded"));
   EXPECT_EQ(CheckpointManager(dir_, 3).list(),
-            (std::vector<std::string>{dir_ + "/checkpoint_000002.sharded", dir_ + "/checkpoint_000005.sharded",
+            (std::vector<std::string>{dir_ + "/checkpoint_000002.sharded",
+                                      dir_ + "/checkpoint_000005.sharded",
                                       dir_ + "/checkpoint_000007.pt"}));
 }
 

@@ -212,8 +212,9 @@ TEST_F(HostilePickles, LongContainersPrintElided) {
   const CliRun run = inspect_run(shoal_, file);
   EXPECT_EQ(run.exit_code, 0) << run.text();
   EXPECT_LT(run.output_bytes, 4096u) << run.text();
-  for (const char* line : {"x: list of 100000 items", "[0]: dict of 0 entries", "[4]: dict of 0 entries",
-                           "... 99990 more", "[99995]: dict of 0 entries", "[99999]: dict of 0 entries"}) {
+  for (const char* line : {"x: list of 100000 items", "[0]: dict of 0 entries",
+                           "[4]: dict of 0 entries", "... 99990 more", "[99995]: dict of 0 entries",
+                           "[99999]: dict of 0 entries"}) {
     EXPECT_NE(run.text().find(line), std::string::npos) << line << " not in " << run.text();
   }
   EXPECT_EQ(run.text().find("[5]:"), std::string::npos) << run.text();

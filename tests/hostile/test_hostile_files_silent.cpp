@@ -207,7 +207,8 @@ TEST_F(SilentAcceptance, ParameterServerResumeWithoutItsShardIsRefused) {
   const CliRun resumed = train({"--epochs", "2", "--resume"});
   EXPECT_FALSE(resumed.timed_out) << resumed.text();
   EXPECT_GT(resumed.exit_code, 0) << resumed.text();
-  EXPECT_NE(resumed.text().find("ps-server0.step5.pt is missing"), std::string::npos) << resumed.text();
+  EXPECT_NE(resumed.text().find("ps-server0.step5.pt is missing"), std::string::npos)
+      << resumed.text();
   EXPECT_NE(resumed.text().find("momentum"), std::string::npos) << resumed.text();
   std::printf("ps --resume without its shard: exit %d in %.2f s\n", resumed.exit_code, resumed.seconds);
   // The shard back, with its values saved as int8: refused by name, not cast.
@@ -248,10 +249,10 @@ TEST_F(SilentAcceptance, ParameterServerCheckpointIsTiedToTheWorkersStep) {
   const std::string shoal = shoal_cli();
   const std::string data = shoal::testing::make_small_dataset_dir(200, 50);
   auto train = [&](const std::string& dir, const std::vector<std::string>& more) {
-    std::vector<std::string> args = {shoal, "train", "--strategy", "ps", "--workers", "2", "--servers", "1",
-                                     "--model", "mlp", "--data-dir", data, "--batch-size", "20",
-                                     "--lr", "0.05", "--momentum", "0.9", "--threads", "1", "--no-progress",
-                                     "--checkpoint-dir", dir};
+    std::vector<std::string> args = {shoal, "train", "--strategy", "ps", "--workers", "2",
+                                     "--servers", "1", "--model", "mlp", "--data-dir", data,
+                                     "--batch-size", "20", "--lr", "0.05", "--momentum", "0.9",
+                                     "--threads", "1", "--no-progress", "--checkpoint-dir", dir};
     args.insert(args.end(), more.begin(), more.end());
     const CliRun run = run_cli(args, 120);
     EXPECT_FALSE(run.timed_out) << run.text();
@@ -264,7 +265,8 @@ TEST_F(SilentAcceptance, ParameterServerCheckpointIsTiedToTheWorkersStep) {
   // Killed between the saves of epoch 2: the workers' files of epoch 1, the server's of epoch 2.
   copy_files(path("first"), path("killed"), false);
   copy_files(path("whole"), path("killed"), true);
-  const CliRun resumed = train(path("killed"), {"--epochs", "2", "--resume", "--dump-parameters", path("resumed")});
+  const CliRun resumed =
+      train(path("killed"), {"--epochs", "2", "--resume", "--dump-parameters", path("resumed")});
   ASSERT_EQ(resumed.exit_code, 0) << resumed.text();
   for (int rank = 0; rank < 2; ++rank) {
     const std::string suffix = ".rank" + std::to_string(rank) + ".pt";
@@ -280,7 +282,8 @@ TEST_F(SilentAcceptance, ParameterServerCheckpointIsTiedToTheWorkersStep) {
   const std::string step5 = path("first") + "/ps-server0.step5.pt";
   ASSERT_TRUE(fs::exists(step5));
   ASSERT_TRUE(fs::exists(path("whole") + "/ps-server0.step10.pt"));
-  fs::copy_file(path("whole") + "/ps-server0.step10.pt", step5, fs::copy_options::overwrite_existing);
+  fs::copy_file(path("whole") + "/ps-server0.step10.pt", step5,
+                fs::copy_options::overwrite_existing);
   const CliRun refused = train(path("first"), {"--epochs", "2", "--resume"});
   EXPECT_GT(refused.exit_code, 0) << refused.text();
   const std::string text = refused.text();

@@ -204,8 +204,8 @@ TEST(SummaryWriter, TrainOnAFullDiskStopsInOneLineAndKeepsWholeRecords) {
   // histograms of every parameter at every step fill it within the first steps.
   const auto run = shoal::testing::run_command(
       "ulimit -f 48; trap '' XFSZ; exec " + shoal + " train --model mlp --train-samples 640 "
-      "--test-samples 64 --batch-size 32 --epochs 1 --threads 1 --no-progress --histogram-interval 1 "
-      "--tensorboard " + dir);
+      "--test-samples 64 --batch-size 32 --epochs 1 --threads 1 --no-progress "
+      "--histogram-interval 1 --tensorboard " + dir);
   EXPECT_NE(run.exit_code, 0) << run.describe();
   const std::vector<std::string> files = event_files(dir);
   ASSERT_EQ(files.size(), 1u);

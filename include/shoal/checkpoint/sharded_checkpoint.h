@@ -28,8 +28,9 @@
 //
 // load_sharded_checkpoint() reads every rank's file, refuses a set that disagrees (a missing or
 // extra rank file, another world size, other units, a piece of the wrong size, files of another
-// save or of no save id beside files with one), and assembles the whole TrainingState a full checkpoint would have held: so a resume at
-// any world size, with any strategy, and `shoal ckpt convert` (a file torch.load reads) start
+// save or of no save id beside files with one), and assembles the whole TrainingState a full
+// checkpoint would have held: so a resume at any world size, with any strategy, and `shoal ckpt
+// convert` (a file torch.load reads) start
 // from it.
 //
 // Thread safety: plain values and reentrant functions.
