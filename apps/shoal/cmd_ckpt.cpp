@@ -24,6 +24,26 @@ namespace ckpt = shoal::checkpoint;
 
 // Lists of plain values longer than this are summarised rather than printed in full.
 constexpr size_t kMaxInlineItems = 16;
+// A container of more items than this prints its first and last kShownItems and "... N more"
+// between them: a state dict of a few thousand tensors prints whole, a million small dicts in a
+// list (a few KB of file) print as a few lines rather than 29 MB.
+constexpr size_t kMaxListedItems = 2000;
+constexpr size_t kShownItems = 5;
+// Containers nested in containers can still add up (a thousand lists of a thousand dicts): the
+// listing stops after this many lines, saying so.
+constexpr size_t kMaxLines = 100000;
+
+/// The lines printed so far, against kMaxLines.
+struct LineBudget {
+  size_t printed = 0;
+  /// False once the budget is spent (the first time, printing a line that says so).
+  bool take(const std::string& pad) {
+    if (printed == kMaxLines) {
+      std::cout << pad << "... (the listing stops after " << kMaxLines << " lines)\n";
+    }
+    return printed++ < kMaxLines;
+  }
+};
 
 std::string human_bytes(double bytes) {
   const char* units[] = {"B", "KB", "MB", "GB", "TB"};
@@ -69,8 +89,19 @@ bool is_plain(const c10::IValue& v) {
   return v.isNone() || v.isBool() || v.isInt() || v.isDouble() || v.isString();
 }
 
-void print_value(const std::string& name, const c10::IValue& v, int indent) {
+/// Whether the item at `index` of a container of `size` items is printed, and prints the
+/// "... N more" line in its place when it is the first one left out.
+bool listed(size_t index, size_t size, const std::string& pad, LineBudget& budget) {
+  if (size <= kMaxListedItems || index < kShownItems || index >= size - kShownItems) return true;
+  if (index == kShownItems && budget.take(pad)) {
+    std::cout << pad << "  ... " << size - 2 * kShownItems << " more\n";
+  }
+  return false;
+}
+
+void print_value(const std::string& name, const c10::IValue& v, int indent, LineBudget& budget) {
   const std::string pad(indent * 2, ' ');
+  if (!budget.take(pad)) return;
   if (v.isTensor()) {
     std::cout << pad << name << ": " << describe(v.toTensor()) << "\n";
   } else if (v.isGenericDict()) {
@@ -87,11 +118,14 @@ void print_value(const std::string& name, const c10::IValue& v, int indent) {
     if (tensors > 0) std::cout << " (" << tensors << " tensors, " << human_bytes(static_cast<double>(bytes)) << ")";
     std::cout << "\n";
     const bool string_map = name == "config";
+    size_t index = 0;
     for (const auto& item : dict) {
+      if (!listed(index++, dict.size(), pad, budget)) continue;
       if (string_map && is_plain(item.value())) {
+        if (!budget.take(pad)) return;
         std::cout << pad << "  " << key_text(item.key()) << " = " << key_text(item.value()) << "\n";
       } else {
-        print_value(key_text(item.key()), item.value(), indent + 1);
+        print_value(key_text(item.key()), item.value(), indent + 1, budget);
       }
     }
   } else if (v.isList() || v.isTuple()) {
@@ -107,7 +141,10 @@ void print_value(const std::string& name, const c10::IValue& v, int indent) {
     }
     std::cout << pad << name << ": " << (v.isList() ? "list" : "tuple") << " of " << items.size() << " items\n";
     for (size_t i = 0; i < items.size(); ++i) {
-      if (!is_plain(items[i]) || i < kMaxInlineItems) print_value("[" + std::to_string(i) + "]", items[i], indent + 1);
+      if (!listed(i, items.size(), pad, budget)) continue;
+      if (!is_plain(items[i]) || i < kMaxInlineItems) {
+        print_value("[" + std::to_string(i) + "]", items[i], indent + 1, budget);
+      }
     }
   } else if (v.isString()) {
     std::cout << pad << name << ": '" << v.toStringRef() << "'\n";
@@ -141,6 +178,7 @@ int inspect(const std::string& file, const ckpt::LoadOptions& load) {
   } else {
     std::cout << "file: " << file << " (" << human_bytes(static_cast<double>(info.st_size)) << ")\n";
   }
+  LineBudget budget;
   if (object.isGenericDict()) {
     const auto dict = object.toGenericDict();
     const bool checkpoint = dict.contains(std::string("model")) || dict.contains(std::string("model_state_dict")) ||
@@ -153,13 +191,17 @@ int inspect(const std::string& file, const ckpt::LoadOptions& load) {
               << "\n";
     // Metadata first, then the (possibly long) tensor dicts.
     for (const auto& item : dict) {
-      if (!item.value().isGenericDict() && !item.value().isTensor()) print_value(key_text(item.key()), item.value(), 0);
+      if (!item.value().isGenericDict() && !item.value().isTensor()) {
+        print_value(key_text(item.key()), item.value(), 0, budget);
+      }
     }
     for (const auto& item : dict) {
-      if (item.value().isGenericDict() || item.value().isTensor()) print_value(key_text(item.key()), item.value(), 0);
+      if (item.value().isGenericDict() || item.value().isTensor()) {
+        print_value(key_text(item.key()), item.value(), 0, budget);
+      }
     }
   } else {
-    print_value("object", object, 0);
+    print_value("object", object, 0, budget);
   }
   return 0;
 }
@@ -213,6 +255,9 @@ void add_ckpt_command(CLI::App& root, std::vector<Command>& commands) {
     command->add_option("--max-values", load.max_values,
                         "refuse files holding more values than this, shared containers counted at "
                         "each reference (default 4194304)");
+    command->add_option("--max-container-bytes", load.max_container_bytes,
+                        "refuse files whose dicts, lists and tuples would take more memory than "
+                        "this, by Shoal's estimate (default 268435456, 256 MiB)");
     command->add_flag("--allow-expanded-views", load.allow_expanded_views,
                       "accept tensors whose view has more elements than their storage (stride 0); "
                       "convert writes them out in full");

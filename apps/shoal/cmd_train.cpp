@@ -70,6 +70,52 @@ struct TrainArgs {
   int shard = 3;           // --strategy fsdp: ZeRO stage
 };
 
+/// The shard's checkpoints beside the workers': "ps-server<i>.step<N>.pt", saved whenever the
+/// workers save theirs (PsStrategy::synchronize), the step in its name and inside; on --resume
+/// (or a restart) the file of the step the workers resume from is restored, and refused when it
+/// is missing or holds another step. A file of an older Shoal ("ps-server<i>.pt", no step) is
+/// restored with a warning, since nothing ties it to a step.
+void configure_server_checkpoints(const train::TrainOptions& options, const ps::Job& job,
+                                  ps::ServerOptions& server) {
+  std::filesystem::create_directories(options.checkpoint_dir);
+  const std::string name = "ps-server" + std::to_string(job.role_rank);
+  server.step_checkpoint_prefix = options.checkpoint_dir + "/" + name;
+  // One more than the workers keep: the newest may be a step whose workers' save was cut off.
+  server.step_checkpoint_keep = options.checkpoint_keep > 0 ? options.checkpoint_keep + 1 : 0;
+  const bool restarted = std::getenv("TORCHELASTIC_RESTART_COUNT") != nullptr &&
+                         std::atoi(std::getenv("TORCHELASTIC_RESTART_COUNT")) > 0;
+  if (!options.resume && !restarted) return;
+  // The checkpoint the workers resume from (they pick it the same way).
+  const auto point = checkpoint::load_latest_intact(options.checkpoint_dir);
+  if (!point) return;
+  const int64_t step = point->state.step;
+  const std::string path = ps::step_checkpoint_path(server.step_checkpoint_prefix, step);
+  const std::string old_path = options.checkpoint_dir + "/" + name + ".pt";
+  if (std::filesystem::exists(path)) {
+    server.restore_path = path;
+    server.restore_step = step;
+    return;
+  }
+  if (std::filesystem::exists(old_path)) {
+    log::warn("shoal: ", old_path, " (an older Shoal's server checkpoint) holds no step: "
+              "restored as the shard of step ", step, " of ", point->path, " unchecked");
+    server.restore_path = old_path;
+    return;
+  }
+  // The workers resume from their checkpoint; a server that started afresh beside them would
+  // serve its initial values and momentum as if nothing were lost. --resume asks for the saved
+  // state, so it is refused; an automatic restart (shoal run --max-restarts) goes on, since
+  // stopping would defeat it, but names what it lost.
+  const std::string what = path + " is missing, though the workers resume from " + point->path +
+                           " (step " + std::to_string(step) + "): parameter server " +
+                           std::to_string(job.role_rank) +
+                           "'s shard (its values and momentum buffers) cannot be restored";
+  SHOAL_CHECK_T(CheckpointError, !options.resume, "--resume: ", what,
+                " and would start afresh; put the file back, or start from scratch in another "
+                "--checkpoint-dir");
+  log::warn("shoal: restart: ", what, "; the server starts afresh (momentum zero)");
+}
+
 /// A parameter-server process of `shoal train --strategy ps`: serves the workers with SGD of the
 /// run's learning rate and momentum, and says what it observed.
 int run_ps_server(const train::TrainOptions& options, const TrainArgs& args) {
@@ -96,32 +142,7 @@ int run_ps_server(const train::TrainOptions& options, const TrainArgs& args) {
     adam.weight_decay = options.weight_decay.value_or(adam.decoupled_weight_decay ? 1e-2 : 0);
     server.optimizer = std::make_shared<ps::Adam>(adam);
   }
-  if (!options.checkpoint_dir.empty()) {
-    // The shard (values and momentum buffers) beside the workers' checkpoints, saved whenever
-    // they save theirs (PsStrategy::synchronize), and read back on --resume.
-    std::filesystem::create_directories(options.checkpoint_dir);
-    server.checkpoint_path =
-        options.checkpoint_dir + "/ps-server" + std::to_string(job.role_rank) + ".pt";
-    const bool restarted = std::getenv("TORCHELASTIC_RESTART_COUNT") != nullptr &&
-                           std::atoi(std::getenv("TORCHELASTIC_RESTART_COUNT")) > 0;
-    if ((options.resume || restarted) && std::filesystem::exists(server.checkpoint_path)) {
-      server.restore_path = server.checkpoint_path;
-    } else if (options.resume || restarted) {
-      // The workers resume from their checkpoint whenever there is one; a server that started
-      // afresh beside them would serve its initial values and momentum as if nothing were lost.
-      // --resume asks for the saved state, so it is refused; an automatic restart (shoal run
-      // --max-restarts) goes on, since stopping would defeat it, but names what it lost.
-      if (const auto latest = checkpoint::find_latest(options.checkpoint_dir)) {
-        const std::string what = server.checkpoint_path + " is missing, though the workers resume from " +
-                                 *latest + ": parameter server " + std::to_string(job.role_rank) +
-                                 "'s shard (its values and momentum buffers) cannot be restored";
-        SHOAL_CHECK_T(CheckpointError, !options.resume, "--resume: ", what,
-                      " and would start afresh; put the file back, or start from scratch in another "
-                      "--checkpoint-dir");
-        log::warn("shoal: restart: ", what, "; the server starts afresh (momentum zero)");
-      }
-    }
-  }
+  if (!options.checkpoint_dir.empty()) configure_server_checkpoints(options, job, server);
   const ps::ServerStats stats = ps::serve(job, server);
   log::info("ps server ", job.role_rank, ": ", stats.pushes, " pushes, ", stats.updates,
             " updates, max staleness ", stats.max_staleness, ", ", stats.deferred_pulls,

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <set>
 
 #include "checkpoint/atomic_file.h"
 #include "shoal/checkpoint/sharded_checkpoint.h"
@@ -61,14 +62,67 @@ std::string checkpoint_name(const std::string& prefix, int64_t number, const cha
   return prefix + digits + extension;
 }
 
-/// Deletes the oldest checkpoints (files or sharded folders) beyond `keep`, never `current`.
+/// The name "latest" points at, or "" when it names nothing readable.
+std::string latest_name(const std::string& dir) {
+  std::ifstream pointer(dir + "/" + kLatestFile);
+  std::string name;
+  if (!pointer || !std::getline(pointer, name) || name.find('/') != std::string::npos) return "";
+  return name;
+}
+
+bool is_sharded_name(const std::string& name) {
+  const size_t n = std::strlen(kShardedExtension);
+  return name.size() > n && name.compare(name.size() - n, n, kShardedExtension) == 0;
+}
+
+/// Sharded folders of saves that never completed: no manifest, and newer than the checkpoint
+/// "latest" names (without one, than the newest complete checkpoint). A save killed mid-way
+/// leaves such a folder; it is never resumed from. An older Shoal's folders (no manifest) at or
+/// below that checkpoint count as complete.
+std::set<std::string> abandoned_folders(const std::string& dir, const std::string& prefix) {
+  const auto all = numbered(dir, prefix);
+  const std::string latest = latest_name(dir);
+  int64_t reference = -1;
+  for (const auto& [number, name] : all) {
+    if (name == latest) reference = number;
+  }
+  if (reference < 0) {
+    for (const auto& [number, name] : all) {
+      const bool complete = is_sharded_name(name) ? has_sharded_manifest(dir + "/" + name)
+                                                  : is_file(dir + "/" + name);
+      if (complete) reference = number;
+    }
+  }
+  std::set<std::string> out;
+  for (const auto& [number, name] : all) {
+    if (number > reference && is_sharded_name(name) && !has_sharded_manifest(dir + "/" + name)) {
+      out.insert(name);
+    }
+  }
+  return out;
+}
+
+/// Deletes the folders of interrupted sharded saves, their temporary files with them.
+void remove_abandoned_folders(const std::string& dir, const std::string& prefix) {
+  for (const auto& name : abandoned_folders(dir, prefix)) {
+    log::info("shoal: removing ", dir, "/", name, ": an interrupted save (no manifest)");
+    detail::remove_tree(dir + "/" + name);
+  }
+}
+
+/// Deletes the oldest checkpoints (files or sharded folders) beyond `keep`, never `current`; only
+/// complete checkpoints count.
 void remove_old_checkpoints(const std::string& dir, const std::string& prefix, int keep,
                             const std::string& current) {
   if (keep <= 0) return;
-  auto all = numbered(dir, prefix);
-  for (size_t i = 0; i + static_cast<size_t>(keep) < all.size(); ++i) {
-    if (all[i].second == current) continue;
-    detail::remove_tree(dir + "/" + all[i].second);
+  const auto abandoned = abandoned_folders(dir, prefix);
+  std::vector<std::string> complete;
+  for (const auto& [number, name] : numbered(dir, prefix)) {
+    if (abandoned.count(name) == 0) complete.push_back(name);
+  }
+  for (size_t i = 0; i + static_cast<size_t>(keep) < complete.size(); ++i) {
+    if (complete[i] == current) continue;
+    detail::remove_tree(dir + "/" + complete[i]);
   }
 }
 
@@ -84,8 +138,8 @@ void make_directories(const std::string& dir) {
   }
 }
 
-/// Removes temporary files ("<dir>/.<prefix>....tmp.<pid>") left by writers that died mid-save;
-/// files of a live process are left alone.
+/// Removes temporary files ("<dir>/.<prefix>....tmp.<pid>", "<dir>/.latest.tmp.<pid>") left by
+/// writers that died mid-save; files of a live process are left alone.
 void remove_stale_temporaries(const std::string& dir, const std::string& prefix) {
   DIR* d = ::opendir(dir.c_str());
   if (d == nullptr) return;
@@ -94,7 +148,10 @@ void remove_stale_temporaries(const std::string& dir, const std::string& prefix)
   while (dirent* entry = ::readdir(d)) {
     const std::string name = entry->d_name;
     const size_t tmp = name.rfind(".tmp.");
-    if (name.compare(0, start.size(), start) != 0 || tmp == std::string::npos) continue;
+    const std::string latest = std::string(".") + kLatestFile + ".";
+    const bool ours = name.compare(0, start.size(), start) == 0 ||
+                      name.compare(0, latest.size(), latest) == 0;
+    if (!ours || tmp == std::string::npos) continue;
     const std::string pid = name.substr(tmp + 5);
     if (pid.empty() || !std::all_of(pid.begin(), pid.end(), ::isdigit)) continue;
     const pid_t owner = static_cast<pid_t>(std::stoll(pid));
@@ -184,6 +241,7 @@ std::string CheckpointManager::write(const TrainingState& state) {
   const int64_t number = existing.empty() ? 0 : existing.back().first + 1;
   const std::string file = checkpoint_name(options_.prefix, number, kExtension);
   const std::string path = dir_ + "/" + file;
+  remove_abandoned_folders(dir_, options_.prefix);
 
   TrainingState copy = state;
   if (copy.shoal_version.empty()) copy.shoal_version = version();
@@ -234,32 +292,37 @@ std::string CheckpointManager::save_sharded(const ShardedTrainingState& state,
                 "save_sharded: the state is rank ", state.rank, " of ", state.world_size,
                 "'s, this process is rank ", rank, " of ", alone ? 1 : pg->size());
   // Rank 0 picks the number (one past every file and folder present, complete or not, so that
-  // an interrupted save's folder is never reused) and everyone writes its file into that folder.
+  // an interrupted save's folder is never reused) and the save's id, removes the folders of
+  // interrupted saves, and everyone writes its file into the new folder.
   std::string error;
-  at::Tensor number = at::zeros({1}, at::kLong);
+  at::Tensor chosen = at::zeros({2}, at::kLong);  // number (-1: failed), save id
   if (rank == 0) {
     try {
       make_directories(dir_);
       remove_stale_temporaries(dir_, options_.prefix);
       const auto existing = numbered(dir_, options_.prefix);
-      number[0] = existing.empty() ? 0 : existing.back().first + 1;
+      chosen[0] = existing.empty() ? 0 : existing.back().first + 1;
+      chosen[1] = new_save_id();
+      remove_abandoned_folders(dir_, options_.prefix);
     } catch (const std::exception& e) {
       error = e.what();
-      number[0] = -1;
+      chosen[0] = -1;
     }
   }
-  if (!alone) pg->broadcast(number)->wait();
-  const int64_t chosen = number[0].item<int64_t>();
-  if (chosen < 0) {
+  if (!alone) pg->broadcast(chosen)->wait();
+  const int64_t number = chosen[0].item<int64_t>();
+  if (number < 0) {
     SHOAL_CHECK_T(CheckpointError, rank != 0, error);
     SHOAL_THROW(CheckpointError, pg->rank_prefix(), " rank 0 cannot save the sharded checkpoint in ",
                 dir_, " (see rank 0's error)");
   }
-  const std::string name = checkpoint_name(options_.prefix, chosen, kShardedExtension);
+  const std::string name = checkpoint_name(options_.prefix, number, kShardedExtension);
   const std::string folder = dir_ + "/" + name;
+  ShardedTrainingState mine = state;  // tensors shared, not copied
+  mine.save_id = chosen[1].item<int64_t>();
   try {
     make_directories(folder);
-    save_shard(state, folder + "/" + shard_file_name(rank));
+    save_shard(mine, folder + "/" + shard_file_name(rank));
   } catch (const std::exception& e) {
     error = e.what();
   }
@@ -268,6 +331,7 @@ std::string CheckpointManager::save_sharded(const ShardedTrainingState& state,
   if (!alone) pg->allreduce(failed)->wait();
   if (failed[0].item<int64_t>() == 0 && rank == 0) {
     try {
+      write_sharded_manifest(folder, mine.save_id, mine.world_size);
       detail::write_file_atomically(dir_ + "/" + kLatestFile, name + "\n");
       remove_old_checkpoints(dir_, options_.prefix, options_.keep_last, name);
     } catch (const std::exception& e) {

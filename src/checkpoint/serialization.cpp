@@ -149,6 +149,7 @@ c10::IValue load(const std::string& path, const LoadOptions& options) {
   };
   detail::Unpickler::Limits limits;
   limits.max_values = options.max_values;
+  limits.max_container_bytes = options.max_container_bytes;
   limits.allow_expanded_views = options.allow_expanded_views;
   detail::Unpickler unpickler(pickle, load_storage, path + ": data.pkl", limits);
   c10::IValue object = unpickler.load();

@@ -6,9 +6,16 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <deque>
+#include <fstream>
+#include <limits>
+#include <optional>
+#include <random>
 #include <set>
+#include <sstream>
 
+#include "checkpoint/atomic_file.h"
 #include "shoal/error.h"
 
 namespace shoal::checkpoint {
@@ -21,6 +28,9 @@ constexpr const char* kMetadataKey = "shoal_sharded";
 // Far above any job's rank count, low enough that a corrupt world size cannot make the reader
 // loop over billions of file names.
 constexpr int64_t kMaxWorldSize = int64_t{1} << 20;
+constexpr const char* kManifestTitle = "shoal sharded checkpoint";
+// A manifest is three short lines; a larger file is not one, and is not read whole.
+constexpr std::streamsize kMaxManifestBytes = 4096;
 
 using c10::impl::GenericDict;
 using c10::impl::GenericList;
@@ -210,6 +220,41 @@ void check_pieces(const ShardedTrainingState& s, const std::string& where) {
   }
 }
 
+// How a message names a save: "save 5f3a...", or what an older Shoal's file holds.
+std::string save_text(int64_t id) {
+  if (id == 0) return "no save id (written by a Shoal before save ids)";
+  char text[32];
+  std::snprintf(text, sizeof(text), "save %016llx", static_cast<unsigned long long>(id));
+  return text;
+}
+
+struct Manifest {
+  int64_t save_id = 0;
+  int64_t world_size = 0;
+};
+
+// The folder's manifest, or nullopt when it has none (a save of an older Shoal).
+std::optional<Manifest> read_manifest(const std::string& folder) {
+  const std::string path = folder + "/" + kShardedManifest;
+  std::ifstream in(path);
+  if (!in) return std::nullopt;
+  std::string text(static_cast<size_t>(kMaxManifestBytes), '\0');
+  in.read(text.data(), kMaxManifestBytes);
+  text.resize(static_cast<size_t>(in.gcount()));
+  std::istringstream lines(text);
+  std::string title, id_key, world_key, id_hex;
+  Manifest m;
+  const bool ok = std::getline(lines, title) && title == kManifestTitle &&
+                  (lines >> id_key >> id_hex >> world_key >> m.world_size) && id_key == "save_id" &&
+                  world_key == "world_size" && id_hex.size() == 16 &&
+                  id_hex.find_first_not_of("0123456789abcdef") == std::string::npos;
+  SHOAL_CHECK_T(CheckpointError, ok, path,
+                ": is not a sharded-checkpoint manifest (the file is damaged); resume from an "
+                "older checkpoint");
+  m.save_id = static_cast<int64_t>(std::stoull(id_hex, nullptr, 16));
+  return m;
+}
+
 std::vector<std::string> rank_files_in(const std::string& folder) {
   std::vector<std::string> out;
   DIR* d = ::opendir(folder.c_str());
@@ -232,6 +277,25 @@ using namespace sharded_detail;
 
 std::string shard_file_name(int64_t rank) { return "rank_" + std::to_string(rank) + ".pt"; }
 
+int64_t new_save_id() {
+  std::random_device device;
+  std::uniform_int_distribution<int64_t> draw(1, std::numeric_limits<int64_t>::max());
+  return draw(device);
+}
+
+void write_sharded_manifest(const std::string& folder, int64_t save_id, int64_t world_size) {
+  char id[32];
+  std::snprintf(id, sizeof(id), "%016llx", static_cast<unsigned long long>(save_id));
+  detail::write_file_atomically(folder + "/" + kShardedManifest,
+                                std::string(kManifestTitle) + "\nsave_id " + id + "\nworld_size " +
+                                    std::to_string(world_size) + "\n");
+}
+
+bool has_sharded_manifest(const std::string& folder) {
+  struct stat info {};
+  return ::stat((folder + "/" + kShardedManifest).c_str(), &info) == 0 && S_ISREG(info.st_mode);
+}
+
 bool is_directory(const std::string& path) {
   struct stat info {};
   return ::stat(path.c_str(), &info) == 0 && S_ISDIR(info.st_mode);
@@ -250,6 +314,7 @@ void save_shard(const ShardedTrainingState& state, const std::string& path) {
   meta.insert("version", kFormatVersion);
   meta.insert("rank", state.rank);
   meta.insert("world_size", state.world_size);
+  if (state.save_id != 0) meta.insert("save_id", state.save_id);
   meta.insert("num_parameters", state.num_parameters);
   GenericList keys(c10::AnyType::get());
   for (const auto& k : state.state_dict_keys) keys.push_back(k);
@@ -287,6 +352,11 @@ ShardedTrainingState load_shard(const std::string& path, const LoadOptions& opti
   SHOAL_CHECK_T(CheckpointError, s.world_size >= 1 && s.world_size <= kMaxWorldSize && s.rank >= 0 &&
                                      s.rank < s.world_size,
                 path, ": says rank ", s.rank, " of world size ", s.world_size, ": the file is damaged");
+  if (!find_key(meta.dict, "save_id").isNone()) {
+    s.save_id = meta.integer("save_id");
+    SHOAL_CHECK_T(CheckpointError, s.save_id != 0, path,
+                  ": says save id 0, which no save draws: the file is damaged");
+  }
   s.num_parameters = meta.integer("num_parameters");
   s.state_dict_keys = meta.texts("state_dict_keys");
   for (const auto& unit : meta.list("units")) s.units.push_back(unit_from_ivalue(unit, path));
@@ -327,6 +397,14 @@ TrainingState load_sharded_checkpoint(const std::string& folder, const LoadOptio
   const int64_t world = first.world_size;
   SHOAL_CHECK_T(CheckpointError, first.rank == 0, first_path, ": says it is rank ", first.rank,
                 "'s file: the files were renamed or mixed");
+  if (const auto manifest = read_manifest(folder)) {
+    SHOAL_CHECK_T(CheckpointError,
+                  manifest->save_id == first.save_id && manifest->world_size == world, first_path,
+                  ": is a file of ", save_text(first.save_id), " by ", world,
+                  " ranks, the folder's manifest names ", save_text(manifest->save_id), " by ",
+                  manifest->world_size, ": the folder mixes two saves; put back this save's file "
+                  "or resume from an older checkpoint");
+  }
   // Every rank's file, and no other: a file beyond the world size is from another save.
   for (const auto& name : rank_files_in(folder)) {
     const std::string number = name.substr(5, name.size() - 8);
@@ -348,6 +426,11 @@ TrainingState load_sharded_checkpoint(const std::string& folder, const LoadOptio
     SHOAL_CHECK_T(CheckpointError, s.world_size == world && s.rank == r, path, ": says rank ",
                   s.rank, " of ", s.world_size, " where rank ", r, " of ", world,
                   " belongs: the folder mixes two saves");
+    // Same step and layout is not enough: another run (another seed) saves the same shapes.
+    SHOAL_CHECK_T(CheckpointError, s.save_id == first.save_id, path, ": is a file of ",
+                  save_text(s.save_id), ", ", first_path, " of ", save_text(first.save_id),
+                  ": the folder mixes two saves; put back this save's file or resume from an "
+                  "older checkpoint");
     bool same = s.units.size() == first.units.size() && s.num_parameters == first.num_parameters &&
                 s.state_dict_keys == first.state_dict_keys && s.replicated.step == first.replicated.step &&
                 s.replicated.epoch == first.replicated.epoch &&

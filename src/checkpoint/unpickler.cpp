@@ -172,9 +172,11 @@ c10::IValue Unpickler::load() {
 }
 
 c10::IValue Unpickler::track(c10::IValue container) {
+  const std::vector<c10::IValue> items = children(container);
+  charge_memory(kContainerBytes + kItemBytes * items.size());
   containers_.push_back(container);
   Shape shape;
-  for (const auto& child : children(container)) {
+  for (const auto& child : items) {
     shape.depth = std::max(shape.depth, nesting(child) + 1);
     shape.values = saturating_add(shape.values, values(child));
   }
@@ -207,6 +209,23 @@ void Unpickler::check_values(uint64_t count) const {
        "shoal ckpt --max-values)");
 }
 
+void Unpickler::charge_memory(uint64_t bytes) {
+  container_bytes_ = saturating_add(container_bytes_, bytes);
+  if (container_bytes_ <= limits_.max_container_bytes) return;
+  fail("its " + std::to_string(containers_.size()) + " containers, their items and " +
+       std::to_string(memo_.size()) + " memo entries would take more than " +
+       std::to_string(limits_.max_container_bytes) + " bytes of memory (many small dicts, lists or "
+       "tuples: a small file that expands in memory, not a state dict); if it is a genuine "
+       "checkpoint, raise the limit (LoadOptions::max_container_bytes, shoal ckpt "
+       "--max-container-bytes)");
+}
+
+void Unpickler::memoize(uint64_t id) {
+  auto [it, inserted] = memo_.insert_or_assign(id, top());
+  (void)it;
+  if (inserted) charge_memory(kMemoBytes);
+}
+
 void Unpickler::charge_key(const c10::IValue& key) {
   // Inserting a key hashes it (and compares it on a collision): a string's bytes, a tuple's
   // elements. A 16 MB string used as the key of 100,000 one-entry dicts is 1 MB of opcodes and
@@ -232,6 +251,7 @@ void Unpickler::charge_key(const c10::IValue& key) {
 }
 
 void Unpickler::contains(const c10::IValue& container, const c10::IValue& item) {
+  charge_memory(kItemBytes);
   if (!is_container(item)) {
     Shape& shape = shapes_[container.internalToPointer()];
     shape.values = saturating_add(shape.values, 1);
@@ -489,13 +509,13 @@ c10::IValue Unpickler::load_unchecked() {
           break;
         }
         case op::kBinPut:
-          memo_[take_le<uint8_t>()] = top();
+          memoize(take_le<uint8_t>());
           break;
         case op::kLongBinPut:
-          memo_[take_le<uint32_t>()] = top();
+          memoize(take_le<uint32_t>());
           break;
         case op::kMemoize:
-          memo_[memo_.size()] = top();
+          memoize(memo_.size());
           break;
         case op::kBinGet:
         case op::kLongBinGet: {

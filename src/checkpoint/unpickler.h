@@ -20,6 +20,13 @@
 // its bytes would be bounded by the view, not by the file. The bytes of dict keys hashed while
 // loading are bounded in proportion to the pickle (a large key reused by many dicts).
 //
+// A container costs memory out of proportion to its opcodes: EMPTY_DICT is one byte and builds a
+// few hundred bytes of dict and bookkeeping, so a 4 KB deflated file of 4 million empty dicts
+// held 1.5 GB while holding fewer values than max_values. So every container built is charged an
+// estimate of its memory (kContainerBytes, and kItemBytes per item it holds), once however often
+// it is referenced, and every memo entry kMemoBytes; the pickle is refused beyond
+// Limits::max_container_bytes.
+//
 // Thread safety: one object per thread.
 #pragma once
 
@@ -40,6 +47,10 @@ struct UnpicklerLimits {
   /// leaves room for models with a million tensors while bounding what printing or re-saving a
   /// hostile file writes to a few hundred MB.
   uint64_t max_values = uint64_t{1} << 22;
+  /// Most bytes the containers built may take, by the estimates kContainerBytes and kItemBytes.
+  /// 256 MiB: an optimizer state of 100,000 parameters (a dict of three tensors each) is charged
+  /// about 60 MiB; what a container costs past this is memory no state dict needs.
+  uint64_t max_container_bytes = uint64_t{256} << 20;
   /// Accept tensors whose view has more elements than their storage (expand()ed, stride 0).
   bool allow_expanded_views = false;
   /// Accept the objects of a TorchScript archive's data.pkl (torch.jit.save): classes of the
@@ -69,6 +80,16 @@ class Unpickler {
   /// state dict keys are a few dozen bytes, so a genuine file stays far below; see charge_key().
   static constexpr uint64_t kKeyBytesPerPickleByte = 64;
   static constexpr uint64_t kMinKeyBytes = uint64_t{64} << 20;
+  /// What one container costs while loading, measured (RSS of a million empty dicts in a list,
+  /// LibTorch 1.13): the dict or list object and its allocation, the loader's record of its shape
+  /// (containers_, shapes_) and the final walk's mark (check_acyclic).
+  static constexpr uint64_t kContainerBytes = 512;
+  /// What one item costs in its container: an IValue slot in a list (16 bytes, doubled by the
+  /// vector's growth) or a dict entry's key or value in the ordered hash map.
+  static constexpr uint64_t kItemBytes = 48;
+  /// What one memo entry costs (a node of memo_): a pickle may memoize every object it builds,
+  /// under as many ids as it likes, for 5 bytes of LONG_BINPUT each.
+  static constexpr uint64_t kMemoBytes = 64;
 
   /// `where` names the pickle in error messages ("run/ckpt.pt: data.pkl").
   Unpickler(std::string_view data, StorageLoader load_storage, std::string where, Limits limits = {});
@@ -101,6 +122,8 @@ class Unpickler {
   size_t nesting(const c10::IValue& value) const;
   uint64_t values(const c10::IValue& value) const;
   void check_values(uint64_t count) const;
+  void charge_memory(uint64_t bytes);
+  void memoize(uint64_t id);
   void contains(const c10::IValue& container, const c10::IValue& item);
   void charge_key(const c10::IValue& key);
   void check_acyclic(const c10::IValue& root) const;
@@ -116,6 +139,7 @@ class Unpickler {
   std::unordered_map<std::string, at::Tensor> storages_;
   Limits limits_;
   uint64_t key_bytes_ = 0;  // see kKeyBytesPerPickleByte
+  uint64_t container_bytes_ = 0;  // see kContainerBytes
   // Every list, dict and tuple built, and how deep each nests and how many values it holds
   // (itself included, shared containers counted per reference) as far as known when it was filled.
   struct Shape {

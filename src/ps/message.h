@@ -34,7 +34,8 @@ namespace shoal::ps {
 
 constexpr uint32_t kMagic = 0x53505331;  // "SPS1"
 // Version 2: a push carries the learning-rate factor of the worker's schedule in its blob.
-constexpr uint16_t kFormatVersion = 2;
+// Version 3: a checkpoint barrier carries the workers' step in its blob.
+constexpr uint16_t kFormatVersion = 3;
 
 enum class MessageType : uint16_t {
   kHello = 1,   ///< worker -> server: rank in header
@@ -48,8 +49,9 @@ enum class MessageType : uint16_t {
   kPull,        ///< worker -> server: clock = pushes done, version = the shard version it has
   kParams,      ///< server -> worker: key ranges changed since that version; version = now
   kSum,         ///< worker -> server: blob = doubles to sum over workers; clock = round;
-                ///< version 1 = a checkpoint barrier: the server saves its shard (checkpoint_path)
-                ///< once every live worker has joined the round, before answering
+                ///< version 1 = a checkpoint barrier, blob = the workers' step (int64): the server
+                ///< saves its shard for that step once every live worker has joined the round,
+                ///< before answering (with no sums)
   kSumResult,   ///< server -> worker: blob = the sums
   kBye,         ///< worker -> server: this worker is done
   kOk,          ///< server -> worker: done

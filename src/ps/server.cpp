@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <limits>
 #include <mutex>
 #include <set>
@@ -87,7 +88,45 @@ struct SumRound {
   std::map<int, std::vector<double>> values;
   std::vector<Deferred> waiting;
   bool checkpoint = false;  // a worker asked for the shard to be saved when the round completes
+  int64_t step = -1;        // the step it is saved as
+  std::string conflict;     // workers that named different steps
 };
+
+/// The step of "<base>.step<digits>.pt", or -1 for another name.
+int64_t step_of(const std::string& name, const std::string& base) {
+  const std::string head = base + ".step";
+  if (name.size() <= head.size() + 3 || name.compare(0, head.size(), head) != 0 ||
+      name.compare(name.size() - 3, 3, ".pt") != 0) {
+    return -1;
+  }
+  const std::string digits = name.substr(head.size(), name.size() - head.size() - 3);
+  if (digits.size() > 18 || digits.find_first_not_of("0123456789") != std::string::npos) return -1;
+  return std::stoll(digits);
+}
+
+/// Deletes the step files of `prefix` after `current`, and the oldest beyond `keep` (0: none)
+/// of those before it.
+void rotate_step_files(const std::string& prefix, int64_t current, int keep) {
+  const std::filesystem::path p(prefix);
+  const std::string dir = p.has_parent_path() ? p.parent_path().string() : ".";
+  const std::string base = p.filename().string();
+  std::vector<std::pair<int64_t, std::string>> older;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    const int64_t step = step_of(entry.path().filename().string(), base);
+    if (step < 0 || step == current) continue;
+    if (step > current) {
+      std::filesystem::remove(entry.path(), ec);
+    } else {
+      older.emplace_back(step, entry.path().string());
+    }
+  }
+  std::sort(older.begin(), older.end());
+  const size_t kept_older = keep > 0 ? static_cast<size_t>(keep - 1) : older.size();
+  for (size_t i = 0; i + kept_older < older.size(); ++i) {
+    std::filesystem::remove(older[i].second, ec);
+  }
+}
 
 }  // namespace
 
@@ -421,10 +460,27 @@ struct Server::Impl {
       reject(m.routing_id, "sum of " + std::to_string(m.blob.size()) + " bytes", true, &m.header);
       return;
     }
-    std::vector<double> values(m.blob.size() / sizeof(double));
-    if (!values.empty()) std::memcpy(values.data(), m.blob.data(), m.blob.size());
     SumRound& round = sum_rounds[m.header.clock];
-    round.checkpoint |= m.header.version == 1;
+    std::vector<double> values;
+    if (m.header.version == 1) {
+      // A checkpoint barrier: the blob is the step, not values to sum.
+      int64_t step = 0;
+      if (m.blob.size() != sizeof(step)) {
+        reject(m.routing_id, "checkpoint barrier of " + std::to_string(m.blob.size()) + " bytes",
+               true, &m.header);
+        return;
+      }
+      std::memcpy(&step, m.blob.data(), sizeof(step));
+      if (round.checkpoint && round.step != step && round.conflict.empty()) {
+        round.conflict = "workers asked for the checkpoint of step " + std::to_string(round.step) +
+                         " and of step " + std::to_string(step) + " in one barrier";
+      }
+      round.checkpoint = true;
+      round.step = step;
+    } else {
+      values.resize(m.blob.size() / sizeof(double));
+      if (!values.empty()) std::memcpy(values.data(), m.blob.data(), m.blob.size());
+    }
     round.values[rank] = std::move(values);
     round.waiting.push_back({m.routing_id, m.header});
     serve_sums();
@@ -450,15 +506,15 @@ struct Server::Impl {
       const std::string blob(reinterpret_cast<const char*>(sums.data()),
                              sums.size() * sizeof(double));
       // Every live worker waits here, its pushes applied: the shard is the state they all see.
-      std::string failed;
-      if (round.checkpoint && !options.checkpoint_path.empty() && initialized) {
+      std::string failed = round.conflict;
+      if (failed.empty() && round.checkpoint && saves_checkpoints() && initialized) {
         try {
-          save_checkpoint();
+          save_checkpoint(round.step);
         } catch (const std::exception& e) {
-          failed = "saving the shard to " + options.checkpoint_path + " failed: " + e.what();
-          log(failed);
+          failed = std::string("saving the shard failed: ") + e.what();
         }
       }
+      if (!failed.empty()) log(failed);
       for (const Deferred& w : round.waiting) {
         if (failed.empty()) {
           reply(w.routing_id, MessageType::kSumResult, w.request, blob);
@@ -568,10 +624,24 @@ struct Server::Impl {
     }
   }
 
-  void save_checkpoint() {
+  bool saves_checkpoints() const {
+    return !options.checkpoint_path.empty() || !options.step_checkpoint_prefix.empty();
+  }
+
+  /// Saves the shard: at a checkpoint barrier of `step` to its step file when there is a prefix,
+  /// else (and at step -1, outside barriers) to checkpoint_path when set.
+  void save_checkpoint(int64_t step = -1) {
+    const bool by_step = step >= 0 && !options.step_checkpoint_prefix.empty();
+    if (!by_step && options.checkpoint_path.empty()) return;
     checkpoint::StateDict state;
     for (auto& [name, tensor] : owner->shard_state()) state.insert(name, tensor);
-    checkpoint::save_state_dict(state, options.checkpoint_path);
+    if (step >= 0) state.insert(kStepKey, at::scalar_tensor(step, at::kLong));
+    if (!by_step) {
+      checkpoint::save_state_dict(state, options.checkpoint_path);
+      return;
+    }
+    checkpoint::save_state_dict(state, step_checkpoint_path(options.step_checkpoint_prefix, step));
+    rotate_step_files(options.step_checkpoint_prefix, step, options.step_checkpoint_keep);
   }
 
   void maybe_checkpoint() {
@@ -655,10 +725,32 @@ Server::Server(ServerOptions options) : impl_(std::make_unique<Impl>()) {
     for (const auto& item : checkpoint::load_state_dict_file(impl_->options.restore_path)) {
       state[item.key()] = item.value();
     }
+    if (impl_->options.restore_step >= 0) check_restored_step(state);
     load_shard_state(state);
     impl_->log("restored " + std::to_string(impl_->shard.size()) + " key ranges from " +
                impl_->options.restore_path);
   }
+}
+
+void Server::check_restored_step(const std::map<std::string, at::Tensor>& state) const {
+  const std::string& path = impl_->options.restore_path;
+  const int64_t want = impl_->options.restore_step;
+  const auto it = state.find(kStepKey);
+  SHOAL_CHECK_T(CheckpointError, it != state.end(), path, ": holds no step ('", kStepKey,
+                "'), so it cannot be tied to the workers' checkpoint of step ", want,
+                ": the file is damaged or from another job");
+  const at::Tensor& t = it->second;
+  SHOAL_CHECK_T(CheckpointError, t.numel() == 1 && !t.is_floating_point() && !t.is_complex(), path,
+                ": '", kStepKey, "' is not one integer: the file is damaged");
+  const int64_t got = t.item<int64_t>();
+  SHOAL_CHECK_T(CheckpointError, got == want, path, ": holds the shard of step ", got,
+                ", the workers resume from step ", want,
+                ": the server's and the workers' checkpoints are of two steps; put back the "
+                "server file of step ", want, " or resume from an older checkpoint");
+}
+
+std::string step_checkpoint_path(const std::string& prefix, int64_t step) {
+  return prefix + ".step" + std::to_string(step) + ".pt";
 }
 
 Server::~Server() {

@@ -227,6 +227,24 @@ struct Worker::Impl {
     }
     pull_seconds += std::chrono::duration<double>(Clock::now() - start).count();
   }
+
+  // A sum round of nothing on every server; the rounds share the worker's counter, and each
+  // server completes its own once all live workers have joined it. A checkpoint round carries
+  // the step the servers save their shards as.
+  void barrier_round(bool checkpoint, int64_t step) {
+    const int64_t round = sum_round++;
+    const char* what = checkpoint ? "checkpoint barrier" : "barrier";
+    std::vector<int64_t> sent(sockets.size());
+    for (size_t s = 0; s < sockets.size(); ++s) {
+      OutMessage out(MessageType::kSum, options.rank, ++seq);
+      out.header.clock = round;
+      out.header.version = checkpoint ? 1 : 0;
+      if (checkpoint) out.blob.assign(reinterpret_cast<const char*>(&step), sizeof(step));
+      sent[s] = out.header.seq;
+      send(s, out, what);
+    }
+    for (size_t s = 0; s < sockets.size(); ++s) await(s, sent[s], what);
+  }
 };
 
 Worker::Worker(WorkerOptions options, std::vector<std::pair<std::string, at::Tensor>> parameters)
@@ -299,22 +317,9 @@ std::vector<double> Worker::all_reduce_sum(const std::vector<double>& values) {
   return sums;
 }
 
-void Worker::barrier(bool checkpoint) {
-  // A sum round of nothing on every server; the rounds share the worker's counter, and each
-  // server completes its own once all live workers have joined it.
-  const int64_t round = impl_->sum_round++;
-  std::vector<int64_t> sent(impl_->sockets.size());
-  for (size_t s = 0; s < impl_->sockets.size(); ++s) {
-    OutMessage out(MessageType::kSum, impl_->options.rank, ++impl_->seq);
-    out.header.clock = round;
-    out.header.version = checkpoint ? 1 : 0;
-    sent[s] = out.header.seq;
-    impl_->send(s, out, checkpoint ? "checkpoint barrier" : "barrier");
-  }
-  for (size_t s = 0; s < impl_->sockets.size(); ++s) {
-    impl_->await(s, sent[s], checkpoint ? "checkpoint barrier" : "barrier");
-  }
-}
+void Worker::barrier() { impl_->barrier_round(false, 0); }
+
+void Worker::checkpoint_barrier(int64_t step) { impl_->barrier_round(true, step); }
 
 void Worker::close() {
   if (impl_->closed) return;

@@ -1,6 +1,7 @@
 #include "shoal/summary/summary_writer.h"
 
 #include <ATen/ATen.h>
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -27,6 +28,10 @@ namespace shoal::summary {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// Records are gathered in memory and written in pieces of about this size (what stdio would
+// buffer), so a scalar costs no system call of its own.
+constexpr size_t kWriteChunkBytes = 64 * 1024;
 
 double now_seconds() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
@@ -106,7 +111,10 @@ struct SummaryWriter::Impl {
   std::condition_variable written;  // callers: a flush done, room in the queue, an error
   struct File {
     std::string path;
-    std::FILE* handle = nullptr;
+    int fd = -1;
+    /// Bytes of whole records in the file: where a failed write is cut back to, so that the
+    /// file never ends inside a record (a full disk, a file-size limit).
+    uint64_t whole = 0;
   };
   std::vector<File> files;                   // [0] is the main run; add_scalars adds others
   std::map<std::string, size_t> file_index;  // run folder -> index in files
@@ -117,6 +125,14 @@ struct SummaryWriter::Impl {
   bool stopping = false;
   bool closed = false;
   std::string error;  // the first failure of the writer thread
+  bool error_thrown = false;  // a caller was told of it (the destructor need not say it again)
+
+  /// Throws the writer thread's failure, if any. Locked (or after the thread ended).
+  void check_written() {
+    if (error.empty()) return;
+    error_thrown = true;
+    SHOAL_THROW(Error, "SummaryWriter ", log_dir, ": ", error);
+  }
   std::thread thread;
 
   /// Opens an event file in `folder` (created) and queues its file_version record. Locked.
@@ -129,9 +145,9 @@ struct SummaryWriter::Impl {
                   ec.message());
     File file;
     file.path = folder + "/" + event_file_name(options.filename_suffix);
-    file.handle = std::fopen(file.path.c_str(), "wb");
-    SHOAL_CHECK_T(InvalidArgument, file.handle != nullptr, "SummaryWriter: cannot write ",
-                  file.path, ": ", std::strerror(errno));
+    file.fd = ::open(file.path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    SHOAL_CHECK_T(InvalidArgument, file.fd >= 0, "SummaryWriter: cannot write ", file.path, ": ",
+                  std::strerror(errno));
     files.push_back(file);
     file_index[folder] = files.size() - 1;
     enqueue_locked(files.size() - 1, tfrecord(file_version_event(now_seconds())));
@@ -144,8 +160,8 @@ struct SummaryWriter::Impl {
     wake.notify_one();
   }
 
-  void check_error_locked() const {
-    SHOAL_CHECK(error.empty(), "SummaryWriter ", log_dir, ": ", error);
+  void check_error_locked() {
+    check_written();
     SHOAL_CHECK(!closed, "SummaryWriter ", log_dir, ": the writer is closed");
   }
 
@@ -169,8 +185,44 @@ struct SummaryWriter::Impl {
     enqueue_locked(file, std::move(record));
   }
 
+  /// Records of one file waiting in the writer thread, and where each ends in `bytes`.
+  struct Pending {
+    std::string bytes;
+    std::vector<size_t> ends;
+  };
+
+  /// Appends the records of `pending` to `file`; on a failure cuts the file back to the last
+  /// record written whole and returns what went wrong ("" when written). Writer thread only.
+  static std::string append_whole(File& file, const Pending& pending) {
+    size_t done = 0;
+    while (done < pending.bytes.size()) {
+      const ssize_t n = ::write(file.fd, pending.bytes.data() + done, pending.bytes.size() - done);
+      if (n > 0) {
+        done += static_cast<size_t>(n);
+        continue;
+      }
+      if (n < 0 && errno == EINTR) continue;
+      const int why = n < 0 ? errno : ENOSPC;  // 0 bytes taken: the disk is full
+      const auto end = std::upper_bound(pending.ends.begin(), pending.ends.end(), done);
+      const uint64_t keep = file.whole + (end == pending.ends.begin() ? 0 : *(end - 1));
+      std::string failure = "cannot write " + file.path + ": " + std::strerror(why);
+      if (::ftruncate(file.fd, static_cast<off_t>(keep)) != 0 ||
+          ::lseek(file.fd, static_cast<off_t>(keep), SEEK_SET) < 0) {
+        failure += "; cutting it back to its last whole record failed too (" +
+                   std::string(std::strerror(errno)) + "): its last record may be cut";
+      } else {
+        failure += "; the file keeps its " + std::to_string(keep) + " bytes of whole records";
+      }
+      file.whole = keep;
+      return failure;
+    }
+    file.whole += pending.bytes.size();
+    return "";
+  }
+
   void run() {
     auto next_flush = Clock::now() + std::chrono::duration<double>(options.flush_secs);
+    std::vector<Pending> pending;  // per file: records not yet written
     std::unique_lock<std::mutex> lock(mutex);
     for (;;) {
       wake.wait_until(lock, next_flush, [&] {
@@ -180,26 +232,34 @@ struct SummaryWriter::Impl {
       work.swap(queue);
       const uint64_t requested = flush_requested;
       const bool stop = stopping;
-      std::vector<File> targets = files;
+      const bool failed_before = !error.empty();
+      const size_t count = files.size();  // files grows under the lock (add_scalars' runs)
       lock.unlock();
       std::string failure;
       size_t bytes = 0;
+      pending.resize(count);
       for (const auto& [file, record] : work) {
         bytes += record.size();
-        if (failure.empty() &&
-            std::fwrite(record.data(), 1, record.size(), targets[file].handle) != record.size()) {
-          failure = "cannot write " + targets[file].path + ": " + std::strerror(errno);
-        }
+        pending[file].bytes += record;
+        pending[file].ends.push_back(pending[file].bytes.size());
       }
       const bool flush_now = requested != flush_done || stop || Clock::now() >= next_flush;
-      if (flush_now) {
-        for (const File& f : targets) {
-          if (failure.empty() && std::fflush(f.handle) != 0) {
-            failure = "cannot write " + f.path + ": " + std::strerror(errno);
+      for (size_t f = 0; f < count; ++f) {
+        const size_t size = pending[f].bytes.size();
+        if (size == 0 || (!flush_now && size < kWriteChunkBytes)) continue;
+        if (!failed_before && failure.empty()) {
+          File file;
+          {
+            std::lock_guard<std::mutex> guard(mutex);
+            file = files[f];
           }
+          failure = append_whole(file, pending[f]);
+          std::lock_guard<std::mutex> guard(mutex);
+          files[f].whole = file.whole;
         }
-        next_flush = Clock::now() + std::chrono::duration<double>(options.flush_secs);
+        pending[f] = Pending();
       }
+      if (flush_now) next_flush = Clock::now() + std::chrono::duration<double>(options.flush_secs);
       lock.lock();
       queued_bytes -= bytes;
       if (!failure.empty() && error.empty()) error = failure;
@@ -225,12 +285,18 @@ SummaryWriter::SummaryWriter(const std::string& log_dir, SummaryWriterOptions op
 }
 
 SummaryWriter::~SummaryWriter() {
+  // A failure a call already threw (a training that stops on it) is not logged again.
+  bool told = false;
+  {
+    std::lock_guard<std::mutex> lock(impl_->mutex);
+    told = impl_->error_thrown;
+  }
   try {
     close();
   } catch (const std::exception& e) {
-    log::warn("shoal: ", e.what());
+    if (!told) log::warn("shoal: ", e.what());
   }
-  for (const Impl::File& f : impl_->files) std::fclose(f.handle);
+  for (const Impl::File& f : impl_->files) ::close(f.fd);
 }
 
 void SummaryWriter::add_scalar(const std::string& tag, double scalar_value, int64_t global_step,
@@ -282,7 +348,7 @@ void SummaryWriter::add_text(const std::string& tag, const std::string& text_str
 void SummaryWriter::flush() {
   std::unique_lock<std::mutex> lock(impl_->mutex);
   if (impl_->closed || !impl_->thread.joinable()) {
-    SHOAL_CHECK(impl_->error.empty(), "SummaryWriter ", impl_->log_dir, ": ", impl_->error);
+    impl_->check_written();
     return;
   }
   const uint64_t ticket = ++impl_->flush_requested;
@@ -290,7 +356,7 @@ void SummaryWriter::flush() {
   const bool done = impl_->written.wait_for(
       lock, std::chrono::duration<double>(impl_->options.timeout_secs),
       [&] { return impl_->flush_done >= ticket || !impl_->error.empty(); });
-  SHOAL_CHECK(impl_->error.empty(), "SummaryWriter ", impl_->log_dir, ": ", impl_->error);
+  impl_->check_written();
   SHOAL_CHECK(done, "SummaryWriter ", impl_->log_dir, ": the disk did not take the events within ",
               impl_->options.timeout_secs, " s");
 }
@@ -313,7 +379,7 @@ void SummaryWriter::close() {
   // write would.
   impl_->thread.join();
   if (failure) std::rethrow_exception(failure);
-  SHOAL_CHECK(impl_->error.empty(), "SummaryWriter ", impl_->log_dir, ": ", impl_->error);
+  impl_->check_written();
 }
 
 const std::string& SummaryWriter::log_dir() const { return impl_->log_dir; }

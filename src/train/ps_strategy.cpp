@@ -92,13 +92,13 @@ void PsStrategy::all_reduce_sum(std::vector<double>& values) {
   values = worker_->all_reduce_sum(values);
 }
 
-void PsStrategy::synchronize(TrainState&) {
+void PsStrategy::synchronize(TrainState& state) {
   SHOAL_CHECK(worker_ != nullptr, "PsStrategy: synchronize before prepare()");
   // The barrier completes only when every live worker has joined it, and a worker joins after
   // its pushes were acknowledged (applied): after it, the servers hold everyone's last update,
-  // and servers with a checkpoint path have saved it (the trainer's checkpoint that follows
-  // holds the same weights).
-  worker_->barrier(/*checkpoint=*/true);
+  // and servers that save checkpoints have saved it as the shard of this step (the trainer's
+  // checkpoint that follows holds the same weights and step).
+  worker_->checkpoint_barrier(state.step);
   worker_->pull();
 }
 

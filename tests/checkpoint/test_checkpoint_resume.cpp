@@ -3,6 +3,7 @@
 // K are kept; distributed saves are written by rank 0 only; the CLI inspects and converts.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <csignal>
 #include <filesystem>
 #include <fstream>
@@ -285,14 +286,6 @@ TEST_F(CheckpointResume, DistributedSaveWritesOnceAndWaits) {
   }
 }
 
-TEST(SamplerState, SkipIsWorldSizeIndependent) {
-  SamplerState sampler;
-  sampler.samples_seen = 96;  // e.g. 4 ranks x 3 batches of 8
-  EXPECT_EQ(samples_to_skip_per_rank(sampler, 4), 24);
-  EXPECT_EQ(samples_to_skip_per_rank(sampler, 2), 48);
-  EXPECT_EQ(samples_to_skip_per_rank(sampler, 3), 32);
-}
-
 std::string run(const std::string& command) {
   FILE* pipe = ::popen((command + " 2>&1").c_str(), "r");
   std::string text;
@@ -301,6 +294,160 @@ std::string run(const std::string& command) {
   const int status = ::pclose(pipe);
   return std::to_string(WIFEXITED(status) ? WEXITSTATUS(status) : -1) + "\n" + text;
 }
+
+// A 2-rank sharded checkpoint of one unit holding "w" (5 elements, padded to 6): rank `rank`'s
+// piece, its values drawn from `seed` (another seed: another run with the same shapes and step).
+ShardedTrainingState sharded_piece(int rank, int seed, int64_t step) {
+  ShardedTrainingState s;
+  s.rank = rank;
+  s.world_size = 2;
+  s.num_parameters = 1;
+  s.state_dict_keys = {"w"};
+  FlatUnitMetadata unit;
+  unit.param_names = {"w"};
+  unit.shapes = {{5}};
+  unit.offsets = {0};
+  unit.param_indices = {0};
+  unit.numel = 5;
+  unit.padded = 6;
+  s.units = {unit};
+  s.flat_param_shards = {torch::full({3}, static_cast<float>(seed * 10 + rank))};
+  s.optimizer_shards = {{}};
+  s.replicated.step = step;
+  s.replicated.world_size = 2;
+  return s;
+}
+
+// Saves one 2-rank sharded checkpoint into `dir` through CheckpointManager (two threads, gloo).
+std::string save_sharded_pair(const std::string& dir, int seed, int64_t step, int keep = 0) {
+  auto store = comm::make_hash_store();
+  std::vector<std::string> folders(2);
+  shoal::testing::run_threads(2, [&](int rank) {
+    auto pg = comm::new_process_group("gloo", store, rank, 2, comm::Milliseconds(60'000));
+    CheckpointManager manager(dir, keep);
+    folders[rank] = manager.save_sharded(sharded_piece(rank, seed, step), pg.get());
+  });
+  EXPECT_EQ(folders[0], folders[1]);
+  return folders[0];
+}
+
+std::string shoal_cli() {
+  const char* binary_dir = std::getenv("SHOAL_BINARY_DIR");
+  return std::string(binary_dir ? binary_dir : "build") + "/apps/shoal/shoal";
+}
+
+// Two runs (seeds 1 and 2) saved at the same step: rank 1's file of the other run dropped into
+// the folder has the same step, units and shapes, and used to be resumed silently, half of the
+// weights from each run. Every rank's file carries its save's id: the mix is refused, in one line
+// naming the file, by the library and by the CLI; files without ids (an older Shoal's) still load.
+TEST_F(CheckpointResume, ShardedFolderRefusesARankFileOfAnotherSave) {
+  const std::string mine = save_sharded_pair(dir_ + "/a", 1, 40);
+  const std::string other = save_sharded_pair(dir_ + "/b", 2, 40);
+  const TrainingState whole = load_training_state(mine);
+  EXPECT_TRUE(at::equal(whole.model["w"], torch::tensor({10.f, 10.f, 10.f, 11.f, 11.f})));
+  EXPECT_TRUE(std::filesystem::exists(mine + "/manifest"));
+
+  std::filesystem::copy_file(other + "/rank_1.pt", mine + "/rank_1.pt",
+                             std::filesystem::copy_options::overwrite_existing);
+  try {
+    load_training_state(mine);
+    ADD_FAILURE() << "a folder mixing two runs' files loaded";
+  } catch (const CheckpointError& e) {
+    const std::string message = e.what();
+    EXPECT_EQ(message.find('\n'), std::string::npos) << message;
+    EXPECT_NE(message.find(mine + "/rank_1.pt"), std::string::npos) << message;
+    EXPECT_NE(message.find("mixes two saves"), std::string::npos) << message;
+  }
+  // Rank 0's file swapped too: both files agree, but the manifest names the first save.
+  std::filesystem::copy_file(other + "/rank_0.pt", mine + "/rank_0.pt",
+                             std::filesystem::copy_options::overwrite_existing);
+  EXPECT_THROW(load_training_state(mine), CheckpointError);
+  std::filesystem::copy_file(other + "/manifest", mine + "/manifest",
+                             std::filesystem::copy_options::overwrite_existing);
+  EXPECT_TRUE(at::equal(load_training_state(mine).model["w"],
+                        torch::tensor({20.f, 20.f, 20.f, 21.f, 21.f})));
+  if (std::filesystem::exists(shoal_cli())) {
+    const std::string third = save_sharded_pair(dir_ + "/c", 3, 40);
+    std::filesystem::copy_file(third + "/rank_1.pt", mine + "/rank_1.pt",
+                               std::filesystem::copy_options::overwrite_existing);
+    const auto start = std::chrono::steady_clock::now();
+    const std::string inspect = run(shoal_cli() + " ckpt inspect " + mine);
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    EXPECT_EQ(inspect.substr(0, 2), "1\n") << inspect;
+    const std::string text = inspect.substr(2);
+    EXPECT_EQ(text.rfind("shoal: error: ", 0), 0u) << text;
+    EXPECT_EQ(std::count(text.begin(), text.end(), '\n'), 1) << text;
+    EXPECT_NE(text.find("rank_1.pt"), std::string::npos) << text;
+    EXPECT_LT(seconds, 30) << "a refusal that takes this long is a hang on a quiet machine";
+  }
+
+  // Files of a Shoal before save ids (no id, no manifest) still load; one without an id beside
+  // files with one is refused.
+  const std::string old = dir_ + "/old";
+  std::filesystem::create_directories(old);
+  for (int rank = 0; rank < 2; ++rank) {
+    save_shard(sharded_piece(rank, 4, 40), old + "/" + shard_file_name(rank));
+  }
+  EXPECT_TRUE(at::equal(load_training_state(old).model["w"],
+                        torch::tensor({40.f, 40.f, 40.f, 41.f, 41.f})));
+  std::filesystem::copy_file(other + "/rank_1.pt", old + "/rank_1.pt",
+                             std::filesystem::copy_options::overwrite_existing);
+  EXPECT_THROW(load_training_state(old), CheckpointError);
+}
+
+// Two saves in a row interrupted (rank 1 killed mid-write: its temporary file left, no manifest)
+// with keep 3: the next save removes both broken folders and keeps the three newest complete
+// checkpoints, instead of counting the broken ones and deleting whole checkpoints.
+TEST_F(CheckpointResume, InterruptedShardedSavesAreRemovedAndNotCounted) {
+  for (int i = 0; i < 3; ++i) save_sharded_pair(dir_, i, 10 * (i + 1), 3);
+  const std::string last = dir_ + "/checkpoint_000002.sharded";
+  for (const char* broken : {"checkpoint_000003.sharded", "checkpoint_000004.sharded"}) {
+    const std::string folder = dir_ + "/" + broken;
+    std::filesystem::create_directories(folder);
+    std::filesystem::copy_file(last + "/rank_0.pt", folder + "/rank_0.pt");
+    std::ofstream(folder + "/.rank_1.pt.tmp.999999999") << "half a file";
+  }
+  std::ofstream(dir_ + "/.latest.tmp.999999999") << "checkpoint_000004.sharded\n";
+  EXPECT_EQ(find_latest(dir_).value(), last);
+  EXPECT_EQ(CheckpointManager(dir_, 3).load_latest()->step, 30);
+
+  const std::string newest = save_sharded_pair(dir_, 5, 60, 3);
+  EXPECT_EQ(newest, dir_ + "/checkpoint_000005.sharded");
+  std::vector<std::string> left;
+  for (const auto& entry : std::filesystem::directory_iterator(dir_)) {
+    left.push_back(entry.path().filename().string());
+  }
+  std::sort(left.begin(), left.end());
+  EXPECT_EQ(left, (std::vector<std::string>{"checkpoint_000001.sharded",
+                                            "checkpoint_000002.sharded",
+                                            "checkpoint_000005.sharded", "latest"}));
+  for (const auto& path : CheckpointManager(dir_, 3).list()) {
+    EXPECT_NO_THROW(load_training_state(path)) << path;
+  }
+  EXPECT_EQ(CheckpointManager(dir_, 3).load_latest()->step, 60);
+
+  // A full save cleans up after an interrupted sharded one too; the complete ones stay.
+  std::filesystem::create_directories(dir_ + "/checkpoint_000006.sharded");
+  TrainingState state;
+  state.model.insert("w", torch::zeros({5}));
+  state.step = 70;
+  EXPECT_EQ(CheckpointManager(dir_, 3).save(state), dir_ + "/checkpoint_000007.pt");
+  EXPECT_FALSE(std::filesystem::exists(dir_ + "/checkpoint_000006.sharded"));
+  EXPECT_EQ(CheckpointManager(dir_, 3).list(),
+            (std::vector<std::string>{dir_ + "/checkpoint_000002.sharded",
+                                      dir_ + "/checkpoint_000005.sharded",
+                                      dir_ + "/checkpoint_000007.pt"}));
+}
+
+TEST(SamplerState, SkipIsWorldSizeIndependent) {
+  SamplerState sampler;
+  sampler.samples_seen = 96;  // e.g. 4 ranks x 3 batches of 8
+  EXPECT_EQ(samples_to_skip_per_rank(sampler, 4), 24);
+  EXPECT_EQ(samples_to_skip_per_rank(sampler, 2), 48);
+  EXPECT_EQ(samples_to_skip_per_rank(sampler, 3), 32);
+}
+
 
 TEST_F(CheckpointResume, CliInspectsAndConverts) {
   const char* binary_dir = std::getenv("SHOAL_BINARY_DIR");

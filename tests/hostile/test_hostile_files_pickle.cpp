@@ -10,6 +10,7 @@
 
 #include <ATen/Functions.h>
 
+#include <algorithm>
 #include <filesystem>
 
 #include "hostile_files_testing.h"
@@ -157,6 +158,68 @@ TEST_F(HostilePickles, LargeKeyReusedByManyDictsIsRefused) {
   const std::string file = path("keys.pt");
   write_archive(file, {{"data.pkl", pickle}, {"byteorder", "little"}});
   expect_refused({"ckpt", "inspect", file}, {"keys.pt", "bytes to hash", "a large key reused by many dicts"});
+}
+
+/// A list of `count` distinct empty dicts, appended 1000 at a time as Python's pickler batches
+/// them (EMPTY_LIST, then MARK, EMPTY_DICT x 1000, APPENDS per batch).
+std::string empty_dicts(int count) {
+  std::string out = "]";
+  for (int done = 0; done < count; done += 1000) {
+    out += "(" + std::string(static_cast<size_t>(std::min(1000, count - done)), '}') + "e";
+  }
+  return out;
+}
+
+/// Runs `shoal ckpt inspect` on `file`; prints and returns what it took.
+CliRun inspect_run(const std::string& shoal, const std::string& file) {
+  const CliRun run = run_cli({shoal, "ckpt", "inspect", file}, kDeadlineSeconds);
+  std::printf("shoal ckpt inspect %s: exit %d in %.2f s, peak %ld KiB, %llu bytes of output: %s\n",
+              file.c_str(), run.exit_code, run.seconds, run.peak_kb,
+              static_cast<unsigned long long>(run.output_bytes), run.tail.substr(0, 600).c_str());
+  return run;
+}
+
+// Four million empty dicts in one list hold fewer values than --max-values, but each costs a few
+// hundred bytes where the file spends one: `ckpt inspect` reached 1.5 GB and ran past 60 s (a
+// million: 714 MB and 29 MB of output). The containers' memory is budgeted as the file loads
+// (256 MiB by default): refused in one line, the peak within the budget of the baseline.
+TEST_F(HostilePickles, MillionsOfEmptyDictsAreRefusedWithinAMemoryBudget) {
+  const std::string file = checkpoint_of(path("dicts.pt"), empty_dicts(4'000'000));
+  const CliRun run = inspect_run(shoal_, file);
+  EXPECT_FALSE(run.timed_out);
+  EXPECT_EQ(run.signal, 0);
+  EXPECT_EQ(run.exit_code, 1) << run.text();
+  EXPECT_LT(run.seconds, 30);
+  const std::string text = run.text();
+  EXPECT_EQ(text.rfind("shoal: error: ", 0), 0u) << text;
+  EXPECT_EQ(std::count(text.begin(), text.end(), '\n'), 1) << text;
+  for (const char* word : {"dicts.pt", "bytes of memory", "--max-container-bytes"}) {
+    EXPECT_NE(run.text().find(word), std::string::npos) << word << " not in " << run.text();
+  }
+  const long budget_kb = static_cast<long>(LoadOptions{}.max_container_bytes / 1024);
+  EXPECT_LT(run.peak_kb, baseline_kb_ + budget_kb + 64 * 1024)
+      << "peak " << run.peak_kb << " KiB, baseline " << baseline_kb_ << " KiB";
+  // The limit is an option: below it, a hundred thousand dicts are refused too.
+  LoadOptions tight;
+  tight.max_container_bytes = 1 << 20;
+  EXPECT_THROW(load(checkpoint_of(path("small.pt"), empty_dicts(100'000)), tight), CheckpointError);
+}
+
+// Within the budget, a long container prints as its first and last items and "... N more": a
+// hundred thousand dicts in a list print a dozen lines, not 3 MB.
+TEST_F(HostilePickles, LongContainersPrintElided) {
+  const std::string file = checkpoint_of(path("dicts.pt"), empty_dicts(100'000));
+  const CliRun run = inspect_run(shoal_, file);
+  EXPECT_EQ(run.exit_code, 0) << run.text();
+  EXPECT_LT(run.output_bytes, 4096u) << run.text();
+  for (const char* line : {"x: list of 100000 items", "[0]: dict of 0 entries",
+                           "[4]: dict of 0 entries", "... 99990 more", "[99995]: dict of 0 entries",
+                           "[99999]: dict of 0 entries"}) {
+    EXPECT_NE(run.text().find(line), std::string::npos) << line << " not in " << run.text();
+  }
+  EXPECT_EQ(run.text().find("[5]:"), std::string::npos) << run.text();
+  EXPECT_LT(run.peak_kb, baseline_kb_ + 128 * 1024)
+      << "peak " << run.peak_kb << " KiB, baseline " << baseline_kb_ << " KiB";
 }
 
 /// {'model': {'w': a float tensor of `numel` elements viewing a one-element storage, stride 0}}.

@@ -5,7 +5,8 @@
 //    width (float64 -> float32) in one warning, then copies as PyTorch does.
 //  - checksums: a tensor flipped and its manifest line deleted, or the manifest removed, loaded
 //    the flipped tensor and --resume trained on it.
-//  - the parameter server: --resume without ps-server0.pt re-initialised the server's momentum.
+//  - the parameter server: --resume without its shard file re-initialised the server's momentum;
+//    a job killed between the server's save and the workers' resumed the two at different steps.
 #include <gtest/gtest.h>
 
 #include <ATen/Functions.h>
@@ -198,14 +199,16 @@ TEST_F(SilentAcceptance, ParameterServerResumeWithoutItsShardIsRefused) {
   };
   const CliRun first = train({"--epochs", "1"});
   ASSERT_EQ(first.exit_code, 0) << first.text();
-  const std::string shard = path("ckpt") + "/ps-server0.pt";
+  // 200 samples over 2 workers in batches of 20: the workers' checkpoint is of step 5.
+  const std::string shard = path("ckpt") + "/ps-server0.step5.pt";
   ASSERT_TRUE(fs::exists(shard));
   fs::copy_file(shard, path("shard.pt"));
   fs::remove(shard);
   const CliRun resumed = train({"--epochs", "2", "--resume"});
   EXPECT_FALSE(resumed.timed_out) << resumed.text();
   EXPECT_GT(resumed.exit_code, 0) << resumed.text();
-  EXPECT_NE(resumed.text().find("ps-server0.pt is missing"), std::string::npos) << resumed.text();
+  EXPECT_NE(resumed.text().find("ps-server0.step5.pt is missing"), std::string::npos)
+      << resumed.text();
   EXPECT_NE(resumed.text().find("momentum"), std::string::npos) << resumed.text();
   std::printf("ps --resume without its shard: exit %d in %.2f s\n", resumed.exit_code, resumed.seconds);
   // The shard back, with its values saved as int8: refused by name, not cast.
@@ -224,6 +227,74 @@ TEST_F(SilentAcceptance, ParameterServerResumeWithoutItsShardIsRefused) {
   EXPECT_NE(int8.text().find("shard state: key " + changed + ": the checkpoint holds int8, the model float32"),
             std::string::npos)
       << int8.text();
+  fs::remove_all(data);
+}
+
+/// The files of `from` whose names start (or not) with "ps-server", copied into `to`.
+void copy_files(const std::string& from, const std::string& to, bool servers) {
+  fs::create_directories(to);
+  for (const auto& entry : fs::directory_iterator(from)) {
+    const std::string name = entry.path().filename().string();
+    if ((name.rfind("ps-server", 0) == 0) == servers) fs::copy(entry.path(), to + "/" + name);
+  }
+}
+
+// The servers save their shards whenever the workers save their checkpoint, the servers first.
+// A job killed between the two saves of epoch 2 (the server's written, the workers' not) used to
+// resume silently with the workers at epoch 1 and the server at epoch 2: its file was one file
+// overwritten each round. Each server file now holds and is named by the workers' step, and a
+// resume restores the one of the workers' step: the run ends as the uninterrupted one. A file of
+// another step under that name is refused in one line naming it.
+TEST_F(SilentAcceptance, ParameterServerCheckpointIsTiedToTheWorkersStep) {
+  const std::string shoal = shoal_cli();
+  const std::string data = shoal::testing::make_small_dataset_dir(200, 50);
+  auto train = [&](const std::string& dir, const std::vector<std::string>& more) {
+    std::vector<std::string> args = {shoal, "train", "--strategy", "ps", "--workers", "2",
+                                     "--servers", "1", "--model", "mlp", "--data-dir", data,
+                                     "--batch-size", "20", "--lr", "0.05", "--momentum", "0.9",
+                                     "--threads", "1", "--no-progress", "--checkpoint-dir", dir};
+    args.insert(args.end(), more.begin(), more.end());
+    const CliRun run = run_cli(args, 120);
+    EXPECT_FALSE(run.timed_out) << run.text();
+    return run;
+  };
+  const CliRun first = train(path("first"), {"--epochs", "1"});
+  ASSERT_EQ(first.exit_code, 0) << first.text();
+  const CliRun whole = train(path("whole"), {"--epochs", "2", "--dump-parameters", path("whole")});
+  ASSERT_EQ(whole.exit_code, 0) << whole.text();
+  // Killed between the saves of epoch 2: the workers' files of epoch 1, the server's of epoch 2.
+  copy_files(path("first"), path("killed"), false);
+  copy_files(path("whole"), path("killed"), true);
+  const CliRun resumed =
+      train(path("killed"), {"--epochs", "2", "--resume", "--dump-parameters", path("resumed")});
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.text();
+  for (int rank = 0; rank < 2; ++rank) {
+    const std::string suffix = ".rank" + std::to_string(rank) + ".pt";
+    const StateDict expected = load_state_dict_file(path("whole") + suffix);
+    const StateDict got = load_state_dict_file(path("resumed") + suffix);
+    ASSERT_EQ(expected.size(), got.size());
+    for (const auto& item : expected) {
+      EXPECT_LE((item.value() - got[item.key()]).abs().max().item<double>(), 1e-6)
+          << "worker " << rank << " " << item.key() << ": the resumed run mixed two steps";
+    }
+  }
+  // The server file of step 5 replaced by the one of step 10 (a file copied under another name).
+  const std::string step5 = path("first") + "/ps-server0.step5.pt";
+  ASSERT_TRUE(fs::exists(step5));
+  ASSERT_TRUE(fs::exists(path("whole") + "/ps-server0.step10.pt"));
+  fs::copy_file(path("whole") + "/ps-server0.step10.pt", step5,
+                fs::copy_options::overwrite_existing);
+  const CliRun refused = train(path("first"), {"--epochs", "2", "--resume"});
+  EXPECT_GT(refused.exit_code, 0) << refused.text();
+  const std::string text = refused.text();
+  const size_t at = text.find("shoal: error: ");
+  ASSERT_NE(at, std::string::npos) << text;
+  const std::string line = text.substr(at, text.find('\n', at) - at);
+  EXPECT_NE(line.find(step5 + ": holds the shard of step 10, the workers resume from step 5"),
+            std::string::npos)
+      << text;
+  std::printf("ps --resume with a server file of another step: exit %d in %.2f s: %s\n",
+              refused.exit_code, refused.seconds, line.c_str());
   fs::remove_all(data);
 }
 

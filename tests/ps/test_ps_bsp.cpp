@@ -3,11 +3,13 @@
 // samples) after 50 steps, to 1e-5 relative, with one server and with two (tensors split).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <thread>
 
 #include "shoal/checkpoint/serialization.h"
+#include "shoal/error.h"
 #include "shoal/train/train_options.h"
 
 #include "ps_testing.h"
@@ -251,6 +253,58 @@ TEST(PsBsp, ResumesFromServerCheckpoints) {
   start_servers(set, /*restore=*/true);
   const std::vector<testing::TinyNet> nets = train_workers(set, data, kWorkers, 20, kSteps);
   expect_equal_to_reference(nets, expected, "resumed after 20 steps");
+  std::filesystem::remove_all(dir);
+}
+
+// Checkpoint barriers of steps 10, 20 and 30 save "<prefix>.step<N>.pt", each holding its step;
+// 2 are kept. A barrier of step 25 (a job resumed from 20 after one cut off past 30) deletes the
+// file of step 30, which no worker checkpoint will pair with. A server restored from a file that
+// holds another step than the workers' refuses it, naming both.
+TEST(PsBsp, CheckpointBarriersSaveOneFilePerStep) {
+  const std::string dir = shoal::testing::temp_path("ps-step-ckpt");
+  std::filesystem::create_directories(dir);
+  const std::string prefix = dir + "/ps-server0";
+  ServerOptions options = bsp_options(1);
+  options.step_checkpoint_prefix = prefix;
+  options.step_checkpoint_keep = 2;
+  auto files = [&] {
+    std::vector<std::string> names;
+    for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+      names.push_back(entry.path().filename().string());
+    }
+    std::sort(names.begin(), names.end());
+    return names;
+  };
+  {
+    testing::ServerSet set(1, options);
+    auto net = testing::make_tiny_net(7);
+    Worker worker(testing::worker_options(set, 0, 1), testing::named(*net));
+    worker.init();
+    for (int64_t step : {10, 20, 30}) worker.checkpoint_barrier(step);
+    EXPECT_EQ(files(), (std::vector<std::string>{"ps-server0.step20.pt", "ps-server0.step30.pt"}));
+    worker.checkpoint_barrier(25);
+    EXPECT_EQ(files(), (std::vector<std::string>{"ps-server0.step20.pt", "ps-server0.step25.pt"}));
+    worker.barrier();  // not a checkpoint: nothing saved
+    EXPECT_EQ(files().size(), 2u);
+    worker.close();
+  }
+  const auto saved = checkpoint::load_state_dict_file(step_checkpoint_path(prefix, 25));
+  EXPECT_EQ(saved[kStepKey].item<int64_t>(), 25);
+
+  ServerOptions restore = bsp_options(1);
+  restore.restore_path = step_checkpoint_path(prefix, 25);
+  restore.restore_step = 25;
+  EXPECT_NO_THROW(Server{restore});
+  restore.restore_step = 20;
+  try {
+    Server server(restore);
+    ADD_FAILURE() << "a shard of step 25 restored for workers at step 20";
+  } catch (const CheckpointError& e) {
+    EXPECT_NE(std::string(e.what()).find(restore.restore_path + ": holds the shard of step 25, the "
+                                         "workers resume from step 20"),
+              std::string::npos)
+        << e.what();
+  }
   std::filesystem::remove_all(dir);
 }
 

@@ -76,7 +76,8 @@ TEST(PsCli, CheckpointAndResumeEqualUninterruptedTraining) {
   run("--epochs 2 --dump-parameters " + work + "/whole", work + "/whole.log");
   run("--epochs 1 --checkpoint-dir " + work + "/ckpt", work + "/first.log");
   for (int s = 0; s < 2; ++s) {
-    const std::string shard = work + "/ckpt/ps-server" + std::to_string(s) + ".pt";
+    // 1200 samples over 2 workers in batches of 50: the workers' checkpoint is of step 12.
+    const std::string shard = work + "/ckpt/ps-server" + std::to_string(s) + ".step12.pt";
     ASSERT_TRUE(fs::exists(shard)) << shard;
     // PyTorch reads it: a dict of tensors with the momentum buffers.
     const std::string check =

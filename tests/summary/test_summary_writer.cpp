@@ -3,8 +3,13 @@
 // one-line errors for what TensorBoard cannot hold. TensorBoard's own reader checks the messages
 // in tensorboard_ddp.py.
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
 #include <torch/torch.h>
+#include <unistd.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -19,6 +24,8 @@
 #include "shoal/summary/summary_writer.h"
 #include "summary/event_encoding.h"
 #include "testing/idx_files.h"
+#include "testing/python.h"
+#include "testing/shoal_cli.h"
 
 namespace test_summary_writer {
 
@@ -129,6 +136,91 @@ TEST(SummaryWriter, RefusesWhatTensorBoardCannotHold) {
     EXPECT_NE(std::string(e.what()).find("/proc/shoal-no-such-dir/run"), std::string::npos)
         << e.what();
   }
+}
+
+// A disk that fills mid-write (here a file-size limit, RLIMIT_FSIZE, with SIGXFSZ ignored: the
+// write is cut short at the limit, then refused) used to leave the event file ending inside a
+// record, which TensorBoard's reader stops at with a data-loss error. The writer cuts the file
+// back to its last whole record and says so in one line naming the file.
+TEST(SummaryWriter, AFullDiskLeavesOnlyWholeRecords) {
+  const std::string dir = shoal::testing::make_temp_dir("shoal-summary-full");
+  constexpr rlim_t kLimit = 10007;  // bytes: a prime, so no record boundary falls on it by design
+  int pipe_fds[2];
+  ASSERT_EQ(::pipe(pipe_fds), 0);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    ::close(pipe_fds[0]);
+    ::signal(SIGXFSZ, SIG_IGN);
+    const rlimit limit{kLimit, kLimit};
+    ::setrlimit(RLIMIT_FSIZE, &limit);
+    std::string message = "no error";
+    try {
+      shoal::SummaryWriterOptions options;
+      options.flush_secs = 1000;  // written at each flush() below, and in 64 KiB pieces
+      SummaryWriter writer(dir, options);
+      for (int step = 0; step < 100000; ++step) {
+        writer.add_scalar("train/loss_of_a_long_tag_name", 1.0 / (step + 1), step);
+        if (step % 7 == 0) writer.flush();
+      }
+    } catch (const std::exception& e) {
+      message = e.what();
+    }
+    ssize_t ignored = ::write(pipe_fds[1], message.data(), message.size());
+    (void)ignored;
+    ::_exit(0);
+  }
+  ::close(pipe_fds[1]);
+  std::string message;
+  char buffer[4096];
+  for (ssize_t n; (n = ::read(pipe_fds[0], buffer, sizeof(buffer))) > 0;) message.append(buffer, n);
+  ::close(pipe_fds[0]);
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+
+  const std::vector<std::string> files = event_files(dir);
+  ASSERT_EQ(files.size(), 1u);
+  EXPECT_NE(message.find("cannot write " + files[0]), std::string::npos) << message;
+  EXPECT_NE(message.find("whole records"), std::string::npos) << message;
+  EXPECT_EQ(message.find('\n'), std::string::npos) << message;
+  const auto size = fs::file_size(files[0]);
+  EXPECT_LE(size, kLimit);
+  EXPECT_GT(size, kLimit - 200) << "cut back further than its last whole record";
+  const std::vector<std::string> records = read_records(files[0]);  // fails on a cut record
+  size_t framed = 0;
+  for (const auto& r : records) framed += r.size() + 16;
+  EXPECT_EQ(framed, size);
+  EXPECT_GT(records.size(), 100u);
+  fs::remove_all(dir);
+}
+
+// `shoal train --tensorboard` on a disk that fills: one line naming the event file, a non-zero
+// exit, and an event file of whole records.
+TEST(SummaryWriter, TrainOnAFullDiskStopsInOneLineAndKeepsWholeRecords) {
+  const std::string shoal = shoal::testing::shoal_cli_with_dataset();
+  const std::string dir = shoal::testing::make_temp_dir("shoal-summary-cli");
+  // 24 KiB (dash's ulimit -f counts 512-byte blocks; SIGXFSZ ignored: the write fails, EFBIG):
+  // histograms of every parameter at every step fill it within the first steps.
+  const auto run = shoal::testing::run_command(
+      "ulimit -f 48; trap '' XFSZ; exec " + shoal + " train --model mlp --train-samples 640 "
+      "--test-samples 64 --batch-size 32 --epochs 1 --threads 1 --no-progress "
+      "--histogram-interval 1 --tensorboard " + dir);
+  EXPECT_NE(run.exit_code, 0) << run.describe();
+  const std::vector<std::string> files = event_files(dir);
+  ASSERT_EQ(files.size(), 1u);
+  const size_t at = run.err.find("shoal: error: ");
+  ASSERT_NE(at, std::string::npos) << run.describe();
+  const std::string line = run.err.substr(at, run.err.find('\n', at) - at);
+  EXPECT_NE(line.find("cannot write " + files[0]), std::string::npos) << run.err;
+  EXPECT_NE(line.find("whole records"), std::string::npos) << run.err;
+  EXPECT_EQ(run.err.find(files[0]), at + line.find(files[0])) << "said twice:\n" << run.err;
+  const std::vector<std::string> records = read_records(files[0]);
+  size_t framed = 0;
+  for (const auto& r : records) framed += r.size() + 16;
+  EXPECT_EQ(framed, fs::file_size(files[0]));
+  EXPECT_GT(fs::file_size(files[0]), 20000u) << "cut back further than its last whole record";
+  fs::remove_all(dir);
 }
 
 }  // namespace test_summary_writer

@@ -32,6 +32,11 @@ struct LoadOptions {
   /// about two per tensor. A file beyond it is refused (a few KB of shared lists can stand for
   /// 2^40 values); raise it for a genuine checkpoint that holds more.
   uint64_t max_values = uint64_t{1} << 22;
+  /// Most memory the loaded object's containers (dicts, lists, tuples) may take, each counted once
+  /// by an estimate of what it costs (see UnpicklerLimits). 256 MiB by default: an optimizer state
+  /// of 100,000 parameters takes about 60 MiB, while a 4 KB file of 4 million empty dicts would
+  /// take 1.5 GB. Raise it for a genuine checkpoint that holds more.
+  uint64_t max_container_bytes = uint64_t{256} << 20;
   /// Accept tensors whose view holds more elements than their storage (torch.zeros(1).expand(n)
   /// saved as is, stride 0). Refused by default: copying such a tensor out writes as many bytes as
   /// its view claims, however small the file.

@@ -18,13 +18,19 @@
 //                        parameters and the optimizer's per-parameter state: buffers, parameters
 //                        no unit holds, the optimizer's param_groups (over the whole model), the
 //                        sampler, the config
-// The folder counts as saved once every rank's file is complete: only then does rank 0 point
-// "latest" at it, so an interrupted save leaves the previous checkpoint the one resumed.
+// Every rank's file of one save carries the same 'save_id' (random, drawn by rank 0 for that
+// save), so a file of another run or another save of the same step is told apart from its
+// neighbours. The folder counts as saved once every rank's file is complete: only then does rank 0
+// write "<folder>/manifest" (the save id and the world size) and point "latest" at it, so an
+// interrupted save leaves the previous checkpoint the one resumed, and a folder without a
+// manifest is an abandoned save (CheckpointManager removes it at the next save). Folders and
+// files of Shoal versions before the id (no 'save_id', no manifest) still load.
 //
 // load_sharded_checkpoint() reads every rank's file, refuses a set that disagrees (a missing or
 // extra rank file, another world size, other units, a piece of the wrong size, files of another
-// save), and assembles the whole TrainingState a full checkpoint would have held: so a resume at
-// any world size, with any strategy, and `shoal ckpt convert` (a file torch.load reads) start
+// save or of no save id beside files with one), and assembles the whole TrainingState a full
+// checkpoint would have held: so a resume at any world size, with any strategy, and `shoal ckpt
+// convert` (a file torch.load reads) start
 // from it.
 //
 // Thread safety: plain values and reentrant functions.
@@ -62,6 +68,9 @@ struct ShardedTrainingState {
   TrainingState replicated;
   int64_t rank = 0;
   int64_t world_size = 1;
+  /// The save these files belong to, the same in every rank's file (CheckpointManager draws it);
+  /// 0: none written (files of Shoal versions before the id, or a caller that sets none).
+  int64_t save_id = 0;
   int64_t num_parameters = 0;               ///< len(model.parameters())
   std::vector<std::string> state_dict_keys; ///< the whole state dict's keys, in order
   std::vector<FlatUnitMetadata> units;
@@ -74,8 +83,20 @@ struct ShardedTrainingState {
 /// The extension of a sharded checkpoint's folder name ("checkpoint_000012.sharded").
 inline const char* const kShardedExtension = ".sharded";
 
+/// "manifest": the file rank 0 writes into the folder once every rank's file is complete.
+inline const char* const kShardedManifest = "manifest";
+
 /// "rank_<rank>.pt": a rank's file in a sharded checkpoint's folder.
 std::string shard_file_name(int64_t rank);
+
+/// A new random save id (never 0), for ShardedTrainingState::save_id.
+int64_t new_save_id();
+
+/// Writes "<folder>/manifest" (atomically): the save id and world size every rank's file holds.
+void write_sharded_manifest(const std::string& folder, int64_t save_id, int64_t world_size);
+
+/// True when `folder` holds a manifest, i.e. its save completed (see the file comment).
+bool has_sharded_manifest(const std::string& folder);
 
 /// Writes one rank's file (atomically, with a checksum manifest).
 void save_shard(const ShardedTrainingState& state, const std::string& path);

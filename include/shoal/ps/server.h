@@ -59,13 +59,31 @@ struct ServerOptions {
   bool verbose = true;
   /// When set, the shard (values and optimizer state, see shard_state()) is saved here in
   /// PyTorch's format (torch.load reads it as a dict of tensors; written atomically) when run()
-  /// ends and every `checkpoint_every` updates (0: only at the end).
+  /// ends, every `checkpoint_every` updates (0: only at the end), and at each checkpoint barrier
+  /// unless step_checkpoint_prefix is set.
   std::string checkpoint_path;
   int64_t checkpoint_every = 0;
+  /// When set, each checkpoint barrier (Worker::checkpoint_barrier(step)) saves the shard as
+  /// step_checkpoint_path(prefix, step), holding the step too (kStepKey), and nothing else is
+  /// saved: the workers save their checkpoint of that step next, and a resume restores the
+  /// server file of the workers' step, so that a kill between the two saves never pairs the
+  /// workers' state of one step with the server's of another. Saving step s deletes the files of
+  /// later steps (a run cut off there and resumed earlier) and keeps `step_checkpoint_keep`
+  /// files in all, the newest (0: all).
+  std::string step_checkpoint_prefix;
+  int step_checkpoint_keep = 0;
   /// When set, the shard is restored from this file at construction; the workers' init() then
   /// keeps the restored values (a resumed job continues where it was saved).
   std::string restore_path;
+  /// When >= 0, the restored file must hold this step (kStepKey): else CheckpointError.
+  int64_t restore_step = -1;
 };
+
+/// The entry of a shard file that holds the workers' step it was saved at (a 0-dim int64).
+inline const char* const kStepKey = "__step__";
+
+/// "<prefix>.step<step>.pt": the shard file a checkpoint barrier of `step` writes.
+std::string step_checkpoint_path(const std::string& prefix, int64_t step);
 
 /// What a server observed.
 struct ServerStats {
@@ -113,6 +131,8 @@ class Server {
   void load_shard_state(const std::map<std::string, at::Tensor>& state);
 
  private:
+  void check_restored_step(const std::map<std::string, at::Tensor>& state) const;
+
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

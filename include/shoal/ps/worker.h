@@ -67,9 +67,12 @@ class Worker {
   /// Sums `values` over the live workers (through server 0).
   std::vector<double> all_reduce_sum(const std::vector<double>& values);
   /// Returns once every live worker has called it (on every server): all their pushes are
-  /// applied. With `checkpoint`, each server that has a checkpoint_path saves its shard there
-  /// first, so the files hold exactly the state every worker pulls next.
-  void barrier(bool checkpoint = false);
+  /// applied.
+  void barrier();
+  /// barrier(), and each server that saves checkpoints saves its shard first, as the shard of
+  /// `step` (the step of the workers' checkpoint that follows; every worker passes the same), so
+  /// the files hold exactly the state every worker pulls next (see ServerOptions).
+  void checkpoint_barrier(int64_t step);
   /// Tells every server this worker is done (idempotent; the destructor calls it, ignoring errors).
   void close();
 

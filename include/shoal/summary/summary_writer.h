@@ -11,6 +11,8 @@
 // background thread appends the queue to the file and flushes it every flush_secs, so a training
 // step pays for the encoding only (microseconds; docs/PERFORMANCE.md). The file is TFRecord framed
 // with masked CRC-32C, records of tensorflow.Event messages (see src/summary/event_encoding.h).
+// When the disk refuses a write (full, a file-size limit), the file is cut back to its last whole
+// record, so that it always reads as whole records, and the next call throws saying so.
 //
 // Thread safety: every method may be called from any thread.
 #pragma once
