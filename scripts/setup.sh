@@ -16,6 +16,7 @@ PACKAGES=(
   libzmq3-dev cppzmq-dev  # parameter-server transport
   zlib1g-dev
   libdeflate-dev          # fast whole-file gzip inflation for the datasets (optional)
+  libpng-dev libjpeg62-turbo-dev  # decoding image folders (ImageFolder)
   libgtest-dev libgmock-dev libbenchmark-dev
   libcli11-dev
   libspdlog-dev           # diagnostics with levels (SHOAL_LOG_LEVEL); brings libfmt-dev
