@@ -27,6 +27,7 @@ PACKAGES=(
 # Only the tests, benchmarks and fuzzers use these.
 TEST_PACKAGES=(
   python3-torch           # PyTorch 1.13: numerical oracle and performance peer
+  python3-pil             # writes and decodes the image folders of tests/data/test_image_folder.cpp
   procps                  # ps/pgrep used by process tests
   iproute2                # ip netns: the two-host tests (test_netns, test_slurm_netns); minimal images lack it
   slurm-wlm slurm-client munge  # a real SLURM that tests/launcher/slurm_test.sh starts on loopback
