@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 
@@ -116,6 +117,17 @@ at::Tensor random_crop(const at::Tensor& image, int64_t size, int64_t padding, S
   return padded.slice(1, top, top + size).slice(2, left, left + size);
 }
 
+/// torchvision's CenterCrop: the offsets rounded half to even, as Python's round().
+at::Tensor center_crop(const at::Tensor& image, int64_t size) {
+  const int64_t height = image.size(1);
+  const int64_t width = image.size(2);
+  SHOAL_CHECK_T(InvalidArgument, height >= size && width >= size, "centre crop of ", size, "x",
+                size, " is larger than the image (", height, "x", width, ")");
+  const auto top = static_cast<int64_t>(std::nearbyint((height - size) / 2.0));
+  const auto left = static_cast<int64_t>(std::nearbyint((width - size) / 2.0));
+  return image.slice(1, top, top + size).slice(2, left, left + size);
+}
+
 at::Tensor per_channel(const std::vector<double>& values) {
   const std::vector<double> three = values.size() == 1 ? std::vector<double>(3, values[0]) : values;
   return at::tensor(three, at::kDouble).to(at::kFloat).view({3, 1, 1});
@@ -152,7 +164,11 @@ at::Tensor transform_image(const at::Tensor& image, const ImageTransforms& trans
     const auto [height, width] = shorter_side_size(x.size(1), x.size(2), transforms.resize_shorter);
     x = resize_bilinear(x, height, width);
   }
-  if (transforms.crop > 0) x = random_crop(x, transforms.crop, transforms.crop_padding, random);
+  if (transforms.crop > 0 && transforms.center_crop) {
+    x = center_crop(x, transforms.crop);
+  } else if (transforms.crop > 0) {
+    x = random_crop(x, transforms.crop, transforms.crop_padding, random);
+  }
   // Drawn whether or not it is used, so that turning the flip on or off changes no other draw.
   const bool flip = (random.next() >> 63) != 0;
   if (transforms.hflip && flip) x = x.flip({2});
@@ -161,6 +177,14 @@ at::Tensor transform_image(const at::Tensor& image, const ImageTransforms& trans
     x = x.sub_(per_channel(transforms.mean)).div_(per_channel(transforms.std));
   }
   return x.contiguous();
+}
+
+ImageTransforms ImageTransforms::evaluation() const {
+  ImageTransforms fixed = *this;
+  fixed.center_crop = true;
+  fixed.crop_padding = 0;
+  fixed.hflip = false;
+  return fixed;
 }
 
 ImageFolder::ImageFolder(const std::string& root, ImageFolderOptions options)
@@ -200,6 +224,32 @@ bool ImageFolder::looks_like(const std::string& root) {
     error.clear();
   }
   return false;
+}
+
+bool image_folders_present(const std::string& dir) {
+  return ImageFolder::looks_like(dir) || ImageFolder::looks_like(dir + "/train");
+}
+
+ImageFolderSplits open_image_folders(const std::string& dir, const ImageFolderOptions& options) {
+  ImageFolderSplits splits;
+  if (!ImageFolder::looks_like(dir + "/train")) {
+    splits.train = std::make_unique<ImageFolder>(dir, options);
+    return splits;
+  }
+  splits.train = std::make_unique<ImageFolder>(dir + "/train", options);
+  ImageFolderOptions evaluation = options;
+  evaluation.transforms = options.transforms.evaluation();
+  for (const char* name : {"/val", "/test"}) {
+    std::error_code error;
+    if (!fs::is_directory(dir + name, error)) continue;
+    splits.test = std::make_unique<ImageFolder>(dir + name, evaluation);
+    SHOAL_CHECK_T(DataError, splits.test->classes() == splits.train->classes(), dir, name,
+                  ": its ", splits.test->classes().size(), " class folders are not the ",
+                  splits.train->classes().size(), " of ", dir, "/train (the same names are "
+                  "needed, so that a class has one index)");
+    break;
+  }
+  return splits;
 }
 
 Batch ImageFolder::get(int64_t index) const {

@@ -218,6 +218,15 @@ TEST(ImageFolder, TransformsFlipCropAndNormalise) {
   EXPECT_EQ(transform_image(wide, resizing.transforms, 0, 0, 0).sizes(),
             (at::IntArrayRef{3, 16, 24}));
 
+  // CenterCrop of a 24 x 24 image to 15: offsets round(4.5) = 4 (half to even, as Python).
+  ImageFolderOptions centred;
+  centred.transforms.crop = 15;
+  centred.transforms.crop_padding = 4;
+  centred.transforms.hflip = true;
+  centred.transforms = centred.transforms.evaluation();
+  EXPECT_TRUE(torch::equal(ImageFolder(written.root, centred).get(1).data,
+                           plain.get(1).data.slice(1, 4, 19).slice(2, 4, 19)));
+
   ImageFolderOptions bad;
   bad.transforms.mean = {0.5};
   bad.transforms.std = {0};
@@ -371,6 +380,37 @@ TEST(ImageFolder, FifoLinkCycleEmptyFolderAndClassWithoutImages) {
   EXPECT_FALSE(ImageFolder::looks_like(empty));
   fs::remove_all(empty_class);
   EXPECT_TRUE(ImageFolder::looks_like(written.root));
+}
+
+TEST(ImageFolder, TrainAndValidationSplits) {
+  SKIP_WITHOUT_PIL();
+  const Written written = write_folder(2, 20);
+  const std::string dir = fs::path(written.root).parent_path().string();
+  // DIR itself is the image folder: train on it, no evaluation split.
+  ImageFolderSplits splits = open_image_folders(written.root, {});
+  EXPECT_EQ(splits.train->size(), 6);
+  EXPECT_EQ(splits.test, nullptr);
+  EXPECT_TRUE(image_folders_present(written.root));
+  // DIR/train and DIR/val: the validation split without the random transforms.
+  fs::rename(written.root, dir + "/train");
+  fs::create_directories(dir + "/val");
+  fs::copy(dir + "/train", dir + "/val", fs::copy_options::recursive);
+  EXPECT_TRUE(image_folders_present(dir));
+  ImageFolderOptions options;
+  options.transforms.crop = 16;
+  options.transforms.crop_padding = 2;
+  options.transforms.hflip = true;
+  splits = open_image_folders(dir, options);
+  ASSERT_NE(splits.test, nullptr);
+  EXPECT_EQ(splits.test->size(), 6);
+  ImageFolderOptions centred;
+  centred.transforms.crop = 16;
+  centred.transforms.center_crop = true;
+  EXPECT_TRUE(torch::equal(splits.test->get(0).data, ImageFolder(dir + "/val", centred).get(0).data));
+  // A validation split with another class: one line naming it.
+  fs::rename(dir + "/val/cat", dir + "/val/dog");
+  const std::string message = error_of([&] { open_image_folders(dir, options); });
+  EXPECT_TRUE(one_line_naming(message, dir + "/val")) << message;
 }
 
 // ---- memory ------------------------------------------------------------------------------------

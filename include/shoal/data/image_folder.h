@@ -24,8 +24,8 @@
 // .png, .jpg or .jpeg (any case) are images; other files are ignored. Symbolic links to files are
 // followed, links to folders are not (a link cycle cannot make the scan endless).
 //
-// Transforms, in torchvision's order Resize, RandomCrop, RandomHorizontalFlip, ToTensor,
-// Normalize. Resize is bilinear without antialiasing (torchvision's Resize on tensors with
+// Transforms, in torchvision's order Resize, RandomCrop (or CenterCrop), RandomHorizontalFlip,
+// ToTensor, Normalize. Resize is bilinear without antialiasing (torchvision's Resize on tensors with
 // antialias=False, align_corners=False). The random ones draw from a generator seeded with
 // (seed, epoch, sample index), so a sample's augmentation depends on neither the worker that
 // decodes it nor the world size.
@@ -44,6 +44,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -63,12 +64,18 @@ struct ImageTransforms {
   int64_t crop = 0;
   /// Zeros added on every side before the random crop.
   int64_t crop_padding = 0;
+  /// Crop the centre instead of a random window (CenterCrop(crop), as evaluation does).
+  bool center_crop = false;
   /// Mirror left-right with probability 1/2 (RandomHorizontalFlip()).
   bool hflip = false;
   /// Per-channel (x - mean[c]) / std[c] after scaling to [0, 1] (Normalize(mean, std)); empty: off.
   /// Three values each (or one, used for every channel).
   std::vector<double> mean;
   std::vector<double> std;
+
+  /// These transforms without their random parts, for evaluation (torchvision's usual pair):
+  /// the crop taken from the centre, without padding, and no flip.
+  ImageTransforms evaluation() const;
 };
 
 struct ImageFolderOptions {
@@ -122,6 +129,20 @@ class ImageFolder : public BatchDataset {
   std::vector<ImageSample> samples_;
   std::atomic<int64_t> epoch_{0};
 };
+
+/// The two splits of a folder of images.
+struct ImageFolderSplits {
+  std::unique_ptr<ImageFolder> train;
+  std::unique_ptr<ImageFolder> test;  ///< null when the folder has no evaluation split
+};
+
+/// Whether `dir` holds image folders as open_image_folders() reads them.
+bool image_folders_present(const std::string& dir);
+
+/// DIR/train and DIR/val (or DIR/test) when DIR/train is an image folder (ImageNet's layout),
+/// else DIR alone for training and no evaluation split. The evaluation split's transforms are
+/// `options.transforms.evaluation()`. Throws DataError when the splits' classes differ.
+ImageFolderSplits open_image_folders(const std::string& dir, const ImageFolderOptions& options);
 
 /// The image in `path` (PNG or JPEG, told by its first bytes) as uint8 RGB [H, W, 3]. Throws
 /// DataError naming the file when it is not a regular file, too large, or not a valid image.
