@@ -243,7 +243,8 @@ TEST(ImageFolder, AugmentationIsTheSameForAnyWorkerCountAndChangesWithTheEpoch) 
   options.transforms.hflip = true;
   options.transforms.mean = {0.5};
   options.transforms.std = {0.25};
-  ImageFolder images(written.root, options);
+  const ImageFolder folder(written.root, options);
+  const BatchDataset& images = folder;  // the trainer's view: set_epoch through the interface
   const at::Tensor order = torch::randperm(images.size(), torch::kLong);
   auto epoch_of = [&](int workers, int64_t epoch) {
     images.set_epoch(epoch);

@@ -115,7 +115,7 @@ class ImageFolder : public BatchDataset {
   Batch get(int64_t index) const;
 
   /// Selects the epoch that seeds the random transforms.
-  void set_epoch(int64_t epoch) { epoch_.store(epoch); }
+  void set_epoch(int64_t epoch) const override { epoch_.store(epoch); }
   /// The class names, sorted; a class's index is its position.
   const std::vector<std::string>& classes() const { return classes_; }
   /// Every file and its class, in sample order.
@@ -127,7 +127,7 @@ class ImageFolder : public BatchDataset {
   ImageFolderOptions options_;
   std::vector<std::string> classes_;
   std::vector<ImageSample> samples_;
-  std::atomic<int64_t> epoch_{0};
+  mutable std::atomic<int64_t> epoch_{0};  // see BatchDataset::set_epoch
 };
 
 /// The two splits of a folder of images.
