@@ -260,6 +260,8 @@ Batch ImageFolder::get(int64_t index) const {
   at::Tensor x;
   try {
     x = transform_image(image, options_.transforms, options_.seed, epoch_.load(), index);
+  } catch (const c10::Error& e) {
+    SHOAL_THROW(DataError, sample.path, ": ", e.what_without_backtrace());  // one line
   } catch (const std::exception& e) {
     SHOAL_THROW(DataError, sample.path, ": ", e.what());
   }

@@ -227,6 +227,14 @@ TEST(ImageFolder, TransformsFlipCropAndNormalise) {
   EXPECT_TRUE(torch::equal(ImageFolder(written.root, centred).get(1).data,
                            plain.get(1).data.slice(1, 4, 19).slice(2, 4, 19)));
 
+  // A crop larger than an image: one line naming the image.
+  ImageFolderOptions too_large;
+  too_large.transforms.crop = 64;
+  const std::string message = error_of([&] { ImageFolder(written.root, too_large).get(2); });
+  EXPECT_TRUE(one_line_naming(message, written.samples[2].path) &&
+              message.find("larger than the image") != std::string::npos)
+      << message;
+
   ImageFolderOptions bad;
   bad.transforms.mean = {0.5};
   bad.transforms.std = {0};
