@@ -16,6 +16,7 @@ PACKAGES=(
   libzmq3-dev cppzmq-dev  # parameter-server transport
   zlib1g-dev
   libdeflate-dev          # fast whole-file gzip inflation for the datasets (optional)
+  libpng-dev libjpeg62-turbo-dev  # decoding image folders (ImageFolder)
   libgtest-dev libgmock-dev libbenchmark-dev
   libcli11-dev
   libspdlog-dev           # diagnostics with levels (SHOAL_LOG_LEVEL); brings libfmt-dev
@@ -27,6 +28,7 @@ PACKAGES=(
 # Only the tests, benchmarks and fuzzers use these.
 TEST_PACKAGES=(
   python3-torch           # PyTorch 1.13: numerical oracle and performance peer
+  python3-pil             # writes and decodes the image folders of tests/data/test_image_folder.cpp
   procps                  # ps/pgrep used by process tests
   iproute2                # ip netns: the two-host tests (test_netns, test_slurm_netns); minimal images lack it
   slurm-wlm slurm-client munge  # a real SLURM that tests/launcher/slurm_test.sh starts on loopback

@@ -37,6 +37,11 @@ class BatchDataset {
   /// The samples at `indices` ([k] int64, each in [0, size())), in that order, stacked into one
   /// batch. Called concurrently from the DataLoader's workers.
   virtual Batch get_batch(const at::Tensor& indices) const = 0;
+  /// Selects the epoch whose random choices (augmentation) the samples take, as a sampler's
+  /// set_epoch selects its shuffle: called before each epoch's DataLoader starts, never while one
+  /// runs. Const because the samples' source does not change, only which draw each one takes; a
+  /// dataset without random choices ignores it.
+  virtual void set_epoch(int64_t epoch) const {}
 };
 
 /// In-memory inputs [N, ...] and targets [N, ...]: PyTorch's TensorDataset of two tensors.
@@ -98,6 +103,7 @@ class SubsetDataset : public BatchDataset {
   SubsetDataset(const BatchDataset& dataset, int64_t begin, int64_t end);
   int64_t size() const override { return end_ - begin_; }
   Batch get_batch(const at::Tensor& indices) const override;
+  void set_epoch(int64_t epoch) const override { dataset_->set_epoch(epoch); }
 
  private:
   const BatchDataset* dataset_;  // not owned
