@@ -179,6 +179,52 @@ TEST(CliTrain, TrainsOnASmallDatasetAndReportsAccuracy) {
   EXPECT_NE(written.find("\"event\":\"epoch\",\"epoch\":2"), std::string::npos) << written;
 }
 
+// Every --strategy names itself in the metrics run line and in TensorBoard's run text, by the name
+// the user gave (`shoal plot` labels runs with it): a strategy that falls back on another's name
+// mislabels the run.
+TEST(CliTrain, RunLineAndTensorBoardTextNameEveryStrategy) {
+  struct Case {
+    const char* name;
+    const char* flags;
+    int world_size;
+  };
+  const Case cases[] = {
+      {"single", "--strategy single", 1},
+      {"ddp", "--strategy ddp --nproc-per-node 2", 2},
+      {"ddp", "--strategy ddp --nproc-per-node 1 --model-parallel 2", 1},
+      {"dp", "--strategy dp --replicas 2", 1},
+      {"fsdp", "--strategy fsdp --nproc-per-node 2", 2},
+      {"pipeline", "--strategy pipeline --stages 2", 2},
+      {"ps", "--strategy ps --servers 1 --workers 2", 2},
+  };
+  const std::string dir = shoal::testing::make_small_dataset_dir(64, 32);
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.flags);
+    const std::string metrics = dir + "/metrics.jsonl";
+    const std::string board = dir + "/board";
+    const CliResult run = shoal_train(std::string(c.flags) +
+                                      " --model mlp --epochs 1 --batch-size 16 --threads 1 "
+                                      "--no-progress --data-dir " + dir + " --metrics " + metrics +
+                                      " --tensorboard " + board);
+    const std::string written = slurp(metrics);
+    std::string events;
+    if (fs::is_directory(board)) {
+      for (const auto& entry : fs::directory_iterator(board)) events += slurp(entry.path());
+    }
+    fs::remove(metrics);
+    fs::remove_all(board);
+    ASSERT_EQ(run.exit_code, 0) << run.err;
+    const std::string line = std::string("{\"event\":\"run\",\"strategy\":\"") + c.name +
+                             "\",\"world_size\":" + std::to_string(c.world_size) + ",";
+    EXPECT_EQ(written.rfind(line, 0), 0u) << written;
+    const std::string text = std::string("strategy ") + c.name + ", " +
+                             std::to_string(c.world_size) +
+                             (c.world_size == 1 ? " process," : " processes,");
+    EXPECT_NE(events.find(text), std::string::npos) << "no '" << text << "' in the event file";
+  }
+  fs::remove_all(dir);
+}
+
 // SHOAL_LOG_LEVEL=warn silences Shoal's info messages (the header) but not the progress lines,
 // the result on stdout, or the error line of a failing command; =debug adds the debug ones.
 TEST(CliTrain, LogLevelFiltersDiagnosticsOnly) {

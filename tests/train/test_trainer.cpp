@@ -237,6 +237,7 @@ TEST(Trainer, RejectsOptionsThatCannotWork) {
 // through the strategy for the forward pass and the indices.
 class EvenSamples : public Strategy {
  public:
+  std::string name() const override { return "even"; }
   void prepare(TrainState& state) override {
     ++prepared;
     auto forward = state.model_forward;

@@ -40,6 +40,7 @@ class FsdpStrategy : public Strategy {
   FsdpStrategy(int stage, std::shared_ptr<comm::ProcessGroup> group);
   ~FsdpStrategy() override;
 
+  std::string name() const override { return "fsdp"; }
   void prepare(TrainState& state) override;
   at::Tensor epoch_indices(int64_t dataset_size, int64_t epoch, uint64_t seed) override;
   void all_reduce_sum(std::vector<double>& values) override;
