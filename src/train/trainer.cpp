@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "compat/autocast.h"
+#include "compat/thread_parallelism.h"
 #include "shoal/checkpoint/checkpoint_manager.h"
 #include "shoal/checkpoint/serialization.h"
 #include "shoal/checkpoint/sharded_checkpoint.h"
@@ -967,7 +968,7 @@ LoadedData load_data(const TrainOptions& options) {
 
 TrainResult run_training(const TrainOptions& options, std::unique_ptr<Strategy> strategy) {
   options.validate();
-  if (options.threads > 0) torch::set_num_threads(options.threads);
+  if (options.threads > 0) compat::set_compute_threads(options.threads);
   // The model's name first: an unknown one should fail before seconds of data loading.
   // A TorchScript file (#29) loads here, with its own weights.
   std::shared_ptr<models::Model> model;
