@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <future>
 #include <map>
 #include <optional>
@@ -13,6 +14,7 @@
 
 #include "compat/autocast.h"
 #include "compat/thread_parallelism.h"
+#include "log/error_file.h"
 #include "shoal/checkpoint/checkpoint_manager.h"
 #include "shoal/checkpoint/serialization.h"
 #include "shoal/checkpoint/sharded_checkpoint.h"
@@ -82,6 +84,18 @@ std::vector<double> group_lrs(const torch::optim::Optimizer& optimizer) {
   for (const auto& group : optimizer.param_groups()) lrs.push_back(group.options().get_lr());
   return lrs;
 }
+
+// Notes the failure of an exception that leaves its scope (log/error_file.h), before the strategy
+// and its process group go: their end is what tells the other ranks to fail.
+class FailureNote {
+ public:
+  ~FailureNote() {
+    if (std::uncaught_exceptions() > exceptions_) log::note_failure();
+  }
+
+ private:
+  int exceptions_ = std::uncaught_exceptions();
+};
 
 }  // namespace
 
@@ -512,6 +526,7 @@ TrainResult Trainer::fit(const TensorData& train, const TensorData& test) {
 }
 
 TrainResult Trainer::fit(const data::BatchDataset& train, const data::BatchDataset* test_data) {
+  const FailureNote failure_note;
   static const data::TensorDataset kNoTestSet(at::empty({0}), at::empty({0}));
   const data::BatchDataset& test = test_data != nullptr ? *test_data : kNoTestSet;
   const int64_t n =
