@@ -23,6 +23,7 @@
 #include <fstream>
 
 #include "commands.h"
+#include "compat/thread_parallelism.h"
 #include "shoal/checkpoint/checkpoint_manager.h"
 #include "shoal/error.h"
 #include "shoal/log.h"
@@ -120,7 +121,7 @@ void configure_server_checkpoints(const train::TrainOptions& options, const ps::
 /// run's learning rate and momentum, and says what it observed.
 int run_ps_server(const train::TrainOptions& options, const TrainArgs& args) {
   const ps::Job job = ps::job_from_env();
-  if (options.threads > 0) torch::set_num_threads(options.threads);
+  if (options.threads > 0) compat::set_compute_threads(options.threads);
   ps::ServerOptions server;
   server.consistency = ps::parse_consistency(args.consistency);
   server.staleness = args.staleness;
@@ -367,8 +368,8 @@ void add_train_command(CLI::App& root, std::vector<Command>& commands) {
                    ->capture_default_str();
   auto* threads = app->add_option(
       "--threads", options->threads,
-      "LibTorch intra-op threads per process (0 = LibTorch's default); default: this machine's\n"
-      "cores divided among the processes on it");
+      "Compute threads per process, LibTorch's intra-op and OpenBLAS's (0 = their defaults);\n"
+      "default: this machine's cores divided among the processes on it");
   app->add_option("--strategy", args->strategy,
                   "single: one process; ddp: DistributedDataParallel over --nproc-per-node\n"
                   "processes on this host (or the ranks of shoal run / torchrun / mpirun);\n"

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "commands.h"
+#include "log/error_file.h"
 #include "shoal/error.h"
 #include "shoal/launcher/launch.h"
 
@@ -108,9 +109,12 @@ std::string without_command_prefix(std::string message) {
 }
 
 // The line that explains a non-zero exit is the command's result, not a diagnostic: it is written
-// whatever SHOAL_LOG_LEVEL says (shoal/log.h).
+// whatever SHOAL_LOG_LEVEL says (shoal/log.h). A launcher's worker also leaves it in its error
+// file, by which the launcher names the worker that failed first.
 int report(const std::string& message, int status) {
-  std::fprintf(stderr, "shoal: error: %s\n", without_command_prefix(message).c_str());
+  const std::string line = without_command_prefix(message);
+  std::fprintf(stderr, "shoal: error: %s\n", line.c_str());
+  shoal::log::write_error_file(line);
   return status;
 }
 

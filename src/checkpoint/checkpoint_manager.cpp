@@ -14,6 +14,7 @@
 #include <set>
 
 #include "checkpoint/atomic_file.h"
+#include "log/error_file.h"
 #include "shoal/checkpoint/sharded_checkpoint.h"
 #include "shoal/comm/process_group.h"
 #include "shoal/error.h"
@@ -262,6 +263,7 @@ std::string CheckpointManager::save(const TrainingState& state, comm::ProcessGro
       path = write(state);
     } catch (const std::exception& e) {
       error = e.what();
+      log::note_failure();  // before the broadcast that makes the others fail
     }
   }
   // Rank 0 tells everyone whether the write succeeded, and which number it got; this also holds

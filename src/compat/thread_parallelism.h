@@ -1,4 +1,4 @@
-// Keeping a helper thread's tensor work on that thread.
+// Keeping a helper thread's tensor work on that thread, and setting a process's compute threads.
 //
 // LibTorch's intra-op parallelism (at::parallel_for) runs, in builds with OpenMP (Debian's 1.13 and
 // PyPI's 2.x both), an `omp parallel` region whose team size is the calling thread's own OpenMP
@@ -11,12 +11,23 @@
 // OpenMP team size is set (omp_set_num_threads, found at run time: no link-time OpenMP dependency;
 // nothing to do in a build without OpenMP).
 //
-// Thread safety: affects the calling thread only.
+// OpenBLAS (Debian's LibTorch calls it for matrix products) keeps a thread pool of its own, sized
+// from OPENBLAS_NUM_THREADS or OMP_NUM_THREADS when it loads, else one thread per core, and
+// at::set_num_threads does not resize it. Its products round differently with another count of
+// threads, so a run's weights depended on the environment it was started in (shoal's launcher
+// sets OMP_NUM_THREADS=1, srun passes the user's, usually none). set_compute_threads sets both.
+//
+// Thread safety: run_intra_op_serially_on_this_thread affects the calling thread only;
+// set_compute_threads the whole process (call it before training starts).
 #pragma once
 
 namespace shoal::compat {
 
 /// Makes LibTorch's parallel regions started by the calling thread run on it alone.
 void run_intra_op_serially_on_this_thread();
+
+/// LibTorch's intra-op threads (at::set_num_threads) and OpenBLAS's, when it is loaded: `threads`
+/// each, so that the same count gives the same results however the process was started.
+void set_compute_threads(int threads);
 
 }  // namespace shoal::compat

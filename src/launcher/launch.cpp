@@ -16,10 +16,12 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <thread>
 
 #include "comm/shm/shared_segment.h"
 #include "launcher/signal_relay.h"
+#include "log/error_file.h"
 #include "shoal/comm/flight_recorder.h"
 #include "launcher/worker_group.h"
 #include "security/auth_token.h"
@@ -90,7 +92,7 @@ std::string resolve_program(const std::string& program) {
 }
 
 std::vector<WorkerSpec> plan_workers(const LaunchOptions& options, int master_port, int restart,
-                                     const std::string& log_root) {
+                                     const std::string& log_root, const std::string& error_root) {
   // The launcher's own environment, then the job's variables on top.
   std::map<std::string, std::string> base;
   for (char** var = environ; var != nullptr && *var != nullptr; ++var) {
@@ -149,6 +151,8 @@ std::vector<WorkerSpec> plan_workers(const LaunchOptions& options, int master_po
                                          : role.name + " " + std::to_string(role_rank);
       spec.program = program;
       spec.argv = role.command;
+      spec.error_file = error_root + "/attempt_" + std::to_string(restart) + "." +
+                        std::to_string(local_rank) + ".json";
       if (!log_root.empty()) {
         // torchrun's layout: attempt_N/LOCAL_RANK/{stdout,stderr}.log (and its error file).
         const std::string dir = log_root + "/attempt_" + std::to_string(restart) + "/" +
@@ -156,7 +160,7 @@ std::vector<WorkerSpec> plan_workers(const LaunchOptions& options, int master_po
         std::error_code error;
         std::filesystem::create_directories(dir, error);
         SHOAL_CHECK(!error, "cannot create the log directory ", dir, ": ", error.message());
-        env["TORCHELASTIC_ERROR_FILE"] = dir + "/error.json";
+        spec.error_file = dir + "/error.json";
         const int redirected = options.redirects.of(local_rank);
         const int teed = options.tee.of(local_rank);
         if ((redirected | teed) & 1) spec.stdout_file = dir + "/stdout.log";
@@ -164,12 +168,32 @@ std::vector<WorkerSpec> plan_workers(const LaunchOptions& options, int master_po
         spec.stdout_to_console = !(redirected & 1) || (teed & 1);
         spec.stderr_to_console = !(redirected & 2) || (teed & 2);
       }
+      env[log::kErrorFileEnv] = spec.error_file;
       for (const auto& [name, value] : env) spec.env.push_back(name + "=" + value);
       specs.push_back(std::move(spec));
     }
   }
   return specs;
 }
+
+// A private folder under $TMPDIR (or /tmp), removed with everything in it when this goes.
+struct TempDir {
+  TempDir() {
+    const char* tmp = std::getenv("TMPDIR");
+    std::string pattern =
+        std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") + "/shoal-errors-XXXXXX";
+    SHOAL_CHECK(::mkdtemp(pattern.data()) != nullptr, "cannot create a folder for the workers' ",
+                "error files (", pattern, "): ", std::strerror(errno), "; set TMPDIR");
+    path = pattern;
+  }
+  ~TempDir() {
+    std::error_code ignored;
+    std::filesystem::remove_all(path, ignored);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  std::string path;
+};
 
 void say(const LaunchOptions& options, const std::string& line) {
   log::info(options.log_name, ": ", line);
@@ -195,7 +219,11 @@ void report(const LaunchOptions& options, const GroupResult& result,
       }
       break;
     case GroupResult::Outcome::kWorkerFailed:
-      line = result.failed_label + " (pid " + std::to_string(result.failed_pid) + ") " +
+      line = (result.first_failed_label.empty()
+                  ? std::string()
+                  : result.first_failed_label + " (pid " + std::to_string(result.first_failed_pid) +
+                        ") failed first (" + result.first_failed_error + "), then ") +
+             result.failed_label + " (pid " + std::to_string(result.failed_pid) + ") " +
              result.failed_status.describe() + "; " +
              (result.stopped == 0   ? std::string("no other worker was running")
               : result.stopped == 1 ? std::string("stopped the other worker")
@@ -364,6 +392,12 @@ int launch(const LaunchOptions& options) {
     say(options, "worker logs in " + log_root);
   }
 
+  // The workers' error files (log/error_file.h), in the log folder when there is one, else in a
+  // folder of this launch's own that goes with it.
+  std::optional<TempDir> errors;
+  if (log_root.empty()) errors.emplace();
+  const std::string error_root = errors ? errors->path : log_root;
+
   WorkerGroupOptions group_options;
   group_options.prefix_output = options.prefix_output;
   group_options.grace_period = options.grace_period;
@@ -373,7 +407,8 @@ int launch(const LaunchOptions& options) {
     GroupResult result;
     {
       SignalRelay relay;
-      WorkerGroup group(plan_workers(options, master_port, restart, log_root), group_options);
+      WorkerGroup group(plan_workers(options, master_port, restart, log_root, error_root),
+                        group_options);
       result = group.run(relay);
       // Shared-memory names a worker made but could not remove (killed while its group formed).
       comm::shm::SharedSegment::remove_segments_of(group.pids());

@@ -10,9 +10,11 @@
 
 #include <cerrno>
 #include <cstring>
+#include <optional>
 
 #include "launcher/line_prefixer.h"
 #include "launcher/signal_relay.h"
+#include "log/error_file.h"
 #include "shoal/error.h"
 #include "shoal/log.h"
 
@@ -99,7 +101,8 @@ void WorkerGroup::reap(GroupResult& result, Clock::time_point now) {
       log::warn(options_.log_name, ": ", what, "; the other workers go on without it");
       continue;
     }
-    // The first failure: stop the others.
+    // The first failure seen: stop the others.
+    first_exit_seen_us_ = log::epoch_us();
     result.outcome = GroupResult::Outcome::kWorkerFailed;
     result.failed_label = worker->spec().label;
     result.failed_pid = worker->pid();
@@ -107,6 +110,29 @@ void WorkerGroup::reap(GroupResult& result, Clock::time_point now) {
     result.exit_code = worker->status().shell_code();
     result.stopped = count_running();
     begin_stop(SIGTERM, now);
+  }
+}
+
+void WorkerGroup::name_first_failure(GroupResult& result) const {
+  // Under tolerate_worker_failures earlier failures were gone on without: not the group's cause.
+  if (result.outcome != GroupResult::Outcome::kWorkerFailed || options_.tolerate_worker_failures) {
+    return;
+  }
+  int64_t first_at = first_exit_seen_us_;
+  for (const auto& worker : workers_) {
+    if (worker->pid() != result.failed_pid) continue;
+    first_at = log::read_error_file(worker->spec().error_file).value_or(log::ErrorFile{}).time_us;
+    if (first_at == 0) first_at = first_exit_seen_us_;
+  }
+  // Only a worker that left an error file can have failed before the first exit seen.
+  for (const auto& worker : workers_) {
+    if (worker->running() || worker->status().ok() || worker->pid() == result.failed_pid) continue;
+    const std::optional<log::ErrorFile> error = log::read_error_file(worker->spec().error_file);
+    if (!error || error->time_us >= first_at) continue;
+    first_at = error->time_us;
+    result.first_failed_label = worker->spec().label;
+    result.first_failed_pid = worker->pid();
+    result.first_failed_error = error->message;
   }
 }
 
@@ -201,6 +227,7 @@ GroupResult WorkerGroup::run(SignalRelay& relay) {
   read_output(/*max_rounds=*/64);
   for (auto& prefixer : prefixers_) prefixer->flush();
   if (stopping_) signal_all(SIGKILL);  // leftovers in the workers' process groups
+  name_first_failure(result);
   stop_now();
   return result;
 }

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -42,10 +43,16 @@ struct GroupResult {
   Outcome outcome = Outcome::kSucceeded;
   /// The launcher's exit status for this outcome (0, the worker's status, 128 + signal).
   int exit_code = 0;
-  /// kWorkerFailed: the first worker seen failing.
+  /// kWorkerFailed: the first worker seen failing (exiting with an error).
   std::string failed_label;
   pid_t failed_pid = -1;
   ExitStatus failed_status;
+  /// kWorkerFailed, when another worker's error file (log/error_file.h) says that it failed
+  /// before that exit (its failure made the others fail, and they were done exiting first): that
+  /// worker's label, pid and error message; empty label otherwise.
+  std::string first_failed_label;
+  pid_t first_failed_pid = -1;
+  std::string first_failed_error;
   /// kInterrupted: the signal received.
   int interrupt_signal = 0;
   /// Workers still running when the failure or the signal came (those the launcher stopped).
@@ -87,6 +94,9 @@ class WorkerGroup {
   void reap(GroupResult& result, std::chrono::steady_clock::time_point now);
   /// Processes of the "worker" role still running.
   int running_workers() const;
+  /// Names in `result` the worker whose error file has the earliest stamp, where that is not the
+  /// worker first seen exiting (first_failed_*).
+  void name_first_failure(GroupResult& result) const;
   void stop_now();
 
   std::vector<WorkerSpec> specs_;
@@ -97,6 +107,7 @@ class WorkerGroup {
   SharedErrorLines error_lines_;  // the workers' stderr copies show one error line (see there)
   std::vector<std::unique_ptr<LinePrefixer>> prefixers_;  // stdout, stderr per worker
   bool stopping_ = false;
+  int64_t first_exit_seen_us_ = 0;  // when the first failed worker's exit was seen (epoch us)
   bool killed_ = false;
   std::chrono::steady_clock::time_point kill_at_;
   std::chrono::steady_clock::time_point give_up_at_;

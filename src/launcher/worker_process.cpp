@@ -1,6 +1,5 @@
 #include "launcher/worker_process.h"
 
-#include <ATen/Parallel.h>
 #include <dirent.h>
 #include <dlfcn.h>
 #include <fcntl.h>
@@ -25,6 +24,7 @@
 #include <thread>
 #include <vector>
 
+#include "compat/thread_parallelism.h"
 #include "shoal/error.h"
 #include "shoal/launcher/launch.h"
 
@@ -151,11 +151,7 @@ void apply_thread_count() {
   char* end = nullptr;
   const long threads = std::strtol(text, &end, 10);
   if (end == text || *end != '\0' || threads < 1 || threads > 4096) return;
-  at::set_num_threads(static_cast<int>(threads));
-  using SetThreads = void (*)(int);
-  if (auto set = reinterpret_cast<SetThreads>(::dlsym(RTLD_DEFAULT, "openblas_set_num_threads"))) {
-    set(static_cast<int>(threads));
-  }
+  compat::set_compute_threads(static_cast<int>(threads));
 }
 
 // /proc/PID/environ and /proc/PID/cmdline show what the kernel noted at exec: a worker started

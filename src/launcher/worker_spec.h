@@ -21,6 +21,8 @@ struct WorkerSpec {
   std::string stderr_file;
   bool stdout_to_console = true;
   bool stderr_to_console = true;
+  /// Where the worker leaves its error if it fails (TORCHELASTIC_ERROR_FILE; log/error_file.h).
+  std::string error_file;
 };
 
 }  // namespace shoal::launcher

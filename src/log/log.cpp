@@ -6,8 +6,14 @@
 #include <algorithm>
 #include <atomic>
 #include <cctype>
+#include <chrono>
+#include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <memory>
+#include <sstream>
+
+#include "log/error_file.h"
 
 namespace shoal::log {
 namespace {
@@ -96,6 +102,88 @@ bool enabled(Level level) { return level != Level::kOff && level >= log::level()
 void write(Level level, std::string_view line) {
   if (!enabled(level)) return;
   logger().log(to_spdlog(level), spdlog::string_view_t(line.data(), line.size()));
+}
+
+}  // namespace shoal::log
+
+// ---- error files (error_file.h) -------------------------------------------------------------
+
+namespace shoal::log {
+namespace {
+
+std::atomic<int64_t> failed_at_us{0};  // 0: no failure noted
+
+std::string json_string(const std::string& text) {
+  std::string out = "\"";
+  for (const unsigned char c : text) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += static_cast<char>(c);
+    } else if (c < 0x20) {
+      char code[8];
+      std::snprintf(code, sizeof(code), "\\u%04x", c);
+      out += code;
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  return out + "\"";
+}
+
+constexpr const char* kStampKey = "\"timestamp_us\": ";
+
+}  // namespace
+
+int64_t epoch_us() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+void note_failure() {
+  int64_t none = 0;
+  failed_at_us.compare_exchange_strong(none, epoch_us());
+}
+
+void write_error_file(const std::string& message) {
+  const char* path = std::getenv(kErrorFileEnv);
+  if (path == nullptr || *path == '\0') return;
+  note_failure();  // no earlier note: now
+  const int64_t at = failed_at_us.load();
+  // torchelastic's layout (its "timestamp" in seconds), with the microseconds beside it.
+  std::ofstream out(path, std::ios::trunc);
+  out << "{\"message\": {\"message\": " << json_string(message)
+      << ", \"extraInfo\": {\"py_callstack\": " << json_string(message) << ", \"timestamp\": \""
+      << at / 1000000 << "\", " << kStampKey << at << "}}}\n";
+}
+
+std::optional<ErrorFile> read_error_file(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return std::nullopt;
+  std::stringstream text;
+  text << in.rdbuf();
+  const std::string content = text.str();
+  const size_t stamp = content.find(kStampKey);
+  if (stamp == std::string::npos) return std::nullopt;
+  ErrorFile file;
+  const char* digits = content.c_str() + stamp + std::char_traits<char>::length(kStampKey);
+  char* end = nullptr;
+  file.time_us = std::strtoll(digits, &end, 10);
+  if (end == digits) return std::nullopt;
+  // The message: the JSON string after the first "message": {"message": , as written above.
+  const std::string key = "{\"message\": {\"message\": \"";
+  if (content.rfind(key, 0) != 0) return file;
+  for (size_t i = key.size(); i < content.size() && content[i] != '"'; ++i) {
+    if (content[i] != '\\' || i + 1 >= content.size()) {
+      file.message += content[i];
+    } else if (content[++i] == 'u' && i + 4 < content.size()) {
+      file.message += static_cast<char>(std::strtol(content.substr(i + 1, 4).c_str(), nullptr, 16));
+      i += 4;
+    } else {
+      file.message += content[i];
+    }
+  }
+  return file;
 }
 
 }  // namespace shoal::log

@@ -558,8 +558,11 @@ std::unique_ptr<torch::optim::Optimizer> optimizer_like(const torch::optim::Opti
   if (const auto* adam = dynamic_cast<const torch::optim::AdamOptions*>(&options)) {
     return std::make_unique<torch::optim::Adam>(std::move(params), *adam);
   }
-  SHOAL_THROW(InvalidArgument, "FullyShardedDataParallel shards the state of SGD and Adam; this "
-              "optimizer is neither");
+  if (const auto* adamw = dynamic_cast<const torch::optim::AdamWOptions*>(&options)) {
+    return std::make_unique<torch::optim::AdamW>(std::move(params), *adamw);
+  }
+  SHOAL_THROW(InvalidArgument, "FullyShardedDataParallel shards the state of SGD, Adam and AdamW; "
+              "this optimizer is none of them");
 }
 
 namespace {
@@ -572,7 +575,23 @@ std::vector<at::Tensor> state_fields(torch::optim::OptimizerParamState* state) {
   if (auto* adam = dynamic_cast<torch::optim::AdamParamState*>(state)) {
     return {adam->exp_avg(), adam->exp_avg_sq(), adam->max_exp_avg_sq()};
   }
+  if (auto* adamw = dynamic_cast<torch::optim::AdamWParamState*>(state)) {
+    return {adamw->exp_avg(), adamw->exp_avg_sq(), adamw->max_exp_avg_sq()};
+  }
   return {};
+}
+
+// An Adam or AdamW state (the two are unrelated types with the same fields) holding `fields` and
+// `like`'s step.
+template <typename State>
+std::unique_ptr<torch::optim::OptimizerParamState> make_adam_state(
+    const State& like, const std::vector<at::Tensor>& fields) {
+  auto state = std::make_unique<State>();
+  state->step(like.step());
+  state->exp_avg(fields[0]);
+  state->exp_avg_sq(fields[1]);
+  if (fields[2].defined()) state->max_exp_avg_sq(fields[2]);
+  return state;
 }
 
 // A state of `like`'s type holding `fields` (as state_fields lists them) and `like`'s step.
@@ -583,14 +602,12 @@ std::unique_ptr<torch::optim::OptimizerParamState> make_state(
     state->momentum_buffer(fields[0]);
     return state;
   }
-  auto* adam = dynamic_cast<torch::optim::AdamParamState*>(like);
-  SHOAL_CHECK(adam != nullptr, "FullyShardedDataParallel: an optimizer state of an unknown kind");
-  auto state = std::make_unique<torch::optim::AdamParamState>();
-  state->step(adam->step());
-  state->exp_avg(fields[0]);
-  state->exp_avg_sq(fields[1]);
-  if (fields[2].defined()) state->max_exp_avg_sq(fields[2]);
-  return state;
+  if (auto* adam = dynamic_cast<torch::optim::AdamParamState*>(like)) {
+    return make_adam_state(*adam, fields);
+  }
+  auto* adamw = dynamic_cast<torch::optim::AdamWParamState*>(like);
+  SHOAL_CHECK(adamw != nullptr, "FullyShardedDataParallel: an optimizer state of an unknown kind");
+  return make_adam_state(*adamw, fields);
 }
 
 }  // namespace

@@ -2,6 +2,8 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
+
 #include "shoal/error.h"
 #include "shoal/parallel/distributed_data_parallel.h"
 #include "shoal/pipeline/pipeline_checkpoint.h"
@@ -12,6 +14,15 @@
 #include "shoal/train/trainer.h"
 
 namespace shoal::train {
+namespace {
+
+bool has_trainable_parameter(const torch::nn::Module& module) {
+  const auto params = module.parameters();
+  return std::any_of(params.begin(), params.end(),
+                     [](const at::Tensor& p) { return p.requires_grad(); });
+}
+
+}  // namespace
 
 PipelineStrategy::PipelineStrategy(PipelineStrategyOptions options, const comm::InitOptions& init)
     : PipelineStrategy(std::move(options), comm::init_process_group(init)) {}
@@ -45,7 +56,9 @@ void PipelineStrategy::prepare(TrainState& state) {
   pipeline_ = std::make_unique<pipeline::Pipeline>(
       pipeline::stage_module(sequential_, balance_, grid_->stage()), group_, grid_->stage_ranks(),
       options_.pipeline);
-  if (grid_->replicas() > 1) {
+  // A stage without parameters (the MLP's Flatten alone) has no gradient to average, and DDP
+  // refuses such a module; its replicas agree on this, as they hold the same stage.
+  if (grid_->replicas() > 1 && has_trainable_parameter(*pipeline_->module())) {
     ddp_ = std::make_shared<parallel::DistributedDataParallel<torch::nn::SequentialImpl>>(
         pipeline_->module().ptr(), grid_->stage_group());
     pipeline_->set_data_parallel(ddp_);

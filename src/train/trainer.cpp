@@ -6,12 +6,15 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <future>
 #include <map>
 #include <optional>
 #include <sstream>
 
 #include "compat/autocast.h"
+#include "compat/thread_parallelism.h"
+#include "log/error_file.h"
 #include "shoal/checkpoint/checkpoint_manager.h"
 #include "shoal/checkpoint/serialization.h"
 #include "shoal/checkpoint/sharded_checkpoint.h"
@@ -82,6 +85,18 @@ std::vector<double> group_lrs(const torch::optim::Optimizer& optimizer) {
   for (const auto& group : optimizer.param_groups()) lrs.push_back(group.options().get_lr());
   return lrs;
 }
+
+// Notes the failure of an exception that leaves its scope (log/error_file.h), before the strategy
+// and its process group go: their end is what tells the other ranks to fail.
+class FailureNote {
+ public:
+  ~FailureNote() {
+    if (std::uncaught_exceptions() > exceptions_) log::note_failure();
+  }
+
+ private:
+  int exceptions_ = std::uncaught_exceptions();
+};
 
 /// The loss a training step minimizes on a batch: the model's own, or `loss` of its output.
 at::Tensor batch_loss(TrainState& state, const at::Tensor& inputs, const at::Tensor& targets) {
@@ -587,6 +602,7 @@ TrainResult Trainer::fit(const TensorData& train, const TensorData& test) {
 }
 
 TrainResult Trainer::fit(const data::BatchDataset& train, const data::BatchDataset* test_data) {
+  const FailureNote failure_note;
   static const data::TensorDataset kNoTestSet(at::empty({0}), at::empty({0}));
   const data::BatchDataset& test = test_data != nullptr ? *test_data : kNoTestSet;
   const int64_t n =
@@ -1118,7 +1134,7 @@ void check_model_fits_data(models::ScriptModel& model, const LoadedData& loaded,
 
 TrainResult run_training(const TrainOptions& options, std::unique_ptr<Strategy> strategy) {
   options.validate();
-  if (options.threads > 0) torch::set_num_threads(options.threads);
+  if (options.threads > 0) compat::set_compute_threads(options.threads);
   // The model's name first: an unknown one should fail before seconds of data loading.
   // A TorchScript file (#29) loads here, with its own weights.
   // A TorchScript file (#29) loads here, with its own weights; an unknown name throws, listing

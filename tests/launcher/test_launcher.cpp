@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "shoal/models/registry.h"
+#include "testing/idx_files.h"
 #include "testing/multi_rank.h"
 
 namespace test_launcher {
@@ -344,6 +345,48 @@ wait)");
                                Milliseconds(90'000));
   EXPECT_EQ(debug.code, 1) << debug.err;
   EXPECT_EQ(error_lines(debug.err).size(), 3u) << debug.err;
+}
+
+// The summary names the worker that failed first, by the stamp of its error file
+// (TORCHELASTIC_ERROR_FILE), not the first whose exit the launcher saw: rank 0 fails, rank 1 fails
+// because of it and is done exiting first (as when rank 0's store or broadcast takes the others
+// down while rank 0 is still ending).
+TEST_F(Launcher, SummaryNamesTheWorkerThatFailedFirstNotTheFirstToExit) {
+  const auto worker = script("fail.sh", R"SH(
+if [ "$RANK" = 0 ]; then
+  echo $$ > "$DIR/pid.0"
+  printf '{"message": {"message": "rank 0 broke", "extraInfo": {"py_callstack": "", "timestamp": "0", "timestamp_us": %s}}}\n' "$(date +%s%6N)" > "$TORCHELASTIC_ERROR_FILE"
+  touch "$DIR/failed.0"
+  sleep 30
+  exit 2
+fi
+while [ ! -e "$DIR/failed.0" ]; do sleep 0.02; done
+exit 1)SH");
+  const auto result = run_shoal({"run", "--nproc-per-node", "2", worker}, {}, Milliseconds(60'000));
+  EXPECT_EQ(result.code, 1) << result.err;  // the status of the first exit, as before
+  const std::string first = "shoal run: rank 0 (pid " + std::to_string(read_pid("pid.0")) +
+                            ") failed first (rank 0 broke), then rank 1 (pid ";
+  EXPECT_NE(result.err.find(first), std::string::npos) << result.err;
+  EXPECT_NE(result.err.find(") exited with status 1; stopped the other worker"), std::string::npos)
+      << result.err;
+}
+
+// shoal train's ranks leave their errors for the launcher: rank 0 cannot write the checkpoint, the
+// others fail on its word (the broadcast after the write) and may end first; the summary names
+// rank 0 (before, it named whichever rank's exit came first: rank 3 of 4, observed).
+TEST_F(Launcher, TrainSummaryNamesRankZeroWhoseCheckpointFailed) {
+  const std::string data = shoal::testing::make_small_dataset_dir(256, 64);
+  const auto result = run_shoal({"train", "--strategy", "ddp", "--nproc-per-node", "4", "--model",
+                                 "mlp", "--epochs", "1", "--batch-size", "32", "--threads", "1",
+                                 "--no-progress", "--data-dir", data, "--checkpoint-dir",
+                                 "/proc/shoal-no-such-folder"},
+                                {}, Milliseconds(120'000));
+  fs::remove_all(data);
+  EXPECT_NE(result.code, 0);
+  EXPECT_NE(result.err.find("shoal train: rank 0 (pid "), std::string::npos) << result.err;
+  EXPECT_EQ(result.err.find("shoal train: rank 1 (pid "), std::string::npos) << result.err;
+  EXPECT_EQ(result.err.find("shoal train: rank 2 (pid "), std::string::npos) << result.err;
+  EXPECT_EQ(result.err.find("shoal train: rank 3 (pid "), std::string::npos) << result.err;
 }
 
 TEST_F(Launcher, WorkerKilledBySignalGives128PlusSignal) {

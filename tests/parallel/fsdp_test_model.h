@@ -59,6 +59,11 @@ inline std::unique_ptr<torch::optim::Optimizer> make_optimizer(const std::string
     // (zero_oracle.py) uses the same eps.
     return std::make_unique<torch::optim::Adam>(params, torch::optim::AdamOptions(0.01).eps(1e-3));
   }
+  if (kind == "adamw") {
+    // Adam's eps (see above) and a weight decay large enough to matter in 20 steps.
+    return std::make_unique<torch::optim::AdamW>(
+        params, torch::optim::AdamWOptions(0.01).eps(1e-3).weight_decay(0.1));
+  }
   return std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(0.05).momentum(0.9));
 }
 

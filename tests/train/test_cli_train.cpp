@@ -9,9 +9,11 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "shoal/checkpoint/serialization.h"
 #include "testing/dependencies.h"
 #include "testing/idx_files.h"
 #include "testing/multi_rank.h"
+#include "testing/shoal_cli.h"
 
 namespace test_cli_train {
 
@@ -232,6 +234,93 @@ TEST(CliTrain, TrainsOnASmallDatasetAndReportsAccuracy) {
   EXPECT_EQ(written.rfind("{\"event\":\"run\",\"strategy\":\"single\",\"world_size\":1,", 0), 0u)
       << written;
   EXPECT_NE(written.find("\"event\":\"epoch\",\"epoch\":2"), std::string::npos) << written;
+}
+
+// Every --strategy names itself in the metrics run line and in TensorBoard's run text, by the name
+// the user gave (`shoal plot` labels runs with it): a strategy that falls back on another's name
+// mislabels the run.
+TEST(CliTrain, RunLineAndTensorBoardTextNameEveryStrategy) {
+  struct Case {
+    const char* name;
+    const char* flags;
+    int world_size;
+  };
+  const Case cases[] = {
+      {"single", "--strategy single", 1},
+      {"ddp", "--strategy ddp --nproc-per-node 2", 2},
+      {"ddp", "--strategy ddp --nproc-per-node 1 --model-parallel 2", 1},
+      {"dp", "--strategy dp --replicas 2", 1},
+      {"fsdp", "--strategy fsdp --nproc-per-node 2", 2},
+      {"pipeline", "--strategy pipeline --stages 2", 2},
+      {"ps", "--strategy ps --servers 1 --workers 2", 2},
+  };
+  const std::string dir = shoal::testing::make_small_dataset_dir(64, 32);
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.flags);
+    const std::string metrics = dir + "/metrics.jsonl";
+    const std::string board = dir + "/board";
+    const CliResult run = shoal_train(std::string(c.flags) +
+                                      " --model mlp --epochs 1 --batch-size 16 --threads 1 "
+                                      "--no-progress --data-dir " + dir + " --metrics " + metrics +
+                                      " --tensorboard " + board);
+    const std::string written = slurp(metrics);
+    std::string events;
+    if (fs::is_directory(board)) {
+      for (const auto& entry : fs::directory_iterator(board)) events += slurp(entry.path());
+    }
+    fs::remove(metrics);
+    fs::remove_all(board);
+    ASSERT_EQ(run.exit_code, 0) << run.err;
+    const std::string line = std::string("{\"event\":\"run\",\"strategy\":\"") + c.name +
+                             "\",\"world_size\":" + std::to_string(c.world_size) + ",";
+    EXPECT_EQ(written.rfind(line, 0), 0u) << written;
+    const std::string text = std::string("strategy ") + c.name + ", " +
+                             std::to_string(c.world_size) +
+                             (c.world_size == 1 ? " process," : " processes,");
+    EXPECT_NE(events.find(text), std::string::npos) << "no '" << text << "' in the event file";
+  }
+  fs::remove_all(dir);
+}
+
+// Ranks srun starts train the job shoal's own launcher trains, to the bit: SLURM passes on the
+// user's environment (here without OMP_NUM_THREADS, as usual), where shoal's launcher sets
+// OMP_NUM_THREADS=1, from which OpenBLAS sized its thread pool, and its matrix products round
+// differently with another count. The two ranks get by hand the variables srun -N1 -n2 sets (no
+// SLURM daemon); the machine needs 2 cores for OpenBLAS's default to differ from 1.
+TEST(CliTrain, SrunRanksTrainAsShoalsOwnLauncher) {
+  const std::string dir = shoal::testing::make_small_dataset_dir(512, 64);
+  const std::string common = "--strategy ddp --model mlp --epochs 1 --batch-size 32 --threads 1 "
+                             "--seed 7 --no-progress --data-dir " + dir;
+  const std::string unset = "env -u OMP_NUM_THREADS -u OPENBLAS_NUM_THREADS -u RANK -u "
+                            "WORLD_SIZE -u LOCAL_RANK -u LOCAL_WORLD_SIZE -u MASTER_ADDR -u "
+                            "MASTER_PORT ";
+  const CliResult own = shoal_train(common + " --nproc-per-node 2 --dump-parameters " + dir + "/own",
+                                    "-u OMP_NUM_THREADS -u OPENBLAS_NUM_THREADS");
+  ASSERT_EQ(own.exit_code, 0) << own.err;
+  const std::string port = std::to_string(shoal::testing::free_port());
+  // Each rank bounded in time; the job succeeds when both do.
+  std::string command;
+  for (int rank = 0; rank < 2; ++rank) {
+    const std::string r = std::to_string(rank);
+    command += "timeout 240 " + unset + "SHOAL_TIMEOUT=60s SLURM_JOB_ID=4242 SLURM_STEP_ID=0 SLURM_PROCID=" + r + " SLURM_LOCALID=" +
+               r + " SLURM_NODEID=0 SLURM_NTASKS=2 SLURM_STEP_NUM_TASKS=2 "
+               "SLURM_STEP_TASKS_PER_NODE=2 SLURM_STEP_NODELIST=localhost MASTER_ADDR=127.0.0.1 "
+               "MASTER_PORT=" + port + " SHOAL_AUTH_TOKEN=srun-test " + shoal_binary() + " train " +
+               common + " --dump-parameters " + dir + "/srun >" + dir + "/srun.out" + r + " 2>" +
+               dir + "/srun.err" + r + " & p" + r + "=$!; ";
+  }
+  command += "wait $p0; s0=$?; wait $p1; [ $? = 0 ] && [ $s0 = 0 ]";
+  const int status = std::system(command.c_str());
+  const std::string errors = slurp(dir + "/srun.err0") + slurp(dir + "/srun.err1");
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << errors;
+  for (int rank = 0; rank < 2; ++rank) {
+    const std::string name = "/srun.rank" + std::to_string(rank) + ".pt";
+    const auto got = shoal::checkpoint::load_state_dict_file(dir + name);
+    const auto want = shoal::checkpoint::load_state_dict_file(dir + "/own.rank" +
+                                                             std::to_string(rank) + ".pt");
+    EXPECT_EQ(shoal::testing::max_relative_difference(got, want), 0.0) << "rank " << rank;
+  }
+  fs::remove_all(dir);
 }
 
 // SHOAL_LOG_LEVEL=warn silences Shoal's info messages (the header) but not the progress lines,

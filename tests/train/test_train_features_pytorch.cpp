@@ -1,9 +1,9 @@
 // Oracle: the training features of #29 against Python PyTorch 1.13 (/usr/bin/python3): Adam,
 // AdamW, LinearLR warm-up + CosineAnnealingLR, StepLR, MultiStepLR (SequentialLR after a
-// warm-up), clip_grad_norm_, gradient accumulation (--accumulate 4) and bf16 CPU autocast, each
-// trained 20 optimizer steps by Shoal's Trainer under single and ddp (2 ranks as threads;
-// clipping also under dp and pipeline), from the same initial weights, data and sample order as
-// the Python loop in train_features_oracle.py. One Python launch computes every case; each
+// warm-up), clip_grad_norm_, gradient accumulation (--accumulate 4, also with a short last
+// step) and bf16 CPU autocast, each trained 20 optimizer steps by Shoal's Trainer under single
+// and ddp (2 ranks as threads; clipping also under dp and pipeline), from the same initial
+// weights, data and sample order as the Python loop in train_features_oracle.py. One Python launch computes every case; each
 // feature is its own test, asserting its own cases: parameters equal to 1e-5 relative after 20
 // steps (bf16: the 20 losses within 1e-2 relative). Callbacks (on_train_batch_end) report the
 // losses and gradient norms compared here.
@@ -66,10 +66,13 @@ std::vector<int64_t> numbers(const std::string& text) {
 
 int ranks_of(const Case& c) { return c.strategy == "ddp" ? 2 : 1; }
 
+// One epoch of kSteps steps: all full, or with short=K the last step K samples per rank short
+// (a ragged step, whose micro-batches are not all of kBatch).
 int64_t size_of(const Case& c) {
   const auto s = parse(c.settings);
   const int64_t accumulate = s.count("accumulate") ? std::stoll(s.at("accumulate")) : 1;
-  return kSteps * kBatch * accumulate * ranks_of(c);  // one epoch of exactly kSteps steps
+  const int64_t short_by = s.count("short") ? std::stoll(s.at("short")) : 0;
+  return (kSteps * kBatch * accumulate - short_by) * ranks_of(c);
 }
 
 TrainOptions options_of(const Case& c) {
@@ -183,6 +186,8 @@ const std::vector<Case>& cases() {
         {"multistep", "lr=0.05 momentum=0.9 lr_schedule=multistep milestones=4,9,15 gamma=0.3 warmup_steps=3"},
         {"clip", "lr=0.2 momentum=0.9 clip=0.3"},
         {"accumulate", "lr=0.05 momentum=0.9 accumulate=4"},
+        // The last step: 8 + 8 + 3 samples, weighted 8/19, 8/19, 3/19 (not 1/3 each).
+        {"accumulate_ragged", "lr=0.05 momentum=0.9 accumulate=4 short=13"},
         {"bf16", "lr=0.05 momentum=0.9 precision=bf16"},
     };
     for (const auto& [feature, settings] : features) {
@@ -313,6 +318,13 @@ TEST(TrainFeaturesVsPyTorch, Accumulate4) {
   expect_matches("accumulate_ddp");
   // DDP reduced once per optimizer step: the first 3 of every 4 backward passes ran in no_sync.
   EXPECT_EQ(run_shoal(find_case("accumulate_ddp")).synchronised_backwards, uint64_t{kSteps});
+}
+
+// A short last step weighs each micro-batch by its share of the step's samples, as one step on
+// all of them would (not 1/N each).
+TEST(TrainFeaturesVsPyTorch, Accumulate4WithARaggedLastStep) {
+  expect_matches("accumulate_ragged_single");
+  expect_matches("accumulate_ragged_ddp");
 }
 
 TEST(TrainFeaturesVsPyTorch, Bf16AutocastLossesTrackPyTorch) {

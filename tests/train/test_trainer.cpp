@@ -289,6 +289,7 @@ TEST(Trainer, RejectsOptionsThatCannotWork) {
 // through the strategy for the forward pass and the indices.
 class EvenSamples : public Strategy {
  public:
+  std::string name() const override { return "even"; }
   void prepare(TrainState& state) override {
     ++prepared;
     auto forward = state.model_forward;
@@ -347,6 +348,75 @@ TEST(Trainer, AcceptsAnyModuleOptimizerAndLoss) {
   EXPECT_NEAR(result.epochs.back().test_loss, torch::mse_loss(net(x), 3 * x - 2).item<double>(),
               1e-9);
   EXPECT_TRUE(std::isnan(result.epochs.back().test_accuracy));
+}
+
+// --accumulate N: one optimizer step over N micro-batches equals one step over the whole batch,
+// also when the last micro-batch is short (each micro-batch weighted by its share of the step's
+// samples, not by 1/N). No Python: a machine without it still catches a wrong scaling.
+TEST(Trainer, AccumulatedMicroBatchesEqualOneFullBatchStep) {
+  torch::set_num_threads(1);
+  for (const int64_t size : {40, 34}) {  // 4 x 10, and 10 + 10 + 10 + 4
+    SCOPED_TRACE("samples " + std::to_string(size));
+    const TensorData data = synthetic(size, 5);
+    TrainOptions whole = quick_options("mlp", 3);
+    whole.lr = 0.5;  // a large step, so that a wrong weighting shows far above rounding
+    whole.momentum = 0;
+    whole.batch_size = size;
+    TrainOptions micro = whole;
+    micro.batch_size = 10;
+    micro.accumulate = 4;
+    const auto initial = models::create("mlp", whole.seed)->parameters();  // train_once's start
+    const auto expected = train_once(whole, data);
+    const auto got = train_once(micro, data);
+    ASSERT_EQ(got.size(), expected.size());
+    double moved = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      moved = std::max(moved, (expected[i] - initial[i]).abs().max().item<double>());
+      const double scale = expected[i].abs().max().item<double>();
+      EXPECT_LE((got[i] - expected[i]).abs().max().item<double>(), 1e-6 * scale)
+          << "parameter #" << i;
+    }
+    EXPECT_GT(moved, 1e-4) << "the full-batch step did not move the weights";
+  }
+}
+
+// A warm-up then cosine schedule (SequentialLR([LinearLR, CosineAnnealingLR])), the lr each step
+// of a two-epoch run trains at, against the schedule's formula written out here: LinearLR's
+// factor start + (1 - start) * s / W for the W warm-up steps, then CosineAnnealingLR's
+// (1 + cos(pi * t / T)) / 2 counted from t = 0 after the warm-up, T the steps left.
+TEST(Trainer, WarmupThenCosineLrAtEveryStep) {
+  torch::set_num_threads(1);
+  struct Recorder : Callback {
+    std::vector<double> lrs;
+    void on_train_batch_end(Trainer&, const StepInfo& step) override { lrs.push_back(step.lr); }
+  };
+  TrainOptions options = quick_options("mlp", 0);
+  options.batch_size = 4;
+  options.epochs = 2;
+  options.lr = 0.2;
+  options.lr_schedule = "cosine";
+  options.warmup_steps = 3;
+  options.warmup_start_factor = 0.25;
+  const TensorData data = synthetic(16, 0);  // 4 steps an epoch, 8 in all
+  Trainer trainer(options, models::create("mlp", 0));
+  auto recorder = std::make_shared<Recorder>();
+  trainer.add_callback(recorder);
+  trainer.fit(data, TensorData{});
+  const int warmup = 3;
+  const int total = 8;
+  const double pi = std::acos(-1.0);
+  std::vector<double> factors;
+  for (int s = 0; s < total; ++s) {
+    factors.push_back(s < warmup ? 0.25 + 0.75 * s / warmup
+                                 : (1 + std::cos(pi * (s - warmup) / (total - warmup))) / 2);
+  }
+  // The formula's values, spelled out: a shifted boundary changes at least one of them.
+  const double table[] = {0.25, 0.5, 0.75, 1.0, 0.904508, 0.654508, 0.345492, 0.095492};
+  ASSERT_EQ(recorder->lrs.size(), static_cast<size_t>(total));
+  for (int s = 0; s < total; ++s) {
+    EXPECT_NEAR(factors[s], table[s], 1e-6) << "step " << s + 1;
+    EXPECT_NEAR(recorder->lrs[s], 0.2 * factors[s], 1e-12) << "step " << s + 1;
+  }
 }
 
 // A loss that becomes NaN (as with a learning rate far too high) stops training at that step

@@ -127,10 +127,13 @@ def run(case, x, y, out_dir=None):
                         loss = F.cross_entropy(model(x[chunk]), y[chunk])
                 else:
                     loss = F.cross_entropy(model(x[chunk]), y[chunk])
-                part = loss / len(micro) if len(micro) > 1 else loss
+                # Each micro-batch weighs its share of the step's samples (the step equals one
+                # on all of them; on a short last step the shares are not 1 / len(micro)).
+                share = len(chunk) / len(idx)
+                part = loss * share if len(micro) > 1 else loss
                 (scaler.scale(part) if scaler is not None else part).backward()
                 if r == 0:
-                    rank0_loss += loss.item() / len(micro)
+                    rank0_loss += loss.item() * share
             # This rank's gradient, then the next rank's from zero (DDP: each rank its own).
             for total, p in zip(summed, params):
                 total += p.grad

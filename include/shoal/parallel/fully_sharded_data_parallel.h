@@ -190,7 +190,7 @@ class FullyShardedDataParallel {
   void gather_full_parameters();
 
   /// PyTorch's FSDP.full_optim_state_dict, as an optimizer: a new optimizer of `sharded`'s kind
-  /// and options (SGD or Adam) over the module's parameters (module()->parameters() order),
+  /// and options (SGD, Adam or AdamW) over the module's parameters (module()->parameters() order),
   /// holding the whole state gathered from every rank's shard. What a checkpoint saves: it is the
   /// optimizer DDP would have, so checkpoints of both load in either, at any world size. A
   /// collective.
@@ -251,8 +251,9 @@ class FullyShardedDataParallel {
   int64_t peak_parameter_bytes_ = 0;
 };
 
-/// An optimizer of `given`'s kind and options (SGD or Adam, one parameter group) over `params`,
-/// without state: the optimizer over the shards, from the one a user built over the module.
+/// An optimizer of `given`'s kind and options (SGD, Adam or AdamW, one parameter group) over
+/// `params`, without state: the optimizer over the shards, from the one a user built over the
+/// module.
 std::unique_ptr<torch::optim::Optimizer> optimizer_like(const torch::optim::Optimizer& given,
                                                         std::vector<at::Tensor> params);
 

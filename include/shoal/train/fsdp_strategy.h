@@ -3,9 +3,9 @@
 //
 // prepare() wraps the model in FullyShardedDataParallel at the given ZeRO stage (every
 // submodule with parameters of its own becomes a unit: the built-in models' layers) and replaces
-// the trainer's optimizer by one of the same kind and options over this rank's shards (SGD and
-// Adam; the optimizer state is then a shard's). Each rank trains on its DistributedSampler shard,
-// so the run equals --strategy ddp's. synchronize() gathers the full parameters into the model
+// the trainer's optimizer by one of the same kind and options over this rank's shards (SGD,
+// Adam and AdamW; the optimizer state is then a shard's). Each rank trains on its
+// DistributedSampler shard, so the run equals --strategy ddp's. synchronize() gathers the full parameters into the model
 // (before evaluation and saving); checkpoints hold the whole optimizer state, gathered from the
 // shards, so they are --strategy ddp's format and resume at any world size, with either strategy
 // (a resume gives each rank its shard of the saved state). --accumulate N runs the first N-1
@@ -40,6 +40,7 @@ class FsdpStrategy : public Strategy {
   FsdpStrategy(int stage, std::shared_ptr<comm::ProcessGroup> group);
   ~FsdpStrategy() override;
 
+  std::string name() const override { return "fsdp"; }
   void prepare(TrainState& state) override;
   at::Tensor epoch_indices(int64_t dataset_size, int64_t epoch, uint64_t seed) override;
   void all_reduce_sum(std::vector<double>& values) override;

@@ -41,7 +41,8 @@ struct CommStats {
   bool bucket_cap_tuning = false;  ///< DDP with bucket_cap_mb = auto, still trying candidates
 };
 
-/// The hooks a distribution strategy implements; the defaults are single-process training.
+/// The hooks a distribution strategy implements; the defaults (all but name()) are single-process
+/// training.
 class Strategy {
  public:
   virtual ~Strategy() = default;
@@ -101,8 +102,8 @@ class Strategy {
   virtual int ranks_per_replica() const { return 1; }
 
   /// The name `shoal train --strategy` gives it ("single", "ddp", ...): metrics and TensorBoard
-  /// name runs by it.
-  virtual std::string name() const { return "single"; }
+  /// name runs by it. No default, so that a new strategy cannot be labelled as another.
+  virtual std::string name() const = 0;
 
   /// The gradient communication so far, for metrics; nullopt when the strategy does not
   /// measure it (or does not communicate).
@@ -113,7 +114,10 @@ class Strategy {
 };
 
 /// Plain single-process training: the defaults of Strategy.
-class SingleProcess : public Strategy {};
+class SingleProcess : public Strategy {
+ public:
+  std::string name() const override { return "single"; }
+};
 
 /// This replica's DistributedSampler shard of `epoch` (shuffled with `seed`, padded to equal
 /// shares), as [k] int64: what data-parallel strategies train on.

@@ -58,7 +58,8 @@ struct TrainOptions {
   /// Seeds the model's initial weights, the per-epoch shuffle and (in run_training) torch's default
   /// CPU generator, which dropout draws from; same seed, same run.
   uint64_t seed = 0;
-  /// LibTorch intra-op threads (torch::set_num_threads); 0 leaves the current setting.
+  /// Compute threads: LibTorch's intra-op threads (torch::set_num_threads) and OpenBLAS's, the
+  /// same count whatever OMP_NUM_THREADS the process was started with; 0 leaves both as they are.
   int threads = 2;
   /// Directory with the Fashion-MNIST *-ubyte.gz files, or CIFAR-10's binary files.
   std::string data_dir = "/usr/share/datasets/fashion-mnist";
