@@ -37,6 +37,10 @@ class BatchDataset {
   /// The samples at `indices` ([k] int64, each in [0, size())), in that order, stacked into one
   /// batch. Called concurrently from the DataLoader's workers.
   virtual Batch get_batch(const at::Tensor& indices) const = 0;
+  /// True when an epoch must visit each sample exactly once across the job (a token stream's
+  /// blocks: no sample repeated to pad the ranks' shares); the trainer then deals the epoch with
+  /// ExactlyOnceSampler and drop_last. False: DistributedSampler's padded shares.
+  virtual bool deal_exactly_once() const { return false; }
 };
 
 /// In-memory inputs [N, ...] and targets [N, ...]: PyTorch's TensorDataset of two tensors.
