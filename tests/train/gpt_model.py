@@ -364,5 +364,10 @@ with tempfile.TemporaryDirectory() as tmp:
     refused(token_common + ["--data", beyond], f"is not below the vocabulary size {VOCAB}",
             "a token file with an id beyond --vocab-size")
     refused(token_common + ["--data", beyond], beyond, "a token file with an id beyond --vocab-size")
+    refused(["--model", "mlp", "--data", train_bin, "--no-progress"],
+            f"--data {train_bin} is a token file (.bin): it trains --model gpt, not --model mlp",
+            "a token file for another model")
+    refused(token_common + ["--data", data], f"--val-data {val_bin} needs --data TRAIN.bin",
+            "--val-data beside a .pt --data")
 
 checks.finish()
