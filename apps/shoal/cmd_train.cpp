@@ -246,6 +246,18 @@ void add_training_feature_options(CLI::App& app, train::TrainOptions& options) {
       ->capture_default_str();
 }
 
+/// --model gpt on token files: --data TRAIN.bin's companions.
+void add_token_data_options(CLI::App& app, train::TrainOptions& options) {
+  app.add_option("--val-data", options.val_data_path,
+                 "--model gpt with --data TRAIN.bin: the validation token file (nanoGPT's\n"
+                 "val.bin), evaluated after each epoch: loss and perplexity")
+      ->type_name("FILE");
+  app.add_option("--token-dtype", options.token_dtype,
+                 "Token files' id width: uint16 (nanoGPT's, `shoal data tokenize`) or uint32")
+      ->check(CLI::IsMember({"uint16", "uint32"}))
+      ->capture_default_str();
+}
+
 /// What is trained and on what loss: --loss, parsed into train::Loss here.
 void add_model_options(CLI::App& app, train::TrainOptions& options) {
   app.add_option_function<std::string>(
@@ -268,6 +280,7 @@ void add_model_options(CLI::App& app, train::TrainOptions& options) {
       ->capture_default_str();
   app.add_option("--dropout", gpt.dropout, "--model gpt: dropout in training, in [0, 1)")
       ->capture_default_str();
+  add_token_data_options(app, options);
 }
 
 /// The run's last stdout line: the test accuracy where it means something, else the test loss.
@@ -497,7 +510,9 @@ void add_train_command(CLI::App& root, std::vector<Command>& commands) {
                   "'train_y': y, 'test_x': Xt, 'test_y': yt}): float inputs and class targets\n"
                   "(0-9 for the built-in models, any number of classes for a TorchScript model),\n"
                   "float targets under a regression --loss, or --model gpt's blocks of token ids\n"
-                  "(int64 [N, T] inputs, and targets: the next tokens, -1 ignored)")
+                  "(int64 [N, T] inputs, and targets: the next tokens, -1 ignored). A FILE\n"
+                  "ending in .bin is a token stream for --model gpt (`shoal data tokenize`'s\n"
+                  "train.bin): blocks of --block-size + 1 tokens, each trained on once an epoch")
       ->type_name("FILE");
   app->add_option("--num-workers,--num_workers", options->num_workers,
                   "Threads loading batches ahead of the step (PyTorch's DataLoader num_workers)")

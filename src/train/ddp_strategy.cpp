@@ -83,7 +83,7 @@ void DdpStrategy::prepare(TrainState& state) {
 }
 
 at::Tensor DdpStrategy::epoch_indices(int64_t dataset_size, int64_t epoch, uint64_t seed) {
-  return sampler_indices(dataset_size, epoch, seed, rank(), world_size());
+  return sampler_indices(dataset_size, epoch, seed, rank(), world_size(), exactly_once());
 }
 
 void DdpStrategy::all_reduce_sum(std::vector<double>& values) {

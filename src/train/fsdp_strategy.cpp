@@ -119,7 +119,7 @@ void FsdpStrategy::synchronize(TrainState&) {
 }
 
 at::Tensor FsdpStrategy::epoch_indices(int64_t dataset_size, int64_t epoch, uint64_t seed) {
-  return sampler_indices(dataset_size, epoch, seed, rank(), world_size());
+  return sampler_indices(dataset_size, epoch, seed, rank(), world_size(), exactly_once());
 }
 
 void FsdpStrategy::all_reduce_sum(std::vector<double>& values) {

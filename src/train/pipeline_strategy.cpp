@@ -67,7 +67,8 @@ void PipelineStrategy::prepare(TrainState& state) {
 }
 
 at::Tensor PipelineStrategy::epoch_indices(int64_t dataset_size, int64_t epoch, uint64_t seed) {
-  return sampler_indices(dataset_size, epoch, seed, grid_->replica(), grid_->replicas());
+  return sampler_indices(dataset_size, epoch, seed, grid_->replica(), grid_->replicas(),
+                         exactly_once());
 }
 
 void PipelineStrategy::all_reduce_sum(std::vector<double>& values) {

@@ -114,10 +114,15 @@ void Progress::end_epoch(const EpochResult& result) {
     if (!std::isnan(result.test_accuracy)) {
       std::snprintf(accuracy, sizeof(accuracy), ", test accuracy %.4f", result.test_accuracy);
     }
+    char perplexity[48] = "";
+    if (!std::isnan(result.test_perplexity)) {
+      std::snprintf(perplexity, sizeof(perplexity), ", test perplexity %.4g",
+                    result.test_perplexity);
+    }
     std::fprintf(summary_out_,
-                 "epoch %lld/%lld: train loss %.4f, test loss %.4f%s (%.0f samples/s, %.1f s)\n",
+                 "epoch %lld/%lld: train loss %.4f, test loss %.4f%s%s (%.0f samples/s, %.1f s)\n",
                  static_cast<long long>(result.epoch), static_cast<long long>(epochs_),
-                 result.train_loss, result.test_loss, accuracy, result.samples_per_s,
+                 result.train_loss, result.test_loss, accuracy, perplexity, result.samples_per_s,
                  result.seconds);
     std::fflush(summary_out_);
   }

@@ -84,7 +84,7 @@ void PsStrategy::prepare(TrainState& state) {
 }
 
 at::Tensor PsStrategy::epoch_indices(int64_t dataset_size, int64_t epoch, uint64_t seed) {
-  return sampler_indices(dataset_size, epoch, seed, rank(), world_size());
+  return sampler_indices(dataset_size, epoch, seed, rank(), world_size(), exactly_once());
 }
 
 void PsStrategy::all_reduce_sum(std::vector<double>& values) {

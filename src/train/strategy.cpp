@@ -4,6 +4,7 @@
 
 #include "shoal/comm/process_group.h"
 #include "shoal/data/distributed_sampler.h"
+#include "shoal/data/exactly_once_sampler.h"
 #include "shoal/train/clip_grad.h"
 #include "shoal/train/trainer.h"
 
@@ -40,7 +41,15 @@ at::Tensor Strategy::epoch_indices(int64_t dataset_size, int64_t epoch, uint64_t
 }
 
 at::Tensor sampler_indices(int64_t dataset_size, int64_t epoch, uint64_t seed, int replica,
-                           int replicas) {
+                           int replicas, bool exactly_once) {
+  if (exactly_once) {
+    data::ExactlyOnceSamplerOptions dealing;
+    dealing.seed = seed;
+    dealing.drop_last = true;
+    data::ExactlyOnceSampler sampler(dataset_size, replica, replicas, dealing);
+    sampler.set_epoch(static_cast<uint64_t>(epoch));
+    return sampler.indices();
+  }
   data::DistributedSamplerOptions options;
   options.shuffle = true;
   options.seed = seed;

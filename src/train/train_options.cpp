@@ -124,6 +124,15 @@ void TrainOptions::validate() const {
                 "--resume needs --checkpoint-dir DIR: the folder to resume from");
   SHOAL_CHECK_T(InvalidArgument, checkpoint_every == 0 || !checkpoint_dir.empty(),
                 "--checkpoint-every needs --checkpoint-dir DIR: where to save");
+  SHOAL_CHECK_T(InvalidArgument, token_dtype == "uint16" || token_dtype == "uint32",
+                "--token-dtype must be uint16 or uint32, got '", token_dtype, "'");
+  SHOAL_CHECK_T(InvalidArgument, val_data_path.empty() || is_token_file(data_path),
+                "--val-data ", val_data_path, " needs --data TRAIN.bin, a token file to train on");
+  SHOAL_CHECK_T(InvalidArgument, val_data_path.empty() || is_token_file(val_data_path),
+                "--val-data ", val_data_path, " must be a token file (.bin), as --data");
+  SHOAL_CHECK_T(InvalidArgument, !is_token_file(data_path) || model == "gpt",
+                "--data ", data_path, " is a token file (.bin): it trains --model gpt, not --model ",
+                model);
   SHOAL_CHECK_T(InvalidArgument, init_from.empty() || !resume,
                 "--init-from and --resume both set the weights; pass one of them");
   SHOAL_CHECK_T(InvalidArgument, max_decompression_ratio >= 0,
@@ -140,6 +149,12 @@ void TrainOptions::validate() const {
                 "num_workers must be in [0, 256], got ", num_workers);
   SHOAL_CHECK_T(InvalidArgument, prefetch_factor >= 1 && prefetch_factor <= 1024,
                 "prefetch_factor must be in [1, 1024], got ", prefetch_factor);
+}
+
+bool is_token_file(const std::string& path) {
+  const std::string suffix = ".bin";
+  return path.size() > suffix.size() &&
+         path.compare(path.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
 bool known_lr_schedule(const std::string& schedule) {

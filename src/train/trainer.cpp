@@ -23,6 +23,7 @@
 #include "shoal/data/data_loader.h"
 #include "shoal/data/fashion_mnist.h"
 #include "shoal/data/tensor_file.h"
+#include "shoal/data/token_block_dataset.h"
 #include "shoal/comm/init.h"
 #include "shoal/error.h"
 #include "shoal/log.h"
@@ -578,6 +579,9 @@ void Trainer::save_checkpoint(int64_t completed_epochs, int64_t samples_seen) {
                          {"gpt.block_size", gpt.block_size},
                          {"gpt.vocab_size", gpt.vocab_size},
                          {"gpt.dropout", gpt.dropout}});
+    if (is_token_file(options_.data_path)) {
+      state.config.insert({"token_dtype", options_.token_dtype});
+    }
   }
   // fp16's loss scale (#29), under PyTorch's GradScaler.state_dict() keys.
   if (state_.grad_scaler) {
@@ -612,6 +616,7 @@ TrainResult Trainer::fit(const data::BatchDataset& train, const data::BatchDatas
       options_.test_limit > 0 ? std::min(options_.test_limit, test.size()) : test.size();
   apply_training_features();
   if (!prepared_) prepare_strategy();
+  strategy_->set_exactly_once(train.deal_exactly_once());
   const bool reports = strategy_->rank() == 0;
   const bool checkpoints = !options_.checkpoint_dir.empty();
   MetricsWriter metrics(reports ? options_.metrics_path : std::string());
@@ -662,7 +667,7 @@ TrainResult Trainer::fit(const data::BatchDataset& train, const data::BatchDatas
     const int64_t epoch = state_.epoch;
     const at::Tensor indices = strategy_->epoch_indices(n, epoch, options_.seed);
     const int64_t local = indices.size(0);
-    // The samples of an epoch, all replicas together (shards padded to equal sizes).
+    // The samples of an epoch, all replicas together (shards padded, or cut, to equal sizes).
     const int64_t epoch_samples = local * replicas;
     if (!described) {
       // The run's description: what `shoal plot` names the run by and scales its x axes with.
@@ -835,12 +840,14 @@ TrainResult Trainer::fit(const data::BatchDataset& train, const data::BatchDatas
     if (totals[4] > 0) {
       epoch_result.test_loss = totals[2] / totals[4];
       epoch_result.test_accuracy = totals[3] / totals[4];
+      // A language model's loss is a mean negative log-likelihood per token.
+      if (state_.model_loss) epoch_result.test_perplexity = std::exp(epoch_result.test_loss);
     } else {
       epoch_result.test_loss = NAN;
       epoch_result.test_accuracy = NAN;
     }
     progress.end_epoch(epoch_result);
-    const JsonLine epoch_line = JsonLine()
+    JsonLine epoch_line = JsonLine()
                                     .add("event", "epoch")
                                     .add("epoch", epoch_result.epoch)
                                     .add("step", state_.step)
@@ -851,6 +858,9 @@ TrainResult Trainer::fit(const data::BatchDataset& train, const data::BatchDatas
                                     .add("samples_per_s", epoch_result.samples_per_s)
                                     .add("seconds", epoch_result.seconds)
                                     .add("time", seconds_since(fit_start));
+    if (!std::isnan(epoch_result.test_perplexity)) {
+      epoch_line.add("test_perplexity", epoch_result.test_perplexity);
+    }
     metrics.write(epoch_line);
     add_scalars_of(board.get(), epoch_line, "epoch", state_.step);
     if (board) board->flush();
@@ -1028,9 +1038,32 @@ int64_t output_width(const data::TensorFileOptions& file, const at::Tensor& targ
   return targets.size(0) > 0 ? targets.numel() / targets.size(0) : 1;
 }
 
+/// A token stream (options.data_path, and val_data_path when set) cut into the GPT's blocks.
+LoadedData load_token_data(const TrainOptions& options) {
+  data::TokenFileOptions file;
+  file.dtype = data::parse_token_dtype(options.token_dtype);
+  file.vocab_size = options.gpt.vocab_size;
+  const int64_t block = options.gpt.block_size;
+  LoadedData loaded;
+  loaded.train = std::make_unique<data::TokenBlockDataset>(
+      std::make_shared<data::TokenFile>(options.data_path, file), block);
+  if (!options.val_data_path.empty()) {
+    file.sequential = true;  // evaluation reads the blocks in order
+    loaded.test = std::make_unique<data::TokenBlockDataset>(
+        std::make_shared<data::TokenFile>(options.val_data_path, file), block);
+  } else {
+    loaded.test = std::make_unique<data::TensorDataset>(at::empty({0}), at::empty({0}));
+  }
+  loaded.name = "token blocks";
+  loaded.where = options.data_path;
+  return loaded;
+}
+
 LoadedData load_data(const TrainOptions& options, const data::TensorFileOptions& file) {
   LoadedData loaded;
-  if (!options.data_path.empty()) {
+  if (is_token_file(options.data_path)) {
+    return load_token_data(options);
+  } else if (!options.data_path.empty()) {
     data::TensorFileData tensors = data::read_tensor_file(options.data_path, file);
     const int64_t width = output_width(file, tensors.train_y);
     const at::IntArrayRef sample = tensors.train_x.sizes().slice(1);
@@ -1049,6 +1082,7 @@ LoadedData load_data(const TrainOptions& options, const data::TensorFileOptions&
     loaded.where = options.data_path;
   } else if (file.targets == data::TensorFileOptions::Targets::kTokens) {
     SHOAL_THROW(InvalidArgument, "--model ", options.model, " trains on blocks of token ids; pass "
+                "--data TRAIN.bin [--val-data VAL.bin] (token files, `shoal data tokenize`) or "
                 "--data FILE, a torch.save dict of int64 train_x, train_y, test_x, test_y [N, T]");
   } else if (file.targets == data::TensorFileOptions::Targets::kValues) {
     SHOAL_THROW(InvalidArgument, "--loss ", loss_name(options.loss), " takes float targets, but ",

@@ -13,11 +13,19 @@
               of the same weights (past the block size); sampling is seeded
   ddp, fsdp   2 ranks of 4 blocks: 12 steps equal PyTorch's DDP (DistributedSampler shards,
               gradients averaged); fsdp (ZeRO-3, the tied head too) with Adam
+  token files --data train.bin --val-data val.bin (uint16, nanoGPT's files): 2 epochs of blocks
+              dealt as ExactlyOnceSampler does (each block once, ranks' shares cut to equal
+              counts) equal PyTorch's loop on the same blocks in the same order, single and ddp
+              2 ranks; the validation loss and its perplexity are reported; a run stopped
+              mid-epoch (--checkpoint-every) and resumed continues with the next unseen block:
+              its weights equal the uninterrupted run's; a file of an odd size or with an id
+              beyond --vocab-size is refused in one line
   bad input   sizes that cannot work (--n-embd not a multiple of --n-head), a token id beyond
               --vocab-size, no --data: one line each
 
     gpt_model.py SHOAL_BINARY
 """
+import array
 import math
 import os
 import subprocess
@@ -258,6 +266,79 @@ with tempfile.TemporaryDirectory() as tmp:
                         "--batch-size", "4", "--dump-parameters", dump)
         compare(run, ranks[0], dump, f"{strategy}, 2 ranks, {optimizer}")
 
+    # --- token files: blocks of BLOCK + 1 tokens at multiples of BLOCK, dealt each epoch as
+    # ExactlyOnceSampler with drop_last: randperm(n) seeded with seed + epoch, rank r of W taking
+    # order[consumed + r::W], the last (n - consumed) % W left out
+    def write_tokens(path, ids, typecode="H"):
+        with open(path, "wb") as f:
+            array.array(typecode, ids).tofile(f)
+
+    N_BLOCKS = 97  # odd: 2 ranks leave one block out per epoch
+    train_tokens = tokens[: N_BLOCKS * BLOCK + 1 + 5]  # 5 tokens past the last block, unused
+    val_tokens = tokens[-(20 * BLOCK + 1):]
+    train_bin, val_bin = os.path.join(tmp, "train.bin"), os.path.join(tmp, "val.bin")
+    write_tokens(train_bin, train_tokens.tolist())
+    write_tokens(val_bin, val_tokens.tolist())
+
+    def block_batch(stream, ids):
+        xs = torch.stack([stream[i * BLOCK:i * BLOCK + BLOCK] for i in ids.tolist()])
+        ys = torch.stack([stream[i * BLOCK + 1:i * BLOCK + BLOCK + 1] for i in ids.tolist()])
+        return xs, ys
+
+    def deal(epoch, r, world):
+        order = torch.randperm(N_BLOCKS, generator=torch.Generator().manual_seed(SEED + epoch))
+        return order[: N_BLOCKS - N_BLOCKS % world][r::world]
+
+    def token_reference(world, batch, epochs=2):
+        ranks = [copy_of(initial) for _ in range(world)]
+        opts = [adamw(m) for m in ranks]
+        for epoch in range(epochs):
+            shares = [deal(epoch, r, world) for r in range(world)]
+            for begin in range(0, len(shares[0]), batch):
+                for r in range(world):
+                    opts[r].zero_grad()
+                    ranks[r](*block_batch(train_tokens, shares[r][begin:begin + batch])).backward()
+                for ps in zip(*(m.parameters() for m in ranks)):
+                    mean = sum(p.grad for p in ps) / world
+                    for p in ps:
+                        p.grad.copy_(mean)
+                for o in opts:
+                    o.step()
+        return ranks[0]
+
+    token_common = [train_bin if a == data else a for a in common] + [
+        "--val-data", val_bin, "--epochs", "2"]
+    for world, batch in ((1, 8), (2, 4)):
+        what = f"token files, {world} rank{'s' if world > 1 else ''}"
+        reference = token_reference(world, batch)
+        with torch.no_grad():
+            val_loss = reference(*block_batch(val_tokens, torch.arange(20))).item()
+        launch = ["--strategy", "ddp", "--nproc-per-node", "2"] if world > 1 else []
+        dump = os.path.join(tmp, f"tokens{world}")
+        metrics = dump + ".jsonl"
+        run = run_shoal(SHOAL, "train", *token_common, *launch, "--batch-size", str(batch),
+                        "--dump-parameters", dump, "--metrics", metrics)
+        compare(run, reference, dump, what)
+        line = [l for l in run.stdout.splitlines() if "final test loss" in l]
+        check(len(line) == 1 and abs(float(line[0].split()[-1]) - val_loss) <= 1e-5 * val_loss,
+              f"{what}: the validation loss {line} is PyTorch's {val_loss:.6g}", run)
+        check(f"test perplexity {math.exp(val_loss):.4g}" in run.stdout,
+              f"{what}: the epoch line reports the perplexity exp({val_loss:.4g})", run)
+        if world == 1:
+            continue
+        # Stopped after 5 steps of epoch 1 (a checkpoint every 5 steps), then resumed: the same
+        # weights as the uninterrupted run, so the resumed run took the next unseen blocks.
+        checkpoints = os.path.join(tmp, f"resume{world}")
+        first = run_shoal(SHOAL, "train", *token_common, *launch, "--batch-size", str(batch),
+                          "--checkpoint-dir", checkpoints, "--checkpoint-every", "5",
+                          "--stop-after-steps", "5")
+        check(first.returncode == 0, f"{what}: the run stopped after 5 steps exits 0", first)
+        dump = os.path.join(tmp, f"resumed{world}")
+        run = run_shoal(SHOAL, "train", *[a for a in token_common if a not in ("--init-from", init)],
+                        *launch, "--batch-size", str(batch), "--checkpoint-dir", checkpoints,
+                        "--resume", "--dump-parameters", dump)
+        compare(run, reference, dump, f"{what}, stopped mid-epoch and resumed")
+
     # --- bad input: one line each
     def refused(args, expect, what):
         run = run_shoal(SHOAL, "train", *args)
@@ -273,5 +354,20 @@ with tempfile.TemporaryDirectory() as tmp:
             "a token id beyond the vocabulary")
     refused(["--model", "gpt", "--no-progress"], "--model gpt trains on blocks of token ids",
             "gpt without --data")
+    odd = os.path.join(tmp, "odd.bin")
+    with open(odd, "wb") as f:
+        f.write(bytes(2 * BLOCK + 3))
+    refused(token_common + ["--data", odd], f"token file {odd} has {2 * BLOCK + 3} bytes, not a "
+            "multiple of 2", "a token file of an odd size")
+    beyond = os.path.join(tmp, "beyond.bin")
+    write_tokens(beyond, [VOCAB + 1] * (4 * BLOCK + 1))
+    refused(token_common + ["--data", beyond], f"is not below the vocabulary size {VOCAB}",
+            "a token file with an id beyond --vocab-size")
+    refused(token_common + ["--data", beyond], beyond, "a token file with an id beyond --vocab-size")
+    refused(["--model", "mlp", "--data", train_bin, "--no-progress"],
+            f"--data {train_bin} is a token file (.bin): it trains --model gpt, not --model mlp",
+            "a token file for another model")
+    refused(token_common + ["--data", data], f"--val-data {val_bin} needs --data TRAIN.bin",
+            "--val-data beside a .pt --data")
 
 checks.finish()

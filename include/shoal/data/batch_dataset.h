@@ -42,6 +42,10 @@ class BatchDataset {
   /// runs. Const because the samples' source does not change, only which draw each one takes; a
   /// dataset without random choices ignores it.
   virtual void set_epoch(int64_t epoch) const {}
+  /// True when an epoch must visit each sample exactly once across the job (a token stream's
+  /// blocks: no sample repeated to pad the ranks' shares); the trainer then deals the epoch with
+  /// ExactlyOnceSampler and drop_last. False: DistributedSampler's padded shares.
+  virtual bool deal_exactly_once() const { return false; }
 };
 
 /// In-memory inputs [N, ...] and targets [N, ...]: PyTorch's TensorDataset of two tensors.

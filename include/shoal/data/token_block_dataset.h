@@ -41,6 +41,8 @@ class TokenBlockDataset : public BatchDataset {
   /// Inputs [k, block_size] and targets [k, block_size], int64, contiguous, of the blocks at
   /// `indices` ([k], each in [0, size())). The blocks' pages are prefetched together first.
   Batch get_batch(const at::Tensor& indices) const override;
+  /// Each block once per epoch: a stream too large to repeat blocks for padding.
+  bool deal_exactly_once() const override { return true; }
 
   int64_t block_size() const { return block_size_; }
   const TokenFile& tokens() const { return *tokens_; }

@@ -53,8 +53,16 @@ class Strategy {
   /// model leaves forward_loss null and the trainer refuses it.
   virtual void prepare(TrainState& state);
 
-  /// The training-sample indices ([k] int64) this process visits in `epoch` (0-based), in order.
+  /// The training-sample indices ([k] int64) this process visits in `epoch` (0-based), in order,
+  /// dealt as set_exactly_once() says.
   virtual at::Tensor epoch_indices(int64_t dataset_size, int64_t epoch, uint64_t seed);
+  /// How epoch_indices() deals: false (the default) pads the ranks' shares to equal sizes as
+  /// DistributedSampler does; true deals each sample at most once across the job and drops the
+  /// last (size % replicas) of the epoch's order so that every rank takes the same number of steps
+  /// (ExactlyOnceSampler with drop_last). The trainer sets it from the training set
+  /// (BatchDataset::deal_exactly_once).
+  void set_exactly_once(bool exactly_once) { exactly_once_ = exactly_once; }
+  bool exactly_once() const { return exactly_once_; }
 
   /// Sums `values` element-wise across processes, in place (identity in one process).
   virtual void all_reduce_sum(std::vector<double>& values) {}
@@ -111,6 +119,9 @@ class Strategy {
 
   /// What the run's header line adds about this strategy's settings (empty: nothing).
   virtual std::string describe() const { return ""; }
+
+ private:
+  bool exactly_once_ = false;
 };
 
 /// Plain single-process training: the defaults of Strategy.
@@ -120,9 +131,10 @@ class SingleProcess : public Strategy {
 };
 
 /// This replica's DistributedSampler shard of `epoch` (shuffled with `seed`, padded to equal
-/// shares), as [k] int64: what data-parallel strategies train on.
+/// shares), as [k] int64: what data-parallel strategies train on. With `exactly_once`, its
+/// ExactlyOnceSampler share instead (drop_last: equal shares, no sample twice).
 at::Tensor sampler_indices(int64_t dataset_size, int64_t epoch, uint64_t seed, int replica,
-                           int replicas);
+                           int replicas, bool exactly_once = false);
 
 /// Sums `values` element-wise across `group`, in place.
 void all_reduce_sum(comm::ProcessGroup& group, std::vector<double>& values);

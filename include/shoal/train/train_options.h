@@ -169,6 +169,14 @@ struct TrainOptions {
   /// When not empty, run_training reads the dataset from this torch.save file of a dict with the
   /// tensors train_x, train_y, test_x, test_y (data/tensor_file.h) instead of data_dir.
   std::string data_path;
+  /// --model gpt on a token stream: data_path ending in ".bin" is a flat file of token ids
+  /// (nanoGPT's train.bin, `shoal data tokenize`'s output), cut into blocks of gpt.block_size + 1
+  /// tokens, each trained on once per epoch (data/token_block_dataset.h); this is the validation
+  /// stream (val.bin) evaluated after each epoch, empty for none.
+  std::string val_data_path;
+  /// The width of the token files' ids: "uint16" (nanoGPT's, vocabularies up to 65,536) or
+  /// "uint32".
+  std::string token_dtype = "uint16";
   /// Threads loading batches ahead of the step (PyTorch's DataLoader num_workers); 0 loads each
   /// batch in the training thread when the step needs it.
   int num_workers = 0;
@@ -178,6 +186,9 @@ struct TrainOptions {
   /// Throws shoal::InvalidArgument naming the first option that cannot work.
   void validate() const;
 };
+
+/// Whether `path` names a token file (".bin"): TrainOptions::data_path's token-stream form.
+bool is_token_file(const std::string& path);
 
 /// The device `name` ("cpu", "cuda", "cuda:N"; TrainOptions::device) means in this process:
 /// "cuda" is GPU local rank (comm::detect_rank_info: torchrun, SLURM, OpenMPI; 0 alone) modulo

@@ -117,6 +117,9 @@ struct EpochResult {
   double train_loss = 0;
   double test_loss = 0;
   double test_accuracy = 0;
+  /// exp(test_loss) for a model that computes its own loss (a language model's per-token
+  /// negative log-likelihood); NaN otherwise.
+  double test_perplexity = NAN;
   double samples_per_s = 0;  ///< training samples per second, all processes together
   double seconds = 0;        ///< training time of the epoch, evaluation excluded
 };
