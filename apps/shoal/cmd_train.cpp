@@ -488,8 +488,11 @@ void add_train_command(CLI::App& root, std::vector<Command>& commands) {
       ->type_name("FILE");
   app->add_option("--data-dir", options->data_dir,
                   "Directory with the Fashion-MNIST *-ubyte.gz files (Debian: dataset-fashion-mnist),\n"
-                  "or with CIFAR-10's binary files (data_batch_1.bin, ..., test_batch.bin)")
+                  "with CIFAR-10's binary files (data_batch_1.bin, ..., test_batch.bin), or a folder\n"
+                  "of images, one subfolder per class (DIR/train with DIR/val or DIR/test, or DIR\n"
+                  "alone: then no evaluation), PNG or JPEG")
       ->capture_default_str();
+  add_image_folder_options(*app, options->image_folder);
   // Data (#29): the user's own tensors, and the workers that load batches ahead of the step.
   app->add_option("--data", options->data_path,
                   "Train on the tensors of FILE, written by Python's torch.save({'train_x': X,\n"
