@@ -5,6 +5,7 @@ here with PIL: three classes, each a distinct colour with a bright square somewh
   * DIR/train + DIR/val under --strategy ddp, 2 processes, 2 loader workers each, with
     --image-size, --random-crop, --hflip and --normalize: the test accuracy beats chance (1/3)
     clearly;
+  * a run resumed from its checkpoint after epoch 1 ends with the uninterrupted run's weights;
   * DIR alone (no evaluation split): trains, and says it has no test samples;
   * a corrupt image in the folder: one line on stderr naming the file, a non-zero exit;
   * a malformed transform flag: one line naming the flag.
@@ -75,6 +76,27 @@ with tempfile.TemporaryDirectory() as tmp:
           "ddp, 2 processes, 2 workers: test accuracy >= 0.8 (chance 0.33)", run)
     check("images 300 train / 90 test samples" in run.stderr,
           "the start line counts the folders' images", run)
+
+    # A run resumed after its first epoch ends with the weights of the run that did not stop: the
+    # second epoch's augmentation is drawn from epoch 1 either way.
+    def weights(*args):
+        run = shoal("--data-dir", data, "--model", "cnn", "--num-workers", "2", "--epochs", "2",
+                    "--no-progress", *TRANSFORMS, *args)
+        check(run.returncode == 0, f"{' '.join(args)}: exits 0", run)
+        return run
+
+    weights("--dump-parameters", os.path.join(tmp, "whole"))
+    stopped = os.path.join(tmp, "ckpt")
+    weights("--checkpoint-dir", stopped, "--epochs", "1")
+    weights("--checkpoint-dir", stopped, "--resume", "--dump-parameters", os.path.join(tmp, "resumed"))
+    try:
+        import torch
+        whole = torch.load(os.path.join(tmp, "whole.rank0.pt"))
+        resumed = torch.load(os.path.join(tmp, "resumed.rank0.pt"))
+        check(list(whole) == list(resumed) and all(torch.equal(whole[k], resumed[k]) for k in whole),
+              "resumed after epoch 1: the weights of the run that did not stop")
+    except ImportError:
+        print("python3-torch is not installed: the resumed weights are not compared", flush=True)
 
     alone = os.path.join(data, "train")
     run = shoal("--data-dir", alone, "--model", "cnn", "--epochs", "1", *TRANSFORMS)
