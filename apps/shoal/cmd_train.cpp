@@ -328,11 +328,11 @@ void add_train_command(CLI::App& root, std::vector<Command>& commands) {
   auto args = std::make_shared<TrainArgs>();
   auto* app = root.add_subcommand(
       "train",
-      "Train a built-in model or a TorchScript file on Fashion-MNIST, CIFAR-10 or your own tensors\n"
-      "(SGD with momentum and cross-entropy by default; Adam or AdamW; any --loss, or the model's\n"
-      "own), evaluating on the test set after every epoch, in one process or over many\n"
-      "(--strategy ddp, fsdp, dp, ps or pipeline). The defaults reach >= 0.85 test accuracy in\n"
-      "one epoch.");
+      "Train a built-in model or a TorchScript file on Fashion-MNIST, CIFAR-10, a folder of images\n"
+      "or your own tensors (SGD with momentum and cross-entropy by default; Adam or AdamW; any --loss,\n"
+      "or the model's own), evaluating on the test set after every epoch, in one process\n"
+      "or over many (--strategy ddp, fsdp, dp, ps or pipeline). The defaults reach >= 0.85 test\n"
+      "accuracy in one epoch on Fashion-MNIST.");
   app->footer(
       "SGD with momentum and cross-entropy by default (--optimizer, --loss); the test set is\n"
       "evaluated after every epoch. The last stdout line is 'final test accuracy: A', or\n"
@@ -502,8 +502,11 @@ void add_train_command(CLI::App& root, std::vector<Command>& commands) {
       ->type_name("FILE");
   app->add_option("--data-dir", options->data_dir,
                   "Directory with the Fashion-MNIST *-ubyte.gz files (Debian: dataset-fashion-mnist),\n"
-                  "or with CIFAR-10's binary files (data_batch_1.bin, ..., test_batch.bin)")
+                  "with CIFAR-10's binary files (data_batch_1.bin, ..., test_batch.bin), or a folder\n"
+                  "of images, one subfolder per class (DIR/train with DIR/val or DIR/test, or DIR\n"
+                  "alone: then no evaluation), PNG or JPEG")
       ->capture_default_str();
+  add_image_folder_options(*app, options->image_folder);
   // Data (#29): the user's own tensors, and the workers that load batches ahead of the step.
   app->add_option("--data", options->data_path,
                   "Train on the tensors of FILE, written by Python's torch.save({'train_x': X,\n"

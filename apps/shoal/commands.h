@@ -7,6 +7,10 @@
 #include <string>
 #include <vector>
 
+namespace shoal::data {
+struct ImageFolderOptions;
+}
+
 namespace shoal::cli {
 
 /// A registered subcommand: its CLI11 node and what runs when it is chosen (returns exit code).
@@ -18,6 +22,10 @@ struct Command {
 /// `--bucket-cap-mb`'s check (shoal train, shoal bench ddp): "" for MiB > 0 or auto, else what is
 /// wrong (cmd_train.cpp).
 std::string bucket_cap_mb_error(const std::string& value);
+
+/// --image-size, --random-crop, --hflip, --normalize: the transforms of a folder of images
+/// (image_folder_flags.cpp).
+void add_image_folder_options(CLI::App& app, data::ImageFolderOptions& options);
 
 void add_train_command(CLI::App& root, std::vector<Command>& commands);   // cmd_train.cpp
 void add_run_command(CLI::App& root, std::vector<Command>& commands);     // cmd_run.cpp

@@ -42,6 +42,7 @@
 #include "shoal/data/distributed_sampler.h"
 #include "shoal/data/exactly_once_sampler.h"
 #include "shoal/data/fashion_mnist.h"
+#include "shoal/data/image_folder.h"
 #include "shoal/data/synthetic_dataset.h"
 #include "shoal/data/tensor_file.h"
 #include "shoal/data/token_block_dataset.h"

@@ -22,6 +22,7 @@
 #include "shoal/data/cifar10.h"
 #include "shoal/data/data_loader.h"
 #include "shoal/data/fashion_mnist.h"
+#include "shoal/data/image_folder.h"
 #include "shoal/data/tensor_file.h"
 #include "shoal/data/token_block_dataset.h"
 #include "shoal/comm/init.h"
@@ -691,6 +692,7 @@ TrainResult Trainer::fit(const data::BatchDataset& train, const data::BatchDatas
     loader_options.batch_size = batch;
     loader_options.num_workers = options_.num_workers;
     loader_options.prefetch_factor = options_.prefetch_factor;
+    train.set_epoch(epoch);  // a dataset's random transforms differ per epoch
     data::DataLoader loader(train, indices.slice(0, skip), loader_options);
     const int64_t steps = loader.num_batches();
     // The schedule's T_max: every step of every epoch of the run, resumed or not.
@@ -1059,6 +1061,24 @@ LoadedData load_token_data(const TrainOptions& options) {
   return loaded;
 }
 
+/// A folder of images in options.data_dir, decoded lazily; the built-in model is built to the
+/// first image's transformed shape and the folder's number of classes. Without DIR/val or DIR/test
+/// the run trains without evaluation.
+LoadedData load_image_folders(const TrainOptions& options) {
+  data::ImageFolderOptions folder_options = options.image_folder;
+  folder_options.seed = options.seed;
+  data::ImageFolderSplits splits = data::open_image_folders(options.data_dir, folder_options);
+  const at::Tensor first = splits.train->get_batch(at::zeros({1}, at::kLong)).data;
+  LoadedData loaded;
+  loaded.shape = {first.size(1), first.size(2), first.size(3),
+                  static_cast<int64_t>(splits.train->classes().size())};
+  loaded.train = std::move(splits.train);
+  loaded.test = std::move(splits.test);
+  loaded.name = "images";
+  loaded.where = options.data_dir;
+  return loaded;
+}
+
 LoadedData load_data(const TrainOptions& options, const data::TensorFileOptions& file) {
   LoadedData loaded;
   if (is_token_file(options.data_path)) {
@@ -1088,6 +1108,8 @@ LoadedData load_data(const TrainOptions& options, const data::TensorFileOptions&
     SHOAL_THROW(InvalidArgument, "--loss ", loss_name(options.loss), " takes float targets, but ",
                 options.data_dir, " holds class labels; pass --data FILE with float train_y and "
                 "test_y, or --loss cross_entropy");
+  } else if (data::image_folders_present(options.data_dir)) {
+    loaded = load_image_folders(options);
   } else if (data::Cifar10::present(options.data_dir)) {
     loaded.train = std::make_unique<data::Cifar10>(options.data_dir, /*train=*/true);
     loaded.test = std::make_unique<data::Cifar10>(options.data_dir, /*train=*/false);
@@ -1200,9 +1222,9 @@ TrainResult run_training(const TrainOptions& options, std::unique_ptr<Strategy> 
     const int64_t train_size = options.train_limit > 0
                                    ? std::min(options.train_limit, loaded.train->size())
                                    : loaded.train->size();
-    const int64_t test_size = options.test_limit > 0
-                                  ? std::min(options.test_limit, loaded.test->size())
-                                  : loaded.test->size();
+    const int64_t test_total = loaded.test ? loaded.test->size() : 0;
+    const int64_t test_size =
+        options.test_limit > 0 ? std::min(options.test_limit, test_total) : test_total;
     // Doubles go through a stream with its default precision: what printf's %g shows.
     log::info("shoal train: ", options.model, " (", parameters, " parameters), ", loaded.name, " ",
               train_size, " train / ", test_size, " test samples from ", loaded.where,

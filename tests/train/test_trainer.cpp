@@ -89,6 +89,25 @@ TEST(Trainer, ShuffleDependsOnSeedAndEpoch) {
   EXPECT_TRUE(torch::equal(std::get<0>(a.sort()), torch::arange(100, torch::kLong)));
 }
 
+// A dataset that records the epochs the trainer selects (as ImageFolder seeds its augmentation).
+class EpochRecordingDataset : public data::TensorDataset {
+ public:
+  using data::TensorDataset::TensorDataset;
+  void set_epoch(int64_t epoch) const override { epochs.push_back(epoch); }
+  mutable std::vector<int64_t> epochs;
+};
+
+TEST(Trainer, SelectsEachEpochOfTheTrainingSetBeforeItsLoader) {
+  torch::set_num_threads(1);
+  const TensorData train = synthetic(64, 3);
+  const EpochRecordingDataset dataset(train.inputs, train.targets);
+  TrainOptions options = quick_options("mlp", 0);
+  options.epochs = 3;
+  Trainer trainer(options, models::create("mlp", 0));
+  trainer.fit(dataset, nullptr);
+  EXPECT_EQ(dataset.epochs, (std::vector<int64_t>{0, 1, 2}));
+}
+
 TEST(Trainer, LossFallsOnLearnableData) {
   torch::set_num_threads(1);
   // 784 random features labelled by a linear teacher: three epochs over 1024 samples fit most of

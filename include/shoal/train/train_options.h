@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "shoal/data/image_folder.h"
 #include "shoal/models/gpt_config.h"
 #include "shoal/train/grad_scaler.h"
 #include "shoal/train/loss.h"
@@ -61,8 +62,12 @@ struct TrainOptions {
   /// Compute threads: LibTorch's intra-op threads (torch::set_num_threads) and OpenBLAS's, the
   /// same count whatever OMP_NUM_THREADS the process was started with; 0 leaves both as they are.
   int threads = 2;
-  /// Directory with the Fashion-MNIST *-ubyte.gz files, or CIFAR-10's binary files.
+  /// Directory with the Fashion-MNIST *-ubyte.gz files, CIFAR-10's binary files, or a folder of
+  /// images (data::open_image_folders: DIR/train with DIR/val or DIR/test, or DIR alone).
   std::string data_dir = "/usr/share/datasets/fashion-mnist";
+  /// The transforms of a folder of images in data_dir (its seed is replaced by `seed`); the
+  /// evaluation split gets their evaluation() part.
+  data::ImageFolderOptions image_folder;
   /// Refuse data files that decode to more than this multiple of their size (beyond 64 MiB);
   /// 0 turns the check off. See data::FashionMnist::kMaxDecompressionRatio.
   double max_decompression_ratio = 64.0;
