@@ -140,10 +140,11 @@ def help_copies(blocks, commands):
             continue
         key = head.group(1) if head.group(1) in commands else head.group(2)
         for line in block[1:]:
-            match = re.match(r"^\s+(--\S+)", line)
-            if match:
-                for name in match.group(1).split(","):
-                    yield key, FLAG.match(name).group(0)
+            if re.match(r"^\s+--", line):
+                # The flags column ends at the first gap of two spaces: "--a, --b  what they do".
+                names = re.split(r"\s{2,}", line.strip())[0]
+                for name in re.findall(r"--[A-Za-z][A-Za-z0-9_-]*", names):
+                    yield key, name
 
 
 def check_flags(commands):
