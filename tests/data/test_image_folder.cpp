@@ -23,6 +23,7 @@
 #include "testing/child_process.h"
 #include "testing/dependencies.h"
 #include "testing/idx_files.h"
+#include "testing/memory_cgroup.h"
 #include "testing/multi_rank.h"
 #include "testing/python.h"
 
@@ -424,67 +425,13 @@ TEST(ImageFolder, TrainAndValidationSplits) {
 
 // ---- memory ------------------------------------------------------------------------------------
 
-std::string slurp(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
-/// A memory cgroup made for this test under the process's own (v1 memory.limit_in_bytes or v2
-/// memory.max), removed on destruction.
-class MemoryCgroup {
- public:
-  explicit MemoryCgroup(int64_t limit) {
-    for (const auto& [controller, limit_file] :
-         {std::pair<std::string, std::string>{"memory", "memory.limit_in_bytes"}, {"", "memory.max"}}) {
-      const std::string own = own_cgroup(controller);
-      if (own.empty()) continue;
-      const std::string root = controller.empty() ? "/sys/fs/cgroup" : "/sys/fs/cgroup/memory";
-      const std::string dir = root + own + "/shoal-images-" + std::to_string(::getpid());
-      if (::mkdir(dir.c_str(), 0755) != 0) continue;
-      std::ofstream(dir + "/" + limit_file) << limit;
-      if (slurp(dir + "/" + limit_file) == std::to_string(limit) + "\n") {
-        dir_ = dir;
-        return;
-      }
-      ::rmdir(dir.c_str());
-    }
-  }
-  ~MemoryCgroup() {
-    if (!dir_.empty()) ::rmdir(dir_.c_str());
-  }
-  bool made() const { return !dir_.empty(); }
-  /// Moves the calling process into the cgroup.
-  bool enter() const {
-    std::ofstream(dir_ + "/cgroup.procs") << ::getpid() << std::endl;
-    return slurp("/proc/self/cgroup").find(dir_.substr(dir_.rfind('/'))) != std::string::npos;
-  }
-
- private:
-  static std::string own_cgroup(const std::string& controller) {
-    std::istringstream lines(slurp("/proc/self/cgroup"));
-    for (std::string line; std::getline(lines, line);) {
-      const size_t first = line.find(':');
-      const size_t second = line.find(':', first + 1);
-      if (first == std::string::npos || second == std::string::npos) continue;
-      const std::string controllers = line.substr(first + 1, second - first - 1);
-      if (("," + controllers + ",").find("," + controller + ",") != std::string::npos &&
-          (!controller.empty() || line.rfind("0::", 0) == 0)) {
-        return line.substr(second + 1);
-      }
-    }
-    return "";
-  }
-  std::string dir_;
-};
 
 TEST(ImageFolder, AnEpochLargerThanTheMemoryLimitIsReadUnderIt) {
   SKIP_WITHOUT_PIL();
   // 300 images of 256 x 256: 236 MB decoded as floats (180 MB cropped), 59 MB as bytes; the
   // limit is 64 MB.
   constexpr int64_t kLimitBytes = int64_t{64} << 20;
-  MemoryCgroup cgroup(kLimitBytes);
+  testing::MemoryCgroup cgroup(kLimitBytes);
   SHOAL_SKIP_UNLESS(cgroup.made(), testing::Dependency::kOptional,
                     "no writable memory cgroup under this process's own (cgroup v1 memory or v2)");
   const Written written = write_folder(100, 256);
