@@ -129,6 +129,13 @@ class GPT(nn.Module):
         return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
 
 
+# Weights to 1e-5 relative (equal, on LibTorch 1.13 against Debian's PyTorch). The 2.x leg passes a
+# looser bound (tests/train/CMakeLists.txt): there the AdamW runs end up to 4e-4 apart per tensor,
+# on attention biases whose gradient is zero up to rounding, which Adam's normalised step turns
+# into steps of +-lr that follow the rounding's sign.
+WEIGHT_TOLERANCE = float(os.environ.get("SHOAL_GPT_WEIGHT_TOLERANCE", "1e-5"))
+
+
 def relative(a, b):
     return ((a - b).abs().max() / b.abs().max().clamp_min(1e-12)).item()
 
@@ -177,7 +184,8 @@ def compare(run, reference, dump, what):
           torch.equal(state["lm_head.weight"], state["transformer.wte.weight"]),
           f"{what}: lm_head.weight is transformer.wte.weight")
     worst = max(relative(state[k], v) for k, v in expected.items() if k in state)
-    check(worst <= 1e-5, f"{what}: weights equal PyTorch's to 1e-5 relative (worst {worst:.3g})")
+    check(worst <= WEIGHT_TOLERANCE,
+          f"{what}: weights equal PyTorch's to {WEIGHT_TOLERANCE:g} relative (worst {worst:.3g})")
     print(f"{what}: worst relative difference {worst:.3g}", flush=True)
     GPT().load_state_dict(state)
 
