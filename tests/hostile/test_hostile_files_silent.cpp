@@ -287,12 +287,11 @@ TEST_F(SilentAcceptance, ParameterServerCheckpointIsTiedToTheWorkersStep) {
   const CliRun refused = train(path("first"), {"--epochs", "2", "--resume"});
   EXPECT_GT(refused.exit_code, 0) << refused.text();
   const std::string text = refused.text();
-  const size_t at = text.find("shoal: error: ");
-  ASSERT_NE(at, std::string::npos) << text;
-  const std::string line = text.substr(at, text.find('\n', at) - at);
-  EXPECT_NE(line.find(step5 + ": holds the shard of step 10, the workers resume from step 5"),
-            std::string::npos)
-      << text;
+  // The server's error, on its own line or in the launcher's summary of the rank that failed
+  // first (a worker's "store closed" line may reach the console before it).
+  const size_t at = text.find(step5 + ": holds the shard of step 10, the workers resume from step 5");
+  EXPECT_NE(at, std::string::npos) << text;
+  const std::string line = at == std::string::npos ? text : text.substr(at, text.find('\n', at) - at);
   std::printf("ps --resume with a server file of another step: exit %d in %.2f s: %s\n",
               refused.exit_code, refused.seconds, line.c_str());
   fs::remove_all(data);
