@@ -1192,9 +1192,8 @@ TrainResult run_training(const TrainOptions& options, std::unique_ptr<Strategy> 
   options.validate();
   if (options.threads > 0) compat::set_compute_threads(options.threads);
   // The model's name first: an unknown one should fail before seconds of data loading.
-  // A TorchScript file (#29) loads here, with its own weights.
-  // A TorchScript file (#29) loads here, with its own weights; an unknown name throws, listing
-  // the known models.
+  // A TorchScript file loads here, with its own weights; an unknown name throws, listing the
+  // known models. Built-in models that need the data's shape are made once the data is read.
   models::ModelOptions model_options;
   model_options.gpt = options.gpt;
   std::shared_ptr<models::Model> model;
