@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <cctype>
 #include <cstring>
 
 #include "comm/hang_reporter.h"
@@ -32,12 +33,12 @@ bool is_supported_dtype(at::ScalarType type) {
   }
 }
 
-// SHOAL_CHECK_COLLECTIVES: 1 forces the checks on, 0 off, unset leaves the backend's default.
-int collective_checks_from_env() {
+// SHOAL_CHECK_COLLECTIVES=1 or 0 decides; unset, the checks follow SHOAL_DEBUG=detail.
+bool collective_checks_from_env() {
   const char* raw = std::getenv("SHOAL_CHECK_COLLECTIVES");
-  if (raw == nullptr || *raw == '\0') return -1;
-  if (std::strcmp(raw, "0") == 0 || std::strcmp(raw, "false") == 0) return 0;
-  if (std::strcmp(raw, "1") == 0 || std::strcmp(raw, "true") == 0) return 1;
+  if (raw == nullptr || *raw == '\0') return debug_detail_from_env();
+  if (std::strcmp(raw, "0") == 0 || std::strcmp(raw, "false") == 0) return false;
+  if (std::strcmp(raw, "1") == 0 || std::strcmp(raw, "true") == 0) return true;
   SHOAL_THROW(InvalidArgument, "SHOAL_CHECK_COLLECTIVES='", raw, "' must be 0 or 1");
 }
 
@@ -50,12 +51,16 @@ ProcessGroup::ProcessGroup(int rank, int size, Milliseconds timeout)
                 " is out of range for world size ", size, "; ranks are 0..", size - 1);
   SHOAL_CHECK_T(InvalidArgument, timeout.count() > 0, "time-out must be positive, got ",
                 timeout.count(), " ms");
-  check_collectives_ = collective_checks_from_env() == 1;
+  check_collectives_ = collective_checks_from_env();
   register_process_group(this);
 }
 
-void ProcessGroup::enable_collective_checks_by_default() {
-  check_collectives_ = collective_checks_from_env() != 0;
+bool debug_detail_from_env() {
+  const char* value = std::getenv("SHOAL_DEBUG");
+  if (value == nullptr) return false;
+  std::string level(value);
+  for (char& c : level) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return level == "detail";
 }
 
 ProcessGroup::~ProcessGroup() {

@@ -17,11 +17,7 @@
 namespace shoal::parallel {
 
 bool DistributedDataParallelOptions::debug_detail_from_env() {
-  const char* value = std::getenv("SHOAL_DEBUG");
-  if (value == nullptr) return false;
-  std::string level(value);
-  for (char& c : level) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return level == "detail";
+  return comm::debug_detail_from_env();
 }
 
 

@@ -99,8 +99,10 @@ TEST(MultiDevice, CpuTensorsGoToTheCpuBackendAndTheCheckStillHolds) {
     EXPECT_EQ(cpu->backend_name(), "shm");
     EXPECT_EQ(cuda->backend_name(), "gloo");
     EXPECT_EQ(multi->backend_for(c10::DeviceType::Meta), nullptr);
-    EXPECT_TRUE(pg->check_collectives());
+    // The outer group checks (when SHOAL_DEBUG=detail asks), never its backends a second time.
+    EXPECT_EQ(pg->check_collectives(), shoal::comm::debug_detail_from_env());
     EXPECT_FALSE(cpu->check_collectives());
+    EXPECT_FALSE(cuda->check_collectives());
     const uint64_t cuda_before = cuda->sequence_number();
 
     auto t = torch::full({5}, static_cast<float>(rank + 1));
@@ -113,7 +115,9 @@ TEST(MultiDevice, CpuTensorsGoToTheCpuBackendAndTheCheckStillHolds) {
     EXPECT_EQ(cuda->sequence_number(), cuda_before);
     EXPECT_GE(cpu->sequence_number(), 3u);
 
-    // A mismatch (different element counts) is a clear error on both ranks, not a hang.
+    // A mismatch (different element counts) is a clear error on both ranks, not a hang, when the
+    // outer group checks (as SHOAL_DEBUG=detail would have it).
+    pg->set_check_collectives(true);
     auto wrong = torch::zeros({rank == 0 ? 4 : 6});
     try {
       pg->allreduce(wrong)->wait();

@@ -75,6 +75,7 @@ TEST(MpiBackend, CollectiveMismatchIsReported) {
     for (int r = 0; r < g_world->size(); ++r) all.push_back(r);
     return all;
   }());
+  group->set_check_collectives(true);  // as SHOAL_DEBUG=detail would
   auto t = torch::ones({g_world->rank() == 1 ? 2048 : 1024});
   try {
     if (group->rank() == 1) {

@@ -22,6 +22,7 @@
 #include "shoal/comm/init.h"
 #include "shoal/error.h"
 #include "testing/multi_rank.h"
+#include "testing/scoped_env.h"
 
 namespace shoal::comm {
 namespace test_faults {
@@ -239,6 +240,7 @@ TEST(Mismatch, DifferentCollectivesAreReportedOnEveryRank) {
     std::vector<std::string> errors(2);
     shoal::testing::run_threads(2, [&](int rank) {
       auto pg = new_process_group("gloo", store, rank, 2, kTimeout);
+      pg->set_check_collectives(true);
       try {
         c.op(*pg)->wait();
       } catch (const shoal::PeerError& e) {
@@ -251,16 +253,31 @@ TEST(Mismatch, DifferentCollectivesAreReportedOnEveryRank) {
   }
 }
 
-TEST(Mismatch, ChecksCanBeTurnedOff) {
-  auto store = make_hash_store(Milliseconds(10'000));
-  shoal::testing::run_threads(2, [&](int rank) {
-    auto pg = new_process_group("gloo", store, rank, 2, kTimeout);
-    EXPECT_TRUE(pg->check_collectives());
-    pg->set_check_collectives(false);
-    auto t = torch::ones({16});
-    pg->allreduce(t)->wait();
-    EXPECT_TRUE(torch::all(t == 2).item<bool>());
-  });
+// Off by default, as PyTorch's (its check runs under TORCH_DISTRIBUTED_DEBUG=DETAIL only): on
+// under SHOAL_DEBUG=detail; SHOAL_CHECK_COLLECTIVES decides alone when set.
+TEST(Mismatch, ChecksAreOnUnderDebugDetailOnly) {
+  struct Case {
+    const char* debug;
+    const char* check;
+    bool expected;
+  };
+  for (const Case& c : {Case{nullptr, nullptr, false}, Case{"detail", nullptr, true},
+                        Case{"DETAIL", "0", false}, Case{nullptr, "1", true},
+                        Case{"info", nullptr, false}}) {
+    SCOPED_TRACE(std::string(c.debug ? c.debug : "-") + "/" + (c.check ? c.check : "-"));
+    shoal::testing::ScopedEnv debug("SHOAL_DEBUG", c.debug);
+    shoal::testing::ScopedEnv check("SHOAL_CHECK_COLLECTIVES", c.check);
+    auto store = make_hash_store(Milliseconds(10'000));
+    shoal::testing::run_threads(2, [&](int rank) {
+      for (const char* backend : {"gloo", "cpu:shm,cuda:gloo"}) {
+        auto pg = new_process_group(backend, store, rank, 2, kTimeout);
+        EXPECT_EQ(pg->check_collectives(), c.expected) << backend;
+        auto t = torch::ones({16});
+        pg->allreduce(t)->wait();
+        EXPECT_TRUE(torch::all(t == 2).item<bool>());
+      }
+    });
+  }
 }
 
 // Rendezvous mistakes: clear InvalidArgument on every process, never a hang.

@@ -267,6 +267,7 @@ TEST(Nccl, MultiDeviceGroupRefusesRanksThatDisagreeOnTheDevice) {
         auto store = shoal::comm::make_file_store(path, 2, Milliseconds(60'000));
         auto pg = shoal::comm::new_process_group("cpu:shm,cuda:gloo", store, rank, 2,
                                                  Milliseconds(60'000));
+        pg->set_check_collectives(true);  // as SHOAL_DEBUG=detail would
         auto t = rank == 0 ? torch::ones({256}) : torch::ones({256}, torch::kCUDA);
         const auto start = std::chrono::steady_clock::now();
         try {

@@ -110,6 +110,10 @@ struct OpContext {
   std::string prefix() const { return label.prefix(); }
 };
 
+/// SHOAL_DEBUG=detail (PyTorch's TORCH_DISTRIBUTED_DEBUG=DETAIL): the checks that find a rank
+/// that diverged (mismatched collectives, gradients unused on some ranks), at a cost in speed.
+bool debug_detail_from_env();
+
 class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
  public:
   virtual ~ProcessGroup();
@@ -187,9 +191,11 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
 
   /// Whether each collective first checks that every rank issues the same one (operation, element
   /// count, dtype, root, reduce op), so that a mismatch fails with a clear PeerError on every rank
-  /// instead of garbage or a hang. Costs one small allgather per collective, waited for before
-  /// the collective starts. Backends choose the default (gloo and mpi: on);
-  /// SHOAL_CHECK_COLLECTIVES=0 or 1 overrides it. Every rank must use the same setting.
+  /// instead of garbage, a hang or (in Gloo and MPI) an abort. Off unless SHOAL_DEBUG=detail, as
+  /// PyTorch checks only under TORCH_DISTRIBUTED_DEBUG=DETAIL: the check is one small allgather
+  /// waited for before the collective starts, a round trip that below ~1 MiB costs as much as the
+  /// collective itself. SHOAL_CHECK_COLLECTIVES=0 or 1 overrides SHOAL_DEBUG for this check alone.
+  /// Every rank must use the same setting.
   bool check_collectives() const { return check_collectives_; }
   void set_check_collectives(bool on) { check_collectives_ = on; }
 
@@ -247,9 +253,6 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   /// Numbers an operation and describes it; public methods call it before run_*.
   /// The next sequence number and the operation's label (`tensor`'s size and dtype where given).
   OpContext make_context(const char* name, Milliseconds timeout, const at::Tensor* tensor);
-
-  /// For a backend's constructor: turns check_collectives() on unless SHOAL_CHECK_COLLECTIVES=0.
-  void enable_collective_checks_by_default();
 
   /// Notes `work` (the operation `ctx` names) among recent_operations(); returns it.
   std::shared_ptr<Work> record(const OpContext& ctx, std::shared_ptr<Work> work);

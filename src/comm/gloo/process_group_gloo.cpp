@@ -35,7 +35,6 @@ ProcessGroupGloo::ProcessGroupGloo(std::shared_ptr<Store> store, int rank, int s
     options_.ring_reduce_scatter = std::string(how) != "allreduce";
   }
   peers_ = std::make_shared<PeerDirectory>(store_, "shoal/gloo", rank, size);
-  enable_collective_checks_by_default();
   try {
     gloo_ = std::make_unique<compat::GlooGroup>(make_prefix_store("shoal/gloo/ctx", store_), rank,
                                                 size, timeout, options_.hostname,

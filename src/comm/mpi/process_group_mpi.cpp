@@ -204,7 +204,6 @@ ProcessGroupMpi::ProcessGroupMpi(MPI_Comm comm, Milliseconds timeout)
     : ProcessGroup(comm_rank(comm), comm_size(comm), timeout), comm_(comm) {
   MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
   control_ = duplicate(comm_, timeout, rank_prefix() + " mpi");
-  enable_collective_checks_by_default();
   worker_ = std::thread([this] { run_worker(); });
 }
 

@@ -73,7 +73,6 @@ ProcessGroupMultiDevice::ProcessGroupMultiDevice(
     // The check runs once, here: its fingerprint exchange is a CPU allgather on the CPU child.
     group->set_check_collectives(false);
   }
-  enable_collective_checks_by_default();
 }
 
 ProcessGroupMultiDevice::~ProcessGroupMultiDevice() = default;

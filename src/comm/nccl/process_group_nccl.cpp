@@ -22,7 +22,6 @@ ProcessGroupNccl::ProcessGroupNccl(std::shared_ptr<Store> store, int rank, int s
                 "); give each process its own LOCAL_RANK below the number of GPUs");
   compat::set_cuda_device(device);
   peers_ = std::make_shared<PeerDirectory>(store_, "shoal/nccl", rank, size);
-  enable_collective_checks_by_default();
   try {
     nccl_ = std::make_unique<compat::NcclGroup>(make_prefix_store("shoal/nccl/ctx", store_), rank,
                                                 size, timeout);
