@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <algorithm>
 #include <cstring>
 #include <string_view>
 
@@ -78,10 +79,29 @@ void LinePrefixer::write_line(const char* data, size_t size, bool add_newline) {
     if (add_newline) write_all(copy_fd_, "\n", 1);
   }
   if (out_fd_ < 0) return;
-  if (errors_ != nullptr && is_error_line(data, size)) {
-    if (errors_->shown && !log::enabled(log::Level::kDebug)) return;
+  if (errors_ != nullptr && is_error_line(data, size) && !log::enabled(log::Level::kDebug)) {
+    if (errors_->hold) {
+      if (held_order_ == 0) {
+        held_order_ = ++errors_->held;
+        held_error_.assign(data, std::min(size, kMaxHeldBytes));
+        if (held_error_.back() != '\n') held_error_.push_back('\n');
+      }
+      return;
+    }
+    if (errors_->shown) return;
     errors_->shown = true;
   }
+  write_out(data, size, add_newline);
+}
+
+void LinePrefixer::show_held_error() {
+  if (held_error_.empty() || out_fd_ < 0) return;
+  write_out(held_error_.data(), held_error_.size(), false);
+  held_error_.clear();
+  if (errors_ != nullptr) errors_->shown = true;
+}
+
+void LinePrefixer::write_out(const char* data, size_t size, bool add_newline) {
   line_.assign(prefix_);
   line_.append(data, size);
   if (add_newline) line_.push_back('\n');

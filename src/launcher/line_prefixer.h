@@ -9,29 +9,43 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 
 namespace shoal::launcher {
 
-/// What the stderr copies of one group's workers share: whether a worker's error line
-/// ("shoal: error: ...") has reached the console yet. When one rank fails, every rank usually
-/// prints one, most of them only about the first's failure ("rank 0's store went away"): the
-/// first is shown, the others only at debug level (SHOAL_LOG_LEVEL=debug). Log files get them all.
+/// What the stderr copies of one group's workers share about their error lines ("shoal: error:
+/// ..."). When one rank fails, every rank usually prints one, most of them only about the first's
+/// failure ("rank 0's store went away"): the console shows one, the others only at debug level
+/// (SHOAL_LOG_LEVEL=debug); log files get them all. Which one: with `hold`, each stream keeps its
+/// first error line back and the group shows the line of the worker that its summary names as
+/// the first to fail (the stamps of the workers' error files tell, not the order lines arrive
+/// in); without, the first line to arrive is shown at once (for groups that go on after a
+/// failure).
 struct SharedErrorLines {
+  bool hold = false;
   bool shown = false;
+  uint64_t held = 0;  ///< lines held so far: the arrival order of each stream's held line
 };
 
 class LinePrefixer {
  public:
   /// Why 1 MiB: far above any sensible log line, small enough to hold for hundreds of workers.
   static constexpr size_t kMaxLineBytes = size_t{1} << 20;
+  /// Why 4 KiB: an error line is one sentence; hundreds of held lines stay small.
+  static constexpr size_t kMaxHeldBytes = 4096;
 
   /// Writes to `out_fd` (not owned; -1 for nowhere); `prefix` is empty for no prefix.
   LinePrefixer(std::string prefix, int out_fd);
   /// Also writes every line, without the prefix, to `fd` (not owned; a log file).
   void set_copy(int fd) { copy_fd_ = fd; }
-  /// Shows this stream's error lines only while no other stream of `errors` (not owned) has.
+  /// Shows this stream's error lines as `errors` (not owned) says: see SharedErrorLines.
   void set_error_lines(SharedErrorLines* errors) { errors_ = errors; }
+  /// When this stream holds an error line back: its arrival order among the group's (1 first),
+  /// else 0.
+  uint64_t held_error_order() const { return held_order_; }
+  /// Writes the held error line out (once) and marks the group's line as shown.
+  void show_held_error();
 
   /// Takes `size` more bytes of the stream; writes out every line completed by them.
   void feed(const char* data, size_t size);
@@ -40,11 +54,16 @@ class LinePrefixer {
 
  private:
   void write_line(const char* data, size_t size, bool add_newline);
+  /// Writes one line to out_fd_, prefixed.
+  void write_out(const char* data, size_t size, bool add_newline);
 
   std::string prefix_;
   int out_fd_;
   int copy_fd_ = -1;
   SharedErrorLines* errors_ = nullptr;
+  /// The first error line, held back (SharedErrorLines::hold), cut at kMaxHeldBytes.
+  std::string held_error_;
+  uint64_t held_order_ = 0;
   std::string pending_;  ///< the unfinished line so far
   std::string line_;     ///< scratch buffer: prefix + line
 };

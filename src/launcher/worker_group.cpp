@@ -136,8 +136,26 @@ void WorkerGroup::name_first_failure(GroupResult& result) const {
   }
 }
 
+void WorkerGroup::show_first_error_line(const GroupResult& result) {
+  const pid_t first = result.first_failed_pid > 0 ? result.first_failed_pid : result.failed_pid;
+  LinePrefixer* shown = nullptr;
+  for (size_t i = 0; i < workers_.size(); ++i) {
+    LinePrefixer* err = prefixers_[2 * i + 1].get();
+    if (err->held_error_order() == 0) continue;
+    if (workers_[i]->pid() == first) {
+      shown = err;
+      break;
+    }
+    if (shown == nullptr || err->held_error_order() < shown->held_error_order()) shown = err;
+  }
+  if (shown != nullptr) shown->show_held_error();
+}
+
 GroupResult WorkerGroup::run(SignalRelay& relay) {
   GroupResult result;
+  // A group that goes on after a failure shows the first error line at once; one that stops
+  // shows the line of the worker that failed first, once that is known (see SharedErrorLines).
+  error_lines_.hold = !options_.tolerate_worker_failures;
   for (auto& spec : specs_) {
     const std::string prefix = options_.prefix_output ? "[" + spec.label + "] " : "";
     const bool logged = !spec.stdout_file.empty() || !spec.stderr_file.empty();
@@ -228,6 +246,7 @@ GroupResult WorkerGroup::run(SignalRelay& relay) {
   for (auto& prefixer : prefixers_) prefixer->flush();
   if (stopping_) signal_all(SIGKILL);  // leftovers in the workers' process groups
   name_first_failure(result);
+  show_first_error_line(result);
   stop_now();
   return result;
 }

@@ -350,17 +350,24 @@ wait)");
 // The summary names the worker that failed first, by the stamp of its error file
 // (TORCHELASTIC_ERROR_FILE), not the first whose exit the launcher saw: rank 0 fails, rank 1 fails
 // because of it and is done exiting first (as when rank 0's store or broadcast takes the others
-// down while rank 0 is still ending).
+// down while rank 0 is still ending). The console's one error line is rank 0's too, though rank
+// 1's reached the launcher first.
 TEST_F(Launcher, SummaryNamesTheWorkerThatFailedFirstNotTheFirstToExit) {
   const auto worker = script("fail.sh", R"SH(
 if [ "$RANK" = 0 ]; then
   echo $$ > "$DIR/pid.0"
   printf '{"message": {"message": "rank 0 broke", "extraInfo": {"py_callstack": "", "timestamp": "0", "timestamp_us": %s}}}\n' "$(date +%s%6N)" > "$TORCHELASTIC_ERROR_FILE"
   touch "$DIR/failed.0"
+  while [ ! -e "$DIR/said.1" ]; do sleep 0.02; done
+  echo "shoal: error: rank 0 broke" >&2
+  touch "$DIR/said.0"
   sleep 30
   exit 2
 fi
 while [ ! -e "$DIR/failed.0" ]; do sleep 0.02; done
+echo "shoal: error: rank 1 lost rank 0" >&2
+touch "$DIR/said.1"
+while [ ! -e "$DIR/said.0" ]; do sleep 0.02; done
 exit 1)SH");
   const auto result = run_shoal({"run", "--nproc-per-node", "2", worker}, {}, Milliseconds(60'000));
   EXPECT_EQ(result.code, 1) << result.err;  // the status of the first exit, as before
@@ -369,6 +376,8 @@ exit 1)SH");
   EXPECT_NE(result.err.find(first), std::string::npos) << result.err;
   EXPECT_NE(result.err.find(") exited with status 1; stopped the other worker"), std::string::npos)
       << result.err;
+  EXPECT_NE(result.err.find("[rank 0] shoal: error: rank 0 broke"), std::string::npos) << result.err;
+  EXPECT_EQ(result.err.find("shoal: error: rank 1 lost rank 0"), std::string::npos) << result.err;
 }
 
 // shoal train's ranks leave their errors for the launcher: rank 0 cannot write the checkpoint, the
