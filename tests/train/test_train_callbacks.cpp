@@ -152,6 +152,44 @@ TEST(TrainerCallbacks, AStepStopAskedByOneRankStopsEveryRankThere) {
   }
 }
 
+// A preemption (options.stop_requested) seen by one rank only, with callbacks on every rank:
+// one agreement per step stops both ranks after the same step, and the stop's checkpoint resumes
+// after the samples both consumed.
+TEST(TrainerCallbacks, APreemptionSeenByOneRankStopsEveryRankWithItsCheckpoint) {
+  torch::set_num_threads(1);
+  const std::string dir = shoal::testing::temp_path("shoal-preempt");
+  TrainOptions options = quiet_options();
+  options.epochs = 3;
+  options.checkpoint_dir = dir;
+  const TensorData train = synthetic(256, 1);  // 8 steps of 16 per rank and epoch
+  std::vector<TrainResult> results(2);
+  std::vector<int64_t> steps_seen(2);
+  auto store = comm::make_hash_store(std::chrono::milliseconds(60'000));
+  shoal::testing::run_threads(2, [&](int rank) {
+    auto group = comm::new_process_group("shm", store, rank, 2, std::chrono::milliseconds(60'000));
+    TrainOptions mine = options;
+    auto polls = std::make_shared<int64_t>(0);  // the trainer asks once per step
+    mine.stop_requested = [rank, polls] { return ++*polls >= 11 && rank == 1; };
+    Trainer trainer(mine, models::create("mlp", 5), std::make_unique<DdpStrategy>(group));
+    auto recorder = std::make_shared<EpochRecorder>();
+    trainer.add_callback(recorder);
+    results[rank] = trainer.fit(train, TensorData{});
+    steps_seen[rank] = recorder->steps;
+  });
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_TRUE(results[rank].preempted) << "rank " << rank;
+    EXPECT_FALSE(results[rank].early_stopped) << "rank " << rank;
+    EXPECT_EQ(results[rank].step, 11) << "rank " << rank;
+    EXPECT_EQ(steps_seen[rank], 11) << "rank " << rank;
+  }
+  const std::optional<checkpoint::TrainingState> saved = checkpoint::CheckpointManager(dir).load_latest();
+  ASSERT_TRUE(saved.has_value());
+  EXPECT_EQ(saved->step, 11);
+  EXPECT_EQ(saved->epoch, 1);
+  EXPECT_EQ(saved->sampler.samples_seen, 3 * 16 * 2);  // step 11 is the third of epoch 2
+  std::filesystem::remove_all(dir);
+}
+
 // Every hook, in the order the trainer calls them. on_fit_end also notes what it is promised:
 // the result fit() returns, and the trace already written.
 struct HookLog : Callback {
