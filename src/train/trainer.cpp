@@ -1,7 +1,6 @@
 #include "shoal/train/trainer.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -12,7 +11,6 @@
 #include <optional>
 #include <sstream>
 
-#include "compat/autocast.h"
 #include "compat/thread_parallelism.h"
 #include "log/error_file.h"
 #include "shoal/checkpoint/checkpoint_manager.h"
@@ -31,10 +29,8 @@
 #include "shoal/memory/cpu_allocator.h"
 #include "shoal/models/gpt.h"
 #include "shoal/models/registry.h"
-#include "shoal/summary/summary_writer.h"
 #include "shoal/train/clip_grad.h"
 #include "shoal/models/script_model.h"
-#include "shoal/train/metrics_writer.h"
 #include "shoal/trace/tracer.h"
 #include "train/number_text.h"
 #include "train/train_loop.h"
