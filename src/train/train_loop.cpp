@@ -10,12 +10,8 @@
 #include "shoal/trace/tracer.h"
 
 namespace shoal::train {
-namespace {
 
-/// The samples of a dataset of `size` that a run uses: the first `limit` (0: all).
 int64_t samples_used(int64_t limit, int64_t size) { return limit > 0 ? std::min(limit, size) : size; }
-
-}  // namespace
 
 /// The epoch being trained.
 struct FitLoop::Epoch {

@@ -24,6 +24,10 @@
 
 namespace shoal::train {
 
+/// The samples of a dataset of `size` that a run uses: the first `limit` (0: all;
+/// options.train_limit, options.test_limit).
+int64_t samples_used(int64_t limit, int64_t size);
+
 class FitLoop {
  public:
   /// `trainer` is prepared (its strategy's prepare() done); `test` may be empty.

@@ -491,9 +491,8 @@ TrainResult Trainer::fit(const TensorData& train, const TensorData& test) {
 
 TrainResult Trainer::fit(const data::BatchDataset& train, const data::BatchDataset* test) {
   const FailureNote failure_note;
-  const int64_t n =
-      options_.train_limit > 0 ? std::min(options_.train_limit, train.size()) : train.size();
-  SHOAL_CHECK_T(InvalidArgument, n > 0, "the training set is empty");
+  SHOAL_CHECK_T(InvalidArgument, samples_used(options_.train_limit, train.size()) > 0,
+                "the training set is empty");
   apply_training_features();
   if (!prepared_) prepare_strategy();
   strategy_->set_exactly_once(train.deal_exactly_once());
