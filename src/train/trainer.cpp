@@ -1,7 +1,6 @@
 #include "shoal/train/trainer.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -12,7 +11,6 @@
 #include <optional>
 #include <sstream>
 
-#include "compat/autocast.h"
 #include "compat/thread_parallelism.h"
 #include "log/error_file.h"
 #include "shoal/checkpoint/checkpoint_manager.h"
@@ -31,21 +29,14 @@
 #include "shoal/memory/cpu_allocator.h"
 #include "shoal/models/gpt.h"
 #include "shoal/models/registry.h"
-#include "shoal/summary/summary_writer.h"
 #include "shoal/train/clip_grad.h"
 #include "shoal/models/script_model.h"
-#include "shoal/train/metrics_writer.h"
-#include "shoal/train/progress.h"
 #include "shoal/trace/tracer.h"
+#include "train/number_text.h"
+#include "train/train_loop.h"
 
 namespace shoal::train {
 namespace {
-
-using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
 
 void check_data(const TensorData& data, const char* what) {
   SHOAL_CHECK_T(InvalidArgument, data.inputs.defined() && data.targets.defined(), "the ", what,
@@ -67,20 +58,6 @@ std::unique_ptr<torch::optim::Optimizer> make_builtin_optimizer(const TrainOptio
 /// Checkpoint config keys of the fp16 loss scaler's state: "grad_scaler.scale", ...
 constexpr const char* kScalerPrefix = "grad_scaler.";
 
-/// Writes a metrics line's values as TensorBoard scalars `prefix/<key>` at `step`, except the
-/// keys that are the line's coordinates.
-void add_scalars_of(summary::SummaryWriter* writer, const JsonLine& line, const char* prefix,
-                    int64_t step) {
-  if (writer == nullptr) return;
-  for (const auto& [key, value] : line.numbers()) {
-    if (key == "epoch" || key == "step" || key == "samples" || key == "total_samples" ||
-        key == "time" || key == "seconds" || !std::isfinite(value)) {
-      continue;
-    }
-    writer->add_scalar(std::string(prefix) + "/" + key, value, step);
-  }
-}
-
 /// Each parameter group's learning rate, in order: the schedule's base values.
 std::vector<double> group_lrs(const torch::optim::Optimizer& optimizer) {
   std::vector<double> lrs;
@@ -99,12 +76,6 @@ class FailureNote {
  private:
   int exceptions_ = std::uncaught_exceptions();
 };
-
-/// The loss a training step minimizes on a batch: the model's own, or `loss` of its output.
-at::Tensor batch_loss(TrainState& state, const at::Tensor& inputs, const at::Tensor& targets) {
-  if (state.forward_loss) return state.forward_loss(inputs, targets);
-  return state.loss(state.forward(inputs), targets);
-}
 
 /// One batch's summed loss and correct predictions (-1: accuracy does not apply).
 using EvalBatch = std::function<std::pair<double, int64_t>(const at::Tensor& inputs,
@@ -152,78 +123,6 @@ EvalResult evaluate_batches(torch::nn::Module& model, const data::BatchDataset& 
 }
 
 }  // namespace
-
-double train_step(TrainState& state, const at::Tensor& batch_inputs, const at::Tensor& batch_targets) {
-  // A batch on the CPU goes to the model's device (--device cuda, #29).
-  const bool on_cpu = state.device.is_cpu();
-  const at::Tensor inputs = on_cpu ? batch_inputs : batch_inputs.to(state.device);
-  const at::Tensor targets = on_cpu ? batch_targets : batch_targets.to(state.device);
-  state.optimizer->zero_grad();
-  const int64_t n = inputs.size(0);
-  // Gradient accumulation (#29): micro-batches of micro_batch_size, one optimizer step.
-  const int64_t micro =
-      state.micro_batch_size > 0 && state.micro_batch_size < n ? state.micro_batch_size : n;
-  const int64_t chunks = n > 0 ? (n + micro - 1) / micro : 1;
-  double value = 0;
-  for (int64_t c = 0; c < chunks; ++c) {
-    const int64_t begin = c * micro;
-    const int64_t end = std::min(n, begin + micro);
-    // DDP's no_sync on every micro-batch but the last: their gradients add up locally, and the
-    // last backward reduces the sum.
-    std::shared_ptr<void> no_sync;
-    if (c + 1 < chunks && state.no_sync) no_sync = state.no_sync();
-    at::Tensor loss;
-    {
-      trace::Span span("forward");
-      compat::CpuAutocastGuard autocast(on_cpu ? state.autocast_dtype : std::nullopt);
-      compat::CudaAutocastGuard cuda_autocast(state.device.is_cuda() ? state.autocast_dtype
-                                                                     : std::nullopt);
-      loss = chunks == 1 ? batch_loss(state, inputs, targets)
-                         : batch_loss(state, inputs.slice(0, begin, end),
-                                      targets.slice(0, begin, end));
-    }
-    const double share = chunks == 1 ? 1.0 : static_cast<double>(end - begin) / static_cast<double>(n);
-    {
-      trace::Span span("backward");  // DDP's bucket reductions run inside it
-      at::Tensor scaled = chunks == 1 ? loss : loss * share;
-      if (state.grad_scaler) scaled = state.grad_scaler->scale(scaled);
-      scaled.backward();
-    }
-    value += loss.item<double>() * share;
-  }
-  // fp16: the true gradients before clipping, as in PyTorch's recipe (scaler.unscale_ first).
-  if (state.grad_scaler) state.grad_scaler->unscale_(*state.optimizer);
-  bool skipped = false;
-  if (state.grad_scaler && state.grad_scaler->found_inf()) {
-    // The step is skipped: nothing to clip (the norm is not finite; PyTorch's clip would make
-    // every gradient NaN, which no step uses).
-    state.last_grad_norm = NAN;
-  } else if (state.max_grad_norm > 0) {
-    state.last_grad_norm =
-        state.clip_grad_norm
-            ? state.clip_grad_norm(state.max_grad_norm)
-            : clip_grad_norm_(state.model ? state.model->parameters() : std::vector<at::Tensor>{},
-                              state.max_grad_norm);
-  }
-  {
-    trace::Span span("optimizer step");
-    if (state.grad_scaler) {
-      // A step with an inf/NaN gradient is skipped and the scale backs off (on every rank).
-      skipped = !state.grad_scaler->step(*state.optimizer);
-      state.grad_scaler->update();
-    } else {
-      state.optimizer->step();
-    }
-  }
-  ++state.step;
-  // A diverged run must not go on (and exit 0) with NaN weights; stop at the first bad step. Under
-  // a loss scaler, a step whose loss overflowed was skipped (the weights are untouched) and the
-  // scale backs off, as in PyTorch.
-  SHOAL_CHECK(std::isfinite(value) || skipped, "training diverged: the loss is ", value, " at step ",
-              state.step, " (epoch ", state.epoch + 1,
-              "); lower the learning rate, or check the data for NaN/inf");
-  return value;
-}
 
 EvalResult evaluate(torch::nn::Module& model,
                     const std::function<at::Tensor(const at::Tensor&)>& forward,
@@ -357,22 +256,6 @@ checkpoint::TrainingState load_resume_checkpoint(const TrainOptions& options, st
   if (path != nullptr) *path = *latest;
   return saved;
 }
-
-namespace {
-
-/// A number as text that reads back to the same double ("0.050000000000000003" for 0.05 would be
-/// exact too, but %.17g keeps short values short only when they are exact; use the shortest that
-/// round-trips).
-std::string number_text(double value) {
-  char text[32];
-  for (int digits = 6; digits <= 17; ++digits) {
-    std::snprintf(text, sizeof(text), "%.*g", digits, value);
-    if (std::strtod(text, nullptr) == value) break;
-  }
-  return text;
-}
-
-}  // namespace
 
 namespace {
 
@@ -606,283 +489,16 @@ TrainResult Trainer::fit(const TensorData& train, const TensorData& test) {
   return fit(train_set, test_set ? &*test_set : nullptr);
 }
 
-TrainResult Trainer::fit(const data::BatchDataset& train, const data::BatchDataset* test_data) {
+TrainResult Trainer::fit(const data::BatchDataset& train, const data::BatchDataset* test) {
   const FailureNote failure_note;
-  static const data::TensorDataset kNoTestSet(at::empty({0}), at::empty({0}));
-  const data::BatchDataset& test = test_data != nullptr ? *test_data : kNoTestSet;
-  const int64_t n =
-      options_.train_limit > 0 ? std::min(options_.train_limit, train.size()) : train.size();
-  SHOAL_CHECK_T(InvalidArgument, n > 0, "the training set is empty");
-  const int64_t test_n =
-      options_.test_limit > 0 ? std::min(options_.test_limit, test.size()) : test.size();
+  SHOAL_CHECK_T(InvalidArgument, samples_used(options_.train_limit, train.size()) > 0,
+                "the training set is empty");
   apply_training_features();
   if (!prepared_) prepare_strategy();
   strategy_->set_exactly_once(train.deal_exactly_once());
-  const bool reports = strategy_->rank() == 0;
-  const bool checkpoints = !options_.checkpoint_dir.empty();
-  MetricsWriter metrics(reports ? options_.metrics_path : std::string());
-  // One optimizer step takes `accumulate` micro-batches of batch_size (#29).
-  const int64_t batch = options_.batch_size * options_.accumulate;
-  const int64_t world = strategy_->world_size();
-  const int64_t rank = strategy_->rank();
-  // Processes that train on distinct samples (pipeline stages share theirs).
-  const int64_t replicas = world / strategy_->ranks_per_replica();
-  const int64_t remaining_epochs = options_.epochs - state_.epoch;
-  Progress progress(reports ? options_.progress : ProgressMode::kNone, options_.epochs,
-                    std::max<int64_t>(remaining_epochs, 0) * n, options_.log_interval,
-                    reports ? stderr : nullptr, reports ? stdout : nullptr);
-  // Evaluation is sharded: every rank evaluates a contiguous share of the test set through the
-  // unwrapped model (no DDP collectives) and the sums are allreduced, so that W ranks evaluate
-  // W times faster than rank 0 alone while the others would wait.
-  const int64_t test_begin = test_n * rank / world;
-  const int64_t test_end = test_n * (rank + 1) / world;
-  const data::SubsetDataset test_shard(test, test_begin, test_end);
-
-  const Clock::time_point fit_start = Clock::now();
-  // This trainer's own timeline, for this thread: trainers on other threads keep theirs.
-  std::optional<trace::ScopedRecorder> tracing;
-  if (!options_.trace_path.empty()) tracing.emplace(recorder());
-  // TensorBoard: the same numbers as the metrics lines, from rank 0 (or every rank).
-  std::unique_ptr<summary::SummaryWriter> board;
-  if (!options_.tensorboard_dir.empty() && (rank == 0 || options_.tensorboard_all_ranks)) {
-    summary::SummaryWriterOptions board_options;
-    board_options.flush_secs = 10;  // a TensorBoard watching the run sees it within seconds
-    board = std::make_unique<summary::SummaryWriter>(
-        options_.tensorboard_all_ranks ? options_.tensorboard_dir + "/rank" + std::to_string(rank)
-                                       : options_.tensorboard_dir,
-        board_options);
-    board->add_text("run",
-                    "strategy " + strategy_->name() + ", " + std::to_string(world) +
-                        (world == 1 ? " process" : " processes") + ", model " + options_.model +
-                        ", batch " + std::to_string(batch) + (world > 1 ? " per rank" : "") +
-                        ", lr " + number_text(options_.lr) + ", momentum " +
-                        number_text(options_.momentum) + ", lr schedule " + options_.lr_schedule +
-                        ", seed " + std::to_string(options_.seed) + ", rank " + std::to_string(rank),
-                    state_.step);
-  }
-  bool described = false;  // the "run" line is written with the first epoch's shard
-  std::optional<CommStats> comm_before = strategy_->comm_stats();
-  int64_t comm_steps = 0;
-  TrainResult result;
-  for (; state_.epoch < options_.epochs; ++state_.epoch) {
-    const int64_t epoch = state_.epoch;
-    const at::Tensor indices = strategy_->epoch_indices(n, epoch, options_.seed);
-    const int64_t local = indices.size(0);
-    // The samples of an epoch, all replicas together (shards padded, or cut, to equal sizes).
-    const int64_t epoch_samples = local * replicas;
-    if (!described) {
-      // The run's description: what `shoal plot` names the run by and scales its x axes with.
-      metrics.write(JsonLine()
-                        .add("event", "run")
-                        .add("strategy", strategy_->name())
-                        .add("world_size", world)
-                        .add("model", options_.model)
-                        .add("batch_size", batch)
-                        .add("global_batch_size", batch * replicas)
-                        .add("epochs", options_.epochs)
-                        .add("samples_per_epoch", epoch_samples)
-                        .add("lr", options_.lr));
-      described = true;
-    }
-    // After a resume, skip this rank's share of the samples the job already consumed.
-    const int64_t skip = std::min(local, resume_samples_seen_ / replicas);
-    resume_samples_seen_ = 0;
-    // This epoch's samples, loaded ahead of the step by the options' workers (#29).
-    data::DataLoaderOptions loader_options;
-    loader_options.batch_size = batch;
-    loader_options.num_workers = options_.num_workers;
-    loader_options.prefetch_factor = options_.prefetch_factor;
-    train.set_epoch(epoch);  // a dataset's random transforms differ per epoch
-    data::DataLoader loader(train, indices.slice(0, skip), loader_options);
-    const int64_t steps = loader.num_batches();
-    // The schedule's T_max: every step of every epoch of the run, resumed or not.
-    const int64_t run_steps = options_.epochs * ((local + batch - 1) / batch);
-    progress.start_epoch(epoch, steps, (local - skip) * replicas);
-    state_.model->train();
-
-    const Clock::time_point start = Clock::now();
-    double loss_sum = 0;  // sum over samples of the per-sample loss
-    double interval_loss = 0;
-    int64_t interval_samples = 0;
-    for (int64_t s = 0; s < steps; ++s) {
-      const int64_t begin = skip + s * batch;
-      const int64_t end = std::min(local, begin + batch);
-      trace::set_step(epoch + 1, state_.step + 1);
-      double loss = 0;
-      double step_lr = 0;
-      {
-        trace::Span step_span("train step");
-        std::optional<data::Batch> samples;
-        {
-          trace::Span data_span("data", "data");
-          samples = loader.next();
-        }
-        apply_lr_schedule(run_steps);
-        step_lr = state_.optimizer->param_groups().front().options().get_lr();
-        loss = strategy_->train_step(state_, samples->data, samples->target);
-      }
-      ++comm_steps;
-      if (!callbacks_.empty()) {
-        StepInfo info;
-        info.epoch = epoch + 1;
-        info.step = state_.step;
-        info.loss = loss;
-        info.lr = step_lr;
-        info.grad_norm = state_.last_grad_norm;
-        for (const auto& callback : callbacks_) callback->on_train_batch_end(*this, info);
-        // Every process runs its callbacks: they agree to stop after the same step.
-        std::vector<double> stop{stop_requested_ ? 1.0 : 0.0};
-        strategy_->all_reduce_sum(stop);
-        if (stop[0] > 0) {
-          if (checkpoints) save_checkpoint(epoch, end * replicas);
-          result.early_stopped = true;
-          result.step = state_.step;
-          write_trace();
-          return result;
-        }
-      }
-      const auto count = static_cast<double>(end - begin);
-      loss_sum += loss * count;
-      interval_loss += loss * count;
-      interval_samples += end - begin;
-      const double recent = interval_loss / static_cast<double>(interval_samples);
-      const int64_t done = (end - skip) * replicas;
-      progress.step(s + 1, done, recent);
-      if (options_.log_interval > 0 && (s + 1) % options_.log_interval == 0) {
-        const double seconds = seconds_since(start);
-        JsonLine line;
-        line.add("event", "step")
-            .add("epoch", epoch + 1)
-            .add("step", state_.step)
-            .add("samples", done)
-            .add("total_samples", epoch * epoch_samples + end * replicas)
-            .add("loss", recent)
-            .add("samples_per_s", seconds > 0 ? done / seconds : 0.0)
-            .add("lr", state_.optimizer->param_groups().front().options().get_lr())
-            // Before clipping. Every process builds this line at the same steps, so the norm
-            // may be a collective (FSDP's over every rank's shards).
-            .add("grad_norm", state_.max_grad_norm > 0 ? state_.last_grad_norm
-                                                        : strategy_->grad_norm(state_));
-        if (const std::optional<CommStats> now = strategy_->comm_stats(); now && comm_before) {
-          // Per step over the interval, this rank's reductions.
-          const double per = 1.0 / static_cast<double>(std::max<int64_t>(comm_steps, 1));
-          line.add("comm_bytes", (now->bytes - comm_before->bytes) * per)
-              .add("comm_wait_s", (now->wait_seconds - comm_before->wait_seconds) * per);
-          if (now->bucket_cap_mb > 0) {
-            line.add("bucket_cap_mb", now->bucket_cap_mb)
-                .add("bucket_cap_tuning", now->bucket_cap_tuning);
-          }
-          comm_before = now;
-        } else if (now) {
-          comm_before = now;
-        }
-        comm_steps = 0;
-        line.add("seconds", seconds).add("time", seconds_since(fit_start));
-        metrics.write(line);
-        add_scalars_of(board.get(), line, "train", state_.step);
-        interval_loss = 0;
-        interval_samples = 0;
-      }
-      if (board && options_.histogram_interval > 0 &&
-          state_.step % options_.histogram_interval == 0) {
-        for (const auto& item : state_.model->named_parameters()) {
-          board->add_histogram("parameters/" + item.key(), item.value(), state_.step);
-        }
-      }
-      // The end-of-epoch checkpoint follows the last step, so no mid-epoch one there.
-      bool saved = false;
-      if (checkpoints && options_.checkpoint_every > 0 &&
-          state_.step % options_.checkpoint_every == 0 && s + 1 < steps) {
-        save_checkpoint(epoch, end * replicas);
-        saved = true;
-      }
-      if (options_.stop_requested) {
-        // Every rank asks, every step, so that all stop after the same step.
-        std::vector<double> requested{options_.stop_requested() ? 1.0 : 0.0};
-        strategy_->all_reduce_sum(requested);
-        if (requested[0] > 0) {
-          // A resume continues after the samples consumed so far (all of them at an epoch's end).
-          if (checkpoints && !saved) save_checkpoint(epoch, end * replicas);
-          result.preempted = true;
-          result.step = state_.step;
-          write_trace();
-          return result;
-        }
-      }
-      if (options_.stop_after_steps > 0 && state_.step >= options_.stop_after_steps) {
-        result.stopped = true;
-        write_trace();
-        return result;
-      }
-    }
-    const double seconds = seconds_since(start);
-
-    std::vector<double> totals{loss_sum, static_cast<double>(local - skip), 0, 0, 0};
-    strategy_->synchronize(state_);
-    if (test_n > 0) {
-      trace::set_step(epoch + 1, state_.step);
-      trace::Span eval_span("evaluation", "eval");
-      const int64_t eval_batch = options_.eval_batch_size > 0 ? options_.eval_batch_size : batch;
-      const EvalResult eval =
-          state_.model_loss
-              ? evaluate_model_loss(*state_.model, state_.model_loss, test_shard, eval_batch)
-              : evaluate(*state_.model, state_.model_forward, test_shard, eval_batch, state_.loss);
-      totals[2] = eval.loss * static_cast<double>(eval.samples);
-      totals[3] = std::round(eval.accuracy * static_cast<double>(eval.samples));
-      totals[4] = static_cast<double>(eval.samples);
-    }
-    strategy_->all_reduce_sum(totals);
-    totals[0] /= static_cast<double>(strategy_->ranks_per_replica());
-    totals[1] /= static_cast<double>(strategy_->ranks_per_replica());
-    EpochResult epoch_result;
-    epoch_result.epoch = epoch + 1;
-    epoch_result.seconds = seconds;
-    epoch_result.train_loss = totals[1] > 0 ? totals[0] / totals[1] : NAN;
-    epoch_result.samples_per_s = seconds > 0 ? totals[1] / seconds : 0;
-    if (totals[4] > 0) {
-      epoch_result.test_loss = totals[2] / totals[4];
-      epoch_result.test_accuracy = totals[3] / totals[4];
-      // A language model's loss is a mean negative log-likelihood per token.
-      if (state_.model_loss) epoch_result.test_perplexity = std::exp(epoch_result.test_loss);
-    } else {
-      epoch_result.test_loss = NAN;
-      epoch_result.test_accuracy = NAN;
-    }
-    progress.end_epoch(epoch_result);
-    JsonLine epoch_line = JsonLine()
-                                    .add("event", "epoch")
-                                    .add("epoch", epoch_result.epoch)
-                                    .add("step", state_.step)
-                                    .add("total_samples", (epoch + 1) * epoch_samples)
-                                    .add("train_loss", epoch_result.train_loss)
-                                    .add("test_loss", epoch_result.test_loss)
-                                    .add("test_accuracy", epoch_result.test_accuracy)
-                                    .add("samples_per_s", epoch_result.samples_per_s)
-                                    .add("seconds", epoch_result.seconds)
-                                    .add("time", seconds_since(fit_start));
-    if (!std::isnan(epoch_result.test_perplexity)) {
-      epoch_line.add("test_perplexity", epoch_result.test_perplexity);
-    }
-    metrics.write(epoch_line);
-    add_scalars_of(board.get(), epoch_line, "epoch", state_.step);
-    if (board) board->flush();
-    result.epochs.push_back(epoch_result);
-    if (checkpoints) save_checkpoint(epoch + 1, 0);
-    // The epoch's metrics are the same on every process, so callbacks decide alike on all.
-    for (const auto& callback : callbacks_) callback->on_train_epoch_end(*this, epoch_result);
-    if (stop_requested_) {
-      ++state_.epoch;
-      result.early_stopped = true;
-      break;
-    }
-  }
-  result.step = state_.step;
-  write_trace();
-  if (!options_.dump_parameters.empty()) {
-    checkpoint::save_state_dict(checkpoint::state_dict(*state_.model),
-                                options_.dump_parameters + ".rank" + std::to_string(rank) + ".pt");
-  }
-  return result;
+  static const data::TensorDataset kNoTestSet(at::empty({0}), at::empty({0}));
+  FitLoop loop(*this, train, test != nullptr ? *test : kNoTestSet);
+  return loop.run();
 }
 
 // ---- Optimizer, accumulation, clipping, precision, callbacks (#29) --------------------------------
@@ -939,66 +555,6 @@ void Trainer::apply_training_features() {
         [this](std::vector<double>& values) { strategy_->all_reduce_sum(values); });
   }
   pending_scaler_state_.reset();
-}
-
-void Trainer::add_callback(std::shared_ptr<Callback> callback) {
-  SHOAL_CHECK_T(InvalidArgument, callback != nullptr, "Trainer::add_callback: null callback");
-  callbacks_.push_back(std::move(callback));
-}
-
-EarlyStopping::EarlyStopping(EarlyStoppingOptions options) : options_(std::move(options)) {
-  SHOAL_CHECK_T(InvalidArgument,
-                options_.monitor == "test_loss" || options_.monitor == "test_accuracy" ||
-                    options_.monitor == "train_loss",
-                "EarlyStopping: monitor must be test_loss, test_accuracy or train_loss, got '",
-                options_.monitor, "'");
-  SHOAL_CHECK_T(InvalidArgument, options_.mode == "min" || options_.mode == "max",
-                "EarlyStopping: mode must be min or max, got '", options_.mode, "'");
-  SHOAL_CHECK_T(InvalidArgument, options_.patience >= 0, "EarlyStopping: patience must be >= 0, got ",
-                options_.patience);
-  SHOAL_CHECK_T(InvalidArgument, options_.min_delta >= 0, "EarlyStopping: min_delta must be >= 0, got ",
-                options_.min_delta);
-}
-
-void EarlyStopping::on_train_epoch_end(Trainer& trainer, const EpochResult& epoch) {
-  const double value = options_.monitor == "test_loss"       ? epoch.test_loss
-                       : options_.monitor == "test_accuracy" ? epoch.test_accuracy
-                                                             : epoch.train_loss;
-  SHOAL_CHECK_T(InvalidArgument, !std::isnan(value), "EarlyStopping: the monitored metric '",
-                options_.monitor, "' is NaN at epoch ", epoch.epoch,
-                " (no test set given?); monitor train_loss or pass a test set");
-  const bool improved =
-      std::isnan(best_) ||
-      (options_.mode == "min" ? value < best_ - options_.min_delta : value > best_ + options_.min_delta);
-  if (improved) {
-    best_ = value;
-    wait_count_ = 0;
-    return;
-  }
-  ++wait_count_;
-  if (wait_count_ >= options_.patience) {
-    stopped_epoch_ = epoch.epoch;
-    trainer.request_stop();
-  }
-}
-
-void Trainer::write_trace() {
-  if (options_.trace_path.empty() || !recorder_) return;
-  const int world = strategy_->world_size();
-  if (world == 1) {
-    trace::write_file(options_.trace_path, recorder_->take_events());
-    return;
-  }
-  // Every rank writes its part; once all have (the allreduce is the barrier), rank 0 merges them.
-  const auto part = [&](int r) { return options_.trace_path + ".rank" + std::to_string(r); };
-  trace::write_file(part(strategy_->rank()), recorder_->take_events());
-  std::vector<double> barrier{1};
-  strategy_->all_reduce_sum(barrier);
-  if (strategy_->rank() == 0) {
-    std::vector<std::string> parts;
-    for (int r = 0; r < world; ++r) parts.push_back(part(r));
-    trace::merge_files(parts, options_.trace_path);
-  }
 }
 
 namespace {

@@ -8,6 +8,9 @@
 #include <cstdlib>
 #include <filesystem>
 #include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "shoal/checkpoint/checkpoint_manager.h"
 #include "shoal/comm/init.h"
@@ -147,6 +150,138 @@ TEST(TrainerCallbacks, AStepStopAskedByOneRankStopsEveryRankThere) {
   for (size_t i = 0; i < nets[0]->parameters().size(); ++i) {
     EXPECT_TRUE(torch::equal(nets[0]->parameters()[i], nets[1]->parameters()[i]));
   }
+}
+
+// A preemption (options.stop_requested) seen by one rank only, with callbacks on every rank:
+// one agreement per step stops both ranks after the same step, and the stop's checkpoint resumes
+// after the samples both consumed.
+TEST(TrainerCallbacks, APreemptionSeenByOneRankStopsEveryRankWithItsCheckpoint) {
+  torch::set_num_threads(1);
+  const std::string dir = shoal::testing::temp_path("shoal-preempt");
+  TrainOptions options = quiet_options();
+  options.epochs = 3;
+  options.checkpoint_dir = dir;
+  const TensorData train = synthetic(256, 1);  // 8 steps of 16 per rank and epoch
+  std::vector<TrainResult> results(2);
+  std::vector<int64_t> steps_seen(2);
+  auto store = comm::make_hash_store(std::chrono::milliseconds(60'000));
+  shoal::testing::run_threads(2, [&](int rank) {
+    auto group = comm::new_process_group("shm", store, rank, 2, std::chrono::milliseconds(60'000));
+    TrainOptions mine = options;
+    auto polls = std::make_shared<int64_t>(0);  // the trainer asks once per step
+    mine.stop_requested = [rank, polls] { return ++*polls >= 11 && rank == 1; };
+    Trainer trainer(mine, models::create("mlp", 5), std::make_unique<DdpStrategy>(group));
+    auto recorder = std::make_shared<EpochRecorder>();
+    trainer.add_callback(recorder);
+    results[rank] = trainer.fit(train, TensorData{});
+    steps_seen[rank] = recorder->steps;
+  });
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_TRUE(results[rank].preempted) << "rank " << rank;
+    EXPECT_FALSE(results[rank].early_stopped) << "rank " << rank;
+    EXPECT_EQ(results[rank].step, 11) << "rank " << rank;
+    EXPECT_EQ(steps_seen[rank], 11) << "rank " << rank;
+  }
+  const std::optional<checkpoint::TrainingState> saved = checkpoint::CheckpointManager(dir).load_latest();
+  ASSERT_TRUE(saved.has_value());
+  EXPECT_EQ(saved->step, 11);
+  EXPECT_EQ(saved->epoch, 1);
+  EXPECT_EQ(saved->sampler.samples_seen, 3 * 16 * 2);  // step 11 is the third of epoch 2
+  std::filesystem::remove_all(dir);
+}
+
+// Every hook, in the order the trainer calls them. on_fit_end also notes what it is promised:
+// the result fit() returns, and the trace already written.
+struct HookLog : Callback {
+  std::vector<std::string> events;
+  std::string trace_path;
+  TrainResult at_end;
+  bool trace_written_at_end = false;
+  void on_fit_start(Trainer&) override { events.push_back("fit_start"); }
+  void on_train_batch_end(Trainer&, const StepInfo& step) override {
+    events.push_back("step " + std::to_string(step.step));
+  }
+  void on_train_epoch_end(Trainer&, const EpochResult& epoch) override {
+    events.push_back("epoch " + std::to_string(epoch.epoch));
+  }
+  void on_fit_end(Trainer&, const TrainResult& result) override {
+    events.push_back("fit_end");
+    at_end = result;
+    trace_written_at_end = std::filesystem::exists(trace_path);
+  }
+};
+
+// "fit_start", the steps and epochs of a run of 4 steps per epoch from `step` + 1 to `last`
+// (epochs ending on every fourth step up to `last_epoch`), then "fit_end".
+std::vector<std::string> expected_hooks(int64_t last, int64_t last_epoch) {
+  std::vector<std::string> events{"fit_start"};
+  for (int64_t step = 1; step <= last; ++step) {
+    events.push_back("step " + std::to_string(step));
+    if (step % 4 == 0 && step / 4 <= last_epoch) events.push_back("epoch " + std::to_string(step / 4));
+  }
+  events.push_back("fit_end");
+  return events;
+}
+
+TEST(TrainerCallbacks, FitStartAndEndFrameEveryRunOnceHoweverItStops) {
+  torch::set_num_threads(1);
+  const std::string dir = shoal::testing::temp_path("shoal-fit-hooks");
+  std::filesystem::create_directories(dir);
+  const TensorData train = synthetic(64, 1);  // 4 steps of 16 per epoch
+  const auto run = [&](const std::string& name, TrainOptions options,
+                       std::shared_ptr<Callback> stopper) {
+    options.trace_path = dir + "/" + name + ".json";
+    Trainer trainer(options, models::create("mlp", options.seed));
+    auto log = std::make_shared<HookLog>();
+    log->trace_path = options.trace_path;
+    trainer.add_callback(log);
+    if (stopper) trainer.add_callback(stopper);
+    const TrainResult result = trainer.fit(train, TensorData{});
+    EXPECT_EQ(log->at_end.step, result.step) << name;
+    EXPECT_EQ(log->at_end.epochs.size(), result.epochs.size()) << name;
+    EXPECT_EQ(log->at_end.stopped, result.stopped) << name;
+    EXPECT_EQ(log->at_end.early_stopped, result.early_stopped) << name;
+    EXPECT_TRUE(log->trace_written_at_end) << name << ": the trace is written before on_fit_end";
+    const std::vector<std::string> events = log->events;
+    // Another fit() of the finished trainer, with no epoch left: its own start and end.
+    if (name == "whole") {
+      log->events.clear();
+      trainer.fit(train, TensorData{});
+      EXPECT_EQ(log->events, (std::vector<std::string>{"fit_start", "fit_end"}));
+    }
+    return std::make_pair(result, events);
+  };
+  TrainOptions options = quiet_options();
+  options.epochs = 2;
+  const auto [whole, whole_hooks] = run("whole", options, nullptr);
+  EXPECT_EQ(whole.step, 8);
+  EXPECT_EQ(whole_hooks, expected_hooks(8, 2));
+
+  TrainOptions steps = quiet_options();
+  steps.epochs = 2;
+  steps.stop_after_steps = 6;
+  const auto [stopped, stopped_hooks] = run("steps", steps, nullptr);
+  EXPECT_TRUE(stopped.stopped);
+  EXPECT_EQ(stopped.step, 6);
+  EXPECT_EQ(stopped_hooks, expected_hooks(6, 1));
+
+  // No epoch improves on the first by min_delta: patience 1 stops after the second.
+  EarlyStoppingOptions patience;
+  patience.monitor = "train_loss";
+  patience.patience = 1;
+  patience.min_delta = 1e9;
+  TrainOptions five = quiet_options();
+  five.epochs = 5;
+  const auto [early, early_hooks] = run("early", five, std::make_shared<EarlyStopping>(patience));
+  EXPECT_TRUE(early.early_stopped);
+  EXPECT_EQ(early.step, 8);
+  EXPECT_EQ(early_hooks, expected_hooks(8, 2));
+
+  const auto [asked, asked_hooks] = run("asked", five, std::make_shared<StopAt>(3));
+  EXPECT_TRUE(asked.early_stopped);
+  EXPECT_EQ(asked.step, 3);
+  EXPECT_EQ(asked_hooks, expected_hooks(3, 0));
+  std::filesystem::remove_all(dir);
 }
 
 // AdamW + LinearLR warm-up + cosine + accumulate 2, stopped mid-epoch and resumed from its

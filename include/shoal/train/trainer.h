@@ -137,16 +137,24 @@ struct StepInfo {
   double grad_norm = NAN;     ///< total gradient norm before clipping (NaN without clipping)
 };
 
-/// Called by Trainer::fit() on every process, after every optimizer step and after every
-/// epoch's evaluation (the names of PyTorch Lightning's hooks). A callback may call
-/// trainer.request_stop() to end the run: after the epoch's end (its checkpoint is saved), or
-/// after the step when asked from on_train_batch_end (all processes stop at the same step: the
-/// trainer agrees on it through one small all-reduce per step while callbacks are set).
+struct TrainResult;
+
+/// Called by Trainer::fit() on every process: when it starts, after every optimizer step, after
+/// every epoch's evaluation and when it ends (the names of PyTorch Lightning's hooks). A callback
+/// may call trainer.request_stop() to end the run: after the epoch's end (its checkpoint is
+/// saved), or after the step when asked from on_train_batch_end (all processes stop at the same
+/// step: the trainer agrees on it through one small all-reduce per step while callbacks are set).
 class Callback {
  public:
   virtual ~Callback() = default;
+  /// Before the first step, once per fit() call (the trainer's own reporters are set up).
+  virtual void on_fit_start(Trainer& trainer) {}
   virtual void on_train_batch_end(Trainer& trainer, const StepInfo& step) {}
   virtual void on_train_epoch_end(Trainer& trainer, const EpochResult& epoch) {}
+  /// Once per fit() call, however the run ended (every epoch, a stop request, stop_after_steps),
+  /// unless by an exception; the run's checkpoint and trace are written. `result` is what fit()
+  /// returns.
+  virtual void on_fit_end(Trainer& trainer, const TrainResult& result) {}
 };
 
 /// Early stopping on an epoch metric (Lightning's EarlyStopping): stops when `monitor` has not
@@ -291,8 +299,8 @@ class Trainer {
   void save_checkpoint(int64_t completed_epochs, int64_t samples_seen);
   /// This trainer's timeline (made on first use) while options.trace_path is set, else null.
   trace::Recorder* recorder();
-  /// Writes options.trace_path when set: every rank's events, merged by rank 0 (all ranks call).
-  void write_trace();
+  /// fit()'s loop (train_loop.h) runs on this trainer's state, strategy and callbacks.
+  friend class FitLoop;
 
   TrainState state_;
   /// True when the trainer built the optimizer itself (SGD from options.lr and momentum).
