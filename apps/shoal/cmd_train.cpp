@@ -173,7 +173,7 @@ void add_training_feature_options(CLI::App& app, train::TrainOptions& options) {
   app.add_option("--optimizer", options.optimizer,
                  "sgd (--lr, --momentum), adam or adamw (torch.optim.Adam / AdamW: --lr, --betas,\n"
                  "--eps, --weight-decay)")
-      ->check(CLI::IsMember(train::optimizer_names()))
+      ->check(CLI::IsMember(train::train_option_choices("--optimizer")))
       ->capture_default_str();
   app.add_option_function<std::vector<double>>(
          "--betas",
@@ -221,7 +221,7 @@ void add_training_feature_options(CLI::App& app, train::TrainOptions& options) {
                  "fp32, or bf16: forward and loss under CPU autocast to bfloat16 (weights, gradients\n"
                  "and optimizer stay float32), or fp16: autocast to float16 with a loss scaler\n"
                  "(torch.amp.GradScaler: inf/NaN steps skipped); needs --device cuda or LibTorch >= 2.4")
-      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}))
+      ->check(CLI::IsMember(train::train_option_choices("--precision")))
       ->capture_default_str();
   app.add_option("--device", options.device,
                  "cpu, or cuda / cuda:N: the model, each batch and autocast on that GPU (cuda = the\n"
@@ -237,7 +237,7 @@ void add_token_data_options(CLI::App& app, train::TrainOptions& options) {
       ->type_name("FILE");
   app.add_option("--token-dtype", options.token_dtype,
                  "Token files' id width: uint16 (nanoGPT's, `shoal data tokenize`) or uint32")
-      ->check(CLI::IsMember({"uint16", "uint32"}))
+      ->check(CLI::IsMember(train::train_option_choices("--token-dtype")))
       ->capture_default_str();
 }
 
@@ -249,7 +249,7 @@ void add_model_options(CLI::App& app, train::TrainOptions& options) {
                  "cross_entropy or nll (class targets; accuracy reported), mse, l1, smooth_l1\n"
                  "or bce_with_logits (float targets of the output's shape, from --data). A\n"
                  "model that computes its own loss (forward(inputs, targets)) ignores it")
-      ->check(CLI::IsMember(train::loss_names()))
+      ->check(CLI::IsMember(train::train_option_choices("--loss")))
       ->default_str("cross_entropy");
   models::GptConfig& gpt = options.gpt;
   app.add_option("--n-layer", gpt.n_layer, "--model gpt: transformer blocks")
@@ -406,7 +406,7 @@ CLI::Option* add_run_options(CLI::App& app, train::TrainOptions& options) {
                  "--gamma); multistep: MultiStepLR (--milestones, --gamma). Stepped after each\n"
                  "optimizer step, after --warmup-steps of LinearLR (SequentialLR); with\n"
                  "--strategy ps the servers' optimizer follows it")
-      ->check(CLI::IsMember({"constant", "cosine", "step", "multistep"}))
+      ->check(CLI::IsMember(train::train_option_choices("--lr-schedule")))
       ->capture_default_str();
   add_training_feature_options(app, options);
   add_model_options(app, options);
@@ -478,7 +478,7 @@ void add_checkpoint_options(CLI::App& app, train::TrainOptions& options) {
                  "shard, DIR/checkpoint_N.sharded/rank_R.pt, nothing gathered; --resume at any\n"
                  "number of processes re-shards it; `shoal ckpt convert` makes it one full file\n"
                  "(PyTorch FSDP's FULL_STATE_DICT and SHARDED_STATE_DICT)")
-      ->check(CLI::IsMember({"full", "sharded"}))
+      ->check(CLI::IsMember(train::train_option_choices("--checkpoint-format")))
       ->capture_default_str();
   app.add_option("--checkpoint-every", options.checkpoint_every,
                  "Also save every N SGD steps (0 = only after epochs)")

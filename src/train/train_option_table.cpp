@@ -83,6 +83,10 @@ struct Row {
     option.mismatch = why;
     return *this;
   }
+  Row& choices(std::vector<std::string> names) {
+    option.choices = std::move(names);
+    return *this;
+  }
   Row& hidden() {
     option.hidden = true;
     return *this;
@@ -162,7 +166,8 @@ void add_model_rows(std::vector<TrainOption>& rows) {
                                             "', which this build does not know; pass --loss");
                               o.loss = parse_loss(loss);
                             })
-                     .resume(OnResume::kInherit).option);
+                     .resume(OnResume::kInherit)
+                     .choices(loss_names()).option);
   // The GPT's sizes: what `shoal generate` rebuilds it from (GptConfig::validate checks them).
   const auto gpt = [&rows](const char* flag, const char* key, auto member) {
     using T = std::decay_t<decltype(std::declval<models::GptConfig&>().*member)>;
@@ -199,6 +204,7 @@ void add_data_rows(std::vector<TrainOption>& rows) {
                   "--val-data ", o.val_data_path, " must be a token file (.bin), as --data");
   }).option);
   rows.push_back(Row("data", "--token-dtype").saved("token_dtype", &TrainOptions::token_dtype)
+                     .choices({"uint16", "uint32"})
                      .when([](const TrainOptions& o) { return is_gpt(o) && is_token_file(o.data_path); })
                      .check([](const TrainOptions& o) {
                        SHOAL_CHECK_T(InvalidArgument, o.token_dtype == "uint16" || o.token_dtype == "uint32",
@@ -276,6 +282,7 @@ void add_run_length_rows(std::vector<TrainOption>& rows) {
 
 void add_optimizer_rows(std::vector<TrainOption>& rows) {
   rows.push_back(Row("optimizer", "--optimizer").saved("optimizer", &TrainOptions::optimizer)
+                     .choices(optimizer_names())
                      .reads([](TrainOptions& o, const c10::IValue& value, const std::string& who) {
                        o.optimizer = value.toStringRef();
                        SHOAL_CHECK_T(CheckpointError, known_optimizer(o.optimizer), who,
@@ -321,6 +328,7 @@ void add_optimizer_rows(std::vector<TrainOption>& rows) {
 
 void add_schedule_rows(std::vector<TrainOption>& rows) {
   rows.push_back(Row("schedule", "--lr-schedule").saved("lr_schedule", &TrainOptions::lr_schedule)
+                     .choices({"constant", "cosine", "step", "multistep"})
                      .reads([](TrainOptions& o, const c10::IValue& value, const std::string& who) {
                        o.lr_schedule = value.toStringRef();
                        SHOAL_CHECK_T(CheckpointError, known_lr_schedule(o.lr_schedule), who,
@@ -383,6 +391,7 @@ void add_compute_rows(std::vector<TrainOption>& rows) {
                   "--device must be cpu, cuda or cuda:N, got '", o.device, "'");
   }).option);
   rows.push_back(Row("compute", "--precision").saved("precision", &TrainOptions::precision)
+                     .choices({"fp32", "bf16", "fp16"})
                      .resume(OnResume::kInherit)
                      .check(check_precision).option);
   rows.push_back(Row("compute", "--threads").check([](const TrainOptions& o) {
@@ -395,7 +404,7 @@ void add_compute_rows(std::vector<TrainOption>& rows) {
 
 void add_checkpoint_rows(std::vector<TrainOption>& rows) {
   rows.push_back(Row("checkpoint", "--checkpoint-dir").option);
-  rows.push_back(Row("checkpoint", "--checkpoint-format").check([](const TrainOptions& o) {
+  rows.push_back(Row("checkpoint", "--checkpoint-format").choices({"full", "sharded"}).check([](const TrainOptions& o) {
     SHOAL_CHECK_T(InvalidArgument, o.checkpoint_format == "full" || o.checkpoint_format == "sharded",
                   "--checkpoint-format must be full or sharded, got '", o.checkpoint_format, "'");
   }).option);
@@ -502,6 +511,13 @@ const TrainOption* find_train_option(const std::string& flag) {
     if (flag == row.flag) return &row;
   }
   return nullptr;
+}
+
+const std::vector<std::string>& train_option_choices(const std::string& flag) {
+  const TrainOption* row = find_train_option(flag);
+  SHOAL_CHECK_T(InvalidArgument, row != nullptr && !row->choices.empty(), flag,
+                " is not a training option with choices");
+  return row->choices;
 }
 
 std::map<std::string, c10::IValue> saved_train_config(const TrainOptions& options) {

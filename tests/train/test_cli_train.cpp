@@ -13,6 +13,7 @@
 #include "shoal/checkpoint/checkpoint_manager.h"
 #include "shoal/checkpoint/serialization.h"
 #include "shoal/checkpoint/training_state.h"
+#include "shoal/error.h"
 #include "shoal/train/train_option_table.h"
 #include "shoal/train/trainer.h"
 #include "testing/dependencies.h"
@@ -225,10 +226,28 @@ TEST(CliTrain, OptionTableMatchesHelpValidateAndCheckpointConfig) {
     EXPECT_TRUE(rows.count(flag) > 0 || others.count(flag) > 0)
         << flag << " is in --help but not in train_option_table()";
   }
-  // validate() is the rows' checks: the defaults pass each.
+  // validate() is the rows' checks: the defaults pass each; each choice the CLI offers passes,
+  // a name beside them does not.
   const shoal::train::TrainOptions defaults;
   for (const shoal::train::TrainOption& row : shoal::train::train_option_table()) {
     if (row.check) EXPECT_NO_THROW(row.check(defaults)) << row.flag;
+    if (row.choices.empty() || !row.set) continue;
+    // A field of an enum type (the loss) has no check: its set() parses.
+    const auto check = row.check ? row.check : [](const shoal::train::TrainOptions&) {};
+    shoal::train::TrainOptions options;
+    options.device = "cuda";  // fp16 needs it on LibTorch < 2.4
+    for (const std::string& choice : row.choices) {
+      row.set(options, c10::IValue(choice), "test");
+      EXPECT_NO_THROW(check(options)) << row.flag << " " << choice;
+    }
+    bool refused = false;
+    try {
+      row.set(options, c10::IValue(std::string("none-of-these")), "test");
+      check(options);
+    } catch (const shoal::Error&) {
+      refused = true;
+    }
+    EXPECT_TRUE(refused) << row.flag << " takes a name beside its choices";
   }
   // A checkpoint of a short run.
   const std::string dir = shoal::testing::make_small_dataset_dir(64, 16);

@@ -45,6 +45,8 @@ struct TrainOption {
   SavedType type = SavedType::kNumber;
   OnResume on_resume = OnResume::kKeep;
   bool hidden = false;  ///< a flag for tests, kept out of --help
+  /// The names a text option takes (the CLI offers these); empty: any value its check allows.
+  std::vector<std::string> choices;
   /// The value as a checkpoint saves it (set for saved options).
   std::function<c10::IValue(const TrainOptions&)> get;
   /// Sets the field from a saved value, as read by `type`; `who` names the checkpoint in errors
@@ -67,6 +69,9 @@ const std::vector<TrainOption>& train_option_table();
 
 /// The row of `flag` ("--lr"), or nullptr.
 const TrainOption* find_train_option(const std::string& flag);
+
+/// The choices of `flag`'s row; InvalidArgument when it has no row or no choices.
+const std::vector<std::string>& train_option_choices(const std::string& flag);
 
 /// The config a checkpoint of a run with `options` saves: every saved option's key and value.
 std::map<std::string, c10::IValue> saved_train_config(const TrainOptions& options);
