@@ -52,6 +52,7 @@
 #include "shoal/launcher/launch.h"
 #include "shoal/memory/cpu_allocator.h"
 #include "shoal/parallel/comm_hooks.h"
+#include "shoal/train/ddp_strategy.h"
 #include "shoal/parallel/distributed_data_parallel.h"
 
 namespace shoal::cli {
@@ -208,13 +209,13 @@ void run_worker_with(const DdpBenchArgs& args) {
     DistributedDataParallel<models::Model> ddp(model, group, options);
     const std::string hook = args.comm_hooks.at(0);
     std::shared_ptr<parallel::PowerSGDState> power_sgd;
-    if (hook == "fp16") ddp.register_comm_hook(parallel::fp16_compress_hook(group));
-    if (hook == "bf16") ddp.register_comm_hook(parallel::bf16_compress_hook(group));
     if (hook == "powersgd") {
       power_sgd = std::make_shared<parallel::PowerSGDState>();
       power_sgd->matrix_approximation_rank = args.powersgd_rank;
       power_sgd->start_powerSGD_iter = std::max(2, args.warmup);  // every timed step compressed
-      ddp.register_comm_hook(parallel::powerSGD_hook(group, power_sgd));
+    }
+    if (auto comm_hook = train::make_comm_hook(train::parse_comm_hook(hook), group, power_sgd)) {
+      ddp.register_comm_hook(comm_hook);
     }
     auto forward_loss = [&] { return torch::cross_entropy_loss(ddp.forward(x), y); };
     PhaseTimer warm, timed;

@@ -46,6 +46,20 @@ struct RunArgs {
   std::string redirects = "0";
   std::string tee = "0";
   std::vector<std::string> command;
+  // Flags whose presence matters under srun (SLURM's values fill in those not given).
+  CLI::Option* nnodes_flag = nullptr;
+  CLI::Option* node_rank_flag = nullptr;
+  CLI::Option* master_addr_flag = nullptr;
+  CLI::Option* master_port_flag = nullptr;
+};
+
+/// Where the job's nodes meet: how many, which one this is, rank 0's address, the job's id.
+struct Rendezvous {
+  int nodes = 1;
+  int node_rank = 0;
+  std::string addr;
+  int port = 0;
+  std::string run_id;
 };
 
 // Why 29400: torchrun's default port for a c10d rendezvous endpoint given without one.
@@ -125,6 +139,196 @@ std::string random_run_id() {
   return text;
 }
 
+/// How many processes, on how many nodes, and where node 0 is.
+void add_process_flags(CLI::App& app, RunArgs& args) {
+  app.add_option("--nproc-per-node,--nproc_per_node", args.nproc_per_node,
+                 "worker processes on this node: N, auto (GPUs, else CPUs), cpu or gpu")
+      ->capture_default_str();
+  app.add_option("--num-servers,--num_servers", args.num_servers,
+                 "parameter-server processes on this node (ROLE_NAME=server; the workers get\n"
+                 "ROLE_NAME=worker); both roles get SHOAL_PS_NUM_SERVERS and SHOAL_PS_NUM_WORKERS")
+      ->check(CLI::Range(0, 1024))
+      ->capture_default_str();
+  app.add_flag("--tolerate-worker-failures", args.tolerate_worker_failures,
+               "a failed worker does not stop the others (parameter server under asp/ssp); a\n"
+               "failed server still stops the job");
+  args.nnodes_flag = app.add_option("--nnodes", args.nnodes,
+                                    "number of nodes of the job: N, or MIN:MAX with MIN == MAX (no "
+                                    "elastic ranges)")
+      ->capture_default_str();
+  args.node_rank_flag = app.add_option("--node-rank,--node_rank", args.node_rank,
+                                       "this node's index, 0..nnodes-1")
+      ->capture_default_str();
+  args.master_addr_flag = app.add_option("--master-addr,--master_addr", args.master_addr,
+                                         "address of node 0, where rank 0 listens for the rendezvous")
+      ->capture_default_str();
+  args.master_port_flag = app.add_option("--master-port,--master_port", args.master_port,
+                                         "port of the rendezvous; 0 picks a free one (single node only)")
+      ->capture_default_str();
+}
+
+/// torchrun's rendezvous and agent flags, accepted with its spellings.
+void add_torchrun_flags(CLI::App& app, RunArgs& args) {
+  app.add_flag("--standalone", args.standalone,
+               "one node, a rendezvous on a free local port and a random --rdzv-id (torchrun's)");
+  app.add_option("--rdzv-backend,--rdzv_backend", args.rdzv_backend,
+                 "static (the master is --master-addr:--master-port) or c10d (the master is\n"
+                 "--rdzv-endpoint); node ranks are static either way (give --node-rank)")
+      ->check(CLI::IsMember({"static", "c10d"}))
+      ->capture_default_str();
+  app.add_option("--rdzv-endpoint,--rdzv_endpoint", args.rdzv_endpoint,
+                 "HOST[:PORT] where rank 0 serves the rendezvous (port default 29400)");
+  app.add_option("--rdzv-id,--rdzv_id", args.rdzv_id,
+                 "the job's id, given to the workers as TORCHELASTIC_RUN_ID")
+      ->capture_default_str();
+  app.add_option("--monitor-interval,--monitor_interval", args.monitor_interval_s,
+                 "seconds between torchrun's checks of its workers; accepted, and needless here:\n"
+                 "shoal run sees a worker's exit at once (SIGCHLD)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--start-method,--start_method", args.start_method,
+                 "Python's multiprocessing start method; accepted and ignored (a worker that is\n"
+                 "this shoal program starts by fork alone, any other by fork+exec;\n"
+                 "SHOAL_LAUNCH_EXEC=1 execs every worker)")
+      ->check(CLI::IsMember({"spawn", "fork", "forkserver"}))
+      ->capture_default_str();
+  app.add_option("--role", args.role, "ROLE_NAME given to the workers (default worker)");
+  app.add_flag("--no-python,--no_python", args.no_python,
+               "accepted: PROGRAM is always run as it is (shoal run never prepends python)");
+  app.add_flag("-m,--module", args.module, "refused: run python -m MODULE as PROGRAM instead");
+  app.add_flag("--run-path,--run_path", args.run_path, "refused: give the program to run");
+  app.add_option("--log-dir,--log_dir", args.log_dir,
+                 "where --redirects and --tee write the workers' logs:\n"
+                 "DIR/RDZV_ID_XXXXXX/attempt_N/LOCAL_RANK/{stdout,stderr}.log")
+      ->type_name("DIR");
+  app.add_option("-r,--redirects", args.redirects,
+                 "streams written to the log file instead of the console: 0 none, 1 stdout,\n"
+                 "2 stderr, 3 both, or per local rank (0:3,1:0)")
+      ->capture_default_str();
+  app.add_option("-t,--tee", args.tee,
+                 "streams written to the log file and to the console (same values as --redirects)")
+      ->capture_default_str();
+}
+
+/// How the workers' output is shown, and how failures are handled.
+void add_output_flags(CLI::App& app, RunArgs& args) {
+  app.add_flag("--no-prefix", args.no_prefix,
+               "do not prefix worker output lines with \"[rank N] \"");
+  app.add_option("--grace-period", args.grace_period_s,
+                 "seconds the other workers get after SIGTERM (when one failed) before SIGKILL")
+      ->capture_default_str();
+  app.add_option("--max-restarts,--max_restarts", args.max_restarts,
+                 "when a worker fails, restart all workers up to this many times (they see "
+                 "TORCHELASTIC_RESTART_COUNT and resume from their last checkpoint)")
+      ->capture_default_str();
+}
+
+/// Refuses the words shoal run cannot run: unknown options, and torchrun's Python-only modes.
+void check_command(const CLI::App& app, const RunArgs& args) {
+  for (const auto& word : app.remaining()) {
+    SHOAL_CHECK_T(InvalidArgument, word == "--", "shoal run: unknown option '", word,
+                  "' (see shoal run --help)");
+  }
+  SHOAL_CHECK_T(InvalidArgument, !args.module,
+                "shoal run: -m/--module runs Python modules, which shoal run does not do: give "
+                "`python3 -m MODULE` as the program");
+  SHOAL_CHECK_T(InvalidArgument, !args.run_path,
+                "shoal run: --run-path runs a script inside torchrun's own Python, which shoal run "
+                "does not have: give the program");
+}
+
+/// --rdzv-endpoint HOST[:PORT] (c10d): node 0's address and port.
+void use_rdzv_endpoint(const RunArgs& args, Rendezvous& rdzv) {
+  SHOAL_CHECK_T(InvalidArgument, !args.rdzv_endpoint.empty(),
+                "shoal run: --rdzv-backend c10d needs --rdzv-endpoint HOST[:PORT] (node 0's address)");
+  const std::string& endpoint = args.rdzv_endpoint;
+  const size_t colon = endpoint.rfind(':');
+  const bool has_port = colon != std::string::npos && endpoint.find(':') == colon;  // not IPv6
+  rdzv.addr = has_port ? endpoint.substr(0, colon) : endpoint;
+  if (rdzv.addr.size() > 2 && rdzv.addr.front() == '[' && rdzv.addr.back() == ']') {
+    rdzv.addr = rdzv.addr.substr(1, rdzv.addr.size() - 2);
+  }
+  check_host(rdzv.addr, "--rdzv-endpoint", endpoint);
+  rdzv.port = has_port ? parse_port(endpoint.substr(colon + 1), "--rdzv-endpoint") : kDefaultRdzvPort;
+  SHOAL_CHECK_T(InvalidArgument, rdzv.nodes == 1 || args.node_rank_flag->count() > 0,
+                "shoal run: --rdzv-backend c10d across ", rdzv.nodes,
+                " nodes: shoal run assigns node ranks statically, so give each node its --node-rank "
+                "(0..", rdzv.nodes - 1, ")");
+}
+
+/// One shoal run per node under srun: the job's shape comes from SLURM, where no flag gave it.
+void use_slurm(const RunArgs& args, Rendezvous& rdzv) {
+  const comm::RankInfo slurm = comm::detect_rank_info();
+  if (slurm.source != "slurm" || !slurm.launched) return;
+  if (args.nnodes_flag->count() == 0) rdzv.nodes = slurm.world_size;
+  if (args.node_rank_flag->count() == 0) rdzv.node_rank = slurm.rank;
+  const bool own_master = !args.standalone && args.rdzv_endpoint.empty();
+  if (args.master_addr_flag->count() == 0 && own_master) rdzv.addr = slurm.master_addr;
+  if (args.master_port_flag->count() == 0 && own_master) rdzv.port = slurm.master_port;
+  if (args.rdzv_id == "none") {
+    rdzv.run_id = std::getenv("SLURM_JOB_ID") ? std::getenv("SLURM_JOB_ID") : "none";
+  }
+}
+
+/// The rendezvous the flags (and SLURM) describe.
+Rendezvous find_rendezvous(const RunArgs& args) {
+  Rendezvous rdzv{parse_nnodes(args.nnodes), args.node_rank, args.master_addr, args.master_port,
+                  args.rdzv_id};
+  check_host(rdzv.addr, "--master-addr", rdzv.addr);
+  if (args.standalone) {
+    // torchrun --standalone: one node, a free local port, a random id.
+    SHOAL_CHECK_T(InvalidArgument, rdzv.nodes == 1, "shoal run: --standalone ",
+                  "is one node; drop --nnodes ", args.nnodes);
+    rdzv.addr = "localhost";
+    rdzv.port = 0;
+    rdzv.run_id = random_run_id();
+  } else if (args.rdzv_backend == "c10d" || !args.rdzv_endpoint.empty()) {
+    use_rdzv_endpoint(args, rdzv);
+  }
+  use_slurm(args, rdzv);
+  return rdzv;
+}
+
+/// The launcher's options: the job's roles and processes, its rendezvous, its output.
+launcher::LaunchOptions launch_options(const RunArgs& args, int nproc_per_node,
+                                       const Rendezvous& rdzv) {
+  auto options = args.num_servers > 0
+                     ? launcher::LaunchOptions::parameter_server(nproc_per_node, args.num_servers,
+                                                                 args.command, rdzv.nodes)
+                     : launcher::LaunchOptions::workers(nproc_per_node, args.command);
+  if (!args.role.empty()) {
+    SHOAL_CHECK_T(InvalidArgument, args.num_servers == 0,
+                  "shoal run: --role names the workers of a plain job; a parameter-server job's "
+                  "roles are worker and server");
+    options.roles.front().env.emplace_back("ROLE_NAME", args.role);
+  }
+  options.nnodes = rdzv.nodes;
+  options.node_rank = rdzv.node_rank;
+  options.master_addr = rdzv.addr;
+  options.master_port = rdzv.port;
+  options.run_id = rdzv.run_id;
+  options.prefix_output = !args.no_prefix;
+  options.max_restarts = args.max_restarts;
+  options.tolerate_worker_failures = args.tolerate_worker_failures;
+  options.log_dir = args.log_dir;
+  options.redirects = launcher::StreamLogs::parse(args.redirects, "--redirects");
+  options.tee = launcher::StreamLogs::parse(args.tee, "--tee");
+  SHOAL_CHECK_T(InvalidArgument, std::isfinite(args.grace_period_s) && args.grace_period_s >= 0,
+                "--grace-period must be a number of seconds >= 0");
+  options.grace_period =
+      std::chrono::milliseconds(static_cast<long long>(args.grace_period_s * 1000));
+  return options;
+}
+
+/// `shoal run`: checks the command, finds the rendezvous and launches the job.
+int run_job(const CLI::App& app, const RunArgs& args) {
+  check_command(app, args);
+  const int nproc_per_node = parse_nproc_per_node(args.nproc_per_node);
+  const launcher::LaunchOptions options =
+      launch_options(args, nproc_per_node, find_rendezvous(args));
+  return launcher::launch(options);
+}
+
 }  // namespace
 
 void add_run_command(CLI::App& root, std::vector<Command>& commands) {
@@ -136,79 +340,9 @@ void add_run_command(CLI::App& root, std::vector<Command>& commands) {
       "When one worker fails the others are stopped and shoal run exits with its status.\n"
       "torchrun's flags are accepted, with its underscore spellings (docs/GUIDE.md has the table).\n"
       "Under srun (one shoal run per node), --nnodes, --node-rank and the master come from SLURM.");
-  auto* nproc = app->add_option("--nproc-per-node,--nproc_per_node", args->nproc_per_node,
-                  "worker processes on this node: N, auto (GPUs, else CPUs), cpu or gpu")
-      ->capture_default_str();
-  (void)nproc;
-  app->add_option("--num-servers,--num_servers", args->num_servers,
-                  "parameter-server processes on this node (ROLE_NAME=server; the workers get\n"
-                  "ROLE_NAME=worker); both roles get SHOAL_PS_NUM_SERVERS and SHOAL_PS_NUM_WORKERS")
-      ->check(CLI::Range(0, 1024))
-      ->capture_default_str();
-  app->add_flag("--tolerate-worker-failures", args->tolerate_worker_failures,
-                "a failed worker does not stop the others (parameter server under asp/ssp); a\n"
-                "failed server still stops the job");
-  auto* nnodes = app->add_option("--nnodes", args->nnodes,
-                                 "number of nodes of the job: N, or MIN:MAX with MIN == MAX (no "
-                                 "elastic ranges)")
-                     ->capture_default_str();
-  auto* node_rank = app->add_option("--node-rank,--node_rank", args->node_rank,
-                                    "this node's index, 0..nnodes-1")
-                        ->capture_default_str();
-  auto* master_addr = app->add_option("--master-addr,--master_addr", args->master_addr,
-                                      "address of node 0, where rank 0 listens for the rendezvous")
-                          ->capture_default_str();
-  auto* master_port = app->add_option("--master-port,--master_port", args->master_port,
-                                      "port of the rendezvous; 0 picks a free one (single node only)")
-                          ->capture_default_str();
-  app->add_flag("--standalone", args->standalone,
-                "one node, a rendezvous on a free local port and a random --rdzv-id (torchrun's)");
-  app->add_option("--rdzv-backend,--rdzv_backend", args->rdzv_backend,
-                  "static (the master is --master-addr:--master-port) or c10d (the master is\n"
-                  "--rdzv-endpoint); node ranks are static either way (give --node-rank)")
-      ->check(CLI::IsMember({"static", "c10d"}))
-      ->capture_default_str();
-  app->add_option("--rdzv-endpoint,--rdzv_endpoint", args->rdzv_endpoint,
-                  "HOST[:PORT] where rank 0 serves the rendezvous (port default 29400)");
-  app->add_option("--rdzv-id,--rdzv_id", args->rdzv_id,
-                  "the job's id, given to the workers as TORCHELASTIC_RUN_ID")
-      ->capture_default_str();
-  app->add_option("--monitor-interval,--monitor_interval", args->monitor_interval_s,
-                  "seconds between torchrun's checks of its workers; accepted, and needless here:\n"
-                  "shoal run sees a worker's exit at once (SIGCHLD)")
-      ->check(CLI::PositiveNumber)
-      ->capture_default_str();
-  app->add_option("--start-method,--start_method", args->start_method,
-                  "Python's multiprocessing start method; accepted and ignored (a worker that is\n"
-                  "this shoal program starts by fork alone, any other by fork+exec;\n"
-                  "SHOAL_LAUNCH_EXEC=1 execs every worker)")
-      ->check(CLI::IsMember({"spawn", "fork", "forkserver"}))
-      ->capture_default_str();
-  app->add_option("--role", args->role, "ROLE_NAME given to the workers (default worker)");
-  app->add_flag("--no-python,--no_python", args->no_python,
-                "accepted: PROGRAM is always run as it is (shoal run never prepends python)");
-  app->add_flag("-m,--module", args->module, "refused: run python -m MODULE as PROGRAM instead");
-  app->add_flag("--run-path,--run_path", args->run_path, "refused: give the program to run");
-  app->add_option("--log-dir,--log_dir", args->log_dir,
-                  "where --redirects and --tee write the workers' logs:\n"
-                  "DIR/RDZV_ID_XXXXXX/attempt_N/LOCAL_RANK/{stdout,stderr}.log")
-      ->type_name("DIR");
-  app->add_option("-r,--redirects", args->redirects,
-                  "streams written to the log file instead of the console: 0 none, 1 stdout,\n"
-                  "2 stderr, 3 both, or per local rank (0:3,1:0)")
-      ->capture_default_str();
-  app->add_option("-t,--tee", args->tee,
-                  "streams written to the log file and to the console (same values as --redirects)")
-      ->capture_default_str();
-  app->add_flag("--no-prefix", args->no_prefix,
-                "do not prefix worker output lines with \"[rank N] \"");
-  app->add_option("--grace-period", args->grace_period_s,
-                  "seconds the other workers get after SIGTERM (when one failed) before SIGKILL")
-      ->capture_default_str();
-  app->add_option("--max-restarts,--max_restarts", args->max_restarts,
-                  "when a worker fails, restart all workers up to this many times (they see "
-                  "TORCHELASTIC_RESTART_COUNT and resume from their last checkpoint)")
-      ->capture_default_str();
+  add_process_flags(*app, *args);
+  add_torchrun_flags(*app, *args);
+  add_output_flags(*app, *args);
   app->footer(
       "Example: shoal run --nproc-per-node 2 ./train --epochs 3\n"
       "         shoal run --standalone --nproc-per-node auto ./train\n"
@@ -220,101 +354,7 @@ void add_run_command(CLI::App& root, std::vector<Command>& commands) {
   app->positionals_at_end();
   app->allow_extras();
 
-  commands.push_back({app, [app, args, nnodes, node_rank, master_addr, master_port] {
-                        for (const auto& word : app->remaining()) {
-                          SHOAL_CHECK_T(InvalidArgument, word == "--", "shoal run: unknown option '",
-                                        word, "' (see shoal run --help)");
-                        }
-                        SHOAL_CHECK_T(InvalidArgument, !args->module,
-                                      "shoal run: -m/--module runs Python modules, which shoal run "
-                                      "does not do: give `python3 -m MODULE` as the program");
-                        SHOAL_CHECK_T(InvalidArgument, !args->run_path,
-                                      "shoal run: --run-path runs a script inside torchrun's own "
-                                      "Python, which shoal run does not have: give the program");
-                        const int nproc_per_node = parse_nproc_per_node(args->nproc_per_node);
-                        int node_count = parse_nnodes(args->nnodes);
-                        int this_node = args->node_rank;
-                        std::string addr = args->master_addr;
-                        check_host(addr, "--master-addr", addr);
-                        int port = args->master_port;
-                        std::string run_id = args->rdzv_id;
-                        if (args->standalone) {
-                          // torchrun --standalone: one node, a free local port, a random id.
-                          SHOAL_CHECK_T(InvalidArgument, node_count == 1, "shoal run: --standalone ",
-                                        "is one node; drop --nnodes ", args->nnodes);
-                          addr = "localhost";
-                          port = 0;
-                          run_id = random_run_id();
-                        } else if (args->rdzv_backend == "c10d" || !args->rdzv_endpoint.empty()) {
-                          SHOAL_CHECK_T(InvalidArgument, !args->rdzv_endpoint.empty(),
-                                        "shoal run: --rdzv-backend c10d needs --rdzv-endpoint "
-                                        "HOST[:PORT] (node 0's address)");
-                          const std::string& endpoint = args->rdzv_endpoint;
-                          const size_t colon = endpoint.rfind(':');
-                          const bool has_port = colon != std::string::npos &&
-                                                endpoint.find(':') == colon;  // not an IPv6 literal
-                          addr = has_port ? endpoint.substr(0, colon) : endpoint;
-                          if (addr.size() > 2 && addr.front() == '[' && addr.back() == ']') {
-                            addr = addr.substr(1, addr.size() - 2);
-                          }
-                          check_host(addr, "--rdzv-endpoint", endpoint);
-                          port = has_port ? parse_port(endpoint.substr(colon + 1), "--rdzv-endpoint")
-                                          : kDefaultRdzvPort;
-                          SHOAL_CHECK_T(InvalidArgument, node_count == 1 || node_rank->count() > 0,
-                                        "shoal run: --rdzv-backend c10d across ", node_count,
-                                        " nodes: shoal run assigns node ranks statically, so give "
-                                        "each node its --node-rank (0..", node_count - 1, ")");
-                        }
-                        // One shoal run per node under srun: the job's shape comes from SLURM.
-                        const comm::RankInfo slurm = comm::detect_rank_info();
-                        if (slurm.source == "slurm" && slurm.launched) {
-                          if (nnodes->count() == 0) node_count = slurm.world_size;
-                          if (node_rank->count() == 0) this_node = slurm.rank;
-                          if (master_addr->count() == 0 && !args->standalone &&
-                              args->rdzv_endpoint.empty()) {
-                            addr = slurm.master_addr;
-                          }
-                          if (master_port->count() == 0 && !args->standalone &&
-                              args->rdzv_endpoint.empty()) {
-                            port = slurm.master_port;
-                          }
-                          if (args->rdzv_id == "none") {
-                            run_id = std::getenv("SLURM_JOB_ID") ? std::getenv("SLURM_JOB_ID") : "none";
-                          }
-                        }
-                        std::vector<std::string> command = args->command;
-                        auto options =
-                            args->num_servers > 0
-                                ? launcher::LaunchOptions::parameter_server(
-                                      nproc_per_node, args->num_servers, std::move(command),
-                                      node_count)
-                                : launcher::LaunchOptions::workers(nproc_per_node,
-                                                                   std::move(command));
-                        if (!args->role.empty()) {
-                          SHOAL_CHECK_T(InvalidArgument, args->num_servers == 0,
-                                        "shoal run: --role names the workers of a plain job; a "
-                                        "parameter-server job's roles are worker and server");
-                          options.roles.front().env.emplace_back("ROLE_NAME", args->role);
-                        }
-                        options.nnodes = node_count;
-                        options.node_rank = this_node;
-                        options.master_addr = addr;
-                        options.master_port = port;
-                        options.run_id = run_id;
-                        options.prefix_output = !args->no_prefix;
-                        options.max_restarts = args->max_restarts;
-                        options.tolerate_worker_failures = args->tolerate_worker_failures;
-                        options.log_dir = args->log_dir;
-                        options.redirects = launcher::StreamLogs::parse(args->redirects, "--redirects");
-                        options.tee = launcher::StreamLogs::parse(args->tee, "--tee");
-                        SHOAL_CHECK_T(InvalidArgument,
-                                      std::isfinite(args->grace_period_s) &&
-                                          args->grace_period_s >= 0,
-                                      "--grace-period must be a number of seconds >= 0");
-                        options.grace_period = std::chrono::milliseconds(
-                            static_cast<long long>(args->grace_period_s * 1000));
-                        return launcher::launch(options);
-                      }});
+  commands.push_back({app, [app, args] { return run_job(*app, *args); }});
 }
 
 }  // namespace shoal::cli

@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <climits>
 #include <cmath>
+#include <optional>
 #include <set>
 #include <thread>
 #include <cstdio>
@@ -38,37 +39,21 @@
 #include "shoal/train/model_parallel_ddp_strategy.h"
 #include "shoal/train/pipeline_strategy.h"
 #include "shoal/train/ps_strategy.h"
+#include "shoal/train/train_option_table.h"
+#include "shoal/train/strategy_spec.h"
 #include "shoal/train/trainer.h"
 
 namespace shoal::cli {
 namespace {
 
-struct TrainArgs {
-  std::string strategy = "single";
-  int nproc_per_node = 2;
-  std::string backend = "auto";
+/// What `shoal train`'s flags fill in, and the flags whose presence matters.
+struct TrainCli {
+  train::TrainOptions options;
+  train::StrategySpec spec;
   bool no_progress = false;
-  int max_restarts = 0;
-  // --strategy ps
-  std::string consistency = "bsp";
-  int staleness = 2;
-  int servers = 1;
-  int workers = 2;
-  double worker_timeout_s = 60;
-  // --strategy ddp
-  std::string comm_hook = "allreduce";
-  std::string bucket_cap_mb = "25";  // MiB, or auto
-  int64_t powersgd_rank = 1;
-  int64_t powersgd_start_iter = 1000;
-  // --strategy pipeline
-  int stages = 2;
-  int64_t micro_batches = 4;
-  std::string schedule = "1f1b";
-  bool recompute = false;
-  // --strategy dp and pipeline (0: the strategy's default, 2 for dp and 1 for pipeline)
-  int replicas = 0;
-  int model_parallel = 1;  // --strategy ddp: parts each rank's model is split into
-  int shard = 3;           // --strategy fsdp: ZeRO stage
+  CLI::App* app = nullptr;
+  CLI::Option* threads = nullptr;  ///< given: no core-based default
+  CLI::Option* nproc = nullptr;    ///< given: needs a job that launches processes
 };
 
 /// The shard's checkpoints beside the workers': "ps-server<i>.step<N>.pt", saved whenever the
@@ -83,8 +68,7 @@ void configure_server_checkpoints(const train::TrainOptions& options, const ps::
   server.step_checkpoint_prefix = options.checkpoint_dir + "/" + name;
   // One more than the workers keep: the newest may be a step whose workers' save was cut off.
   server.step_checkpoint_keep = options.checkpoint_keep > 0 ? options.checkpoint_keep + 1 : 0;
-  const bool restarted = std::getenv("TORCHELASTIC_RESTART_COUNT") != nullptr &&
-                         std::atoi(std::getenv("TORCHELASTIC_RESTART_COUNT")) > 0;
+  const bool restarted = launcher::restart_count() > 0;
   if (!options.resume && !restarted) return;
   // The checkpoint the workers resume from (they pick it the same way).
   const auto point = checkpoint::load_latest_intact(options.checkpoint_dir);
@@ -119,27 +103,28 @@ void configure_server_checkpoints(const train::TrainOptions& options, const ps::
 
 /// A parameter-server process of `shoal train --strategy ps`: serves the workers with SGD of the
 /// run's learning rate and momentum, and says what it observed.
-int run_ps_server(const train::TrainOptions& options, const TrainArgs& args) {
+int run_ps_server(const train::TrainOptions& options, const train::StrategySpec& spec) {
   const ps::Job job = ps::job_from_env();
   if (options.threads > 0) compat::set_compute_threads(options.threads);
   ps::ServerOptions server;
-  server.consistency = ps::parse_consistency(args.consistency);
-  server.staleness = args.staleness;
+  server.consistency = ps::parse_consistency(spec.consistency);
+  server.staleness = spec.staleness;
   server.worker_timeout =
-      std::chrono::milliseconds(static_cast<long long>(args.worker_timeout_s * 1000));
-  if (options.optimizer == "sgd") {
+      std::chrono::milliseconds(static_cast<long long>(spec.worker_timeout_s * 1000));
+  const train::Optimizer optimizer = train::parse_optimizer(options.optimizer);
+  if (optimizer == train::Optimizer::kSgd) {
     SHOAL_CHECK_T(InvalidArgument, options.weight_decay.value_or(0) == 0,
                   "--weight-decay with --optimizer sgd is not supported with --strategy ps; use "
                   "--optimizer adamw or adam");
     server.optimizer = std::make_shared<ps::Sgd>(ps::SgdOptions{options.lr, options.momentum});
   } else {
-    // Adam / AdamW on the servers (#29), with the run's hyper-parameters.
+    // Adam / AdamW on the servers, with the run's hyper-parameters.
     ps::AdamOptions adam;
     adam.lr = options.lr;
     adam.beta1 = options.beta1;
     adam.beta2 = options.beta2;
     adam.eps = options.eps;
-    adam.decoupled_weight_decay = options.optimizer == "adamw";
+    adam.decoupled_weight_decay = optimizer == train::Optimizer::kAdamW;
     adam.weight_decay = options.weight_decay.value_or(adam.decoupled_weight_decay ? 1e-2 : 0);
     server.optimizer = std::make_shared<ps::Adam>(adam);
   }
@@ -183,14 +168,12 @@ bool bound_by_launcher() {
   return CPU_EQUAL(&both, &own) && CPU_COUNT(&own) < CPU_COUNT(&parent);
 }
 
-// ---- Optimizer, schedule, clipping, accumulation and precision (#29) ----------------------------
-
 /// The options of the training features, named after PyTorch's arguments.
 void add_training_feature_options(CLI::App& app, train::TrainOptions& options) {
   app.add_option("--optimizer", options.optimizer,
                  "sgd (--lr, --momentum), adam or adamw (torch.optim.Adam / AdamW: --lr, --betas,\n"
                  "--eps, --weight-decay)")
-      ->check(CLI::IsMember({"sgd", "adam", "adamw"}))
+      ->check(CLI::IsMember(train::train_option_choices("--optimizer")))
       ->capture_default_str();
   app.add_option_function<std::vector<double>>(
          "--betas",
@@ -238,7 +221,7 @@ void add_training_feature_options(CLI::App& app, train::TrainOptions& options) {
                  "fp32, or bf16: forward and loss under CPU autocast to bfloat16 (weights, gradients\n"
                  "and optimizer stay float32), or fp16: autocast to float16 with a loss scaler\n"
                  "(torch.amp.GradScaler: inf/NaN steps skipped); needs --device cuda or LibTorch >= 2.4")
-      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}))
+      ->check(CLI::IsMember(train::train_option_choices("--precision")))
       ->capture_default_str();
   app.add_option("--device", options.device,
                  "cpu, or cuda / cuda:N: the model, each batch and autocast on that GPU (cuda = the\n"
@@ -254,7 +237,7 @@ void add_token_data_options(CLI::App& app, train::TrainOptions& options) {
       ->type_name("FILE");
   app.add_option("--token-dtype", options.token_dtype,
                  "Token files' id width: uint16 (nanoGPT's, `shoal data tokenize`) or uint32")
-      ->check(CLI::IsMember({"uint16", "uint32"}))
+      ->check(CLI::IsMember(train::train_option_choices("--token-dtype")))
       ->capture_default_str();
 }
 
@@ -266,7 +249,7 @@ void add_model_options(CLI::App& app, train::TrainOptions& options) {
                  "cross_entropy or nll (class targets; accuracy reported), mse, l1, smooth_l1\n"
                  "or bce_with_logits (float targets of the output's shape, from --data). A\n"
                  "model that computes its own loss (forward(inputs, targets)) ignores it")
-      ->check(CLI::IsMember(train::loss_names()))
+      ->check(CLI::IsMember(train::train_option_choices("--loss")))
       ->default_str("cross_entropy");
   models::GptConfig& gpt = options.gpt;
   app.add_option("--n-layer", gpt.n_layer, "--model gpt: transformer blocks")
@@ -323,9 +306,415 @@ std::string bucket_cap_mb_error(const std::string& value) {
   }
 }
 
+namespace {
+
+/// --strategy ps: the servers, the workers and their consistency.
+void add_ps_options(CLI::App& app, train::StrategySpec& spec) {
+  app.add_option("--consistency", spec.consistency,
+                 "With --strategy ps: bsp (synchronous, DDP's math), asp (asynchronous) or ssp\n"
+                 "(bounded staleness, see --staleness)")
+      ->check(CLI::IsMember({"bsp", "asp", "ssp"}))
+      ->capture_default_str();
+  app.add_option("--staleness", spec.staleness,
+                 "With --consistency ssp: how many clocks the fastest worker may run ahead")
+      ->check(CLI::Range(0, 1000000))
+      ->capture_default_str();
+  app.add_option("--servers", spec.servers, "With --strategy ps: parameter-server processes")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
+  app.add_option("--workers", spec.workers, "With --strategy ps: worker processes")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
+  app.add_option("--worker-timeout", spec.worker_timeout_s,
+                 "With --strategy ps: seconds of silence after which a server presumes a worker\n"
+                 "dead (asp/ssp then go on without it; bsp fails)")
+      ->check(CLI::Range(0.1, 86400.0))
+      ->capture_default_str();
+}
+
+/// --strategy ddp: how gradients travel.
+void add_ddp_options(CLI::App& app, train::StrategySpec& spec) {
+  app.add_option_function<std::string>(
+         "--comm-hook",
+         [&spec](const std::string& name) { spec.comm_hook = train::parse_comm_hook(name); },
+         "With --strategy ddp: how gradients are reduced (PyTorch's register_comm_hook):\n"
+         "allreduce (average), fp16 or bf16 (compressed on the wire), powersgd\n"
+         "(low-rank, see --powersgd-rank and --powersgd-start-iter)")
+      ->check(CLI::IsMember(train::comm_hook_names()))
+      ->default_str("allreduce");
+  app.add_option_function<std::string>(
+         "--bucket-cap-mb",
+         [&spec](const std::string& cap) { spec.bucket_cap_mb = parallel::parse_bucket_cap_mb(cap); },
+         "With --strategy ddp: size of DDP's gradient buckets after the first, in MiB\n"
+         "(PyTorch's bucket_cap_mb), or auto: the first steps time each candidate cap\n"
+         "and keep the fastest (logged, and bucket_cap_mb in --metrics)")
+      ->check(bucket_cap_mb_error)
+      ->default_str("25");
+  app.add_option("--powersgd-rank", spec.powersgd_rank,
+                 "With --comm-hook powersgd: rank of each gradient matrix's approximation")
+      ->check(CLI::Range(int64_t{1}, int64_t{1024}))
+      ->capture_default_str();
+  app.add_option("--powersgd-start-iter", spec.powersgd_start_iter,
+                 "With --comm-hook powersgd: plain allreduce for this many steps first (PyTorch's\n"
+                 "start_powerSGD_iter)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 40))
+      ->capture_default_str();
+}
+
+/// --strategy pipeline: stages, micro-batches and their schedule.
+void add_pipeline_options(CLI::App& app, train::StrategySpec& spec) {
+  app.add_option("--stages", spec.stages,
+                 "With --strategy pipeline: pipeline stages (one process each)")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
+  app.add_option("--micro-batches", spec.micro_batches,
+                 "With --strategy pipeline: micro-batches each batch is split into")
+      ->check(CLI::Range(1, 4096))
+      ->capture_default_str();
+  app.add_option("--schedule", spec.schedule, "With --strategy pipeline: gpipe or 1f1b")
+      ->check(CLI::IsMember({"gpipe", "1f1b"}))
+      ->capture_default_str();
+  app.add_flag("--recompute", spec.recompute,
+               "With --strategy pipeline: recompute activations in backward (less memory)");
+}
+
+/// What is trained, for how long and how: the model, the run's length, the optimizer and its
+/// schedule. Returns --threads, whose presence decides the default thread count.
+CLI::Option* add_run_options(CLI::App& app, train::TrainOptions& options) {
+  std::string models;
+  for (const auto& name : models::list_models()) models += name + ", ";
+  app.add_option("--model", options.model,
+                 "Model to train: " + models + "or a TorchScript file (model.pt, saved with\n"
+                 "torch.jit.script(model).save) under single, ddp, fsdp, dp or ps; pipeline when\n"
+                 "it is a scripted nn.Sequential")
+      ->capture_default_str();
+  app.add_option("--epochs", options.epochs,
+                 "Passes over the training set (60000 Fashion-MNIST images)")
+      ->capture_default_str();
+  app.add_option("--batch-size", options.batch_size,
+                 "Samples per optimizer step on each process: with --strategy ddp the global\n"
+                 "batch is nproc x batch size, as in PyTorch's DDP")
+      ->capture_default_str();
+  app.add_option("--lr", options.lr,
+                 "Learning rate (of SGD, Adam or AdamW), in (0, 1e4]")
+      ->capture_default_str();
+  app.add_option("--momentum", options.momentum, "SGD momentum, in [0, 1)")
+      ->capture_default_str();
+  app.add_option("--lr-schedule", options.lr_schedule,
+                 "constant; cosine: PyTorch's CosineAnnealingLR (T_max = --t-max, default every\n"
+                 "step of the run after the warm-up; eta_min 0); step: StepLR (--step-size,\n"
+                 "--gamma); multistep: MultiStepLR (--milestones, --gamma). Stepped after each\n"
+                 "optimizer step, after --warmup-steps of LinearLR (SequentialLR); with\n"
+                 "--strategy ps the servers' optimizer follows it")
+      ->check(CLI::IsMember(train::train_option_choices("--lr-schedule")))
+      ->capture_default_str();
+  add_training_feature_options(app, options);
+  add_model_options(app, options);
+  app.add_option("--seed", options.seed,
+                 "Seeds the initial weights, the shuffle and dropout: the same seed "
+                 "gives the same run (>= 0)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  return app.add_option(
+      "--threads", options.threads,
+      "Compute threads per process, LibTorch's intra-op and OpenBLAS's (0 = their defaults);\n"
+      "default: this machine's cores divided among the processes on it");
+}
+
+/// --strategy and what a job of processes needs: how many, over which backend, restarts.
+void add_strategy_options(CLI::App& app, TrainCli& cli) {
+  train::StrategySpec& spec = cli.spec;
+  app.add_option_function<std::string>(
+         "--strategy", [&spec](const std::string& name) { spec.kind = train::parse_strategy(name); },
+         "single: one process; ddp: DistributedDataParallel over --nproc-per-node\n"
+         "processes on this host (or the ranks of shoal run / torchrun / mpirun);\n"
+         "dp: DataParallel over --replicas threads in one process;\n"
+         "ps: parameter server, --servers S and --workers W processes;\n"
+         "pipeline: --stages x --replicas processes, the model split into stages;\n"
+         "fsdp: sharded data parallelism (ZeRO stage --shard) over the processes of ddp")
+      ->check(CLI::IsMember(train::strategy_names()))
+      ->default_str("single");
+  cli.nproc = app.add_option("--nproc-per-node,--nproc_per_node", spec.nproc_per_node,
+                             "With --strategy ddp started directly: processes to launch on "
+                             "this host")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
+  app.add_option("--max-restarts,--max_restarts", spec.max_restarts,
+                 "ddp: when a rank dies, restart all ranks up to this many times, resuming from the "
+                 "last intact checkpoint in --checkpoint-dir")
+      ->capture_default_str();
+  app.add_option("--replicas", spec.replicas,
+                 "With --strategy dp: replicas (CPU slots, one thread each; GPUs with CUDA),\n"
+                 "default 2; with --strategy pipeline: data-parallel replicas of the pipeline\n"
+                 "(DDP per stage), default 1")
+      ->check(CLI::Range(1, 1024));
+  app.add_option("--shard", spec.shard,
+                 "With --strategy fsdp: what each rank keeps only its 1/N of (ZeRO's stages):\n"
+                 "1 optimizer state, 2 + gradients, 3 + parameters")
+      ->check(CLI::Range(1, 3))
+      ->capture_default_str();
+  app.add_option("--model-parallel", spec.model_parallel,
+                 "With --strategy ddp: split each rank's model into K parts (micro-batched,\n"
+                 "one thread per part)")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
+  app.add_option("--backend", spec.backend,
+                 "Process-group backend for ddp: auto (shm on one host), shm, gloo, mpi")
+      ->check(CLI::IsMember({"auto", "shm", "gloo", "mpi", "hierarchical"}))
+      ->capture_default_str();
+  add_ps_options(app, spec);
+  add_ddp_options(app, spec);
+  add_pipeline_options(app, spec);
+}
+
+/// Checkpoints, and where a run's weights start from.
+void add_checkpoint_options(CLI::App& app, train::TrainOptions& options) {
+  app.add_option("--checkpoint-dir", options.checkpoint_dir,
+                 "Save a checkpoint (torch.save format) here after every epoch; rank 0 writes")
+      ->type_name("DIR");
+  app.add_option("--checkpoint-format", options.checkpoint_format,
+                 "full: one file with the whole model and optimizer state, gathered to rank 0\n"
+                 "(torch.load reads it). sharded (--strategy fsdp): each rank writes its own\n"
+                 "shard, DIR/checkpoint_N.sharded/rank_R.pt, nothing gathered; --resume at any\n"
+                 "number of processes re-shards it; `shoal ckpt convert` makes it one full file\n"
+                 "(PyTorch FSDP's FULL_STATE_DICT and SHARDED_STATE_DICT)")
+      ->check(CLI::IsMember(train::train_option_choices("--checkpoint-format")))
+      ->capture_default_str();
+  app.add_option("--checkpoint-every", options.checkpoint_every,
+                 "Also save every N SGD steps (0 = only after epochs)")
+      ->capture_default_str();
+  app.add_option("--checkpoint-keep", options.checkpoint_keep,
+                 "Checkpoints kept in DIR (0 = all)")
+      ->capture_default_str();
+  app.add_flag("--resume", options.resume,
+               "Continue from the newest checkpoint in --checkpoint-dir: its weights, optimizer,\n"
+               "epoch, step and position in the epoch. The number of processes may differ: the\n"
+               "epoch continues after the samples the whole job had consumed (each rank skips\n"
+               "its share of them; shards are re-dealt for the new world size)");
+  app.add_option("--init-from", options.init_from,
+                 "Start from the weights of this state dict (torch.save(model.state_dict()) from\n"
+                 "Python, or a file Shoal saved) instead of the seed's initialisation")
+      ->type_name("FILE");
+}
+
+/// Where the samples come from and how they are loaded.
+void add_data_options(CLI::App& app, train::TrainOptions& options) {
+  app.add_option("--data-dir", options.data_dir,
+                 "Directory with the Fashion-MNIST *-ubyte.gz files (Debian: dataset-fashion-mnist),\n"
+                 "with CIFAR-10's binary files (data_batch_1.bin, ..., test_batch.bin), or a folder\n"
+                 "of images, one subfolder per class (DIR/train with DIR/val or DIR/test, or DIR\n"
+                 "alone: then no evaluation), PNG or JPEG")
+      ->capture_default_str();
+  add_image_folder_options(app, options.image_folder);
+  // Data (#29): the user's own tensors, and the workers that load batches ahead of the step.
+  app.add_option("--data", options.data_path,
+                 "Train on the tensors of FILE, written by Python's torch.save({'train_x': X,\n"
+                 "'train_y': y, 'test_x': Xt, 'test_y': yt}): float inputs and class targets\n"
+                 "(0-9 for the built-in models, any number of classes for a TorchScript model),\n"
+                 "float targets under a regression --loss, or --model gpt's blocks of token ids\n"
+                 "(int64 [N, T] inputs, and targets: the next tokens, -1 ignored). A FILE\n"
+                 "ending in .bin is a token stream for --model gpt (`shoal data tokenize`'s\n"
+                 "train.bin): blocks of --block-size + 1 tokens, each trained on once an epoch")
+      ->type_name("FILE");
+  app.add_option("--num-workers,--num_workers", options.num_workers,
+                 "Threads loading batches ahead of the step (PyTorch's DataLoader num_workers)")
+      ->check(CLI::Range(0, 256))
+      ->capture_default_str();
+  app.add_option("--eval-batch-size", options.eval_batch_size,
+                 "Samples per evaluation batch (0 = --batch-size); does not change the results")
+      ->capture_default_str();
+  app.add_option("--prefetch-factor,--prefetch_factor", options.prefetch_factor,
+                 "Batches each worker loads ahead (PyTorch's prefetch_factor)")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
+  app.add_option("--max-decompression-ratio", options.max_decompression_ratio,
+                 "Refuse a data file that decodes to more than this multiple of its own size\n"
+                 "(beyond 64 MiB; real image files decode to 2-5x): a decompression bomb. 0: no check")
+      ->capture_default_str();
+}
+
+/// What the run reports: metrics, traces, TensorBoard, progress; and the hidden test options.
+void add_report_options(CLI::App& app, TrainCli& cli) {
+  train::TrainOptions& options = cli.options;
+  app.add_option("--metrics", options.metrics_path,
+                 "Write metrics as JSON lines to FILE: one object per log interval and per epoch")
+      ->type_name("FILE");
+  app.add_option("--trace", options.trace_path,
+                 "Write a timeline of every rank's steps (data, forward, backward, optimizer), evaluation,\n"
+                 "checkpoints and bucket reductions to FILE (Chrome trace format: open in https://ui.perfetto.dev)")
+      ->type_name("FILE");
+  app.add_option("--tensorboard", options.tensorboard_dir,
+                 "Write TensorBoard event files into the run folder DIR (rank 0's): every metrics "
+                 "value as a scalar, parameter histograms; view with tensorboard --logdir DIR/..")
+      ->type_name("DIR");
+  app.add_flag("--tensorboard-all-ranks", options.tensorboard_all_ranks,
+               "With --tensorboard: every rank writes, into DIR/rank<R>");
+  app.add_option("--histogram-interval", options.histogram_interval,
+                 "With --tensorboard: optimizer steps between parameter histograms (0 = none)")
+      ->capture_default_str();
+  app.add_option("--log-interval", options.log_interval,
+                 "SGD steps between progress lines and step metrics (0 = none)")
+      ->capture_default_str();
+  app.add_flag("--no-progress", cli.no_progress,
+               "No progress bar or lines on stderr; only epoch summaries and the result");
+  app.add_option("--train-samples", options.train_limit,
+                 "Train on the first K training samples only (0 = all): a quick run")
+      ->capture_default_str();
+  app.add_option("--test-samples", options.test_limit,
+                 "Evaluate on the first K test samples only (0 = all)")
+      ->capture_default_str();
+  // Hidden options for tests (an empty group hides them from --help).
+  app.add_option("--stop-after-steps", options.stop_after_steps,
+                 "Stop after N SGD steps in all, as if interrupted")
+      ->group("");
+  app.add_option("--dump-parameters", options.dump_parameters,
+                 "Every rank saves its final weights to PREFIX.rank<R>.pt")
+      ->group("");
+}
+
+/// Refuses what this process cannot do as it was started: a rank of torchrun, shoal run, mpirun
+/// or srun -n N never launches a job of its own. Returns the exit status of a rank that stops
+/// without a word (a refused job's rank 0 says why once).
+std::optional<int> check_how_started(const TrainCli& cli, const comm::RankInfo& rank_info) {
+  const train::StrategySpec& spec = cli.spec;
+  const bool as_rank = rank_info.launched;
+  const std::string strategy = train::strategy_name(spec.kind);
+  // Independent copies of one training are never what was meant.
+  SHOAL_CHECK_T(InvalidArgument,
+                spec.kind == train::StrategyKind::kDdp || spec.kind == train::StrategyKind::kFsdp ||
+                    cli.nproc->count() == 0,
+                "--nproc-per-node ", spec.nproc_per_node,
+                " needs --strategy ddp (without it every process would train alone)");
+  if (!spec.runs_as_job() && as_rank && rank_info.world_size > 1) {
+    if (rank_info.rank != 0) return 2;
+    SHOAL_THROW(InvalidArgument, "started as rank ", rank_info.rank, " of ", rank_info.world_size,
+                " by ", rank_info.source, ", but --strategy is ", strategy,
+                ": pass --strategy ddp to train one job of ", rank_info.world_size,
+                " ranks (or start one process), or the ranks would train independently");
+  }
+  // (Not under torchrun's names: shoal train's own launcher passes it on.)
+  if (as_rank && cli.nproc->count() > 0 && rank_info.rank == 0 && rank_info.source != "torchrun") {
+    log::warn("shoal train: --nproc-per-node ", spec.nproc_per_node, " is ignored: started as rank 0 of ",
+              rank_info.world_size, " by ", rank_info.source, ", whose ranks are the job");
+  }
+  // srun and mpirun give ranks, not the server and worker roles.
+  SHOAL_CHECK_T(InvalidArgument,
+                spec.kind != train::StrategyKind::kPs || !as_rank || rank_info.source == "torchrun",
+                "--strategy ps was started as rank ", rank_info.rank, " of ", rank_info.world_size,
+                " by ", rank_info.source,
+                ", which assigns no server and worker roles: start one process (srun -n1 shoal "
+                "train --strategy ps --servers S --workers W), which starts them");
+  return std::nullopt;
+}
+
+/// --resume: the options not given continue as the checkpoint had them; the ones given apply
+/// (never silently the checkpoint's).
+void inherit_on_resume(const CLI::App& app, train::TrainOptions& options) {
+  options.validate();  // before reading a checkpoint
+  std::string where;
+  const checkpoint::TrainingState saved = train::load_resume_checkpoint(options, &where);
+  std::set<std::string> given;
+  for (const train::TrainOption& row : train::train_option_table()) {
+    if (row.key != nullptr && app.get_option(row.flag)->count() > 0) given.insert(row.key);
+  }
+  train::inherit_checkpoint_config(options, saved, given, where);
+}
+
+/// Threads: the cores in this process's own affinity mask, divided among the local ranks that
+/// really share them (all of them, unless the launcher bound each rank to cores of its own).
+void choose_threads(TrainCli& cli, const comm::RankInfo& rank_info) {
+  train::TrainOptions& options = cli.options;
+  const bool as_rank = rank_info.launched;
+  const int local = as_rank ? rank_info.local_world_size : cli.spec.local_processes();
+  const int cores = launcher::available_cores();
+  const bool bound = as_rank && bound_by_launcher();
+  const int sharing = bound ? 1 : local;
+  if (cli.threads->count() == 0) options.threads = std::max(1, cores / sharing);
+  const int threads = std::max(1, options.threads);
+  log::debug("shoal train: ", options.threads, " intra-op thread", options.threads == 1 ? "" : "s",
+             ": ", cores, " core", cores == 1 ? "" : "s", " in this process's affinity mask, ",
+             bound ? "bound to this rank by the launcher"
+                   : "shared by " + std::to_string(sharing) + " local process" +
+                         (sharing == 1 ? "" : "es"));
+  // A parent that launches ranks does not train itself.
+  const bool launches = cli.spec.runs_as_job() && cli.spec.kind != train::StrategyKind::kPs;
+  if (threads * sharing > cores && (!launches || as_rank) && rank_info.local_rank == 0) {
+    log::warn("shoal: warning: ", sharing, " process", sharing == 1 ? "" : "es", " x ", threads,
+              " thread", options.threads == 1 ? "" : "s", " on ", cores, " core",
+              cores == 1 ? "" : "s", bound ? " (bound by the launcher)" : "",
+              ": oversubscribed, steps will be slow (see --threads)");
+  }
+}
+
+/// Starts the job's processes, each this command line again, and returns the job's status.
+int launch_job(const train::StrategySpec& spec) {
+  launcher::LaunchOptions launch = spec.launch_options(own_command_line());
+  launch.log_name = "shoal train";
+  launch.verbose = false;
+  return launcher::launch(launch);
+}
+
+/// What the run ended with, on rank 0: its result line, or how it was stopped; the exit status.
+int report(const train::TrainResult& result, const TrainCli& cli,
+           const parallel::PowerSGDState* power_sgd) {
+  const train::TrainOptions& options = cli.options;
+  if (result.preempted) {
+    log::warn("shoal train: SIGUSR1 (preemption warning): stopped after step ", result.step,
+              options.checkpoint_dir.empty()
+                  ? std::string(" with nothing saved (no --checkpoint-dir)")
+                  : ", checkpoint saved in " + options.checkpoint_dir +
+                        "; run again with --resume to continue",
+              " (exit status ", kExitPreempted, ")");
+    return kExitPreempted;
+  }
+  if (result.stopped) {
+    std::printf("stopped after step %lld\n", static_cast<long long>(options.stop_after_steps));
+  } else {
+    print_result(result);
+  }
+  if (power_sgd != nullptr && power_sgd->iteration > 0) {
+    log::info("powersgd: ",
+              static_cast<long long>(std::llround(power_sgd->bytes_sent /
+                                                  static_cast<double>(power_sgd->iteration))),
+              " bytes per step sent by this rank over ", power_sgd->iteration, " steps (rank ",
+              cli.spec.powersgd_rank, ", from step ", cli.spec.powersgd_start_iter, ")");
+  }
+  std::fflush(stdout);
+  return 0;
+}
+
+/// `shoal train`: checks, then launches the job, serves as a parameter server, or trains.
+int run_train(TrainCli& cli) {
+  train::TrainOptions& options = cli.options;
+  const train::StrategySpec& spec = cli.spec;
+  const bool ps = spec.kind == train::StrategyKind::kPs;
+  if (cli.no_progress) options.progress = train::ProgressMode::kNone;
+  const comm::RankInfo rank_info = comm::detect_rank_info();
+  // Preemption warnings from the start (SIGUSR1's default would kill): not for ps, whose
+  // asynchronous workers do not step together.
+  if (!ps) install_preemption_handler();
+  if (const std::optional<int> status = check_how_started(cli, rank_info)) return *status;
+  if (options.resume) inherit_on_resume(*cli.app, options);
+  options.validate();
+  spec.validate(options);
+  choose_threads(cli, rank_info);
+  if (spec.runs_as_job() && !rank_info.launched) return launch_job(spec);
+  if (ps && cli.threads->count() == 0) options.threads = 1;
+  if (ps && ps::job_from_env().is_server()) return run_ps_server(options, spec);
+  std::unique_ptr<train::Strategy> strategy = spec.make_strategy(options);
+  const auto* ddp = dynamic_cast<const train::DdpStrategy*>(strategy.get());
+  const std::shared_ptr<parallel::PowerSGDState> power_sgd = ddp ? ddp->power_sgd() : nullptr;
+  if (!ps) options.stop_requested = [] { return g_preempt_requested != 0; };
+  const bool reports = strategy->rank() == 0;
+  const train::TrainResult result = train::run_training(options, std::move(strategy));
+  if (!reports) return result.preempted ? kExitPreempted : 0;
+  return report(result, cli, power_sgd.get());
+}
+
+}  // namespace
+
 void add_train_command(CLI::App& root, std::vector<Command>& commands) {
-  auto options = std::make_shared<train::TrainOptions>();
-  auto args = std::make_shared<TrainArgs>();
+  auto cli = std::make_shared<TrainCli>();
   auto* app = root.add_subcommand(
       "train",
       "Train a built-in model or a TorchScript file on Fashion-MNIST, CIFAR-10, a folder of images\n"
@@ -333,239 +722,14 @@ void add_train_command(CLI::App& root, std::vector<Command>& commands) {
       "or the model's own), evaluating on the test set after every epoch, in one process\n"
       "or over many (--strategy ddp, fsdp, dp, ps or pipeline). The defaults reach >= 0.85 test\n"
       "accuracy in one epoch on Fashion-MNIST.");
-  app->footer(
-      "SGD with momentum and cross-entropy by default (--optimizer, --loss); the test set is\n"
-      "evaluated after every epoch. The last stdout line is 'final test accuracy: A', or\n"
-      "'final test loss: L' where accuracy means nothing (regression, a model's own loss).\n"
-      "Progress goes to stderr: a live bar on a terminal, plain lines otherwise. Under\n"
-      "--strategy ddp, --batch-size is per rank (the global batch is N x batch size, as in\n"
-      "PyTorch DDP).");
+  cli->app = app;
   // A repeated option takes its last value, so that `make run RUN_ARGS="--epochs 2"` overrides.
   app->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
-
-  std::string models;
-  for (const auto& name : models::list_models()) models += name + ", ";
-  app->add_option("--model", options->model,
-                  "Model to train: " + models + "or a TorchScript file (model.pt, saved with\n"
-                  "torch.jit.script(model).save) under single, ddp, fsdp, dp or ps; pipeline when\n"
-                  "it is a scripted nn.Sequential")
-      ->capture_default_str();
-  auto* epochs =
-      app->add_option("--epochs", options->epochs,
-                      "Passes over the training set (60000 Fashion-MNIST images)")
-          ->capture_default_str();
-  auto* batch_size = app->add_option("--batch-size", options->batch_size,
-                  "Samples per optimizer step on each process: with --strategy ddp the global\n"
-                  "batch is nproc x batch size, as in PyTorch's DDP")
-      ->capture_default_str();
-  auto* lr = app->add_option("--lr", options->lr,
-                             "Learning rate (of SGD, Adam or AdamW), in (0, 1e4]")
-                 ->capture_default_str();
-  auto* momentum = app->add_option("--momentum", options->momentum, "SGD momentum, in [0, 1)")
-                       ->capture_default_str();
-  auto* lr_schedule =
-      app->add_option("--lr-schedule", options->lr_schedule,
-                      "constant; cosine: PyTorch's CosineAnnealingLR (T_max = --t-max, default every\n"
-                      "step of the run after the warm-up; eta_min 0); step: StepLR (--step-size,\n"
-                      "--gamma); multistep: MultiStepLR (--milestones, --gamma). Stepped after each\n"
-                      "optimizer step, after --warmup-steps of LinearLR (SequentialLR); with\n"
-                      "--strategy ps the servers' optimizer follows it")
-          ->check(CLI::IsMember({"constant", "cosine", "step", "multistep"}))
-          ->capture_default_str();
-  add_training_feature_options(*app, *options);
-  add_model_options(*app, *options);
-  auto* seed = app->add_option("--seed", options->seed,
-                               "Seeds the initial weights, the shuffle and dropout: the same seed "
-                               "gives the same run (>= 0)")
-                   ->check(CLI::NonNegativeNumber)
-                   ->capture_default_str();
-  auto* threads = app->add_option(
-      "--threads", options->threads,
-      "Compute threads per process, LibTorch's intra-op and OpenBLAS's (0 = their defaults);\n"
-      "default: this machine's cores divided among the processes on it");
-  app->add_option("--strategy", args->strategy,
-                  "single: one process; ddp: DistributedDataParallel over --nproc-per-node\n"
-                  "processes on this host (or the ranks of shoal run / torchrun / mpirun);\n"
-                  "dp: DataParallel over --replicas threads in one process;\n"
-                  "ps: parameter server, --servers S and --workers W processes;\n"
-                  "pipeline: --stages x --replicas processes, the model split into stages;\n"
-                  "fsdp: sharded data parallelism (ZeRO stage --shard) over the processes of ddp")
-      ->check(CLI::IsMember({"single", "ddp", "fsdp", "dp", "ps", "pipeline"}))
-      ->capture_default_str();
-  auto* nproc = app->add_option("--nproc-per-node,--nproc_per_node", args->nproc_per_node,
-                                "With --strategy ddp started directly: processes to launch on "
-                                "this host")
-                    ->check(CLI::Range(1, 1024))
-                    ->capture_default_str();
-  app->add_option("--max-restarts,--max_restarts", args->max_restarts,
-                  "ddp: when a rank dies, restart all ranks up to this many times, resuming from the "
-                  "last intact checkpoint in --checkpoint-dir")
-      ->capture_default_str();
-  app->add_option("--replicas", args->replicas,
-                  "With --strategy dp: replicas (CPU slots, one thread each; GPUs with CUDA),\n"
-                  "default 2; with --strategy pipeline: data-parallel replicas of the pipeline\n"
-                  "(DDP per stage), default 1")
-      ->check(CLI::Range(1, 1024));
-  app->add_option("--shard", args->shard,
-                  "With --strategy fsdp: what each rank keeps only its 1/N of (ZeRO's stages):\n"
-                  "1 optimizer state, 2 + gradients, 3 + parameters")
-      ->check(CLI::Range(1, 3))
-      ->capture_default_str();
-  app->add_option("--model-parallel", args->model_parallel,
-                  "With --strategy ddp: split each rank's model into K parts (micro-batched,\n"
-                  "one thread per part)")
-      ->check(CLI::Range(1, 64))
-      ->capture_default_str();
-  app->add_option("--backend", args->backend,
-                  "Process-group backend for ddp: auto (shm on one host), shm, gloo, mpi")
-      ->check(CLI::IsMember({"auto", "shm", "gloo", "mpi", "hierarchical"}))
-      ->capture_default_str();
-  app->add_option("--consistency", args->consistency,
-                  "With --strategy ps: bsp (synchronous, DDP's math), asp (asynchronous) or ssp\n"
-                  "(bounded staleness, see --staleness)")
-      ->check(CLI::IsMember({"bsp", "asp", "ssp"}))
-      ->capture_default_str();
-  app->add_option("--staleness", args->staleness,
-                  "With --consistency ssp: how many clocks the fastest worker may run ahead")
-      ->check(CLI::Range(0, 1000000))
-      ->capture_default_str();
-  app->add_option("--servers", args->servers, "With --strategy ps: parameter-server processes")
-      ->check(CLI::Range(1, 1024))
-      ->capture_default_str();
-  app->add_option("--workers", args->workers, "With --strategy ps: worker processes")
-      ->check(CLI::Range(1, 1024))
-      ->capture_default_str();
-  app->add_option("--comm-hook", args->comm_hook,
-                  "With --strategy ddp: how gradients are reduced (PyTorch's register_comm_hook):\n"
-                  "allreduce (average), fp16 or bf16 (compressed on the wire), powersgd\n"
-                  "(low-rank, see --powersgd-rank and --powersgd-start-iter)")
-      ->check(CLI::IsMember({"allreduce", "fp16", "bf16", "powersgd"}))
-      ->capture_default_str();
-  app->add_option("--bucket-cap-mb", args->bucket_cap_mb,
-                  "With --strategy ddp: size of DDP's gradient buckets after the first, in MiB\n"
-                  "(PyTorch's bucket_cap_mb), or auto: the first steps time each candidate cap\n"
-                  "and keep the fastest (logged, and bucket_cap_mb in --metrics)")
-      ->check(bucket_cap_mb_error)
-      ->capture_default_str();
-  app->add_option("--powersgd-rank", args->powersgd_rank,
-                  "With --comm-hook powersgd: rank of each gradient matrix's approximation")
-      ->check(CLI::Range(int64_t{1}, int64_t{1024}))
-      ->capture_default_str();
-  app->add_option("--powersgd-start-iter", args->powersgd_start_iter,
-                  "With --comm-hook powersgd: plain allreduce for this many steps first (PyTorch's\n"
-                  "start_powerSGD_iter)")
-      ->check(CLI::Range(int64_t{0}, int64_t{1} << 40))
-      ->capture_default_str();
-  app->add_option("--worker-timeout", args->worker_timeout_s,
-                  "With --strategy ps: seconds of silence after which a server presumes a worker\n"
-                  "dead (asp/ssp then go on without it; bsp fails)")
-      ->check(CLI::Range(0.1, 86400.0))
-      ->capture_default_str();
-  app->add_option("--stages", args->stages,
-                  "With --strategy pipeline: pipeline stages (one process each)")
-      ->check(CLI::Range(1, 64))
-      ->capture_default_str();
-  app->add_option("--micro-batches", args->micro_batches,
-                  "With --strategy pipeline: micro-batches each batch is split into")
-      ->check(CLI::Range(1, 4096))
-      ->capture_default_str();
-  app->add_option("--schedule", args->schedule, "With --strategy pipeline: gpipe or 1f1b")
-      ->check(CLI::IsMember({"gpipe", "1f1b"}))
-      ->capture_default_str();
-  app->add_flag("--recompute", args->recompute,
-                "With --strategy pipeline: recompute activations in backward (less memory)");
-  app->add_option("--checkpoint-dir", options->checkpoint_dir,
-                  "Save a checkpoint (torch.save format) here after every epoch; rank 0 writes")
-      ->type_name("DIR");
-  app->add_option("--checkpoint-format", options->checkpoint_format,
-                  "full: one file with the whole model and optimizer state, gathered to rank 0\n"
-                  "(torch.load reads it). sharded (--strategy fsdp): each rank writes its own\n"
-                  "shard, DIR/checkpoint_N.sharded/rank_R.pt, nothing gathered; --resume at any\n"
-                  "number of processes re-shards it; `shoal ckpt convert` makes it one full file\n"
-                  "(PyTorch FSDP's FULL_STATE_DICT and SHARDED_STATE_DICT)")
-      ->check(CLI::IsMember({"full", "sharded"}))
-      ->capture_default_str();
-  app->add_option("--checkpoint-every", options->checkpoint_every,
-                  "Also save every N SGD steps (0 = only after epochs)")
-      ->capture_default_str();
-  app->add_option("--checkpoint-keep", options->checkpoint_keep,
-                  "Checkpoints kept in DIR (0 = all)")
-      ->capture_default_str();
-  app->add_flag("--resume", options->resume,
-                "Continue from the newest checkpoint in --checkpoint-dir: its weights, optimizer,\n"
-                "epoch, step and position in the epoch. The number of processes may differ: the\n"
-                "epoch continues after the samples the whole job had consumed (each rank skips\n"
-                "its share of them; shards are re-dealt for the new world size)");
-  app->add_option("--init-from", options->init_from,
-                  "Start from the weights of this state dict (torch.save(model.state_dict()) from\n"
-                  "Python, or a file Shoal saved) instead of the seed's initialisation")
-      ->type_name("FILE");
-  app->add_option("--data-dir", options->data_dir,
-                  "Directory with the Fashion-MNIST *-ubyte.gz files (Debian: dataset-fashion-mnist),\n"
-                  "with CIFAR-10's binary files (data_batch_1.bin, ..., test_batch.bin), or a folder\n"
-                  "of images, one subfolder per class (DIR/train with DIR/val or DIR/test, or DIR\n"
-                  "alone: then no evaluation), PNG or JPEG")
-      ->capture_default_str();
-  add_image_folder_options(*app, options->image_folder);
-  // Data (#29): the user's own tensors, and the workers that load batches ahead of the step.
-  app->add_option("--data", options->data_path,
-                  "Train on the tensors of FILE, written by Python's torch.save({'train_x': X,\n"
-                  "'train_y': y, 'test_x': Xt, 'test_y': yt}): float inputs and class targets\n"
-                  "(0-9 for the built-in models, any number of classes for a TorchScript model),\n"
-                  "float targets under a regression --loss, or --model gpt's blocks of token ids\n"
-                  "(int64 [N, T] inputs, and targets: the next tokens, -1 ignored). A FILE\n"
-                  "ending in .bin is a token stream for --model gpt (`shoal data tokenize`'s\n"
-                  "train.bin): blocks of --block-size + 1 tokens, each trained on once an epoch")
-      ->type_name("FILE");
-  app->add_option("--num-workers,--num_workers", options->num_workers,
-                  "Threads loading batches ahead of the step (PyTorch's DataLoader num_workers)")
-      ->check(CLI::Range(0, 256))
-      ->capture_default_str();
-  app->add_option("--eval-batch-size", options->eval_batch_size,
-                  "Samples per evaluation batch (0 = --batch-size); does not change the results")
-      ->capture_default_str();
-  app->add_option("--prefetch-factor,--prefetch_factor", options->prefetch_factor,
-                  "Batches each worker loads ahead (PyTorch's prefetch_factor)")
-      ->check(CLI::Range(1, 1024))
-      ->capture_default_str();
-  app->add_option("--max-decompression-ratio", options->max_decompression_ratio,
-                  "Refuse a data file that decodes to more than this multiple of its own size\n"
-                  "(beyond 64 MiB; real image files decode to 2-5x): a decompression bomb. 0: no check")
-      ->capture_default_str();
-  app->add_option("--metrics", options->metrics_path,
-                  "Write metrics as JSON lines to FILE: one object per log interval and per epoch")
-      ->type_name("FILE");
-  app->add_option("--trace", options->trace_path,
-                  "Write a timeline of every rank's steps (data, forward, backward, optimizer), evaluation,\n"
-                  "checkpoints and bucket reductions to FILE (Chrome trace format: open in https://ui.perfetto.dev)")
-      ->type_name("FILE");
-  app->add_option("--tensorboard", options->tensorboard_dir,
-                  "Write TensorBoard event files into the run folder DIR (rank 0's): every metrics "
-                  "value as a scalar, parameter histograms; view with tensorboard --logdir DIR/..")
-      ->type_name("DIR");
-  app->add_flag("--tensorboard-all-ranks", options->tensorboard_all_ranks,
-                "With --tensorboard: every rank writes, into DIR/rank<R>");
-  app->add_option("--histogram-interval", options->histogram_interval,
-                  "With --tensorboard: optimizer steps between parameter histograms (0 = none)")
-      ->capture_default_str();
-  app->add_option("--log-interval", options->log_interval,
-                  "SGD steps between progress lines and step metrics (0 = none)")
-      ->capture_default_str();
-  app->add_flag("--no-progress", args->no_progress,
-                "No progress bar or lines on stderr; only epoch summaries and the result");
-  app->add_option("--train-samples", options->train_limit,
-                  "Train on the first K training samples only (0 = all): a quick run")
-      ->capture_default_str();
-  app->add_option("--test-samples", options->test_limit,
-                  "Evaluate on the first K test samples only (0 = all)")
-      ->capture_default_str();
-  // Hidden options for tests (an empty group hides them from --help).
-  app->add_option("--stop-after-steps", options->stop_after_steps,
-                  "Stop after N SGD steps in all, as if interrupted")
-      ->group("");
-  app->add_option("--dump-parameters", options->dump_parameters,
-                  "Every rank saves its final weights to PREFIX.rank<R>.pt")
-      ->group("");
+  cli->threads = add_run_options(*app, cli->options);
+  add_strategy_options(*app, *cli);
+  add_checkpoint_options(*app, cli->options);
+  add_data_options(*app, cli->options);
+  add_report_options(*app, *cli);
   app->footer(
       "The last stdout line is 'final test accuracy: A'. Progress goes to stderr: a live bar on\n"
       "a terminal, plain lines otherwise. Under --strategy ddp, --batch-size is per rank (the\n"
@@ -578,230 +742,7 @@ void add_train_command(CLI::App& root, std::vector<Command>& commands) {
       "  shoal train --strategy pipeline --stages 2 --micro-batches 4 --schedule 1f1b\n"
       "  shoal train --strategy ps --consistency ssp --staleness 2 --servers 2 --workers 4");
 
-  commands.push_back({app, [options, args, threads, nproc, epochs, batch_size, lr, momentum,
-                            lr_schedule, seed, app] {
-                        if (args->no_progress) options->progress = train::ProgressMode::kNone;
-                        if (args->replicas == 0) args->replicas = args->strategy == "dp" ? 2 : 1;
-                        // fsdp runs as ddp does (launch, ranks, threads); only the wrapper differs.
-                        const bool ddp = args->strategy == "ddp" || args->strategy == "fsdp";
-                        const bool ps_job = args->strategy == "ps";
-                        const bool pipelined = args->strategy == "pipeline";
-                        // The one decision of "started as a rank" (torchrun, shoal run, mpirun,
-                        // srun -n N): such a process never launches a job of its own.
-                        const comm::RankInfo rank_info = comm::detect_rank_info();
-                        const bool as_rank = rank_info.launched;
-                        // Preemption warnings from the start (SIGUSR1's default would kill):
-                        // not for ps, whose asynchronous workers do not step together.
-                        if (!ps_job) install_preemption_handler();
-                        // Independent copies of one training are never what was meant.
-                        SHOAL_CHECK_T(InvalidArgument, ddp || nproc->count() == 0,
-                                      "--nproc-per-node ", args->nproc_per_node,
-                                      " needs --strategy ddp (without it every process would "
-                                      "train alone)");
-                        if (!(ddp || ps_job || pipelined) && as_rank && rank_info.world_size > 1) {
-                          // Refused once for the job (rank 0 says why), never trained N times.
-                          if (rank_info.rank != 0) return 2;
-                          SHOAL_THROW(InvalidArgument, "started as rank ", rank_info.rank, " of ",
-                                      rank_info.world_size, " by ", rank_info.source,
-                                      ", but --strategy is ", args->strategy,
-                                      ": pass --strategy ddp to train one job of ",
-                                      rank_info.world_size,
-                                      " ranks (or start one process), or the ranks would train "
-                                      "independently");
-                        }
-                        // (Not under torchrun's names: shoal train's own launcher passes it on.)
-                        if (as_rank && nproc->count() > 0 && rank_info.rank == 0 &&
-                            rank_info.source != "torchrun") {
-                          log::warn("shoal train: --nproc-per-node ", args->nproc_per_node,
-                                    " is ignored: started as rank 0 of ", rank_info.world_size,
-                                    " by ", rank_info.source, ", whose ranks are the job");
-                        }
-                        options->validate();  // before reading a checkpoint for --resume
-                        // --device cuda (#29): the strategies that train on a GPU, said before any
-                        // data is read (whether this machine has one, the trainer says).
-                        SHOAL_CHECK_T(InvalidArgument,
-                                      options->device == "cpu" || args->strategy == "single" ||
-                                          (args->strategy == "ddp" && args->model_parallel == 1),
-                                      "--device ", options->device, ": --strategy ", args->strategy,
-                                      args->model_parallel == 1 ? "" : " with --model-parallel",
-                                      " trains on the CPU here; use --strategy single or ddp on a GPU");
-                        if (options->resume) {
-                          // Hyper-parameters not given continue as the checkpoint had them; the
-                          // ones given apply (never silently the checkpoint's).
-                          std::string where;
-                          const auto saved = train::load_resume_checkpoint(*options, &where);
-                          std::set<std::string> given;
-                          if (lr->count() > 0) given.insert("lr");
-                          if (momentum->count() > 0) given.insert("momentum");
-                          if (lr_schedule->count() > 0) given.insert("lr_schedule");
-                          if (batch_size->count() > 0) given.insert("batch_size");
-                          if (epochs->count() > 0) given.insert("epochs");
-                          if (seed->count() > 0) given.insert("seed");
-                          // The options of #29, by their TrainOptions names.
-                          for (const char* name :
-                               {"optimizer", "warmup_steps", "warmup_start_factor", "step_size",
-                                "gamma", "milestones", "t_max", "clip_grad_norm", "accumulate",
-                                "precision", "loss"}) {
-                            std::string flag = std::string("--") + name;
-                            std::replace(flag.begin(), flag.end(), '_', '-');
-                            if (app->get_option(flag)->count() > 0) given.insert(name);
-                          }
-                          train::inherit_checkpoint_config(*options, saved, given, where);
-                        }
-                        // Threads: the cores in this process's own affinity mask, divided among
-                        // the local ranks that really share them (all of them, unless the launcher
-                        // bound each rank to cores of its own).
-                        const int local =
-                            as_rank ? rank_info.local_world_size
-                                    : ddp ? args->nproc_per_node
-                                          : pipelined ? args->stages * args->replicas : 1;
-                        const int cores = launcher::available_cores();
-                        const bool bound = as_rank && bound_by_launcher();
-                        const int sharing = bound ? 1 : local;
-                        if (threads->count() == 0) options->threads = std::max(1, cores / sharing);
-                        const int used = std::max(1, options->threads) * sharing;
-                        log::debug("shoal train: ", options->threads, " intra-op thread",
-                                   options->threads == 1 ? "" : "s", ": ", cores, " core",
-                                   cores == 1 ? "" : "s", " in this process's affinity mask, ",
-                                   bound ? "bound to this rank by the launcher"
-                                         : "shared by " + std::to_string(sharing) + " local process" +
-                                               (sharing == 1 ? "" : "es"));
-                        if (used > cores && (!(ddp || pipelined) || as_rank) && rank_info.local_rank == 0) {
-                          log::warn("shoal: warning: ", sharing, " process", sharing == 1 ? "" : "es",
-                                    " x ", std::max(1, options->threads), " thread",
-                                    options->threads == 1 ? "" : "s", " on ", cores, " core",
-                                    cores == 1 ? "" : "s",
-                                    bound ? " (bound by the launcher)" : "",
-                                    ": oversubscribed, steps will be slow (see --threads)");
-                        }
-                        options->validate();
-                        std::unique_ptr<train::Strategy> strategy;
-                        std::shared_ptr<parallel::PowerSGDState> power_sgd;
-                        SHOAL_CHECK_T(InvalidArgument,
-                                      args->comm_hook == "allreduce" ||
-                                          (args->strategy == "ddp" && args->model_parallel == 1),
-                                      "--comm-hook ", args->comm_hook,
-                                      " applies to --strategy ddp (without --model-parallel)");
-                        SHOAL_CHECK_T(InvalidArgument,
-                                      app->get_option("--bucket-cap-mb")->count() == 0 ||
-                                          (args->strategy == "ddp" && args->model_parallel == 1),
-                                      "--bucket-cap-mb applies to --strategy ddp (without "
-                                      "--model-parallel)");
-                        SHOAL_CHECK_T(InvalidArgument,
-                                      args->strategy != "fsdp" || args->model_parallel == 1,
-                                      "--model-parallel applies to --strategy ddp, not fsdp");
-                        SHOAL_CHECK_T(InvalidArgument,
-                                      options->checkpoint_format == "full" || args->strategy == "fsdp",
-                                      "--checkpoint-format sharded applies to --strategy fsdp (the "
-                                      "others hold whole models: use the default, full)");
-                        if (ddp || args->strategy == "pipeline") {
-                          if (!as_rank) {
-                            // Refuse a hopeless resume once, here, rather than once per rank.
-                            if (options->resume) train::load_resume_checkpoint(*options);
-                            auto launch = launcher::LaunchOptions::workers(
-                                pipelined ? args->stages * args->replicas : args->nproc_per_node,
-                                own_command_line());
-                            launch.master_port = 0;  // a free port: jobs may run side by side
-                            launch.max_restarts = args->max_restarts;
-                            launch.log_name = "shoal train";
-                            launch.verbose = false;
-                            return launcher::launch(launch);
-                          }
-                          comm::InitOptions init;
-                          init.backend = args->backend;
-                          if (pipelined) {
-                            train::PipelineStrategyOptions pipe;
-                            pipe.stages = args->stages;
-                            pipe.pipeline.micro_batches = args->micro_batches;
-                            pipe.pipeline.schedule = pipeline::schedule_from_string(args->schedule);
-                            pipe.pipeline.recompute = args->recompute;
-                            strategy = std::make_unique<train::PipelineStrategy>(pipe, init);
-                          } else if (args->strategy == "fsdp") {
-                            strategy = std::make_unique<train::FsdpStrategy>(args->shard, init);
-                          } else if (args->model_parallel > 1) {
-                            strategy = std::make_unique<train::ModelParallelDdpStrategy>(
-                                args->model_parallel, init);
-                          } else {
-                            auto ddp = std::make_unique<train::DdpStrategy>(init);
-                            if (args->comm_hook == "powersgd") {
-                              power_sgd = std::make_shared<parallel::PowerSGDState>();
-                              power_sgd->matrix_approximation_rank = args->powersgd_rank;
-                              power_sgd->start_powerSGD_iter = args->powersgd_start_iter;
-                            }
-                            ddp->set_comm_hook(args->comm_hook, power_sgd);
-                            ddp->set_bucket_cap_mb(parallel::parse_bucket_cap_mb(args->bucket_cap_mb));
-                            strategy = std::move(ddp);
-                          }
-                        } else if (args->strategy == "dp") {
-                          // One intra-op thread per replica slot (DataParallelOptions' default).
-                          strategy = std::make_unique<train::DataParallelStrategy>(args->replicas,
-                                                                                  options->model);
-                        }
-                        if (args->strategy == "ps") {
-                          SHOAL_CHECK_T(InvalidArgument, options->clip_grad_norm == 0,
-                                        "--clip-grad-norm is not supported with --strategy ps (each "
-                                        "worker pushes its own gradient; the servers never hold "
-                                        "the global one): use ddp, dp, pipeline or single");
-                          // srun and mpirun give ranks, not the server and worker roles.
-                          SHOAL_CHECK_T(InvalidArgument,
-                                        !as_rank || rank_info.source == "torchrun",
-                                        "--strategy ps was started as rank ", rank_info.rank, " of ",
-                                        rank_info.world_size, " by ", rank_info.source,
-                                        ", which assigns no server and worker roles: start one "
-                                        "process (srun -n1 shoal train --strategy ps --servers S "
-                                        "--workers W), which starts them");
-                          if (!as_rank) {
-                            auto launch = launcher::LaunchOptions::parameter_server(
-                                args->workers, args->servers, own_command_line());
-                            launch.master_port = 0;
-                            launch.log_name = "shoal train";
-                            launch.verbose = false;
-                            // asp/ssp go on without a dead worker (README); bsp cannot.
-                            launch.tolerate_worker_failures = args->consistency != "bsp";
-                            return launcher::launch(launch);
-                          }
-                          if (threads->count() == 0) options->threads = 1;
-                          if (ps::job_from_env().is_server()) return run_ps_server(*options, *args);
-                          strategy = std::make_unique<train::PsStrategy>();
-                        }
-                        if (!ps_job) {
-                          options->stop_requested = [] { return g_preempt_requested != 0; };
-                        }
-                        const bool reports = !strategy || strategy->rank() == 0;
-                        const train::TrainResult result =
-                            train::run_training(*options, std::move(strategy));
-                        if (result.preempted) {
-                          if (reports) {
-                            log::warn("shoal train: SIGUSR1 (preemption warning): stopped after step ",
-                                      result.step,
-                                      options->checkpoint_dir.empty()
-                                          ? std::string(" with nothing saved (no --checkpoint-dir)")
-                                          : ", checkpoint saved in " + options->checkpoint_dir +
-                                                "; run again with --resume to continue",
-                                      " (exit status ", kExitPreempted, ")");
-                          }
-                          return kExitPreempted;
-                        }
-                        if (reports) {
-                          if (result.stopped) {
-                            std::printf("stopped after step %lld\n",
-                                        static_cast<long long>(options->stop_after_steps));
-                          } else {
-                            print_result(result);
-                          }
-                          if (power_sgd && power_sgd->iteration > 0) {
-                            log::info("powersgd: ",
-                                      static_cast<long long>(std::llround(
-                                          power_sgd->bytes_sent /
-                                          static_cast<double>(power_sgd->iteration))),
-                                      " bytes per step sent by this rank over ",
-                                      power_sgd->iteration, " steps (rank ", args->powersgd_rank,
-                                      ", from step ", args->powersgd_start_iter, ")");
-                          }
-                          std::fflush(stdout);
-                        }
-                        return 0;
-                      }});
+  commands.push_back({app, [cli] { return run_train(*cli); }});
 }
 
 }  // namespace shoal::cli

@@ -76,6 +76,8 @@
 #include "shoal/train/progress.h"
 #include "shoal/train/ps_strategy.h"
 #include "shoal/train/strategy.h"
+#include "shoal/train/strategy_spec.h"
+#include "shoal/train/train_option_table.h"
 #include "shoal/train/train_options.h"
 #include "shoal/train/trainer.h"
 

@@ -432,4 +432,15 @@ int launch(const LaunchOptions& options) {
   }
 }
 
+int restart_count() {
+  const char* text = std::getenv("TORCHELASTIC_RESTART_COUNT");
+  if (text == nullptr) return 0;
+  char* end = nullptr;
+  const long count = std::strtol(text, &end, 10);
+  SHOAL_CHECK_T(InvalidArgument, *text != '\0' && *end == '\0' && count >= 0 && count <= 1000000,
+                "TORCHELASTIC_RESTART_COUNT='", text, "' is not a restart count (0, 1, ...); unset it "
+                "or start the job with shoal run or torchrun, which set it");
+  return static_cast<int>(count);
+}
+
 }  // namespace shoal::launcher

@@ -1,6 +1,7 @@
 #include "shoal/train/ddp_strategy.h"
 
 #include <cmath>
+#include <iterator>
 #include <sstream>
 
 #include "shoal/error.h"
@@ -20,17 +21,54 @@ DdpStrategy::DdpStrategy(std::shared_ptr<comm::ProcessGroup> group) : group_(std
 
 DdpStrategy::~DdpStrategy() = default;
 
+namespace {
+constexpr const char* kCommHookNames[] = {"allreduce", "fp16", "bf16", "powersgd"};
+}  // namespace
+
+CommHookKind parse_comm_hook(const std::string& name) {
+  for (size_t i = 0; i < std::size(kCommHookNames); ++i) {
+    if (name == kCommHookNames[i]) return static_cast<CommHookKind>(i);
+  }
+  SHOAL_THROW(InvalidArgument, "unknown communication hook '", name,
+              "': use allreduce, fp16, bf16 or powersgd");
+}
+
+const char* comm_hook_name(CommHookKind kind) { return kCommHookNames[static_cast<size_t>(kind)]; }
+
+std::vector<std::string> comm_hook_names() {
+  return {std::begin(kCommHookNames), std::end(kCommHookNames)};
+}
+
+parallel::CommHook make_comm_hook(CommHookKind kind, std::shared_ptr<comm::ProcessGroup> group,
+                                  std::shared_ptr<parallel::PowerSGDState> power_sgd) {
+  switch (kind) {
+    case CommHookKind::kAllreduce:
+      return nullptr;
+    case CommHookKind::kFp16:
+      return parallel::fp16_compress_hook(std::move(group));
+    case CommHookKind::kBf16:
+      return parallel::bf16_compress_hook(std::move(group));
+    case CommHookKind::kPowerSgd:
+      if (!power_sgd) power_sgd = std::make_shared<parallel::PowerSGDState>();
+      return parallel::powerSGD_hook(std::move(group), std::move(power_sgd));
+  }
+  return nullptr;
+}
+
 void DdpStrategy::set_comm_hook(const std::string& name,
                                 std::shared_ptr<parallel::PowerSGDState> power_sgd) {
-  SHOAL_CHECK_T(InvalidArgument,
-                name == "allreduce" || name == "fp16" || name == "bf16" || name == "powersgd",
-                "unknown communication hook '", name, "': use allreduce, fp16, bf16 or powersgd");
-  if (name == "powersgd" && !power_sgd) power_sgd = std::make_shared<parallel::PowerSGDState>();
+  set_comm_hook(parse_comm_hook(name), std::move(power_sgd));
+}
+
+void DdpStrategy::set_comm_hook(CommHookKind kind,
+                                std::shared_ptr<parallel::PowerSGDState> power_sgd) {
+  const bool powersgd = kind == CommHookKind::kPowerSgd;
+  if (powersgd && !power_sgd) power_sgd = std::make_shared<parallel::PowerSGDState>();
   SHOAL_CHECK_T(InvalidArgument, !power_sgd || power_sgd->matrix_approximation_rank >= 1,
                 "PowerSGD's matrix approximation rank must be at least 1, got ",
                 power_sgd ? power_sgd->matrix_approximation_rank : 0);
-  comm_hook_ = name;
-  power_sgd_ = name == "powersgd" ? std::move(power_sgd) : nullptr;
+  comm_hook_ = kind;
+  power_sgd_ = powersgd ? std::move(power_sgd) : nullptr;
 }
 
 void DdpStrategy::set_bucket_cap_mb(double cap_mb) {
@@ -47,8 +85,8 @@ std::string DdpStrategy::describe() const {
   // A registered hook (--comm-hook) runs as it is written.
   const parallel::DistributedDataParallelOptions defaults;
   const std::string reduction =
-      comm_hook_ != "allreduce"
-          ? ", buckets reduced by the " + comm_hook_ + " comm hook"
+      comm_hook_ != CommHookKind::kAllreduce
+          ? ", buckets reduced by the " + std::string(comm_hook_name(comm_hook_)) + " comm hook"
       : group_ && parallel::reduces_buckets_inline(defaults, *group_,
                                                    group_->backend_name() != "nccl")
           ? ", buckets reduced inline (no core spare beside the ranks)"
@@ -73,9 +111,7 @@ void DdpStrategy::prepare(TrainState& state) {
   options.bucket_cap_mb = bucket_cap_mb_;
   auto ddp = std::make_shared<parallel::DistributedDataParallelBase>(state.model, group_, options);
   stats_source_ = ddp;
-  if (comm_hook_ == "fp16") ddp->register_comm_hook(parallel::fp16_compress_hook(group_));
-  if (comm_hook_ == "bf16") ddp->register_comm_hook(parallel::bf16_compress_hook(group_));
-  if (comm_hook_ == "powersgd") ddp->register_comm_hook(parallel::powerSGD_hook(group_, power_sgd_));
+  if (auto hook = make_comm_hook(comm_hook_, group_, power_sgd_)) ddp->register_comm_hook(hook);
   // Gradient accumulation (#29): the trainer's first N-1 micro-batches run in no_sync.
   state.no_sync = [ddp] { return std::make_shared<parallel::NoSyncGuard>(ddp->no_sync()); };
   state.forward = around_forward(ddp, state.model_forward);

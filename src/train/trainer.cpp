@@ -25,12 +25,14 @@
 #include "shoal/data/token_block_dataset.h"
 #include "shoal/comm/init.h"
 #include "shoal/error.h"
+#include "shoal/launcher/launch.h"
 #include "shoal/log.h"
 #include "shoal/memory/cpu_allocator.h"
 #include "shoal/models/gpt.h"
 #include "shoal/models/registry.h"
 #include "shoal/train/clip_grad.h"
 #include "shoal/models/script_model.h"
+#include "shoal/train/train_option_table.h"
 #include "shoal/trace/tracer.h"
 #include "train/number_text.h"
 #include "train/train_loop.h"
@@ -257,100 +259,6 @@ checkpoint::TrainingState load_resume_checkpoint(const TrainOptions& options, st
   return saved;
 }
 
-namespace {
-
-/// inherit_checkpoint_config for the options of #29 (checkpoints written before them have none
-/// of these keys, and keep the defaults); run_training's options.validate() checks the values.
-void inherit_training_features(TrainOptions& options, const checkpoint::TrainingState& saved,
-                               const std::set<std::string>& given, const std::string& who) {
-  using checkpoint::config_integer;
-  using checkpoint::config_number;
-  const auto integer = [&](const char* key, int64_t& value) {
-    if (auto v = config_integer(saved, key, who); v && !given.count(key)) value = *v;
-  };
-  const auto number = [&](const char* key, double& value) {
-    if (auto v = config_number(saved, key, who); v && !given.count(key)) value = *v;
-  };
-  integer("warmup_steps", options.warmup_steps);
-  number("warmup_start_factor", options.warmup_start_factor);
-  integer("step_size", options.step_size);
-  number("gamma", options.gamma);
-  integer("t_max", options.t_max);
-  number("clip_grad_norm", options.clip_grad_norm);
-  integer("accumulate", options.accumulate);
-  if (!given.count("precision")) {
-    options.precision = checkpoint::config_text(saved, "precision", options.precision);
-  }
-  if (!given.count("loss") && saved.config.count("loss")) {
-    const std::string loss = checkpoint::config_text(saved, "loss");
-    const std::vector<std::string> known = loss_names();
-    SHOAL_CHECK_T(CheckpointError, std::find(known.begin(), known.end(), loss) != known.end(), who,
-                  " has loss '", loss, "', which this build does not know; pass --loss");
-    options.loss = parse_loss(loss);
-  }
-  if (!given.count("milestones") && saved.config.count("milestones")) {
-    options.milestones.clear();
-    std::istringstream text(checkpoint::config_text(saved, "milestones"));
-    for (std::string item; std::getline(text, item, ',');) {
-      char* end = nullptr;
-      const long long value = std::strtoll(item.c_str(), &end, 10);
-      SHOAL_CHECK_T(CheckpointError, !item.empty() && end != nullptr && *end == '\0', who,
-                    " has milestones '", checkpoint::config_text(saved, "milestones"),
-                    "', not optimizer steps A,B,...");
-      options.milestones.push_back(value);
-    }
-  }
-}
-
-}  // namespace
-
-void inherit_checkpoint_config(TrainOptions& options, const checkpoint::TrainingState& saved,
-                               const std::set<std::string>& given, const std::string& where) {
-  using checkpoint::config_integer;
-  using checkpoint::config_number;
-  const std::string who = "--resume: " + where;
-  // Hyper-parameters the command line did not set continue as the checkpoint had them; the ones
-  // it set win (and run_training reports the change).
-  if (auto lr = config_number(saved, "lr", who); lr && !given.count("lr")) options.lr = *lr;
-  if (auto m = config_number(saved, "momentum", who); m && !given.count("momentum")) {
-    options.momentum = *m;
-  }
-  if (!given.count("lr_schedule")) {
-    options.lr_schedule = checkpoint::config_text(saved, "lr_schedule", options.lr_schedule);
-    SHOAL_CHECK_T(CheckpointError, known_lr_schedule(options.lr_schedule), "--resume: ", where,
-                  " has lr_schedule '", options.lr_schedule,
-                  "', which this build does not know; pass --lr-schedule constant or cosine");
-  }
-  if (!given.count("optimizer")) {
-    // The optimizer the state was saved by (#29); older checkpoints were all SGD's.
-    options.optimizer = checkpoint::config_text(saved, "optimizer", "sgd");
-    SHOAL_CHECK_T(CheckpointError,
-                  options.optimizer == "sgd" || options.optimizer == "adam" || options.optimizer == "adamw",
-                  "--resume: ", where, " has optimizer '", options.optimizer,
-                  "', which this build does not know; pass --optimizer sgd, adam or adamw");
-  }
-  inherit_training_features(options, saved, given, who);
-  if (auto b = config_integer(saved, "batch_size", who); b && !given.count("batch_size")) {
-    SHOAL_CHECK_T(CheckpointError, *b >= 1 && *b <= 1e9, "--resume: ", where,
-                  " has batch_size ", *b);
-    options.batch_size = static_cast<int64_t>(*b);
-  }
-  if (auto e = config_integer(saved, "epochs", who); e && !given.count("epochs")) {
-    SHOAL_CHECK_T(CheckpointError, *e >= 1 && *e <= 1e9, "--resume: ", where, " has epochs ", *e);
-    options.epochs = static_cast<int64_t>(*e);
-  }
-  // The seed fixes the order of the samples: another one cannot continue the same epochs.
-  if (auto seed = config_integer(saved, "seed", who)) {
-    const auto saved_seed = static_cast<uint64_t>(*seed);
-    SHOAL_CHECK_T(InvalidArgument, !given.count("seed") || options.seed == saved_seed,
-                  "--resume: ", where, " was trained with --seed ", saved_seed,
-                  "; --seed ", options.seed,
-                  " would change the order of the samples it continues; drop --seed or start "
-                  "without --resume");
-    options.seed = saved_seed;
-  }
-}
-
 trace::Recorder* Trainer::recorder() {
   if (options_.trace_path.empty()) return nullptr;
   if (!recorder_) recorder_ = std::make_unique<trace::Recorder>(strategy_->rank());
@@ -377,7 +285,6 @@ std::string Trainer::resume() {
   if (!scaler_state.empty()) pending_scaler_state_ = scaler_state;
   // A checkpoint saved at the end of an epoch has samples_seen 0 for the next one.
   resume_samples_seen_ = saved.sampler.epoch == saved.epoch ? saved.sampler.samples_seen : 0;
-  resume_changes_.clear();
   if (builtin_optimizer_) {
     // The restored optimizer carries the checkpoint's lr and momentum; the options' apply.
     for (auto& group : state_.optimizer->param_groups()) {
@@ -387,22 +294,7 @@ std::string Trainer::resume() {
       }
     }
   }
-  const auto note = [&](const char* key, double now) {
-    const std::optional<double> before = checkpoint::config_number(saved, key, path);
-    if (before && *before != now) {
-      resume_changes_ += std::string(resume_changes_.empty() ? "" : ", ") + key + " " +
-                         checkpoint::config_text(saved, key) + " -> " + number_text(now);
-    }
-  };
-  note("lr", options_.lr);
-  note("momentum", options_.momentum);
-  const std::string saved_schedule = checkpoint::config_text(saved, "lr_schedule", "constant");
-  if (saved_schedule != options_.lr_schedule) {
-    resume_changes_ += std::string(resume_changes_.empty() ? "" : ", ") + "lr_schedule " +
-                       saved_schedule + " -> " + options_.lr_schedule;
-  }
-  note("batch_size", static_cast<double>(options_.batch_size));
-  note("epochs", static_cast<double>(options_.epochs));
+  resume_changes_ = train_config_changes(options_, saved, path);
   return path;
 }
 
@@ -430,43 +322,8 @@ void Trainer::save_checkpoint(int64_t completed_epochs, int64_t samples_seen) {
   state.sampler.seed = static_cast<int64_t>(options_.seed);
   state.world_size = strategy_->world_size();
   // Numbers as numbers: Python's torch.load gives float and int (older checkpoints held strings).
-  state.config = {{"model", options_.model},
-                  {"lr", options_.lr},
-                  {"momentum", options_.momentum},
-                  {"lr_schedule", options_.lr_schedule},
-                  {"optimizer", options_.optimizer},
-                  {"batch_size", options_.batch_size},
-                  {"seed", static_cast<int64_t>(options_.seed)},
-                  {"epochs", options_.epochs},
-                  {"world_size", static_cast<int64_t>(strategy_->world_size())}};
-  // The schedule, clipping, accumulation and precision (#29): a resume continues with them.
-  std::string milestones;
-  for (int64_t m : options_.milestones) {
-    milestones += (milestones.empty() ? "" : ",") + std::to_string(m);
-  }
-  state.config.insert({{"warmup_steps", options_.warmup_steps},
-                       {"warmup_start_factor", options_.warmup_start_factor},
-                       {"step_size", options_.step_size},
-                       {"gamma", options_.gamma},
-                       {"milestones", milestones},
-                       {"t_max", options_.t_max},
-                       {"clip_grad_norm", options_.clip_grad_norm},
-                       {"accumulate", options_.accumulate},
-                       {"precision", options_.precision},
-                       {"loss", std::string(loss_name(options_.loss))}});
-  // The GPT's sizes: what `shoal generate` rebuilds it from.
-  if (options_.model == "gpt") {
-    const models::GptConfig& gpt = options_.gpt;
-    state.config.insert({{"gpt.n_layer", gpt.n_layer},
-                         {"gpt.n_head", gpt.n_head},
-                         {"gpt.n_embd", gpt.n_embd},
-                         {"gpt.block_size", gpt.block_size},
-                         {"gpt.vocab_size", gpt.vocab_size},
-                         {"gpt.dropout", gpt.dropout}});
-    if (is_token_file(options_.data_path)) {
-      state.config.insert({"token_dtype", options_.token_dtype});
-    }
-  }
+  state.config = saved_train_config(options_);
+  state.config.insert({"world_size", static_cast<int64_t>(strategy_->world_size())});
   // fp16's loss scale (#29), under PyTorch's GradScaler.state_dict() keys.
   if (state_.grad_scaler) {
     for (const auto& [key, value] : state_.grad_scaler->state_dict()) {
@@ -798,8 +655,7 @@ TrainResult run_training(const TrainOptions& options, std::unique_ptr<Strategy> 
   Trainer trainer(options, std::move(model), std::move(strategy));
   // Restarted by `shoal run --max-restarts` (or torchrun) after a worker died: carry on from the
   // last intact checkpoint, when one was written.
-  const char* restart = std::getenv("TORCHELASTIC_RESTART_COUNT");
-  const bool restarted = restart != nullptr && std::atoi(restart) > 0 && !options.checkpoint_dir.empty() &&
+  const bool restarted = launcher::restart_count() > 0 && !options.checkpoint_dir.empty() &&
                          checkpoint::find_latest(options.checkpoint_dir).has_value();
   if (options.resume || restarted) {
     const std::string path = trainer.resume();

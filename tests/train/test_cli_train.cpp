@@ -6,10 +6,16 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
 #include <stdexcept>
 
+#include "shoal/checkpoint/checkpoint_manager.h"
 #include "shoal/checkpoint/serialization.h"
+#include "shoal/checkpoint/training_state.h"
+#include "shoal/error.h"
+#include "shoal/train/train_option_table.h"
+#include "shoal/train/trainer.h"
 #include "testing/dependencies.h"
 #include "testing/idx_files.h"
 #include "testing/multi_rank.h"
@@ -176,6 +182,126 @@ TEST(CliTrain, HelpDescribesTheOptions) {
                              "--threads", "--data-dir", "--metrics", "--log-interval",
                              "--no-progress", "--train-samples", "--test-samples"}) {
     EXPECT_NE(run.out.find(option), std::string::npos) << option;
+  }
+}
+
+/// The long flags `shoal train --help` lists ("--nproc-per-node,--nproc_per_node" gives both).
+std::set<std::string> help_flags(const std::string& help) {
+  std::set<std::string> flags;
+  std::istringstream lines(help);
+  for (std::string line; std::getline(lines, line);) {
+    const size_t start = line.find_first_not_of(' ');
+    // An option starts its line; its description's continuation lines are indented further.
+    if (start == std::string::npos || start > 4 || line[start] != '-') continue;
+    std::istringstream names(line.substr(start, line.find(' ', start) - start));
+    for (std::string name; std::getline(names, name, ',');) {
+      if (name.rfind("--", 0) == 0) flags.insert(name);
+    }
+  }
+  return flags;
+}
+
+// The table of training options against what reads it: every row's flag is in --help (a
+// hidden one is not), every flag in --help is a row's or one of the strategy's and the image
+// folders' own, a checkpoint saves every row's key as the type old checkpoints hold, and a
+// resume inherits each inheriting row's value back.
+TEST(CliTrain, OptionTableMatchesHelpValidateAndCheckpointConfig) {
+  const CliResult help = shoal_train("--help");
+  ASSERT_EQ(help.exit_code, 0) << help.err;
+  const std::set<std::string> flags = help_flags(help.out);
+  std::set<std::string> rows;
+  for (const shoal::train::TrainOption& row : shoal::train::train_option_table()) {
+    rows.insert(row.flag);
+    EXPECT_EQ(flags.count(row.flag), row.hidden ? 0u : 1u) << row.flag << " and --help differ";
+  }
+  // Flags of the strategy (StrategySpec), the image folders (ImageFolderOptions) and the aliases.
+  const std::set<std::string> others = {
+      "--help", "--strategy", "--nproc-per-node", "--nproc_per_node", "--max-restarts",
+      "--max_restarts", "--replicas", "--shard", "--model-parallel", "--backend", "--consistency",
+      "--staleness", "--servers", "--workers", "--comm-hook", "--bucket-cap-mb",
+      "--powersgd-rank", "--powersgd-start-iter", "--worker-timeout", "--stages",
+      "--micro-batches", "--schedule", "--recompute", "--num_workers", "--prefetch_factor",
+      "--image-size", "--random-crop", "--hflip", "--normalize"};
+  for (const std::string& flag : flags) {
+    EXPECT_TRUE(rows.count(flag) > 0 || others.count(flag) > 0)
+        << flag << " is in --help but not in train_option_table()";
+  }
+  // validate() is the rows' checks: the defaults pass each; each choice the CLI offers passes,
+  // a name beside them does not.
+  const shoal::train::TrainOptions defaults;
+  for (const shoal::train::TrainOption& row : shoal::train::train_option_table()) {
+    if (row.check) EXPECT_NO_THROW(row.check(defaults)) << row.flag;
+    if (row.choices.empty() || !row.set) continue;
+    // A field of an enum type (the loss) has no check: its set() parses.
+    const auto check = row.check ? row.check : [](const shoal::train::TrainOptions&) {};
+    shoal::train::TrainOptions options;
+    options.device = "cuda";  // fp16 needs it on LibTorch < 2.4
+    for (const std::string& choice : row.choices) {
+      row.set(options, c10::IValue(choice), "test");
+      EXPECT_NO_THROW(check(options)) << row.flag << " " << choice;
+    }
+    bool refused = false;
+    try {
+      row.set(options, c10::IValue(std::string("none-of-these")), "test");
+      check(options);
+    } catch (const shoal::Error&) {
+      refused = true;
+    }
+    EXPECT_TRUE(refused) << row.flag << " takes a name beside its choices";
+  }
+  // A checkpoint of a short run.
+  const std::string dir = shoal::testing::make_small_dataset_dir(64, 16);
+  const CliResult run = shoal_train("--model mlp --epochs 1 --batch-size 32 --threads 1 --no-progress "
+                                    "--data-dir " + dir + " --checkpoint-dir " + dir + "/ckpt");
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  const auto point = shoal::checkpoint::load_latest_intact(dir + "/ckpt");
+  fs::remove_all(dir);
+  ASSERT_TRUE(point.has_value());
+  const shoal::checkpoint::TrainingState& saved = point->state;
+  shoal::train::TrainOptions run_options;
+  run_options.model = "mlp";
+  for (const shoal::train::TrainOption& row : shoal::train::train_option_table()) {
+    if (row.key == nullptr || (row.saved_when && !row.saved_when(run_options))) continue;
+    ASSERT_EQ(saved.config.count(row.key), 1u) << row.flag << "'s key " << row.key << " is not saved";
+    const c10::IValue& value = saved.config.at(row.key);
+    using shoal::train::SavedType;
+    EXPECT_TRUE(row.type == SavedType::kInteger ? value.isInt()
+                : row.type == SavedType::kNumber ? value.isDouble()
+                                                 : value.isString())
+        << row.key << " is saved as " << value.tagKind();
+  }
+  // The keys checkpoints have always had (old ones must still resume): none renamed or lost.
+  std::set<std::string> keys;
+  for (const auto& entry : saved.config) keys.insert(entry.first);
+  EXPECT_EQ(keys, (std::set<std::string>{
+                      "accumulate", "batch_size", "clip_grad_norm", "epochs", "gamma", "loss", "lr",
+                      "lr_schedule", "milestones", "model", "momentum", "optimizer", "precision",
+                      "seed", "step_size", "t_max", "warmup_start_factor", "warmup_steps",
+                      "world_size"}));
+  for (const auto& [key, value] : saved.config) {
+    bool known = key == "world_size";
+    for (const auto& row : shoal::train::train_option_table()) known |= row.key && key == row.key;
+    EXPECT_TRUE(known) << "the checkpoint saves " << key << ", which no row of the table names";
+  }
+  // Each inheriting row reads back what it saved: another run's values give way to the saved.
+  shoal::train::TrainOptions other;
+  other.model = "mlp";
+  other.lr = 0.5;
+  other.momentum = 0.5;
+  other.lr_schedule = "cosine";
+  other.optimizer = "adam";
+  other.batch_size = 7;
+  other.epochs = 9;
+  other.accumulate = 3;
+  other.milestones = {5, 6};
+  other.precision = "bf16";
+  shoal::train::inherit_checkpoint_config(other, saved, {}, "checkpoint");
+  for (const shoal::train::TrainOption& row : shoal::train::train_option_table()) {
+    if (row.key == nullptr || row.on_resume == shoal::train::OnResume::kKeep ||
+        row.on_resume == shoal::train::OnResume::kMustEqual) {
+      continue;
+    }
+    EXPECT_EQ(row.get(other), saved.config.at(row.key)) << row.key << " was not inherited";
   }
 }
 

@@ -5,12 +5,15 @@
 #include <torch/torch.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <string>
 
 #include "shoal/error.h"
+#include "shoal/launcher/launch.h"
 #include "shoal/models/registry.h"
 #include "shoal/train/progress.h"
+#include "shoal/train/strategy_spec.h"
 #include "shoal/train/trainer.h"
 #include "testing/idx_files.h"
 
@@ -133,6 +136,88 @@ TEST(Progress, LinesAndNoneModes) {
   std::FILE* f = std::tmpfile();
   EXPECT_EQ(Progress(ProgressMode::kAuto, 1, 10, 1, f, nullptr).mode(), ProgressMode::kLines);
   std::fclose(f);
+}
+
+/// The message of the InvalidArgument `check` throws; empty when it throws none.
+template <typename F>
+std::string refusal(F check) {
+  try {
+    check();
+  } catch (const InvalidArgument& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// The strategy rules a C++ user meets without the CLI (which runs the same validate()).
+TEST(StrategySpec, RefusesWhatTheStrategyCannotDo) {
+  TrainOptions options;
+  StrategySpec spec;
+  spec.kind = StrategyKind::kPs;
+  EXPECT_EQ(refusal([&] { spec.validate(options); }), "");
+  options.clip_grad_norm = 1;
+  EXPECT_NE(refusal([&] { spec.validate(options); }).find("--clip-grad-norm is not supported with --strategy ps"),
+            std::string::npos);
+  options.clip_grad_norm = 0;
+  options.device = "cuda";
+  EXPECT_NE(refusal([&] { spec.validate(options); }).find("--device cuda: --strategy ps trains on the CPU"),
+            std::string::npos);
+  spec.kind = StrategyKind::kDdp;
+  EXPECT_EQ(refusal([&] { spec.validate(options); }), "");
+  spec.model_parallel = 2;
+  EXPECT_FALSE(spec.supports(StrategyFeature::kGpu));
+  EXPECT_NE(refusal([&] { spec.validate(options); }).find("with --model-parallel trains on the CPU"),
+            std::string::npos);
+  options.device = "cpu";
+  spec.comm_hook = CommHookKind::kFp16;
+  EXPECT_NE(refusal([&] { spec.validate(options); }).find("--comm-hook fp16 applies to --strategy ddp"),
+            std::string::npos);
+  spec.comm_hook = CommHookKind::kAllreduce;
+  spec.bucket_cap_mb = 5;
+  EXPECT_NE(refusal([&] { spec.validate(options); }).find("--bucket-cap-mb applies"), std::string::npos);
+  spec.model_parallel = 1;
+  EXPECT_EQ(refusal([&] { spec.validate(options); }), "");
+  options.checkpoint_format = "sharded";
+  EXPECT_NE(refusal([&] { spec.validate(options); }).find("--checkpoint-format sharded applies to --strategy fsdp"),
+            std::string::npos);
+  spec.kind = StrategyKind::kFsdp;
+  spec.bucket_cap_mb.reset();
+  EXPECT_EQ(refusal([&] { spec.validate(options); }), "");
+  spec.model_parallel = 2;
+  EXPECT_NE(refusal([&] { spec.validate(options); }).find("--model-parallel applies to --strategy ddp, not fsdp"),
+            std::string::npos);
+  // The processes a job runs on this host.
+  spec.kind = StrategyKind::kPipeline;
+  spec.stages = 3;
+  EXPECT_EQ(spec.local_processes(), 3);
+  spec.kind = StrategyKind::kDp;
+  EXPECT_EQ(spec.replica_count(), 2);
+  EXPECT_EQ(spec.local_processes(), 1);
+  EXPECT_FALSE(spec.runs_as_job());
+}
+
+TEST(StrategySpec, ChoicesParseToTheirEnumsAndBack) {
+  for (const std::string& name : strategy_names()) EXPECT_EQ(strategy_name(parse_strategy(name)), name);
+  for (const std::string& name : comm_hook_names()) EXPECT_EQ(comm_hook_name(parse_comm_hook(name)), name);
+  for (const std::string& name : optimizer_names()) EXPECT_EQ(optimizer_name(parse_optimizer(name)), name);
+  EXPECT_EQ(optimizer_names(), (std::vector<std::string>{"sgd", "adam", "adamw"}));
+  EXPECT_EQ(refusal([] { parse_optimizer("lamb"); }).find("optimizer must be sgd, adam or adamw, got 'lamb'"),
+            0u);
+  EXPECT_NE(refusal([] { parse_comm_hook("int8"); }).find("unknown communication hook 'int8'"),
+            std::string::npos);
+  EXPECT_NE(refusal([] { parse_strategy("zero"); }), "");
+}
+
+// TORCHELASTIC_RESTART_COUNT, read in one place: a count, or a clear error (not atoi's 0).
+TEST(StrategySpec, RestartCountIsACountOrAnError) {
+  ::unsetenv("TORCHELASTIC_RESTART_COUNT");
+  EXPECT_EQ(launcher::restart_count(), 0);
+  ::setenv("TORCHELASTIC_RESTART_COUNT", "2", 1);
+  EXPECT_EQ(launcher::restart_count(), 2);
+  ::setenv("TORCHELASTIC_RESTART_COUNT", "two", 1);
+  EXPECT_NE(refusal([] { launcher::restart_count(); }).find("TORCHELASTIC_RESTART_COUNT='two'"),
+            std::string::npos);
+  ::unsetenv("TORCHELASTIC_RESTART_COUNT");
 }
 
 }  // namespace test_train_api

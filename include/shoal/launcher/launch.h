@@ -104,6 +104,11 @@ struct LaunchOptions {
 /// worker cannot be started (the workers already started are stopped first).
 int launch(const LaunchOptions& options);
 
+/// How many times this job's workers were restarted (TORCHELASTIC_RESTART_COUNT, which launch()
+/// and torchrun set; 0 when unset). Throws InvalidArgument naming the variable when it is set to
+/// anything but a count.
+int restart_count();
+
 /// This program's own path (/proc/self/exe), for programs that re-launch themselves as N ranks:
 /// launch(LaunchOptions::workers(n, {self_executable(), args...})).
 std::string self_executable();

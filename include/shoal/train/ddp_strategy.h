@@ -12,6 +12,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "shoal/comm/init.h"
 #include "shoal/parallel/comm_hooks.h"
@@ -23,6 +24,26 @@ struct ReducerStats;
 }
 
 namespace shoal::train {
+
+/// DDP's communication hooks (PyTorch's register_comm_hook).
+enum class CommHookKind {
+  kAllreduce,  ///< "allreduce": DDP's own average, no hook
+  kFp16,       ///< "fp16": fp16_compress_hook
+  kBf16,       ///< "bf16": bf16_compress_hook
+  kPowerSgd,   ///< "powersgd": powerSGD_hook
+};
+
+/// The hook `name` names ("allreduce", "fp16", "bf16", "powersgd"); InvalidArgument otherwise.
+CommHookKind parse_comm_hook(const std::string& name);
+/// The name parse_comm_hook reads as `kind`.
+const char* comm_hook_name(CommHookKind kind);
+/// Every hook's name, in the enum's order.
+std::vector<std::string> comm_hook_names();
+
+/// The hook `kind` registers on a DDP over `group`; null for kAllreduce (DDP's own averaging).
+/// kPowerSgd runs with `power_sgd`'s state (null: PowerSGD's defaults).
+parallel::CommHook make_comm_hook(CommHookKind kind, std::shared_ptr<comm::ProcessGroup> group,
+                                  std::shared_ptr<parallel::PowerSGDState> power_sgd = nullptr);
 
 /// Data-parallel training over a process group (see the file comment).
 class DdpStrategy : public Strategy {
@@ -39,6 +60,10 @@ class DdpStrategy : public Strategy {
   /// caller may keep the state to read bytes_sent and iteration afterwards; null: defaults).
   void set_comm_hook(const std::string& name,
                      std::shared_ptr<parallel::PowerSGDState> power_sgd = nullptr);
+  void set_comm_hook(CommHookKind kind,
+                     std::shared_ptr<parallel::PowerSGDState> power_sgd = nullptr);
+  /// The PowerSGD state the hook runs with (bytes_sent, iteration); null for other hooks.
+  const std::shared_ptr<parallel::PowerSGDState>& power_sgd() const { return power_sgd_; }
 
   /// DDP's bucket_cap_mb for prepare(): MiB, or parallel::DistributedDataParallelOptions::
   /// kBucketCapAuto (chosen by timing the candidates in the first steps).
@@ -66,7 +91,7 @@ class DdpStrategy : public Strategy {
 
  private:
   std::shared_ptr<comm::ProcessGroup> group_;
-  std::string comm_hook_ = "allreduce";
+  CommHookKind comm_hook_ = CommHookKind::kAllreduce;
   double bucket_cap_mb_ = 25.0;
   std::shared_ptr<parallel::PowerSGDState> power_sgd_;
   std::shared_ptr<parallel::DistributedDataParallelBase> stats_source_;

@@ -27,6 +27,22 @@ enum class ProgressMode {
   kNone,   ///< nothing but the per-epoch summaries
 };
 
+/// The optimizers the trainer builds (TrainOptions::optimizer names one).
+enum class Optimizer {
+  kSgd,    ///< "sgd": torch.optim.SGD (lr, momentum, weight_decay)
+  kAdam,   ///< "adam": torch.optim.Adam (lr, betas, eps, weight_decay)
+  kAdamW,  ///< "adamw": torch.optim.AdamW (decoupled weight decay)
+};
+
+/// The optimizer `name` names ("sgd", "adam", "adamw"); InvalidArgument for any other name.
+Optimizer parse_optimizer(const std::string& name);
+/// The name parse_optimizer reads as `optimizer`.
+const char* optimizer_name(Optimizer optimizer);
+/// Every optimizer's name, in the enum's order.
+std::vector<std::string> optimizer_names();
+/// Whether parse_optimizer knows `name`.
+bool known_optimizer(const std::string& name);
+
 /// Options of a training run. The defaults are those of `shoal train`; they were measured to reach
 /// >= 0.85 Fashion-MNIST test accuracy with the CNN in one epoch on two CPU cores.
 struct TrainOptions {
@@ -123,7 +139,7 @@ struct TrainOptions {
   /// TrainResult::preempted. Empty: never asked, no extra all-reduce.
   std::function<bool()> stop_requested;
 
-  // ---- Optimizer, schedule, clipping, accumulation and precision (#29) ----------------------
+  // ---- Optimizer, schedule, clipping, accumulation and precision ----------------------------
   /// The optimizer the trainer builds: "sgd" (lr, momentum, weight_decay), "adam" or "adamw"
   /// (torch.optim.Adam / AdamW: lr, betas, eps, weight_decay; AdamW decays the weights by
   /// lr x weight_decay apart from the gradient).
@@ -170,7 +186,7 @@ struct TrainOptions {
   /// CPU tensors either way, and resume on either device.
   std::string device = "cpu";
 
-  // --- Data (#29): where the samples come from and how they are loaded ahead of the step.
+  // --- Data: where the samples come from and how they are loaded ahead of the step.
   /// When not empty, run_training reads the dataset from this torch.save file of a dict with the
   /// tensors train_x, train_y, test_x, test_y (data/tensor_file.h) instead of data_dir.
   std::string data_path;
@@ -188,12 +204,17 @@ struct TrainOptions {
   /// Batches each worker loads ahead (PyTorch's prefetch_factor).
   int prefetch_factor = 2;
 
-  /// Throws shoal::InvalidArgument naming the first option that cannot work.
+  /// Throws shoal::InvalidArgument naming the first option that cannot work: the checks of
+  /// train_option_table()'s rows, in order.
   void validate() const;
 };
 
 /// Whether `path` names a token file (".bin"): TrainOptions::data_path's token-stream form.
 bool is_token_file(const std::string& path);
+
+/// Whether `name` is a device name TrainOptions::device takes ("cpu", "cuda", "cuda:N"), whether
+/// or not this machine has it (resolve_device says).
+bool is_device_name(const std::string& name);
 
 /// The device `name` ("cpu", "cuda", "cuda:N"; TrainOptions::device) means in this process:
 /// "cuda" is GPU local rank (comm::detect_rank_info: torchrun, SLURM, OpenMPI; 0 alone) modulo

@@ -1,0 +1,145 @@
+#include "shoal/train/strategy_spec.h"
+
+#include <iterator>
+
+#include "shoal/comm/init.h"
+#include "shoal/error.h"
+#include "shoal/launcher/launch.h"
+#include "shoal/parallel/distributed_data_parallel.h"
+#include "shoal/pipeline/schedule.h"
+#include "shoal/train/data_parallel_strategy.h"
+#include "shoal/train/fsdp_strategy.h"
+#include "shoal/train/model_parallel_ddp_strategy.h"
+#include "shoal/train/pipeline_strategy.h"
+#include "shoal/train/ps_strategy.h"
+
+namespace shoal::train {
+namespace {
+constexpr const char* kStrategyNames[] = {"single", "ddp", "fsdp", "dp", "ps", "pipeline"};
+}  // namespace
+
+StrategyKind parse_strategy(const std::string& name) {
+  for (size_t i = 0; i < std::size(kStrategyNames); ++i) {
+    if (name == kStrategyNames[i]) return static_cast<StrategyKind>(i);
+  }
+  SHOAL_THROW(InvalidArgument, "--strategy must be single, ddp, fsdp, dp, ps or pipeline, got '",
+              name, "'");
+}
+
+const char* strategy_name(StrategyKind kind) { return kStrategyNames[static_cast<size_t>(kind)]; }
+
+std::vector<std::string> strategy_names() {
+  return {std::begin(kStrategyNames), std::end(kStrategyNames)};
+}
+
+bool StrategySpec::supports(StrategyFeature feature) const {
+  const bool plain_ddp = kind == StrategyKind::kDdp && model_parallel == 1;
+  switch (feature) {
+    case StrategyFeature::kGpu:
+      return kind == StrategyKind::kSingle || plain_ddp;
+    case StrategyFeature::kCommHook:
+      return plain_ddp;
+    case StrategyFeature::kShardedCheckpoint:
+      return kind == StrategyKind::kFsdp;
+    case StrategyFeature::kClipGradNorm:
+      return kind != StrategyKind::kPs;
+  }
+  return false;
+}
+
+void StrategySpec::validate(const TrainOptions& options) const {
+  const std::string strategy = strategy_name(kind);
+  // Said before any data is read (whether this machine has a GPU, the trainer says).
+  SHOAL_CHECK_T(InvalidArgument, options.device == "cpu" || supports(StrategyFeature::kGpu),
+                "--device ", options.device, ": --strategy ", strategy,
+                model_parallel == 1 ? "" : " with --model-parallel",
+                " trains on the CPU here; use --strategy single or ddp on a GPU");
+  SHOAL_CHECK_T(InvalidArgument,
+                comm_hook == CommHookKind::kAllreduce || supports(StrategyFeature::kCommHook),
+                "--comm-hook ", comm_hook_name(comm_hook),
+                " applies to --strategy ddp (without --model-parallel)");
+  SHOAL_CHECK_T(InvalidArgument, !bucket_cap_mb || supports(StrategyFeature::kCommHook),
+                "--bucket-cap-mb applies to --strategy ddp (without --model-parallel)");
+  SHOAL_CHECK_T(InvalidArgument, kind != StrategyKind::kFsdp || model_parallel == 1,
+                "--model-parallel applies to --strategy ddp, not fsdp");
+  SHOAL_CHECK_T(InvalidArgument,
+                options.checkpoint_format == "full" || supports(StrategyFeature::kShardedCheckpoint),
+                "--checkpoint-format sharded applies to --strategy fsdp (the others hold whole "
+                "models: use the default, full)");
+  SHOAL_CHECK_T(InvalidArgument,
+                options.clip_grad_norm == 0 || supports(StrategyFeature::kClipGradNorm),
+                "--clip-grad-norm is not supported with --strategy ps (each worker pushes its own "
+                "gradient; the servers never hold the global one): use ddp, dp, pipeline or single");
+}
+
+int StrategySpec::replica_count() const {
+  if (replicas > 0) return replicas;
+  return kind == StrategyKind::kDp ? 2 : 1;
+}
+
+bool StrategySpec::runs_as_job() const {
+  return kind == StrategyKind::kDdp || kind == StrategyKind::kFsdp || kind == StrategyKind::kPs ||
+         kind == StrategyKind::kPipeline;
+}
+
+int StrategySpec::local_processes() const {
+  if (kind == StrategyKind::kDdp || kind == StrategyKind::kFsdp) return nproc_per_node;
+  if (kind == StrategyKind::kPipeline) return stages * replica_count();
+  return 1;
+}
+
+launcher::LaunchOptions StrategySpec::launch_options(std::vector<std::string> command) const {
+  SHOAL_CHECK_T(InvalidArgument, runs_as_job(), "--strategy ", strategy_name(kind),
+                " runs in one process; it launches no job");
+  launcher::LaunchOptions launch =
+      kind == StrategyKind::kPs
+          ? launcher::LaunchOptions::parameter_server(workers, servers, std::move(command))
+          : launcher::LaunchOptions::workers(local_processes(), std::move(command));
+  launch.master_port = 0;  // a free port: jobs may run side by side
+  if (kind == StrategyKind::kPs) {
+    launch.tolerate_worker_failures = consistency != "bsp";  // asp/ssp go on without a dead worker
+  } else {
+    launch.max_restarts = max_restarts;
+  }
+  return launch;
+}
+
+std::unique_ptr<Strategy> StrategySpec::make_strategy(const TrainOptions& options) const {
+  comm::InitOptions init;
+  init.backend = backend;
+  switch (kind) {
+    case StrategyKind::kSingle:
+      return std::make_unique<SingleProcess>();
+    case StrategyKind::kDp:
+      // One intra-op thread per replica slot (DataParallelOptions' default).
+      return std::make_unique<DataParallelStrategy>(replica_count(), options.model);
+    case StrategyKind::kPs:
+      return std::make_unique<PsStrategy>();
+    case StrategyKind::kFsdp:
+      return std::make_unique<FsdpStrategy>(shard, init);
+    case StrategyKind::kPipeline: {
+      PipelineStrategyOptions pipe;
+      pipe.stages = stages;
+      pipe.pipeline.micro_batches = micro_batches;
+      pipe.pipeline.schedule = pipeline::schedule_from_string(schedule);
+      pipe.pipeline.recompute = recompute;
+      return std::make_unique<PipelineStrategy>(pipe, init);
+    }
+    case StrategyKind::kDdp:
+      break;
+  }
+  if (model_parallel > 1) return std::make_unique<ModelParallelDdpStrategy>(model_parallel, init);
+  auto ddp = std::make_unique<DdpStrategy>(init);
+  std::shared_ptr<parallel::PowerSGDState> power_sgd;
+  if (comm_hook == CommHookKind::kPowerSgd) {
+    power_sgd = std::make_shared<parallel::PowerSGDState>();
+    power_sgd->matrix_approximation_rank = powersgd_rank;
+    power_sgd->start_powerSGD_iter = powersgd_start_iter;
+  }
+  ddp->set_comm_hook(comm_hook, power_sgd);
+  ddp->set_bucket_cap_mb(
+      bucket_cap_mb.value_or(parallel::DistributedDataParallelOptions{}.bucket_cap_mb));
+  return ddp;
+}
+
+}  // namespace shoal::train
