@@ -25,6 +25,7 @@
 #include "commands.h"
 #include "compat/thread_parallelism.h"
 #include "shoal/checkpoint/checkpoint_manager.h"
+#include "shoal/env.h"
 #include "shoal/error.h"
 #include "shoal/log.h"
 #include "shoal/comm/init.h"
@@ -83,8 +84,7 @@ void configure_server_checkpoints(const train::TrainOptions& options, const ps::
   server.step_checkpoint_prefix = options.checkpoint_dir + "/" + name;
   // One more than the workers keep: the newest may be a step whose workers' save was cut off.
   server.step_checkpoint_keep = options.checkpoint_keep > 0 ? options.checkpoint_keep + 1 : 0;
-  const bool restarted = std::getenv("TORCHELASTIC_RESTART_COUNT") != nullptr &&
-                         std::atoi(std::getenv("TORCHELASTIC_RESTART_COUNT")) > 0;
+  const bool restarted = env::integer(env::Var::kRestartCount).value_or(0) > 0;
   if (!options.resume && !restarted) return;
   // The checkpoint the workers resume from (they pick it the same way).
   const auto point = checkpoint::load_latest_intact(options.checkpoint_dir);

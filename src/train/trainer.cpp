@@ -26,6 +26,7 @@
 #include "shoal/data/tensor_file.h"
 #include "shoal/data/token_block_dataset.h"
 #include "shoal/comm/init.h"
+#include "shoal/env.h"
 #include "shoal/error.h"
 #include "shoal/log.h"
 #include "shoal/memory/cpu_allocator.h"
@@ -1242,8 +1243,7 @@ TrainResult run_training(const TrainOptions& options, std::unique_ptr<Strategy> 
   Trainer trainer(options, std::move(model), std::move(strategy));
   // Restarted by `shoal run --max-restarts` (or torchrun) after a worker died: carry on from the
   // last intact checkpoint, when one was written.
-  const char* restart = std::getenv("TORCHELASTIC_RESTART_COUNT");
-  const bool restarted = restart != nullptr && std::atoi(restart) > 0 && !options.checkpoint_dir.empty() &&
+  const bool restarted = env::integer(env::Var::kRestartCount).value_or(0) > 0 && !options.checkpoint_dir.empty() &&
                          checkpoint::find_latest(options.checkpoint_dir).has_value();
   if (options.resume || restarted) {
     const std::string path = trainer.resume();
