@@ -18,7 +18,7 @@ import sys
 SOURCE = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 DOCS = ["README.md"] + [os.path.join("docs", name) for name in
                          ("GUIDE.md", "CLI.md", "DEVELOPING.md")]
-COMMANDS = ["train", "run", "bench", "ckpt", "plot"]
+COMMANDS = ["train", "run", "bench", "ckpt", "plot", "env"]
 # Where a shell command line stops: a comment, a pipe, a redirection, the next command.
 STOP_TOKENS = {"#", "|", "||", "&&", ";", ">", "2>", ">>", "&"}
 FLAG = re.compile(r"^--[A-Za-z][A-Za-z0-9_-]*")
