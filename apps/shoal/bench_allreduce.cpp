@@ -43,6 +43,7 @@
 #include "bench_util.h"
 #include "commands.h"
 #include "shoal/comm/init.h"
+#include "shoal/env.h"
 #include "shoal/error.h"
 #include "shoal/launcher/launch.h"
 
@@ -108,8 +109,8 @@ int64_t parse_bytes(const std::string& text, const char* option) {
 std::string find_torch_script(const std::string& given) {
   if (!given.empty()) return given;
   std::vector<std::filesystem::path> candidates;
-  if (const char* source = std::getenv("SHOAL_SOURCE_DIR")) {
-    candidates.push_back(std::filesystem::path(source) / "bench/allreduce_torch.py");
+  if (const auto source = env::text(env::Var::kSourceDir)) {
+    candidates.push_back(std::filesystem::path(*source) / "bench/allreduce_torch.py");
   }
   // <source>/build/apps/shoal/shoal -> <source>/bench/allreduce_torch.py
   const auto exe = std::filesystem::path(launcher::self_executable());

@@ -26,6 +26,7 @@
 #include "commands.h"
 #include "compat/thread_parallelism.h"
 #include "shoal/checkpoint/checkpoint_manager.h"
+#include "shoal/env.h"
 #include "shoal/error.h"
 #include "shoal/log.h"
 #include "shoal/comm/init.h"

@@ -34,6 +34,7 @@ void add_ckpt_command(CLI::App& root, std::vector<Command>& commands);    // cmd
 void add_plot_command(CLI::App& root, std::vector<Command>& commands);    // cmd_plot.cpp
 void add_generate_command(CLI::App& root, std::vector<Command>& commands);  // cmd_generate.cpp
 void add_data_command(CLI::App& root, std::vector<Command>& commands);    // cmd_data.cpp
+void add_env_command(CLI::App& root, std::vector<Command>& commands);     // cmd_env.cpp
 void add_bench_allreduce_command(CLI::App& bench, std::vector<Command>& commands);  // bench_allreduce.cpp
 void add_bench_ddp_command(CLI::App& bench, std::vector<Command>& commands);        // bench_ddp.cpp
 void add_bench_ps_command(CLI::App& bench, std::vector<Command>& commands);         // bench_ps.cpp

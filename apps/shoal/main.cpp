@@ -142,6 +142,7 @@ int run_shoal(int argc, char** argv) {
   shoal::cli::add_plot_command(app, commands);
   shoal::cli::add_generate_command(app, commands);
   shoal::cli::add_data_command(app, commands);
+  shoal::cli::add_env_command(app, commands);
 
   try {
     app.parse(argc, argv);

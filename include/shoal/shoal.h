@@ -16,6 +16,7 @@
 // stay the reference (and hold the less common names).
 #pragma once
 
+#include "shoal/env.h"
 #include "shoal/error.h"
 #include "shoal/log.h"
 

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "shoal/comm/process_group.h"
+#include "shoal/env.h"
 
 namespace shoal::comm {
 namespace {
@@ -69,15 +70,13 @@ void dump_recent_operations(std::FILE* out) {
 void install_dump_on_sigusr1() {
   static std::once_flag once;
   std::call_once(once, [] {
-    const char* setting = std::getenv("SHOAL_SIGUSR1");
-    if (setting != nullptr && std::strcmp(setting, "0") == 0) return;
+    if (!env::flag(env::Var::kSigusr1)) return;
     struct sigaction current {};
     if (::sigaction(SIGUSR1, nullptr, &current) != 0) return;
     if (current.sa_flags & SA_SIGINFO) return;  // the program's own handler
     if (current.sa_handler == SIG_IGN) {
       // Ignored: by `shoal run` until now (replace it), or by the program (keep it).
-      const char* launcher = std::getenv(kSigusr1IgnoredEnv);
-      if (launcher == nullptr || std::strcmp(launcher, "1") != 0) return;
+      if (!env::flag(env::Var::kSigusr1Ignored)) return;
     } else if (current.sa_handler != SIG_DFL) {
       return;  // the program's own handler
     }

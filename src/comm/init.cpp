@@ -16,6 +16,7 @@
 #include "compat/nccl_group.h"
 #endif
 #include "shoal/comm/flight_recorder.h"
+#include "shoal/env.h"
 #include "shoal/error.h"
 #include "shoal/log.h"
 
@@ -25,16 +26,6 @@ namespace {
 const char* init_env(const char* name) {
   const char* value = std::getenv(name);
   return (value != nullptr && *value != '\0') ? value : nullptr;
-}
-
-int init_env_int(const char* name, int fallback) {
-  const char* value = init_env(name);
-  if (value == nullptr) return fallback;
-  char* end = nullptr;
-  long parsed = std::strtol(value, &end, 10);
-  SHOAL_CHECK_T(InvalidArgument, end != value && *end == '\0' && parsed >= 0 && parsed < (1 << 30),
-                "environment variable ", name, "='", value, "' is not a non-negative integer");
-  return static_cast<int>(parsed);
 }
 
 bool is_loopback(const std::string& host) {
@@ -231,7 +222,7 @@ std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options) {
 
   std::string backend = options.backend;
   if (backend == "auto") {
-    if (const char* chosen = init_env("SHOAL_BACKEND")) backend = chosen;
+    if (const auto chosen = env::text(env::Var::kBackend)) backend = *chosen;
   }
   if (backend == "auto") {
     const bool one_host = info.local_world_size >= info.world_size;
@@ -297,7 +288,7 @@ std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options) {
       }
       if (!own_store) {
         store = make_prefix_store(
-            "/worker/attempt_" + std::to_string(init_env_int("TORCHELASTIC_RESTART_COUNT", 0)), store);
+            "/worker/attempt_" + std::to_string(env::integer(env::Var::kRestartCount).value_or(0)), store);
       }
     }
   } else if (method.rfind("tcp://", 0) == 0) {
@@ -329,7 +320,7 @@ std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options) {
 std::shared_ptr<ProcessGroup> create_gloo_backend(const BackendArgs& args) {
   GlooOptions options;
   const bool one_host = args.info.local_world_size >= args.info.world_size;
-  if (const char* iface = std::getenv("GLOO_SOCKET_IFNAME")) options.interface = iface;
+  if (const auto iface = env::text(env::Var::kGlooSocketIfname)) options.interface = *iface;
   options.hostname = one_host ? "127.0.0.1" : local_hostname();
   return std::make_shared<ProcessGroupGloo>(args.store, args.rank, args.size, args.timeout,
                                             options);

@@ -12,6 +12,7 @@
 #include "comm/host_staging.h"
 #include "shoal/comm/flight_recorder.h"
 #include "shoal/comm/store.h"
+#include "shoal/env.h"
 #include "shoal/error.h"
 
 namespace shoal::comm {
@@ -35,11 +36,8 @@ bool is_supported_dtype(at::ScalarType type) {
 
 // SHOAL_CHECK_COLLECTIVES=1 or 0 decides; unset, the checks follow SHOAL_DEBUG=detail.
 bool collective_checks_from_env() {
-  const char* raw = std::getenv("SHOAL_CHECK_COLLECTIVES");
-  if (raw == nullptr || *raw == '\0') return debug_detail_from_env();
-  if (std::strcmp(raw, "0") == 0 || std::strcmp(raw, "false") == 0) return false;
-  if (std::strcmp(raw, "1") == 0 || std::strcmp(raw, "true") == 0) return true;
-  SHOAL_THROW(InvalidArgument, "SHOAL_CHECK_COLLECTIVES='", raw, "' must be 0 or 1");
+  const std::optional<bool> set = env::flag_if_set(env::Var::kCheckCollectives);
+  return set ? *set : debug_detail_from_env();
 }
 
 }  // namespace
@@ -56,11 +54,7 @@ ProcessGroup::ProcessGroup(int rank, int size, Milliseconds timeout)
 }
 
 bool debug_detail_from_env() {
-  const char* value = std::getenv("SHOAL_DEBUG");
-  if (value == nullptr) return false;
-  std::string level(value);
-  for (char& c : level) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return level == "detail";
+  return env::choice(env::Var::kDebug) == "detail";
 }
 
 ProcessGroup::~ProcessGroup() {

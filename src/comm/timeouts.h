@@ -37,10 +37,6 @@ Milliseconds silent_peer_timeout();
 /// when that is shorter (a stopped peer is named within it on every backend).
 Milliseconds stopped_peer_timeout();
 
-/// The duration in environment variable `name` (milliseconds, or with a unit: 30s, 500ms), else
-/// `fallback`; InvalidArgument when it is not a positive duration.
-Milliseconds duration_from_env(const char* name, Milliseconds fallback);
-
 /// Appended to every time-out message: how to wait longer.
 constexpr const char* kTimeoutHint =
     " (to wait longer, set SHOAL_TIMEOUT, e.g. SHOAL_TIMEOUT=1800s, or InitOptions::timeout)";

@@ -25,6 +25,7 @@
 #include "shoal/comm/flight_recorder.h"
 #include "launcher/worker_group.h"
 #include "security/auth_token.h"
+#include "shoal/env.h"
 #include "shoal/error.h"
 #include "shoal/log.h"
 
@@ -433,14 +434,7 @@ int launch(const LaunchOptions& options) {
 }
 
 int restart_count() {
-  const char* text = std::getenv("TORCHELASTIC_RESTART_COUNT");
-  if (text == nullptr) return 0;
-  char* end = nullptr;
-  const long count = std::strtol(text, &end, 10);
-  SHOAL_CHECK_T(InvalidArgument, *text != '\0' && *end == '\0' && count >= 0 && count <= 1000000,
-                "TORCHELASTIC_RESTART_COUNT='", text, "' is not a restart count (0, 1, ...); unset it "
-                "or start the job with shoal run or torchrun, which set it");
-  return static_cast<int>(count);
+  return static_cast<int>(env::integer(env::Var::kRestartCount).value_or(0));
 }
 
 }  // namespace shoal::launcher

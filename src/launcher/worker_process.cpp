@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "compat/thread_parallelism.h"
+#include "shoal/env.h"
 #include "shoal/error.h"
 #include "shoal/launcher/launch.h"
 
@@ -70,8 +71,7 @@ bool is_this_program(const std::string& program) {
 }
 
 bool exec_forced() {
-  const char* setting = std::getenv("SHOAL_LAUNCH_EXEC");
-  return setting != nullptr && std::strcmp(setting, "1") == 0;
+  return env::flag(env::Var::kLaunchExec);
 }
 
 // In the child right after fork, before exec or the entry: what every worker starts with.

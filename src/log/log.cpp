@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "log/error_file.h"
+#include "shoal/env.h"
 
 namespace shoal::log {
 namespace {
@@ -46,12 +47,12 @@ spdlog::level::level_enum to_spdlog(Level level) {
 }
 
 Level read_environment() {
-  const char* text = std::getenv("SHOAL_LOG_LEVEL");
-  if (text == nullptr || *text == '\0') return Level::kInfo;
-  if (const auto parsed = parse_level(text)) return *parsed;
+  const std::optional<std::string> text = env::text(env::Var::kLogLevel);
+  if (!text) return Level::kInfo;
+  if (const auto parsed = parse_level(*text)) return *parsed;
   logger().log(spdlog::level::warn,
                "shoal: warning: SHOAL_LOG_LEVEL={} is not one of debug, info, warn, error, off; "
-               "using info", text);
+               "using info", *text);
   return Level::kInfo;
 }
 

@@ -4,6 +4,8 @@
 #include <cstring>
 #include <mutex>
 
+#include "shoal/env.h"
+
 #if defined(__GLIBC__)
 #include <malloc.h>
 #endif
@@ -23,9 +25,7 @@ constexpr int kTopPad = 64 << 20;
 bool user_set(const char* name) { return std::getenv(name) != nullptr; }
 
 bool apply() {
-  if (const char* opt = std::getenv("SHOAL_TUNE_MALLOC"); opt && std::strcmp(opt, "0") == 0) {
-    return false;
-  }
+  if (!env::flag(env::Var::kTuneMalloc)) return false;
   bool ok = true;
   // Each setting is left alone when the user chose it through glibc's own variables.
   if (!user_set("MALLOC_MMAP_THRESHOLD_")) ok = mallopt(M_MMAP_THRESHOLD, kMmapThreshold) == 1 && ok;

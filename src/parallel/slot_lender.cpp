@@ -83,10 +83,6 @@ class CountingAllocator final : public c10::Allocator {
 
 bool SlotLender::install() {
   static const bool installed = [] {
-    if (const char* env = std::getenv("SHOAL_DDP_GRADIENTS_IN_BUCKETS");
-        env != nullptr && std::strcmp(env, "0") == 0) {
-      return false;
-    }
     static CountingAllocator counting;
     base_allocator = c10::GetCPUAllocator();
     c10::SetCPUAllocator(&counting, /*priority=*/1);

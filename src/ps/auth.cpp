@@ -4,6 +4,8 @@
 #include <cstring>
 #include <random>
 
+#include "shoal/env.h"
+
 namespace shoal::ps {
 namespace {
 // Domain separation: an answer computed here is useless for any other protocol using the token.
@@ -12,8 +14,7 @@ constexpr char kGateContext[] = "shoal-ps-gate-v1";
 }  // namespace
 
 std::string auth_token_from_env() {
-  const char* token = std::getenv("SHOAL_AUTH_TOKEN");
-  return token != nullptr ? std::string(token) : std::string();
+  return env::text(env::Var::kAuthToken).value_or("");
 }
 
 Challenge make_challenge() {

@@ -4,6 +4,7 @@
 #include <cstdlib>
 
 #include "shoal/comm/store.h"
+#include "shoal/env.h"
 #include "shoal/error.h"
 
 namespace shoal::ps {
@@ -44,8 +45,8 @@ Job job_from_env() {
   SHOAL_CHECK_T(InvalidArgument, job.role == "server" || job.role == "worker",
                 "parameter-server job: ROLE_NAME=", job.role, "; expected server or worker");
   job.role_rank = env_int("ROLE_RANK", env_int("RANK", 0));
-  job.num_servers = env_int("SHOAL_PS_NUM_SERVERS", 1);
-  job.num_workers = env_int("SHOAL_PS_NUM_WORKERS", 1);
+  job.num_servers = static_cast<int>(env::integer(env::Var::kPsNumServers).value_or(1));
+  job.num_workers = static_cast<int>(env::integer(env::Var::kPsNumWorkers).value_or(1));
   job.master_addr = env_or("MASTER_ADDR", "127.0.0.1");
   job.master_port = env_int("MASTER_PORT", 29500);
   SHOAL_CHECK_T(InvalidArgument, job.num_servers >= 1 && job.num_workers >= 1,
@@ -62,7 +63,7 @@ ServerStats serve(const Job& job, ServerOptions options) {
   SHOAL_CHECK_T(InvalidArgument, job.is_server(), "serve(): this process is a ", job.role);
   options.rank = job.role_rank;
   options.num_workers = job.num_workers;
-  options.bind = "tcp://" + env_or("SHOAL_PS_HOST", job.master_addr) + ":*";
+  options.bind = "tcp://" + env::text(env::Var::kPsHost).value_or(job.master_addr) + ":*";
   std::shared_ptr<comm::Store> store = job_store(job);
   Server server(std::move(options));
   store->set_string(server_key(job.role_rank), server.endpoint());

@@ -10,6 +10,7 @@
 
 #include "security/hmac_sha256.h"
 #include "security/socket_io.h"
+#include "shoal/env.h"
 #include "shoal/error.h"
 
 namespace shoal::security {
@@ -65,8 +66,7 @@ std::string generate_token() {
 }
 
 std::string token_from_env() {
-  const char* value = std::getenv(kTokenEnv);
-  return value == nullptr ? std::string() : std::string(value);
+  return env::text(env::Var::kAuthToken).value_or("");
 }
 
 bool try_authenticate_to_server(int fd, std::string_view token, std::string_view purpose,

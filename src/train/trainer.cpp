@@ -24,6 +24,7 @@
 #include "shoal/data/tensor_file.h"
 #include "shoal/data/token_block_dataset.h"
 #include "shoal/comm/init.h"
+#include "shoal/env.h"
 #include "shoal/error.h"
 #include "shoal/launcher/launch.h"
 #include "shoal/log.h"

@@ -1,8 +1,10 @@
-// SHOAL_TIMEOUT parsing and detect_rank_info over the launchers' variables (torchrun, OpenMPI,
+// The table of environment variables (shoal/env.h) and its readers, SHOAL_TIMEOUT parsing and
+// detect_rank_info over the launchers' variables (torchrun, OpenMPI,
 // SLURM), with the environment saved and restored around each test.
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <functional>
 #include <cstdlib>
 #include <map>
 #include <optional>
@@ -10,7 +12,10 @@
 #include <string>
 
 #include "shoal/comm/init.h"
+#include "shoal/comm/process_group.h"
+#include "shoal/env.h"
 #include "shoal/error.h"
+#include "testing/scoped_env.h"
 
 namespace shoal::comm {
 namespace test_env {
@@ -334,6 +339,93 @@ TEST_F(Environment, InconsistentSettingsAreInvalidArguments) {
   EXPECT_THROW(detect_rank_info(), InvalidArgument);
   set({{"WORLD_SIZE", "2"}, {"LOCAL_RANK", "3"}, {"LOCAL_WORLD_SIZE", "2"}});
   EXPECT_THROW(detect_rank_info(), InvalidArgument);
+}
+
+// Each row is found by its Var, every name once.
+TEST(EnvTable, RowsFollowVarAndNamesAreUnique) {
+  std::set<std::string> names;
+  for (const env::Variable& row : env::variables()) {
+    EXPECT_EQ(&env::describe(row.var), &row) << row.name;
+    EXPECT_TRUE(names.insert(row.name).second) << row.name << " twice";
+    EXPECT_NE(std::string(row.meaning), "") << row.name;
+    EXPECT_NE(std::string(row.default_value), "") << row.name;
+  }
+  EXPECT_GE(names.size(), 20u);
+}
+
+// The one-line error of a value out of range: the variable, the value, what it accepts.
+void expect_rejected(const std::function<void()>& read, const char* name, const char* value,
+                     const std::string& accepted) {
+  shoal::testing::ScopedEnv set(name, value);
+  try {
+    read();
+    ADD_FAILURE() << name << "=" << value << " was accepted";
+  } catch (const InvalidArgument& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find(std::string(name) + "='" + value + "'"), std::string::npos) << message;
+    EXPECT_NE(message.find(accepted), std::string::npos) << message;
+    EXPECT_EQ(message.find('\n'), std::string::npos) << message;
+  }
+}
+
+TEST(EnvTable, FlagsTakeZeroOrOneAndDefaultFromTheTable) {
+  using env::Var;
+  {
+    shoal::testing::ScopedEnv unset("SHOAL_TUNE_MALLOC", nullptr);
+    EXPECT_TRUE(env::flag(Var::kTuneMalloc));
+    EXPECT_FALSE(env::flag_if_set(Var::kTuneMalloc).has_value());
+  }
+  const std::pair<const char*, bool> cases[] = {
+      {"0", false}, {"1", true}, {"true", true}, {"FALSE", false}};
+  for (const auto& [value, expected] : cases) {
+    shoal::testing::ScopedEnv set("SHOAL_LAUNCH_EXEC", value);
+    EXPECT_EQ(env::flag(Var::kLaunchExec), expected) << value;
+  }
+  expect_rejected([] { env::flag(Var::kSigusr1); }, "SHOAL_SIGUSR1", "yes", "0 or 1");
+}
+
+// SHOAL_SHM_SPIN_US was read with an unchecked atoi ("abc" spun 0 us): now it is range-checked.
+TEST(EnvTable, IntegersAreCheckedAgainstTheirRange) {
+  using env::Var;
+  {
+    shoal::testing::ScopedEnv set("SHOAL_SHM_SPIN_US", "50");
+    EXPECT_EQ(env::integer(Var::kShmSpinUs), 50);
+  }
+  for (const char* bad : {"abc", "-1", "2000000", "5x", "99999999999999999999"}) {
+    expect_rejected([] { env::integer(Var::kShmSpinUs); }, "SHOAL_SHM_SPIN_US", bad,
+                    "0 to 1000000 microseconds");
+  }
+  expect_rejected([] { env::integer(Var::kShmChunkBytes); }, "SHOAL_SHM_CHUNK_BYTES", "100",
+                  "4096 to 67108864 bytes");
+  expect_rejected([] { env::integer(Var::kPsNumServers); }, "SHOAL_PS_NUM_SERVERS", "0", "1 to");
+  expect_rejected([] { env::integer(Var::kRestartCount); }, "TORCHELASTIC_RESTART_COUNT", "two",
+                  "0 to");
+}
+
+// SHOAL_DEBUG takes PyTorch's TORCH_DISTRIBUTED_DEBUG levels in any case; anything else was
+// read as off without a word.
+TEST(EnvTable, ChoicesAreOneOfTheirValuesInAnyCase) {
+  const std::pair<const char*, bool> cases[] = {
+      {"detail", true}, {"DETAIL", true}, {"info", false}, {"Off", false}};
+  for (const auto& [value, detail] : cases) {
+    shoal::testing::ScopedEnv set("SHOAL_DEBUG", value);
+    EXPECT_EQ(debug_detail_from_env(), detail) << value;
+  }
+  expect_rejected([] { debug_detail_from_env(); }, "SHOAL_DEBUG", "1", "off, info, detail");
+  expect_rejected([] { env::choice(env::Var::kGlooReduceScatter); }, "SHOAL_GLOO_REDUCE_SCATTER",
+                  "tree", "ring, allreduce");
+  shoal::testing::ScopedEnv unset("SHOAL_DEBUG", nullptr);
+  EXPECT_EQ(env::choice(env::Var::kDebug), "off");
+}
+
+// The listing and the Markdown table carry every row.
+TEST(EnvTable, ListingAndMarkdownNameEveryVariable) {
+  const std::string listing = env::listing();
+  const std::string markdown = env::markdown_table();
+  for (const env::Variable& row : env::variables()) {
+    EXPECT_NE(listing.find(std::string(row.name) + "\n"), std::string::npos) << row.name;
+    EXPECT_NE(markdown.find("| `" + std::string(row.name) + "` |"), std::string::npos) << row.name;
+  }
 }
 
 }  // namespace test_env

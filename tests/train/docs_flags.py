@@ -1,7 +1,9 @@
-"""The docs against the program: every flag that README.md and docs/GUIDE.md give a `shoal`
+"""The docs against the program: every flag that README.md and docs/{GUIDE,CLI,DEVELOPING}.md give a `shoal`
 command (in a command line `shoal train ... --flag`, or in a copy of its --help) is one that
-`shoal <command> --help` lists; and include/shoal/shoal.h includes every public header, as the
-README says ("One include gives everything").
+`shoal <command> --help` lists, and a copy of --help says what --help says; docs/GUIDE.md's table of
+environment variables is the one `shoal env --markdown` prints, and every `SHOAL_*` variable the
+sources name is a row of it (include/shoal/env.h); and include/shoal/shoal.h includes every public
+header, as the README says ("One include gives everything").
 
 Standard library only (no torch): it runs wherever Python does.
 
@@ -14,8 +16,9 @@ import subprocess
 import sys
 
 SOURCE = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
-DOCS = ["README.md", os.path.join("docs", "GUIDE.md")]
-COMMANDS = ["train", "run", "bench", "ckpt", "plot"]
+DOCS = ["README.md"] + [os.path.join("docs", name) for name in
+                         ("GUIDE.md", "CLI.md", "DEVELOPING.md")]
+COMMANDS = ["train", "run", "bench", "ckpt", "plot", "env"]
 # Where a shell command line stops: a comment, a pipe, a redirection, the next command.
 STOP_TOKENS = {"#", "|", "||", "&&", ";", ">", "2>", ">>", "&"}
 FLAG = re.compile(r"^--[A-Za-z][A-Za-z0-9_-]*")
@@ -147,6 +150,84 @@ def help_copies(blocks, commands):
                     yield key, name
 
 
+def collapse(line):
+    return " ".join(line.split())
+
+
+def check_help_copies(shoal):
+    """A code block that starts with `shoal <command> [OPTIONS]` is a copy of that command's
+    --help: each of its lines must be one of --help's (spaces aside), or the copy has drifted."""
+    copies = 0
+    for doc in DOCS:
+        with open(os.path.join(SOURCE, doc), encoding="utf-8") as f:
+            blocks, _ = split_markdown(f.read())
+        for block in blocks:
+            head = re.match(r"^\s*shoal ((\S+)( \S+)?) \[OPTIONS\]", block[0]) if block else None
+            if not head:
+                continue
+            copies += 1
+            words = head.group(1).split()
+            actual = {collapse(line) for line in help_text(shoal, words).splitlines()}
+            for line in block:
+                if collapse(line) and collapse(line) not in actual:
+                    fail(f"{doc}: a copy of `shoal {' '.join(words)} --help` has the line "
+                         f"{line.strip()!r}, which the real --help does not: point to --help "
+                         "instead of copying it")
+    return copies
+
+
+def env_table_rows(text):
+    """The rows of the Markdown table whose header starts `| Variable | Values |`."""
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        if line.startswith("| Variable | Values |"):
+            rows = []
+            for row in lines[i:]:
+                if not row.startswith("|"):
+                    break
+                rows.append(row.rstrip())
+            return rows
+    return []
+
+
+def check_env_table(shoal):
+    run = subprocess.run([shoal, "env", "--markdown"], capture_output=True, text=True, timeout=60)
+    if run.returncode != 0:
+        fail(f"shoal env --markdown exited {run.returncode}: {run.stderr[-400:]}")
+        return 0
+    registry = [line.rstrip() for line in run.stdout.splitlines() if line.strip()]
+    with open(os.path.join(SOURCE, "docs", "GUIDE.md"), encoding="utf-8") as f:
+        documented = env_table_rows(f.read())
+    if not documented:
+        fail("docs/GUIDE.md has no table of environment variables (`| Variable | Values | ...`); "
+             "paste `shoal env --markdown`")
+    for row in sorted(set(registry) - set(documented)):
+        fail(f"docs/GUIDE.md's table of environment variables lacks (or differs in) the row {row}")
+    for row in sorted(set(documented) - set(registry)):
+        fail(f"docs/GUIDE.md's table of environment variables has a row that `shoal env "
+             f"--markdown` does not print: {row}")
+    if documented and documented != registry and set(documented) == set(registry):
+        fail("docs/GUIDE.md's table of environment variables is not in the order of the registry")
+    names = set(re.findall(r"^\| `([A-Z][A-Z0-9_]+)` \|", run.stdout, re.M))
+    # Every SHOAL_* variable the sources name in a string ("SHOAL_TIMEOUT") is in the registry,
+    # and only src/env/ reads one with getenv.
+    for top in ("src", "apps", "include"):
+        for folder, _, files in os.walk(os.path.join(SOURCE, top)):
+            for name in files:
+                path = os.path.join(folder, name)
+                with open(path, encoding="utf-8", errors="replace") as f:
+                    code = f.read()
+                where = os.path.relpath(path, SOURCE)
+                for variable in sorted(set(re.findall(r'"(SHOAL_[A-Z0-9_]+)"', code)) - names):
+                    if not re.search(r"#\s*define\s+" + variable + r"\b", code) and \
+                            not re.search(r"-D" + variable + r"=|" + variable + r'="', code):
+                        fail(f"{where} names the variable {variable}, which is not a row of "
+                             "include/shoal/env.h's table")
+                if "getenv(\"SHOAL_" in code and not where.startswith(os.path.join("src", "env")):
+                    fail(f"{where} reads a SHOAL_* variable with getenv: read it through shoal/env.h")
+    return len(names)
+
+
 def check_flags(commands):
     checked = 0
     for doc in DOCS:
@@ -188,12 +269,16 @@ def main():
         sys.exit("usage: docs_flags.py SHOAL_BINARY")
     commands = load_commands(sys.argv[1])
     checked = check_flags(commands)
+    copies = check_help_copies(sys.argv[1])
+    variables = check_env_table(sys.argv[1])
     headers = check_umbrella_header()
     if failures:
         print(f"{len(failures)} checks failed")
         sys.exit(1)
     print(f"ORACLE OK docs_flags: {checked} documented flags of {len(commands)} commands are in "
-          f"their --help; shoal.h includes all {headers} public headers", flush=True)
+          f"their --help; {copies} copies of --help match it; the {variables} environment variables of "
+          f"`shoal env` are docs/GUIDE.md's; shoal.h includes all {headers} public headers",
+          flush=True)
 
 
 main()

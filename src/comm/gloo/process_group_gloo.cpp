@@ -8,6 +8,7 @@
 #include "comm/peer_directory.h"
 #include "compat/gloo_group.h"
 #include "comm/timeouts.h"
+#include "shoal/env.h"
 #include "shoal/error.h"
 #include "shoal/log.h"
 
@@ -31,8 +32,8 @@ constexpr int kRingReduceScatterTag = 0x5e0a0001;
 ProcessGroupGloo::ProcessGroupGloo(std::shared_ptr<Store> store, int rank, int size,
                                    Milliseconds timeout, GlooOptions options)
     : ProcessGroup(rank, size, timeout), store_(std::move(store)), options_(std::move(options)) {
-  if (const char* how = std::getenv("SHOAL_GLOO_REDUCE_SCATTER")) {
-    options_.ring_reduce_scatter = std::string(how) != "allreduce";
+  if (env::text(env::Var::kGlooReduceScatter)) {
+    options_.ring_reduce_scatter = env::choice(env::Var::kGlooReduceScatter) == "ring";
   }
   peers_ = std::make_shared<PeerDirectory>(store_, "shoal/gloo", rank, size);
   try {

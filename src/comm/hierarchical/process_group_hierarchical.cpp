@@ -12,6 +12,7 @@
 #include "comm/peer_directory.h"
 #include "comm/shm/op_queue.h"
 #include "comm/shm/process_group_shm.h"
+#include "shoal/env.h"
 #include "shoal/error.h"
 
 namespace shoal::comm {
@@ -25,8 +26,7 @@ constexpr int kLocalTag = 0;
 // The host name used for grouping: SHOAL_HOSTNAME (tests pretend to be several hosts), or the
 // machine's.
 std::string grouping_hostname() {
-  const char* fake = std::getenv("SHOAL_HOSTNAME");
-  return (fake != nullptr && *fake != '\0') ? fake : local_hostname();
+  return env::text(env::Var::kHostname).value_or(local_hostname());
 }
 
 // Sums go up the tree and are divided once at the end, so avg is exact in integers too.
@@ -103,7 +103,7 @@ ProcessGroupHierarchical::ProcessGroupHierarchical(std::shared_ptr<Store> store,
                             my_name, "'; leader group: ranks ", join_ranks(leader_ranks), "]");
 
   GlooOptions gloo;
-  if (const char* iface = std::getenv("GLOO_SOCKET_IFNAME")) gloo.interface = iface;
+  if (const auto iface = env::text(env::Var::kGlooSocketIfname)) gloo.interface = *iface;
   gloo.hostname = one_real_host ? "127.0.0.1" : local_hostname();
 
   local_ = std::make_shared<shm::ProcessGroupShm>(

@@ -18,6 +18,7 @@
 #include "comm/shm/op_queue.h"
 #include "comm/shm/reduce_kernels.h"
 #include "comm/timeouts.h"
+#include "shoal/env.h"
 #include "shoal/error.h"
 #include "shoal/log.h"
 
@@ -110,15 +111,9 @@ inline void cpu_relax() {
 size_t round_up(size_t value, size_t to) { return (value + to - 1) / to * to; }
 
 
-size_t env_bytes(const char* name, size_t fallback) {
-  const char* value = std::getenv(name);
-  if (value == nullptr || *value == '\0') return fallback;
-  char* end = nullptr;
-  const unsigned long long parsed = std::strtoull(value, &end, 10);
-  SHOAL_CHECK_T(InvalidArgument, end != value && *end == '\0' && parsed >= 4096 &&
-                                     parsed <= (64ull << 20),
-                name, "='", value, "' must be a byte count between 4096 and 67108864");
-  return static_cast<size_t>(parsed);
+size_t env_bytes(env::Var var, size_t fallback) {
+  const std::optional<int64_t> bytes = env::integer(var);
+  return bytes ? static_cast<size_t>(*bytes) : fallback;
 }
 
 std::string unique_segment_name() {
@@ -149,7 +144,7 @@ size_t default_chunk_bytes(int ranks) {
 
 size_t staged_chunk_bytes(int ranks, size_t requested) {
   const size_t chosen = requested > 0 ? requested : default_chunk_bytes(ranks);
-  const size_t chunk = round_up(env_bytes("SHOAL_SHM_CHUNK_BYTES", chosen), 4096);
+  const size_t chunk = round_up(env_bytes(env::Var::kShmChunkBytes, chosen), 4096);
   // scatter and reduce_scatter put one cache-line-aligned piece per rank in a buffer.
   return std::max(chunk, round_up(64 * static_cast<size_t>(std::max(ranks, 1)), 4096));
 }
@@ -166,15 +161,15 @@ ProcessGroupShm::ProcessGroupShm(std::shared_ptr<Store> store, std::string scope
   SHOAL_CHECK_T(InvalidArgument, size <= kMaxSources, rank_prefix(), " shm: ", size,
                 " ranks on one host is more than the ", kMaxSources, " the shm backend supports");
   options_.chunk_bytes = staged_chunk_bytes(size, options_.chunk_bytes);
-  if (const char* spin = std::getenv("SHOAL_SHM_SPIN_US")) {
-    options_.spin_time = std::chrono::microseconds(std::atoi(spin));
+  if (const std::optional<int64_t> spin = env::integer(env::Var::kShmSpinUs)) {
+    options_.spin_time = std::chrono::microseconds(*spin);
   }
   max_spin_ns_ = std::chrono::nanoseconds(options_.spin_time).count();
   spin_budget_ns_.store(max_spin_ns_);
   options_.direct_bytes = std::min(options_.direct_bytes, options_.chunk_bytes);
-  options_.inline_bytes = env_bytes("SHOAL_SHM_INLINE_BYTES", options_.inline_bytes);
+  options_.inline_bytes = env_bytes(env::Var::kShmInlineBytes, options_.inline_bytes);
   options_.symmetric_min_bytes =
-      env_bytes("SHOAL_SHM_SYMMETRIC_MIN_BYTES", options_.symmetric_min_bytes);
+      env_bytes(env::Var::kShmSymmetricMinBytes, options_.symmetric_min_bytes);
   const auto deadline = Clock::now() + timeout;
 
   // Every rank must be on this host: a rank elsewhere would fail to open the segment, less clearly.
@@ -678,11 +673,6 @@ at::Tensor ProcessGroupShm::run_empty_symmetric(int64_t numel, at::ScalarType dt
                                                 const OpContext& ctx) {
   const auto options = torch::TensorOptions().dtype(dtype);
   const size_t bytes = static_cast<size_t>(numel) * c10::elementSize(dtype);
-  // SHOAL_SHM_SYMMETRIC=0 turns symmetric memory off (for comparisons; every rank must agree,
-  // which the allreduce checks).
-  if (const char* env = std::getenv("SHOAL_SHM_SYMMETRIC"); env && std::strcmp(env, "0") == 0) {
-    return torch::empty({numel}, options);
-  }
   auto region = std::make_shared<SymmetricRegion>();
   region->id = ++symmetric_allocations_;
   region->slot_bytes = round_up(std::max<size_t>(bytes, 1), 4096);
