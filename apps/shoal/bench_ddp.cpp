@@ -56,6 +56,7 @@
 #include "shoal/memory/cpu_allocator.h"
 #include "shoal/parallel/comm_hooks.h"
 #include "shoal/parallel/distributed_data_parallel.h"
+#include "shoal/train/clip_grad.h"
 
 namespace shoal::cli {
 namespace {
@@ -295,7 +296,7 @@ double time_copies(models::Model& model, double copied) {
   std::vector<torch::Tensor> grads;
   int64_t total = 0;
   double total_bytes = 0;
-  for (const auto& p : model.parameters()) {
+  for (const auto& p : train::unique_parameters(model.parameters())) {
     if (!p.grad().defined()) continue;
     grads.push_back(p.grad());
     total += p.numel();
@@ -374,11 +375,12 @@ int run_worker(const DdpBenchArgs& args) {
   memory::tune_cpu_allocator();
   torch::set_num_threads(1);
   const Workload work = make_workload(args);
-  torch::optim::SGD optimizer(work.model->parameters(),
-                              torch::optim::SGDOptions(0.01).momentum(0.9));
+  // A tied weight (the GPT's embedding and head) is listed twice: stepped once, as the trainer does.
+  const std::vector<at::Tensor> parameters = train::unique_parameters(work.model->parameters());
+  torch::optim::SGD optimizer(parameters, torch::optim::SGDOptions(0.01).momentum(0.9));
   Values result;
   double grad_bytes = 0;
-  for (const auto& p : work.model->parameters()) grad_bytes += p.numel() * p.element_size();
+  for (const auto& p : parameters) grad_bytes += p.numel() * p.element_size();
   result["grad_mb"] = grad_bytes / 1048576.0;
   if (args.worker == "single" || args.worker == "lockstep") {
     time_without_ddp(args, work, optimizer, result);
