@@ -1,8 +1,11 @@
 """PyTorch's Python DistributedDataParallel on the models of `shoal bench ddp`: the peer Shoal's
 DDP is measured against, side by side (gloo, one thread per rank, synthetic data).
 
-usage: ddp_torch.py --model cnn|mlp|transformer --steps N --warmup W --batch B --world R --result FILE
+usage: ddp_torch.py --model cnn|mlp|transformer|gpt --steps N --warmup W --batch B --world R --result FILE
                     [--gradient-as-bucket-view] [--zero | --fsdp 2|3]
+                    [--n-layer L --n-head H --n-embd C --block-size T --vocab-size V]
+--model gpt trains bench/gpt_torch.py's GPT (nanoGPT's, as Shoal's built-in one) of those sizes
+(`shoal train --model gpt`'s flags and defaults) on random token blocks; a sample is a block.
 --zero steps SGD through ZeroRedundancyOptimizer (each rank keeps its part of the momentum): the
 peer of `shoal bench fsdp`'s stage 1.
 --fsdp shards the model with PyTorch 2.x's FSDP2 (torch.distributed.fsdp.fully_shard, on a CPU
@@ -25,6 +28,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
+from gpt_torch import GPT
 from torch_common import argument_parser, make_model, run_ranks, timed_steps
 
 
@@ -67,8 +71,22 @@ def fully_shard_units(model, reshard_after_forward):
     return fully_shard(model, mesh=mesh, reshard_after_forward=reshard_after_forward)
 
 
+def workload(args):
+    """The model and its batch, and the loss of the model (or of its DDP wrapper) on the batch."""
+    if args.model != "gpt":
+        model = make_model(args.model)
+        x = torch.randn(args.batch, 1, 28, 28)
+        y = torch.randint(0, 10, (args.batch,))
+        return model, lambda module: F.cross_entropy(module(x), y)
+    torch.manual_seed(0)
+    model = GPT(args.n_layer, args.n_head, args.n_embd, args.block_size, args.vocab_size)
+    x = torch.randint(0, args.vocab_size, (args.batch, args.block_size))
+    y = torch.randint(0, args.vocab_size, (args.batch, args.block_size))
+    return model, lambda module: module(x, y)
+
+
 def worker(rank, args):
-    model = make_model(args.model)
+    model, batch_loss = workload(args)
     if args.fsdp:
         ddp = fully_shard_units(model, reshard_after_forward=args.fsdp == 3)
     else:
@@ -80,12 +98,10 @@ def worker(rank, args):
                                       lr=0.01, momentum=0.9)
     else:
         opt = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
-    x = torch.randn(args.batch, 1, 28, 28)
-    y = torch.randint(0, 10, (args.batch,))
 
     def step(samples=None):
         opt.zero_grad()
-        loss = F.cross_entropy(ddp(x), y)
+        loss = batch_loss(ddp)
         if samples is not None:
             samples.append(heap_bytes_in_use())
         loss.backward()
@@ -114,6 +130,9 @@ def main():
     parser.add_argument("--gradient-as-bucket-view", action="store_true")
     parser.add_argument("--zero", action="store_true")
     parser.add_argument("--fsdp", type=int, choices=(2, 3))
+    for flag, default in (("--n-layer", 4), ("--n-head", 4), ("--n-embd", 128),
+                          ("--block-size", 128), ("--vocab-size", 256)):
+        parser.add_argument(flag, type=int, default=default)
     args = parser.parse_args()
     if args.fsdp and args.zero:
         parser.error("--zero and --fsdp are two different peers: give one")

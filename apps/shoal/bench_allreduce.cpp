@@ -40,6 +40,7 @@
 #include <vector>
 
 #include "allreduce_contenders.h"
+#include "bench_harness.h"
 #include "bench_util.h"
 #include "commands.h"
 #include "shoal/comm/init.h"
@@ -146,11 +147,11 @@ bool is_torch_contender_name(const std::string& name) {
 
 void print_json(const std::string& backend, const std::string& collective, int world_size,
                 int64_t bytes, int iters, int repeats, double seconds, double busbw) {
-  std::printf("{\"backend\": \"%s\", \"collective\": \"%s\", \"world_size\": %d, "
-              "\"bytes\": %lld, \"iters\": %d, \"repeats\": %d, \"latency_us\": %.3f, "
-              "\"busbw_gbps\": %.4f}\n",
-              backend.c_str(), collective.c_str(), world_size, static_cast<long long>(bytes),
-              iters, repeats, seconds * 1e6, busbw);
+  ReportLine()
+      .add("backend", backend).add("collective", collective).add("world_size", world_size)
+      .add("bytes", bytes).add("iters", iters).add("repeats", repeats)
+      .add("latency_us", seconds * 1e6, 3).add("busbw_gbps", busbw, 4)
+      .print();
 }
 
 bool ends_with(const std::string& name, const std::string& tail) {
@@ -216,18 +217,32 @@ std::string check_contender(const std::string& name) {
   return backend;
 }
 
-int run_rank(const AllreduceBenchArgs& args) {
-  const comm::RankInfo info = comm::detect_rank_info();
-  const int rank = info.rank;
-  const int n = info.world_size;
-  SHOAL_CHECK_T(InvalidArgument, n >= 2, "allreduce needs at least 2 ranks (world size is ", n,
-                "); give --nproc 2 or more");
-  const int64_t min_bytes = parse_bytes(args.min_bytes, "--min-bytes");
-  const int64_t max_bytes = parse_bytes(args.max_bytes, "--max-bytes");
-  SHOAL_CHECK_T(InvalidArgument, min_bytes <= max_bytes, "--min-bytes ", args.min_bytes,
-                " is above --max-bytes ", args.max_bytes);
-  const Collective collective = collective_from_name(args.collective);
+// The contender of race entry `backend` (not a PyTorch one) on process group `pg`.
+std::unique_ptr<Contender> shoal_contender(const AllreduceBenchArgs& args, const std::string& backend,
+                                           std::shared_ptr<comm::ProcessGroup> pg,
+                                           Collective collective) {
+  const bool symmetric = backend == "shm_symmetric" || backend == "shm_in_place";
+  MemoryFloorContender::Floor floor_kind{};
+  std::unique_ptr<ShoalContender> contender;
+  if (backend == "openmpi" || backend == "openmpi_in_place") {
+    contender = std::make_unique<OpenMpiContender>(pg, collective);
+  } else if (backend == "floor_copy" || backend == "floor_copy_in_place") {
+    contender = std::make_unique<AllGatherFloorContender>(pg);
+  } else if (MemoryFloorContender::parse(backend, &floor_kind)) {
+    contender = std::make_unique<MemoryFloorContender>(pg, floor_kind);
+  } else {
+    contender = std::make_unique<ShoalContender>(pg, symmetric, collective);
+    contender->set_async_op(args.async_op);
+    contender->set_unchecked(is_unchecked_contender(backend));
+  }
+  contender->set_in_place(ends_with_in_place(backend));
+  return contender;
+}
 
+// The contenders of --backend, in its order, on this rank.
+std::vector<std::unique_ptr<Contender>> make_contenders(const AllreduceBenchArgs& args,
+                                                        const comm::RankInfo& info,
+                                                        Collective collective) {
   // One store for every backend of the run; each backend gets its own key space.
   std::shared_ptr<comm::Store> store;
   std::vector<std::unique_ptr<Contender>> contenders;
@@ -238,14 +253,9 @@ int run_rank(const AllreduceBenchArgs& args) {
       const TorchPeer peer =
           find_torch_peer(backend == "torch_gloo" ? "debian" : "pypi", "bench allreduce", false);
       contenders.push_back(std::make_unique<TorchContender>(
-          rank, n, find_torch_script(args.torch_script), peer.python, backend));
+          info.rank, info.world_size, find_torch_script(args.torch_script), peer.python, backend));
       continue;
     }
-    const bool in_place = ends_with_in_place(backend);
-    const bool symmetric = backend == "shm_symmetric" || backend == "shm_in_place";
-    const bool openmpi = backend == "openmpi" || backend == "openmpi_in_place";
-    MemoryFloorContender::Floor floor_kind{};
-    const bool floor = MemoryFloorContender::parse(backend, &floor_kind);
     const std::string group_backend = check_contender(backend);
     std::shared_ptr<comm::ProcessGroup> pg;
     if (group_backend == "mpi") {
@@ -255,62 +265,92 @@ int run_rank(const AllreduceBenchArgs& args) {
       pg = comm::init_process_group(options);
     } else {
       if (!store) {
-        store = comm::make_tcp_store(info.master_addr, info.master_port, n, rank == 0,
-                                     kBenchTimeout);
+        store = comm::make_tcp_store(info.master_addr, info.master_port, info.world_size,
+                                     info.rank == 0, kBenchTimeout);
       }
-      pg = comm::new_process_group(group_backend, comm::make_prefix_store(
-                                       "bench/" + std::to_string(contenders.size()) + "/" + backend,
-                                       store),
-                                   rank, n, kBenchTimeout);
+      const std::string prefix = "bench/" + std::to_string(contenders.size()) + "/" + backend;
+      pg = comm::new_process_group(group_backend, comm::make_prefix_store(prefix, store),
+                                   info.rank, info.world_size, kBenchTimeout);
     }
-    std::unique_ptr<ShoalContender> contender;
-    if (openmpi) {
-      contender = std::make_unique<OpenMpiContender>(pg, collective);
-    } else if (backend == "floor_copy" || backend == "floor_copy_in_place") {
-      contender = std::make_unique<AllGatherFloorContender>(pg);
-    } else if (floor) {
-      contender = std::make_unique<MemoryFloorContender>(pg, floor_kind);
-    } else {
-      contender = std::make_unique<ShoalContender>(pg, symmetric, collective);
-      contender->set_async_op(args.async_op);
-      contender->set_unchecked(is_unchecked_contender(backend));
-    }
-    contender->set_in_place(in_place);
-    contenders.push_back(std::move(contender));
+    contenders.push_back(shoal_contender(args, backend, pg, collective));
   }
   SHOAL_CHECK_T(InvalidArgument, !contenders.empty(), "--backend names no backend");
+  return contenders;
+}
 
-  std::vector<int64_t> sizes;
-  for (int64_t bytes = min_bytes; bytes <= max_bytes; bytes *= 4) sizes.push_back(bytes);
-
-  double memcpy_gbps = 0;
-  if (rank == 0) {
-    const int samples = std::max(args.repeats, 5);
-    const double seconds = measure_memcpy(samples);
-    const double gbps = kMemcpyBytes / seconds / 1e9;
-    memcpy_gbps = gbps;
-    if (args.json) {
-      print_json("memcpy", "memcpy", 1, kMemcpyBytes, 1, samples, seconds, gbps);
-    } else {
-      std::printf("shoal bench allreduce: float32 %s over %d ranks, median of %d repeats, "
-                  "contenders interleaved\n",
-                  collective == Collective::kAllreduce ? "sum allreduce"
-                  : collective == Collective::kReduceScatter
-                      ? "sum reduce_scatter_tensor (size: the input)"
-                      : "all_gather_into_tensor (size: the output)",
-                  n, args.repeats);
-      std::printf("memcpy (1 thread, %s): %.2f GB/s\n\n", format_bytes(kMemcpyBytes).c_str(), gbps);
-      std::printf("%10s %6s", "size", "iters");
-      for (auto& c : contenders) {
-        std::printf(" | %14s %10s %8s", (c->name() + " us").c_str(), "busbw GB/s", "%memcpy");
-      }
-      if (contenders.size() > 1) std::printf(" | time / %s", contenders[0]->name().c_str());
-      std::printf("\n");
-    }
-    std::fflush(stdout);
+// Rank 0, before the sweep: the one-thread memcpy bandwidth (returned, GB/s) and, as a table, its
+// header.
+double print_sweep_header(const AllreduceBenchArgs& args,
+                          const std::vector<std::unique_ptr<Contender>>& contenders, int n,
+                          Collective collective) {
+  const int samples = std::max(args.repeats, 5);
+  const double seconds = measure_memcpy(samples);
+  const double gbps = kMemcpyBytes / seconds / 1e9;
+  if (args.json) {
+    print_json("memcpy", "memcpy", 1, kMemcpyBytes, 1, samples, seconds, gbps);
+    return gbps;
   }
+  std::printf("shoal bench allreduce: float32 %s over %d ranks, median of %d repeats, "
+              "contenders interleaved\n",
+              collective == Collective::kAllreduce ? "sum allreduce"
+              : collective == Collective::kReduceScatter
+                  ? "sum reduce_scatter_tensor (size: the input)"
+                  : "all_gather_into_tensor (size: the output)",
+              n, args.repeats);
+  std::printf("memcpy (1 thread, %s): %.2f GB/s\n\n", format_bytes(kMemcpyBytes).c_str(), gbps);
+  std::printf("%10s %6s", "size", "iters");
+  for (auto& c : contenders) {
+    std::printf(" | %14s %10s %8s", (c->name() + " us").c_str(), "busbw GB/s", "%memcpy");
+  }
+  if (contenders.size() > 1) std::printf(" | time / %s", contenders[0]->name().c_str());
+  std::printf("\n");
+  std::fflush(stdout);
+  return gbps;
+}
 
-  for (const int64_t bytes : sizes) {
+// Rank 0: one size's medians (seconds per collective, by contender), as JSON lines or a row.
+void print_size(const AllreduceBenchArgs& args, const std::vector<std::unique_ptr<Contender>>& contenders,
+                int n, Collective collective, int64_t bytes, int iters,
+                const std::vector<double>& medians, double memcpy_gbps) {
+  // NCCL-tests' bus bandwidth: an allreduce moves 2(n-1)/n of the tensor through each rank's
+  // link, a reduce-scatter or all-gather (n-1)/n of the full tensor.
+  const double bus_factor =
+      collective == Collective::kAllreduce ? 2.0 * (n - 1) / n : 1.0 * (n - 1) / n;
+  if (!args.json) std::printf("%10s %6d", format_bytes(bytes).c_str(), iters);
+  for (size_t i = 0; i < contenders.size(); ++i) {
+    const double busbw = bytes * bus_factor / medians[i] / 1e9;
+    if (args.json) {
+      print_json(contenders[i]->name(), args.collective, n, bytes, iters, args.repeats, medians[i],
+                 busbw);
+    } else {
+      std::printf(" | %14.1f %10.3f %7.1f%%", medians[i] * 1e6, busbw, 100.0 * busbw / memcpy_gbps);
+    }
+  }
+  if (args.json) return;
+  if (contenders.size() > 1) {
+    std::printf(" |");
+    for (size_t i = 1; i < contenders.size(); ++i) {
+      std::printf(" %s %.2fx", contenders[i]->name().c_str(), medians[i] / medians[0]);
+    }
+  }
+  std::printf("\n");
+  std::fflush(stdout);
+}
+
+int run_rank(const AllreduceBenchArgs& args) {
+  const comm::RankInfo info = comm::detect_rank_info();
+  const int n = info.world_size;
+  SHOAL_CHECK_T(InvalidArgument, n >= 2, "allreduce needs at least 2 ranks (world size is ", n,
+                "); give --nproc 2 or more");
+  const int64_t min_bytes = parse_bytes(args.min_bytes, "--min-bytes");
+  const int64_t max_bytes = parse_bytes(args.max_bytes, "--max-bytes");
+  SHOAL_CHECK_T(InvalidArgument, min_bytes <= max_bytes, "--min-bytes ", args.min_bytes,
+                " is above --max-bytes ", args.max_bytes);
+  const Collective collective = collective_from_name(args.collective);
+  const auto contenders = make_contenders(args, info, collective);
+  const double memcpy_gbps =
+      info.rank == 0 ? print_sweep_header(args, contenders, n, collective) : 0;
+  for (int64_t bytes = min_bytes; bytes <= max_bytes; bytes *= 4) {
     const int iters = args.iters > 0
                           ? args.iters
                           : static_cast<int>(std::clamp<int64_t>(kBytesPerRepeat / bytes,
@@ -318,40 +358,16 @@ int run_rank(const AllreduceBenchArgs& args) {
     for (auto& c : contenders) c->warm_up(bytes, args.warmup);
     std::vector<std::vector<double>> times(contenders.size());
     for (int repeat = 0; repeat < args.repeats; ++repeat) {
-      // A B, then B A: no contender always runs right after the same other one.
-      for (size_t k = 0; k < contenders.size(); ++k) {
-        // While rank 0 works alone (memcpy, driving PyTorch) the other ranks wait in the next
-        // Shoal measurement's barrier.
-        const size_t i = repeat % 2 == 0 ? k : contenders.size() - 1 - k;
+      // While rank 0 works alone (memcpy, driving PyTorch) the other ranks wait in the next
+      // Shoal measurement's barrier.
+      for (size_t i : round_order(contenders.size(), repeat)) {
         times[i].push_back(contenders[i]->measure(bytes, iters));
       }
     }
-    if (rank != 0) continue;
-    // NCCL-tests' bus bandwidth: an allreduce moves 2(n-1)/n of the tensor through each rank's
-    // link, a reduce-scatter or all-gather (n-1)/n of the full tensor.
-    const double bus_factor =
-        collective == Collective::kAllreduce ? 2.0 * (n - 1) / n : 1.0 * (n - 1) / n;
-    if (!args.json) std::printf("%10s %6d", format_bytes(bytes).c_str(), iters);
+    if (info.rank != 0) continue;
     std::vector<double> medians;
-    for (size_t i = 0; i < contenders.size(); ++i) {
-      const double seconds = median(times[i]);
-      medians.push_back(seconds);
-      const double busbw = bytes * bus_factor / seconds / 1e9;
-      if (args.json) {
-        print_json(contenders[i]->name(), args.collective, n, bytes, iters, args.repeats, seconds,
-                   busbw);
-      } else {
-        std::printf(" | %14.1f %10.3f %7.1f%%", seconds * 1e6, busbw, 100.0 * busbw / memcpy_gbps);
-      }
-    }
-    if (!args.json && contenders.size() > 1) {
-      std::printf(" |");
-      for (size_t i = 1; i < contenders.size(); ++i) {
-        std::printf(" %s %.2fx", contenders[i]->name().c_str(), medians[i] / medians[0]);
-      }
-    }
-    if (!args.json) std::printf("\n");
-    std::fflush(stdout);
+    for (const auto& t : times) medians.push_back(median(t));
+    print_size(args, contenders, n, collective, bytes, iters, medians, memcpy_gbps);
   }
   return 0;
 }

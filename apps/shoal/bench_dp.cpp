@@ -27,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_harness.h"
 #include "bench_util.h"
 #include "commands.h"
 #include "shoal/comm/init.h"
@@ -122,25 +123,15 @@ void run_worker(const DpBenchArgs& args) {
   write_values(args.result, result, "bench dp");
 }
 
-struct DpMode {
-  std::string name;
-  std::map<std::string, std::vector<double>> samples;
-  double get(const std::string& field) const {
-    auto it = samples.find(field);
-    return it == samples.end() ? std::nan("") : median(it->second);
-  }
-};
-
 // Runs the processes of one round of `mode`; true if every one exited 0.
-bool run_together(const DpMode& mode, const std::vector<ChildProcess>& children) {
+bool run_together(const BenchMode& mode, const std::vector<ChildProcess>& children) {
   RunProcessesOptions options;
   options.benchmark = "bench dp";
   options.run = "the " + mode.name + " run";
   return run_processes(children, options) == 0;
 }
 
-void run_mode(const DpBenchArgs& args, const std::string& exe, const std::string& dir, int round,
-              DpMode& mode) {
+void run_mode(const DpBenchArgs& args, const TempDir& dir, int round, BenchMode& mode) {
   // `words`, then what both sides are given.
   auto command = [&](std::vector<std::string> words) {
     words.insert(words.end(), {"--model", args.model, "--replicas", std::to_string(args.replicas),
@@ -150,7 +141,7 @@ void run_mode(const DpBenchArgs& args, const std::string& exe, const std::string
   };
   Values values;
   if (mode.name.rfind("pytorch_", 0) == 0) {
-    const std::string result = dir + "/" + mode.name + ".json";
+    const std::string result = dir.file(mode.name + ".json");
     const std::string python_mode = mode.name.substr(std::string("pytorch_").size());
     SHOAL_CHECK(run_together(mode, {command({"/usr/bin/python3", args.torch_script, "--mode",
                                               python_mode, "--result", result})}),
@@ -158,17 +149,17 @@ void run_mode(const DpBenchArgs& args, const std::string& exe, const std::string
     values = read_json_numbers(result);
   } else {
     const int processes = mode.name == "independent" || mode.name == "shoal_ddp" ? args.replicas : 1;
-    const std::string store = dir + "/store_" + std::to_string(round) + "_" + mode.name;
+    const std::string store = dir.file("store_" + std::to_string(round) + "_" + mode.name);
     std::vector<ChildProcess> ranks;
     for (int rank = 0; rank < processes; ++rank) {
-      ranks.push_back(command({exe, "bench", "dp", "--worker", mode.name, "--rank",
-                               std::to_string(rank), "--store", store, "--result",
-                               dir + "/rank" + std::to_string(rank)}));
+      ranks.push_back(command({launcher::self_executable(), "bench", "dp", "--worker", mode.name,
+                               "--rank", std::to_string(rank), "--store", store, "--result",
+                               dir.file("rank" + std::to_string(rank))}));
     }
     SHOAL_CHECK(run_together(mode, ranks), "bench dp: the ", mode.name, " run failed");
     double seconds = 0;
     for (int rank = 0; rank < processes; ++rank) {
-      Values r = read_values(dir + "/rank" + std::to_string(rank));
+      Values r = read_values(dir.file("rank" + std::to_string(rank)));
       seconds = std::max(seconds, r["seconds"]);
       if (rank == 0) values = r;
     }
@@ -186,7 +177,57 @@ void run_mode(const DpBenchArgs& args, const std::string& exe, const std::string
                                                            : values["backward_ms"];
     values["overhead_ms"] = values["step_ms"] - compute;
   }
-  for (const auto& [key, value] : values) mode.samples[key].push_back(value);
+  for (const auto& [key, value] : values) mode.add(key, value);
+}
+
+// The per-step phases reported for the modes that time them, in the table's order.
+const std::vector<std::string> kDpPhases{"scatter_ms", "replicate_ms", "forward_ms",
+                                         "slowest_replica_forward_ms", "gather_ms", "backward_ms",
+                                         "slowest_replica_backward_ms", "reduce_ms", "optimizer_ms",
+                                         "step_ms", "overhead_ms"};
+
+void print_dp_mode(const DpBenchArgs& args, const std::vector<BenchMode>& modes,
+                   const BenchMode& mode) {
+  const double single = modes[0].get("samples_per_s");
+  const double ceiling = modes[1].get("samples_per_s");
+  const double rate = mode.get("samples_per_s");
+  if (args.json) {
+    ReportLine line;
+    line.add("mode", mode.name).add("model", args.model).add("replicas", args.replicas)
+        .add("global_batch", args.batch).add("samples_per_s", rate, 2)
+        .add("vs_single", rate / single, 3).add("of_ceiling", rate / ceiling, 3);
+    for (const auto& p : kDpPhases) {
+      if (std::isfinite(mode.get(p))) line.add(p, mode.get(p), 3);
+    }
+    line.add("rounds", args.rounds).print();
+    return;
+  }
+  double pytorch_dp = std::nan("");
+  for (const auto& m : modes) {
+    if (m.name == "pytorch_dp") pytorch_dp = m.get("samples_per_s");
+  }
+  std::printf("%-18s %10.1f %8.2f %8.2f %8s\n", mode.name.c_str(), rate, rate / single,
+              rate / ceiling,
+              mode.name == "shoal_dp" && std::isfinite(pytorch_dp)
+                  ? std::to_string(rate / pytorch_dp).substr(0, 5).c_str()
+                  : "-");
+}
+
+void print_dp_phases(const std::vector<BenchMode>& modes) {
+  std::printf("\nper-step phases, ms (forward/backward: wall of the parallel part; slowest: the "
+              "slowest replica's own compute; overhead = step - slowest fwd - slowest bwd - opt)\n");
+  std::printf("%-12s", "mode");
+  for (const char* label : {"scatter", "replicate", "fwd_wall", "fwd_slow", "gather", "bwd_wall",
+                            "bwd_slow", "reduce", "optim", "step", "overhead"}) {
+    std::printf(" %9s", label);
+  }
+  std::printf("\n");
+  for (const auto& mode : modes) {
+    if (!std::isfinite(mode.get("forward_ms"))) continue;
+    std::printf("%-12s", mode.name.c_str());
+    for (const auto& p : kDpPhases) std::printf(" %9s", cell(mode.get(p), "%.2f").c_str());
+    std::printf("\n");
+  }
 }
 
 int run_dp_bench(const DpBenchArgs& args) {
@@ -195,80 +236,27 @@ int run_dp_bench(const DpBenchArgs& args) {
                 args.replicas >= 2 && args.batch >= args.replicas && args.steps > 0 &&
                     args.rounds > 0,
                 "bench dp: needs --replicas >= 2, --batch >= --replicas, positive --steps, --rounds");
-  const std::string exe = launcher::self_executable();
-  const std::string dir = "/tmp/shoal_bench_dp_" + std::to_string(getpid());
-  SHOAL_CHECK(std::system(("mkdir -p " + dir).c_str()) == 0, "bench dp: cannot create ", dir);
   const bool have_torch =
       std::system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") == 0;
   if (!have_torch) log::warn("bench dp: /usr/bin/python3 has no torch; PyTorch modes skipped");
-  std::vector<DpMode> modes{{"single"}, {"independent"}, {"shoal_dp"}, {"shoal_ddp"}};
+  std::vector<BenchMode> modes{{"single"}, {"independent"}, {"shoal_dp"}, {"shoal_ddp"}};
   if (have_torch) {
     for (const char* name : {"pytorch_dp_module", "pytorch_dp", "pytorch_ddp"}) modes.push_back({name});
   }
-  for (int round = 0; round < args.rounds; ++round) {
-    for (auto& mode : modes) run_mode(args, exe, dir, round, mode);
+  {
+    const TempDir dir("dp");
+    for (int round = 0; round < args.rounds; ++round) {
+      for (size_t i : round_order(modes.size(), round)) run_mode(args, dir, round, modes[i]);
+    }
   }
-  std::system(("rm -rf " + dir).c_str());
-
-  const double single = modes[0].get("samples_per_s");
-  const double ceiling = modes[1].get("samples_per_s");
-  double pytorch_dp = std::nan("");
-  for (const auto& m : modes) {
-    if (m.name == "pytorch_dp") pytorch_dp = m.get("samples_per_s");
-  }
-  const std::vector<std::string> phases{"scatter_ms", "replicate_ms", "forward_ms",
-                                        "slowest_replica_forward_ms", "gather_ms", "backward_ms",
-                                        "slowest_replica_backward_ms", "reduce_ms", "optimizer_ms",
-                                        "step_ms", "overhead_ms"};
   if (!args.json) {
     std::printf("bench dp: model %s, global batch %d, %d replicas/ranks, %d steps, median of %d "
                 "rounds\n%-18s %10s %8s %8s %8s\n",
                 args.model.c_str(), args.batch, args.replicas, args.steps, args.rounds, "mode",
                 "samples/s", "x single", "of_ceil", "vs_pt_dp");
   }
-  for (const auto& mode : modes) {
-    const double rate = mode.get("samples_per_s");
-    if (args.json) {
-      std::printf("{\"mode\": \"%s\", \"model\": \"%s\", \"replicas\": %d, \"global_batch\": %d, "
-                  "\"samples_per_s\": %.2f, \"vs_single\": %.3f, \"of_ceiling\": %.3f",
-                  mode.name.c_str(), args.model.c_str(), args.replicas, args.batch, rate,
-                  rate / single, rate / ceiling);
-      for (const auto& p : phases) {
-        const double v = mode.get(p);
-        if (std::isfinite(v)) std::printf(", \"%s\": %.3f", p.c_str(), v);
-      }
-      std::printf(", \"rounds\": %d}\n", args.rounds);
-    } else {
-      std::printf("%-18s %10.1f %8.2f %8.2f %8s\n", mode.name.c_str(), rate, rate / single,
-                  rate / ceiling,
-                  mode.name == "shoal_dp" && std::isfinite(pytorch_dp)
-                      ? std::to_string(rate / pytorch_dp).substr(0, 5).c_str()
-                      : "-");
-    }
-  }
-  if (!args.json) {
-    std::printf("\nper-step phases, ms (forward/backward: wall of the parallel part; slowest: the "
-                "slowest replica's own compute; overhead = step - slowest fwd - slowest bwd - opt)\n");
-    std::printf("%-12s", "mode");
-    for (const char* label : {"scatter", "replicate", "fwd_wall", "fwd_slow", "gather", "bwd_wall",
-                              "bwd_slow", "reduce", "optim", "step", "overhead"}) {
-      std::printf(" %9s", label);
-    }
-    std::printf("\n");
-    for (const auto& mode : modes) {
-      if (!std::isfinite(mode.get("forward_ms"))) continue;
-      std::printf("%-12s", mode.name.c_str());
-      for (const auto& p : phases) {
-        const double v = mode.get(p);
-        if (std::isfinite(v)) {
-          std::printf(" %9.2f", v);
-        } else {
-          std::printf(" %9s", "-");
-        }
-      }
-      std::printf("\n");
-    }
-  }
+  for (const auto& mode : modes) print_dp_mode(args, modes, mode);
+  if (!args.json) print_dp_phases(modes);
   return 0;
 }
 

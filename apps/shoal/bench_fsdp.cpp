@@ -28,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_harness.h"
 #include "bench_util.h"
 #include "commands.h"
 #include "shoal/comm/init.h"
@@ -60,13 +61,10 @@ struct FsdpBenchArgs : StepBenchArgs {
   std::vector<std::string> torch_peers{"debian", "pypi"};
 };
 
-struct Mode {
-  std::string name;  ///< shoal_ddp, shoal_fsdp1..3, pytorch_ddp, pytorch_zero1, pytorch_fsdp2..3
+struct Mode : BenchMode {
   const TorchPeer* peer = nullptr;  ///< the Python that runs a pytorch_ mode
-  std::map<std::string, std::vector<double>> samples;
-  double get(const std::string& key) const {
-    auto it = samples.find(key);
-    return it == samples.end() ? NAN : median(it->second);
+  Mode(std::string mode_name, const TorchPeer* mode_peer = nullptr) : peer(mode_peer) {
+    name = std::move(mode_name);
   }
 };
 
@@ -82,6 +80,19 @@ int64_t momentum_bytes(torch::optim::Optimizer& optimizer) {
     }
   }
   return bytes;
+}
+
+// What a rank holds between steps for parameters, gradients and optimizer state: FSDP's
+// memory_stats() plus the shards' momentum; without FSDP, parameters, gradients and momentum.
+int64_t held_bytes(models::Model& model, parallel::FullyShardedDataParallel* fsdp,
+                   torch::optim::Optimizer& optimizer) {
+  int64_t held = momentum_bytes(optimizer);
+  if (!fsdp) {
+    for (const auto& p : model.parameters()) held += tensor_bytes(p) + tensor_bytes(p.grad());
+    return held;
+  }
+  const auto stats = fsdp->memory_stats();
+  return held + stats.parameter_bytes + stats.gradient_bytes;
 }
 
 // One Shoal rank of `mode`: warmup, then timed steps; writes its numbers to `result`.
@@ -133,13 +144,7 @@ void run_rank(const FsdpBenchArgs& args, const std::string& mode, int rank,
   const auto start = Clock::now();
   for (int i = 0; i < args.steps; ++i) step();
   const double seconds = seconds_since(start);
-  int64_t held = momentum_bytes(*optimizer);
-  if (!fsdp) {
-    for (const auto& p : model->parameters()) held += tensor_bytes(p) + tensor_bytes(p.grad());
-  } else {
-    const auto stats = fsdp->memory_stats();
-    held += stats.parameter_bytes + stats.gradient_bytes;
-  }
+  const int64_t held = held_bytes(*model, fsdp.get(), *optimizer);
   struct rusage usage {};
   getrusage(RUSAGE_SELF, &usage);
   write_values(result,
@@ -149,9 +154,9 @@ void run_rank(const FsdpBenchArgs& args, const std::string& mode, int rank,
                "bench fsdp");
 }
 
-void run_mode(const FsdpBenchArgs& args, const std::string& dir, Mode& mode) {
+void run_mode(const FsdpBenchArgs& args, const TempDir& dir, Mode& mode) {
   static int counter = 0;
-  const std::string stem = dir + "/run" + std::to_string(counter++);
+  const std::string stem = dir.file("run" + std::to_string(counter++));
   RunProcessesOptions options;
   options.benchmark = "bench fsdp";
   options.run = "the " + mode.name + " run";
@@ -179,7 +184,7 @@ void run_mode(const FsdpBenchArgs& args, const std::string& dir, Mode& mode) {
     for (const std::string field : {"samples_per_s", "peak_rss_mb"}) {
       auto it = values.find(field);
       SHOAL_CHECK(it != values.end(), "bench fsdp: ", args.torch_script, " wrote no ", field);
-      mode.samples[field].push_back(it->second);
+      mode.add(field, it->second);
     }
     return;
   }
@@ -203,19 +208,13 @@ void run_mode(const FsdpBenchArgs& args, const std::string& dir, Mode& mode) {
     held = std::max(held, v.at("held_mb"));
     rss = std::max(rss, v.at("peak_rss_mb"));
   }
-  mode.samples["samples_per_s"].push_back(samples / seconds);
-  mode.samples["held_mb"].push_back(held);
-  mode.samples["peak_rss_mb"].push_back(rss);
+  mode.add("samples_per_s", samples / seconds);
+  mode.add("held_mb", held);
+  mode.add("peak_rss_mb", rss);
 }
 
-int run_fsdp_bench(const FsdpBenchArgs& args) {
-  SHOAL_CHECK_T(InvalidArgument, args.world >= 2 && args.batch >= 1 && args.steps >= 1 &&
-                                     args.rounds >= 1,
-                "bench fsdp: needs --world >= 2 and positive --batch, --steps and --rounds");
-  char pattern[] = "/tmp/shoal_bench_fsdp_XXXXXX";
-  SHOAL_CHECK(mkdtemp(pattern) != nullptr, "bench fsdp: cannot create a temporary folder");
-  const std::string dir = pattern;
-  // Each peer that cannot be imported says so in one line (find_torch_peer) and is left out.
+// The PyTorch peers asked for that can run their modes; each that cannot says so in one line.
+std::vector<TorchPeer> fsdp_peers(const FsdpBenchArgs& args) {
   std::vector<TorchPeer> peers;
   for (const auto& name : args.torch_peers) {
     TorchPeer peer = find_torch_peer(name, "bench fsdp");
@@ -227,6 +226,12 @@ int run_fsdp_bench(const FsdpBenchArgs& args) {
     }
     peers.push_back(peer);
   }
+  return peers;
+}
+
+// The contenders: Shoal's DDP (the reference every other runs beside), the ceiling, Shoal's three
+// stages, then each peer's modes.
+std::vector<Mode> fsdp_contenders(const std::vector<TorchPeer>& peers) {
   std::vector<Mode> modes{{"shoal_ddp"}, {"independent"}, {"shoal_fsdp1"}, {"shoal_fsdp2"},
                           {"shoal_fsdp3"}};
   for (const auto& peer : peers) {
@@ -236,121 +241,136 @@ int run_fsdp_bench(const FsdpBenchArgs& args) {
                             : std::vector<std::string>{"pytorch_ddp", "pytorch_zero1"};
     for (const auto& name : names) modes.push_back({name, &peer});
   }
-  // This machine's speed swings by tens of percent within a minute, so every mode runs between
-  // two runs of Shoal's DDP (A B A B ...): its ratio to DDP for a round is its rate over the mean
-  // of those two, and the median over the rounds is reported (vs_ddp). PyTorch's modes get the
-  // same ratio, so vs_pt = (Shoal's mode / DDP beside it) / (PyTorch's peer / DDP beside it).
-  for (int round = 0; round < args.rounds; ++round) {
-    run_mode(args, dir, modes[0]);
-    for (size_t i = 1; i < modes.size(); ++i) {
-      const double before = modes[0].samples["samples_per_s"].back();
-      run_mode(args, dir, modes[i]);
-      run_mode(args, dir, modes[0]);
-      const double after = modes[0].samples["samples_per_s"].back();
-      modes[i].samples["vs_ddp"].push_back(modes[i].samples["samples_per_s"].back() /
-                                           ((before + after) / 2));
-    }
-  }
-  std::system(("rm -rf " + dir).c_str());
-  modes[0].samples["vs_ddp"].assign(1, 1.0);
+  return modes;
+}
 
-  // A mode's vs_ddp per round, by name.
-  auto ratios = [&](const std::string& name) -> const std::vector<double>* {
-    for (const auto& m : modes) {
-      if (m.name == name) return &m.samples.at("vs_ddp");
-    }
-    return nullptr;
-  };
-  if (!args.json) {
-    std::string beside;
-    for (const auto& peer : peers) beside += (beside.empty() ? ", beside " : " and ") + peer.label();
-    std::printf("bench fsdp: model %s, %d ranks x batch %d, %d steps, SGD momentum, median of %d "
-                "rounds%s\n",
-                args.model.c_str(), args.world, args.batch, args.steps, args.rounds,
-                beside.c_str());
-    std::printf("%-16s %10s %8s %13s %8s %9s %9s\n", "mode", "samples/s", "vs_ddp",
-                "vs_ddp range", "vs_pt", "held MB", "peak MB");
+// This machine's speed swings by tens of percent within a minute, so every mode runs between two
+// runs of Shoal's DDP (R A R B R ...): its ratio to DDP for a round is its rate over the mean of
+// those two, and the median over the rounds is reported (vs_ddp). PyTorch's modes get the same
+// ratio, so vs_pt = (Shoal's mode / DDP beside it) / (PyTorch's peer / DDP beside it).
+void run_fsdp_rounds(const FsdpBenchArgs& args, std::vector<Mode>& modes) {
+  const TempDir dir("fsdp");
+  std::vector<BenchMode*> contenders;
+  for (size_t i = 1; i < modes.size(); ++i) contenders.push_back(&modes[i]);
+  BesideReference fields;
+  fields.ratio = "vs_ddp";
+  for (int round = 0; round < args.rounds; ++round) {
+    run_beside_reference(
+        contenders, modes[0], round,
+        [&](BenchMode& mode) { run_mode(args, dir, static_cast<Mode&>(mode)); }, fields);
   }
-  for (const auto& mode : modes) {
-    const double rate = mode.get("samples_per_s");
-    const std::string peer_name = mode.name == "shoal_ddp"     ? "pytorch_ddp"
-                                  : mode.name == "shoal_fsdp1" ? "pytorch_zero1"
-                                  : mode.name == "shoal_fsdp2" ? "pytorch_fsdp2"
-                                  : mode.name == "shoal_fsdp3" ? "pytorch_fsdp3"
-                                                               : "";
-    // Round by round, each against the DDP runs beside it; shoal_ddp against pytorch_ddp directly.
-    double vs_pt = NAN;
-    if (const auto* peer = peer_name.empty() ? nullptr : ratios(peer_name)) {
-      const auto& mine = mode.samples.at("vs_ddp");
-      std::vector<double> per_round;
-      for (size_t k = 0; k < peer->size(); ++k) {
-        per_round.push_back((mode.name == "shoal_ddp" ? 1.0 : mine.at(k)) / peer->at(k));
-      }
-      vs_pt = median(per_round);
-    }
-    const double vs_ddp = mode.get("vs_ddp");
-    const auto& each = mode.samples.at("vs_ddp");
-    const auto [low, high] = std::minmax_element(each.begin(), each.end());
+  modes[0].samples["vs_ddp"].assign(1, 1.0);
+}
+
+// The PyTorch peer of each Shoal mode.
+std::string peer_mode(const std::string& name) {
+  return name == "shoal_ddp"     ? "pytorch_ddp"
+         : name == "shoal_fsdp1" ? "pytorch_zero1"
+         : name == "shoal_fsdp2" ? "pytorch_fsdp2"
+         : name == "shoal_fsdp3" ? "pytorch_fsdp3"
+                                 : "";
+}
+
+// A mode's vs_ddp per round, by name; null when there is no such mode.
+const std::vector<double>* vs_ddp_of(const std::vector<Mode>& modes, const std::string& name) {
+  for (const auto& m : modes) {
+    if (m.name == name) return &m.all("vs_ddp");
+  }
+  return nullptr;
+}
+
+// vs_pt: round by round, each against the DDP runs beside it; shoal_ddp against pytorch_ddp
+// directly.
+double vs_peer(const std::vector<Mode>& modes, const Mode& mode) {
+  const std::string name = peer_mode(mode.name);
+  const auto* peer = name.empty() ? nullptr : vs_ddp_of(modes, name);
+  if (!peer) return NAN;
+  const auto& mine = mode.all("vs_ddp");
+  std::vector<double> per_round;
+  for (size_t k = 0; k < peer->size(); ++k) {
+    per_round.push_back((mode.name == "shoal_ddp" ? 1.0 : mine.at(k)) / peer->at(k));
+  }
+  return median(per_round);
+}
+
+void print_fsdp_mode(const FsdpBenchArgs& args, const std::vector<Mode>& modes, const Mode& mode) {
+  const double rate = mode.get("samples_per_s");
+  const double vs_pt = vs_peer(modes, mode);
+  const double vs_ddp = mode.get("vs_ddp");
+  const auto& each = mode.all("vs_ddp");
+  const auto [low, high] = std::minmax_element(each.begin(), each.end());
+  if (args.json) {
+    ReportLine()
+        .add("bench", "fsdp").add("model", args.model).add("mode", mode.name)
+        .add("world", args.world).add("batch", args.batch).add("samples_per_s", rate)
+        .add("vs_shoal_ddp", vs_ddp).add("vs_shoal_ddp_min", *low).add("vs_shoal_ddp_max", *high)
+        .add("vs_pytorch", vs_pt).add("held_mb", mode.get("held_mb"))
+        .add("peak_rss_mb", mode.get("peak_rss_mb")).add("rounds", args.rounds)
+        .print();
+    return;
+  }
+  std::printf("%-16s %10.1f %8s %13s %8s %9s %9.1f\n", mode.name.c_str(), rate,
+              cell(vs_ddp, "%.3f").c_str(),
+              mode.name == "shoal_ddp" ? "-" : (cell(*low, "%.2f") + "-" + cell(*high, "%.2f")).c_str(),
+              cell(vs_pt, "%.3f").c_str(), cell(mode.get("held_mb"), "%.2f").c_str(),
+              mode.get("peak_rss_mb"));
+}
+
+// The floor the machine sets on vs_pt: DDP cannot beat `independent` (the same processes without
+// communication), so against a PyTorch peer it cannot exceed the ceiling's ratio to that peer
+// (round by round, each against the DDP runs beside it). The sharded stages can edge past it:
+// their optimizer steps only a shard.
+void print_ceiling_over_peers(const FsdpBenchArgs& args, const std::vector<Mode>& modes) {
+  const auto* ceiling = vs_ddp_of(modes, "independent");
+  if (!ceiling) return;
+  for (const auto& m : modes) {
+    if (m.peer == nullptr) continue;
+    const double ratio = median_ratio(*ceiling, m.all("vs_ddp"));
     if (args.json) {
-      std::printf("{\"bench\": \"fsdp\", \"model\": \"%s\", \"mode\": \"%s\", \"world\": %d, "
-                  "\"batch\": %d, \"samples_per_s\": %s, \"vs_shoal_ddp\": %s, "
-                  "\"vs_shoal_ddp_min\": %s, \"vs_shoal_ddp_max\": %s, "
-                  "\"vs_pytorch\": %s, \"held_mb\": %s, \"peak_rss_mb\": %s, \"rounds\": %d}\n",
-                  args.model.c_str(), mode.name.c_str(), args.world, args.batch,
-                  json_number(rate).c_str(), json_number(vs_ddp).c_str(),
-                  json_number(*low).c_str(), json_number(*high).c_str(),
-                  json_number(vs_pt).c_str(), json_number(mode.get("held_mb")).c_str(),
-                  json_number(mode.get("peak_rss_mb")).c_str(), args.rounds);
+      ReportLine().add("bench", "fsdp").add("model", args.model).add("ceiling_over", m.name)
+          .add("ratio", ratio).print();
     } else {
-      auto cell = [](double v, const char* format) {
-        char text[32];
-        std::snprintf(text, sizeof text, format, v);
-        return std::string(std::isfinite(v) ? text : "-");
-      };
-      std::printf("%-16s %10.1f %8s %13s %8s %9s %9.1f\n", mode.name.c_str(), rate,
-                  cell(vs_ddp, "%.3f").c_str(),
-                  mode.name == "shoal_ddp"
-                      ? "-"
-                      : (cell(*low, "%.2f") + "-" + cell(*high, "%.2f")).c_str(),
-                  cell(vs_pt, "%.3f").c_str(),
-                  cell(mode.get("held_mb"), "%.2f").c_str(), mode.get("peak_rss_mb"));
+      std::printf("ceiling: independent / %s = %.3f (the most DDP can reach against it; the "
+                  "sharded stages step only a shard, so they may edge past it)\n",
+                  m.name.c_str(), ratio);
     }
   }
-  // The floor the machine sets on vs_pt: DDP cannot beat `independent` (the same processes
-  // without communication), so against a PyTorch peer it cannot exceed the ceiling's ratio to
-  // that peer (round by round, each against the DDP runs beside it). The sharded stages can edge
-  // past it: their optimizer steps only a shard.
-  if (const auto* ceiling = ratios("independent")) {
-    for (const auto& m : modes) {
-      if (m.peer == nullptr) continue;
-      const auto& peer = m.samples.at("vs_ddp");
-      std::vector<double> per_round;
-      for (size_t k = 0; k < peer.size() && k < ceiling->size(); ++k) {
-        per_round.push_back(ceiling->at(k) / peer[k]);
-      }
-      if (args.json) {
-        std::printf("{\"bench\": \"fsdp\", \"model\": \"%s\", \"ceiling_over\": \"%s\", "
-                    "\"ratio\": %s}\n",
-                    args.model.c_str(), m.name.c_str(), json_number(median(per_round)).c_str());
-      } else {
-        std::printf("ceiling: independent / %s = %.3f (the most DDP can reach against it; the "
-                    "sharded stages step only a shard, so they may edge past it)\n",
-                    m.name.c_str(), median(per_round));
-      }
-    }
-  }
-  if (!args.json) {
-    std::printf("independent = the same processes training without communication (the machine's "
-                "ceiling for data parallelism); "
-                "vs_ddp = samples/s / the mean of the two shoal_ddp runs beside it (every mode "
-                "runs between two), median over the rounds (range: lowest-highest round); "
-                "vs_pt = the same ratio of shoal_ddp / pytorch_ddp, shoal_fsdp1 / pytorch_zero1 "
-                "(ZeroRedundancyOptimizer) and shoal_fsdp2|3 / pytorch_fsdp2|3 (2.x fully_shard, "
-                "reshard_after_forward false|true), round by round; samples/s: medians (shoal_ddp "
-                "over its %zu runs); held MB = parameters + gradients + optimizer state a rank "
-                "holds between steps\n",
-                modes[0].samples.at("samples_per_s").size());
-  }
+}
+
+void print_fsdp_header(const FsdpBenchArgs& args, const std::vector<TorchPeer>& peers) {
+  std::string beside;
+  for (const auto& peer : peers) beside += (beside.empty() ? ", beside " : " and ") + peer.label();
+  std::printf("bench fsdp: model %s, %d ranks x batch %d, %d steps, SGD momentum, median of %d "
+              "rounds%s\n",
+              args.model.c_str(), args.world, args.batch, args.steps, args.rounds, beside.c_str());
+  std::printf("%-16s %10s %8s %13s %8s %9s %9s\n", "mode", "samples/s", "vs_ddp", "vs_ddp range",
+              "vs_pt", "held MB", "peak MB");
+}
+
+void print_fsdp_legend(const std::vector<Mode>& modes) {
+  std::printf("independent = the same processes training without communication (the machine's "
+              "ceiling for data parallelism); "
+              "vs_ddp = samples/s / the mean of the two shoal_ddp runs beside it (every mode "
+              "runs between two), median over the rounds (range: lowest-highest round); "
+              "vs_pt = the same ratio of shoal_ddp / pytorch_ddp, shoal_fsdp1 / pytorch_zero1 "
+              "(ZeroRedundancyOptimizer) and shoal_fsdp2|3 / pytorch_fsdp2|3 (2.x fully_shard, "
+              "reshard_after_forward false|true), round by round; samples/s: medians (shoal_ddp "
+              "over its %zu runs); held MB = parameters + gradients + optimizer state a rank "
+              "holds between steps\n",
+              modes[0].all("samples_per_s").size());
+}
+
+int run_fsdp_bench(const FsdpBenchArgs& args) {
+  SHOAL_CHECK_T(InvalidArgument, args.world >= 2 && args.batch >= 1 && args.steps >= 1 &&
+                                     args.rounds >= 1,
+                "bench fsdp: needs --world >= 2 and positive --batch, --steps and --rounds");
+  const std::vector<TorchPeer> peers = fsdp_peers(args);
+  std::vector<Mode> modes = fsdp_contenders(peers);
+  run_fsdp_rounds(args, modes);
+  if (!args.json) print_fsdp_header(args, peers);
+  for (const auto& mode : modes) print_fsdp_mode(args, modes, mode);
+  print_ceiling_over_peers(args, modes);
+  if (!args.json) print_fsdp_legend(modes);
   return 0;
 }
 

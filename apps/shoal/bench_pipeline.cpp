@@ -17,11 +17,12 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <filesystem>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
 
+#include "bench_harness.h"
 #include "bench_util.h"
 #include "commands.h"
 #include "shoal/comm/init.h"
@@ -58,51 +59,25 @@ struct RunSpec {
   }
 };
 
-// One rank of one run, in a forked child; writes its numbers to `result`.
-void run_rank(const PipelineBenchArgs& args, const RunSpec& spec, int rank, int world,
-              const std::string& store_path, const std::string& result) {
-  memory::tune_cpu_allocator();
-  torch::set_num_threads(1);
-  std::shared_ptr<models::Model> model = models::create(args.model, 0);
-  auto x = torch::randn({args.batch, 1, 28, 28});
-  auto y = torch::randint(0, 10, {args.batch}, torch::kLong);
-  torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
-  Values values;
-  if (spec.mode == "single") {
-    auto step = [&] {
-      sgd.zero_grad();
-      torch::cross_entropy_loss(model->forward(x), y).backward();
-      sgd.step();
-    };
-    for (int i = 0; i < args.warmup; ++i) step();
-    const auto start = Clock::now();
-    for (int i = 0; i < args.steps; ++i) step();
-    values["seconds"] = seconds_since(start);
-    write_values(result, values, "bench pipeline");
-    return;
-  }
-  auto store = comm::make_file_store(store_path, world);
-  auto group = comm::new_process_group("shm", store, rank, world);
-  if (spec.mode == "ddp") {
-    const int64_t share = args.batch / world;
-    auto xr = x.narrow(0, rank * share, share);
-    auto yr = y.narrow(0, rank * share, share);
-    DistributedDataParallel<models::Model> ddp(model, group);
-    auto step = [&] {
-      sgd.zero_grad();
-      torch::cross_entropy_loss(ddp.forward(xr), yr).backward();
-      sgd.step();
-    };
-    for (int i = 0; i < args.warmup; ++i) step();
-    group->barrier()->wait();
-    const auto start = Clock::now();
-    for (int i = 0; i < args.steps; ++i) step();
-    group->barrier()->wait();
-    values["seconds"] = seconds_since(start);
-    write_values(result, values, "bench pipeline");
-    return;
-  }
-  torch::nn::Sequential seq = pipeline::as_sequential(*model);
+// Seconds that args.steps calls of step() take after args.warmup untimed ones; with a group, from
+// a barrier to a barrier (the slowest rank's time); `before_timing` runs right before the clock.
+double time_steps(const PipelineBenchArgs& args, const std::function<void()>& step,
+                  comm::ProcessGroup* group, const std::function<void()>& before_timing = {}) {
+  for (int i = 0; i < args.warmup; ++i) step();
+  if (group) group->barrier()->wait();
+  if (before_timing) before_timing();
+  const auto start = Clock::now();
+  for (int i = 0; i < args.steps; ++i) step();
+  if (group) group->barrier()->wait();
+  return seconds_since(start);
+}
+
+// The pipeline's stage `rank` of `spec` on `group`: its time and its stage's figures.
+Values time_pipeline_stage(const PipelineBenchArgs& args, const RunSpec& spec, int rank,
+                           std::shared_ptr<comm::ProcessGroup> group, models::Model& model,
+                           const at::Tensor& x, const at::Tensor& y) {
+  const int world = group->size();
+  torch::nn::Sequential seq = pipeline::as_sequential(model);
   const auto balance = pipeline::balance_by_parameters(seq, world);
   pipeline::PipelineOptions options;
   options.micro_batches = spec.micro_batches;
@@ -110,6 +85,7 @@ void run_rank(const PipelineBenchArgs& args, const RunSpec& spec, int rank, int 
   std::vector<int> ranks;
   for (int r = 0; r < world; ++r) ranks.push_back(r);
   pipeline::Pipeline pipe(pipeline::stage_module(seq, balance, rank), group, ranks, options);
+  torch::optim::SGD sgd(model.parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
   auto loss = [](const at::Tensor& output, const at::Tensor& target) {
     return torch::nn::functional::cross_entropy(output, target);
   };
@@ -118,26 +94,58 @@ void run_rank(const PipelineBenchArgs& args, const RunSpec& spec, int rank, int 
     pipe.forward_backward(x, y, loss);
     sgd.step();
   };
-  for (int i = 0; i < args.warmup; ++i) step();
-  group->barrier()->wait();
-  pipe.reset_stats();
-  const auto start = Clock::now();
-  for (int i = 0; i < args.steps; ++i) step();
-  group->barrier()->wait();
-  values["seconds"] = seconds_since(start);
+  Values values;
+  values["seconds"] = time_steps(args, step, group.get(), [&] { pipe.reset_stats(); });
   const pipeline::PipelineStats stats = pipe.stats();
   values["idle_fraction"] = stats.idle_fraction();
   values["peak_activation_mb"] = stats.peak_activation_bytes / 1048576.0;
   values["peak_in_flight"] = static_cast<double>(stats.peak_in_flight);
   values["layers"] = static_cast<double>(pipe.module()->size());
+  return values;
+}
+
+// One rank of one run, in a forked child; writes its numbers to `result`.
+void run_rank(const PipelineBenchArgs& args, const RunSpec& spec, int rank, int world,
+              const std::string& store_path, const std::string& result) {
+  memory::tune_cpu_allocator();
+  torch::set_num_threads(1);
+  std::shared_ptr<models::Model> model = models::create(args.model, 0);
+  auto x = torch::randn({args.batch, 1, 28, 28});
+  auto y = torch::randint(0, 10, {args.batch}, torch::kLong);
+  Values values;
+  if (spec.mode == "single") {
+    torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
+    auto step = [&] {
+      sgd.zero_grad();
+      torch::cross_entropy_loss(model->forward(x), y).backward();
+      sgd.step();
+    };
+    values["seconds"] = time_steps(args, step, nullptr);
+  } else if (spec.mode == "ddp") {
+    auto group = comm::new_process_group("shm", comm::make_file_store(store_path, world), rank, world);
+    const int64_t share = args.batch / world;
+    auto xr = x.narrow(0, rank * share, share);
+    auto yr = y.narrow(0, rank * share, share);
+    DistributedDataParallel<models::Model> ddp(model, group);
+    torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
+    auto step = [&] {
+      sgd.zero_grad();
+      torch::cross_entropy_loss(ddp.forward(xr), yr).backward();
+      sgd.step();
+    };
+    values["seconds"] = time_steps(args, step, group.get());
+  } else {
+    auto group = comm::new_process_group("shm", comm::make_file_store(store_path, world), rank, world);
+    values = time_pipeline_stage(args, spec, rank, group, *model, x, y);
+  }
   write_values(result, values, "bench pipeline");
 }
 
 // Forks `world` ranks of `spec`; returns each rank's numbers (empty when the run failed).
 std::vector<Values> run(const PipelineBenchArgs& args, const RunSpec& spec, int world,
-                        const std::string& dir) {
+                        const TempDir& dir) {
   static int counter = 0;
-  const std::string stem = dir + "/run" + std::to_string(counter++);
+  const std::string stem = dir.file("run" + std::to_string(counter++));
   std::vector<ChildProcess> ranks;
   for (int rank = 0; rank < world; ++rank) {
     ChildProcess child;
@@ -160,24 +168,14 @@ std::vector<Values> run(const PipelineBenchArgs& args, const RunSpec& spec, int 
   return out;
 }
 
-int run_pipeline_bench(const PipelineBenchArgs& args) {
-  SHOAL_CHECK_T(InvalidArgument, args.stages >= 2, "bench pipeline: --stages must be at least 2");
-  for (int64_t m : args.micro_batches) {
-    SHOAL_CHECK_T(InvalidArgument, m >= 1 && m <= args.batch, "bench pipeline: ", m,
-                  " micro-batches do not fit a batch of ", args.batch);
-  }
-  char pattern[] = "/tmp/shoal_bench_pipeline_XXXXXX";
-  SHOAL_CHECK(mkdtemp(pattern) != nullptr, "bench pipeline: cannot create a temporary folder");
-  const std::string dir = pattern;
+// One run's samples: by rank, field -> one value per round.
+using RankSamples = std::vector<std::map<std::string, std::vector<double>>>;
 
-  std::vector<RunSpec> specs{{"single"}, {"ddp"}};
-  for (int64_t m : args.micro_batches) {
-    for (auto schedule : {pipeline::Schedule::kGPipe, pipeline::Schedule::k1F1B}) {
-      specs.push_back({"pipeline", schedule, m});
-    }
-  }
-  // samples[spec][rank][field] -> one value per round.
-  std::vector<std::vector<std::map<std::string, std::vector<double>>>> samples(specs.size());
+// Every spec's runs, the specs in order each round; samples[spec][rank][field].
+std::vector<RankSamples> run_pipeline_rounds(const PipelineBenchArgs& args,
+                                             const std::vector<RunSpec>& specs) {
+  const TempDir dir("pipeline");
+  std::vector<RankSamples> samples(specs.size());
   for (int round = 0; round < args.rounds; ++round) {
     for (size_t i = 0; i < specs.size(); ++i) {
       const int world = specs[i].mode == "single" ? 1 : args.stages;
@@ -189,20 +187,62 @@ int run_pipeline_bench(const PipelineBenchArgs& args) {
       }
     }
   }
-  std::filesystem::remove_all(dir);
+  return samples;
+}
 
-  const auto get = [&](size_t spec, size_t rank, const std::string& key) {
-    const auto& fields = samples[spec][rank];
-    auto it = fields.find(key);
-    return it == fields.end() ? std::nan("") : median(it->second);
-  };
-  const auto rate = [&](size_t spec) {
-    double seconds = 0;
-    for (size_t r = 0; r < samples[spec].size(); ++r) seconds = std::max(seconds, get(spec, r, "seconds"));
-    return args.batch * args.steps / seconds;
-  };
-  const double single_rate = rate(0);
-  const double ddp_rate = rate(1);
+// The median of a rank's field; NaN when it has none.
+double rank_median(const RankSamples& ranks, size_t rank, const std::string& key) {
+  const auto& fields = ranks[rank];
+  auto it = fields.find(key);
+  return it == fields.end() ? std::nan("") : median(it->second);
+}
+
+// samples/s of a run: the global batch's steps over the slowest rank's time.
+double pipeline_rate(const PipelineBenchArgs& args, const RankSamples& ranks) {
+  double seconds = 0;
+  for (size_t r = 0; r < ranks.size(); ++r) seconds = std::max(seconds, rank_median(ranks, r, "seconds"));
+  return args.batch * args.steps / seconds;
+}
+
+// One pipeline run's line per stage.
+void print_pipeline_stages(const PipelineBenchArgs& args, const RunSpec& spec,
+                           const RankSamples& ranks, double ddp_rate) {
+  const double theory = pipeline::theoretical_bubble_fraction(args.stages, spec.micro_batches);
+  const double r = pipeline_rate(args, ranks);
+  for (size_t s = 0; s < ranks.size(); ++s) {
+    const double idle = rank_median(ranks, s, "idle_fraction");
+    const double mb = rank_median(ranks, s, "peak_activation_mb");
+    const double in_flight = rank_median(ranks, s, "peak_in_flight");
+    if (args.json) {
+      ReportLine()
+          .add("mode", "pipeline").add("schedule", pipeline::to_string(spec.schedule))
+          .add("stages", args.stages).add("micro_batches", spec.micro_batches)
+          .add("stage", static_cast<int64_t>(s)).add("samples_per_s", r).add("vs_ddp", r / ddp_rate)
+          .add("idle_fraction", idle).add("theoretical_bubble", theory)
+          .add("peak_in_flight", in_flight).add("peak_activation_mb", mb)
+          .print();
+    } else {
+      std::printf("  %-12s %6zu %10.1f %8.2f %8.3f %10.3f %9.0f %14.2f\n", spec.label().c_str(), s,
+                  r, r / ddp_rate, idle, theory, in_flight, mb);
+    }
+  }
+}
+
+int run_pipeline_bench(const PipelineBenchArgs& args) {
+  SHOAL_CHECK_T(InvalidArgument, args.stages >= 2, "bench pipeline: --stages must be at least 2");
+  for (int64_t m : args.micro_batches) {
+    SHOAL_CHECK_T(InvalidArgument, m >= 1 && m <= args.batch, "bench pipeline: ", m,
+                  " micro-batches do not fit a batch of ", args.batch);
+  }
+  std::vector<RunSpec> specs{{"single"}, {"ddp"}};
+  for (int64_t m : args.micro_batches) {
+    for (auto schedule : {pipeline::Schedule::kGPipe, pipeline::Schedule::k1F1B}) {
+      specs.push_back({"pipeline", schedule, m});
+    }
+  }
+  const std::vector<RankSamples> samples = run_pipeline_rounds(args, specs);
+  const double single_rate = pipeline_rate(args, samples[0]);
+  const double ddp_rate = pipeline_rate(args, samples[1]);
   if (!args.json) {
     std::printf("shoal bench pipeline: model %s, %d stages (shm), global batch %d, %d steps, "
                 "median of %d rounds, 1 thread per process\n",
@@ -212,33 +252,10 @@ int run_pipeline_bench(const PipelineBenchArgs& args) {
     std::printf("  %-12s %6s %10s %8s %8s %10s %9s %14s\n", "schedule", "stage", "samples/s",
                 "vs DDP", "idle", "theory", "in-flight", "activations MB");
   } else {
-    std::printf("{\"mode\": \"single\", \"samples_per_s\": %s}\n", json_number(single_rate).c_str());
-    std::printf("{\"mode\": \"ddp\", \"world\": %d, \"samples_per_s\": %s}\n", args.stages,
-                json_number(ddp_rate).c_str());
+    ReportLine().add("mode", "single").add("samples_per_s", single_rate).print();
+    ReportLine().add("mode", "ddp").add("world", args.stages).add("samples_per_s", ddp_rate).print();
   }
-  for (size_t i = 2; i < specs.size(); ++i) {
-    const double theory = pipeline::theoretical_bubble_fraction(args.stages, specs[i].micro_batches);
-    const double r = rate(i);
-    for (size_t s = 0; s < samples[i].size(); ++s) {
-      const double idle = get(i, s, "idle_fraction");
-      const double mb = get(i, s, "peak_activation_mb");
-      const double in_flight = get(i, s, "peak_in_flight");
-      if (args.json) {
-        std::printf("{\"mode\": \"pipeline\", \"schedule\": \"%s\", \"stages\": %d, "
-                    "\"micro_batches\": %lld, \"stage\": %zu, \"samples_per_s\": %s, "
-                    "\"vs_ddp\": %s, \"idle_fraction\": %s, \"theoretical_bubble\": %s, "
-                    "\"peak_in_flight\": %s, \"peak_activation_mb\": %s}\n",
-                    pipeline::to_string(specs[i].schedule), args.stages,
-                    static_cast<long long>(specs[i].micro_batches), s, json_number(r).c_str(),
-                    json_number(r / ddp_rate).c_str(), json_number(idle).c_str(),
-                    json_number(theory).c_str(), json_number(in_flight).c_str(),
-                    json_number(mb).c_str());
-      } else {
-        std::printf("  %-12s %6zu %10.1f %8.2f %8.3f %10.3f %9.0f %14.2f\n",
-                    specs[i].label().c_str(), s, r, r / ddp_rate, idle, theory, in_flight, mb);
-      }
-    }
-  }
+  for (size_t i = 2; i < specs.size(); ++i) print_pipeline_stages(args, specs[i], samples[i], ddp_rate);
   std::fflush(stdout);
   return 0;
 }

@@ -36,6 +36,7 @@
 #include <sstream>
 #include <thread>
 
+#include "bench_harness.h"
 #include "bench_util.h"
 #include "commands.h"
 #include "shoal/data/fashion_mnist.h"
@@ -44,7 +45,6 @@
 #include "shoal/models/registry.h"
 #include "shoal/ps/server.h"
 #include "shoal/ps/worker.h"
-#include "shoal/train/metrics_writer.h"
 #include "shoal/train/trainer.h"
 
 namespace shoal::cli {
@@ -81,7 +81,7 @@ struct PsBenchArgs {
   bool skip_throughput = false;
 };
 
-void report(const PsBenchArgs& args, const train::JsonLine& line, const std::string& text) {
+void report(const PsBenchArgs& args, const ReportLine& line, const std::string& text) {
   if (args.json) {
     std::printf("%s\n", line.str().c_str());
   } else {
@@ -92,10 +92,8 @@ void report(const PsBenchArgs& args, const train::JsonLine& line, const std::str
 
 // samples/s of one `shoal train` run (its first epoch), or -1 when it failed.
 double train_throughput(const PsBenchArgs& args, const std::vector<std::string>& strategy_args) {
-  char metrics[] = "/tmp/shoal-bench-ps-XXXXXX";
-  const int fd = ::mkstemp(metrics);
-  SHOAL_CHECK(fd >= 0, "bench ps: cannot create a temporary file");
-  ::close(fd);
+  const TempDir dir("ps");
+  const std::string metrics = dir.file("metrics.jsonl");
   ChildProcess train;
   train.argv = {launcher::self_executable(), "train"};
   train.argv.insert(train.argv.end(), strategy_args.begin(), strategy_args.end());
@@ -110,18 +108,10 @@ double train_throughput(const PsBenchArgs& args, const std::vector<std::string>&
   options.benchmark = "bench ps";
   options.run = "shoal train " + strategy_args.at(0) + " " + strategy_args.at(1);
   options.deadline = kTrainDeadline;
-  int status = 0;
-  try {
-    status = run_processes({train}, options);
-  } catch (...) {
-    ::unlink(metrics);
-    throw;
-  }
+  if (run_processes({train}, options) != 0) return -1;
   std::ifstream in(metrics);
   std::stringstream text;
   text << in.rdbuf();
-  ::unlink(metrics);
-  if (status != 0) return -1;
   std::smatch match;
   const std::string all = text.str();
   if (!std::regex_search(all, match, std::regex("\"samples_per_s\":\\s*([0-9.eE+-]+)"))) return -1;
@@ -139,84 +129,109 @@ bool is_slowed(const PsBenchArgs& args, bool rotating, int rank, int64_t step) {
   return (step / args.straggler_phase) % args.workers == rank;
 }
 
-// Trains for args.seconds with stragglers as `rotating` says; returns worker 0's snapshots.
-std::vector<Snapshot> train_slowed(const PsBenchArgs& args, ps::Consistency consistency,
-                                   bool rotating, const train::TensorData& train_data,
-                                   int64_t* total_steps) {
+// The servers of one time-to-accuracy run, started, and their endpoints.
+struct Servers {
+  std::vector<std::unique_ptr<ps::Server>> servers;
+  std::vector<std::string> endpoints;
+};
+
+Servers start_servers(const PsBenchArgs& args, ps::Consistency consistency) {
   ps::ServerOptions options;
   options.num_workers = args.workers;
   options.consistency = consistency;
   options.staleness = args.staleness;
   options.optimizer = std::make_shared<ps::Sgd>(ps::SgdOptions{args.lr, args.momentum});
   options.verbose = false;
-  std::vector<std::unique_ptr<ps::Server>> servers;
-  std::vector<std::string> endpoints;
+  Servers started;
   for (int s = 0; s < args.servers; ++s) {
     options.rank = s;
-    servers.push_back(std::make_unique<ps::Server>(options));
-    endpoints.push_back(servers.back()->endpoint());
-    servers.back()->start();
+    started.servers.push_back(std::make_unique<ps::Server>(options));
+    started.endpoints.push_back(started.servers.back()->endpoint());
+    started.servers.back()->start();
   }
+  return started;
+}
+
+// What the worker threads of one time-to-accuracy run share.
+struct SlowedRun {
+  const PsBenchArgs& args;
+  bool rotating;
+  const train::TensorData& train_data;
+  std::vector<std::string> endpoints;
+  Clock::time_point start = Clock::now();
   std::atomic<bool> stop{false};
   std::atomic<int64_t> steps{0};
-  std::vector<Snapshot> snapshots;
   std::mutex snapshot_mutex;
+  std::vector<Snapshot> snapshots;  // worker 0's
+};
+
+// Worker `rank` of `run`, until run.stop: its share of the batches, slowed as the pattern says;
+// worker 0 keeps a snapshot of its weights every 5 steps.
+void run_slowed_worker(SlowedRun& run, int rank) {
+  const PsBenchArgs& args = run.args;
+  auto model = models::create(args.model, /*seed=*/0);
+  std::vector<std::pair<std::string, at::Tensor>> named;
+  for (const auto& item : model->named_parameters()) named.emplace_back(item.key(), item.value());
+  ps::WorkerOptions wo;
+  wo.servers = run.endpoints;
+  wo.rank = rank;
+  wo.num_workers = args.workers;
+  ps::Worker worker(wo, named);
+  worker.init();
+  const int64_t n = run.train_data.size();
+  const at::Tensor order = train::shuffled_indices(n, 0, 0);
+  int64_t position = rank * args.batch;
+  for (int64_t step = 0; !run.stop.load(); ++step) {
+    const bool slowed = is_slowed(args, run.rotating, rank, step);
+    if (position + args.batch > n) position = rank * args.batch;
+    const at::Tensor idx = order.slice(0, position, position + args.batch);
+    position += int64_t{args.batch} * args.workers;
+    const Clock::time_point compute_start = Clock::now();
+    model->zero_grad();
+    torch::nn::functional::cross_entropy(model->forward(run.train_data.inputs.index_select(0, idx)),
+                                         run.train_data.targets.index_select(0, idx))
+        .backward();
+    if (slowed) std::this_thread::sleep_for(Clock::now() - compute_start);
+    worker.step();
+    ++run.steps;
+    if (rank == 0 && step % 5 == 0) {
+      Snapshot snap;
+      snap.seconds = std::chrono::duration<double>(Clock::now() - run.start).count();
+      for (const auto& p : model->parameters()) snap.weights.push_back(p.detach().clone());
+      std::lock_guard<std::mutex> lock(run.snapshot_mutex);
+      run.snapshots.push_back(std::move(snap));
+    }
+  }
+  worker.close();
+}
+
+// Trains for args.seconds with stragglers as `rotating` says; returns worker 0's snapshots.
+std::vector<Snapshot> train_slowed(const PsBenchArgs& args, ps::Consistency consistency,
+                                   bool rotating, const train::TensorData& train_data,
+                                   int64_t* total_steps) {
+  Servers servers = start_servers(args, consistency);
+  SlowedRun run{args, rotating, train_data, servers.endpoints};
   std::vector<std::string> errors(static_cast<size_t>(args.workers));
-  const Clock::time_point start = Clock::now();
   std::vector<std::thread> threads;
   for (int rank = 0; rank < args.workers; ++rank) {
     threads.emplace_back([&, rank] {
       try {
-        auto model = models::create(args.model, /*seed=*/0);
-        std::vector<std::pair<std::string, at::Tensor>> named;
-        for (const auto& item : model->named_parameters()) named.emplace_back(item.key(), item.value());
-        ps::WorkerOptions wo;
-        wo.servers = endpoints;
-        wo.rank = rank;
-        wo.num_workers = args.workers;
-        ps::Worker worker(wo, named);
-        worker.init();
-        const int64_t n = train_data.size();
-        const at::Tensor order = train::shuffled_indices(n, 0, 0);
-        int64_t position = rank * args.batch;
-        for (int64_t step = 0; !stop.load(); ++step) {
-          const bool slowed = is_slowed(args, rotating, rank, step);
-          if (position + args.batch > n) position = rank * args.batch;
-          const at::Tensor idx = order.slice(0, position, position + args.batch);
-          position += int64_t{args.batch} * args.workers;
-          const Clock::time_point compute_start = Clock::now();
-          model->zero_grad();
-          torch::nn::functional::cross_entropy(model->forward(train_data.inputs.index_select(0, idx)),
-                                               train_data.targets.index_select(0, idx))
-              .backward();
-          if (slowed) std::this_thread::sleep_for(Clock::now() - compute_start);
-          worker.step();
-          ++steps;
-          if (rank == 0 && step % 5 == 0) {
-            Snapshot snap;
-            snap.seconds = std::chrono::duration<double>(Clock::now() - start).count();
-            for (const auto& p : model->parameters()) snap.weights.push_back(p.detach().clone());
-            std::lock_guard<std::mutex> lock(snapshot_mutex);
-            snapshots.push_back(std::move(snap));
-          }
-        }
-        worker.close();
+        run_slowed_worker(run, rank);
       } catch (const std::exception& e) {
         errors[static_cast<size_t>(rank)] = e.what();
-        stop.store(true);
+        run.stop.store(true);
       }
     });
   }
-  while (!stop.load() &&
-         std::chrono::duration<double>(Clock::now() - start).count() < args.seconds) {
+  while (!run.stop.load() && seconds_since(run.start) < args.seconds) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
-  stop.store(true);
+  run.stop.store(true);
   for (auto& t : threads) t.join();
-  for (auto& s : servers) s->join();
+  for (auto& s : servers.servers) s->join();
   for (const std::string& e : errors) SHOAL_CHECK(e.empty(), "bench ps: ", e);
-  *total_steps = steps.load();
-  return snapshots;
+  *total_steps = run.steps.load();
+  return std::move(run.snapshots);
 }
 
 // The first time worker 0's snapshots reached args.target on the test set (+inf when none did);
@@ -288,7 +303,7 @@ void report_time_to_accuracy(const PsBenchArgs& args, bool rotating,
     const double speedup = median(ratios);
     const char* name = ps::consistency_name(modes[m]);
     report(args,
-           train::JsonLine()
+           ReportLine()
                .add("part", "time_to_accuracy")
                .add("straggler", pattern)
                .add("mode", name)
@@ -315,7 +330,7 @@ int run_bench_ps(const PsBenchArgs& args) {
   if (!args.skip_throughput) {
     const double ddp = train_throughput(
         args, {"--strategy", "ddp", "--nproc-per-node", std::to_string(args.workers)});
-    report(args, train::JsonLine().add("part", "throughput").add("mode", "ddp").add("samples_per_s", ddp),
+    report(args, ReportLine().add("part", "throughput").add("mode", "ddp").add("samples_per_s", ddp),
            "throughput  ddp  " + std::to_string(ddp) + " samples/s");
     for (const char* mode : {"bsp", "asp", "ssp"}) {
       const double rate = train_throughput(
@@ -323,7 +338,7 @@ int run_bench_ps(const PsBenchArgs& args) {
                  std::to_string(args.staleness), "--workers", std::to_string(args.workers),
                  "--servers", std::to_string(args.servers)});
       report(args,
-             train::JsonLine()
+             ReportLine()
                  .add("part", "throughput")
                  .add("mode", mode)
                  .add("samples_per_s", rate)

@@ -12,6 +12,7 @@
 #include <memory>
 #include <string>
 
+#include "bench_harness.h"
 #include "bench_util.h"
 #include "commands.h"
 #include "shoal/data/data_loader.h"
@@ -58,14 +59,13 @@ int bench_tokens(const TokenBenchArgs& args) {
   int64_t read = 0;
   while (std::optional<data::Batch> batch = loader.next()) read += batch->data.size(0);
   const double seconds = seconds_since(start);
-  std::printf("{\"bench\": \"tokens\", \"file\": \"%s\", \"cold\": %s, \"block_size\": %lld, "
-              "\"batch_size\": %lld, \"blocks\": %lld, \"seconds\": %s, \"blocks_per_s\": %s, "
-              "\"tokens_per_s\": %s, \"batches_per_s\": %s}\n",
-              args.file.c_str(), args.warm ? "false" : "true", static_cast<long long>(args.block_size),
-              static_cast<long long>(args.batch_size), static_cast<long long>(read),
-              json_number(seconds).c_str(), json_number(read / seconds).c_str(),
-              json_number(read * args.block_size / seconds).c_str(),
-              json_number(read / seconds / args.batch_size).c_str());
+  ReportLine()
+      .add("bench", "tokens").add("file", args.file).add_bool("cold", !args.warm)
+      .add("block_size", args.block_size).add("batch_size", args.batch_size).add("blocks", read)
+      .add("seconds", seconds).add("blocks_per_s", read / seconds)
+      .add("tokens_per_s", read * args.block_size / seconds)
+      .add("batches_per_s", read / seconds / args.batch_size)
+      .print();
   return 0;
 }
 

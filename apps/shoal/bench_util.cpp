@@ -103,12 +103,16 @@ void stop_children(const std::vector<pid_t>& pids, std::vector<int>& statuses,
 
 }  // namespace
 
-void check_bench_model(const std::string& bench, const std::string& model) {
-  // The benches feed image batches: the models built for an image's shape.
+void check_bench_model(const std::string& bench, const std::string& model,
+                       const std::vector<std::string>& also) {
+  // The benches feed image batches (the models built for an image's shape) unless they say.
   if (models::needs_input_shape(model)) return;
+  if (std::find(also.begin(), also.end(), model) != also.end()) return;
   std::string names;
   for (const auto& name : models::list_models()) {
-    if (models::needs_input_shape(name)) names += (names.empty() ? "" : ", ") + name;
+    const bool fed = models::needs_input_shape(name) ||
+                     std::find(also.begin(), also.end(), name) != also.end();
+    if (fed) names += (names.empty() ? "" : ", ") + name;
   }
   SHOAL_THROW(InvalidArgument, bench, ": --model must be a built-in model (", names, "), not '",
               model, "'");

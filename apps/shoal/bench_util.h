@@ -27,8 +27,10 @@ struct StepBenchArgs {
   bool json = false;
 };
 
-/// Throws InvalidArgument naming `bench` and the built-in models unless `model` is one of them.
-void check_bench_model(const std::string& bench, const std::string& model);
+/// Throws InvalidArgument naming `bench` and the built-in models unless `model` is one of them:
+/// an image classifier, or one of `also` (bench ddp's "gpt").
+void check_bench_model(const std::string& bench, const std::string& model,
+                       const std::vector<std::string>& also = {});
 
 /// Registers StepBenchArgs as --model, --steps, --warmup, --rounds and --json; the values in
 /// `args` are the defaults shown.

@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "shoal/models/registry.h"
+#include "shoal/train/clip_grad.h"
 #include "testing/idx_files.h"
 #include "testing/multi_rank.h"
 
@@ -1034,6 +1035,51 @@ TEST(BenchDdpFormat, BucketSweepReportsAutoAgainstTheBestFixedCap) {
   // the step whose forward decides.
   EXPECT_EQ(json_number(summary, "auto_tuning_steps"), 20) << summary;
   EXPECT_GT(json_number(automatic, "bucket_cap_mb"), 0) << automatic;
+}
+
+// Format check: `shoal bench ddp --model gpt`: the built-in GPT, of the sizes given as to `shoal
+// train --model gpt` (tiny here), races as the image models do, on random token blocks: every
+// mode's line, the ranks' gradients those of that GPT, and PyTorch's DDP (where /usr/bin/python3
+// has torch) training bench/gpt_torch.py's GPT of the same sizes, Shoal's vs_pytorch following
+// from the two lines' rates (one round: exactly).
+TEST(BenchDdpFormat, RacesTheGptAgainstPyTorchDdp) {
+  const auto result = run_shoal({"bench", "ddp", "--model", "gpt", "--n-layer", "1", "--n-head", "2",
+                                 "--n-embd", "16", "--block-size", "8", "--vocab-size", "32",
+                                 "--batch", "2", "--steps", "2", "--warmup", "1", "--rounds", "1",
+                                 "--backend", "shm", "--json"},
+                                {}, Milliseconds(240'000));
+  ASSERT_EQ(result.code, 0) << result.err;
+  const auto lines = lines_of(result.out);
+  const std::vector<std::string> modes{"single",    "independent", "lockstep",   "shoal_ddp",
+                                       "shoal_ddp", "pytorch_ddp", "pytorch_ddp"};
+  ASSERT_GE(lines.size(), 5u) << result.out;
+  ASSERT_LE(lines.size(), modes.size()) << result.out;
+  shoal::models::ModelOptions options;
+  options.gpt.n_layer = 1;
+  options.gpt.n_head = 2;
+  options.gpt.n_embd = 16;
+  options.gpt.block_size = 8;
+  options.gpt.vocab_size = 32;
+  double grad_bytes = 0;
+  // Its tied embedding and head once: the optimizer steps it once.
+  for (const auto& p : shoal::train::unique_parameters(shoal::models::create("gpt", 0, options)->parameters())) {
+    grad_bytes += static_cast<double>(p.nbytes());
+  }
+  for (size_t i = 0; i < lines.size(); ++i) {
+    EXPECT_NE(lines[i].find("\"mode\": \"" + modes[i] + "\""), std::string::npos) << lines[i];
+    EXPECT_NE(lines[i].find("\"model\": \"gpt\""), std::string::npos) << lines[i];
+    EXPECT_GT(json_number(lines[i], "samples_per_s"), 0) << lines[i];
+    EXPECT_NEAR(json_number(lines[i], "grad_mb"), grad_bytes / 1048576, 1e-4) << lines[i];
+  }
+  EXPECT_GT(json_number(lines[3], "of_ceiling"), 0) << lines[3];
+  if (lines.size() == modes.size()) {
+    for (size_t i : {3, 4}) {
+      const double pytorch = json_number(lines[i + 2], "samples_per_s");
+      EXPECT_NEAR(json_number(lines[i], "vs_pytorch"), json_number(lines[i], "samples_per_s") / pytorch,
+                  1e-3 * json_number(lines[i], "vs_pytorch"))
+          << lines[i] << "\n" << lines[i + 2];
+    }
+  }
 }
 
 // Format check: `shoal bench fsdp --json`: every mode (the no-communication ceiling included) with

@@ -8,10 +8,13 @@ here with PIL: three classes, each a distinct colour with a bright square somewh
   * a run resumed from its checkpoint after epoch 1 ends with the uninterrupted run's weights;
   * DIR alone (no evaluation split): trains, and says it has no test samples;
   * a corrupt image in the folder: one line on stderr naming the file, a non-zero exit;
-  * a malformed transform flag: one line naming the flag.
+  * a malformed transform flag: one line naming the flag;
+  * `shoal bench images` on the same folders, 2 loader workers: a JSON line whose step time
+    splits into the wait for data and the rest (wait_fraction = wait_ms / step_ms, in [0, 1]).
 
     image_folders.py SHOAL_BINARY
 """
+import json
 import os
 import random
 import sys
@@ -97,6 +100,19 @@ with tempfile.TemporaryDirectory() as tmp:
               "resumed after epoch 1: the weights of the run that did not stop")
     except ImportError:
         print("python3-torch is not installed: the resumed weights are not compared", flush=True)
+
+    run = run_shoal(SHOAL, "bench", "images", "--data-dir", data, "--num-workers", "2",
+                    "--batch-size", "8", "--steps", "4", "--warmup", "1", "--json", *TRANSFORMS)
+    try:
+        line = json.loads(run.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        line = {}
+    print("bench images:", line, flush=True)
+    check(run.returncode == 0 and line.get("workers") == 2 and line.get("step_ms", 0) > 0 and
+          0 <= line.get("wait_ms", -1) <= line["step_ms"] and
+          abs(line.get("wait_fraction", -1) - line["wait_ms"] / line["step_ms"]) < 1e-3 and
+          line.get("loader_batches_per_s", 0) > 0,
+          "bench images: the step's wait for data and its share of the step", run)
 
     alone = os.path.join(data, "train")
     run = shoal("--data-dir", alone, "--model", "cnn", "--epochs", "1", *TRANSFORMS)
