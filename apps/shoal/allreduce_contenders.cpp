@@ -69,12 +69,12 @@ ShoalContender::ShoalContender(std::shared_ptr<comm::ProcessGroup> pg, bool symm
 
 std::string ShoalContender::name() const {
   return pg_->backend_name() + (in_place_ ? "_in_place" : symmetric_ ? "_symmetric" : "") +
-         (unchecked_ ? "_unchecked" : "");
+         (checked_ ? "_checked" : "");
 }
 
-void ShoalContender::set_unchecked(bool unchecked) {
-  unchecked_ = unchecked;
-  if (unchecked) pg_->set_check_collectives(false);
+void ShoalContender::set_checked(bool checked) {
+  checked_ = checked;
+  if (checked) pg_->set_check_collectives(true);
 }
 
 at::Tensor& ShoalContender::buffer(int64_t bytes) {

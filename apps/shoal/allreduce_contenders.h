@@ -61,8 +61,9 @@ class ShoalContender : public Contender {
   /// `symmetric` the output is in symmetric memory. Named "<backend>_in_place".
   void set_in_place(bool in_place) { in_place_ = in_place; }
   /// Turns the group's collective check off (ProcessGroup::set_check_collectives), named
-  /// "<backend>_unchecked": what the check costs, next to the checked group in the same run.
-  void set_unchecked(bool unchecked);
+  /// "<backend>_checked": with the per-collective check (SHOAL_DEBUG=detail's), what it costs
+  /// next to the unchecked group in the same run.
+  void set_checked(bool checked);
 
  protected:
   /// One blocking float32 sum allreduce and one barrier: what warm_up() and measure() time.
@@ -83,7 +84,7 @@ class ShoalContender : public Contender {
   Collective collective_;
   bool async_op_ = false;
   bool in_place_ = false;
-  bool unchecked_ = false;
+  bool checked_ = false;
   at::Tensor tensor_;  ///< the full tensor: allreduce's, reduce-scatter's input, all-gather's output
   at::Tensor piece_;   ///< reduce-scatter's output, all-gather's input
 };

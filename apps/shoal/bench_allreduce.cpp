@@ -6,8 +6,8 @@
 // contender alike) and each reports the median of its repeats. "torch_gloo" is PyTorch's own
 // torch.distributed gloo, run by bench/allreduce_torch.py as a co-process that rank 0 drives.
 // "openmpi" is MPI_Allreduce itself (Shoal's "mpi" backend adds a worker thread and the collective
-// checks around it). "gloo_unchecked" and "mpi_unchecked" are those backends with their
-// per-collective check off: the check's cost, measured next to the checked one.
+// checks around it). "gloo_checked" and "mpi_checked" are those backends with the
+// per-collective check of SHOAL_DEBUG=detail on: its cost, measured next to the unchecked one.
 // "shm_symmetric" is the shm backend on tensors from empty_symmetric() (reduced in place across
 // the ranks' copies, as DDP's buckets are). "floor_staged", "floor_single_copy" and
 // "floor_inplace" communicate nothing: every rank does at once only the memory work of shm's
@@ -161,11 +161,11 @@ bool ends_with(const std::string& name, const std::string& tail) {
 // Only Shoal's process groups and OpenMPI race reduce_scatter and all_gather.
 bool ends_with_in_place(const std::string& name) { return ends_with(name, "_in_place"); }
 
-// "gloo_unchecked", "mpi_unchecked": the backend with its collective check off.
-const std::string kUnchecked = "_unchecked";
+// "gloo_checked", "mpi_checked": the backend with its collective check on.
+const std::string kChecked = "_checked";
 
-bool is_unchecked_contender(const std::string& name) {
-  return name == "gloo" + kUnchecked || name == "mpi" + kUnchecked;
+bool is_checked_contender(const std::string& name) {
+  return name == "gloo" + kChecked || name == "mpi" + kChecked;
 }
 
 void check_collective_contender(const std::string& name, Collective collective) {
@@ -199,7 +199,7 @@ TorchPeer torch_peer_of(const std::string& contender) {
 
 // The process group a (non-PyTorch) contender runs on.
 std::string contender_backend(const std::string& name) {
-  if (is_unchecked_contender(name)) return name.substr(0, name.size() - kUnchecked.size());
+  if (is_checked_contender(name)) return name.substr(0, name.size() - kChecked.size());
   if (name == "shm_symmetric" || name == "shm_in_place" || MemoryFloorContender::parse(name) ||
       name == "floor_copy" || name == "floor_copy_in_place") {
     return "shm";
@@ -212,7 +212,7 @@ std::string check_contender(const std::string& name) {
   SHOAL_CHECK_T(InvalidArgument, comm::is_backend_available(backend), "backend '", name,
                 "' is not built into this shoal; choose from gloo, shm, shm_symmetric, mpi, "
                 "openmpi, hierarchical, torch_gloo, torch2_gloo, floor_staged, floor_single_copy, "
-                "floor_inplace, floor_copy, gloo_unchecked, mpi_unchecked, and for all_gather "
+                "floor_inplace, floor_copy, gloo_checked, mpi_checked, and for all_gather "
                 "shm_in_place, openmpi_in_place, floor_copy_in_place");
   return backend;
 }
@@ -233,7 +233,7 @@ std::unique_ptr<Contender> shoal_contender(const AllreduceBenchArgs& args, const
   } else {
     contender = std::make_unique<ShoalContender>(pg, symmetric, collective);
     contender->set_async_op(args.async_op);
-    contender->set_unchecked(is_unchecked_contender(backend));
+    contender->set_checked(is_checked_contender(backend));
   }
   contender->set_in_place(ends_with_in_place(backend));
   return contender;
@@ -461,8 +461,8 @@ void add_bench_allreduce_command(CLI::App& bench, std::vector<Command>& commands
   app->add_option("--backend", args->backends,
                   "comma-separated: gloo, shm, shm_symmetric, mpi, openmpi (MPI_Allreduce itself), "
                   "hierarchical, torch_gloo (PyTorch's gloo), torch2_gloo (PyTorch 2.x's gloo, "
-                  "from PyPI), gloo_unchecked and mpi_unchecked (without their per-collective "
-                  "check), floor_staged, floor_single_copy and floor_inplace (allreduce), "
+                  "from PyPI), gloo_checked and mpi_checked (with the per-collective check of "
+                  "SHOAL_DEBUG=detail), floor_staged, floor_single_copy and floor_inplace (allreduce), "
                   "floor_copy (all_gather) (no communication: the memory work alone); for "
                   "all_gather in place (the input in the output's own block): shm_in_place, "
                   "openmpi_in_place, floor_copy_in_place")

@@ -766,7 +766,7 @@ double json_number(const std::string& line, const std::string& key) {
 // and every bus bandwidth lie within what a machine can physically do.
 TEST(BenchAllreduceFormat, StartsItsOwnRanksAndPrintsJsonLines) {
   const auto result = run_shoal({"bench", "allreduce", "--backend",
-                                 "gloo,shm_symmetric,floor_staged,floor_single_copy,gloo_unchecked",
+                                 "gloo,shm_symmetric,floor_staged,floor_single_copy,gloo_checked",
                                  "--json",
                                  "--min-bytes", "4KiB", "--max-bytes", "16KiB", "--iters", "5",
                                  "--repeats", "1", "--warmup", "1"},
@@ -786,7 +786,7 @@ TEST(BenchAllreduceFormat, StartsItsOwnRanksAndPrintsJsonLines) {
   // floors, and gloo without its collective check.
   const char* backends[] = {"\"backend\": \"gloo\"", "\"backend\": \"shm_symmetric\"",
                             "\"backend\": \"floor_staged\"", "\"backend\": \"floor_single_copy\"",
-                            "\"backend\": \"gloo_unchecked\""};
+                            "\"backend\": \"gloo_checked\""};
   for (int i = 0; i < 10; ++i) {
     const std::string& line = lines[1 + i];
     EXPECT_NE(line.find(backends[i % 5]), std::string::npos) << line;
