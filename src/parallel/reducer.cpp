@@ -137,9 +137,8 @@ Reducer::Reducer(std::vector<at::Tensor> parameters, std::vector<std::string> na
   result_in_grad_.assign(params_.size(), 0);
   slot_free_.assign(params_.size(), 0);
   for (const auto& p : params_) param_options_.push_back(p.options());
-  if (std::all_of(params_.begin(), params_.end(), [](const at::Tensor& p) { return p.is_cpu(); }) &&
-      SlotLender::install()) {
-    lender_ = std::make_shared<SlotLender>(params_.size());
+  if (std::all_of(params_.begin(), params_.end(), [](const at::Tensor& p) { return p.is_cpu(); })) {
+    lender_ = SlotLender::create(params_.size());
   }
   // Gradients arrive roughly in reverse registration order, so the first buckets hold the last
   // parameters and can be reduced while backward still computes the earlier layers' gradients.
@@ -323,89 +322,30 @@ void Reducer::rebuild_buckets() {
 }
 
 void Reducer::tune_bucket_cap() {
-  CapTuner& t = tuner_;
-  if (t.done) return;
-  if (!t.started) {
-    t.started = true;
-    // Each cap with the usual first bucket, then with a first bucket of the same cap; candidates
-    // that give the same buckets are one (the first met names it).
-    std::vector<double> caps = options_.bucket_cap_candidates_mb;
-    std::sort(caps.begin(), caps.end());
-    caps.erase(std::unique(caps.begin(), caps.end()), caps.end());
-    std::vector<std::pair<double, double>> candidates;
-    for (double cap : caps) candidates.emplace_back(options_.first_bucket_cap_mb, cap);
-    for (double cap : caps) candidates.emplace_back(cap, cap);
-    std::vector<std::vector<std::vector<size_t>>> layouts;
-    for (const auto& [first, cap] : candidates) {
-      auto layout = assign_buckets(bucket_order_, first, cap);
-      if (std::find(layouts.begin(), layouts.end(), layout) != layouts.end()) continue;
-      layouts.push_back(std::move(layout));
-      t.caps.emplace_back(first, cap);
-    }
-    t.samples.assign(t.caps.size(), {});
-    t.slot = 0;
-    t.slot_start = synced_steps_;
-    t.ends.clear();
-    if (t.caps.size() == 1) {  // nothing to choose between
-      t.done = true;
-      t.trials.push_back({t.caps[0].first, t.caps[0].second, std::nan("")});
-    }
-    build_buckets(bucket_order_, t.caps[0].first, t.caps[0].second);
+  if (!tuner_.started()) {
+    const auto layout_of = [this](const BucketCapTuner::Caps& caps) {
+      return assign_buckets(bucket_order_, caps.first_mb, caps.cap_mb);
+    };
+    const BucketCapTuner::Caps first = tuner_.start(layout_of, synced_steps_);
+    build_buckets(bucket_order_, first.first_mb, first.cap_mb);
     return;
   }
-  // A slot is one warm-up step (new buckets, their first reduction) and the timed ones; each
-  // timed step runs from the end of one synchronised backward to the end of the next.
-  const int64_t per_slot = 1 + options_.bucket_cap_tuning_steps;
-  if (synced_steps_ - t.slot_start < per_slot) return;
-  const size_t candidate = t.slot % t.caps.size();
-  for (size_t i = 1; i < t.ends.size(); ++i) {
-    t.samples[candidate].push_back(std::chrono::duration<double>(t.ends[i] - t.ends[i - 1]).count());
-  }
-  t.ends.clear();
-  ++t.slot;
-  t.slot_start = synced_steps_;
-  if (t.slot < t.caps.size() * static_cast<size_t>(options_.bucket_cap_tuning_rounds)) {
-    const auto& [first, cap] = t.caps[t.slot % t.caps.size()];
-    build_buckets(bucket_order_, first, cap);
+  if (tuner_.done()) return;
+  const std::optional<BucketCapTuner::Caps> next = tuner_.advance(synced_steps_, *group_);
+  if (!next) return;
+  if (!tuner_.done()) {
+    build_buckets(bucket_order_, next->first_mb, next->cap_mb);
     return;
   }
-  // Decide: every rank takes the slowest rank's median per candidate (one allreduce, identical
-  // results everywhere), then the least of those.
-  auto medians = torch::empty({static_cast<int64_t>(t.caps.size())}, torch::kDouble);
-  for (size_t c = 0; c < t.caps.size(); ++c) {
-    auto& v = t.samples[c];
-    double m = std::numeric_limits<double>::infinity();
-    if (!v.empty()) {
-      std::sort(v.begin(), v.end());
-      m = v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
-    }
-    medians[static_cast<int64_t>(c)] = m;
+  if (next->first_mb != first_cap_mb_ || next->cap_mb != cap_mb_) {
+    build_buckets(bucket_order_, next->first_mb, next->cap_mb);
   }
-  comm::AllreduceOptions max;
-  max.op = comm::ReduceOp::kMax;
-  group_->allreduce(medians, max)->wait();
-  auto m = medians.accessor<double, 1>();
-  size_t best = 0;
-  for (size_t c = 0; c < t.caps.size(); ++c) {
-    t.trials.push_back({t.caps[c].first, t.caps[c].second, m[static_cast<int64_t>(c)]});
-    if (m[static_cast<int64_t>(c)] < m[static_cast<int64_t>(best)]) best = c;
-  }
-  t.done = true;
-  t.samples.clear();
-  const auto [first, cap] = t.caps[best];
-  if (first != first_cap_mb_ || cap != cap_mb_) build_buckets(bucket_order_, first, cap);
   if (group_->rank() == 0) {
-    std::ostringstream tried;
-    tried << std::setprecision(3);
-    for (size_t c = 0; c < t.trials.size(); ++c) {
-      tried << (c ? ", " : "") << t.trials[c].first_bucket_cap_mb << "/"
-            << t.trials[c].bucket_cap_mb << " MiB " << t.trials[c].seconds * 1e3 << " ms";
-    }
-    log::info("DistributedDataParallel: bucket_cap_mb=auto chose ", cap,
-              " MiB (first bucket ", first, " MiB, ", buckets_.size(), " bucket",
+    log::info("DistributedDataParallel: bucket_cap_mb=auto chose ", next->cap_mb,
+              " MiB (first bucket ", next->first_mb, " MiB, ", buckets_.size(), " bucket",
               buckets_.size() == 1 ? "" : "s", ") after ", synced_steps_,
               " synchronised steps (median step time per first/other bucket cap, slowest rank: ",
-              tried.str(), ")");
+              tuner_.describe_trials(), ")");
   }
 }
 
@@ -901,7 +841,7 @@ void Reducer::finalize_backward() {
   }
   stats_.iterations += 1;
   ++synced_steps_;
-  if (tuner_.started && !tuner_.done) tuner_.ends.push_back(std::chrono::steady_clock::now());
+  tuner_.backward_ended();
   synced_once_ = true;
   stats_.wait_seconds += std::chrono::duration<double>(wait_end - wait_start).count();
   stats_.backward_seconds += std::chrono::duration<double>(wait_end - backward_start_).count();
@@ -997,7 +937,7 @@ void Reducer::shadow_backward() {
                   /*shadow=*/true);
   }
   ++synced_steps_;
-  if (tuner_.started && !tuner_.done) tuner_.ends.push_back(std::chrono::steady_clock::now());
+  tuner_.backward_ended();
   synced_once_ = true;
 }
 
@@ -1040,8 +980,8 @@ ReducerStats Reducer::stats() const {
   stats.first_bucket_cap_mb = first_cap_mb_;
   stats.bucket_cap_auto = auto_cap();
   stats.inline_reduction = inline_reduction_;
-  stats.bucket_cap_tuning = auto_cap() && !tuner_.done;
-  stats.bucket_cap_trials = tuner_.trials;
+  stats.bucket_cap_tuning = auto_cap() && !tuner_.done();
+  stats.bucket_cap_trials = tuner_.trials();
   stats.bucket_bytes.clear();
   for (const auto& bucket : buckets_) {
     stats.bucket_bytes.push_back(bucket.contents.numel() *

@@ -18,6 +18,7 @@
 
 #include "compat/autograd_hooks.h"
 #include "compat/ddp_semantics.h"
+#include "parallel/bucket_cap_tuner.h"
 #include "parallel/slot_lender.h"
 #include "shoal/comm/process_group.h"
 #include "shoal/parallel/distributed_data_parallel.h"
@@ -82,7 +83,8 @@ class Reducer {
   std::vector<std::vector<size_t>> assign_buckets(const std::vector<size_t>& order,
                                                   double first_cap_mb, double cap_mb) const;
   void build_buckets(const std::vector<size_t>& order, double first_cap_mb, double cap_mb);
-  /// bucket_cap_mb = auto: the step of the tuning schedule (see DistributedDataParallelOptions).
+  /// bucket_cap_mb = auto: the step of the tuning schedule (BucketCapTuner); builds the buckets it
+  /// asks for.
   void tune_bucket_cap();
   void autograd_hook(size_t index);
   void begin_backward();
@@ -203,18 +205,7 @@ class Reducer {
   double cap_mb_ = 0;                    // bucket_cap_mb of the current buckets
   // Synchronised backward passes, a joined rank's shadow ones included (the same on every rank).
   int64_t synced_steps_ = 0;
-  // bucket_cap_mb = auto.
-  struct CapTuner {
-    bool started = false;
-    bool done = false;
-    std::vector<std::pair<double, double>> caps;  // distinct (first, cap) candidates
-    std::vector<std::vector<double>> samples;   // per candidate: step seconds
-    size_t slot = 0;                            // round * caps.size() + candidate
-    int64_t slot_start = 0;                     // synced_steps_ when the slot began
-    std::vector<std::chrono::steady_clock::time_point> ends;  // backward ends in the slot
-    std::vector<ReducerStats::BucketCapTrial> trials;  // once decided
-  };
-  CapTuner tuner_;
+  BucketCapTuner tuner_{options_};  // bucket_cap_mb = auto
   bool auto_cap() const {
     return options_.bucket_cap_mb == DistributedDataParallelOptions::kBucketCapAuto;
   }
