@@ -1,5 +1,6 @@
 #include "shoal/models/script_model.h"
 
+#include <torch/nn/modules/container/sequential.h>
 #include <torch/script.h>
 
 #include <algorithm>

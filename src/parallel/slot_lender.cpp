@@ -99,8 +99,7 @@ bool acquire_hook() {
   }
   std::lock_guard<std::mutex> lock(hook_mutex);
   CountingAllocator* counting = &counting_allocator();
-  if (hook_users == 0) {
-    c10::Allocator* current = c10::GetCPUAllocator();
+  if (c10::Allocator* current = c10::GetCPUAllocator(); current != counting) {
     // Another allocator took LibTorch's place since ours last stood there: leave it alone.
     if (base_allocator != nullptr && current != base_allocator) return false;
     base_allocator = current;
