@@ -255,15 +255,8 @@ void draw_marker(std::ostringstream& svg, const Style& style, size_t run, double
       << (hollow ? "white" : color) << "\" stroke=\"" << color << "\" stroke-width=\"1.5\"/>\n";
 }
 
-std::string render_svg(const std::vector<Series>& series, const std::vector<std::string>& runs,
-                       const std::string& x_name, const Style& style) {
-  std::ostringstream svg;
-  svg << "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
-      << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << kWidth << "\" height=\""
-      << kHeight << "\" font-family=\"DejaVu Sans, sans-serif\" font-size=\"13\" data-style=\""
-      << style.name << "\" data-x=\"" << x_name << "\">\n"
-      << "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
-  // The legend: one entry per run, its line (colour, dash) and marker.
+// The legend: one entry per run, its line (colour, dash) and marker.
+void draw_legend(std::ostringstream& svg, const std::vector<std::string>& runs, const Style& style) {
   double legend_x = kMarginL;
   double legend_y = 30;
   for (size_t r = 0; r < runs.size(); ++r) {
@@ -283,116 +276,166 @@ std::string render_svg(const std::vector<Series>& series, const std::vector<std:
         << xml_escape(runs[r]) << "</text></g>\n";
     legend_x += width + 30;
   }
+}
+
+/// One panel's place, what it draws and how it draws it.
+struct Panel {
+  const PanelSpec& spec;
+  double left, top;
+  std::vector<const Series*> here;  // the series of the panel's metrics
+  std::vector<double> xs, ys;       // all their points
+  size_t most_points = 0;
+  const std::vector<std::string>& runs;
+  const std::string& x_name;
+  const Style& style;
+
+  size_t run_index(const Series& s) const {
+    return static_cast<size_t>(std::find(runs.begin(), runs.end(), s.run) - runs.begin());
+  }
+};
+
+void draw_empty_panel(std::ostringstream& svg, const Panel& panel) {
+  svg << "<rect x=\"" << panel.left << "\" y=\"" << panel.top << "\" width=\"" << kPanelW
+      << "\" height=\"" << kPanelH << "\" fill=\"none\" stroke=\"" << panel.style.grid
+      << "\"/>\n<text x=\"" << panel.left + kPanelW / 2 << "\" y=\"" << panel.top + kPanelH / 2
+      << "\" text-anchor=\"middle\" fill=\"#888\">not in the metrics</text>\n";
+}
+
+// One point per run: the values, labelled, rather than dots on an invented axis.
+void draw_values_panel(std::ostringstream& svg, const Panel& panel) {
+  double y = panel.top + 50;
+  for (const Series* s : panel.here) {
+    const size_t r = panel.run_index(*s);
+    const std::string color = panel.style.colors[r % panel.style.colors.size()];
+    const auto [x_value, value] = s->points.front();
+    svg << "<g class=\"value\" data-run=\"" << xml_escape(s->run) << "\" data-metric=\""
+        << s->metric << "\" data-value=\"" << attribute_number(value) << "\">";
+    draw_marker(svg, panel.style, r, panel.left + 12, y - 9, color);
+    svg << "<text x=\"" << panel.left + 28 << "\" y=\"" << y << "\" font-size=\"28\" fill=\""
+        << color << "\">" << value_text(value) << "</text><text x=\"" << panel.left + 28
+        << "\" y=\"" << y + 22 << "\" fill=\"#444\">" << xml_escape(s->run) << ", at "
+        << x_title(panel.x_name) << " " << value_text(x_value) << "</text></g>\n";
+    y += 64;
+  }
+}
+
+/// A chart's axes: round ticks around the data, and data to pixels.
+struct Axes {
+  Ticks x, y;
+  double left, top;
+  double px(double value) const { return left + (value - x.lo) / (x.hi - x.lo) * kPanelW; }
+  double py(double value) const {
+    return top + kPanelH - (value - y.lo) / (y.hi - y.lo) * kPanelH;
+  }
+};
+
+Axes axes_of(const Panel& panel) {
+  double y_lo = *std::min_element(panel.ys.begin(), panel.ys.end());
+  double y_hi = *std::max_element(panel.ys.begin(), panel.ys.end());
+  if (panel.spec.y_from_zero) y_lo = std::min(0.0, y_lo);
+  const Ticks x_ticks =
+      round_ticks(std::min(0.0, *std::min_element(panel.xs.begin(), panel.xs.end())),
+                  *std::max_element(panel.xs.begin(), panel.xs.end()));
+  return Axes{x_ticks, round_ticks(y_lo, y_hi), panel.left, panel.top};
+}
+
+// The ticks with their grid lines, the frame and the axis titles.
+void draw_axes(std::ostringstream& svg, const Panel& panel, const Axes& axes) {
+  const double left = panel.left, top = panel.top;
+  for (const double v : axes.x.values) {
+    svg << "<g class=\"tick\" data-axis=\"x\" data-value=\"" << attribute_number(v) << "\"><line x1=\"" << axes.px(v)
+        << "\" y1=\"" << top << "\" x2=\"" << axes.px(v) << "\" y2=\"" << top + kPanelH
+        << "\" stroke=\"" << panel.style.grid << "\"/><text x=\"" << axes.px(v) << "\" y=\""
+        << top + kPanelH + 18 << "\" text-anchor=\"middle\">" << tick_text(v, axes.x.step)
+        << "</text></g>\n";
+  }
+  for (const double v : axes.y.values) {
+    svg << "<g class=\"tick\" data-axis=\"y\" data-value=\"" << attribute_number(v) << "\"><line x1=\"" << left
+        << "\" y1=\"" << axes.py(v) << "\" x2=\"" << left + kPanelW << "\" y2=\"" << axes.py(v)
+        << "\" stroke=\"" << panel.style.grid << "\"/><text x=\"" << left - 8 << "\" y=\""
+        << axes.py(v) + 4 << "\" text-anchor=\"end\">" << tick_text(v, axes.y.step)
+        << "</text></g>\n";
+  }
+  svg << "<rect x=\"" << left << "\" y=\"" << top << "\" width=\"" << kPanelW << "\" height=\""
+      << kPanelH << "\" fill=\"none\" stroke=\"" << panel.style.frame << "\"/>\n"
+      << "<text x=\"" << left + kPanelW / 2 << "\" y=\"" << top + kPanelH + 40
+      << "\" text-anchor=\"middle\" fill=\"#444\">" << x_title(panel.x_name) << "</text>\n"
+      << "<text transform=\"translate(" << left - 58 << "," << top + kPanelH / 2
+      << ") rotate(-90)\" text-anchor=\"middle\" fill=\"#444\">" << panel.spec.y_label
+      << "</text>\n";
+}
+
+// One series as a polyline (interval values thin and lighter, epoch values bold with markers).
+void draw_series(std::ostringstream& svg, const Panel& panel, const Axes& axes, const Series& s) {
+  const size_t r = panel.run_index(s);
+  const Style& style = panel.style;
+  const std::string color = style.colors[r % style.colors.size()];
+  const std::string dash = style.dashes[r % style.dashes.size()];
+  const double width = s.markers ? style.line_width : style.line_width * 0.6;
+  svg << "<polyline class=\"series\" data-run=\"" << xml_escape(s.run) << "\" data-metric=\""
+      << s.metric << "\" data-x=\"" << panel.x_name << "\" fill=\"none\" stroke-width=\"" << width
+      << "\" stroke-linejoin=\"round\" stroke=\"" << color << "\""
+      << (s.markers ? "" : " stroke-opacity=\"0.75\"")
+      << (dash.empty() ? "" : " stroke-dasharray=\"" + dash + "\"") << " points=\"";
+  for (size_t i = 0; i < s.points.size(); ++i) {
+    char point[64];
+    std::snprintf(point, sizeof(point), "%s%.3f,%.3f", i ? " " : "", axes.px(s.points[i].first),
+                  axes.py(s.points[i].second));
+    svg << point;
+  }
+  svg << "\"/>\n";
+  if (s.markers) {
+    for (const auto& [x, y] : s.points) draw_marker(svg, style, r, axes.px(x), axes.py(y), color);
+  }
+}
+
+void draw_panel(std::ostringstream& svg, const Panel& panel) {
+  svg << "<g class=\"panel\" data-title=\"" << panel.spec.title << "\">\n"
+      << "<text x=\"" << panel.left << "\" y=\"" << panel.top - 14
+      << "\" font-weight=\"bold\" font-size=\"15\">" << panel.spec.title << "</text>\n";
+  if (panel.spec.metrics.size() > 1) {
+    svg << "<text x=\"" << panel.left + kPanelW << "\" y=\"" << panel.top - 14
+        << "\" text-anchor=\"end\" fill=\"#666\">thin: per log interval, dots: per epoch</text>\n";
+  }
+  if (panel.xs.empty()) {
+    draw_empty_panel(svg, panel);
+  } else if (panel.most_points == 1) {
+    draw_values_panel(svg, panel);
+  } else {
+    const Axes axes = axes_of(panel);
+    draw_axes(svg, panel, axes);
+    for (const Series* s : panel.here) draw_series(svg, panel, axes, *s);
+  }
+  svg << "</g>\n";
+}
+
+std::string render_svg(const std::vector<Series>& series, const std::vector<std::string>& runs,
+                       const std::string& x_name, const Style& style) {
+  std::ostringstream svg;
+  svg << "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
+      << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << kWidth << "\" height=\""
+      << kHeight << "\" font-family=\"DejaVu Sans, sans-serif\" font-size=\"13\" data-style=\""
+      << style.name << "\" data-x=\"" << x_name << "\">\n"
+      << "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
+  draw_legend(svg, runs, style);
   const auto& specs = panels();
   for (size_t p = 0; p < specs.size(); ++p) {
-    const PanelSpec& spec = specs[p];
-    const double left = kMarginL + static_cast<double>(p % 2) * (kPanelW + kGapX);
-    const double top = kMarginT + static_cast<double>(p / 2) * (kPanelH + kGapY);
-    std::vector<const Series*> here;
-    std::vector<double> xs, ys;
-    size_t most_points = 0;
+    Panel panel{specs[p],
+                kMarginL + static_cast<double>(p % 2) * (kPanelW + kGapX),
+                kMarginT + static_cast<double>(p / 2) * (kPanelH + kGapY),
+                {}, {}, {}, 0, runs, x_name, style};
     for (const Series& s : series) {
-      const bool mine = std::any_of(spec.metrics.begin(), spec.metrics.end(),
+      const bool mine = std::any_of(panel.spec.metrics.begin(), panel.spec.metrics.end(),
                                     [&](const MetricSpec& m) { return s.metric == m.metric; });
       if (!mine) continue;
-      here.push_back(&s);
-      most_points = std::max(most_points, s.points.size());
+      panel.here.push_back(&s);
+      panel.most_points = std::max(panel.most_points, s.points.size());
       for (const auto& [x, y] : s.points) {
-        xs.push_back(x);
-        ys.push_back(y);
+        panel.xs.push_back(x);
+        panel.ys.push_back(y);
       }
     }
-    svg << "<g class=\"panel\" data-title=\"" << spec.title << "\">\n"
-        << "<text x=\"" << left << "\" y=\"" << top - 14
-        << "\" font-weight=\"bold\" font-size=\"15\">" << spec.title << "</text>\n";
-    if (spec.metrics.size() > 1) {
-      svg << "<text x=\"" << left + kPanelW << "\" y=\"" << top - 14
-          << "\" text-anchor=\"end\" fill=\"#666\">thin: per log interval, dots: per epoch</text>\n";
-    }
-    if (xs.empty()) {
-      svg << "<rect x=\"" << left << "\" y=\"" << top << "\" width=\"" << kPanelW << "\" height=\""
-          << kPanelH << "\" fill=\"none\" stroke=\"" << style.grid << "\"/>\n<text x=\""
-          << left + kPanelW / 2 << "\" y=\"" << top + kPanelH / 2
-          << "\" text-anchor=\"middle\" fill=\"#888\">not in the metrics</text>\n</g>\n";
-      continue;
-    }
-    if (most_points == 1) {
-      // One point per run: the values, labelled, rather than dots on an invented axis.
-      double y = top + 50;
-      for (const Series* s : here) {
-        const size_t r = static_cast<size_t>(
-            std::find(runs.begin(), runs.end(), s->run) - runs.begin());
-        const std::string color = style.colors[r % style.colors.size()];
-        const auto [x_value, value] = s->points.front();
-        svg << "<g class=\"value\" data-run=\"" << xml_escape(s->run) << "\" data-metric=\""
-            << s->metric << "\" data-value=\"" << attribute_number(value) << "\">";
-        draw_marker(svg, style, r, left + 12, y - 9, color);
-        svg << "<text x=\"" << left + 28 << "\" y=\"" << y << "\" font-size=\"28\" fill=\""
-            << color << "\">" << value_text(value) << "</text><text x=\"" << left + 28
-            << "\" y=\"" << y + 22 << "\" fill=\"#444\">" << xml_escape(s->run) << ", at "
-            << x_title(x_name) << " " << value_text(x_value) << "</text></g>\n";
-        y += 64;
-      }
-      svg << "</g>\n";
-      continue;
-    }
-    double y_lo = *std::min_element(ys.begin(), ys.end());
-    double y_hi = *std::max_element(ys.begin(), ys.end());
-    if (spec.y_from_zero) y_lo = std::min(0.0, y_lo);
-    const Ticks x_ticks = round_ticks(std::min(0.0, *std::min_element(xs.begin(), xs.end())),
-                                      *std::max_element(xs.begin(), xs.end()));
-    const Ticks y_ticks = round_ticks(y_lo, y_hi);
-    const auto px = [&](double x) {
-      return left + (x - x_ticks.lo) / (x_ticks.hi - x_ticks.lo) * kPanelW;
-    };
-    const auto py = [&](double y) {
-      return top + kPanelH - (y - y_ticks.lo) / (y_ticks.hi - y_ticks.lo) * kPanelH;
-    };
-    for (const double v : x_ticks.values) {
-      svg << "<g class=\"tick\" data-axis=\"x\" data-value=\"" << attribute_number(v) << "\"><line x1=\"" << px(v)
-          << "\" y1=\"" << top << "\" x2=\"" << px(v) << "\" y2=\"" << top + kPanelH
-          << "\" stroke=\"" << style.grid << "\"/><text x=\"" << px(v) << "\" y=\""
-          << top + kPanelH + 18 << "\" text-anchor=\"middle\">" << tick_text(v, x_ticks.step)
-          << "</text></g>\n";
-    }
-    for (const double v : y_ticks.values) {
-      svg << "<g class=\"tick\" data-axis=\"y\" data-value=\"" << attribute_number(v) << "\"><line x1=\"" << left
-          << "\" y1=\"" << py(v) << "\" x2=\"" << left + kPanelW << "\" y2=\"" << py(v)
-          << "\" stroke=\"" << style.grid << "\"/><text x=\"" << left - 8 << "\" y=\""
-          << py(v) + 4 << "\" text-anchor=\"end\">" << tick_text(v, y_ticks.step)
-          << "</text></g>\n";
-    }
-    svg << "<rect x=\"" << left << "\" y=\"" << top << "\" width=\"" << kPanelW << "\" height=\""
-        << kPanelH << "\" fill=\"none\" stroke=\"" << style.frame << "\"/>\n"
-        << "<text x=\"" << left + kPanelW / 2 << "\" y=\"" << top + kPanelH + 40
-        << "\" text-anchor=\"middle\" fill=\"#444\">" << x_title(x_name) << "</text>\n"
-        << "<text transform=\"translate(" << left - 58 << "," << top + kPanelH / 2
-        << ") rotate(-90)\" text-anchor=\"middle\" fill=\"#444\">" << spec.y_label
-        << "</text>\n";
-    for (const Series* s : here) {
-      const size_t r = static_cast<size_t>(
-          std::find(runs.begin(), runs.end(), s->run) - runs.begin());
-      const std::string color = style.colors[r % style.colors.size()];
-      const std::string dash = style.dashes[r % style.dashes.size()];
-      // Interval values thin (and lighter), epoch values bold with markers.
-      const double width = s->markers ? style.line_width : style.line_width * 0.6;
-      svg << "<polyline class=\"series\" data-run=\"" << xml_escape(s->run) << "\" data-metric=\""
-          << s->metric << "\" data-x=\"" << x_name << "\" fill=\"none\" stroke-width=\"" << width
-          << "\" stroke-linejoin=\"round\" stroke=\"" << color << "\""
-          << (s->markers ? "" : " stroke-opacity=\"0.75\"")
-          << (dash.empty() ? "" : " stroke-dasharray=\"" + dash + "\"") << " points=\"";
-      for (size_t i = 0; i < s->points.size(); ++i) {
-        char point[64];
-        std::snprintf(point, sizeof(point), "%s%.3f,%.3f", i ? " " : "", px(s->points[i].first),
-                      py(s->points[i].second));
-        svg << point;
-      }
-      svg << "\"/>\n";
-      if (s->markers) {
-        for (const auto& [x, y] : s->points) draw_marker(svg, style, r, px(x), py(y), color);
-      }
-    }
-    svg << "</g>\n";
+    draw_panel(svg, panel);
   }
   svg << "</svg>\n";
   return svg.str();
@@ -438,6 +481,96 @@ struct PlotArgs {
   std::string style = "light";
 };
 
+/// A run's name for the legend: its strategy and world size from the run line (shoal train
+/// writes it first), else the file's name; `samples_per_epoch` gets the run line's value, if any.
+std::string run_name(const std::vector<Record>& records, const std::string& file_name,
+                     double& samples_per_epoch) {
+  std::string run = file_name;
+  for (const Record& record : records) {
+    const auto event = record.strings.find("event");
+    if (event == record.strings.end() || event->second != "run") continue;
+    const auto strategy = record.strings.find("strategy");
+    const auto world = record.numbers.find("world_size");
+    if (strategy != record.strings.end() && world != record.numbers.end()) {
+      const auto ranks = static_cast<long long>(world->second);
+      run = strategy->second + ", " + std::to_string(ranks) + (ranks == 1 ? " rank" : " ranks");
+    }
+    const auto epoch_samples = record.numbers.find("samples_per_epoch");
+    if (epoch_samples != record.numbers.end()) samples_per_epoch = epoch_samples->second;
+    break;
+  }
+  return run;
+}
+
+/// The points of `spec` in one run's records against the x axis `x_name`.
+Series series_of(const std::vector<Record>& records, const std::string& run,
+                 const MetricSpec& spec, const std::string& x_name, double samples_per_epoch) {
+  Series s{run, spec.metric, {}, spec.markers};
+  const bool epoch_line = std::string(spec.event) == "epoch";
+  for (const Record& record : records) {
+    const auto event = record.strings.find("event");
+    if (event == record.strings.end() || event->second != spec.event) continue;
+    const std::optional<double> x = x_of(record, epoch_line, x_name, samples_per_epoch);
+    const auto y = record.numbers.find(spec.field);
+    if (!x || y == record.numbers.end() || !std::isfinite(*x) || !std::isfinite(y->second)) {
+      continue;
+    }
+    s.points.emplace_back(*x, y->second);
+  }
+  return s;
+}
+
+/// Reads one metrics file (the f-th) into `series` under a run name new to `runs`.
+void add_run(const PlotArgs& args, size_t f, std::vector<Series>& series,
+             std::vector<std::string>& runs) {
+  const std::string& path = args.files[f];
+  const std::string file_name = path.substr(path.find_last_of('/') + 1);
+  const std::vector<Record> records = read_metrics(path);
+  double samples_per_epoch = 0;
+  std::string run = run_name(records, file_name, samples_per_epoch);
+  if (!args.names.empty()) run = args.names[f];
+  // Two runs of one strategy and size: the file names tell them apart.
+  if (std::find(runs.begin(), runs.end(), run) != runs.end()) run += " (" + file_name + ")";
+  while (std::find(runs.begin(), runs.end(), run) != runs.end()) run += "'";
+  runs.push_back(run);
+  size_t drawn = 0;
+  for (const PanelSpec& panel : panels()) {
+    for (const MetricSpec& spec : panel.metrics) {
+      Series s = series_of(records, run, spec, args.x, samples_per_epoch);
+      if (!s.points.empty()) {
+        drawn += s.points.size();
+        series.push_back(std::move(s));
+      }
+    }
+  }
+  SHOAL_CHECK_T(InvalidArgument, drawn > 0, path, " has no step or epoch metrics to draw",
+                args.x == "steps" ? "" : " against " + args.x,
+                " (written by shoal train --metrics?)");
+}
+
+int run_plot(const PlotArgs& args) {
+  SHOAL_CHECK_T(InvalidArgument, args.names.empty() || args.names.size() == args.files.size(),
+                "--name was given ", args.names.size(), " times for ", args.files.size(),
+                " files; give one per file or none");
+  const Style& style = style_named(args.style);
+  std::vector<Series> series;
+  std::vector<std::string> runs;
+  for (size_t f = 0; f < args.files.size(); ++f) add_run(args, f, series, runs);
+  const std::string svg = render_svg(series, runs, args.x, style);
+  if (is_png(args.output)) {
+    write_png(svg, kWidth, kHeight, args.output);
+  } else {
+    std::ofstream out(args.output, std::ios::trunc);
+    SHOAL_CHECK(out.good(), "cannot write ", args.output);
+    out << svg;
+    out.flush();
+    SHOAL_CHECK(out.good(), "writing ", args.output, " failed");
+  }
+  std::printf("wrote %s: %zu run%s, %zu series\n", args.output.c_str(), runs.size(),
+              runs.size() == 1 ? "" : "s", series.size());
+  return 0;
+}
+
 }  // namespace
 
 void add_plot_command(CLI::App& root, std::vector<Command>& commands) {
@@ -466,78 +599,7 @@ void add_plot_command(CLI::App& root, std::vector<Command>& commands) {
       ->capture_default_str();
   app->footer("Example: shoal plot one-rank.jsonl two-ranks.jsonl --x samples -o compare.png");
 
-  commands.push_back({app, [args] {
-    SHOAL_CHECK_T(InvalidArgument, args->names.empty() || args->names.size() == args->files.size(),
-                  "--name was given ", args->names.size(), " times for ", args->files.size(),
-                  " files; give one per file or none");
-    const Style& style = style_named(args->style);
-    std::vector<Series> series;
-    std::vector<std::string> runs;
-    for (size_t f = 0; f < args->files.size(); ++f) {
-      const std::string& path = args->files[f];
-      const std::string file_name = path.substr(path.find_last_of('/') + 1);
-      const std::vector<Record> records = read_metrics(path);
-      // The run line (shoal train writes it first): strategy, world size, samples per epoch.
-      std::string run = file_name;
-      double samples_per_epoch = 0;
-      for (const Record& record : records) {
-        const auto event = record.strings.find("event");
-        if (event == record.strings.end() || event->second != "run") continue;
-        const auto strategy = record.strings.find("strategy");
-        const auto world = record.numbers.find("world_size");
-        if (strategy != record.strings.end() && world != record.numbers.end()) {
-          const auto ranks = static_cast<long long>(world->second);
-          run = strategy->second + ", " + std::to_string(ranks) + (ranks == 1 ? " rank" : " ranks");
-        }
-        const auto epoch_samples = record.numbers.find("samples_per_epoch");
-        if (epoch_samples != record.numbers.end()) samples_per_epoch = epoch_samples->second;
-        break;
-      }
-      if (!args->names.empty()) run = args->names[f];
-      // Two runs of one strategy and size: the file names tell them apart.
-      if (std::find(runs.begin(), runs.end(), run) != runs.end()) run += " (" + file_name + ")";
-      while (std::find(runs.begin(), runs.end(), run) != runs.end()) run += "'";
-      runs.push_back(run);
-      size_t drawn = 0;
-      for (const PanelSpec& panel : panels()) {
-        for (const MetricSpec& spec : panel.metrics) {
-          Series s{run, spec.metric, {}, spec.markers};
-          const bool epoch_line = std::string(spec.event) == "epoch";
-          for (const Record& record : records) {
-            const auto event = record.strings.find("event");
-            if (event == record.strings.end() || event->second != spec.event) continue;
-            const std::optional<double> x = x_of(record, epoch_line, args->x, samples_per_epoch);
-            const auto y = record.numbers.find(spec.field);
-            if (!x || y == record.numbers.end() || !std::isfinite(*x) ||
-                !std::isfinite(y->second)) {
-              continue;
-            }
-            s.points.emplace_back(*x, y->second);
-          }
-          if (!s.points.empty()) {
-            drawn += s.points.size();
-            series.push_back(std::move(s));
-          }
-        }
-      }
-      SHOAL_CHECK_T(InvalidArgument, drawn > 0, path, " has no step or epoch metrics to draw",
-                    args->x == "steps" ? "" : " against " + args->x,
-                    " (written by shoal train --metrics?)");
-    }
-    const std::string svg = render_svg(series, runs, args->x, style);
-    if (is_png(args->output)) {
-      write_png(svg, kWidth, kHeight, args->output);
-    } else {
-      std::ofstream out(args->output, std::ios::trunc);
-      SHOAL_CHECK(out.good(), "cannot write ", args->output);
-      out << svg;
-      out.flush();
-      SHOAL_CHECK(out.good(), "writing ", args->output, " failed");
-    }
-    std::printf("wrote %s: %zu run%s, %zu series\n", args->output.c_str(), runs.size(),
-                runs.size() == 1 ? "" : "s", series.size());
-    return 0;
-  }});
+  commands.push_back({app, [args] { return run_plot(*args); }});
 }
 
 }  // namespace shoal::cli

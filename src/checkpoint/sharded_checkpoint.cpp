@@ -384,19 +384,13 @@ ShardedTrainingState load_shard(const std::string& path, const LoadOptions& opti
   return s;
 }
 
-TrainingState load_sharded_checkpoint(const std::string& folder, const LoadOptions& options) {
-  const std::string first_path = folder + "/" + shard_file_name(0);
-  struct stat info {};
-  SHOAL_CHECK_T(CheckpointError, ::stat(first_path.c_str(), &info) == 0, folder,
-                ": sharded checkpoint lacks ", shard_file_name(0),
-                " (rank 0's file, which says how many ranks saved it): the save was interrupted or "
-                "the files were not all copied; resume from an older checkpoint or copy the file");
-  std::deque<ShardedTrainingState> ranks;  // grows without moving `first`
-  ranks.push_back(load_shard(first_path, options));
-  const ShardedTrainingState& first = ranks.front();
+namespace {
+
+// The folder holds one save: its manifest (when there is one) names rank 0's save, and every
+// rank file is one of rank 0's world (a file beyond the world size is from another save).
+void check_one_save(const std::string& folder, const std::string& first_path,
+                    const ShardedTrainingState& first) {
   const int64_t world = first.world_size;
-  SHOAL_CHECK_T(CheckpointError, first.rank == 0, first_path, ": says it is rank ", first.rank,
-                "'s file: the files were renamed or mixed");
   if (const auto manifest = read_manifest(folder)) {
     SHOAL_CHECK_T(CheckpointError,
                   manifest->save_id == first.save_id && manifest->world_size == world, first_path,
@@ -405,7 +399,6 @@ TrainingState load_sharded_checkpoint(const std::string& folder, const LoadOptio
                   manifest->world_size, ": the folder mixes two saves; put back this save's file "
                   "or resume from an older checkpoint");
   }
-  // Every rank's file, and no other: a file beyond the world size is from another save.
   for (const auto& name : rank_files_in(folder)) {
     const std::string number = name.substr(5, name.size() - 8);
     const bool in_range = !number.empty() && number.size() <= 7 &&
@@ -415,88 +408,142 @@ TrainingState load_sharded_checkpoint(const std::string& folder, const LoadOptio
                   " rank files ", shard_file_name(0), " saved with; the folder mixes two saves: "
                   "remove the file or resume from an older checkpoint");
   }
-  for (int64_t r = 1; r < world; ++r) {
+}
+
+// Rank r's file `s` (at `path`) belongs to the save of rank 0's `first`.
+void check_same_save(const ShardedTrainingState& s, int64_t r, const std::string& path,
+                     const ShardedTrainingState& first, const std::string& first_path) {
+  const int64_t world = first.world_size;
+  SHOAL_CHECK_T(CheckpointError, s.world_size == world && s.rank == r, path, ": says rank ",
+                s.rank, " of ", s.world_size, " where rank ", r, " of ", world,
+                " belongs: the folder mixes two saves");
+  // Same step and layout is not enough: another run (another seed) saves the same shapes.
+  SHOAL_CHECK_T(CheckpointError, s.save_id == first.save_id, path, ": is a file of ",
+                save_text(s.save_id), ", ", first_path, " of ", save_text(first.save_id),
+                ": the folder mixes two saves; put back this save's file or resume from an "
+                "older checkpoint");
+  bool same = s.units.size() == first.units.size() && s.num_parameters == first.num_parameters &&
+              s.state_dict_keys == first.state_dict_keys && s.replicated.step == first.replicated.step &&
+              s.replicated.epoch == first.replicated.epoch &&
+              s.replicated.sampler.samples_seen == first.replicated.sampler.samples_seen;
+  for (size_t u = 0; same && u < s.units.size(); ++u) {
+    same = same_unit(s.units[u], first.units[u]) &&
+           s.flat_param_shards[u].scalar_type() == first.flat_param_shards[u].scalar_type();
+  }
+  SHOAL_CHECK_T(CheckpointError, same, path, ": disagrees with ", first_path,
+                " (units, parameters, dtypes, epoch or step): the folder mixes two saves; "
+                "resume from an older checkpoint");
+}
+
+// Every rank's file of the folder's save, in rank order, checked to be of one save.
+std::deque<ShardedTrainingState> load_every_rank(const std::string& folder,
+                                                 const LoadOptions& options) {
+  const std::string first_path = folder + "/" + shard_file_name(0);
+  struct stat info {};
+  SHOAL_CHECK_T(CheckpointError, ::stat(first_path.c_str(), &info) == 0, folder,
+                ": sharded checkpoint lacks ", shard_file_name(0),
+                " (rank 0's file, which says how many ranks saved it): the save was interrupted or "
+                "the files were not all copied; resume from an older checkpoint or copy the file");
+  std::deque<ShardedTrainingState> ranks;  // grows without moving `first`
+  ranks.push_back(load_shard(first_path, options));
+  const ShardedTrainingState& first = ranks.front();
+  SHOAL_CHECK_T(CheckpointError, first.rank == 0, first_path, ": says it is rank ", first.rank,
+                "'s file: the files were renamed or mixed");
+  check_one_save(folder, first_path, first);
+  for (int64_t r = 1; r < first.world_size; ++r) {
     const std::string path = folder + "/" + shard_file_name(r);
     SHOAL_CHECK_T(CheckpointError, ::stat(path.c_str(), &info) == 0, path,
-                  ": is missing; the sharded checkpoint was saved by ", world,
+                  ": is missing; the sharded checkpoint was saved by ", first.world_size,
                   " ranks and needs every rank's file: copy it from where rank ", r,
                   " saved it, or resume from an older checkpoint");
     ranks.push_back(load_shard(path, options));
-    const ShardedTrainingState& s = ranks.back();
-    SHOAL_CHECK_T(CheckpointError, s.world_size == world && s.rank == r, path, ": says rank ",
-                  s.rank, " of ", s.world_size, " where rank ", r, " of ", world,
-                  " belongs: the folder mixes two saves");
-    // Same step and layout is not enough: another run (another seed) saves the same shapes.
-    SHOAL_CHECK_T(CheckpointError, s.save_id == first.save_id, path, ": is a file of ",
-                  save_text(s.save_id), ", ", first_path, " of ", save_text(first.save_id),
-                  ": the folder mixes two saves; put back this save's file or resume from an "
-                  "older checkpoint");
-    bool same = s.units.size() == first.units.size() && s.num_parameters == first.num_parameters &&
-                s.state_dict_keys == first.state_dict_keys && s.replicated.step == first.replicated.step &&
-                s.replicated.epoch == first.replicated.epoch &&
-                s.replicated.sampler.samples_seen == first.replicated.sampler.samples_seen;
-    for (size_t u = 0; same && u < s.units.size(); ++u) {
-      same = same_unit(s.units[u], first.units[u]) &&
-             s.flat_param_shards[u].scalar_type() == first.flat_param_shards[u].scalar_type();
-    }
-    SHOAL_CHECK_T(CheckpointError, same, path, ": disagrees with ", first_path,
-                  " (units, parameters, dtypes, epoch or step): the folder mixes two saves; "
-                  "resume from an older checkpoint");
+    check_same_save(ranks.back(), r, path, first, first_path);
   }
+  return ranks;
+}
 
-  // The whole state: rank 0's replicated part, and each unit put back together.
-  TrainingState out = first.replicated;
-  out.world_size = world;
-  StateDict assembled = out.model;
-  std::map<int64_t, std::map<std::string, at::Tensor>> optimizer;
-  for (size_t u = 0; u < first.units.size(); ++u) {
-    const FlatUnitMetadata& unit = first.units[u];
-    std::vector<at::Tensor> pieces;
-    for (const auto& s : ranks) pieces.push_back(s.flat_param_shards[u]);
-    const at::Tensor flat = at::cat(pieces);
-    // The optimizer's fields: those of rank 0's piece, every rank's alike.
-    std::map<std::string, at::Tensor> flat_fields;
-    at::Tensor step;
-    for (const auto& [name, field] : first.optimizer_shards[u]) {
-      if (name == "step") {
-        step = field;
-        continue;
-      }
-      std::vector<at::Tensor> parts;
-      for (const auto& s : ranks) {
-        auto it = s.optimizer_shards[u].find(name);
-        SHOAL_CHECK_T(CheckpointError, it != s.optimizer_shards[u].end(), folder, "/",
-                      shard_file_name(s.rank), ": lacks optimizer state '", name, "' of unit '",
-                      unit.name, "' that rank 0 holds: the folder mixes two saves");
-        parts.push_back(it->second);
-      }
-      flat_fields[name] = at::cat(parts);
+// Unit u's optimizer fields other than "step", concatenated over the ranks (those of rank 0's
+// piece, every rank's alike); `step` gets the unit's step count when it has one.
+std::map<std::string, at::Tensor> flat_optimizer_fields(const std::deque<ShardedTrainingState>& ranks,
+                                                        size_t u, const std::string& folder,
+                                                        at::Tensor& step) {
+  std::map<std::string, at::Tensor> flat_fields;
+  for (const auto& [name, field] : ranks.front().optimizer_shards[u]) {
+    if (name == "step") {
+      step = field;
+      continue;
     }
-    for (size_t i = 0; i < unit.param_names.size(); ++i) {
-      int64_t n = 1;
-      for (int64_t d : unit.shapes[i]) n *= d;  // bounded by check_units
-      SHOAL_CHECK_T(CheckpointError, !assembled.contains(unit.param_names[i]), first_path,
-                    ": parameter '", unit.param_names[i], "' is both sharded and replicated");
-      assembled.insert(unit.param_names[i], flat.narrow(0, unit.offsets[i], n).view(unit.shapes[i]).clone());
-      if (flat_fields.empty() && !step.defined()) continue;
-      auto& state = optimizer[unit.param_indices[i]];
-      for (const auto& [name, field] : flat_fields) {
-        state[name] = field.narrow(0, unit.offsets[i], n).view(unit.shapes[i]).clone();
-      }
-      if (step.defined()) state["step"] = step.reshape({}).clone();
+    std::vector<at::Tensor> parts;
+    for (const auto& s : ranks) {
+      auto it = s.optimizer_shards[u].find(name);
+      SHOAL_CHECK_T(CheckpointError, it != s.optimizer_shards[u].end(), folder, "/",
+                    shard_file_name(s.rank), ": lacks optimizer state '", name, "' of unit '",
+                    ranks.front().units[u].name, "' that rank 0 holds: the folder mixes two saves");
+      parts.push_back(it->second);
     }
+    flat_fields[name] = at::cat(parts);
   }
-  // In the model's own order (what model.state_dict() gives), when the keys are all there.
-  out.model = StateDict();
+  return flat_fields;
+}
+
+// Unit u put back together: its parameters into `assembled`, their optimizer state into
+// `optimizer` (by parameter index).
+void assemble_unit(const std::deque<ShardedTrainingState>& ranks, size_t u,
+                   const std::string& folder, const std::string& first_path, StateDict& assembled,
+                   std::map<int64_t, std::map<std::string, at::Tensor>>& optimizer) {
+  const FlatUnitMetadata& unit = ranks.front().units[u];
+  std::vector<at::Tensor> pieces;
+  for (const auto& s : ranks) pieces.push_back(s.flat_param_shards[u]);
+  const at::Tensor flat = at::cat(pieces);
+  at::Tensor step;
+  const auto flat_fields = flat_optimizer_fields(ranks, u, folder, step);
+  for (size_t i = 0; i < unit.param_names.size(); ++i) {
+    int64_t n = 1;
+    for (int64_t d : unit.shapes[i]) n *= d;  // bounded by check_units
+    SHOAL_CHECK_T(CheckpointError, !assembled.contains(unit.param_names[i]), first_path,
+                  ": parameter '", unit.param_names[i], "' is both sharded and replicated");
+    assembled.insert(unit.param_names[i], flat.narrow(0, unit.offsets[i], n).view(unit.shapes[i]).clone());
+    if (flat_fields.empty() && !step.defined()) continue;
+    auto& state = optimizer[unit.param_indices[i]];
+    for (const auto& [name, field] : flat_fields) {
+      state[name] = field.narrow(0, unit.offsets[i], n).view(unit.shapes[i]).clone();
+    }
+    if (step.defined()) state["step"] = step.reshape({}).clone();
+  }
+}
+
+// `assembled` in the model's own order (what model.state_dict() gives), when the keys are all
+// there.
+StateDict in_model_order(const StateDict& assembled, const ShardedTrainingState& first,
+                         const std::string& first_path) {
   SHOAL_CHECK_T(CheckpointError, first.state_dict_keys.size() == assembled.size(), first_path,
                 ": lists ", first.state_dict_keys.size(), " state-dict keys but holds ",
                 assembled.size(), " tensors: the file is damaged");
+  StateDict model;
   for (const auto& key : first.state_dict_keys) {
     const at::Tensor* t = assembled.find(key);
     SHOAL_CHECK_T(CheckpointError, t != nullptr, first_path, ": lists state-dict key '", key,
                   "' but holds no tensor for it: the file is damaged");
-    out.model.insert(key, *t);
+    model.insert(key, *t);
   }
+  return model;
+}
+
+}  // namespace
+
+TrainingState load_sharded_checkpoint(const std::string& folder, const LoadOptions& options) {
+  const std::deque<ShardedTrainingState> ranks = load_every_rank(folder, options);
+  const ShardedTrainingState& first = ranks.front();
+  const std::string first_path = folder + "/" + shard_file_name(0);
+  // The whole state: rank 0's replicated part, and each unit put back together.
+  TrainingState out = first.replicated;
+  out.world_size = first.world_size;
+  StateDict assembled = out.model;
+  std::map<int64_t, std::map<std::string, at::Tensor>> optimizer;
+  for (size_t u = 0; u < first.units.size(); ++u) {
+    assemble_unit(ranks, u, folder, first_path, assembled, optimizer);
+  }
+  out.model = in_model_order(assembled, first, first_path);
   out.optimizer.state = std::move(optimizer);
   for (const auto& group : out.optimizer.param_groups) {
     for (int64_t p : group.params) {

@@ -1,5 +1,9 @@
 #include "shoal/models/cnn.h"
 
+#include <torch/nn/modules/activation.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/modules/pooling.h>
+
 #include "shoal/error.h"
 
 namespace shoal::models {
@@ -19,15 +23,17 @@ Cnn::Cnn(const InputShape& shape) {
   const int64_t features = 64 * ((shape.height - 4) / 2) * ((shape.width - 4) / 2);
   fc1 = register_module("fc1", torch::nn::Linear(features, 128));
   fc2 = register_module("fc2", torch::nn::Linear(128, shape.num_classes));
+  layers_->push_back("conv1", conv1);
+  layers_->push_back("relu1", torch::nn::ReLU());
+  layers_->push_back("conv2", conv2);
+  layers_->push_back("relu2", torch::nn::ReLU());
+  layers_->push_back("pool", torch::nn::MaxPool2d(torch::nn::MaxPool2dOptions(2)));
+  layers_->push_back("flatten", torch::nn::Flatten());
+  layers_->push_back("fc1", fc1);
+  layers_->push_back("relu3", torch::nn::ReLU());
+  layers_->push_back("fc2", fc2);
 }
 
-at::Tensor Cnn::forward(at::Tensor input) {
-  at::Tensor x = torch::relu(conv1->forward(input));
-  x = torch::relu(conv2->forward(x));
-  x = torch::max_pool2d(x, 2);
-  x = torch::flatten(x, 1);
-  x = torch::relu(fc1->forward(x));
-  return fc2->forward(x);
-}
+at::Tensor Cnn::forward(at::Tensor input) { return layers_->forward(input); }
 
 }  // namespace shoal::models

@@ -1,5 +1,7 @@
 #include "shoal/models/model.h"
 
+#include <torch/nn/modules/container/sequential.h>
+
 #include "shoal/error.h"
 
 namespace shoal::models {
@@ -7,6 +9,19 @@ namespace shoal::models {
 at::Tensor Model::forward_loss(const at::Tensor&, const at::Tensor&) {
   SHOAL_THROW(InvalidArgument, "the model ", name(),
               " does not compute its own loss; apply a loss to its forward's output");
+}
+
+torch::nn::Sequential Model::as_sequential() {
+  SHOAL_THROW(InvalidArgument, "as_sequential: ", name(),
+              " is not a built-in model with a sequential form (mlp, cnn)");
+}
+
+torch::nn::Sequential Model::copy_of(torch::nn::Sequential& layers) {
+  torch::nn::Sequential copy;
+  const auto names = layers->named_children().keys();
+  size_t i = 0;
+  for (auto& layer : *layers) copy->push_back(names.at(i++), layer);
+  return copy;
 }
 
 }  // namespace shoal::models

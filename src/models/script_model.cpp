@@ -1,5 +1,6 @@
 #include "shoal/models/script_model.h"
 
+#include <torch/nn/modules/container/sequential.h>
 #include <torch/script.h>
 
 #include <algorithm>
@@ -158,6 +159,25 @@ std::shared_ptr<ScriptModel> ScriptModel::clone_module() const {
 }
 
 torch::jit::Module& ScriptModel::script_module() { return *module_; }
+
+torch::nn::Sequential ScriptModel::as_sequential() {
+  // A scripted torch.nn.Sequential runs its children one after another: each child is a stage
+  // candidate, wrapped as a ScriptModel that shares its tensors (names "0.weight", ... as in
+  // Python). Any other script module's forward is one compiled graph that cannot be cut.
+  const auto type_name = module_->type()->name();
+  const std::string type = type_name ? type_name->qualifiedName() : std::string("(unnamed)");
+  SHOAL_CHECK_T(InvalidArgument,
+                type.find("torch.nn.modules.container.Sequential") != std::string::npos,
+                "a TorchScript model splits into pipeline stages only when it is a "
+                "torch.nn.Sequential (its children run one after another); this one is ", type,
+                ", whose forward is one compiled graph: train it with --strategy single, ddp, "
+                "fsdp, dp or ps, or script an nn.Sequential of its layers");
+  torch::nn::Sequential seq;
+  for (const auto& child : module_->named_children()) {
+    seq->push_back(child.name, std::make_shared<ScriptModel>(child.value));
+  }
+  return seq;
+}
 
 bool is_script_path(const std::string& name) {
   return ends_with(name, ".pt") || ends_with(name, ".pth") || ends_with(name, ".ts") ||

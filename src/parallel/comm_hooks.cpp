@@ -169,12 +169,185 @@ at::Tensor reused(std::map<size_t, at::Tensor>& cache, size_t index, at::IntArra
 
 // One bucket's PowerSGD step between the hook and its wait.
 struct PowerSgdBucket {
+  size_t index = 0;
+  at::Tensor buffer;                     // the bucket's current buffer (a wrapper may replace it)
   at::Tensor input_copy;                 // the gradients with the error added, for feedback
   std::vector<at::Tensor> matrices;      // (1, n, m) views of the bucket, grouped by shape
+  int64_t p_total = 0, q_total = 0;      // elements of every P, every Q
+  at::Tensor p_memory, q_memory;         // all Ps, all Qs, flat
   std::vector<at::Tensor> ps, qs;        // (1, n, r) and (1, m, r) views into the P, Q memories
   at::Tensor uncompressed_memory;        // the other tensors, flattened, reduced whole
   std::vector<at::Tensor> uncompressed;  // their views in the bucket
+  std::shared_ptr<comm::Work> uncompressed_work;
 };
+
+// Adds the error left by the previous step's approximation and keeps the sum to compute the next.
+void add_error_feedback(PowerSGDState& state, PowerSgdBucket& pb) {
+  auto it = state.error.find(pb.index);
+  if (it != state.error.end() && it->second.sizes() == pb.buffer.sizes()) {
+    pb.buffer.add_(it->second);
+  } else {
+    state.error[pb.index] = torch::zeros_like(pb.buffer);
+  }
+  pb.input_copy = reused(state.input_copy, pb.index, pb.buffer.sizes(), pb.buffer);
+  pb.input_copy.copy_(pb.buffer);
+}
+
+// Splits the bucket into matrices worth compressing, grouped by shape in order of first
+// appearance (PyTorch's order, which decides which random numbers each Q gets), and the rest.
+void split_bucket(const GradBucket& bucket, const PowerSGDState& state, PowerSgdBucket& pb) {
+  std::vector<std::pair<std::pair<int64_t, int64_t>, std::vector<at::Tensor>>> by_shape;
+  int64_t offset = 0;
+  for (const auto& g : bucket.gradients()) {
+    auto flat = pb.buffer.narrow(0, offset, g.numel());
+    offset += g.numel();
+    if (g.dim() >= 1 && g.numel() > 0) {
+      const int64_t n = g.size(0), m = g.numel() / n;
+      const int64_t r = std::min({n, m, state.matrix_approximation_rank});
+      if (static_cast<double>((n + m) * r) * state.min_compression_rate <
+          static_cast<double>(n * m)) {
+        auto matrix = flat.view({1, n, m});
+        auto same = std::find_if(by_shape.begin(), by_shape.end(),
+                                 [&](const auto& e) { return e.first == std::make_pair(n, m); });
+        if (same == by_shape.end()) {
+          by_shape.push_back({{n, m}, {matrix}});
+        } else {
+          same->second.push_back(matrix);
+        }
+        pb.p_total += n * r;
+        pb.q_total += m * r;
+        continue;
+      }
+    }
+    pb.uncompressed.push_back(flat);
+  }
+  for (auto& entry : by_shape) {
+    for (auto& matrix : entry.second) pb.matrices.push_back(matrix);
+  }
+}
+
+// Binds the P and Q memories, kept between iterations, and each matrix's views into them; true
+// when Q starts afresh (no warm start, or the bucket changed).
+bool bind_memories(PowerSGDState& state, PowerSgdBucket& pb) {
+  auto p_it = state.p_memory.find(pb.index);
+  const bool fresh_q = !state.warm_start || p_it == state.p_memory.end() ||
+                       p_it->second.numel() != pb.p_total ||
+                       state.q_memory[pb.index].numel() != pb.q_total;
+  if (fresh_q) {
+    state.p_memory[pb.index] = torch::empty({pb.p_total}, pb.buffer.options());
+    state.q_memory[pb.index] = torch::empty({pb.q_total}, pb.buffer.options());
+  }
+  pb.p_memory = state.p_memory[pb.index];
+  pb.q_memory = state.q_memory[pb.index];
+  int64_t p_offset = 0, q_offset = 0;
+  for (const auto& matrix : pb.matrices) {
+    const int64_t n = matrix.size(1), m = matrix.size(2);
+    const int64_t r = std::min({n, m, state.matrix_approximation_rank});
+    pb.ps.push_back(pb.p_memory.narrow(0, p_offset, n * r).view({1, n, r}));
+    pb.qs.push_back(pb.q_memory.narrow(0, q_offset, m * r).view({1, m, r}));
+    p_offset += n * r;
+    q_offset += m * r;
+  }
+  return fresh_q;
+}
+
+// Orthonormalises the Qs kept from the last step, or draws new ones: the same random Qs on every
+// rank, and the ones PyTorch's hook draws (see random_seed).
+void prepare_qs(PowerSGDState& state, PowerSgdBucket& pb, bool fresh_q) {
+  const double epsilon = state.orthogonalization_epsilon;
+  if (!fresh_q) {
+    for (auto& q : pb.qs) orthogonalize(q, epsilon);
+  } else if (!pb.qs.empty()) {
+    auto generator = at::make_generator<at::CPUGeneratorImpl>(next_q_seed(state));
+    for (auto& q : pb.qs) {
+      q.copy_(torch::randn(q.sizes(), generator, torch::TensorOptions().dtype(q.dtype())));
+      orthogonalize(q, epsilon);
+    }
+  }
+}
+
+// Starts the reduction of the uncompressed tensors, computes P = M Q summed over ranks and
+// orthonormalised, then starts Q = M^T P's sum (null when there is no matrix): the approximation
+// is P Q^T / world.
+std::shared_ptr<comm::Work> reduce_low_rank(comm::ProcessGroup& group, PowerSGDState& state,
+                                            PowerSgdBucket& pb) {
+  for (size_t i = 0; i < pb.matrices.size(); ++i) {
+    torch::bmm_out(pb.ps[i], pb.matrices[i], pb.qs[i]);
+  }
+  comm::AllreduceOptions sum;
+  sum.check = false;  // identical on every rank by construction, as in allreduce_hook
+  if (!pb.uncompressed.empty()) {
+    int64_t total = 0;
+    for (const auto& t : pb.uncompressed) total += t.numel();
+    pb.uncompressed_memory = reused(state.uncompressed_memory, pb.index, {total}, pb.buffer);
+    torch::cat_out(pb.uncompressed_memory, pb.uncompressed);
+    pb.uncompressed_work = group.allreduce(pb.uncompressed_memory, sum);
+  }
+  if (pb.p_total > 0) group.allreduce(pb.p_memory, sum)->wait();
+  for (auto& p : pb.ps) orthogonalize(p, state.orthogonalization_epsilon);
+  for (size_t i = 0; i < pb.matrices.size(); ++i) {
+    torch::bmm_out(pb.qs[i], pb.matrices[i].transpose(1, 2), pb.ps[i]);
+  }
+  const int64_t uncompressed_total =
+      pb.uncompressed_memory.defined() ? pb.uncompressed_memory.numel() : 0;
+  state.bytes_sent += static_cast<double>((pb.p_total + pb.q_total + uncompressed_total) *
+                                          static_cast<int64_t>(pb.buffer.element_size()));
+  return pb.q_total > 0 ? group.allreduce(pb.q_memory, sum) : std::shared_ptr<comm::Work>();
+}
+
+// After the reductions: the uncompressed tensors averaged back into the bucket, the matrices
+// replaced by their approximation, the error kept for the next step.
+void finish_bucket(PowerSGDState& state, PowerSgdBucket& pb, double world) {
+  torch::NoGradGuard no_grad;
+  if (pb.uncompressed_work) {
+    pb.uncompressed_work->wait();
+    pb.uncompressed_memory.div_(world);
+    int64_t at = 0;
+    for (auto& t : pb.uncompressed) {
+      t.copy_(pb.uncompressed_memory.narrow(0, at, t.numel()));
+      at += t.numel();
+    }
+  }
+  pb.q_memory.div_(world);
+  for (size_t i = 0; i < pb.matrices.size(); ++i) {
+    torch::bmm_out(pb.matrices[i], pb.ps[i], pb.qs[i].transpose(1, 2));
+  }
+  if (state.use_error_feedback) torch::sub_out(state.error[pb.index], pb.input_copy, pb.buffer);
+  if (!state.warm_start) {  // PyTorch clears every bucket's memories
+    state.p_memory.clear();
+    state.q_memory.clear();
+  }
+}
+
+// One bucket through PowerSGD (a plain allreduce before start_powerSGD_iter).
+std::shared_ptr<comm::Work> powerSGD_bucket(const std::shared_ptr<comm::ProcessGroup>& group,
+                                            const std::shared_ptr<PowerSGDState>& state,
+                                            const CommHook& plain, GradBucket& bucket) {
+  torch::NoGradGuard no_grad;
+  at::Tensor buffer = bucket.buffer();
+  if (state->iteration < state->start_powerSGD_iter) {
+    if (bucket.is_last()) ++state->iteration;
+    state->bytes_sent += static_cast<double>(buffer.numel() * buffer.element_size());
+    return plain(bucket);
+  }
+  auto pb = std::make_shared<PowerSgdBucket>();
+  pb->index = bucket.index();
+  pb->buffer = buffer;
+  if (state->use_error_feedback) add_error_feedback(*state, *pb);
+  split_bucket(bucket, *state, *pb);
+  prepare_qs(*state, *pb, bind_memories(*state, *pb));
+  std::shared_ptr<comm::Work> q_work = reduce_low_rank(*group, *state, *pb);
+  if (bucket.is_last()) ++state->iteration;
+  const double world = group->size();
+  auto finish = [state, pb, world]() { finish_bucket(*state, *pb, world); };
+  if (q_work) return then(std::move(q_work), std::move(finish));
+  if (pb->uncompressed_work) {
+    auto work = pb->uncompressed_work;
+    return then(std::move(work), std::move(finish));
+  }
+  finish();
+  return plain(bucket);  // nothing to compress or reduce: cannot happen with a non-empty bucket
+}
 
 }  // namespace
 
@@ -189,145 +362,8 @@ CommHook powerSGD_hook(std::shared_ptr<comm::ProcessGroup> group,
                 "warm_start (DDP rebuilds its buckets after the first iteration), not ",
                 state->start_powerSGD_iter);
   CommHook plain = allreduce_hook(group);
-  return [group, state, plain](GradBucket& bucket) -> std::shared_ptr<comm::Work> {
-    torch::NoGradGuard no_grad;
-    at::Tensor buffer = bucket.buffer();
-    if (state->iteration < state->start_powerSGD_iter) {
-      if (bucket.is_last()) ++state->iteration;
-      state->bytes_sent += static_cast<double>(buffer.numel() * buffer.element_size());
-      return plain(bucket);
-    }
-    const double world = group->size();
-    const size_t index = bucket.index();
-    auto pb = std::make_shared<PowerSgdBucket>();
-    if (state->use_error_feedback) {
-      auto it = state->error.find(index);
-      if (it != state->error.end() && it->second.sizes() == buffer.sizes()) {
-        buffer.add_(it->second);
-      } else {
-        state->error[index] = torch::zeros_like(buffer);
-      }
-      pb->input_copy = reused(state->input_copy, index, buffer.sizes(), buffer);
-      pb->input_copy.copy_(buffer);
-    }
-    // Split the bucket (views of the current buffer, which a compress wrapper may have replaced):
-    // matrices worth compressing, grouped by shape in order of first appearance (PyTorch's
-    // order, which decides which random numbers each Q gets), and the rest.
-    std::vector<std::pair<std::pair<int64_t, int64_t>, std::vector<at::Tensor>>> by_shape;
-    int64_t offset = 0, p_total = 0, q_total = 0;
-    const int64_t wanted_rank = state->matrix_approximation_rank;
-    for (const auto& g : bucket.gradients()) {
-      auto flat = buffer.narrow(0, offset, g.numel());
-      offset += g.numel();
-      if (g.dim() >= 1 && g.numel() > 0) {
-        const int64_t n = g.size(0), m = g.numel() / n;
-        const int64_t r = std::min({n, m, wanted_rank});
-        if (static_cast<double>((n + m) * r) * state->min_compression_rate <
-            static_cast<double>(n * m)) {
-          auto matrix = flat.view({1, n, m});
-          auto same = std::find_if(by_shape.begin(), by_shape.end(),
-                                   [&](const auto& e) { return e.first == std::make_pair(n, m); });
-          if (same == by_shape.end()) {
-            by_shape.push_back({{n, m}, {matrix}});
-          } else {
-            same->second.push_back(matrix);
-          }
-          p_total += n * r;
-          q_total += m * r;
-          continue;
-        }
-      }
-      pb->uncompressed.push_back(flat);
-    }
-    for (auto& entry : by_shape) {
-      for (auto& matrix : entry.second) pb->matrices.push_back(matrix);
-    }
-    // P and Q memories, kept between iterations (warm start reuses Q).
-    auto p_it = state->p_memory.find(index);
-    const bool fresh_q = !state->warm_start || p_it == state->p_memory.end() ||
-                         p_it->second.numel() != p_total ||
-                         state->q_memory[index].numel() != q_total;
-    if (fresh_q) {
-      state->p_memory[index] = torch::empty({p_total}, buffer.options());
-      state->q_memory[index] = torch::empty({q_total}, buffer.options());
-    }
-    at::Tensor p_memory = state->p_memory[index];
-    at::Tensor q_memory = state->q_memory[index];
-    int64_t p_offset = 0, q_offset = 0;
-    for (const auto& matrix : pb->matrices) {
-      const int64_t n = matrix.size(1), m = matrix.size(2);
-      const int64_t r = std::min({n, m, wanted_rank});
-      pb->ps.push_back(p_memory.narrow(0, p_offset, n * r).view({1, n, r}));
-      pb->qs.push_back(q_memory.narrow(0, q_offset, m * r).view({1, m, r}));
-      p_offset += n * r;
-      q_offset += m * r;
-    }
-    const double epsilon = state->orthogonalization_epsilon;
-    if (!fresh_q) {
-      for (auto& q : pb->qs) orthogonalize(q, epsilon);
-    } else if (!pb->qs.empty()) {
-      // The same random Qs on every rank, and the ones PyTorch's hook draws (see random_seed).
-      auto generator = at::make_generator<at::CPUGeneratorImpl>(next_q_seed(*state));
-      for (auto& q : pb->qs) {
-        q.copy_(torch::randn(q.sizes(), generator, torch::TensorOptions().dtype(q.dtype())));
-        orthogonalize(q, epsilon);
-      }
-    }
-    for (size_t i = 0; i < pb->matrices.size(); ++i) {
-      torch::bmm_out(pb->ps[i], pb->matrices[i], pb->qs[i]);
-    }
-    // The uncompressed tensors and P = M Q (summed over ranks), then P orthonormalised.
-    comm::AllreduceOptions sum;
-    sum.check = false;  // identical on every rank by construction, as in allreduce_hook
-    std::shared_ptr<comm::Work> uncompressed_work;
-    int64_t uncompressed_total = 0;
-    if (!pb->uncompressed.empty()) {
-      int64_t total = 0;
-      for (const auto& t : pb->uncompressed) total += t.numel();
-      pb->uncompressed_memory = reused(state->uncompressed_memory, index, {total}, buffer);
-      torch::cat_out(pb->uncompressed_memory, pb->uncompressed);
-      uncompressed_total = pb->uncompressed_memory.numel();
-      uncompressed_work = group->allreduce(pb->uncompressed_memory, sum);
-    }
-    if (p_total > 0) group->allreduce(p_memory, sum)->wait();
-    for (auto& p : pb->ps) orthogonalize(p, epsilon);
-    // Q = M^T P, summed over ranks: the approximation is P Q^T / world.
-    for (size_t i = 0; i < pb->matrices.size(); ++i) {
-      torch::bmm_out(pb->qs[i], pb->matrices[i].transpose(1, 2), pb->ps[i]);
-    }
-    std::shared_ptr<comm::Work> q_work =
-        q_total > 0 ? group->allreduce(q_memory, sum) : std::shared_ptr<comm::Work>();
-    state->bytes_sent += static_cast<double>((p_total + q_total + uncompressed_total) *
-                                             static_cast<int64_t>(buffer.element_size()));
-    if (bucket.is_last()) ++state->iteration;
-    auto finish = [state, pb, buffer, index, world, q_memory, uncompressed_work]() mutable {
-      torch::NoGradGuard no_grad;
-      if (uncompressed_work) {
-        uncompressed_work->wait();
-        pb->uncompressed_memory.div_(world);
-        int64_t at = 0;
-        for (auto& t : pb->uncompressed) {
-          t.copy_(pb->uncompressed_memory.narrow(0, at, t.numel()));
-          at += t.numel();
-        }
-      }
-      q_memory.div_(world);
-      for (size_t i = 0; i < pb->matrices.size(); ++i) {
-        torch::bmm_out(pb->matrices[i], pb->ps[i], pb->qs[i].transpose(1, 2));
-      }
-      if (state->use_error_feedback) torch::sub_out(state->error[index], pb->input_copy, buffer);
-      if (!state->warm_start) {  // PyTorch clears every bucket's memories
-        state->p_memory.clear();
-        state->q_memory.clear();
-      }
-    };
-    if (q_work) return then(std::move(q_work), std::move(finish));
-    if (uncompressed_work) {
-      auto work = uncompressed_work;
-      return then(std::move(work), std::move(finish));
-    }
-    finish();
-    return plain(bucket);  // nothing to compress or reduce: cannot happen with a non-empty bucket
+  return [group, state, plain](GradBucket& bucket) {
+    return powerSGD_bucket(group, state, plain, bucket);
   };
 }
 

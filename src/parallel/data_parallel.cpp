@@ -420,6 +420,121 @@ void DataParallelBase::run_replicas(int n, std::shared_ptr<const std::function<v
   ++shared_->stats.steps;
 }
 
+namespace {
+
+// Gathers slot j of every replica's outputs onto `device` into `result` (concatenated along
+// `dim`, or stacked when 0-dim), recording each replica's offset and length in `graphs`; returns
+// true when autograd must route the slot through the gather node (then its replicas' outputs
+// and its dim are kept in `graphs`).
+bool gather_slot(const std::vector<std::vector<at::Tensor>>& outputs, size_t j, int64_t dim,
+                 const at::Device& device, bool grad_mode, StepGraphs& graphs, at::Tensor& result) {
+  const int n = static_cast<int>(outputs.size());
+  bool defined = true;
+  bool tracked = false;
+  for (int r = 0; r < n; ++r) {
+    defined = defined && outputs[r][j].defined();
+    if (defined) tracked = tracked || outputs[r][j].requires_grad();
+  }
+  if (!defined) {
+    SHOAL_CHECK(!outputs[0][j].defined(), "DataParallel: output tensor ", j,
+                " is undefined on some replicas only");
+    return false;
+  }
+  const bool scalar = outputs[0][j].dim() == 0;
+  std::vector<at::Tensor> pieces;
+  int64_t offset = 0, slot_dim = 0;
+  for (int r = 0; r < n; ++r) {
+    const at::Tensor& out = outputs[r][j];
+    SHOAL_CHECK(scalar == (out.dim() == 0), "DataParallel: output tensor ", j, " is 0-dim on some replicas only");
+    at::Tensor piece = tracked ? out.detach() : out;
+    if (piece.device() != device) piece = piece.to(device);
+    pieces.push_back(piece);
+    if (scalar) {
+      graphs.offsets[r][j] = r;
+      graphs.lengths[r][j] = -1;
+    } else {
+      slot_dim = c10::maybe_wrap_dim(dim, out.dim());
+      graphs.offsets[r][j] = offset;
+      graphs.lengths[r][j] = out.size(slot_dim);
+      offset += out.size(slot_dim);
+    }
+  }
+  result = scalar ? at::stack(pieces, 0) : at::cat(pieces, dim);
+  if (!grad_mode || !tracked) return false;
+  for (int r = 0; r < n; ++r) graphs.outputs[r][j] = outputs[r][j];
+  graphs.dims.push_back(slot_dim);
+  return true;
+}
+
+// The module's parameters that require grad as the node's first inputs; per replica
+// (replica_params[r], aligned with `params`), the leaves that stand for them. LibTorch lists a
+// parameter registered under two names twice: it is one input (fed once), and each replica's
+// leaves for it are its distinct copies (one when the replica keeps the tie).
+void add_parameter_inputs(const std::vector<at::Tensor>& params,
+                          const std::vector<const std::vector<at::Tensor>*>& replica_params,
+                          StepGraphs& graphs, std::vector<at::Tensor>& inputs) {
+  const int n = graphs.replicas;
+  std::vector<const c10::TensorImpl*> seen_inputs;
+  std::vector<std::vector<const c10::TensorImpl*>> seen_leaves(n);
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (!params[i].requires_grad()) continue;
+    const c10::TensorImpl* impl = params[i].unsafeGetTensorImpl();
+    size_t input = std::find(seen_inputs.begin(), seen_inputs.end(), impl) - seen_inputs.begin();
+    if (input == seen_inputs.size()) {
+      seen_inputs.push_back(impl);
+      inputs.push_back(params[i]);
+      graphs.input_dims.push_back(0);
+      graphs.input_devices.push_back(params[i].device());
+    }
+    for (int r = 0; r < n; ++r) {
+      const at::Tensor& leaf = (*replica_params[r])[i];
+      auto& seen = seen_leaves[r];
+      if (std::find(seen.begin(), seen.end(), leaf.unsafeGetTensorImpl()) != seen.end()) continue;
+      seen.push_back(leaf.unsafeGetTensorImpl());
+      graphs.leaves[r].push_back(leaf);
+      graphs.leaf_inputs[r].push_back(input);
+    }
+  }
+  graphs.parameter_inputs = inputs.size();
+}
+
+// The scattered inputs that require grad as the node's next inputs, each replica's chunk leaf
+// (leaves[r][s]) standing for source s.
+void add_scattered_inputs(const std::vector<at::Tensor>& sources,
+                          const std::vector<std::vector<at::Tensor>>& leaves, int64_t dim,
+                          StepGraphs& graphs, std::vector<at::Tensor>& inputs) {
+  for (size_t s = 0; s < sources.size(); ++s) {
+    if (!sources[s].defined()) continue;
+    inputs.push_back(sources[s]);
+    graphs.input_dims.push_back(c10::maybe_wrap_dim(dim, sources[s].dim()));
+    graphs.input_devices.push_back(sources[s].device());
+    for (int r = 0; r < graphs.replicas; ++r) {
+      graphs.leaves[r].push_back(leaves[r].at(s));
+      graphs.leaf_inputs[r].push_back(inputs.size() - 1);
+    }
+  }
+}
+
+// Keeps only the differentiable slots in the per-slot tables: they are the node's outputs (the
+// others keep their gathered values).
+void keep_slots(const std::vector<size_t>& differentiable, StepGraphs& graphs) {
+  const int n = graphs.replicas;
+  std::vector<std::vector<at::Tensor>> kept(n);
+  std::vector<std::vector<int64_t>> offsets(n), lengths(n);
+  for (int r = 0; r < n; ++r) {
+    for (size_t j : differentiable) {
+      kept[r].push_back(graphs.outputs[r][j]);
+      offsets[r].push_back(graphs.offsets[r][j]);
+      lengths[r].push_back(graphs.lengths[r][j]);
+    }
+  }
+  graphs.outputs = std::move(kept);
+  graphs.offsets = std::move(offsets);
+  graphs.lengths = std::move(lengths);
+}
+
+}  // namespace
+
 std::vector<at::Tensor> DataParallelBase::gather(
     const std::vector<std::vector<at::Tensor>>& outputs, ScatterState& scatter) {
   const int n = static_cast<int>(outputs.size());
@@ -434,111 +549,30 @@ std::vector<at::Tensor> DataParallelBase::gather(
   graphs->offsets.assign(n, std::vector<int64_t>(slots, 0));
   graphs->lengths.assign(n, std::vector<int64_t>(slots, 0));
   graphs->devices = devices_;
-
   const bool grad_mode = at::GradMode::is_enabled();
   std::vector<at::Tensor> result(slots);
   std::vector<size_t> differentiable;  // slots routed through the gather node
-  std::vector<int64_t> slot_dims(slots, 0);
   for (size_t j = 0; j < slots; ++j) {
-    bool defined = true;
-    bool tracked = false;
-    for (int r = 0; r < n; ++r) {
-      defined = defined && outputs[r][j].defined();
-      if (defined) tracked = tracked || outputs[r][j].requires_grad();
-    }
-    if (!defined) {
-      SHOAL_CHECK(!outputs[0][j].defined(), "DataParallel: output tensor ", j,
-                  " is undefined on some replicas only");
-      continue;
-    }
-    const bool scalar = outputs[0][j].dim() == 0;
-    std::vector<at::Tensor> pieces;
-    int64_t offset = 0;
-    for (int r = 0; r < n; ++r) {
-      const at::Tensor& out = outputs[r][j];
-      SHOAL_CHECK(scalar == (out.dim() == 0), "DataParallel: output tensor ", j, " is 0-dim on some replicas only");
-      at::Tensor piece = tracked ? out.detach() : out;
-      if (piece.device() != output_device_) piece = piece.to(output_device_);
-      pieces.push_back(piece);
-      if (scalar) {
-        graphs->offsets[r][j] = r;
-        graphs->lengths[r][j] = -1;
-      } else {
-        const int64_t dim = c10::maybe_wrap_dim(options_.dim(), out.dim());
-        slot_dims[j] = dim;
-        graphs->offsets[r][j] = offset;
-        graphs->lengths[r][j] = out.size(dim);
-        offset += out.size(dim);
-      }
-    }
-    result[j] = scalar ? at::stack(pieces, 0) : at::cat(pieces, options_.dim());
-    if (grad_mode && tracked) {
+    if (gather_slot(outputs, j, options_.dim(), output_device_, grad_mode, *graphs, result[j])) {
       differentiable.push_back(j);
-      for (int r = 0; r < n; ++r) graphs->outputs[r][j] = outputs[r][j];
     }
   }
   if (differentiable.empty()) return result;
-  for (size_t j : differentiable) graphs->dims.push_back(slot_dims[j]);
-
   // The node's inputs: the module's parameters that require grad, then the scattered inputs that
   // do; per replica, the leaves that stand for them.
   std::vector<at::Tensor> inputs;
   graphs->leaves.assign(n, {});
   graphs->leaf_inputs.assign(n, {});
   const std::vector<at::Tensor> params = module_->parameters();
-  // LibTorch lists a parameter registered under two names twice: it is one input (fed once), and
-  // each replica's leaves for it are its distinct copies (one when the replica keeps the tie).
-  std::vector<const c10::TensorImpl*> seen_inputs;
-  std::vector<std::vector<const c10::TensorImpl*>> seen_leaves(n);
-  for (size_t i = 0; i < params.size(); ++i) {
-    if (!params[i].requires_grad()) continue;
-    const c10::TensorImpl* impl = params[i].unsafeGetTensorImpl();
-    size_t input = std::find(seen_inputs.begin(), seen_inputs.end(), impl) - seen_inputs.begin();
-    if (input == seen_inputs.size()) {
-      seen_inputs.push_back(impl);
-      inputs.push_back(params[i]);
-      graphs->input_dims.push_back(0);
-      graphs->input_devices.push_back(params[i].device());
-    }
-    for (int r = 0; r < n; ++r) {
-      const at::Tensor& leaf = r == 0 ? params[i] : replica_states_[r]->parameters[i];
-      auto& seen = seen_leaves[r];
-      if (std::find(seen.begin(), seen.end(), leaf.unsafeGetTensorImpl()) != seen.end()) continue;
-      seen.push_back(leaf.unsafeGetTensorImpl());
-      graphs->leaves[r].push_back(leaf);
-      graphs->leaf_inputs[r].push_back(input);
-    }
-  }
-  graphs->parameter_inputs = inputs.size();
-  for (size_t s = 0; s < scatter.sources.size(); ++s) {
-    if (!scatter.sources[s].defined()) continue;
-    inputs.push_back(scatter.sources[s]);
-    graphs->input_dims.push_back(c10::maybe_wrap_dim(options_.dim(), scatter.sources[s].dim()));
-    graphs->input_devices.push_back(scatter.sources[s].device());
-    for (int r = 0; r < n; ++r) {
-      graphs->leaves[r].push_back(scatter.leaves[r].at(s));
-      graphs->leaf_inputs[r].push_back(inputs.size() - 1);
-    }
-  }
+  std::vector<const std::vector<at::Tensor>*> replica_params(n, &params);
+  for (int r = 1; r < n; ++r) replica_params[r] = &replica_states_[r]->parameters;
+  add_parameter_inputs(params, replica_params, *graphs, inputs);
+  add_scattered_inputs(scatter.sources, scatter.leaves, options_.dim(), *graphs, inputs);
   if (inputs.empty()) return result;  // nothing to differentiate with respect to
   auto holder = c10::make_intrusive<SharedRef>();
   holder->shared = shared_;
   for (size_t j : differentiable) graphs->gathered.push_back(result[j]);
-  // The gathered slots are the node's outputs; the others keep their gathered values.
-  std::vector<std::vector<at::Tensor>> kept(n);
-  for (int r = 0; r < n; ++r) {
-    for (size_t j : differentiable) kept[r].push_back(graphs->outputs[r][j]);
-  }
-  std::vector<std::vector<int64_t>> offsets(n), lengths(n);
-  for (int r = 0; r < n; ++r) {
-    for (size_t j : differentiable) {
-      offsets[r].push_back(graphs->offsets[r][j]);
-      lengths[r].push_back(graphs->lengths[r][j]);
-    }
-  }
-  graphs->outputs = std::move(kept);
-  graphs->offsets = std::move(offsets);
-  graphs->lengths = std::move(lengths);
+  keep_slots(differentiable, *graphs);
   torch::autograd::variable_list tied = GatherFunction::apply(at::TensorList(inputs), graphs, holder);
   for (size_t k = 0; k < differentiable.size(); ++k) result[differentiable[k]] = tied[k];
   return result;

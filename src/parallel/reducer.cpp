@@ -12,6 +12,7 @@
 #include <sstream>
 #include <utility>
 
+#include "parallel/gradient_placement.h"
 #include "shoal/comm/init.h"
 #include "shoal/error.h"
 #include "shoal/launcher/launch.h"
@@ -56,25 +57,6 @@ int local_ranks(const comm::ProcessGroup& group) {
   } catch (const std::exception&) {
   }
   return group.backend_name() == "shm" ? group.size() : 1;
-}
-
-// Whether `grad` has `view`'s dtype, device, shape and strides.
-bool laid_out_like(const at::Tensor& grad, const at::Tensor& view) {
-  return grad.scalar_type() == view.scalar_type() && grad.device() == view.device() &&
-         grad.sizes() == view.sizes() && grad.strides() == view.strides();
-}
-
-// Whether `grad` already is `view`'s memory, laid out like it (the bucket view itself, or a slot
-// gradient): nothing to copy in or out.
-bool occupies(const at::Tensor& grad, const at::Tensor& view) {
-  return grad.defined() && grad.data_ptr() == view.data_ptr() && laid_out_like(grad, view);
-}
-
-// Whether `grad` can be replaced by another tensor of the same values without anyone seeing it:
-// only the parameter refers to it and to its memory, and it is laid out like `view`.
-bool replaceable(const at::Tensor& grad, const at::Tensor& view) {
-  return grad.layout() == at::kStrided && grad.use_count() == 1 &&
-         grad.storage().use_count() == 1 && !grad.requires_grad() && laid_out_like(grad, view);
 }
 
 }  // namespace
@@ -137,10 +119,10 @@ Reducer::Reducer(std::vector<at::Tensor> parameters, std::vector<std::string> na
   result_in_grad_.assign(params_.size(), 0);
   slot_free_.assign(params_.size(), 0);
   for (const auto& p : params_) param_options_.push_back(p.options());
-  if (std::all_of(params_.begin(), params_.end(), [](const at::Tensor& p) { return p.is_cpu(); }) &&
-      SlotLender::install()) {
-    lender_ = std::make_shared<SlotLender>(params_.size());
+  if (std::all_of(params_.begin(), params_.end(), [](const at::Tensor& p) { return p.is_cpu(); })) {
+    lender_ = SlotLender::create(params_.size());
   }
+  choose_placement();
   // Gradients arrive roughly in reverse registration order, so the first buckets hold the last
   // parameters and can be reduced while backward still computes the earlier layers' gradients.
   std::vector<size_t> order(params_.size());
@@ -170,6 +152,7 @@ void Reducer::set_comm_hook(CommHook hook) {
   // for, as PowerSGD's does): nothing is reduced inline on its behalf, and so no plain gradient
   // lives in a bucket (one handed out at construction, from a .grad the parameter had, moves out).
   inline_reduction_ = false;
+  choose_placement();
   for (size_t index = 0; index < params_.size(); ++index) {
     if (auto handed = handed_[index].lock()) move_out_of_slot(index, *handed);
   }
@@ -252,19 +235,9 @@ void Reducer::build_buckets(const std::vector<size_t>& order, double first_cap_m
       bucket.views.push_back(view);
       locator_[index] = {b, slot};
       auto& grad = param.mutable_grad();
-      if (!grad.defined()) continue;
-      if (options_.gradient_as_bucket_view) {
-        view.copy_(grad);
-        grad = view;
-      } else if (grads_in_buckets() && replaceable(grad, view)) {
-        // A slot gradient of the old buckets (or a .grad nothing else sees) moves to the new
-        // ones, so the old buckets' memory is freed now.
-        view.copy_(grad);
-        grad = slot_gradient(bucket, slot, index);
-      } else {
-        continue;
+      if (grad.defined() && placement_->adopt(bucket, slot, index, grad)) {
+        stats_.copied_bytes += static_cast<double>(view.nbytes());
       }
-      stats_.copied_bytes += static_cast<double>(view.nbytes());
     }
     std::vector<at::Tensor> params;
     for (size_t index : bucket.variables) params.push_back(params_[index]);
@@ -323,89 +296,30 @@ void Reducer::rebuild_buckets() {
 }
 
 void Reducer::tune_bucket_cap() {
-  CapTuner& t = tuner_;
-  if (t.done) return;
-  if (!t.started) {
-    t.started = true;
-    // Each cap with the usual first bucket, then with a first bucket of the same cap; candidates
-    // that give the same buckets are one (the first met names it).
-    std::vector<double> caps = options_.bucket_cap_candidates_mb;
-    std::sort(caps.begin(), caps.end());
-    caps.erase(std::unique(caps.begin(), caps.end()), caps.end());
-    std::vector<std::pair<double, double>> candidates;
-    for (double cap : caps) candidates.emplace_back(options_.first_bucket_cap_mb, cap);
-    for (double cap : caps) candidates.emplace_back(cap, cap);
-    std::vector<std::vector<std::vector<size_t>>> layouts;
-    for (const auto& [first, cap] : candidates) {
-      auto layout = assign_buckets(bucket_order_, first, cap);
-      if (std::find(layouts.begin(), layouts.end(), layout) != layouts.end()) continue;
-      layouts.push_back(std::move(layout));
-      t.caps.emplace_back(first, cap);
-    }
-    t.samples.assign(t.caps.size(), {});
-    t.slot = 0;
-    t.slot_start = synced_steps_;
-    t.ends.clear();
-    if (t.caps.size() == 1) {  // nothing to choose between
-      t.done = true;
-      t.trials.push_back({t.caps[0].first, t.caps[0].second, std::nan("")});
-    }
-    build_buckets(bucket_order_, t.caps[0].first, t.caps[0].second);
+  if (!tuner_.started()) {
+    const auto layout_of = [this](const BucketCapTuner::Caps& caps) {
+      return assign_buckets(bucket_order_, caps.first_mb, caps.cap_mb);
+    };
+    const BucketCapTuner::Caps first = tuner_.start(layout_of, synced_steps_);
+    build_buckets(bucket_order_, first.first_mb, first.cap_mb);
     return;
   }
-  // A slot is one warm-up step (new buckets, their first reduction) and the timed ones; each
-  // timed step runs from the end of one synchronised backward to the end of the next.
-  const int64_t per_slot = 1 + options_.bucket_cap_tuning_steps;
-  if (synced_steps_ - t.slot_start < per_slot) return;
-  const size_t candidate = t.slot % t.caps.size();
-  for (size_t i = 1; i < t.ends.size(); ++i) {
-    t.samples[candidate].push_back(std::chrono::duration<double>(t.ends[i] - t.ends[i - 1]).count());
-  }
-  t.ends.clear();
-  ++t.slot;
-  t.slot_start = synced_steps_;
-  if (t.slot < t.caps.size() * static_cast<size_t>(options_.bucket_cap_tuning_rounds)) {
-    const auto& [first, cap] = t.caps[t.slot % t.caps.size()];
-    build_buckets(bucket_order_, first, cap);
+  if (tuner_.done()) return;
+  const std::optional<BucketCapTuner::Caps> next = tuner_.advance(synced_steps_, *group_);
+  if (!next) return;
+  if (!tuner_.done()) {
+    build_buckets(bucket_order_, next->first_mb, next->cap_mb);
     return;
   }
-  // Decide: every rank takes the slowest rank's median per candidate (one allreduce, identical
-  // results everywhere), then the least of those.
-  auto medians = torch::empty({static_cast<int64_t>(t.caps.size())}, torch::kDouble);
-  for (size_t c = 0; c < t.caps.size(); ++c) {
-    auto& v = t.samples[c];
-    double m = std::numeric_limits<double>::infinity();
-    if (!v.empty()) {
-      std::sort(v.begin(), v.end());
-      m = v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
-    }
-    medians[static_cast<int64_t>(c)] = m;
+  if (next->first_mb != first_cap_mb_ || next->cap_mb != cap_mb_) {
+    build_buckets(bucket_order_, next->first_mb, next->cap_mb);
   }
-  comm::AllreduceOptions max;
-  max.op = comm::ReduceOp::kMax;
-  group_->allreduce(medians, max)->wait();
-  auto m = medians.accessor<double, 1>();
-  size_t best = 0;
-  for (size_t c = 0; c < t.caps.size(); ++c) {
-    t.trials.push_back({t.caps[c].first, t.caps[c].second, m[static_cast<int64_t>(c)]});
-    if (m[static_cast<int64_t>(c)] < m[static_cast<int64_t>(best)]) best = c;
-  }
-  t.done = true;
-  t.samples.clear();
-  const auto [first, cap] = t.caps[best];
-  if (first != first_cap_mb_ || cap != cap_mb_) build_buckets(bucket_order_, first, cap);
   if (group_->rank() == 0) {
-    std::ostringstream tried;
-    tried << std::setprecision(3);
-    for (size_t c = 0; c < t.trials.size(); ++c) {
-      tried << (c ? ", " : "") << t.trials[c].first_bucket_cap_mb << "/"
-            << t.trials[c].bucket_cap_mb << " MiB " << t.trials[c].seconds * 1e3 << " ms";
-    }
-    log::info("DistributedDataParallel: bucket_cap_mb=auto chose ", cap,
-              " MiB (first bucket ", first, " MiB, ", buckets_.size(), " bucket",
+    log::info("DistributedDataParallel: bucket_cap_mb=auto chose ", next->cap_mb,
+              " MiB (first bucket ", next->first_mb, " MiB, ", buckets_.size(), " bucket",
               buckets_.size() == 1 ? "" : "s", ") after ", synced_steps_,
               " synchronised steps (median step time per first/other bucket cap, slowest rank: ",
-              tried.str(), ")");
+              tuner_.describe_trials(), ")");
   }
 }
 
@@ -413,7 +327,7 @@ void Reducer::prepare_for_backward(const std::vector<at::Tensor>& outputs) {
   if (in_backward_) abandon_backward();
   expect_hooks_ = true;
   ever_prepared_ = true;
-  if (lends_slots()) {
+  if (lending_) {
     // A slot is free for a new gradient where the parameter has none (zero_grad(set_to_none))
     // and no earlier one handed out there is still alive.
     for (size_t i = 0; i < params_.size(); ++i) {
@@ -524,40 +438,12 @@ void Reducer::mark_ready(size_t index) {
   // An unused parameter contributes its .grad when it has one (accumulated in earlier no_sync
   // micro-batches, or left from an earlier step without zero_grad), as in PyTorch.
   const auto& grad = param.grad();
-  if (grads_in_buckets()) release_slot(index, grad);
-  bool in_slot = false;
-  if (grad.defined() && lends_slots()) {
-    const SlotLender::Where where = lender_->learn(index, grad);
-    in_slot = where == SlotLender::Where::kOwnSlot && occupies(grad, view);
-    // Computed in another parameter's slot (a wrong guess): out, before that slot is written.
-    if (where == SlotLender::Where::kOtherSlot) {
-      SlotLender::Uncounted uncounted;
-      param.mutable_grad() = grad.clone(at::MemoryFormat::Contiguous);
-      stats_.copied_bytes += static_cast<double>(view.nbytes());
-    }
-    if (!in_slot && lender_->lent(index)) {
-      // Its slot holds another tensor allocated this step (the graph changed since the step the
-      // lender learnt from): it stays there, this gradient goes through the slot only while its
-      // bucket is reduced (place_deferred). One that lies in its slot in another layout moves out.
-      const auto* begin = static_cast<const char*>(view.data_ptr());
-      const auto* memory = static_cast<const char*>(grad.storage().data());
-      if (memory + grad.storage().nbytes() > begin && memory < begin + view.nbytes()) {
-        SlotLender::Uncounted uncounted;
-        param.mutable_grad() = grad.clone(at::MemoryFormat::Contiguous);
-      }
-      deferred_[index] = 1;
-    }
-  }
+  placement_->before_arrival(index, grad);
+  const bool in_slot = grad.defined() && lending_ && take_from_lender(index, grad, view);
   if (in_slot) {
-    // Computed where it is reduced: nothing to copy. A plain one is this slot's gradient now (a
-    // reference kept across set_to_none moves out before the slot is written again); a bucket
-    // view's parameter gets the view itself.
+    // Computed where it is reduced: nothing to copy.
     stats_.computed_in_bucket_bytes += static_cast<double>(view.nbytes());
-    if (options_.gradient_as_bucket_view) {
-      param.mutable_grad() = view;
-    } else {
-      handed_[index] = grad.storage().getWeakStorageImpl();
-    }
+    placement_->computed_in_slot(index, grad, view);
   } else if (deferred_[index]) {
     // Nothing yet: it goes through its slot when its bucket is launched (place_deferred).
   } else if (!grad.defined()) {
@@ -565,10 +451,34 @@ void Reducer::mark_ready(size_t index) {
   } else if (!occupies(grad, view)) {
     view.copy_(grad);
     stats_.copied_bytes += static_cast<double>(view.nbytes());
-    if (options_.gradient_as_bucket_view) param.mutable_grad() = view;
+    placement_->copied_in(index, view);
   }
   // Under debug_detail nothing is launched before every rank knows every rank's used set.
   if (--bucket.pending == 0 && !options_.debug_detail) launch_ready_buckets();
+}
+
+bool Reducer::take_from_lender(size_t index, const at::Tensor& grad, const at::Tensor& view) {
+  const SlotLender::Where where = lender_->learn(index, grad);
+  const bool in_slot = where == SlotLender::Where::kOwnSlot && occupies(grad, view);
+  // Computed in another parameter's slot (a wrong guess): out, before that slot is written.
+  if (where == SlotLender::Where::kOtherSlot) {
+    SlotLender::Uncounted uncounted;
+    params_[index].mutable_grad() = grad.clone(at::MemoryFormat::Contiguous);
+    stats_.copied_bytes += static_cast<double>(view.nbytes());
+  }
+  if (!in_slot && lender_->lent(index)) {
+    // Its slot holds another tensor allocated this step (the graph changed since the step the
+    // lender learnt from): it stays there, this gradient goes through the slot only while its
+    // bucket is reduced (place_deferred). One that lies in its slot in another layout moves out.
+    const auto* begin = static_cast<const char*>(view.data_ptr());
+    const auto* memory = static_cast<const char*>(grad.storage().data());
+    if (memory + grad.storage().nbytes() > begin && memory < begin + view.nbytes()) {
+      SlotLender::Uncounted uncounted;
+      params_[index].mutable_grad() = grad.clone(at::MemoryFormat::Contiguous);
+    }
+    deferred_[index] = 1;
+  }
+  return in_slot;
 }
 
 void Reducer::check_used_on_every_rank() {
@@ -610,9 +520,9 @@ void Reducer::check_used_on_every_rank() {
 
 void Reducer::launch_ready_buckets() {
   // Buckets are launched strictly in order so every rank issues the same sequence of collectives.
-  const bool copy_out_now = copies_out_on_launch();
+  const bool copy_out_now = placement_->copies_out_on_launch();
   // static_graph (its unused set learnt: tracks_unused() is false): those stay untouched.
-  const int* used_everywhere = options_.static_graph ? static_used_.data() : nullptr;
+  const int* used = options_.static_graph ? static_used_.data() : nullptr;
   while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].pending == 0) {
     Bucket& bucket = buckets_[next_bucket_];
     // Inline, the allreduce blocks this thread: that is the time training waits for it.
@@ -637,14 +547,26 @@ void Reducer::launch_ready_buckets() {
     // Inline, the reduction is done: its result is in cache now, and at the end of backward
     // it would be read back from memory. A failed or deferred one is left to finalize_backward.
     if (copy_out_now && bucket.work->is_completed() && !bucket.work->exception()) {
-      bucket.copied_out = copy_out(next_bucket_, used_everywhere, /*early=*/true);
+      bucket.copied_out = placement_->copy_out(next_bucket_, used, /*early=*/true);
     }
     ++next_bucket_;
   }
 }
 
-bool Reducer::lends_slots() const {
-  return lender_ != nullptr && inline_reduction_ && !options_.debug_detail && !tracks_unused();
+void Reducer::choose_placement() {
+  // Plain gradients may live in their slots, and be computed there, only where a .grad changes
+  // exactly when it did with copies: inline reduction (a bucket's .grads are its average once
+  // the hook that fills it returns), no unused parameters to find (their .grads must stay
+  // untouched where no rank used them), no debug_detail.
+  const bool settled = inline_reduction_ && !options_.debug_detail && !tracks_unused();
+  if (options_.gradient_as_bucket_view) {
+    placement_ = std::make_unique<ViewPlacement>(*this);
+  } else if (settled) {
+    placement_ = std::make_unique<SlotPlacement>(*this);
+  } else {
+    placement_ = std::make_unique<CopyPlacement>(*this);
+  }
+  lending_ = lender_ != nullptr && settled;
 }
 
 std::vector<std::pair<size_t, at::Tensor>> Reducer::place_deferred(size_t bucket_index) {
@@ -660,7 +582,7 @@ std::vector<std::pair<size_t, at::Tensor>> Reducer::place_deferred(size_t bucket
       // The other tensor died meanwhile: the ordinary copy.
       view.copy_(grad);
       stats_.copied_bytes += static_cast<double>(view.nbytes());
-      if (options_.gradient_as_bucket_view) grad = view;
+      placement_->copied_in(index, view);
       continue;
     }
     SlotLender::Uncounted uncounted;
@@ -683,46 +605,6 @@ void Reducer::restore_deferred(size_t bucket_index,
     stats_.copied_bytes += 2.0 * static_cast<double>(view.nbytes());
     result_in_grad_[index] = 1;
   }
-}
-
-bool Reducer::grads_in_buckets() const {
-  return inline_reduction_ && !options_.gradient_as_bucket_view && !options_.debug_detail &&
-         !tracks_unused();
-}
-
-bool Reducer::copies_out_on_launch() const {
-  return grads_in_buckets() && gradient_scale_ == 1.0;
-}
-
-bool Reducer::copy_out(size_t bucket_index, const int* used_everywhere, bool early) {
-  torch::NoGradGuard no_grad;
-  Bucket& bucket = buckets_[bucket_index];
-  const bool in_buckets = grads_in_buckets();
-  bool all = true;
-  for (size_t slot = 0; slot < bucket.variables.size(); ++slot) {
-    const size_t index = bucket.variables[slot];
-    // Unused everywhere (find_unused_parameters): left as it is, as in PyTorch.
-    if (used_everywhere != nullptr && used_everywhere[index] == 0) continue;
-    if (result_in_grad_[index]) continue;  // reduced through its slot, written then
-    auto& grad = params_[index].mutable_grad();
-    const at::Tensor& view = bucket.views[slot];
-    if (occupies(grad, view)) continue;  // reduced where it is
-    if (in_buckets && (!grad.defined() || replaceable(grad, view))) {
-      grad = slot_gradient(bucket, slot, index);
-    } else if (in_buckets && early) {
-      // Seen elsewhere now (a gradient autograd has just stolen is still referenced by the
-      // engine): decided when backward ends.
-      all = false;
-    } else {
-      if (grad.defined()) {
-        grad.copy_(view);
-      } else {
-        grad = view.clone();
-      }
-      stats_.copied_bytes += static_cast<double>(view.nbytes());
-    }
-  }
-  return all;
 }
 
 at::Tensor Reducer::slot_gradient(const Bucket& bucket, size_t slot, size_t index) {
@@ -822,89 +704,86 @@ void Reducer::finalize_backward() {
     check_used_on_every_rank();
     launch_ready_buckets();
   }
-  if (next_bucket_ < buckets_.size()) {
-    // Some gradients never arrived: wait for what was launched (the other ranks launched it too),
-    // then explain, as PyTorch does, instead of leaving the other ranks hanging.
-    std::vector<std::string> missing;
-    for (size_t i = 0; i < params_.size(); ++i) {
-      if (!ready_[i]) missing.push_back("'" + names_[i] + "'");
-    }
-    for (size_t b = 0; b < next_bucket_; ++b) {
-      try {
-        buckets_[b].work->wait();
-      } catch (...) {
-      }
-    }
-    std::ostringstream list;
-    for (size_t i = 0; i < missing.size() && i < 10; ++i) list << (i ? ", " : "") << missing[i];
-    if (missing.size() > 10) list << ", ... (" << missing.size() - 10 << " more)";
-    SHOAL_THROW(Error, group_->rank_prefix(), " DistributedDataParallel: ", missing.size(),
-                " parameter(s) received no gradient in this backward pass, so their buckets were "
-                "never reduced: ", list.str(), ". This happens when parameters are not used to "
-                "compute the loss on this step (construct DistributedDataParallel with "
-                "find_unused_parameters = true, and make sure the forward's output is passed to "
-                "ddp.forward or ddp.prepare_for_backward), or when the outputs of a forward are "
-                "not all used in the loss. Every rank must compute gradients for the same "
-                "parameters.");
-  }
+  if (next_bucket_ < buckets_.size()) throw_missing_gradients();
   at::Tensor used_map;
-  std::shared_ptr<comm::Work> used_work;
-  if (tracks_unused()) {
-    used_map = torch::empty({static_cast<int64_t>(params_.size())}, torch::kInt);
-    auto acc = used_map.accessor<int, 1>();
-    for (size_t i = 0; i < params_.size(); ++i) acc[i] = locally_used_[i];
-    used_work = group_->allreduce(used_map);
-  }
+  std::shared_ptr<comm::Work> used_work = start_used_exchange(used_map);
   std::fill(locally_used_.begin(), locally_used_.end(), 0);
   for (const auto& bucket : buckets_) {
     const double bytes = static_cast<double>(bucket.contents.numel() * bucket.contents.element_size());
     stats_.reduced_bytes += bytes;
     // Reduced inline, a bucket was waited for where it filled: nothing of it was hidden.
-    if (!inline_reduction_ && bucket.work->is_completed()) {
-      stats_.hidden_bytes += bytes;
-    }
+    if (!inline_reduction_ && bucket.work->is_completed()) stats_.hidden_bytes += bytes;
   }
   for (size_t b = 0; b < buckets_.size(); ++b) wait_bucket(b);
   if (used_work) used_work->wait();
   const auto wait_end = std::chrono::steady_clock::now();
-  const double scale = gradient_scale_;
-  gradient_scale_ = 1.0;
-  if (scale != 1.0) {
-    for (auto& bucket : buckets_) bucket.contents.mul_(scale);  // none copied out (scale 1 only)
-    for (size_t i = 0; i < params_.size(); ++i) {
-      if (result_in_grad_[i]) params_[i].mutable_grad().mul_(scale);
-    }
-  }
-
+  const double scale = apply_gradient_scale();
   if (used_map.defined()) learn_static_graph(used_map);
-  const int* used_everywhere = used_map.defined() ? used_map.data_ptr<int>() : nullptr;
-  if (options_.static_graph) used_everywhere = static_used_.data();
+  const int* used = used_everywhere(used_map);
   for (size_t index = 0; index < params_.size(); ++index) {
-    if (sparse_[index]) {
-      reduce_sparse(index, used_everywhere == nullptr || used_everywhere[index] != 0, scale,
-                    /*shadow=*/false);
-      continue;
-    }
-    if (used_everywhere != nullptr && used_everywhere[index] == 0) continue;  // unused everywhere
-    if (options_.gradient_as_bucket_view && !result_in_grad_[index]) {
-      auto [b, slot] = locator_[index];
-      auto& view = buckets_[b].views[slot];
-      auto& grad = params_[index].mutable_grad();
-      if (!occupies(grad, view)) grad = view;
-    }
+    if (!sparse_[index]) continue;
+    reduce_sparse(index, used == nullptr || used[index] != 0, scale, /*shadow=*/false);
   }
-  if (!options_.gradient_as_bucket_view) {
-    // Plain gradients: each bucket's, unless written when it was reduced.
-    for (size_t b = 0; b < buckets_.size(); ++b) {
-      if (!std::exchange(buckets_[b].copied_out, false)) copy_out(b, used_everywhere);
-    }
-  }
+  placement_->deliver(used);
   stats_.iterations += 1;
-  ++synced_steps_;
-  if (tuner_.started && !tuner_.done) tuner_.ends.push_back(std::chrono::steady_clock::now());
-  synced_once_ = true;
+  end_synced_step();
   stats_.wait_seconds += std::chrono::duration<double>(wait_end - wait_start).count();
   stats_.backward_seconds += std::chrono::duration<double>(wait_end - backward_start_).count();
+}
+
+void Reducer::throw_missing_gradients() {
+  // Wait for what was launched (the other ranks launched it too), then explain, as PyTorch
+  // does, instead of leaving the other ranks hanging.
+  std::vector<std::string> missing;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (!ready_[i]) missing.push_back("'" + names_[i] + "'");
+  }
+  for (size_t b = 0; b < next_bucket_; ++b) {
+    try {
+      buckets_[b].work->wait();
+    } catch (...) {
+    }
+  }
+  std::ostringstream list;
+  for (size_t i = 0; i < missing.size() && i < 10; ++i) list << (i ? ", " : "") << missing[i];
+  if (missing.size() > 10) list << ", ... (" << missing.size() - 10 << " more)";
+  SHOAL_THROW(Error, group_->rank_prefix(), " DistributedDataParallel: ", missing.size(),
+              " parameter(s) received no gradient in this backward pass, so their buckets were "
+              "never reduced: ", list.str(), ". This happens when parameters are not used to "
+              "compute the loss on this step (construct DistributedDataParallel with "
+              "find_unused_parameters = true, and make sure the forward's output is passed to "
+              "ddp.forward or ddp.prepare_for_backward), or when the outputs of a forward are "
+              "not all used in the loss. Every rank must compute gradients for the same "
+              "parameters.");
+}
+
+std::shared_ptr<comm::Work> Reducer::start_used_exchange(at::Tensor& used_map) {
+  if (!tracks_unused()) return nullptr;
+  used_map = torch::empty({static_cast<int64_t>(params_.size())}, torch::kInt);
+  auto acc = used_map.accessor<int, 1>();
+  for (size_t i = 0; i < params_.size(); ++i) acc[i] = locally_used_[i];
+  return group_->allreduce(used_map);
+}
+
+double Reducer::apply_gradient_scale() {
+  const double scale = std::exchange(gradient_scale_, 1.0);
+  if (scale == 1.0) return scale;
+  for (auto& bucket : buckets_) bucket.contents.mul_(scale);  // none copied out (scale 1 only)
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (result_in_grad_[i]) params_[i].mutable_grad().mul_(scale);
+  }
+  return scale;
+}
+
+const int* Reducer::used_everywhere(const at::Tensor& used_map) const {
+  if (options_.static_graph) return static_used_.data();
+  return used_map.defined() ? used_map.data_ptr<int>() : nullptr;
+}
+
+void Reducer::end_synced_step() {
+  ++synced_steps_;
+  tuner_.backward_ended();
+  synced_once_ = true;
 }
 
 void Reducer::reduce_sparse(size_t index, bool used_somewhere, double scale, bool shadow) {
@@ -989,16 +868,12 @@ void Reducer::shadow_backward() {
   for (size_t b = 0; b < buckets_.size(); ++b) buckets_[b].contents.copy_(saved[b]);
   if (used_work) used_work->wait();
   if (used_map.defined()) learn_static_graph(used_map);
-  const int* used_everywhere = used_map.defined() ? used_map.data_ptr<int>() : nullptr;
-  if (options_.static_graph) used_everywhere = static_used_.data();
+  const int* used = used_everywhere(used_map);
   for (size_t index = 0; index < params_.size(); ++index) {
     if (!sparse_[index]) continue;
-    reduce_sparse(index, used_everywhere == nullptr || used_everywhere[index] != 0, 1.0,
-                  /*shadow=*/true);
+    reduce_sparse(index, used == nullptr || used[index] != 0, 1.0, /*shadow=*/true);
   }
-  ++synced_steps_;
-  if (tuner_.started && !tuner_.done) tuner_.ends.push_back(std::chrono::steady_clock::now());
-  synced_once_ = true;
+  end_synced_step();
 }
 
 bool Reducer::tracks_unused() const {
@@ -1008,6 +883,7 @@ bool Reducer::tracks_unused() const {
 void Reducer::learn_static_graph(const at::Tensor& used_map) {
   if (!options_.static_graph || static_known_) return;
   static_known_ = true;
+  choose_placement();  // tracks_unused() is false from now on
   auto acc = used_map.accessor<int, 1>();
   static_used_.assign(params_.size(), 0);
   for (size_t i = 0; i < params_.size(); ++i) {
@@ -1040,8 +916,8 @@ ReducerStats Reducer::stats() const {
   stats.first_bucket_cap_mb = first_cap_mb_;
   stats.bucket_cap_auto = auto_cap();
   stats.inline_reduction = inline_reduction_;
-  stats.bucket_cap_tuning = auto_cap() && !tuner_.done;
-  stats.bucket_cap_trials = tuner_.trials;
+  stats.bucket_cap_tuning = auto_cap() && !tuner_.done();
+  stats.bucket_cap_trials = tuner_.trials();
   stats.bucket_bytes.clear();
   for (const auto& bucket : buckets_) {
     stats.bucket_bytes.push_back(bucket.contents.numel() *

@@ -18,6 +18,7 @@
 
 #include "compat/autograd_hooks.h"
 #include "compat/ddp_semantics.h"
+#include "parallel/bucket_cap_tuner.h"
 #include "parallel/slot_lender.h"
 #include "shoal/comm/process_group.h"
 #include "shoal/parallel/distributed_data_parallel.h"
@@ -82,7 +83,8 @@ class Reducer {
   std::vector<std::vector<size_t>> assign_buckets(const std::vector<size_t>& order,
                                                   double first_cap_mb, double cap_mb) const;
   void build_buckets(const std::vector<size_t>& order, double first_cap_mb, double cap_mb);
-  /// bucket_cap_mb = auto: the step of the tuning schedule (see DistributedDataParallelOptions).
+  /// bucket_cap_mb = auto: the step of the tuning schedule (BucketCapTuner); builds the buckets it
+  /// asks for.
   void tune_bucket_cap();
   void autograd_hook(size_t index);
   void begin_backward();
@@ -91,24 +93,14 @@ class Reducer {
   void abandon_backward();
   void launch_ready_buckets();
   std::shared_ptr<comm::Work> launch(size_t bucket_index);
-  /// Plain gradients (not bucket views) of bucket `bucket_index` from its reduced contents,
-  /// except those of parameters `used_everywhere` (when given) marks unused on every rank. With
-  /// grads_in_buckets(), a .grad that nothing else can see becomes its slot's own tensor instead
-  /// of a copy; `early` (during backward) leaves the others to the end of backward, when the
-  /// autograd engine has dropped its references. Returns whether every .grad of the bucket holds
-  /// the result.
-  bool copy_out(size_t bucket_index, const int* used_everywhere = nullptr, bool early = false);
-  /// Reduced inline, plain gradients, nothing left to decide at the end of backward (no unused
-  /// parameters to learn, no join scale): a bucket's .grads are written as soon as it is reduced,
-  /// while it is in cache, instead of all at the end.
-  bool copies_out_on_launch() const;
-  /// Plain gradients kept in the buckets' memory as tensors of their own (not views of the
-  /// bucket: LibTorch's plain-gradient semantics hold, see slot_gradient): from the second step
-  /// autograd accumulates straight into the slot and no gradient is copied in or out. Only where
-  /// a .grad changes exactly when it did with copies: inline reduction (a bucket's .grads are its
-  /// average once the hook that fills it returns), no unused parameters to find (their .grads
-  /// must stay untouched where no rank used them), no debug_detail.
-  bool grads_in_buckets() const;
+  /// Where gradients live relative to their buckets (gradient_placement.h): one of three
+  /// layouts, and whether the SlotLender computes them in their slots. Chosen at construction and
+  /// again when its inputs change (a comm hook registered, static_graph's first iteration learnt).
+  class Placement;
+  class ViewPlacement;
+  class CopyPlacement;
+  class SlotPlacement;
+  void choose_placement();
   /// A new tensor of its own over parameter `index`'s slot of bucket `bucket`, shaped like the
   /// slot's view; the bucket's memory lives as long as it does.
   at::Tensor slot_gradient(const Bucket& bucket, size_t slot, size_t index);
@@ -123,6 +115,17 @@ class Reducer {
   /// gradients still missing (the outer backward goes on; the next hook queues it again).
   void on_backward_end();
   void finalize_backward();
+  /// Some gradients never arrived: waits for what was launched, then throws naming them.
+  [[noreturn]] void throw_missing_gradients();
+  /// find_unused_parameters: starts the allreduce of the parameters used on this rank into
+  /// `used_map` (null when not tracking).
+  std::shared_ptr<comm::Work> start_used_exchange(at::Tensor& used_map);
+  /// Multiplies this step's results by a join's gradient scale (once) and returns it.
+  double apply_gradient_scale();
+  /// Which parameters some rank used (null: all), from this step's `used_map` or static_graph.
+  const int* used_everywhere(const at::Tensor& used_map) const;
+  /// A synchronised step (this rank's or a joined rank's shadow) is over.
+  void end_synced_step();
   /// debug_detail: every rank learns every rank's used set; throws on every rank when they differ.
   void check_used_on_every_rank();
   /// Whether this iteration finds and exchanges unused parameters (find_unused_parameters, or the
@@ -134,9 +137,10 @@ class Reducer {
   /// `scale`; a `shadow` (joined) rank takes part with nothing and keeps its .grad.
   void reduce_sparse(size_t index, bool used_somewhere, double scale, bool shadow);
   void wait_bucket(size_t bucket_index);
-  /// Gradients computed in their slots (SlotLender): reduced inline, no unused parameters to
-  /// find, no debug_detail, the default reduction (bucket views or plain gradients alike).
-  bool lends_slots() const;
+  /// With lending_: asks the lender where `grad` (parameter `index`'s, just arrived) was computed;
+  /// returns whether in its own slot, laid out like `view`. Marks deferred_ when another tensor
+  /// holds the slot.
+  bool take_from_lender(size_t index, const at::Tensor& grad, const at::Tensor& view);
   /// Before bucket `bucket_index` is reduced: the gradients whose slots were held by another
   /// tensor when they arrived (deferred_) go through their slots for the reduction, the other
   /// tensor's bytes put back after it (see launch_ready_buckets).
@@ -157,10 +161,14 @@ class Reducer {
 
   std::vector<Bucket> buckets_;
   std::vector<std::pair<size_t, size_t>> locator_;  // parameter -> (bucket, slot)
-  // grads_in_buckets(): per parameter, the storage of the slot gradient last handed out.
+  // SlotPlacement: per parameter, the storage of the slot gradient last handed out.
   std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> handed_;
   // Gradients computed in their slots (null where the allocator could not be put in place).
   std::shared_ptr<SlotLender> lender_;
+  std::unique_ptr<Placement> placement_;
+  // The lender places gradients this step: bucket views or slot gradients, reduced inline, no
+  // unused parameters to find, no debug_detail (choose_placement).
+  bool lending_ = false;
   // Per parameter, this backward: its gradient arrived while its slot held another live tensor
   // (deferred_), and then its .grad got the result directly (result_in_grad_).
   std::vector<char> deferred_;
@@ -203,18 +211,7 @@ class Reducer {
   double cap_mb_ = 0;                    // bucket_cap_mb of the current buckets
   // Synchronised backward passes, a joined rank's shadow ones included (the same on every rank).
   int64_t synced_steps_ = 0;
-  // bucket_cap_mb = auto.
-  struct CapTuner {
-    bool started = false;
-    bool done = false;
-    std::vector<std::pair<double, double>> caps;  // distinct (first, cap) candidates
-    std::vector<std::vector<double>> samples;   // per candidate: step seconds
-    size_t slot = 0;                            // round * caps.size() + candidate
-    int64_t slot_start = 0;                     // synced_steps_ when the slot began
-    std::vector<std::chrono::steady_clock::time_point> ends;  // backward ends in the slot
-    std::vector<ReducerStats::BucketCapTrial> trials;  // once decided
-  };
-  CapTuner tuner_;
+  BucketCapTuner tuner_{options_};  // bucket_cap_mb = auto
   bool auto_cap() const {
     return options_.bucket_cap_mb == DistributedDataParallelOptions::kBucketCapAuto;
   }

@@ -79,22 +79,52 @@ class CountingAllocator final : public c10::Allocator {
 #endif
 };
 
+// The counting allocator stands in front of LibTorch's CPU allocator only while some lender is
+// alive: every CPU allocation of the process pays its check while it is there, and a process
+// that is not training with DDP (any more) gets LibTorch's allocator untouched. Lenders share it
+// (one per rank thread when ranks are threads), so the last one to go takes it out. Memory it
+// handed out stays valid after: its deleter and the base allocator outlive it.
+std::mutex hook_mutex;
+int hook_users = 0;
+
+CountingAllocator& counting_allocator() {
+  static auto* counting = new CountingAllocator();  // storages keep pointers to it: never freed
+  return *counting;
+}
+
+bool acquire_hook() {
+  std::lock_guard<std::mutex> lock(hook_mutex);
+  CountingAllocator* counting = &counting_allocator();
+  if (c10::Allocator* current = c10::GetCPUAllocator(); current != counting) {
+    // Another allocator took LibTorch's place since ours last stood there: leave it alone.
+    if (base_allocator != nullptr && current != base_allocator) return false;
+    base_allocator = current;
+    c10::SetCPUAllocator(counting, /*priority=*/1);
+    if (c10::GetCPUAllocator() != counting) return false;  // one of higher priority is there
+  }
+  ++hook_users;
+  return true;
+}
+
+void release_hook() {
+  std::lock_guard<std::mutex> lock(hook_mutex);
+  if (--hook_users > 0) return;
+  if (c10::GetCPUAllocator() == &counting_allocator()) {
+    c10::SetCPUAllocator(base_allocator, /*priority=*/1);
+  }
+}
+
 }  // namespace
 
-bool SlotLender::install() {
-  static const bool installed = [] {
-    static CountingAllocator counting;
-    base_allocator = c10::GetCPUAllocator();
-    c10::SetCPUAllocator(&counting, /*priority=*/1);
-    return c10::GetCPUAllocator() == &counting;
-  }();
-  return installed;
+std::shared_ptr<SlotLender> SlotLender::create(size_t parameters) {
+  if (!acquire_hook()) return nullptr;
+  return std::shared_ptr<SlotLender>(new SlotLender(parameters));
 }
 
 SlotLender::SlotLender(size_t parameters)
     : slots_(parameters), learnt_(parameters, {0, 0}), free_(parameters, 0) {}
 
-SlotLender::~SlotLender() = default;
+SlotLender::~SlotLender() { release_hook(); }
 
 void SlotLender::set_slot(size_t index, void* address, size_t bytes, c10::Storage owner) {
   auto slot = std::make_shared<Slot>();

@@ -13,7 +13,9 @@
 // gradient where it is and moves it through the slot only for the reduction (putting the other
 // tensor's bytes back after it).
 //
-// Thread safety: arm(), disarm(), learn() and the allocations counted run on the thread that armed
+// The allocator is in place only while a lender lives (see create()), not for the whole process.
+//
+// Thread safety: create() and destruction from any thread; arm(), disarm(), learn() and the allocations counted run on the thread that armed
 // it (the training thread, which runs a CPU backward); lent() flags are cleared by whichever thread
 // frees a lent tensor.
 #pragma once
@@ -39,12 +41,12 @@ class SlotLender : public std::enable_shared_from_this<SlotLender> {
   /// Gradients smaller than this are copied: the bookkeeping would cost more than the copy.
   static constexpr size_t kMinBytes = 64 << 10;
 
-  /// Puts the counting allocator in front of LibTorch's CPU allocator (once per process). False
-  /// when it cannot (LibTorch keeps an allocator of higher priority), or SHOAL_DDP_GRADIENTS_IN_
-  /// BUCKETS=0 turns it off (benchmarks compare both): then nothing is lent.
-  static bool install();
-
-  explicit SlotLender(size_t parameters);
+  /// A lender for `parameters` parameters, with the counting allocator in front of LibTorch's CPU
+  /// allocator for as long as it (or another lender) lives. Null when the allocator cannot be put
+  /// there (LibTorch keeps one of higher priority, or another replaced LibTorch's), or
+  /// SHOAL_DDP_GRADIENTS_IN_BUCKETS=0 turns lending off (benchmarks compare both).
+  static std::shared_ptr<SlotLender> create(size_t parameters);
+  /// Takes the counting allocator out when it is the last lender.
   ~SlotLender();
   SlotLender(const SlotLender&) = delete;
   SlotLender& operator=(const SlotLender&) = delete;
@@ -96,6 +98,8 @@ class SlotLender : public std::enable_shared_from_this<SlotLender> {
     uint32_t count = 0;           // allocations of this size since arm()
     std::vector<int64_t> owner;   // per allocation index: the parameter it became (-1: none)
   };
+  explicit SlotLender(size_t parameters);
+
   std::vector<std::shared_ptr<Slot>> slots_;
   std::unordered_map<size_t, SizeClass> classes_;
   std::vector<std::pair<size_t, uint32_t>> learnt_;  // per parameter: (bytes, index) or (0, 0)

@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <c10/core/CPUAllocator.h>
+
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -1380,6 +1382,30 @@ TEST(DdpBucketReduction, NewGradientsAreComputedInTheirBucketSlots) {
       }
     }
   }
+}
+
+// DDP's counting allocator stands in front of LibTorch's CPU allocator only while a DDP that
+// lends slots is alive (both ranks' here, one after the other gone): afterwards CPU allocations
+// go straight to LibTorch's allocator again.
+TEST(DdpBucketReduction, TheCpuAllocatorIsLibTorchsAgainOnceDdpIsGone) {
+  if (const char* env = std::getenv("SHOAL_DDP_GRADIENTS_IN_BUCKETS"); env && env == std::string("0")) {
+    GTEST_SKIP() << "SHOAL_DDP_GRADIENTS_IN_BUCKETS=0: DDP lends no slots";
+  }
+  c10::Allocator* const before = c10::GetCPUAllocator();
+  torch::manual_seed(3);
+  SmallMlp initial(16, 16);
+  std::vector<SmallMlp> models = replicas_of(initial, 2, 16);
+  std::vector<c10::Allocator*> during(2, nullptr);
+  with_groups(2, [&](int rank, std::shared_ptr<comm::ProcessGroup> group) {
+    DistributedDataParallelOptions options;
+    options.bucket_reduction = parse_bucket_reduction("inline");
+    DistributedDataParallel ddp(models[rank], group, options);
+    during[rank] = c10::GetCPUAllocator();
+    group->barrier()->wait();  // both alive at once
+  }, "shm");
+  EXPECT_NE(during[0], before);
+  EXPECT_NE(during[1], before);
+  EXPECT_EQ(c10::GetCPUAllocator(), before);
 }
 
 // .grads a module already has when DDP (inline, plain) is built move into the buckets; a comm

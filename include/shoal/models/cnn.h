@@ -12,6 +12,7 @@
 #pragma once
 
 #include <torch/nn/modules/conv.h>
+#include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/modules/linear.h>
 
 #include "shoal/models/model.h"
@@ -27,11 +28,19 @@ class Cnn : public Model {
   explicit Cnn(const InputShape& shape);
   /// [B,1,28,28] -> logits [B,10] (by default).
   at::Tensor forward(at::Tensor input) override;
+  /// The layers forward() runs, in its order (the registered modules and the steps between them).
+  torch::nn::Sequential as_sequential() override { return copy_of(layers_); }
 
   torch::nn::Conv2d conv1{nullptr};
   torch::nn::Conv2d conv2{nullptr};
   torch::nn::Linear fc1{nullptr};
   torch::nn::Linear fc2{nullptr};
+
+ private:
+  // forward() and as_sequential() both read this one list, so a pipeline's stages compute what
+  // the model does. Not registered: it holds the registered layers, whose names stay the
+  // PyTorch module's.
+  torch::nn::Sequential layers_;
 };
 
 }  // namespace shoal::models

@@ -5,12 +5,19 @@
 // [B,10]; a model may also compute its own loss from a batch (owns_loss: the GPT's
 // forward(idx, targets), as nanoGPT's and Hugging Face's models do).
 //
+// A model whose forward is a chain of layers exposes that chain (as_sequential) for pipeline and
+// model parallelism, so nothing outside the models needs to know a model's layers.
+//
 // Thread safety: as for any torch::nn::Module, not safe for concurrent mutation; concurrent
 // forward passes without autograd on a module nobody modifies are fine.
 #pragma once
 
 #include <ATen/core/Tensor.h>
 #include <torch/nn/module.h>
+
+namespace torch::nn {
+class Sequential;
+}
 
 namespace shoal::models {
 
@@ -35,10 +42,19 @@ class Model : public torch::nn::Module {
   /// The batch's mean loss (a 0-dim tensor), for a model that owns_loss(); the others throw
   /// InvalidArgument.
   virtual at::Tensor forward_loss(const at::Tensor& inputs, const at::Tensor& targets);
+  /// The model as a chain of layers that pipelines can cut into stages: the model's own layer
+  /// objects (no copy) under their registered names, with the functional steps of its forward
+  /// (relu, pooling, flatten) as parameter-free layers between them, so the Sequential computes
+  /// what forward() computes. Each call returns a new Sequential (a caller may regroup it freely).
+  /// A model whose forward is not such a chain throws InvalidArgument.
+  virtual torch::nn::Sequential as_sequential();
   /// The samples the model was built for (another replica of it is built from the same shape).
   const InputShape& input_shape() const { return input_shape_; }
 
  protected:
+  /// A new Sequential holding the layers of `layers` under their names (the same objects).
+  static torch::nn::Sequential copy_of(torch::nn::Sequential& layers);
+
   InputShape input_shape_;
 };
 

@@ -9,7 +9,7 @@
 // broadcasts change the script module's weights, and a state dict saved from it loads into the
 // original Python nn.Module with load_state_dict. forward() runs the script module's forward;
 // train()/eval() switch its mode too (dropout, BatchNorm). Pipeline and --model-parallel split a
-// scripted torch.nn.Sequential into its children (pipeline::as_sequential) and refuse any other
+// scripted torch.nn.Sequential into its children (as_sequential) and refuse any other
 // script module in one line: its forward is one compiled graph.
 //
 // A script module whose forward takes two tensors, forward(inputs, targets), computes its own
@@ -46,6 +46,9 @@ class ScriptModel : public Model {
   /// throws, throws InvalidArgument in one line naming the file, the operation that failed and
   /// the error; the interpreter's whole traceback goes to the debug log.
   at::Tensor forward(at::Tensor input) override;
+  /// A scripted torch.nn.Sequential's children, each wrapped as a ScriptModel sharing its
+  /// tensors; any other script module throws InvalidArgument (its forward is one compiled graph).
+  torch::nn::Sequential as_sequential() override;
   /// True when the script module's forward takes two tensors (inputs, targets).
   bool owns_loss() const override { return owns_loss_; }
   /// forward(inputs, targets)'s loss: the tensor it returns, or its dict's "loss". Anything else,

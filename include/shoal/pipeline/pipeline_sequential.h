@@ -1,7 +1,8 @@
-// The built-in models (shoal::models::Mlp, Cnn) as a torch::nn::Sequential that pipelines can
-// partition: the same layer objects (no copy), under the same names (fc1, conv1, ...), with the
-// functional steps of their forward (relu, max-pool, flatten) as parameter-free layers between
-// them. The Sequential computes what the model computes and its state dict has the model's keys.
+// A model as a torch::nn::Sequential that pipelines can partition: Model::as_sequential(), which
+// each model implements (the built-in mlp and cnn, a scripted nn.Sequential): the same layer
+// objects (no copy), under the same names (fc1, conv1, ...), with the functional steps of their
+// forward (relu, max-pool, flatten) as parameter-free layers between them. The Sequential computes
+// what the model computes and its state dict has the model's keys.
 //
 // Thread safety: as torch::nn::Module.
 #pragma once
@@ -12,7 +13,7 @@
 
 namespace shoal::pipeline {
 
-/// The Sequential view of `model`; throws InvalidArgument for a model it does not know.
+/// model.as_sequential(); throws InvalidArgument for a model that is not a chain of layers.
 torch::nn::Sequential as_sequential(models::Model& model);
 
 }  // namespace shoal::pipeline

@@ -33,6 +33,12 @@
 // blocking sends cannot deadlock. Every wait spins briefly, then yields, then sleeps, and has a
 // deadline; a dead peer (its pid is gone) or a rank that aborted the group fails it at once.
 //
+// The implementation lies in files by concern, as Gloo's transport does: segment_layout.h (the
+// shared structures), shared_segment.* (the mapping), waiting.* (the waits, failure, rounds),
+// op_queue.* (the operation queue), staged_algorithms.cpp and symmetric_algorithms.cpp (the two
+// families of collectives), point_to_point.cpp (send, recv), process_group_shm.cpp (construction
+// and plumbing).
+//
 // Thread safety: as ProcessGroup.
 #pragma once
 
