@@ -169,14 +169,24 @@ void add_model_rows(std::vector<TrainOption>& rows) {
                             })
                      .resume(OnResume::kInherit)
                      .choices(loss_names()).option);
-  // The GPT's sizes: what `shoal generate` rebuilds it from (GptConfig::validate checks them).
+  // The GPT's sizes: what `shoal generate` rebuilds it from and a resume continues with
+  // (GptConfig::validate checks them, saved or given).
   const auto gpt = [&rows](const char* flag, const char* key, auto member) {
     using T = std::decay_t<decltype(std::declval<models::GptConfig&>().*member)>;
     const SavedType type = std::is_same_v<T, double> ? SavedType::kNumber : SavedType::kInteger;
-    rows.push_back(Row("model", flag)
-                       .saved(key, type,
-                              [member](const TrainOptions& o) { return c10::IValue(o.gpt.*member); })
-                       .when(is_gpt).option);
+    rows.push_back(
+        Row("model", flag)
+            .saved(key, type, [member](const TrainOptions& o) { return c10::IValue(o.gpt.*member); },
+                   [member](TrainOptions& o, const c10::IValue& value, const std::string&) {
+                     if constexpr (std::is_same_v<T, double>) {
+                       o.gpt.*member = value.toDouble();
+                     } else {
+                       o.gpt.*member = value.toInt();
+                     }
+                   })
+            .resume(OnResume::kInherit)
+            .when(is_gpt)
+            .option);
   };
   gpt("--n-layer", "gpt.n_layer", &models::GptConfig::n_layer);
   gpt("--n-head", "gpt.n_head", &models::GptConfig::n_head);
@@ -205,6 +215,7 @@ void add_data_rows(std::vector<TrainOption>& rows) {
                   "--val-data ", o.val_data_path, " must be a token file (.bin), as --data");
   }).option);
   rows.push_back(Row("data", "--token-dtype").saved("token_dtype", &TrainOptions::token_dtype)
+                     .resume(OnResume::kInherit)
                      .choices({"uint16", "uint32"})
                      .when([](const TrainOptions& o) { return is_gpt(o) && is_token_file(o.data_path); })
                      .check([](const TrainOptions& o) {

@@ -335,17 +335,28 @@ with tempfile.TemporaryDirectory() as tmp:
         if world == 1:
             continue
         # Stopped after 5 steps of epoch 1 (a checkpoint every 5 steps), then resumed: the same
-        # weights as the uninterrupted run, so the resumed run took the next unseen blocks.
+        # weights as the uninterrupted run, so the resumed run took the next unseen blocks. The
+        # same tokens as uint32 files here; the resumed run is given neither the GPT's sizes nor
+        # the token width: it continues with the checkpoint's.
+        train32, val32 = os.path.join(tmp, "train32.bin"), os.path.join(tmp, "val32.bin")
+        check(array.array("I").itemsize == 4, "array's 'I' is 4 bytes here")
+        write_tokens(train32, train_tokens.tolist(), "I")
+        write_tokens(val32, val_tokens.tolist(), "I")
+        common32 = [{train_bin: train32, val_bin: val32}.get(a, a) for a in token_common]
         checkpoints = os.path.join(tmp, f"resume{world}")
-        first = run_shoal(SHOAL, "train", *token_common, *launch, "--batch-size", str(batch),
-                          "--checkpoint-dir", checkpoints, "--checkpoint-every", "5",
-                          "--stop-after-steps", "5")
+        first = run_shoal(SHOAL, "train", *common32, "--token-dtype", "uint32", *launch,
+                          "--batch-size", str(batch), "--checkpoint-dir", checkpoints,
+                          "--checkpoint-every", "5", "--stop-after-steps", "5")
         check(first.returncode == 0, f"{what}: the run stopped after 5 steps exits 0", first)
+        inherited = {"--init-from", "--n-layer", "--n-head", "--n-embd", "--block-size",
+                     "--vocab-size"}
+        resumed_args = [a for i, a in enumerate(common32)
+                        if a not in inherited and (i == 0 or common32[i - 1] not in inherited)]
         dump = os.path.join(tmp, f"resumed{world}")
-        run = run_shoal(SHOAL, "train", *[a for a in token_common if a not in ("--init-from", init)],
-                        *launch, "--batch-size", str(batch), "--checkpoint-dir", checkpoints,
-                        "--resume", "--dump-parameters", dump)
-        compare(run, reference, dump, f"{what}, stopped mid-epoch and resumed")
+        run = run_shoal(SHOAL, "train", *resumed_args, *launch, "--batch-size", str(batch),
+                        "--checkpoint-dir", checkpoints, "--resume", "--dump-parameters", dump)
+        compare(run, reference, dump, f"{what}, stopped mid-epoch and resumed with the "
+                "checkpoint's sizes and token width")
 
     # --- bad input: one line each
     def refused(args, expect, what):
