@@ -997,18 +997,6 @@ int run_ddp_bench(const DdpBenchArgs& args) {
   return 0;
 }
 
-// --model gpt's sizes: the flags and defaults of `shoal train --model gpt`.
-void add_gpt_options(CLI::App& app, models::GptConfig& gpt) {
-  app.add_option("--n-layer", gpt.n_layer, "--model gpt: transformer blocks")->capture_default_str();
-  app.add_option("--n-head", gpt.n_head, "--model gpt: attention heads (divides --n-embd)")
-      ->capture_default_str();
-  app.add_option("--n-embd", gpt.n_embd, "--model gpt: embedding width")->capture_default_str();
-  app.add_option("--block-size", gpt.block_size, "--model gpt: the longest sequence, in tokens")
-      ->capture_default_str();
-  app.add_option("--vocab-size", gpt.vocab_size, "--model gpt: token ids are < this (256: bytes)")
-      ->capture_default_str();
-}
-
 }  // namespace
 
 void add_bench_ddp_command(CLI::App& bench, std::vector<Command>& commands) {
@@ -1028,7 +1016,7 @@ void add_bench_ddp_command(CLI::App& bench, std::vector<Command>& commands) {
                                 "batch per rank (--model gpt: 8 blocks unless given)")
                     ->capture_default_str();
   app->add_option("--nproc-per-node,--world", args->world, "ranks of the DDP runs")->capture_default_str();
-  add_gpt_options(*app, args->gpt);
+  add_gpt_size_options(*app, args->gpt);  // as shoal train --model gpt
   app->add_option("--bucket-cap-mb", args->bucket_cap_mb,
                   "DDP bucket_cap_mb: MiB, auto, or 0 for DDP's default")
       ->check([](const std::string& value) {

@@ -252,17 +252,8 @@ void add_model_options(CLI::App& app, train::TrainOptions& options) {
                  "model that computes its own loss (forward(inputs, targets)) ignores it")
       ->check(CLI::IsMember(train::train_option_choices("--loss")))
       ->default_str("cross_entropy");
-  models::GptConfig& gpt = options.gpt;
-  app.add_option("--n-layer", gpt.n_layer, "--model gpt: transformer blocks")
-      ->capture_default_str();
-  app.add_option("--n-head", gpt.n_head, "--model gpt: attention heads (divides --n-embd)")
-      ->capture_default_str();
-  app.add_option("--n-embd", gpt.n_embd, "--model gpt: embedding width")->capture_default_str();
-  app.add_option("--block-size", gpt.block_size, "--model gpt: the longest sequence, in tokens")
-      ->capture_default_str();
-  app.add_option("--vocab-size", gpt.vocab_size, "--model gpt: token ids are < this (256: bytes)")
-      ->capture_default_str();
-  app.add_option("--dropout", gpt.dropout, "--model gpt: dropout in training, in [0, 1)")
+  add_gpt_size_options(app, options.gpt);
+  app.add_option("--dropout", options.gpt.dropout, "--model gpt: dropout in training, in [0, 1)")
       ->capture_default_str();
   add_token_data_options(app, options);
 }
@@ -744,6 +735,18 @@ void add_train_command(CLI::App& root, std::vector<Command>& commands) {
       "  shoal train --strategy ps --consistency ssp --staleness 2 --servers 2 --workers 4");
 
   commands.push_back({app, [cli] { return run_train(*cli); }});
+}
+
+void add_gpt_size_options(CLI::App& app, models::GptConfig& gpt) {
+  app.add_option("--n-layer", gpt.n_layer, "--model gpt: transformer blocks")
+      ->capture_default_str();
+  app.add_option("--n-head", gpt.n_head, "--model gpt: attention heads (divides --n-embd)")
+      ->capture_default_str();
+  app.add_option("--n-embd", gpt.n_embd, "--model gpt: embedding width")->capture_default_str();
+  app.add_option("--block-size", gpt.block_size, "--model gpt: the longest sequence, in tokens")
+      ->capture_default_str();
+  app.add_option("--vocab-size", gpt.vocab_size, "--model gpt: token ids are < this (256: bytes)")
+      ->capture_default_str();
 }
 
 }  // namespace shoal::cli

@@ -7,6 +7,10 @@
 #include <string>
 #include <vector>
 
+namespace shoal::models {
+struct GptConfig;
+}  // namespace shoal::models
+
 namespace shoal::data {
 struct ImageFolderOptions;
 }
@@ -26,6 +30,10 @@ std::string bucket_cap_mb_error(const std::string& value);
 /// --image-size, --random-crop, --hflip, --normalize: the transforms of a folder of images
 /// (image_folder_flags.cpp).
 void add_image_folder_options(CLI::App& app, data::ImageFolderOptions& options);
+
+/// --n-layer, --n-head, --n-embd, --block-size, --vocab-size: the GPT's sizes (shoal train, shoal
+/// bench ddp; cmd_train.cpp).
+void add_gpt_size_options(CLI::App& app, models::GptConfig& gpt);
 
 void add_train_command(CLI::App& root, std::vector<Command>& commands);   // cmd_train.cpp
 void add_run_command(CLI::App& root, std::vector<Command>& commands);     // cmd_run.cpp
