@@ -498,7 +498,7 @@ void add_data_options(CLI::App& app, train::TrainOptions& options) {
                  "alone: then no evaluation), PNG or JPEG")
       ->capture_default_str();
   add_image_folder_options(app, options.image_folder);
-  // Data (#29): the user's own tensors, and the workers that load batches ahead of the step.
+  // Data: the user's own tensors, and the workers that load batches ahead of the step.
   app.add_option("--data", options.data_path,
                  "Train on the tensors of FILE, written by Python's torch.save({'train_x': X,\n"
                  "'train_y': y, 'test_x': Xt, 'test_y': yt}): float inputs and class targets\n"

@@ -112,7 +112,7 @@ void DdpStrategy::prepare(TrainState& state) {
   auto ddp = std::make_shared<parallel::DistributedDataParallelBase>(state.model, group_, options);
   stats_source_ = ddp;
   if (auto hook = make_comm_hook(comm_hook_, group_, power_sgd_)) ddp->register_comm_hook(hook);
-  // Gradient accumulation (#29): the trainer's first N-1 micro-batches run in no_sync.
+  // Gradient accumulation: the trainer's first N-1 micro-batches run in no_sync.
   state.no_sync = [ddp] { return std::make_shared<parallel::NoSyncGuard>(ddp->no_sync()); };
   state.forward = around_forward(ddp, state.model_forward);
   state.forward_loss = around_forward(ddp, state.model_loss);

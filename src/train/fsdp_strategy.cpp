@@ -40,7 +40,7 @@ void FsdpStrategy::prepare(TrainState& state) {
   auto sharded = parallel::optimizer_like(*state.optimizer, fsdp->parameters());
   fsdp->load_full_optimizer(*state.optimizer, *sharded);
   state.optimizer = std::move(sharded);
-  // Gradient accumulation (#31): the trainer's first N-1 micro-batches run in no_sync.
+  // Gradient accumulation: the trainer's first N-1 micro-batches run in no_sync.
   state.no_sync = [fsdp] {
     return std::make_shared<parallel::FullyShardedDataParallel::NoSyncGuard>(fsdp->no_sync());
   };

@@ -203,7 +203,7 @@ Trainer::Trainer(TrainOptions options, std::shared_ptr<torch::nn::Module> module
   state_.loss = std::move(loss);
   // Taken before a resume() can load a checkpoint's (scheduled) lrs into the optimizer.
   base_lrs_ = group_lrs(*state_.optimizer);
-  // --device cuda (#29): the parameters move in place (the optimizer keeps the same tensors),
+  // --device cuda: the parameters move in place (the optimizer keeps the same tensors),
   // before a resume loads into them and before the strategy broadcasts them.
   state_.device = resolve_device(options_.device);
   if (!state_.device.is_cpu()) {
@@ -325,7 +325,7 @@ void Trainer::save_checkpoint(int64_t completed_epochs, int64_t samples_seen) {
   // Numbers as numbers: Python's torch.load gives float and int (older checkpoints held strings).
   state.config = saved_train_config(options_);
   state.config.insert({"world_size", static_cast<int64_t>(strategy_->world_size())});
-  // fp16's loss scale (#29), under PyTorch's GradScaler.state_dict() keys.
+  // fp16's loss scale, under PyTorch's GradScaler.state_dict() keys.
   if (state_.grad_scaler) {
     for (const auto& [key, value] : state_.grad_scaler->state_dict()) {
       state.config.insert({std::string(kScalerPrefix) + key, value});
@@ -359,7 +359,7 @@ TrainResult Trainer::fit(const data::BatchDataset& train, const data::BatchDatas
   return loop.run();
 }
 
-// ---- Optimizer, accumulation, clipping, precision, callbacks (#29) --------------------------------
+// ---- Optimizer, accumulation, clipping, precision, callbacks --------------------------------
 
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const TrainOptions& options,
                                                         const std::vector<at::Tensor>& parameters) {
@@ -417,7 +417,7 @@ void Trainer::apply_training_features() {
 
 namespace {
 
-/// What run_training trains on (#29).
+/// What run_training trains on.
 struct LoadedData {
   std::unique_ptr<data::BatchDataset> train;
   std::unique_ptr<data::BatchDataset> test;
@@ -534,7 +534,7 @@ LoadedData load_data(const TrainOptions& options, const data::TensorFileOptions&
   } else {
     // The pixels stay bytes, normalised per batch (FashionMnistBatches: the same floats as
     // FashionMnist's images(), without a pass over 188 MB before the first step). The test split
-    // is decoded on a thread of its own while this one decodes the training split (#32): 0.05 s
+    // is decoded on a thread of its own while this one decodes the training split: 0.05 s
     // off the start-up on an otherwise idle core. Errors come out as before, the training split's
     // first: the future is waited for (its destructor waits too) before either is reported.
     std::future<std::unique_ptr<data::BatchDataset>> test_split =
@@ -614,7 +614,7 @@ TrainResult run_training(const TrainOptions& options, std::unique_ptr<Strategy> 
   if (!models::needs_input_shape(options.model)) {
     model = models::create(options.model, options.seed, model_options);
   }
-  // The data (#29): a torch.save file of tensors (--data), CIFAR-10's binary files, or
+  // The data: a torch.save file of tensors (--data), CIFAR-10's binary files, or
   // Fashion-MNIST's IDX files in data_dir.
   LoadedData loaded = load_data(options, tensor_file_options(options, model.get()));
   model_options.shape = loaded.shape;

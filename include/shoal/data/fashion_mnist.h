@@ -13,7 +13,7 @@
 // FashionMnistBatches is the same split as a BatchDataset for the trainer: it keeps the pixels as
 // decoded, one byte each (47 MB for the training split instead of 188 MB of floats), and normalises
 // each batch as it is asked for, with the same operations as images(), so its batches are equal bit
-// for bit to index_select on images(). Start-up pays for the decoding only (#32).
+// for bit to index_select on images(). Start-up pays for the decoding only.
 //
 // Thread safety: immutable after construction; const methods may be called from any thread.
 #pragma once

@@ -55,7 +55,7 @@ class Sgd : public ShardOptimizer {
   std::map<uint32_t, at::Tensor> momentum_buffers_;
 };
 
-/// torch.optim.Adam's update (amsgrad off), or AdamW's with `decoupled_weight_decay` (#29): per
+/// torch.optim.Adam's update (amsgrad off), or AdamW's with `decoupled_weight_decay`: per
 /// key, step += 1; with weight decay, grad += weight_decay * param (Adam) or
 /// param *= 1 - lr * weight_decay (AdamW); exp_avg = beta1 * exp_avg + (1 - beta1) * grad;
 /// exp_avg_sq = beta2 * exp_avg_sq + (1 - beta2) * grad^2; param -= lr / (1 - beta1^step) *

@@ -45,7 +45,7 @@ class FsdpStrategy : public Strategy {
   at::Tensor epoch_indices(int64_t dataset_size, int64_t epoch, uint64_t seed) override;
   void all_reduce_sum(std::vector<double>& values) override;
   void synchronize(TrainState& state) override;
-  /// FullyShardedDataParallel::clip_grad_norm_: the global norm over every rank's shards (#31).
+  /// FullyShardedDataParallel::clip_grad_norm_: the global norm over every rank's shards.
   double clip_grad_norm(TrainState& state, double max_norm) override;
   /// FullyShardedDataParallel::total_grad_norm: the same global norm, not clipped (the module's
   /// own gradients are empty after the reduction). A collective.

@@ -93,7 +93,7 @@ class Strategy {
   /// (the default), and the trainer then refuses the format. Called by every process.
   virtual bool sharded_checkpoint(TrainState& state, checkpoint::ShardedTrainingState& out);
 
-  /// clip_grad_norm_ over the global norm of the gradients of the whole model (#29), after a
+  /// clip_grad_norm_ over the global norm of the gradients of the whole model, after a
   /// backward (and DDP's averaging); returns the norm before clipping. The default clips
   /// state.model's parameters; strategies whose processes hold parts of the model sum across
   /// them.

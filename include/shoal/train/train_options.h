@@ -178,7 +178,7 @@ struct TrainOptions {
   /// The loss scaler's options (torch.amp.GradScaler's). Set: the trainer scales the loss with
   /// them at any precision (a float32 model too); unset: the defaults under "fp16", none else.
   std::optional<GradScalerOptions> grad_scaler;
-  /// Where the model trains (#29): "cpu", or "cuda" / "cuda:N": the parameters, the optimizer's
+  /// Where the model trains: "cpu", or "cuda" / "cuda:N": the parameters, the optimizer's
   /// state, each batch and the forward's autocast on that GPU ("cuda": GPU local rank modulo the
   /// GPUs visible, the local rank as comm::detect_rank_info finds it, so one rank per GPU under
   /// any launcher). The trainer's single and ddp strategies

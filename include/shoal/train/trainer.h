@@ -76,7 +76,7 @@ struct TrainState {
   /// Optimizer steps taken so far, over all epochs.
   int64_t step = 0;
 
-  // ---- Accumulation, clipping and precision (#29); the trainer sets them from its options ----
+  // ---- Accumulation, clipping and precision; the trainer sets them from its options ----
   /// > 0: train_step() splits its batch into micro-batches of this size, each backward adding to
   /// the gradients (its loss weighted by its share of the batch, i.e. loss / N for N equal
   /// micro-batches), and steps once. 0: the batch is one micro-batch.
@@ -124,7 +124,7 @@ struct EpochResult {
   double seconds = 0;        ///< training time of the epoch, evaluation excluded
 };
 
-// ---- Callbacks and early stopping (#29) ------------------------------------------------------
+// ---- Callbacks and early stopping ------------------------------------------------------
 
 class Trainer;
 
@@ -319,7 +319,7 @@ class Trainer {
   std::optional<std::map<std::string, double>> pending_scaler_state_;
   /// This trainer's timeline while options.trace_path is set (see trace::Recorder).
   std::unique_ptr<trace::Recorder> recorder_;
-  // Callbacks (#29).
+  // Callbacks.
   std::vector<std::shared_ptr<Callback>> callbacks_;
   bool stop_requested_ = false;
   /// Sets state_'s accumulation, clipping and precision from the options (fit() calls it).
