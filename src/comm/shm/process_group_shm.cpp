@@ -35,13 +35,6 @@ size_t env_bytes(env::Var var, size_t fallback) {
   return bytes ? static_cast<size_t>(*bytes) : fallback;
 }
 
-std::string unique_segment_name() {
-  std::random_device device;
-  std::ostringstream name;
-  name << "/shoal-" << getpid() << "-" << std::hex << device() << device();
-  return name.str();
-}
-
 }  // namespace
 
 // ---- construction ------------------------------------------------------------------------------

@@ -9,6 +9,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <random>
+#include <sstream>
+#include <string>
+
+#include <unistd.h>
 
 #include "comm/shm/process_group_shm.h"
 #include "comm/shm/shared_segment.h"
@@ -76,5 +81,13 @@ inline int op_code(const char* name) {
 }
 
 inline size_t round_up(size_t value, size_t to) { return (value + to - 1) / to * to; }
+
+/// A fresh segment name, "/shoal-<pid>-<random>" (see shared_segment.h for why the pid).
+inline std::string unique_segment_name() {
+  std::random_device device;
+  std::ostringstream name;
+  name << "/shoal-" << getpid() << "-" << std::hex << device() << device();
+  return name.str();
+}
 
 }  // namespace shoal::comm::shm
