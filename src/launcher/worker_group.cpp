@@ -137,7 +137,9 @@ void WorkerGroup::name_first_failure(GroupResult& result) const {
 }
 
 void WorkerGroup::show_first_error_line(const GroupResult& result) {
-  const pid_t first = result.first_failed_pid > 0 ? result.first_failed_pid : result.failed_pid;
+  // The worker whose error file's stamp shows it failed before the first exit seen; without one,
+  // the first line to arrive (a role that leaves no error file, a PS server, may have failed first).
+  const pid_t first = result.first_failed_pid;
   LinePrefixer* shown = nullptr;
   for (size_t i = 0; i < workers_.size(); ++i) {
     LinePrefixer* err = prefixers_[2 * i + 1].get();

@@ -97,8 +97,8 @@ class WorkerGroup {
   /// Names in `result` the worker whose error file has the earliest stamp, where that is not the
   /// worker first seen exiting (first_failed_*).
   void name_first_failure(GroupResult& result) const;
-  /// Shows the error line held back by the worker `result` names as the first to fail, else the
-  /// first held.
+  /// Shows the error line held back by the worker whose error file's stamp `result` names as the
+  /// first to fail, else the first held.
   void show_first_error_line(const GroupResult& result);
   void stop_now();
 
