@@ -25,6 +25,7 @@
 #include "shoal/comm/flight_recorder.h"
 #include "launcher/worker_group.h"
 #include "security/auth_token.h"
+#include "checkpoint/atomic_file.h"
 #include "shoal/env.h"
 #include "shoal/error.h"
 #include "shoal/log.h"
@@ -187,10 +188,7 @@ struct TempDir {
                 "error files (", pattern, "): ", std::strerror(errno), "; set TMPDIR");
     path = pattern;
   }
-  ~TempDir() {
-    std::error_code ignored;
-    std::filesystem::remove_all(path, ignored);
-  }
+  ~TempDir() { checkpoint::detail::remove_tree(path); }  // not remove_all: see atomic_file.h
   TempDir(const TempDir&) = delete;
   TempDir& operator=(const TempDir&) = delete;
   std::string path;

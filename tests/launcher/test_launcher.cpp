@@ -383,7 +383,7 @@ exit 1)SH");
 
 // shoal train's ranks leave their errors for the launcher: rank 0 cannot write the checkpoint, the
 // others fail on its word (the broadcast after the write) and may end first; the summary names
-// rank 0 (before, it named whichever rank's exit came first: rank 3 of 4, observed).
+// rank 0, not whichever rank's exit the launcher saw first.
 TEST_F(Launcher, TrainSummaryNamesRankZeroWhoseCheckpointFailed) {
   const std::string data = shoal::testing::make_small_dataset_dir(256, 64);
   const auto result = run_shoal({"train", "--strategy", "ddp", "--nproc-per-node", "4", "--model",
