@@ -8,9 +8,12 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <map>
 #include <thread>
+#include <utility>
 #include <vector>
 
+#include "comm/timeouts.h"
 #include "shoal/error.h"
 
 namespace shoal::comm {
@@ -35,31 +38,56 @@ Answerer*& answerer() {
 // group (the parent's state, perhaps copied with the mutex held, is left behind).
 void after_fork_in_child() { answerer() = new Answerer(); }
 
+std::vector<std::shared_ptr<HangReporter>> live_reporters() {
+  std::vector<std::shared_ptr<HangReporter>> live;
+  Answerer* a = answerer();
+  std::lock_guard<std::mutex> lock(a->mutex);
+  auto& list = a->reporters;
+  list.erase(std::remove_if(list.begin(), list.end(), [](auto& w) { return w.expired(); }),
+             list.end());
+  for (auto& w : list) {
+    if (auto r = w.lock()) live.push_back(std::move(r));
+  }
+  return live;
+}
+
+void drop_reporter(const std::shared_ptr<HangReporter>& reporter) {
+  Answerer* a = answerer();
+  std::lock_guard<std::mutex> lock(a->mutex);
+  auto& list = a->reporters;
+  list.erase(std::remove_if(list.begin(), list.end(),
+                            [&](auto& w) { return w.lock() == reporter; }),
+             list.end());
+}
+
+using BeatCounter = std::pair<Store*, std::string>;
+
+// One beat for the reporters that share `counter`; then their watches, and their answers when the
+// beat's high bits say somebody asked since the last beat (`asked`: the count seen then).
+void beat(const BeatCounter& counter, const std::vector<std::shared_ptr<HangReporter>>& reporters,
+          int64_t& asked) {
+  int64_t value = 0;
+  try {
+    value = counter.first->add(counter.second, 1);
+  } catch (...) {
+    for (const auto& r : reporters) drop_reporter(r);  // the store is gone: nobody can ask
+    return;
+  }
+  const bool new_request = value / kRequestUnit != asked;
+  asked = value / kRequestUnit;
+  for (const auto& r : reporters) {
+    if (!r->watch() || (new_request && !r->answer())) drop_reporter(r);
+  }
+}
+
 void answer_loop() {
+  std::map<BeatCounter, int64_t> asked;
   for (;;) {
-    std::this_thread::sleep_for(kHangPollInterval);
-    std::vector<std::shared_ptr<HangReporter>> live;
-    {
-      Answerer* a = answerer();
-      std::lock_guard<std::mutex> lock(a->mutex);
-      auto& list = a->reporters;
-      list.erase(std::remove_if(list.begin(), list.end(), [](auto& w) { return w.expired(); }),
-                 list.end());
-      for (auto& w : list) {
-        if (auto r = w.lock()) live.push_back(std::move(r));
-      }
-    }
-    // Store requests outside the lock: a store that hangs delays only this thread.
-    for (auto& reporter : live) {
-      if (!reporter->poll()) {
-        Answerer* a = answerer();
-        std::lock_guard<std::mutex> lock(a->mutex);
-        auto& list = a->reporters;
-        list.erase(std::remove_if(list.begin(), list.end(),
-                                  [&](auto& w) { return w.lock() == reporter; }),
-                   list.end());
-      }
-    }
+    std::this_thread::sleep_for(beat_interval());
+    // Store requests outside the answerer's lock: a store that hangs delays only this thread.
+    std::map<BeatCounter, std::vector<std::shared_ptr<HangReporter>>> by_counter;
+    for (auto& r : live_reporters()) by_counter[{r->store().get(), r->beat_key()}].push_back(r);
+    for (const auto& [counter, reporters] : by_counter) beat(counter, reporters, asked[counter]);
   }
 }
 
@@ -97,23 +125,50 @@ Report decode(const std::string& value) {
   return report;
 }
 
+// "<rank> <milliseconds silent>", as a watcher publishes the silent rank it found.
+std::string encode_silence(const Silence& s) {
+  return std::to_string(s.rank) + " " + std::to_string(s.silent_for.count());
+}
+
+std::optional<Silence> decode_silence(const std::string& value) {
+  long long rank = -1, ms = 0;
+  if (std::sscanf(value.c_str(), "%lld %lld", &rank, &ms) != 2 || rank < 0) return std::nullopt;
+  return Silence{static_cast<int>(rank), Milliseconds(ms)};
+}
+
 }  // namespace
 
+Milliseconds beat_interval() {
+  return std::clamp(silent_peer_timeout() / 4, Milliseconds(250), Milliseconds(1000));
+}
+
 std::shared_ptr<HangReporter> HangReporter::create(std::shared_ptr<Store> store, std::string scope,
-                                                   int rank, int size, Summarize summarize) {
-  std::shared_ptr<HangReporter> reporter(
-      new HangReporter(std::move(store), std::move(scope), rank, size, std::move(summarize)));
+                                                   int rank, int size, Summarize summarize,
+                                                   std::vector<int> job_ranks) {
+  SHOAL_CHECK(job_ranks.empty() || static_cast<int>(job_ranks.size()) == size,
+              "HangReporter: ", job_ranks.size(), " job ranks for a group of ", size);
+  std::shared_ptr<HangReporter> reporter(new HangReporter(
+      std::move(store), std::move(scope), rank, size, std::move(summarize), std::move(job_ranks)));
   if (size > 1) add_reporter(reporter);
   return reporter;
 }
 
 HangReporter::HangReporter(std::shared_ptr<Store> store, std::string scope, int rank, int size,
-                           Summarize summarize)
+                           Summarize summarize, std::vector<int> job_ranks)
     : store_(std::move(store)),
       scope_(std::move(scope)),
       rank_(rank),
       size_(size),
-      summarize_(std::move(summarize)) {}
+      summarize_(std::move(summarize)) {
+  beat_keys_.reserve(size);
+  for (int r = 0; r < size; ++r) {
+    beat_keys_.push_back("shoal/beat/" + std::to_string(job_ranks.empty() ? r : job_ranks[r]));
+  }
+}
+
+int HangReporter::job_rank(int rank) const {
+  return std::stoi(beat_keys_[rank].substr(sizeof("shoal/beat/") - 1));
+}
 
 HangReporter::~HangReporter() = default;
 
@@ -131,10 +186,8 @@ std::string HangReporter::encode(int64_t request) {
          std::to_string(mine.last_completed) + "\n" + mine.text;
 }
 
-bool HangReporter::poll() {
+bool HangReporter::answer() {
   try {
-    store_->add(scope_ + "/alive/" + std::to_string(rank_), 1);
-    watch_heartbeats();
     const int64_t request = store_->add(scope_ + "/hang/request", 0);
     if (request <= answered_) return true;
     const std::string value = encode(request);
@@ -147,52 +200,83 @@ bool HangReporter::poll() {
   }
 }
 
-void HangReporter::watch_heartbeats() {
+std::vector<int> HangReporter::watched_ranks() const {
+  std::vector<int> ranks;
+  for (int i = 1; i <= std::min(kWatchedSuccessors, size_ - 1); ++i) {
+    ranks.push_back((rank_ + i) % size_);
+  }
+  return ranks;
+}
+
+bool HangReporter::watch() {
+  uint64_t sequence = 0;
+  std::optional<Silence> publish;
   {
     std::lock_guard<std::mutex> lock(beats_mutex_);
-    if (Clock::now() >= watch_until_) return;  // nobody is waiting long
+    if (Clock::now() >= watch_until_) return true;  // nobody is waiting long
+    sequence = watched_sequence_;
+    if (!published_) publish = publish_;
   }
-  std::vector<int64_t> beat(size_, 0);
-  for (int r = 0; r < size_; ++r) {
-    if (r != rank_) beat[r] = store_->add(scope_ + "/alive/" + std::to_string(r), 0);
+  const std::string silent_key = scope_ + "/silent/" + std::to_string(sequence);
+  const std::vector<int> ranks = watched_ranks();
+  std::vector<int64_t> beat(ranks.size(), 0);
+  std::optional<Silence> found;
+  try {
+    if (publish) store_->set_string(silent_key, encode_silence(*publish));
+    for (size_t i = 0; i < ranks.size(); ++i) {
+      beat[i] = store_->add(beat_keys_[ranks[i]], 0) % kRequestUnit;
+    }
+    if (store_->check({silent_key})) found = decode_silence(store_->get_string(silent_key));
+  } catch (...) {
+    return false;  // the store is gone: silent_ranks() reports the store's silence
   }
   const auto now = Clock::now();
   std::lock_guard<std::mutex> lock(beats_mutex_);
+  if (sequence != watched_sequence_) return true;  // a new watch began meanwhile
+  if (publish) published_ = true;
+  if (found && found->rank != rank_) found_ = found;
   if (beat_.empty()) {
     beat_ = std::move(beat);
-    moved_at_.assign(size_, now);
+    moved_at_.assign(ranks.size(), now);
   } else {
-    for (int r = 0; r < size_; ++r) {
-      if (beat[r] != beat_[r]) {
-        beat_[r] = beat[r];
-        moved_at_[r] = now;
+    for (size_t i = 0; i < ranks.size(); ++i) {
+      if (beat[i] != beat_[i]) {
+        beat_[i] = beat[i];
+        moved_at_[i] = now;
       }
     }
   }
   last_reading_ = now;
+  return true;
 }
 
-std::vector<Silence> HangReporter::silent_ranks(Milliseconds limit) {
+std::vector<Silence> HangReporter::silent_ranks(Milliseconds limit, uint64_t sequence) {
   std::lock_guard<std::mutex> lock(beats_mutex_);
   const auto now = Clock::now();
-  if (now >= watch_until_) {  // a new watch: what an earlier one saw is out of date
+  if (now >= watch_until_ || sequence != watched_sequence_) {
+    // A new watch: what an earlier one saw is out of date.
     last_reading_ = now;  // the watch's store silence counts from here
+    watched_sequence_ = sequence;
     beat_.clear();
     moved_at_.clear();
+    found_.reset();
+    publish_.reset();
+    published_ = false;
   }
-  watch_until_ = now + 4 * kHangPollInterval;
-  std::vector<Silence> silent;
+  watch_until_ = now + 4 * beat_interval();
+  if (found_) return {*found_};
   const auto since_reading = std::chrono::duration_cast<Milliseconds>(now - last_reading_);
   if (since_reading >= limit) {
     // The answering thread has not completed a reading for that long: its store calls hang.
-    silent.push_back({-1, since_reading});
-    return silent;
+    return {{-1, since_reading}};
   }
-  for (size_t r = 0; r < moved_at_.size(); ++r) {
-    if (static_cast<int>(r) == rank_) continue;
-    const auto still = std::chrono::duration_cast<Milliseconds>(now - moved_at_[r]);
-    if (still >= limit) silent.push_back({static_cast<int>(r), still});
+  std::vector<Silence> silent;
+  const std::vector<int> ranks = watched_ranks();
+  for (size_t i = 0; i < moved_at_.size() && i < ranks.size(); ++i) {
+    const auto still = std::chrono::duration_cast<Milliseconds>(now - moved_at_[i]);
+    if (still >= limit) silent.push_back({ranks[i], still});
   }
+  if (!silent.empty() && !publish_) publish_ = silent.front();  // for the other waiters
   return silent;
 }
 
@@ -220,6 +304,10 @@ std::string HangReporter::gather_through_store(Milliseconds budget) {
     const std::string mine = encode(request);
     if (mine.empty()) return "";
     store_->set_string(scope_ + "/hang/" + std::to_string(rank_), mine);
+    // Tells every other rank's answering thread, at its next beat, that somebody asked.
+    for (int r = 0; r < size_; ++r) {
+      if (r != rank_) store_->add(beat_keys_[r], kRequestUnit);
+    }
     reports[rank_] = decode(mine);
     // Poll every missing rank's key until it holds an answer to this incident's requests.
     int missing = size_ - 1;

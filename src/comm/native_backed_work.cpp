@@ -22,7 +22,7 @@ bool NativeBackedWork::wait_native(Milliseconds timeout) {
     if (native_->wait(slice)) return true;
     const auto now = Clock::now();
     if (now >= deadline) return false;
-    for (const Silence& s : reports_->silent_ranks(limit)) {
+    for (const Silence& s : reports_->silent_ranks(limit, sequence_number())) {
       const auto waited = std::chrono::duration_cast<Milliseconds>(now - start).count();
       const double silent = std::chrono::duration<double>(s.silent_for).count();
       char seconds[32];

@@ -62,7 +62,8 @@ ProcessGroup::~ProcessGroup() {
   unregister_process_group(this);
 }
 
-void ProcessGroup::enable_hang_reports(std::shared_ptr<Store> store, const std::string& scope) {
+void ProcessGroup::enable_hang_reports(std::shared_ptr<Store> store, const std::string& scope,
+                                       std::vector<int> job_ranks) {
   if (store == nullptr || hang_reporter_) return;
   hang_reporter_ = HangReporter::create(std::move(store), scope, rank_, size_, [this] {
     // The newest operation noted, and the newest whose Work has completed or is gone. The slots
@@ -105,7 +106,7 @@ void ProcessGroup::enable_hang_reports(std::shared_ptr<Store> store, const std::
       summary.text += "; none of its last " + std::to_string(ops.size()) + " completed";
     }
     return summary;
-  });
+  }, std::move(job_ranks));
 }
 
 std::string ProcessGroup::hang_report() const {
@@ -591,8 +592,11 @@ std::shared_ptr<ProcessGroup> ProcessGroup::new_group(const std::vector<int>& ra
   if (it == ranks.end()) return nullptr;
   auto group = run_new_group(ranks, static_cast<int>(it - ranks.begin()), group_id);
   if (hang_reporter_) {
+    std::vector<int> job_ranks;
+    for (int r : ranks) job_ranks.push_back(hang_reporter_->job_rank(r));
     group->enable_hang_reports(hang_reporter_->store(),
-                               hang_reporter_->scope() + "/g" + std::to_string(group_id));
+                               hang_reporter_->scope() + "/g" + std::to_string(group_id),
+                               std::move(job_ranks));
   }
   // Every member must have finished connecting before any of them may use or drop the group.
   group->barrier()->wait();

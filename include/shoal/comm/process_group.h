@@ -214,9 +214,11 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   /// From now on, when an operation of this group times out, its error names every rank's last
   /// started and last completed operation, gathered through `store` (keys under `scope`), so one
   /// message shows who is behind and where. init_process_group's groups and their new_group()s
-  /// have it; off the failure path it costs one small store request per group every 0.5 s (on
-  /// a thread of its own), nothing per operation.
-  void enable_hang_reports(std::shared_ptr<Store> store, const std::string& scope);
+  /// have it; off the failure path it costs one small store request per process (not per group)
+  /// every second (on a thread of its own), nothing per operation. `job_ranks[r]`: the job rank
+  /// of this group's rank r, whose heartbeat it shares; empty: r (a job's world group).
+  void enable_hang_reports(std::shared_ptr<Store> store, const std::string& scope,
+                           std::vector<int> job_ranks = {});
 
  protected:
   ProcessGroup(int rank, int size, Milliseconds timeout);

@@ -114,9 +114,11 @@ ProcessGroupHierarchical::ProcessGroupHierarchical(std::shared_ptr<Store> store,
   }
   flat_ = std::make_shared<ProcessGroupGloo>(make_prefix_store("hier/flat", store_), rank, size,
                                              timeout, gloo);
-  // A time-out inside a sub-group names every member's last operations (its own numbering).
-  local_->enable_hang_reports(store_, "hier/hang/local/" + std::to_string(my_host_));
-  if (leaders_) leaders_->enable_hang_reports(store_, "hier/hang/leaders");
+  // A time-out inside a sub-group names every member's last operations (its own numbering);
+  // the sub-groups share this process's heartbeat, that of its job rank.
+  local_->enable_hang_reports(store_, "hier/hang/local/" + std::to_string(my_host_),
+                              host_ranks_[my_host_]);
+  if (leaders_) leaders_->enable_hang_reports(store_, "hier/hang/leaders", leader_ranks);
   flat_->enable_hang_reports(store_, "hier/hang/flat");
   queue_ = std::make_shared<shm::OpQueue>("hierarchical");
   // No rank may use or drop its sub-groups before every rank has finished connecting all of
