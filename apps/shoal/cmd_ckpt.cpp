@@ -12,6 +12,7 @@
 #include <string>
 
 #include "commands.h"
+#include "shoal/checkpoint/dcp.h"
 #include "shoal/checkpoint/serialization.h"
 #include "shoal/checkpoint/sharded_checkpoint.h"
 #include "shoal/checkpoint/state_dict.h"
@@ -212,6 +213,7 @@ struct ConvertOptions {
   std::string strip_prefix;
   std::string add_prefix;
   bool model_only = false;
+  std::string format = "torch";  ///< torch (a torch.save file) or dcp (a DCP folder)
   ckpt::LoadOptions load;
 };
 
@@ -226,6 +228,11 @@ int convert(const ConvertOptions& o) {
   if (!o.strip_prefix.empty()) model = ckpt::strip_prefix(model, o.strip_prefix);
   if (!o.add_prefix.empty()) model = ckpt::add_prefix(model, o.add_prefix);
 
+  if (o.format == "dcp") {
+    ckpt::save_dcp(model, o.output);
+    std::cout << "wrote " << o.output << " (DCP): " << model.size() << " tensors\n";
+    return 0;
+  }
   c10::IValue result = ckpt::state_dict_to_ivalue(model);
   if (!o.model_only && object.isGenericDict()) {
     auto dict = object.toGenericDict();
@@ -278,13 +285,22 @@ void add_ckpt_command(CLI::App& root, std::vector<Command>& commands) {
   convert_app->add_option("IN", options->input,
                           "the checkpoint to read (a file, or a sharded checkpoint's folder)")
       ->required();
-  convert_app->add_option("OUT", options->output, "the file to write (torch.save format)")->required();
+  convert_app->add_option("OUT", options->output,
+                          "the file to write (torch.save format), or with --format dcp a new folder")
+      ->required();
   convert_app->add_option("--strip-prefix", options->strip_prefix,
                           "remove this prefix from the model's keys (e.g. 'module.')");
   convert_app->add_option("--add-prefix", options->add_prefix,
                           "put this prefix in front of every model key (e.g. 'module.' for a DDP model)");
   convert_app->add_flag("--model-only", options->model_only,
                         "write only the model's state dict (what model.load_state_dict takes)");
+  convert_app->add_option("--format", options->format,
+                          "torch: a torch.save file; dcp: a folder of PyTorch's distributed "
+                          "checkpoint of the model's state dict, which "
+                          "torch.distributed.checkpoint.load(model.state_dict(), checkpoint_id=OUT) "
+                          "reads (implies --model-only)")
+      ->check(CLI::IsMember({"torch", "dcp"}))
+      ->capture_default_str();
   add_load_options(convert_app, options->load);
   commands.push_back({convert_app, [options] { return convert(*options); }});
 }

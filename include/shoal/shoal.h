@@ -60,6 +60,7 @@
 #include "shoal/models/transformer.h"
 
 #include "shoal/checkpoint/checkpoint_manager.h"
+#include "shoal/checkpoint/dcp.h"
 #include "shoal/checkpoint/serialization.h"
 #include "shoal/checkpoint/sharded_checkpoint.h"
 #include "shoal/checkpoint/state_dict.h"

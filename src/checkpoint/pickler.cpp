@@ -22,7 +22,7 @@ bool is_state_dict(const c10::IValue& value) {
 }  // namespace
 
 template <typename T>
-void Pickler::raw_le(T value) {
+void PickleWriter::raw_le(T value) {
   // Pickle integers are little-endian; Shoal supports little-endian hosts only (as the storages
   // torch.save writes are in host order and Shoal records "byteorder" = "little").
   char bytes[sizeof(T)];
@@ -40,7 +40,7 @@ std::string Pickler::dump(const c10::IValue& value) {
   return out_;
 }
 
-void Pickler::push_int(int64_t value) {
+void PickleWriter::push_int(int64_t value) {
   if (value >= 0 && value < 256) {
     op(op::kBinInt1);
     op(static_cast<uint8_t>(value));
@@ -57,20 +57,20 @@ void Pickler::push_int(int64_t value) {
   }
 }
 
-void Pickler::push_double(double value) {
+void PickleWriter::push_double(double value) {
   uint64_t bits;
   std::memcpy(&bits, &value, sizeof(bits));
   op(op::kBinFloat);
   for (int shift = 56; shift >= 0; shift -= 8) op(static_cast<uint8_t>(bits >> shift));
 }
 
-void Pickler::push_string(const std::string& value) {
+void PickleWriter::push_string(const std::string& value) {
   op(op::kBinUnicode);
   raw_le(static_cast<uint32_t>(value.size()));
   out_ += value;
 }
 
-void Pickler::push_global(const char* module, const char* name) {
+void PickleWriter::push_global(const char* module, const char* name) {
   op(op::kGlobal);
   out_ += module;
   out_ += '\n';
@@ -78,7 +78,7 @@ void Pickler::push_global(const char* module, const char* name) {
   out_ += '\n';
 }
 
-void Pickler::push_int_tuple(c10::IntArrayRef values) {
+void PickleWriter::push_int_tuple(c10::IntArrayRef values) {
   op(op::kMark);
   for (int64_t v : values) push_int(v);
   op(op::kTuple);

@@ -15,7 +15,26 @@
 
 namespace shoal::checkpoint::detail {
 
-class Pickler {
+/// The opcodes of plain values, for the picklers of torch.save's data.pkl and of other files
+/// Python reads (a DCP checkpoint's .metadata).
+class PickleWriter {
+ public:
+  void op(uint8_t opcode) { out_.push_back(static_cast<char>(opcode)); }
+  void push_int(int64_t value);
+  void push_double(double value);
+  void push_string(const std::string& value);
+  void push_global(const char* module, const char* name);
+  void push_int_tuple(c10::IntArrayRef values);
+  const std::string& bytes() const { return out_; }
+
+ protected:
+  template <typename T>
+  void raw_le(T value);
+
+  std::string out_;
+};
+
+class Pickler : private PickleWriter {
  public:
   /// The pickle of `value`. Throws CheckpointError for values torch.load could not read.
   std::string dump(const c10::IValue& value);
@@ -24,17 +43,8 @@ class Pickler {
 
  private:
   void push(const c10::IValue& value);
-  void push_int(int64_t value);
-  void push_double(double value);
-  void push_string(const std::string& value);
-  void push_global(const char* module, const char* name);
   void push_tensor(const at::Tensor& tensor);
-  void push_int_tuple(c10::IntArrayRef values);
-  void op(uint8_t opcode) { out_.push_back(static_cast<char>(opcode)); }
-  template <typename T>
-  void raw_le(T value);
 
-  std::string out_;
   std::vector<at::Tensor> tensors_;
 };
 

@@ -9,6 +9,7 @@
 #include "checkpoint/atomic_file.h"
 #include "checkpoint/checksum_manifest.h"
 #include "checkpoint/pickler.h"
+#include "checkpoint/torch_save_writer.h"
 #include "checkpoint/unpickler.h"
 #include "checkpoint/zip_directory.h"
 #include "compat/torch_archive.h"
@@ -102,18 +103,18 @@ class CheckedArchive {
 
 }  // namespace
 
-void save(const c10::IValue& object, const std::string& path) {
-  detail::Pickler pickler;
-  const std::string pickle = pickler.dump(object);
+namespace detail {
 
-  detail::AtomicFile file(path);
+void write_torch_save(const c10::IValue& object, const compat::TorchArchiveWriter::Sink& sink,
+                      const std::string& where) {
+  Pickler pickler;
+  const std::string pickle = pickler.dump(object);
   std::string manifest;
   try {
-    compat::TorchArchiveWriter writer(
-        [&file](const void* data, size_t size) { return file.append(data, size); });
+    compat::TorchArchiveWriter writer(sink);
     auto put = [&](const std::string& name, const void* data, size_t size) {
       writer.write(name, data, size);
-      manifest += detail::manifest_line(name, size, crc32_of(data, size));
+      manifest += manifest_line(name, size, crc32_of(data, size));
     };
     put("data.pkl", pickle.data(), pickle.size());
     put("byteorder", "little", 6);
@@ -124,8 +125,16 @@ void save(const c10::IValue& object, const std::string& path) {
     writer.write(kChecksumRecord, manifest.data(), manifest.size());
     writer.finish();
   } catch (const c10::Error& e) {
-    SHOAL_THROW(CheckpointError, "cannot write ", path, ": ", first_line(e.what_without_backtrace()));
+    SHOAL_THROW(CheckpointError, "cannot write ", where, ": ", first_line(e.what_without_backtrace()));
   }
+}
+
+}  // namespace detail
+
+void save(const c10::IValue& object, const std::string& path) {
+  detail::AtomicFile file(path);
+  detail::write_torch_save(
+      object, [&file](const void* data, size_t size) { return file.append(data, size); }, path);
   file.commit();
 }
 

@@ -11,9 +11,11 @@
 
 #include "checkpoint_testing.h"
 #include "compat/torch_archive.h"
+#include "shoal/checkpoint/dcp.h"
 #include "shoal/checkpoint/serialization.h"
 #include "shoal/checkpoint/training_state.h"
 #include "shoal/error.h"
+#include "testing/python.h"
 
 namespace shoal::checkpoint {
 namespace test_checkpoint_format {
@@ -385,6 +387,41 @@ TEST_F(CheckpointFormat, StateDictMatchesPythonOrder) {
       "0.weight",        "0.bias",         "1.weight", "1.bias", "1.running_mean",
       "1.running_var",   "1.num_batches_tracked", "3.weight", "3.bias"};
   EXPECT_EQ(keys, expected);
+}
+
+// A DCP folder Shoal writes is what PyTorch 2.x's torch.distributed.checkpoint.load reads: every
+// tensor equal, bit for bit and in dtype, to the same state dict saved with torch.save.
+TEST_F(CheckpointFormat, DcpFolderLoadsIntoPyTorchsStateDict) {
+  const std::string python = shoal::testing::torch2_python();
+  if (python.empty()) GTEST_SKIP() << "PyTorch 2.x not installed (scripts/setup_torch_pypi.sh)";
+  auto net = make_net();
+  StateDict state = shoal::checkpoint::state_dict(*net);
+  state.insert("extra.bf16", torch::randn({3, 5}).to(torch::kBFloat16));
+  state.insert("extra.f64", torch::randn({7}, torch::kFloat64));
+  state.insert("extra.steps", torch::tensor(int64_t{12345}));
+  state.insert("extra.view", torch::arange(24, torch::kFloat32).view({4, 6}).t());  // not contiguous
+  save_state_dict(state, path("reference.pt"));
+  save_dcp(state, path("dcp"));
+  const std::string code =
+      "import sys, warnings\n"
+      "warnings.filterwarnings('ignore')\n"
+      "import torch, torch.distributed.checkpoint as dcp\n"
+      "ref = torch.load(sys.argv[1])\n"
+      "sd = {k: torch.zeros_like(v) for k, v in ref.items()}\n"
+      "dcp.load(sd, checkpoint_id=sys.argv[2])\n"
+      "for k, v in ref.items():\n"
+      "    assert sd[k].dtype == v.dtype and torch.equal(sd[k], v), (k, sd[k], v)\n"
+      "print('ORACLE OK', len(ref), 'tensors')\n";
+  std::ofstream(path("oracle.py")) << code;
+  const auto result = shoal::testing::run_command(python + " " + path("oracle.py") + " " +
+                                                  path("reference.pt") + " " + path("dcp"));
+  EXPECT_TRUE(shoal::testing::oracle_succeeded(result));
+
+  // A folder that holds anything is refused, and what it holds stays.
+  std::filesystem::create_directories(path("full"));
+  std::ofstream(path("full/keep.txt")) << "mine";
+  expect_error([&] { save_dcp(state, path("full")); }, {path("full"), "is not empty"});
+  EXPECT_TRUE(std::filesystem::exists(path("full/keep.txt")));
 }
 
 }  // namespace test_checkpoint_format
