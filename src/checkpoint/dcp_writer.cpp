@@ -16,6 +16,8 @@
 namespace shoal::checkpoint {
 namespace {
 
+namespace op = detail::op;
+
 constexpr const char* kMetadataModule = "torch.distributed.checkpoint.metadata";
 constexpr const char* kDataFile = "__0_0.distcp";
 
