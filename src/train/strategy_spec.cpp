@@ -125,6 +125,32 @@ launcher::LaunchOptions StrategySpec::launch_options(std::vector<std::string> co
   return launch;
 }
 
+namespace {
+
+// --strategy ddp's strategy: model-parallel replicas, periodic sync (--sync) or DDP itself.
+std::unique_ptr<Strategy> ddp_strategy_for(const StrategySpec& spec, const comm::InitOptions& init) {
+  if (spec.model_parallel > 1) {
+    return std::make_unique<ModelParallelDdpStrategy>(spec.model_parallel, init);
+  }
+  if (spec.sync != SyncKind::kEveryStep) {
+    return std::make_unique<LocalSgdStrategy>(
+        LocalSgdOptions{spec.sync, spec.sync_every, spec.outer_lr, spec.outer_momentum}, init);
+  }
+  auto ddp = std::make_unique<DdpStrategy>(init);
+  std::shared_ptr<parallel::PowerSGDState> power_sgd;
+  if (spec.comm_hook == CommHookKind::kPowerSgd) {
+    power_sgd = std::make_shared<parallel::PowerSGDState>();
+    power_sgd->matrix_approximation_rank = spec.powersgd_rank;
+    power_sgd->start_powerSGD_iter = spec.powersgd_start_iter;
+  }
+  ddp->set_comm_hook(spec.comm_hook, power_sgd);
+  ddp->set_bucket_cap_mb(
+      spec.bucket_cap_mb.value_or(parallel::DistributedDataParallelOptions{}.bucket_cap_mb));
+  return ddp;
+}
+
+}  // namespace
+
 std::unique_ptr<Strategy> StrategySpec::make_strategy(const TrainOptions& options) const {
   comm::InitOptions init;
   init.backend = backend;
@@ -149,22 +175,7 @@ std::unique_ptr<Strategy> StrategySpec::make_strategy(const TrainOptions& option
     case StrategyKind::kDdp:
       break;
   }
-  if (model_parallel > 1) return std::make_unique<ModelParallelDdpStrategy>(model_parallel, init);
-  if (sync != SyncKind::kEveryStep) {
-    return std::make_unique<LocalSgdStrategy>(
-        LocalSgdOptions{sync, sync_every, outer_lr, outer_momentum}, init);
-  }
-  auto ddp = std::make_unique<DdpStrategy>(init);
-  std::shared_ptr<parallel::PowerSGDState> power_sgd;
-  if (comm_hook == CommHookKind::kPowerSgd) {
-    power_sgd = std::make_shared<parallel::PowerSGDState>();
-    power_sgd->matrix_approximation_rank = powersgd_rank;
-    power_sgd->start_powerSGD_iter = powersgd_start_iter;
-  }
-  ddp->set_comm_hook(comm_hook, power_sgd);
-  ddp->set_bucket_cap_mb(
-      bucket_cap_mb.value_or(parallel::DistributedDataParallelOptions{}.bucket_cap_mb));
-  return ddp;
+  return ddp_strategy_for(*this, init);
 }
 
 }  // namespace shoal::train
