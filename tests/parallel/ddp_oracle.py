@@ -7,7 +7,8 @@ flattened), DATA_FILE for each step the global batch's inputs then its labels (a
 OUT_FILE rank 0's final parameters.
 
 usage: ddp_oracle.py cases OUT_DIR CASE[,CASE...]
-The less common DDP paths of test_ddp_vs_pytorch.cpp (see CASES), 2 processes, in one launch.
+The less common DDP paths of test_ddp_vs_pytorch.cpp (see CASES), 2 processes, in one launch;
+also LocalSGD and DiLoCo (local_sgd, diloco), torchft's own where torchft imports.
 Weights and data are closed-form (sin of an index, see init_params and inputs), computed the same
 way by the C++ test. Writes OUT_DIR/CASE.rankR.f64 for every rank R: raw little-endian float64,
 each parameter (named_parameters order, flattened), then each parameter's .grad (NaN where it is
