@@ -24,11 +24,11 @@ if [ "${1:-}" = "--prefix" ]; then
   echo "$TARGET/torch"
   exit 0
 fi
-# numpy came later (the DDP oracle of the 2.x leg needs it): an install that predates it is
-# topped up below instead of being redone.
+# numpy and torchft came later (the DDP oracle of the 2.x leg needs them): an install that predates
+# them is topped up below instead of being redone.
 TOP_UP=0
 if [ -f "$TARGET/.complete" ]; then
-  if [ -d "$TARGET/numpy" ]; then
+  if [ -d "$TARGET/numpy" ] && [ -d "$TARGET/torchft" ]; then
     echo "$TARGET/torch"
     exit 0
   fi
@@ -55,8 +55,9 @@ NEEDED_CUDA_LIBS=(
 # Pure-Python dependencies of `import torch` (for torchrun and the Python peer).
 PYTHON_DEPS=(filelock "typing-extensions>=4.13.0" "sympy>=1.13.3" mpmath "networkx>=2.5.1"
              jinja2 markupsafe "fsspec>=0.8.5")
-# And what the PyTorch oracle scripts import besides torch (test_ddp_vs_pytorch on the 2.x leg).
-ORACLE_DEPS=(numpy)
+# And what the PyTorch oracle scripts import besides torch (test_ddp_vs_pytorch on the 2.x leg;
+# torchft: its LocalSGD and DiLoCo, which ddp_oracle.py runs where torchft imports).
+ORACLE_DEPS=(numpy torchft)
 
 if [ "$TORCH_VERSION" != "2.15.0" ]; then
   echo "setup_torch_pypi: note: the CUDA library pins below are those of torch 2.15.0" >&2

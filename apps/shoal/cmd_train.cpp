@@ -324,6 +324,31 @@ void add_ps_options(CLI::App& app, train::StrategySpec& spec) {
       ->capture_default_str();
 }
 
+/// --strategy ddp: replicas that synchronise every few steps (LocalSGD, DiLoCo).
+void add_sync_options(CLI::App& app, train::StrategySpec& spec) {
+  app.add_option_function<std::string>(
+         "--sync", [&spec](const std::string& name) { spec.sync = train::parse_sync(name); },
+         "With --strategy ddp: every-step (DDP: gradients averaged in every backward);\n"
+         "localsgd: each rank steps alone, parameters averaged every --sync-every steps;\n"
+         "diloco: as localsgd, then an outer Nesterov-SGD step (--outer-lr, --outer-momentum)\n"
+         "on the averaged change; --optimizer is the inner one (DiLoCo: adamw). CPU only,\n"
+         "no --resume")
+      ->check(CLI::IsMember(train::sync_names()))
+      ->default_str("every-step");
+  app.add_option("--sync-every", spec.sync_every,
+                 "With --sync localsgd or diloco: optimizer steps between syncs (H); each sync\n"
+                 "allreduces the parameters once")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40))
+      ->capture_default_str();
+  app.add_option("--outer-lr", spec.outer_lr, "With --sync diloco: the outer SGD's learning rate")
+      ->check(CLI::Range(1e-8, 1e4))
+      ->capture_default_str();
+  app.add_option("--outer-momentum", spec.outer_momentum,
+                 "With --sync diloco: the outer SGD's Nesterov momentum, in [0, 1)")
+      ->check(CLI::Range(0.0, 0.999999))
+      ->capture_default_str();
+}
+
 /// --strategy ddp: how gradients travel.
 void add_ddp_options(CLI::App& app, train::StrategySpec& spec) {
   app.add_option_function<std::string>(
@@ -342,6 +367,7 @@ void add_ddp_options(CLI::App& app, train::StrategySpec& spec) {
          "and keep the fastest (logged, and bucket_cap_mb in --metrics)")
       ->check(bucket_cap_mb_error)
       ->default_str("25");
+  add_sync_options(app, spec);
   app.add_option("--powersgd-rank", spec.powersgd_rank,
                  "With --comm-hook powersgd: rank of each gradient matrix's approximation")
       ->check(CLI::Range(int64_t{1}, int64_t{1024}))
@@ -686,6 +712,7 @@ int run_train(TrainCli& cli) {
   // asynchronous workers do not step together.
   if (!ps) install_preemption_handler();
   if (const std::optional<int> status = check_how_started(cli, rank_info)) return *status;
+  spec.validate_sync(options);  // before a resume reads a checkpoint
   if (options.resume) inherit_on_resume(*cli.app, options);
   options.validate();
   spec.validate(options);
@@ -732,7 +759,8 @@ void add_train_command(CLI::App& root, std::vector<Command>& commands) {
       "  shoal train --strategy ddp --nproc-per-node 2 --checkpoint-dir ckpt --resume\n"
       "  shoal run --nproc-per-node 2 shoal train --strategy ddp\n"
       "  shoal train --strategy pipeline --stages 2 --micro-batches 4 --schedule 1f1b\n"
-      "  shoal train --strategy ps --consistency ssp --staleness 2 --servers 2 --workers 4");
+      "  shoal train --strategy ps --consistency ssp --staleness 2 --servers 2 --workers 4\n"
+      "  shoal train --strategy ddp --sync diloco --sync-every 100 --optimizer adamw");
 
   commands.push_back({app, [cli] { return run_train(*cli); }});
 }

@@ -34,6 +34,7 @@
 #include "shoal/parallel/fully_sharded_data_parallel.h"
 #include "shoal/parallel/grad_bucket.h"
 #include "shoal/parallel/join.h"
+#include "shoal/parallel/local_sgd.h"
 #include "shoal/parallel/no_sync.h"
 #include "shoal/parallel/sync_batch_norm.h"
 
@@ -71,6 +72,7 @@
 #include "shoal/train/ddp_strategy.h"
 #include "shoal/train/fsdp_strategy.h"
 #include "shoal/train/grad_scaler.h"
+#include "shoal/train/local_sgd_strategy.h"
 #include "shoal/train/loss.h"
 #include "shoal/train/metrics_writer.h"
 #include "shoal/train/model_parallel_ddp_strategy.h"

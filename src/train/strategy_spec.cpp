@@ -33,7 +33,9 @@ std::vector<std::string> strategy_names() {
 }
 
 bool StrategySpec::supports(StrategyFeature feature) const {
-  const bool plain_ddp = kind == StrategyKind::kDdp && model_parallel == 1;
+  // --sync localsgd/diloco replaces DDP's reducer: none of its settings apply.
+  const bool plain_ddp =
+      kind == StrategyKind::kDdp && model_parallel == 1 && sync == SyncKind::kEveryStep;
   switch (feature) {
     case StrategyFeature::kGpu:
       return kind == StrategyKind::kSingle || plain_ddp;
@@ -48,6 +50,7 @@ bool StrategySpec::supports(StrategyFeature feature) const {
 }
 
 void StrategySpec::validate(const TrainOptions& options) const {
+  validate_sync(options);
   const std::string strategy = strategy_name(kind);
   // Said before any data is read (whether this machine has a GPU, the trainer says).
   SHOAL_CHECK_T(InvalidArgument, options.device == "cpu" || supports(StrategyFeature::kGpu),
@@ -70,6 +73,24 @@ void StrategySpec::validate(const TrainOptions& options) const {
                 options.clip_grad_norm == 0 || supports(StrategyFeature::kClipGradNorm),
                 "--clip-grad-norm is not supported with --strategy ps (each worker pushes its own "
                 "gradient; the servers never hold the global one): use ddp, dp, pipeline or single");
+}
+
+void StrategySpec::validate_sync(const TrainOptions& options) const {
+  if (sync == SyncKind::kEveryStep) return;
+  const std::string flag = std::string("--sync ") + sync_name(sync);
+  SHOAL_CHECK_T(InvalidArgument, kind == StrategyKind::kDdp, flag,
+                " applies to --strategy ddp (replicas of the whole model), not ", strategy_name(kind));
+  SHOAL_CHECK_T(InvalidArgument, model_parallel == 1, flag, " does not go with --model-parallel");
+  SHOAL_CHECK_T(InvalidArgument, options.device == "cpu", "--device ", options.device, ": ", flag,
+                " trains on the CPU here; use --sync every-step (DDP) on a GPU");
+  SHOAL_CHECK_T(InvalidArgument, comm_hook == CommHookKind::kAllreduce && !bucket_cap_mb, flag,
+                " averages no gradients: --comm-hook and --bucket-cap-mb do not apply");
+  SHOAL_CHECK_T(InvalidArgument, sync_every >= 1, "--sync-every must be at least 1, got ",
+                sync_every);
+  // A checkpoint holds rank 0's model and inner optimizer, not DiLoCo's global copy and outer
+  // momentum, nor where the replicas were between syncs.
+  SHOAL_CHECK_T(InvalidArgument, !options.resume && max_restarts == 0, flag,
+                " cannot resume (--resume, --max-restarts): its checkpoints hold no sync state");
 }
 
 int StrategySpec::replica_count() const {
@@ -104,6 +125,32 @@ launcher::LaunchOptions StrategySpec::launch_options(std::vector<std::string> co
   return launch;
 }
 
+namespace {
+
+// --strategy ddp's strategy: model-parallel replicas, periodic sync (--sync) or DDP itself.
+std::unique_ptr<Strategy> ddp_strategy_for(const StrategySpec& spec, const comm::InitOptions& init) {
+  if (spec.model_parallel > 1) {
+    return std::make_unique<ModelParallelDdpStrategy>(spec.model_parallel, init);
+  }
+  if (spec.sync != SyncKind::kEveryStep) {
+    return std::make_unique<LocalSgdStrategy>(
+        LocalSgdOptions{spec.sync, spec.sync_every, spec.outer_lr, spec.outer_momentum}, init);
+  }
+  auto ddp = std::make_unique<DdpStrategy>(init);
+  std::shared_ptr<parallel::PowerSGDState> power_sgd;
+  if (spec.comm_hook == CommHookKind::kPowerSgd) {
+    power_sgd = std::make_shared<parallel::PowerSGDState>();
+    power_sgd->matrix_approximation_rank = spec.powersgd_rank;
+    power_sgd->start_powerSGD_iter = spec.powersgd_start_iter;
+  }
+  ddp->set_comm_hook(spec.comm_hook, power_sgd);
+  ddp->set_bucket_cap_mb(
+      spec.bucket_cap_mb.value_or(parallel::DistributedDataParallelOptions{}.bucket_cap_mb));
+  return ddp;
+}
+
+}  // namespace
+
 std::unique_ptr<Strategy> StrategySpec::make_strategy(const TrainOptions& options) const {
   comm::InitOptions init;
   init.backend = backend;
@@ -128,18 +175,7 @@ std::unique_ptr<Strategy> StrategySpec::make_strategy(const TrainOptions& option
     case StrategyKind::kDdp:
       break;
   }
-  if (model_parallel > 1) return std::make_unique<ModelParallelDdpStrategy>(model_parallel, init);
-  auto ddp = std::make_unique<DdpStrategy>(init);
-  std::shared_ptr<parallel::PowerSGDState> power_sgd;
-  if (comm_hook == CommHookKind::kPowerSgd) {
-    power_sgd = std::make_shared<parallel::PowerSGDState>();
-    power_sgd->matrix_approximation_rank = powersgd_rank;
-    power_sgd->start_powerSGD_iter = powersgd_start_iter;
-  }
-  ddp->set_comm_hook(comm_hook, power_sgd);
-  ddp->set_bucket_cap_mb(
-      bucket_cap_mb.value_or(parallel::DistributedDataParallelOptions{}.bucket_cap_mb));
-  return ddp;
+  return ddp_strategy_for(*this, init);
 }
 
 }  // namespace shoal::train

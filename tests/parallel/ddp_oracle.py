@@ -7,7 +7,8 @@ flattened), DATA_FILE for each step the global batch's inputs then its labels (a
 OUT_FILE rank 0's final parameters.
 
 usage: ddp_oracle.py cases OUT_DIR CASE[,CASE...]
-The less common DDP paths of test_ddp_vs_pytorch.cpp (see CASES), 2 processes, in one launch.
+The less common DDP paths of test_ddp_vs_pytorch.cpp (see CASES), 2 processes, in one launch;
+also LocalSGD and DiLoCo (local_sgd, diloco), torchft's own where torchft imports.
 Weights and data are closed-form (sin of an index, see init_params and inputs), computed the same
 way by the C++ test. Writes OUT_DIR/CASE.rankR.f64 for every rank R: raw little-endian float64,
 each parameter (named_parameters order, flattened), then each parameter's .grad (NaN where it is
@@ -261,6 +262,177 @@ def train(module, opt, rank, steps, batch=SMALL_BATCH, forward_args=(), after_ba
         opt.step()
         if after_step:
             after_step()
+
+
+# ---- LocalSGD and DiLoCo: torchft's own where it imports (the 2.x leg), else a reference --------
+
+SYNC_EVERY = 2   # inner steps between syncs
+OUTER_STEPS = 3  # syncs in each case
+
+
+class DoneWork:
+    """What the stand-in Manager's allreduce returns: the averaging already happened."""
+
+    def __init__(self, tensor):
+        self.tensor = tensor
+
+    def wait(self, timeout=None):
+        return True
+
+    def get_future(self):
+        future = torch.futures.Future()
+        future.set_result(self.tensor)
+        return future
+
+
+def without_telemetry():
+    """Stands in for torchft.otel, the only module of torchft that imports OpenTelemetry (its
+    package __init__ sets up a log exporter with it): the oracle installs torchft without its
+    telemetry dependencies, and LocalSGD and DiLoCo never log through it."""
+    import types
+    otel = types.ModuleType("torchft.otel")
+    otel.setup_logger = lambda *args, **kwargs: None
+    sys.modules["torchft.otel"] = otel
+
+
+def torchft_or_none():
+    """torchft.local_sgd, or None where torchft does not import (PyTorch 1.13 has no torchft)."""
+    try:
+        try:
+            import torchft  # noqa: F401
+        except ModuleNotFoundError as e:
+            if not (e.name or "").startswith("opentelemetry"):
+                raise
+            for name in [n for n in sys.modules if n == "torchft" or n.startswith("torchft.")]:
+                del sys.modules[name]
+            without_telemetry()
+        from torchft import local_sgd
+        from torchft.manager import Manager
+    except Exception as e:  # ImportError, or a torchft that needs a newer torch
+        print("ddp_oracle: torchft does not import (%s: %s); LocalSGD and DiLoCo against the "
+              "reference in this file" % (type(e).__name__, e), file=sys.stderr, flush=True)
+        return None
+    print("ddp_oracle: LocalSGD and DiLoCo against torchft's own", file=sys.stderr, flush=True)
+    return local_sgd, Manager
+
+
+def averaging_manager(manager_class):
+    """A torchft Manager stand-in, as torchft's own local_sgd_test.py drives LocalSGD and DiLoCo
+    without a lighthouse (create_autospec): each quorum commits, and allreduce averages over the
+    gloo group (sum, then / world size, as the Manager's allreduce averages over participants)."""
+    from unittest.mock import create_autospec
+    manager = create_autospec(manager_class)
+    manager._use_async_quorum = False
+    manager.should_commit.return_value = True
+    manager.current_step.return_value = 0
+    manager.errored.return_value = None
+
+    def allreduce(tensor, *args, **kwargs):
+        dist.all_reduce(tensor)
+        tensor /= dist.get_world_size()
+        return DoneWork(tensor)
+
+    manager.allreduce.side_effect = allreduce
+    return manager
+
+
+def average_(tensors):
+    with torch.no_grad():
+        for t in tensors:
+            dist.all_reduce(t)
+            t /= dist.get_world_size()
+
+
+def reference_local_sgd(model):
+    """After every SYNC_EVERY-th optimizer step, the parameters become their average."""
+    def after_step():
+        after_step.steps += 1
+        if after_step.steps % SYNC_EVERY == 0:
+            average_([p.data for p in model.parameters()])
+    after_step.steps = 0
+    return after_step
+
+
+def reference_diloco(model, outer):
+    """torchft's DiLoCo: the pseudo-gradient global - local, averaged, is the .grad of the
+    parameters reset to the global copy; the outer optimizer steps them; that is the new global."""
+    backup = [p.detach().clone() for p in model.parameters()]
+
+    def after_step():
+        after_step.steps += 1
+        if after_step.steps % SYNC_EVERY != 0:
+            return
+        pseudo = [g - p.detach() for g, p in zip(backup, model.parameters())]
+        average_(pseudo)
+        with torch.no_grad():
+            for p, g, d in zip(model.parameters(), backup, pseudo):
+                p.copy_(g)
+                p.grad = d
+        outer.step()
+        for g, p in zip(backup, model.parameters()):
+            g.copy_(p.detach())
+        outer.zero_grad(set_to_none=True)
+    after_step.steps = 0
+    return after_step
+
+
+def outer_sgd(model):
+    """DiLoCo's outer optimizer as the paper gives it: Nesterov SGD, lr 0.7, momentum 0.9."""
+    return torch.optim.SGD(model.parameters(), lr=0.7, momentum=0.9, nesterov=True)
+
+
+def inner_adamw(model):
+    return torch.optim.AdamW(model.parameters(), lr=0.01, weight_decay=0.1)
+
+
+class SyncNet(nn.Module):
+    """BatchNorm on the inputs, so that no parameter feeds a BatchNorm: each has a gradient well
+    above rounding (JoinNet's fc1 bias, right before its BatchNorm, has none, and AdamW's
+    normalised step turns that rounding noise into lr-sized steps that differ between PyTorch
+    versions)."""
+
+    def __init__(self):
+        super().__init__()
+        self.bn = nn.BatchNorm1d(6)
+        self.fc1 = nn.Linear(6, 8)
+        self.fc2 = nn.Linear(8, 4)
+
+    def forward(self, x):
+        return F.log_softmax(self.fc2(F.relu(self.fc1(self.bn(x)))), 1)
+
+
+def periodic_sync(rank, diloco):
+    """SyncNet (its BatchNorm's statistics stay each replica's own, as torchft leaves buffers),
+    SYNC_EVERY x OUTER_STEPS inner steps, LocalSGD with momentum SGD or DiLoCo with AdamW."""
+    model = SyncNet()
+    init_params(model)
+    inner = inner_adamw(model) if diloco else sgd(model)
+    steps = range(SYNC_EVERY * OUTER_STEPS)
+    torchft = torchft_or_none()
+    if torchft is None:
+        after = reference_diloco(model, outer_sgd(model)) if diloco else reference_local_sgd(model)
+        train(model, inner, rank, steps, after_step=after)
+        return model
+    local_sgd, manager_class = torchft
+    manager = averaging_manager(manager_class)
+    if not diloco:
+        wrapper = local_sgd.LocalSGD(manager, model, inner, sync_every=SYNC_EVERY)
+    else:
+        import inspect
+        fragments = "model_fragments" in inspect.signature(local_sgd.DiLoCo).parameters
+        wrapper = local_sgd.DiLoCo(manager, [model] if fragments else model, inner,
+                                   outer_sgd(model), sync_every=SYNC_EVERY)
+    with wrapper:
+        train(model, inner, rank, steps)
+    return model
+
+
+def case_local_sgd(rank):
+    return periodic_sync(rank, diloco=False)
+
+
+def case_diloco(rank):
+    return periodic_sync(rank, diloco=True)
 
 
 # ---- the cases that are only the shared step: a table -----------------------------------------

@@ -6,7 +6,8 @@
 // the less common paths (join with uneven inputs, find_unused_parameters with gradient
 // accumulation, SyncBatchNorm with a large mean, uneven evaluation, tied weights, an exception in
 // backward) give the same parameters, gradients and buffers on every rank as PyTorch
-// (ddp_oracle.py cases, one launch for all of them), with the ranks' replicas equal.
+// (ddp_oracle.py cases, one launch for all of them), with the ranks' replicas equal; and
+// LocalSGD and DiLoCo as torchft computes them (its own classes where torchft imports).
 // Exits 77 (skipped) when the oracle's Python has no torch with gloo.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -22,6 +23,7 @@
 #include "shoal/parallel/comm_hooks.h"
 #include "shoal/parallel/distributed_data_parallel.h"
 #include "shoal/parallel/join.h"
+#include "shoal/parallel/local_sgd.h"
 #include "shoal/parallel/sync_batch_norm.h"
 #include "test_models.h"
 #include "testing/multi_rank.h"
@@ -469,6 +471,46 @@ Dump power_sgd(int rank, const std::shared_ptr<comm::ProcessGroup>& group,
   return dump(*model);
 }
 
+// ddp_oracle.py's SyncNet: BatchNorm on the inputs, so that every parameter's gradient is well
+// above rounding (AdamW's normalised step would make rounding noise lr-sized).
+struct SyncNetImpl : torch::nn::Module {
+  torch::nn::BatchNorm1d bn{register_module("bn", torch::nn::BatchNorm1d(6))};
+  Linear fc1{register_module("fc1", Linear(6, 8))};
+  Linear fc2{register_module("fc2", Linear(8, 4))};
+  torch::Tensor forward(const torch::Tensor& x) {
+    return torch::log_softmax(fc2(torch::relu(fc1(bn(x)))), 1);
+  }
+};
+TORCH_MODULE(SyncNet);
+
+// ddp_oracle.py's periodic_sync: SyncNet (its BatchNorm statistics stay each replica's own),
+// 2 x 3 inner steps, LocalSGD over momentum SGD or DiLoCo over AdamW with the paper's outer
+// Nesterov SGD (lr 0.7, momentum 0.9); torchft's own on the 2.x leg.
+Dump periodic_sync(int rank, const std::shared_ptr<comm::ProcessGroup>& group, bool diloco) {
+  constexpr int kSyncEvery = 2;
+  constexpr int kOuterSteps = 3;
+  SyncNet model;
+  init_params(*model);
+  std::unique_ptr<torch::optim::Optimizer> inner;
+  if (diloco) {
+    inner = std::make_unique<torch::optim::AdamW>(
+        model->parameters(), torch::optim::AdamWOptions(0.01).weight_decay(0.1));
+  } else {
+    inner = std::make_unique<torch::optim::SGD>(sgd(*model));
+  }
+  torch::optim::SGD outer(model->parameters(),
+                          torch::optim::SGDOptions(0.7).momentum(0.9).nesterov(true));
+  std::unique_ptr<LocalSGD> sync =
+      diloco ? std::make_unique<DiLoCo>(model.ptr(), *inner, outer, group, kSyncEvery)
+             : std::make_unique<LocalSGD>(model.ptr(), group, kSyncEvery);
+  auto loss = [&](int step) {
+    return torch::nll_loss(model->forward(inputs(rank, step, {5, 6})), labels(rank, step, 5, 4));
+  };
+  train(*inner, kSyncEvery * kOuterSteps, loss, nullptr, [&] { sync->step(); });
+  EXPECT_EQ(sync->syncs(), kOuterSteps);
+  return dump(*model);
+}
+
 Dump run_case(const std::string& name, int rank,
                        const std::shared_ptr<comm::ProcessGroup>& group) {
   auto nll = [](const torch::Tensor& out, const torch::Tensor& y) {
@@ -731,6 +773,7 @@ Dump run_case(const std::string& name, int rank,
     });
     return dump(*model);
   }
+  if (name == "local_sgd" || name == "diloco") return periodic_sync(rank, group, name == "diloco");
   throw std::invalid_argument("unknown case " + name);
 }
 
@@ -755,7 +798,9 @@ const char* const kCases[] = {"join",
                               "sparse_embedding",
                               "static_graph",
                               "ignored_parameters",
-                              "channels_last_bucket_view"};
+                              "channels_last_bucket_view",
+                              "local_sgd",
+                              "diloco"};
 
 // How close each tensor of a case must be to PyTorch's, relative to its own magnitude.
 double tolerance(const std::string& name) {
@@ -917,6 +962,11 @@ TEST_F(Cases, SparseEmbeddingGradients) { check("sparse_embedding"); }
 TEST_F(Cases, StaticGraph) { check("static_graph"); }
 TEST_F(Cases, IgnoredParametersAndBuffersStayLocal) { check("ignored_parameters"); }
 TEST_F(Cases, BucketViewsKeepChannelsLast) { check("channels_last_bucket_view"); }
+// H = 2, 3 outer steps: the parameters, last gradients and each rank's BatchNorm statistics equal
+// torchft's LocalSGD and DiLoCo (the 2.x leg, where torchft imports; else ddp_oracle.py's
+// reference written from torchft's semantics) to 1e-5.
+TEST_F(Cases, LocalSgdMatchesTorchft) { check("local_sgd"); }
+TEST_F(Cases, DiLoCoMatchesTorchft) { check("diloco"); }
 
 }  // namespace test_ddp_vs_pytorch
 }  // namespace shoal::parallel

@@ -19,6 +19,7 @@
 #include "shoal/launcher/launch.h"
 #include "shoal/parallel/comm_hooks.h"
 #include "shoal/parallel/distributed_data_parallel.h"
+#include "shoal/parallel/local_sgd.h"
 #include "test_models.h"
 #include "testing/multi_rank.h"
 
@@ -1569,6 +1570,86 @@ TEST(DdpState, NamesAreTheModulesOwn) {
     EXPECT_EQ(ddp.named_parameters().keys(), model->named_parameters().keys());
     EXPECT_EQ(ddp.named_parameters().keys()[0], "conv1.weight");
     EXPECT_EQ(ddp.module().get(), model.ptr().get());
+  });
+}
+
+// ---- LocalSGD ------------------------------------------------------------------------------------
+
+SmallMlp copy_of(const SmallMlp& initial) {
+  SmallMlp model;
+  torch::NoGradGuard no_grad;
+  auto src = initial->parameters();
+  auto dst = model->parameters();
+  for (size_t i = 0; i < src.size(); ++i) dst[i].copy_(src[i]);
+  return model;
+}
+
+// LocalSGD with sync_every 1 and plain SGD (lr, no momentum) is DDP: the average of the replicas'
+// p - lr * g_r is p - lr * mean(g_r). Only the rounding differs (DDP averages the gradients and
+// steps once; LocalSGD steps and averages the parameters), so after 8 steps the two agree to
+// float32 rounding, not bit for bit: relative 1e-5.
+TEST(LocalSgd, SyncEveryStepWithPlainSgdEqualsDdp) {
+  constexpr int kWorld = 2;
+  constexpr int kSteps = 8;
+  constexpr int64_t kBatch = 4;
+  torch::manual_seed(7);
+  SmallMlp initial;
+  std::vector<std::vector<torch::Tensor>> ddp_params(kWorld), local_params(kWorld);
+  std::vector<int64_t> syncs(kWorld);
+  for (bool local : {false, true}) {
+    with_groups(kWorld, [&](int rank, std::shared_ptr<comm::ProcessGroup> group) {
+      SmallMlp model = copy_of(initial);
+      torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.1));
+      std::unique_ptr<LocalSGD> local_sgd;
+      std::unique_ptr<DistributedDataParallel<shoal::testing::SmallMlpImpl>> ddp;
+      if (local) {
+        local_sgd = std::make_unique<LocalSGD>(model.ptr(), group, 1);
+      } else {
+        ddp = std::make_unique<DistributedDataParallel<shoal::testing::SmallMlpImpl>>(model, group);
+      }
+      for (int step = 0; step < kSteps; ++step) {
+        auto [x, y] = make_batch("mlp", step, kBatch * kWorld);
+        x = x.narrow(0, rank * kBatch, kBatch);
+        y = y.narrow(0, rank * kBatch, kBatch);
+        sgd.zero_grad();
+        torch::nll_loss(local ? model->forward(x) : ddp->forward(x), y).backward();
+        sgd.step();
+        if (local_sgd) local_sgd->step();
+      }
+      (local ? local_params : ddp_params)[rank] = clone_all(model->parameters());
+      if (local_sgd) syncs[rank] = local_sgd->syncs();
+    });
+  }
+  EXPECT_EQ(syncs[0], kSteps);
+  EXPECT_EQ(max_relative_difference(local_params[1], local_params[0]), 0) << "replicas differ";
+  EXPECT_GT(max_relative_difference(ddp_params[0], clone_all(initial->parameters())), 1e-3)
+      << "nothing trained";
+  const double relative = max_relative_difference(local_params[0], ddp_params[0]);
+  std::printf("LocalSGD H=1 vs DDP after %d steps: max relative difference %.3g\n", kSteps, relative);
+  EXPECT_LE(relative, 1e-5);
+}
+
+// Between syncs the replicas train apart; the sync_every-th step averages them.
+TEST(LocalSgd, ReplicasDivergeBetweenSyncsAndMeetAtEach) {
+  constexpr int kWorld = 2;
+  torch::manual_seed(8);
+  SmallMlp initial;
+  with_groups(kWorld, [&](int rank, std::shared_ptr<comm::ProcessGroup> group) {
+    SmallMlp model = copy_of(initial);
+    torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.1));
+    LocalSGD local_sgd(model.ptr(), group, 3);
+    for (int step = 0; step < 6; ++step) {
+      auto [x, y] = make_batch("mlp", step * kWorld + rank, 4);
+      sgd.zero_grad();
+      torch::nll_loss(model->forward(x), y).backward();
+      sgd.step();
+      EXPECT_EQ(local_sgd.step(), step % 3 == 2);
+      auto flat = torch::cat({model->fc1->weight.flatten(), model->fc3->bias.flatten()});
+      auto gathered = flat.clone();
+      group->allreduce(gathered, {comm::ReduceOp::kMax})->wait();
+      EXPECT_EQ(torch::equal(gathered, flat), step % 3 == 2) << "rank " << rank << " step " << step;
+    }
+    EXPECT_EQ(local_sgd.syncs(), 2);
   });
 }
 

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "shoal/train/ddp_strategy.h"
+#include "shoal/train/local_sgd_strategy.h"
 #include "shoal/train/strategy.h"
 #include "shoal/train/train_options.h"
 
@@ -36,8 +37,8 @@ std::vector<std::string> strategy_names();
 
 /// What only some strategies can do (StrategySpec::supports).
 enum class StrategyFeature {
-  kGpu,                ///< train on --device cuda: single, and ddp without model parallelism
-  kCommHook,           ///< --comm-hook and --bucket-cap-mb: ddp without model parallelism
+  kGpu,                ///< train on --device cuda: single, and ddp without model parallelism or --sync
+  kCommHook,           ///< --comm-hook and --bucket-cap-mb: ddp without model parallelism or --sync
   kShardedCheckpoint,  ///< --checkpoint-format sharded: fsdp
   kClipGradNorm,       ///< --clip-grad-norm: all but ps (no process holds the global gradient)
 };
@@ -64,6 +65,12 @@ struct StrategySpec {
   int64_t powersgd_rank = 1;
   int64_t powersgd_start_iter = 1000;
   int model_parallel = 1;  ///< ddp: parts each rank's model is split into
+  /// ddp: how the replicas synchronise (every-step: DDP; localsgd, diloco: LocalSgdStrategy, with
+  /// sync_every, and DiLoCo's outer_lr and outer_momentum).
+  SyncKind sync = SyncKind::kEveryStep;
+  int64_t sync_every = LocalSgdOptions{}.sync_every;
+  double outer_lr = LocalSgdOptions{}.outer_lr;
+  double outer_momentum = LocalSgdOptions{}.outer_momentum;
   // fsdp
   int shard = 3;  ///< ZeRO stage
   // pipeline
@@ -78,6 +85,8 @@ struct StrategySpec {
   bool supports(StrategyFeature feature) const;
   /// Throws InvalidArgument naming the flags when `options` ask what this strategy cannot do.
   void validate(const TrainOptions& options) const;
+  /// validate()'s rules of --sync: its strategy and the flags it cannot go with.
+  void validate_sync(const TrainOptions& options) const;
   /// replicas, or the strategy's default for 0.
   int replica_count() const;
   /// Whether the strategy runs as a job of processes (ddp, fsdp, pipeline, ps).
