@@ -154,12 +154,23 @@ TEST_P(TensorParallelGpt, EqualsSingleProcessTraining) {
     }
     whole_bytes += item.value().numel() * static_cast<int64_t>(item.value().element_size());
   }
+  torch::Tensor logits;
+  {
+    torch::NoGradGuard no_grad;
+    logits = initial->forward(data[0].first);
+  }
   std::vector<State> states(tp);
   std::vector<int64_t> split_bytes(tp);
+  std::vector<double> logits_error(tp);
   with_groups(tp, [&](int rank, std::shared_ptr<comm::ProcessGroup> group) {
     auto gpt = copy_of(*initial);
     const TensorParallelLayout layout = parallelize_gpt(*gpt, group);
     split_bytes[rank] = layout.sharded_layer_bytes();
+    {
+      torch::NoGradGuard no_grad;  // forward() gathers the vocabulary-split logits
+      logits_error[rank] =
+          shoal::testing::max_relative_difference({gpt->forward(data[0].first)}, {logits});
+    }
     auto optimizer = optimizer_for(unique_parameters(*gpt), adamw);
     for (const Batch& batch : data) train_step(*gpt, *optimizer, batch, 0, kBatch);
     states[rank] = state_of(layout.full_state_dict());
@@ -167,6 +178,7 @@ TEST_P(TensorParallelGpt, EqualsSingleProcessTraining) {
   for (int rank = 0; rank < tp; ++rank) {
     EXPECT_LT(max_relative_difference(states[rank], expected), 1e-5) << "rank " << rank;
     EXPECT_LE(split_bytes[rank], whole_bytes / tp * 1.05) << "rank " << rank;
+    EXPECT_LT(logits_error[rank], 1e-5) << "rank " << rank;
   }
 }
 
@@ -238,6 +250,54 @@ TEST(TensorParallel, RefusesADegreeThatDoesNotDivideTheHeads) {
     EXPECT_NE(std::string(e.what()).find("--n-head"), std::string::npos) << e.what();
   }
   EXPECT_NO_THROW(check_gpt_tensor_parallel(gpt, 2));
+}
+
+// A Linear split column-wise then row-wise, called through a module with forward hooks.
+struct TwoLayers : torch::nn::Module, models::LayerForwardHooks {
+  TwoLayers() : LayerForwardHooks({"up", "down"}) {
+    up = register_module("up", torch::nn::Linear(6, 8));
+    down = register_module("down", torch::nn::Linear(8, 6));
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    auto call = [](torch::nn::Linear& layer) {
+      return [&layer](const torch::Tensor& in) { return layer->forward(in); };
+    };
+    const torch::Tensor hidden = call_layer(0, *up, x, call(up));
+    return call_layer(1, *down, torch::relu(hidden), call(down));
+  }
+  torch::nn::Linear up{nullptr}, down{nullptr};
+};
+
+TEST(TensorParallel, PlanRefusesUnmatchedPatternsUnhookableLayersAndUnevenSplits) {
+  with_groups(2, [&](int rank, std::shared_ptr<comm::ProcessGroup> group) {
+    TwoLayers hooked;
+    EXPECT_THROW(parallelize_module(hooked, group, {{"nothing.*", ColwiseParallel{}}}),
+                 InvalidArgument);
+    EXPECT_THROW(parallelize_module(hooked, group, {{"up", ColwiseParallel{3}}}), InvalidArgument);
+    torch::nn::Sequential plain(torch::nn::Linear(4, 4));
+    EXPECT_THROW(parallelize_module(*plain, group, {{"0", ColwiseParallel{}}}), InvalidArgument);
+  });
+}
+
+TEST(TensorParallel, ColwiseThenRowwiseOnAnyHookedModuleEqualsTheWholeModule) {
+  torch::manual_seed(3);
+  TwoLayers whole;
+  const torch::Tensor x = torch::randn({5, 6});
+  const torch::Tensor expected = whole.forward(x).detach();
+  std::vector<torch::Tensor> outputs(2);
+  with_groups(2, [&](int rank, std::shared_ptr<comm::ProcessGroup> group) {
+    TwoLayers split;
+    {
+      torch::NoGradGuard no_grad;
+      for (auto& item : split.named_parameters()) item.value().copy_(whole.named_parameters()[item.key()]);
+    }
+    const TensorParallelLayout layout = parallelize_module(
+        split, group, {{"up", ColwiseParallel{}}, {"down", RowwiseParallel{}}});
+    EXPECT_EQ(split.up->weight.sizes(), (std::vector<int64_t>{4, 6}));
+    EXPECT_EQ(layout.sharded().size(), 3u);  // up.weight, up.bias, down.weight
+    outputs[rank] = split.forward(x).detach();
+  });
+  for (const auto& out : outputs) EXPECT_TRUE(torch::allclose(out, expected, 1e-5, 1e-6));
 }
 
 }  // namespace test_tensor_parallel
