@@ -77,7 +77,9 @@ torch::nn::Module* module_at(torch::nn::Module& root,
 Target locate(torch::nn::Module& root,
               const torch::OrderedDict<std::string, std::shared_ptr<torch::nn::Module>>& modules,
               const std::string& path) {
-  Target target{path, modules[path].get()};
+  Target target;
+  target.path = path;
+  target.layer = modules[path].get();
   // Candidates from the innermost: "a.b" for "a.b.c", then "a", then the root.
   std::string above = path;
   while (true) {
@@ -218,6 +220,13 @@ torch::OrderedDict<std::string, at::Tensor> TensorParallelLayout::full_state_dic
   return state;
 }
 
+at::Tensor TensorParallelLayout::gather(const std::string& name, const at::Tensor& shard) const {
+  const auto found = sharded_.find(name);
+  SHOAL_CHECK_T(InvalidArgument, found != sharded_.end(), "TensorParallelLayout::gather: ", name,
+                " is not a split parameter");
+  return gathered(shard, found->second, *group_);
+}
+
 int64_t TensorParallelLayout::sharded_layer_bytes() const {
   std::set<const c10::TensorImpl*> counted;
   int64_t bytes = 0;
@@ -266,8 +275,7 @@ TensorParallelPlan gpt_tensor_parallel_plan() {
           {"transformer.h.*.mlp.c_proj", RowwiseParallel{}}};
 }
 
-void check_gpt_tensor_parallel(const models::Gpt& gpt, int64_t tp) {
-  const models::GptConfig& config = gpt.config();
+void check_gpt_tensor_parallel(const models::GptConfig& config, int64_t tp) {
   const std::pair<const char*, int64_t> sizes[] = {{"--n-head", config.n_head},
                                                    {"--n-embd", config.n_embd},
                                                    {"4 x --n-embd (the MLP)", 4 * config.n_embd},
@@ -282,7 +290,7 @@ void check_gpt_tensor_parallel(const models::Gpt& gpt, int64_t tp) {
 TensorParallelLayout parallelize_gpt(models::Gpt& gpt, GroupPtr tp_group) {
   SHOAL_CHECK_T(InvalidArgument, tp_group != nullptr,
                 "parallelize_gpt: the tensor-parallel group is null (this rank is not in it)");
-  check_gpt_tensor_parallel(gpt, tp_group->size());
+  check_gpt_tensor_parallel(gpt.config(), tp_group->size());
   TensorParallelLayout layout = parallelize_module(gpt, tp_group, gpt_tensor_parallel_plan());
   models::ShardedLogits logits;
   logits.gather = [tp_group](const at::Tensor& local) {

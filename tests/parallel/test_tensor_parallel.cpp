@@ -244,12 +244,12 @@ TEST(TensorParallel, RefusesADegreeThatDoesNotDivideTheHeads) {
   config.n_embd = 32;
   models::Gpt gpt(config);
   try {
-    check_gpt_tensor_parallel(gpt, 4);
+    check_gpt_tensor_parallel(gpt.config(), 4);
     FAIL() << "tp=4 with 2 heads was accepted";
   } catch (const InvalidArgument& e) {
     EXPECT_NE(std::string(e.what()).find("--n-head"), std::string::npos) << e.what();
   }
-  EXPECT_NO_THROW(check_gpt_tensor_parallel(gpt, 2));
+  EXPECT_NO_THROW(check_gpt_tensor_parallel(gpt.config(), 2));
 }
 
 // A Linear split column-wise then row-wise, called through a module with forward hooks.

@@ -59,7 +59,8 @@ class ProcessGroup;
 
 namespace shoal::models {
 class Gpt;
-}
+struct GptConfig;
+}  // namespace shoal::models
 
 namespace shoal::parallel {
 
@@ -98,6 +99,10 @@ class TensorParallelLayout {
   /// The module's parameters and buffers under their names, the shards all-gathered back into
   /// whole tensors (new tensors, detached). A collective over the TP group: every TP rank calls it.
   torch::OrderedDict<std::string, at::Tensor> full_state_dict() const;
+  /// The whole tensor of parameter `name` (one of sharded()) from every rank's `shard` of it, or
+  /// of anything shaped and split like it (an optimizer's state of it). A collective over the TP
+  /// group.
+  at::Tensor gather(const std::string& name, const at::Tensor& shard) const;
   /// Bytes of this rank's parameters in the split layers (shared parameters counted once).
   int64_t sharded_layer_bytes() const;
 
@@ -130,7 +135,7 @@ TensorParallelLayout parallelize_module(torch::nn::Module& module, const comm::D
 TensorParallelPlan gpt_tensor_parallel_plan();
 /// InvalidArgument, one line naming the size, unless `tp` divides the GPT's n_head, n_embd,
 /// 4*n_embd and vocab_size (the vocabulary is not padded).
-void check_gpt_tensor_parallel(const models::Gpt& gpt, int64_t tp);
+void check_gpt_tensor_parallel(const models::GptConfig& config, int64_t tp);
 /// check_gpt_tensor_parallel, parallelize_module with gpt_tensor_parallel_plan(), and the GPT's
 /// loss made vocabulary-parallel (vocab_parallel_cross_entropy: the logits are never gathered;
 /// forward() still returns whole logits, gathered).

@@ -64,6 +64,9 @@ struct StrategySpec {
   int64_t powersgd_rank = 1;
   int64_t powersgd_start_iter = 1000;
   int model_parallel = 1;  ///< ddp: parts each rank's model is split into
+  /// --mesh "dp=2,tp=2" (comm::parse_mesh; empty: none): single or ddp become tensor parallelism
+  /// over tp and data parallelism over dp (TpStrategy), a job of the mesh's ranks.
+  std::string mesh;
   // fsdp
   int shard = 3;  ///< ZeRO stage
   // pipeline
