@@ -406,6 +406,10 @@ with tempfile.TemporaryDirectory() as tmp:
             "a mesh dimension not supported yet")
     refused(common + ["--mesh", "tp=2", "--strategy", "fsdp"], "--mesh applies to --strategy ddp",
             "a mesh with fsdp")
+    run = run_shoal(SHOAL, "run", "--nproc-per-node", "2", SHOAL, "train", *common, "--mesh",
+                    "dp=2,tp=2")
+    check(run.returncode != 0 and "--mesh dp=2,tp=2 holds 4 ranks but the job has 2" in run.stderr,
+          "a mesh whose ranks are not the job's is refused", run)
     big = os.path.join(tmp, "big.pt")
     torch.save({"train_x": x.clone().fill_(VOCAB), "train_y": y, "test_x": xt, "test_y": yt}, big)
     refused(common + ["--data", big], f"holds the token id {VOCAB}, but the vocabulary has {VOCAB}",
