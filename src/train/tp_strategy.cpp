@@ -59,6 +59,15 @@ std::vector<std::pair<std::string, at::Tensor>> unique_named_parameters(torch::n
   return named;
 }
 
+/// A new GPT with `gpt`'s sizes and weights (the one tensor parallelism splits).
+std::shared_ptr<models::Gpt> copy_of(const models::Gpt& gpt) {
+  auto copy = std::make_shared<models::Gpt>(gpt.config());
+  torch::NoGradGuard no_grad;
+  const auto whole = gpt.named_parameters();
+  for (auto& item : copy->named_parameters()) item.value().copy_(whole[item.key()]);
+  return copy;
+}
+
 }  // namespace
 
 TpStrategy::TpStrategy(std::vector<comm::MeshDimension> mesh, const comm::InitOptions& init)
@@ -83,12 +92,7 @@ void TpStrategy::prepare(TrainState& state) {
   SHOAL_CHECK_T(InvalidArgument, !state.autocast_dtype && !state.grad_scaler,
                 "--precision bf16/fp16 is not supported with --mesh yet; use fp32");
   SHOAL_CHECK_T(InvalidArgument, state.optimizer != nullptr, "--mesh: no optimizer");
-  split_ = std::make_shared<models::Gpt>(gpt->config());
-  {
-    torch::NoGradGuard no_grad;
-    const auto whole = state.model->named_parameters();
-    for (auto& item : split_->named_parameters()) item.value().copy_(whole[item.key()]);
-  }
+  split_ = copy_of(*gpt);
   layout_ = std::make_unique<parallel::TensorParallelLayout>(
       parallel::parallelize_gpt(*split_, mesh_.get_group("tp")));
   // The trainer's optimizer stays over its whole model, for checkpoints; this one steps the shards.
