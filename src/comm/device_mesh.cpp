@@ -16,7 +16,7 @@ std::vector<int64_t> strides_of(const std::vector<MeshDimension>& dimensions) {
   return strides;
 }
 
-std::string describe(const std::vector<MeshDimension>& dimensions) {
+std::string mesh_description(const std::vector<MeshDimension>& dimensions) {
   std::ostringstream text;
   for (size_t d = 0; d < dimensions.size(); ++d) {
     text << (d ? "," : "") << dimensions[d].first << "=" << dimensions[d].second;
@@ -30,16 +30,16 @@ void check_dimensions(const std::vector<MeshDimension>& dimensions, int world_si
   int64_t product = 1;
   for (const auto& [name, size] : dimensions) {
     SHOAL_CHECK_T(InvalidArgument, !name.empty(), "DeviceMesh: a dimension has no name (",
-                  describe(dimensions), ")");
+                  mesh_description(dimensions), ")");
     SHOAL_CHECK_T(InvalidArgument, names.insert(name).second, "DeviceMesh: dimension '", name,
-                  "' appears twice in ", describe(dimensions));
-    SHOAL_CHECK_T(InvalidArgument, size >= 1 && size <= world_size, "DeviceMesh: dimension '",
-                  name, "' has size ", size, "; sizes must be in [1, ", world_size, "]");
+                  "' appears twice in ", mesh_description(dimensions));
+    SHOAL_CHECK_T(InvalidArgument, size >= 1 && size <= world_size, "DeviceMesh: dimension '", name,
+                  "' has size ", size, "; sizes must be in [1, ", world_size, "]");
     product *= size;
   }
   SHOAL_CHECK_T(InvalidArgument, product == world_size, "DeviceMesh: the mesh ",
-                describe(dimensions), " holds ", product, " ranks but the job has ", world_size,
-                "; the sizes' product must equal the world size");
+                mesh_description(dimensions), " holds ", product, " ranks but the job has ",
+                world_size, "; the sizes' product must equal the world size");
 }
 
 }  // namespace
@@ -72,7 +72,7 @@ size_t DeviceMesh::index_of(const std::string& dimension) const {
     if (dimensions_[d].first == dimension) return d;
   }
   SHOAL_THROW(InvalidArgument, "DeviceMesh: no dimension named '", dimension, "' in the mesh ",
-              describe(dimensions_));
+              mesh_description(dimensions_));
 }
 
 std::shared_ptr<ProcessGroup> DeviceMesh::get_group(const std::string& dimension) const {
@@ -111,9 +111,8 @@ std::vector<MeshDimension> parse_mesh(const std::string& text, const std::string
     const std::string size = equals == std::string::npos ? "" : item.substr(equals + 1);
     const bool digits = !size.empty() && size.size() <= 6 &&
                         size.find_first_not_of("0123456789") == std::string::npos;
-    SHOAL_CHECK_T(InvalidArgument, !name.empty() && digits && std::stoll(size) >= 1,
-                  flag, " takes name=size pairs separated by commas (e.g. dp=2,tp=2), got '",
-                  text, "'");
+    SHOAL_CHECK_T(InvalidArgument, !name.empty() && digits && std::stoll(size) >= 1, flag,
+                  " takes name=size pairs separated by commas (e.g. dp=2,tp=2), got '", text, "'");
     SHOAL_CHECK_T(InvalidArgument, names.insert(name).second, flag, ": dimension '", name,
                   "' appears twice in '", text, "'");
     dimensions.emplace_back(name, std::stoll(size));

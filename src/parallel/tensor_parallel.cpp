@@ -64,10 +64,10 @@ void split_parameter(at::Tensor param, const ShardSpec& spec, const comm::Proces
 }
 
 /// The module at `path` below `root` ("" is root itself), or null.
-torch::nn::Module* module_at(torch::nn::Module& root,
-                             const torch::OrderedDict<std::string, std::shared_ptr<torch::nn::Module>>&
-                                 modules,
-                             const std::string& path) {
+torch::nn::Module* module_at(
+    torch::nn::Module& root,
+    const torch::OrderedDict<std::string, std::shared_ptr<torch::nn::Module>>& modules,
+    const std::string& path) {
   if (path.empty()) return &root;
   const auto* found = modules.find(path);
   return found ? found->get() : nullptr;
@@ -134,14 +134,12 @@ void apply_rowwise_embedding(const Target& target, const GroupPtr& group, SplitT
   split_parameter(weight, ShardSpec{0, 1}, *group, target.path + ".weight", split);
   const int64_t rows = weight.size(0);
   const int64_t first = group->rank() * rows;
-  target.owner->set_layer_forward(
-      target.path_in_owner,
-      [weight, group, rows, first](torch::nn::Module&, const at::Tensor& ids) {
-        const at::Tensor elsewhere = (ids < first) | (ids >= first + rows);
-        const at::Tensor local = at::embedding(weight, (ids - first).masked_fill(elsewhere, 0));
-        return reduce_from_tensor_parallel_region(
-            local.masked_fill(elsewhere.unsqueeze(-1), 0), group);
-      });
+  auto forward = [weight, group, rows, first](torch::nn::Module&, const at::Tensor& ids) {
+    const at::Tensor elsewhere = (ids < first) | (ids >= first + rows);
+    const at::Tensor local = at::embedding(weight, (ids - first).masked_fill(elsewhere, 0));
+    return reduce_from_tensor_parallel_region(local.masked_fill(elsewhere.unsqueeze(-1), 0), group);
+  };
+  target.owner->set_layer_forward(target.path_in_owner, std::move(forward));
 }
 
 void apply_style(const Target& target, const RowwiseParallel&, const GroupPtr& group,
@@ -172,9 +170,9 @@ std::vector<std::pair<std::string, ParallelStyle>> match_plan(
     bool any = false;
     for (const auto& item : modules) {
       if (fnmatch(pattern.c_str(), item.key().c_str(), 0) != 0) continue;
-      SHOAL_CHECK_T(InvalidArgument, seen.insert(item.key()).second, "parallelize_module: ",
-                    item.key(), " is matched by two patterns of the plan (the second: '", pattern,
-                    "')");
+      SHOAL_CHECK_T(InvalidArgument, seen.insert(item.key()).second,
+                    "parallelize_module: ", item.key(),
+                    " is matched by two patterns of the plan (the second: '", pattern, "')");
       matched.emplace_back(item.key(), style);
       any = true;
     }
@@ -281,8 +279,8 @@ void check_gpt_tensor_parallel(const models::GptConfig& config, int64_t tp) {
                                                    {"4 x --n-embd (the MLP)", 4 * config.n_embd},
                                                    {"--vocab-size", config.vocab_size}};
   for (const auto& [name, size] : sizes) {
-    SHOAL_CHECK_T(InvalidArgument, tp >= 1 && size % tp == 0, "the tensor-parallel degree tp=",
-                  tp, " does not divide ", name, " (", size,
+    SHOAL_CHECK_T(InvalidArgument, tp >= 1 && size % tp == 0, "the tensor-parallel degree tp=", tp,
+                  " does not divide ", name, " (", size,
                   "); choose a tp that divides the heads, the width and the vocabulary");
   }
 }

@@ -84,8 +84,8 @@ class GatherFromRegion : public torch::autograd::Function<GatherFromRegion> {
 /// Per-row losses of logits split over the vocabulary (Megatron's _VocabParallelCrossEntropy).
 class VocabParallelCrossEntropy : public torch::autograd::Function<VocabParallelCrossEntropy> {
  public:
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& local, const at::Tensor& targets,
-                            std::shared_ptr<comm::ProcessGroup> group) {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& local,
+                            const at::Tensor& targets, std::shared_ptr<comm::ProcessGroup> group) {
     const int64_t width = local.size(1);
     const int64_t first = group->rank() * width;
     // Subtracting the global row maximum keeps exp() finite, as log_softmax does.
@@ -132,8 +132,8 @@ at::Tensor gather_from_tensor_parallel_region(const at::Tensor& input,
 
 at::Tensor vocab_parallel_cross_entropy(const at::Tensor& local, const at::Tensor& targets,
                                         std::shared_ptr<comm::ProcessGroup> group) {
-  SHOAL_CHECK_T(InvalidArgument, local.dim() == 2 && targets.dim() == 1 &&
-                                     targets.size(0) == local.size(0),
+  SHOAL_CHECK_T(InvalidArgument,
+                local.dim() == 2 && targets.dim() == 1 && targets.size(0) == local.size(0),
                 "vocab_parallel_cross_entropy takes logits [N, V/tp] and targets [N], got ",
                 local.sizes(), " and ", targets.sizes());
   const at::Tensor ids = targets.to(at::kLong);

@@ -109,7 +109,9 @@ void TpStrategy::prepare(TrainState& state) {
   };
   if (mesh_.size("dp") > 1) {
     ddp_ = std::make_shared<parallel::DistributedDataParallelBase>(split_, mesh_.get_group("dp"));
-    state.no_sync = [ddp = ddp_] { return std::make_shared<parallel::NoSyncGuard>(ddp->no_sync()); };
+    state.no_sync = [ddp = ddp_] {
+      return std::make_shared<parallel::NoSyncGuard>(ddp->no_sync());
+    };
     loss = around_forward(ddp_, loss);
     forward = around_forward(ddp_, forward);
   }

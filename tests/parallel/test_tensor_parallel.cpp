@@ -40,7 +40,8 @@ models::GptConfig tiny_config() {
 }
 
 // Runs fn(rank, world group) on `world` threads over shm.
-void with_groups(int world, const std::function<void(int, std::shared_ptr<comm::ProcessGroup>)>& fn) {
+void with_groups(int world,
+                 const std::function<void(int, std::shared_ptr<comm::ProcessGroup>)>& fn) {
   torch::set_num_threads(1);
   auto store = comm::make_hash_store(kTimeout);
   shoal::testing::run_threads(world, [&](int rank) {
@@ -82,7 +83,8 @@ std::shared_ptr<models::Gpt> copy_of(const models::Gpt& initial) {
   return gpt;
 }
 
-std::unique_ptr<torch::optim::Optimizer> optimizer_for(std::vector<torch::Tensor> params, bool adamw) {
+std::unique_ptr<torch::optim::Optimizer> optimizer_for(std::vector<torch::Tensor> params,
+                                                       bool adamw) {
   if (adamw) {
     return std::make_unique<torch::optim::AdamW>(params, torch::optim::AdamWOptions(3e-3));
   }
@@ -148,8 +150,8 @@ TEST_P(TensorParallelGpt, EqualsSingleProcessTraining) {
   // The split layers: everything but the LayerNorms and the position embedding.
   int64_t whole_bytes = 0;
   for (const auto& item : initial->named_parameters()) {
-    if (item.key().find("ln_") != std::string::npos || item.key().find("wpe") != std::string::npos ||
-        item.key() == "lm_head.weight") {
+    if (item.key().find("ln_") != std::string::npos ||
+        item.key().find("wpe") != std::string::npos || item.key() == "lm_head.weight") {
       continue;
     }
     whole_bytes += item.value().numel() * static_cast<int64_t>(item.value().element_size());
@@ -289,10 +291,11 @@ TEST(TensorParallel, ColwiseThenRowwiseOnAnyHookedModuleEqualsTheWholeModule) {
     TwoLayers split;
     {
       torch::NoGradGuard no_grad;
-      for (auto& item : split.named_parameters()) item.value().copy_(whole.named_parameters()[item.key()]);
+      for (auto& item : split.named_parameters())
+        item.value().copy_(whole.named_parameters()[item.key()]);
     }
-    const TensorParallelLayout layout = parallelize_module(
-        split, group, {{"up", ColwiseParallel{}}, {"down", RowwiseParallel{}}});
+    const TensorParallelLayout layout =
+        parallelize_module(split, group, {{"up", ColwiseParallel{}}, {"down", RowwiseParallel{}}});
     EXPECT_EQ(split.up->weight.sizes(), (std::vector<int64_t>{4, 6}));
     EXPECT_EQ(layout.sharded().size(), 3u);  // up.weight, up.bias, down.weight
     outputs[rank] = split.forward(x).detach();

@@ -139,7 +139,8 @@ void check_gpt_tensor_parallel(const models::GptConfig& config, int64_t tp);
 /// check_gpt_tensor_parallel, parallelize_module with gpt_tensor_parallel_plan(), and the GPT's
 /// loss made vocabulary-parallel (vocab_parallel_cross_entropy: the logits are never gathered;
 /// forward() still returns whole logits, gathered).
-TensorParallelLayout parallelize_gpt(models::Gpt& gpt, std::shared_ptr<comm::ProcessGroup> tp_group);
+TensorParallelLayout parallelize_gpt(models::Gpt& gpt,
+                                     std::shared_ptr<comm::ProcessGroup> tp_group);
 
 /// Megatron's f: identity forward, allreduce (sum) of the gradient over `group` in backward.
 at::Tensor copy_to_tensor_parallel_region(const at::Tensor& input,
