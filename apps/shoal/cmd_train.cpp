@@ -582,6 +582,11 @@ std::optional<int> check_how_started(const TrainCli& cli, const comm::RankInfo& 
                     cli.nproc->count() == 0,
                 "--nproc-per-node ", spec.nproc_per_node,
                 " needs --strategy ddp (without it every process would train alone)");
+  SHOAL_CHECK_T(InvalidArgument,
+                spec.mesh.empty() || cli.nproc->count() == 0 ||
+                    spec.nproc_per_node == spec.local_processes(),
+                "--mesh ", spec.mesh, " runs ", spec.local_processes(), " processes, but "
+                "--nproc-per-node is ", spec.nproc_per_node, "; leave --nproc-per-node out");
   if (!spec.runs_as_job() && as_rank && rank_info.world_size > 1) {
     if (rank_info.rank != 0) return 2;
     SHOAL_THROW(InvalidArgument, "started as rank ", rank_info.rank, " of ", rank_info.world_size,

@@ -406,6 +406,9 @@ with tempfile.TemporaryDirectory() as tmp:
             "a mesh dimension not supported yet")
     refused(common + ["--mesh", "tp=2", "--strategy", "fsdp"], "--mesh applies to --strategy ddp",
             "a mesh with fsdp")
+    refused(common + ["--mesh", "dp=2,tp=2", "--strategy", "ddp", "--nproc-per-node", "3"],
+            "--mesh dp=2,tp=2 runs 4 processes, but --nproc-per-node is 3",
+            "a mesh whose ranks are not --nproc-per-node")
     run = run_shoal(SHOAL, "run", "--nproc-per-node", "2", SHOAL, "train", *common, "--mesh",
                     "dp=2,tp=2")
     check(run.returncode != 0 and "--mesh dp=2,tp=2 holds 4 ranks but the job has 2" in run.stderr,
