@@ -476,6 +476,11 @@ void add_strategy_options(CLI::App& app, TrainCli& cli) {
                  "one thread per part)")
       ->check(CLI::Range(1, 64))
       ->capture_default_str();
+  app.add_option("--mesh", spec.mesh,
+                 "--model gpt on a device mesh, e.g. dp=2,tp=2: tensor parallelism over tp ranks\n"
+                 "(attention heads, MLP and vocabulary split; tp divides --n-head, --n-embd and\n"
+                 "--vocab-size) and DDP over dp; launches dp x tp processes as ddp does")
+      ->type_name("dp=D,tp=T");
   app.add_option("--backend", spec.backend,
                  "Process-group backend for ddp: auto (shm on one host), shm, gloo, mpi")
       ->check(CLI::IsMember({"auto", "shm", "gloo", "mpi", "hierarchical"}))
@@ -603,6 +608,11 @@ std::optional<int> check_how_started(const TrainCli& cli, const comm::RankInfo& 
                     cli.nproc->count() == 0,
                 "--nproc-per-node ", spec.nproc_per_node,
                 " needs --strategy ddp (without it every process would train alone)");
+  SHOAL_CHECK_T(InvalidArgument,
+                spec.mesh.empty() || cli.nproc->count() == 0 ||
+                    spec.nproc_per_node == spec.local_processes(),
+                "--mesh ", spec.mesh, " runs ", spec.local_processes(), " processes, but "
+                "--nproc-per-node is ", spec.nproc_per_node, "; leave --nproc-per-node out");
   if (!spec.runs_as_job() && as_rank && rank_info.world_size > 1) {
     if (rank_info.rank != 0) return 2;
     SHOAL_THROW(InvalidArgument, "started as rank ", rank_info.rank, " of ", rank_info.world_size,

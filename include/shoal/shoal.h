@@ -20,6 +20,7 @@
 #include "shoal/error.h"
 #include "shoal/log.h"
 
+#include "shoal/comm/device_mesh.h"
 #include "shoal/comm/flight_recorder.h"
 #include "shoal/comm/init.h"
 #include "shoal/comm/op_label.h"
@@ -37,6 +38,7 @@
 #include "shoal/parallel/local_sgd.h"
 #include "shoal/parallel/no_sync.h"
 #include "shoal/parallel/sync_batch_norm.h"
+#include "shoal/parallel/tensor_parallel.h"
 
 #include "shoal/data/batch_dataset.h"
 #include "shoal/data/cifar10.h"
@@ -81,6 +83,7 @@
 #include "shoal/train/ps_strategy.h"
 #include "shoal/train/strategy.h"
 #include "shoal/train/strategy_spec.h"
+#include "shoal/train/tp_strategy.h"
 #include "shoal/train/train_option_table.h"
 #include "shoal/train/train_options.h"
 #include "shoal/train/trainer.h"

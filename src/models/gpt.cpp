@@ -26,7 +26,24 @@ at::Tensor gpt_dropout(const at::Tensor& x, double p, bool training) {
   return F::dropout(x, F::DropoutFuncOptions().p(p).training(true));
 }
 
+constexpr size_t kQkv = 0, kAttnProj = 1;  // CausalSelfAttention's hookable layers
+constexpr size_t kFc = 0, kMlpProj = 1;    // GptMlp's
+constexpr size_t kWte = 0, kLmHead = 1;    // Gpt's
+
 }  // namespace
+
+LayerForwardHooks::LayerForwardHooks(std::vector<std::string> layers)
+    : layers_(std::move(layers)), forwards_(layers_.size()) {}
+
+void LayerForwardHooks::set_layer_forward(const std::string& layer, LayerForward forward) {
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    if (layers_[i] == layer) {
+      forwards_[i] = std::move(forward);
+      return;
+    }
+  }
+  SHOAL_THROW(InvalidArgument, "no forward hook for layer '", layer, "' in this module");
+}
 
 void GptConfig::validate() const {
   SHOAL_CHECK_T(InvalidArgument, n_layer >= 1 && n_layer <= 1024,
@@ -44,37 +61,48 @@ void GptConfig::validate() const {
 }
 
 CausalSelfAttention::CausalSelfAttention(const GptConfig& config)
-    : n_head_(config.n_head), dropout_(config.dropout) {
+    : LayerForwardHooks({"c_attn", "c_proj"}),
+      head_size_(config.n_embd / config.n_head),
+      dropout_(config.dropout) {
   c_attn = register_module("c_attn", torch::nn::Linear(config.n_embd, 3 * config.n_embd));
   c_proj = register_module("c_proj", torch::nn::Linear(config.n_embd, config.n_embd));
 }
 
 at::Tensor CausalSelfAttention::forward(const at::Tensor& x) {
-  const int64_t batch = x.size(0), tokens = x.size(1), channels = x.size(2);
-  const int64_t head = channels / n_head_;
-  // [B,T,3C] -> q, k, v as [B,nh,T,hs]
-  const std::vector<at::Tensor> qkv = c_attn->forward(x).split(channels, 2);
+  const int64_t batch = x.size(0), tokens = x.size(1);
+  const at::Tensor qkv_all =
+      call_layer(kQkv, *c_attn, x, [&](const at::Tensor& in) { return c_attn->forward(in); });
+  // [B,T,3C'] -> q, k, v as [B,nh',T,hs], C' = nh' * hs (nh' < n_head when c_attn is sharded)
+  const int64_t channels = qkv_all.size(2) / 3;
+  const std::vector<at::Tensor> qkv = qkv_all.split(channels, 2);
   const auto heads = [&](const at::Tensor& t) {
-    return t.view({batch, tokens, n_head_, head}).transpose(1, 2);
+    return t.view({batch, tokens, channels / head_size_, head_size_}).transpose(1, 2);
   };
   const at::Tensor q = heads(qkv[0]), k = heads(qkv[1]), v = heads(qkv[2]);
-  const double scale = 1.0 / std::sqrt(static_cast<double>(head));
+  const double scale = 1.0 / std::sqrt(static_cast<double>(head_size_));
   at::Tensor att = at::matmul(q, k.transpose(-2, -1)) * scale;
   const at::Tensor future = at::ones({tokens, tokens}, x.options().dtype(at::kBool)).triu(1);
   att = at::softmax(att.masked_fill(future, -INFINITY), -1);
   att = gpt_dropout(att, dropout_, is_training());
   const at::Tensor y =
       at::matmul(att, v).transpose(1, 2).contiguous().view({batch, tokens, channels});
-  return gpt_dropout(c_proj->forward(y), dropout_, is_training());
+  const at::Tensor out =
+      call_layer(kAttnProj, *c_proj, y, [&](const at::Tensor& in) { return c_proj->forward(in); });
+  return gpt_dropout(out, dropout_, is_training());
 }
 
-GptMlp::GptMlp(const GptConfig& config) : dropout_(config.dropout) {
+GptMlp::GptMlp(const GptConfig& config)
+    : LayerForwardHooks({"c_fc", "c_proj"}), dropout_(config.dropout) {
   c_fc = register_module("c_fc", torch::nn::Linear(config.n_embd, 4 * config.n_embd));
   c_proj = register_module("c_proj", torch::nn::Linear(4 * config.n_embd, config.n_embd));
 }
 
 at::Tensor GptMlp::forward(const at::Tensor& x) {
-  return gpt_dropout(c_proj->forward(at::gelu(c_fc->forward(x))), dropout_, is_training());
+  const at::Tensor hidden =
+      call_layer(kFc, *c_fc, x, [&](const at::Tensor& in) { return c_fc->forward(in); });
+  const at::Tensor out = call_layer(kMlpProj, *c_proj, at::gelu(hidden),
+                                    [&](const at::Tensor& in) { return c_proj->forward(in); });
+  return gpt_dropout(out, dropout_, is_training());
 }
 
 GptBlock::GptBlock(const GptConfig& config) {
@@ -89,7 +117,8 @@ at::Tensor GptBlock::forward(const at::Tensor& x) {
   return y + mlp->forward(ln_2->forward(y));
 }
 
-Gpt::Gpt(const GptConfig& config) : config_(config) {
+Gpt::Gpt(const GptConfig& config)
+    : LayerForwardHooks({"transformer.wte", "lm_head"}), config_(config) {
   config_.validate();
   transformer = register_module("transformer", std::make_shared<torch::nn::Module>());
   wte = transformer->register_module("wte", torch::nn::Embedding(config.vocab_size, config.n_embd));
@@ -119,7 +148,13 @@ void Gpt::init_weights() {
   }
 }
 
-at::Tensor Gpt::forward(at::Tensor idx) {
+void Gpt::set_sharded_logits(ShardedLogits logits) {
+  SHOAL_CHECK_T(InvalidArgument, logits.gather && logits.cross_entropy,
+                "Gpt::set_sharded_logits needs both gather and cross_entropy");
+  sharded_logits_ = std::move(logits);
+}
+
+at::Tensor Gpt::head_output(const at::Tensor& idx) {
   SHOAL_CHECK_T(InvalidArgument, idx.dim() == 2 && !at::isFloatingType(idx.scalar_type()),
                 "the gpt model takes token ids [B, T] (integers), got ", idx.scalar_type(), " ",
                 idx.sizes());
@@ -128,15 +163,27 @@ at::Tensor Gpt::forward(at::Tensor idx) {
                 config_.block_size, " tokens, got sequences of ", tokens,
                 "; raise --block-size or cut the sequences");
   const at::Tensor positions = at::arange(tokens, idx.options().dtype(at::kLong));
-  at::Tensor x = wte->forward(idx.to(at::kLong)) + wpe->forward(positions);
+  const at::Tensor tokens_in = call_layer(kWte, *wte, idx.to(at::kLong),
+                                          [&](const at::Tensor& in) { return wte->forward(in); });
+  at::Tensor x = tokens_in + wpe->forward(positions);
   x = gpt_dropout(x, config_.dropout, is_training());
   for (const auto& block : *h) x = block->as<GptBlock>()->forward(x);
-  return at::linear(ln_f->forward(x), wte->weight);
+  return call_layer(kLmHead, *lm_head, ln_f->forward(x),
+                    [&](const at::Tensor& in) { return at::linear(in, wte->weight); });
+}
+
+at::Tensor Gpt::forward(at::Tensor idx) {
+  const at::Tensor logits = head_output(idx);
+  return sharded_logits_.gather ? sharded_logits_.gather(logits) : logits;
 }
 
 at::Tensor Gpt::forward_loss(const at::Tensor& idx, const at::Tensor& targets) {
-  const at::Tensor logits = forward(idx);
-  return F::cross_entropy(logits.view({-1, logits.size(-1)}), targets.reshape({-1}).to(at::kLong),
+  const at::Tensor logits = head_output(idx);
+  const at::Tensor flat_targets = targets.reshape({-1}).to(at::kLong);
+  if (sharded_logits_.cross_entropy) {
+    return sharded_logits_.cross_entropy(logits.reshape({-1, logits.size(-1)}), flat_targets);
+  }
+  return F::cross_entropy(logits.view({-1, logits.size(-1)}), flat_targets,
                           F::CrossEntropyFuncOptions().ignore_index(-1));
 }
 

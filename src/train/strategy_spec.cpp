@@ -2,20 +2,54 @@
 
 #include <iterator>
 
+#include "shoal/comm/device_mesh.h"
 #include "shoal/comm/init.h"
 #include "shoal/error.h"
 #include "shoal/launcher/launch.h"
 #include "shoal/parallel/distributed_data_parallel.h"
+#include "shoal/parallel/tensor_parallel.h"
 #include "shoal/pipeline/schedule.h"
 #include "shoal/train/data_parallel_strategy.h"
 #include "shoal/train/fsdp_strategy.h"
 #include "shoal/train/model_parallel_ddp_strategy.h"
 #include "shoal/train/pipeline_strategy.h"
 #include "shoal/train/ps_strategy.h"
+#include "shoal/train/tp_strategy.h"
 
 namespace shoal::train {
 namespace {
 constexpr const char* kStrategyNames[] = {"single", "ddp", "fsdp", "dp", "ps", "pipeline"};
+
+/// The mesh's ranks (all its sizes multiplied).
+int mesh_ranks(const std::string& mesh) {
+  int64_t ranks = 1;
+  for (const auto& dimension : comm::parse_mesh(mesh)) ranks *= dimension.second;
+  return static_cast<int>(ranks);
+}
+
+/// What --mesh cannot train with (yet), each refused in one line.
+void validate_mesh(const std::string& mesh, StrategyKind kind, int model_parallel,
+                   const TrainOptions& options) {
+  int64_t tp = 0;
+  for (const auto& [name, size] : comm::parse_mesh(mesh)) {
+    SHOAL_CHECK_T(InvalidArgument, name == "dp" || name == "tp", "--mesh ", mesh,
+                  ": dimension '", name, "' is not supported; use dp and tp (e.g. dp=2,tp=2)");
+    if (name == "tp") tp = size;
+  }
+  SHOAL_CHECK_T(InvalidArgument, tp > 0, "--mesh ", mesh, " has no tp dimension (e.g. dp=2,tp=2)");
+  SHOAL_CHECK_T(InvalidArgument, kind == StrategyKind::kSingle || kind == StrategyKind::kDdp,
+                "--mesh applies to --strategy ddp (or none), not ", strategy_name(kind));
+  SHOAL_CHECK_T(InvalidArgument, model_parallel == 1, "--model-parallel and --mesh do not combine");
+  SHOAL_CHECK_T(InvalidArgument, options.model == "gpt", "--mesh splits --model gpt's layers; ",
+                "--model ", options.model, " cannot be split by tensor parallelism");
+  parallel::check_gpt_tensor_parallel(options.gpt, tp);
+  SHOAL_CHECK_T(InvalidArgument, options.gpt.dropout == 0,
+                "--dropout with --mesh is not supported yet (the masks are not kept equal across "
+                "tp ranks); use --dropout 0");
+  SHOAL_CHECK_T(InvalidArgument, !options.resume, "--resume with --mesh is not supported yet");
+  SHOAL_CHECK_T(InvalidArgument, options.precision == "fp32",
+                "--precision ", options.precision, " with --mesh is not supported yet; use fp32");
+}
 }  // namespace
 
 StrategyKind parse_strategy(const std::string& name) {
@@ -33,12 +67,12 @@ std::vector<std::string> strategy_names() {
 }
 
 bool StrategySpec::supports(StrategyFeature feature) const {
-  // --sync localsgd/diloco replaces DDP's reducer: none of its settings apply.
-  const bool plain_ddp =
-      kind == StrategyKind::kDdp && model_parallel == 1 && sync == SyncKind::kEveryStep;
+  // --sync localsgd/diloco replaces DDP's reducer, and --mesh its model: none of its settings apply.
+  const bool plain_ddp = kind == StrategyKind::kDdp && model_parallel == 1 &&
+                         sync == SyncKind::kEveryStep && mesh.empty();
   switch (feature) {
     case StrategyFeature::kGpu:
-      return kind == StrategyKind::kSingle || plain_ddp;
+      return (kind == StrategyKind::kSingle && mesh.empty()) || plain_ddp;
     case StrategyFeature::kCommHook:
       return plain_ddp;
     case StrategyFeature::kShardedCheckpoint:
@@ -52,6 +86,7 @@ bool StrategySpec::supports(StrategyFeature feature) const {
 void StrategySpec::validate(const TrainOptions& options) const {
   validate_sync(options);
   const std::string strategy = strategy_name(kind);
+  if (!mesh.empty()) validate_mesh(mesh, kind, model_parallel, options);
   // Said before any data is read (whether this machine has a GPU, the trainer says).
   SHOAL_CHECK_T(InvalidArgument, options.device == "cpu" || supports(StrategyFeature::kGpu),
                 "--device ", options.device, ": --strategy ", strategy,
@@ -81,6 +116,7 @@ void StrategySpec::validate_sync(const TrainOptions& options) const {
   SHOAL_CHECK_T(InvalidArgument, kind == StrategyKind::kDdp, flag,
                 " applies to --strategy ddp (replicas of the whole model), not ", strategy_name(kind));
   SHOAL_CHECK_T(InvalidArgument, model_parallel == 1, flag, " does not go with --model-parallel");
+  SHOAL_CHECK_T(InvalidArgument, mesh.empty(), flag, " does not go with --mesh");
   SHOAL_CHECK_T(InvalidArgument, options.device == "cpu", "--device ", options.device, ": ", flag,
                 " trains on the CPU here; use --sync every-step (DDP) on a GPU");
   SHOAL_CHECK_T(InvalidArgument, comm_hook == CommHookKind::kAllreduce && !bucket_cap_mb, flag,
@@ -99,11 +135,13 @@ int StrategySpec::replica_count() const {
 }
 
 bool StrategySpec::runs_as_job() const {
-  return kind == StrategyKind::kDdp || kind == StrategyKind::kFsdp || kind == StrategyKind::kPs ||
+  return !mesh.empty() || kind == StrategyKind::kDdp || kind == StrategyKind::kFsdp ||
+         kind == StrategyKind::kPs ||
          kind == StrategyKind::kPipeline;
 }
 
 int StrategySpec::local_processes() const {
+  if (!mesh.empty()) return mesh_ranks(mesh);
   if (kind == StrategyKind::kDdp || kind == StrategyKind::kFsdp) return nproc_per_node;
   if (kind == StrategyKind::kPipeline) return stages * replica_count();
   return 1;
@@ -154,6 +192,7 @@ std::unique_ptr<Strategy> ddp_strategy_for(const StrategySpec& spec, const comm:
 std::unique_ptr<Strategy> StrategySpec::make_strategy(const TrainOptions& options) const {
   comm::InitOptions init;
   init.backend = backend;
+  if (!mesh.empty()) return std::make_unique<TpStrategy>(comm::parse_mesh(mesh), init);
   switch (kind) {
     case StrategyKind::kSingle:
       return std::make_unique<SingleProcess>();

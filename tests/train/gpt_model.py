@@ -26,6 +26,7 @@
     gpt_model.py SHOAL_BINARY
 """
 import array
+import glob
 import math
 import os
 import subprocess
@@ -254,7 +255,9 @@ with tempfile.TemporaryDirectory() as tmp:
                                                       shuffle=True, seed=SEED)
         sampler.set_epoch(0)
         shards.append(torch.tensor(list(sampler)))
-    for strategy, optimizer, make in (("ddp", "adamw", adamw), ("fsdp", "adam", adam)):
+
+    def simulate_ddp(make):
+        """Rank 0's model and optimizer after 12 steps of PyTorch's DDP on 2 ranks of 4."""
         ranks = [copy_of(initial) for _ in range(2)]
         opts = [make(m) for m in ranks]
         for step in range(12):
@@ -268,11 +271,41 @@ with tempfile.TemporaryDirectory() as tmp:
                 p1.grad.copy_(mean)
             for o in opts:
                 o.step()
+        return ranks[0], opts[0]
+
+    for strategy, optimizer, make in (("ddp", "adamw", adamw), ("fsdp", "adam", adam)):
+        model, _ = simulate_ddp(make)
         dump = os.path.join(tmp, strategy)
         args = [a if a != "adamw" else optimizer for a in common]
         run = run_shoal(SHOAL, "train", *args, "--strategy", strategy, "--nproc-per-node", "2",
                         "--batch-size", "4", "--dump-parameters", dump)
-        compare(run, ranks[0], dump, f"{strategy}, 2 ranks, {optimizer}")
+        compare(run, model, dump, f"{strategy}, 2 ranks, {optimizer}")
+
+    # --- tensor parallelism: --mesh dp=2,tp=2, 4 ranks (heads, MLP and vocabulary split over
+    # tp, DDP over dp) trains as ddp on 2 ranks does; its checkpoint is the whole model and the
+    # whole momentum, as ddp's. With SGD: Adam's division by the gradient's size turns float32
+    # rounding in the key biases' gradient (zero but for rounding) into steps of random sign.
+    model, optimizer = simulate_ddp(
+        lambda m: torch.optim.SGD(m.parameters(), lr=0.5, momentum=0.9, weight_decay=0.1))
+    args = [a if a != "adamw" else "sgd" for a in common]
+    args[args.index("--lr") + 1] = "0.5"
+    dump = os.path.join(tmp, "mesh")
+    mesh_checkpoints = os.path.join(tmp, "mesh_checkpoints")
+    run = run_shoal(SHOAL, "train", *args, "--mesh", "dp=2,tp=2", "--batch-size", "4",
+                    "--dump-parameters", dump, "--checkpoint-dir", mesh_checkpoints)
+    compare(run, model, dump, "mesh dp=2,tp=2, sgd")
+    saved = sorted(glob.glob(os.path.join(mesh_checkpoints, "*.pt")))
+    check(len(saved) >= 1, f"mesh: a checkpoint in {mesh_checkpoints}", run)
+    if saved:
+        checkpoint = torch.load(saved[-1])
+        GPT().load_state_dict(checkpoint["model"])
+        worst = relative(checkpoint["model"]["transformer.h.0.attn.c_attn.weight"],
+                         model.state_dict()["transformer.h.0.attn.c_attn.weight"])
+        buffers = [s["momentum_buffer"] for _, s in sorted(checkpoint["optimizer"]["state"].items())]
+        expected = [s["momentum_buffer"] for _, s in sorted(optimizer.state_dict()["state"].items())]
+        check(worst <= WEIGHT_TOLERANCE and len(buffers) == len(expected) and
+              all(a.shape == b.shape and relative(a, b) <= 1e-4 for a, b in zip(buffers, expected)),
+              f"mesh: the checkpoint holds the whole model and momentum, DDP's ({worst:.3g})")
 
     # --- token files: blocks of BLOCK + 1 tokens at multiples of BLOCK, dealt each epoch as
     # ExactlyOnceSampler with drop_last: randperm(n) seeded with seed + epoch, rank r of W taking
@@ -367,6 +400,19 @@ with tempfile.TemporaryDirectory() as tmp:
 
     refused(common + ["--n-head", "3"], "--n-embd must be a positive multiple of --n-head",
             "n_embd not a multiple of n_head")
+    refused(common + ["--mesh", "dp=1,tp=4"], "tp=4 does not divide --n-head (2)",
+            "a tensor-parallel degree that does not divide the heads")
+    refused(common + ["--mesh", "dp=2,pp=2"], "dimension 'pp' is not supported",
+            "a mesh dimension not supported yet")
+    refused(common + ["--mesh", "tp=2", "--strategy", "fsdp"], "--mesh applies to --strategy ddp",
+            "a mesh with fsdp")
+    refused(common + ["--mesh", "dp=2,tp=2", "--strategy", "ddp", "--nproc-per-node", "3"],
+            "--mesh dp=2,tp=2 runs 4 processes, but --nproc-per-node is 3",
+            "a mesh whose ranks are not --nproc-per-node")
+    run = run_shoal(SHOAL, "run", "--nproc-per-node", "2", SHOAL, "train", *common, "--mesh",
+                    "dp=2,tp=2")
+    check(run.returncode != 0 and "--mesh dp=2,tp=2 holds 4 ranks but the job has 2" in run.stderr,
+          "a mesh whose ranks are not the job's is refused", run)
     big = os.path.join(tmp, "big.pt")
     torch.save({"train_x": x.clone().fill_(VOCAB), "train_y": y, "test_x": xt, "test_y": yt}, big)
     refused(common + ["--data", big], f"holds the token id {VOCAB}, but the vocabulary has {VOCAB}",

@@ -217,8 +217,8 @@ TEST(CliTrain, OptionTableMatchesHelpValidateAndCheckpointConfig) {
   // Flags of the strategy (StrategySpec), the image folders (ImageFolderOptions) and the aliases.
   const std::set<std::string> others = {
       "--help", "--strategy", "--nproc-per-node", "--nproc_per_node", "--max-restarts",
-      "--max_restarts", "--replicas", "--shard", "--model-parallel", "--backend", "--consistency",
-      "--staleness", "--servers", "--workers", "--comm-hook", "--bucket-cap-mb",
+      "--max_restarts", "--replicas", "--shard", "--model-parallel", "--mesh", "--backend",
+      "--consistency", "--staleness", "--servers", "--workers", "--comm-hook", "--bucket-cap-mb",
       "--powersgd-rank", "--powersgd-start-iter", "--worker-timeout", "--stages", "--sync",
       "--sync-every", "--outer-lr", "--outer-momentum",
       "--micro-batches", "--schedule", "--recompute", "--num_workers", "--prefetch_factor",

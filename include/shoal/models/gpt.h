@@ -11,7 +11,12 @@
 // GPT.forward(idx, targets). Initialised as nanoGPT does: every Linear and Embedding weight
 // N(0, 0.02), the residual projections (c_proj) N(0, 0.02 / sqrt(2 n_layer)), biases 0.
 //
-// Thread safety: that of torch::nn::Module (see model.h).
+// Tensor parallelism (parallel/tensor_parallel.h) splits the GPT's layers across ranks. LibTorch
+// modules have no forward hooks, so the modules here call their Linear and Embedding layers
+// through LayerForwardHooks, where it puts its collectives; the attention's forward takes as many
+// heads as its (possibly sharded) c_attn yields.
+//
+// Thread safety: that of torch::nn::Module (see model.h); set hooks before training.
 #pragma once
 
 #include <torch/nn/modules/container/modulelist.h>
@@ -19,13 +24,47 @@
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/modules/normalization.h>
 
+#include <functional>
+#include <string>
+#include <vector>
+
 #include "shoal/models/gpt_config.h"
 #include "shoal/models/model.h"
 
 namespace shoal::models {
 
+/// A replacement for a layer's forward, given the layer (which holds its parameters) and its input.
+using LayerForward = std::function<at::Tensor(torch::nn::Module& layer, const at::Tensor& input)>;
+
+/// A module whose forward runs a LayerForward in place of some of its layers' own forward once one
+/// is set: what stands in for PyTorch's forward hooks on those layers.
+class LayerForwardHooks {
+ public:
+  virtual ~LayerForwardHooks() = default;
+  /// The layers (paths below this module, e.g. "c_attn", "transformer.wte") a hook can replace.
+  const std::vector<std::string>& hookable_layers() const { return layers_; }
+  /// From now on runs `forward` in place of the forward of `layer` (one of hookable_layers(),
+  /// else InvalidArgument).
+  void set_layer_forward(const std::string& layer, LayerForward forward);
+
+ protected:
+  explicit LayerForwardHooks(std::vector<std::string> layers);
+  /// The hook of hookable_layers()[index] on `input` where one is set, else own(input).
+  template <typename Own>
+  at::Tensor call_layer(size_t index, torch::nn::Module& layer, const at::Tensor& input,
+                        Own&& own) {
+    return forwards_[index] ? forwards_[index](layer, input) : own(input);
+  }
+
+ private:
+  std::vector<std::string> layers_;
+  std::vector<LayerForward> forwards_;
+};
+
 /// Multi-head causal self-attention: c_attn (q, k, v in one Linear), c_proj.
-class CausalSelfAttention : public torch::nn::Module {
+/// Hookable layers: c_attn, c_proj. The heads are as many as c_attn's output holds (all of them,
+/// or a tensor-parallel rank's share when c_attn is sharded by heads).
+class CausalSelfAttention : public torch::nn::Module, public LayerForwardHooks {
  public:
   explicit CausalSelfAttention(const GptConfig& config);
   /// [B,T,C] -> [B,T,C]; position t attends to positions <= t.
@@ -35,12 +74,13 @@ class CausalSelfAttention : public torch::nn::Module {
   torch::nn::Linear c_proj{nullptr};
 
  private:
-  int64_t n_head_;
+  int64_t head_size_;
   double dropout_;
 };
 
 /// The block's MLP: c_fc (C -> 4C), GELU, c_proj (4C -> C).
-class GptMlp : public torch::nn::Module {
+/// Hookable layers: c_fc, c_proj.
+class GptMlp : public torch::nn::Module, public LayerForwardHooks {
  public:
   explicit GptMlp(const GptConfig& config);
   at::Tensor forward(const at::Tensor& x);
@@ -74,8 +114,18 @@ struct GenerateOptions {
   int64_t top_k = 0;
 };
 
-/// The decoder; forward(idx [B,T] int64) -> logits [B,T,vocab_size].
-class Gpt : public Model {
+/// What Gpt does with its head's output when a hook on "lm_head" makes it logits sharded over the
+/// vocabulary (tensor parallelism's vocabulary-parallel head), so the loss never needs them whole.
+struct ShardedLogits {
+  /// This rank's logits [..., V/tp] -> the full logits [..., V] (forward()).
+  std::function<at::Tensor(const at::Tensor& local)> gather;
+  /// This rank's logits [N, V/tp] and targets [N] (-1: ignored) -> the mean cross-entropy.
+  std::function<at::Tensor(const at::Tensor& local, const at::Tensor& targets)> cross_entropy;
+};
+
+/// The decoder; forward(idx [B,T] int64) -> logits [B,T,vocab_size]. Hookable layers:
+/// transformer.wte (token ids in, embeddings out) and lm_head (ln_f's output in, logits out).
+class Gpt : public Model, public LayerForwardHooks {
  public:
   explicit Gpt(const GptConfig& config = {});
   /// Next-token logits at every position, [B,T,vocab_size]; T <= block_size.
@@ -99,9 +149,15 @@ class Gpt : public Model {
   /// Holds `weight`, the tied wte.weight, under nanoGPT's name.
   std::shared_ptr<torch::nn::Module> lm_head;
 
+  /// From now on the head's output is treated as `logits` says (both functions set).
+  void set_sharded_logits(ShardedLogits logits);
+
  private:
   void init_weights();
+  /// The head's output for idx: the logits, or this rank's shard of them (ShardedLogits).
+  at::Tensor head_output(const at::Tensor& idx);
   GptConfig config_;
+  ShardedLogits sharded_logits_;
 };
 
 }  // namespace shoal::models

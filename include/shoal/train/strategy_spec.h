@@ -71,6 +71,9 @@ struct StrategySpec {
   int64_t sync_every = LocalSgdOptions{}.sync_every;
   double outer_lr = LocalSgdOptions{}.outer_lr;
   double outer_momentum = LocalSgdOptions{}.outer_momentum;
+  /// --mesh "dp=2,tp=2" (comm::parse_mesh; empty: none): single or ddp become tensor parallelism
+  /// over tp and data parallelism over dp (TpStrategy), a job of the mesh's ranks.
+  std::string mesh;
   // fsdp
   int shard = 3;  ///< ZeRO stage
   // pipeline

@@ -1,0 +1,145 @@
+// The autograd functions of tensor parallelism (Megatron's f, g, the gather of a split output and
+// the vocabulary-parallel cross-entropy).
+#include <torch/autograd.h>
+
+#include "shoal/comm/process_group.h"
+#include "shoal/error.h"
+#include "shoal/parallel/tensor_parallel.h"
+
+namespace shoal::parallel {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+/// Carries the group through an autograd context (saved_data holds IValues only), keeping it
+/// alive for as long as the graph that needs it in backward.
+struct GroupCapsule : torch::CustomClassHolder {
+  explicit GroupCapsule(std::shared_ptr<comm::ProcessGroup> g) : group(std::move(g)) {}
+  std::shared_ptr<comm::ProcessGroup> group;
+};
+
+void save_group(AutogradContext* ctx, std::shared_ptr<comm::ProcessGroup> group) {
+  ctx->saved_data["group"] =
+      c10::IValue::make_capsule(c10::make_intrusive<GroupCapsule>(std::move(group)));
+}
+
+comm::ProcessGroup& saved_group(AutogradContext* ctx) {
+  auto capsule = ctx->saved_data["group"].toCapsule();
+  return *static_cast<GroupCapsule*>(capsule.get())->group;
+}
+
+/// `tensor` summed (or reduced by `op`) over `group`, as a new contiguous tensor.
+at::Tensor allreduced(const at::Tensor& tensor, comm::ProcessGroup& group,
+                      comm::ReduceOp op = comm::ReduceOp::kSum) {
+  at::Tensor out = tensor.contiguous().clone();
+  comm::AllreduceOptions options;
+  options.op = op;
+  options.async_op = false;
+  group.allreduce(out, options)->wait();
+  return out;
+}
+
+class CopyToRegion : public torch::autograd::Function<CopyToRegion> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input,
+                            std::shared_ptr<comm::ProcessGroup> group) {
+    save_group(ctx, std::move(group));
+    return input.view_as(input);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    return {allreduced(grads[0], saved_group(ctx)), at::Tensor()};
+  }
+};
+
+class ReduceFromRegion : public torch::autograd::Function<ReduceFromRegion> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input,
+                            std::shared_ptr<comm::ProcessGroup> group) {
+    return allreduced(input, *group);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    return {grads[0], at::Tensor()};
+  }
+};
+
+class GatherFromRegion : public torch::autograd::Function<GatherFromRegion> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input,
+                            std::shared_ptr<comm::ProcessGroup> group) {
+    std::vector<at::Tensor> pieces;
+    for (int r = 0; r < group->size(); ++r) pieces.push_back(at::empty_like(input));
+    comm::AllgatherOptions options;
+    options.async_op = false;
+    group->allgather(pieces, input.contiguous(), options)->wait();
+    save_group(ctx, std::move(group));
+    return at::cat(pieces, -1);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    comm::ProcessGroup& group = saved_group(ctx);
+    return {grads[0].chunk(group.size(), -1)[group.rank()].contiguous(), at::Tensor()};
+  }
+};
+
+/// Per-row losses of logits split over the vocabulary (Megatron's _VocabParallelCrossEntropy).
+class VocabParallelCrossEntropy : public torch::autograd::Function<VocabParallelCrossEntropy> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& local,
+                            const at::Tensor& targets, std::shared_ptr<comm::ProcessGroup> group) {
+    const int64_t width = local.size(1);
+    const int64_t first = group->rank() * width;
+    // Subtracting the global row maximum keeps exp() finite, as log_softmax does.
+    const at::Tensor row_max = allreduced(std::get<0>(local.max(1)), *group, comm::ReduceOp::kMax);
+    const at::Tensor shifted = local - row_max.unsqueeze(1);
+    const at::Tensor mine = (targets >= first) & (targets < first + width);
+    const at::Tensor column = (targets - first).masked_fill(~mine, 0).unsqueeze(1);
+    const at::Tensor picked =
+        allreduced(shifted.gather(1, column).squeeze(1).masked_fill(~mine, 0), *group);
+    const at::Tensor exp = shifted.exp();
+    const at::Tensor sum_exp = allreduced(exp.sum(1), *group);
+    const at::Tensor valid = targets != -1;
+    ctx->save_for_backward({exp / sum_exp.unsqueeze(1), column, mine, valid});
+    return (sum_exp.log() - picked).masked_fill(~valid, 0);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const variable_list saved = ctx->get_saved_variables();
+    const at::Tensor& softmax = saved[0];
+    const at::Tensor &column = saved[1], &mine = saved[2], &valid = saved[3];
+    // d loss_i / d logit_ij = softmax_ij - [j is target_i], zero for ignored rows.
+    at::Tensor grad = softmax.clone();
+    grad.scatter_add_(1, column, -mine.to(grad.scalar_type()).unsqueeze(1));
+    grad.mul_((grads[0] * valid.to(grad.scalar_type())).unsqueeze(1));
+    return {grad, at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+at::Tensor copy_to_tensor_parallel_region(const at::Tensor& input,
+                                          std::shared_ptr<comm::ProcessGroup> group) {
+  return CopyToRegion::apply(input, std::move(group));
+}
+
+at::Tensor reduce_from_tensor_parallel_region(const at::Tensor& input,
+                                              std::shared_ptr<comm::ProcessGroup> group) {
+  return ReduceFromRegion::apply(input, std::move(group));
+}
+
+at::Tensor gather_from_tensor_parallel_region(const at::Tensor& input,
+                                              std::shared_ptr<comm::ProcessGroup> group) {
+  return GatherFromRegion::apply(input, std::move(group));
+}
+
+at::Tensor vocab_parallel_cross_entropy(const at::Tensor& local, const at::Tensor& targets,
+                                        std::shared_ptr<comm::ProcessGroup> group) {
+  SHOAL_CHECK_T(InvalidArgument,
+                local.dim() == 2 && targets.dim() == 1 && targets.size(0) == local.size(0),
+                "vocab_parallel_cross_entropy takes logits [N, V/tp] and targets [N], got ",
+                local.sizes(), " and ", targets.sizes());
+  const at::Tensor ids = targets.to(at::kLong);
+  const at::Tensor losses = VocabParallelCrossEntropy::apply(local, ids, std::move(group));
+  // The mean over the targets that are not ignored, as cross_entropy(ignore_index=-1).
+  return losses.sum() / (ids != -1).sum().to(losses.scalar_type());
+}
+
+}  // namespace shoal::parallel

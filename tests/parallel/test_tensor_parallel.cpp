@@ -1,0 +1,307 @@
+// Tensor parallelism and the device mesh on threads-as-ranks over the shm backend: the GPT split
+// over 2 and 4 TP ranks trains exactly like the whole GPT in one process (SGD and AdamW), holds
+// about 1/tp of the split layers' bytes per rank, and composes with DDP on a dp=2, tp=2 mesh.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <chrono>
+#include <set>
+
+#include "shoal/comm/device_mesh.h"
+#include "shoal/comm/init.h"
+#include "shoal/comm/process_group.h"
+#include "shoal/error.h"
+#include "shoal/models/gpt.h"
+#include "shoal/parallel/distributed_data_parallel.h"
+#include "shoal/parallel/tensor_parallel.h"
+#include "test_models.h"
+#include "testing/multi_rank.h"
+
+namespace shoal::parallel {
+namespace test_tensor_parallel {
+
+using Milliseconds = std::chrono::milliseconds;
+using Batch = std::pair<torch::Tensor, torch::Tensor>;
+using State = std::map<std::string, torch::Tensor>;
+
+constexpr Milliseconds kTimeout{60'000};
+constexpr int kSteps = 20;
+constexpr int64_t kBatch = 4, kTokens = 8;
+
+models::GptConfig tiny_config() {
+  models::GptConfig config;
+  config.n_layer = 2;
+  config.n_head = 4;
+  config.n_embd = 32;
+  config.block_size = 16;
+  config.vocab_size = 64;
+  config.dropout = 0;
+  return config;
+}
+
+// Runs fn(rank, world group) on `world` threads over shm.
+void with_groups(int world,
+                 const std::function<void(int, std::shared_ptr<comm::ProcessGroup>)>& fn) {
+  torch::set_num_threads(1);
+  auto store = comm::make_hash_store(kTimeout);
+  shoal::testing::run_threads(world, [&](int rank) {
+    fn(rank, comm::new_process_group("shm", store, rank, world, kTimeout));
+  });
+}
+
+// Global batches of token ids and next-token targets (some ignored), made before ranks start.
+std::vector<Batch> batches() {
+  torch::manual_seed(7);
+  std::vector<Batch> out;
+  for (int step = 0; step < kSteps; ++step) {
+    torch::Tensor x = torch::randint(0, 64, {kBatch, kTokens}, torch::kLong);
+    torch::Tensor y = torch::randint(0, 64, {kBatch, kTokens}, torch::kLong);
+    // Ignored positions, as many in each half of the batch (DDP's ranks each average theirs).
+    y.index_put_({0, 0}, -1);
+    y.index_put_({2, 3}, -1);
+    out.emplace_back(x, y);
+  }
+  return out;
+}
+
+// Each parameter once (the tied lm_head.weight is transformer.wte.weight).
+std::vector<torch::Tensor> unique_parameters(torch::nn::Module& module) {
+  std::set<const c10::TensorImpl*> seen;
+  std::vector<torch::Tensor> params;
+  for (const auto& p : module.parameters()) {
+    if (seen.insert(p.unsafeGetTensorImpl()).second) params.push_back(p);
+  }
+  return params;
+}
+
+std::shared_ptr<models::Gpt> copy_of(const models::Gpt& initial) {
+  auto gpt = std::make_shared<models::Gpt>(initial.config());
+  gpt->to(initial.parameters()[0].scalar_type());
+  torch::NoGradGuard no_grad;
+  const auto src = initial.named_parameters();
+  for (auto& item : gpt->named_parameters()) item.value().copy_(src[item.key()]);
+  return gpt;
+}
+
+std::unique_ptr<torch::optim::Optimizer> optimizer_for(std::vector<torch::Tensor> params,
+                                                       bool adamw) {
+  if (adamw) {
+    return std::make_unique<torch::optim::AdamW>(params, torch::optim::AdamWOptions(3e-3));
+  }
+  return std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(0.5));
+}
+
+// One optimizer step on rows [first, first + rows) of `batch`.
+void train_step(models::Gpt& gpt, torch::optim::Optimizer& optimizer, const Batch& batch,
+                int64_t first, int64_t rows) {
+  optimizer.zero_grad();
+  gpt.forward_loss(batch.first.narrow(0, first, rows), batch.second.narrow(0, first, rows))
+      .backward();
+  optimizer.step();
+}
+
+State state_of(const torch::OrderedDict<std::string, torch::Tensor>& dict) {
+  State state;
+  for (const auto& item : dict) state[item.key()] = item.value().detach().clone();
+  return state;
+}
+
+State train_single(const models::Gpt& initial, const std::vector<Batch>& data, bool adamw) {
+  auto gpt = copy_of(initial);
+  auto optimizer = optimizer_for(unique_parameters(*gpt), adamw);
+  for (const Batch& batch : data) train_step(*gpt, *optimizer, batch, 0, kBatch);
+  return state_of(gpt->named_parameters());
+}
+
+double max_relative_difference(const State& a, const State& b) {
+  std::vector<torch::Tensor> left, right;
+  EXPECT_EQ(a.size(), b.size());
+  for (const auto& [name, tensor] : b) {
+    const auto found = a.find(name);
+    if (found == a.end()) {
+      ADD_FAILURE() << "missing " << name;
+      continue;
+    }
+    EXPECT_EQ(found->second.sizes(), tensor.sizes()) << name;
+    if (found->second.sizes() != tensor.sizes()) continue;
+    left.push_back(found->second);
+    right.push_back(tensor);
+  }
+  return shoal::testing::max_relative_difference(left, right);
+}
+
+// AdamW divides each gradient by its running size, so float32 rounding in gradients that are
+// zero but for rounding (the key biases': a query's softmax ignores the same q.b added to every
+// score) becomes full steps of random sign; the AdamW runs are in float64, where it does not.
+std::shared_ptr<models::Gpt> initial_gpt(bool float64 = false) {
+  torch::manual_seed(1);
+  auto gpt = std::make_shared<models::Gpt>(tiny_config());
+  if (float64) gpt->to(torch::kDouble);
+  return gpt;
+}
+
+class TensorParallelGpt : public ::testing::TestWithParam<std::tuple<int, bool>> {};
+
+TEST_P(TensorParallelGpt, EqualsSingleProcessTraining) {
+  const auto [tp, adamw] = GetParam();
+  const auto initial = initial_gpt(adamw);
+  const auto data = batches();
+  const State expected = train_single(*initial, data, adamw);
+  // The split layers: everything but the LayerNorms and the position embedding.
+  int64_t whole_bytes = 0;
+  for (const auto& item : initial->named_parameters()) {
+    if (item.key().find("ln_") != std::string::npos ||
+        item.key().find("wpe") != std::string::npos || item.key() == "lm_head.weight") {
+      continue;
+    }
+    whole_bytes += item.value().numel() * static_cast<int64_t>(item.value().element_size());
+  }
+  torch::Tensor logits;
+  {
+    torch::NoGradGuard no_grad;
+    logits = initial->forward(data[0].first);
+  }
+  std::vector<State> states(tp);
+  std::vector<int64_t> split_bytes(tp);
+  std::vector<double> logits_error(tp);
+  with_groups(tp, [&](int rank, std::shared_ptr<comm::ProcessGroup> group) {
+    auto gpt = copy_of(*initial);
+    const TensorParallelLayout layout = parallelize_gpt(*gpt, group);
+    split_bytes[rank] = layout.sharded_layer_bytes();
+    {
+      torch::NoGradGuard no_grad;  // forward() gathers the vocabulary-split logits
+      logits_error[rank] =
+          shoal::testing::max_relative_difference({gpt->forward(data[0].first)}, {logits});
+    }
+    auto optimizer = optimizer_for(unique_parameters(*gpt), adamw);
+    for (const Batch& batch : data) train_step(*gpt, *optimizer, batch, 0, kBatch);
+    states[rank] = state_of(layout.full_state_dict());
+  });
+  for (int rank = 0; rank < tp; ++rank) {
+    EXPECT_LT(max_relative_difference(states[rank], expected), 1e-5) << "rank " << rank;
+    EXPECT_LE(split_bytes[rank], whole_bytes / tp * 1.05) << "rank " << rank;
+    EXPECT_LT(logits_error[rank], 1e-5) << "rank " << rank;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, TensorParallelGpt,
+                         ::testing::Values(std::make_tuple(2, false), std::make_tuple(4, false),
+                                           std::make_tuple(2, true)));
+
+TEST(TensorParallel, WithDdpOnDpTwoTpTwoMeshEqualsSingleProcess) {
+  const auto initial = initial_gpt();
+  const auto data = batches();
+  const State expected = train_single(*initial, data, false);
+  std::vector<State> states(4);
+  with_groups(4, [&](int rank, std::shared_ptr<comm::ProcessGroup> world) {
+    const comm::DeviceMesh mesh(world, {{"dp", 2}, {"tp", 2}});
+    auto gpt = copy_of(*initial);
+    const TensorParallelLayout layout = parallelize_gpt(*gpt, mesh.get_group("tp"));
+    DistributedDataParallel ddp(gpt, mesh.get_group("dp"));
+    auto optimizer = optimizer_for(unique_parameters(*gpt), false);
+    const int64_t rows = kBatch / 2;
+    for (const Batch& batch : data) {
+      ddp.prepare_for_forward();
+      train_step(*gpt, *optimizer, batch, mesh.get_local_rank("dp") * rows, rows);
+    }
+    states[rank] = state_of(layout.full_state_dict());
+  });
+  for (int rank = 0; rank < 4; ++rank) {
+    EXPECT_LT(max_relative_difference(states[rank], expected), 1e-5) << "rank " << rank;
+  }
+}
+
+TEST(DeviceMesh, SlicesAreRowMajorAndRefusesBadShapes) {
+  std::vector<std::vector<int64_t>> coordinates(4);
+  std::vector<std::vector<float>> tp_sums(4), dp_sums(4);
+  with_groups(4, [&](int rank, std::shared_ptr<comm::ProcessGroup> world) {
+    EXPECT_THROW(comm::DeviceMesh(world, {{"dp", 2}, {"tp", 3}}), InvalidArgument);
+    EXPECT_THROW(comm::DeviceMesh(world, {{"tp", 2}, {"tp", 2}}), InvalidArgument);
+    const auto mesh = comm::init_device_mesh(world, {{"dp", 2}, {"tp", 2}});
+    coordinates[rank] = mesh.get_coordinate();
+    EXPECT_EQ(mesh.size("tp"), 2);
+    EXPECT_EQ(mesh.get_local_rank("tp"), mesh.get_group("tp")->rank());
+    EXPECT_THROW(mesh.get_group("pp"), InvalidArgument);
+    at::Tensor mine = torch::full({1}, static_cast<float>(rank));
+    mesh.get_group("tp")->allreduce(mine)->wait();
+    tp_sums[rank] = {mine.item<float>()};
+    at::Tensor again = torch::full({1}, static_cast<float>(rank));
+    mesh.get_group("dp")->allreduce(again)->wait();
+    dp_sums[rank] = {again.item<float>()};
+  });
+  // Row-major as PyTorch's: tp groups {0,1} {2,3}, dp groups {0,2} {1,3}.
+  EXPECT_EQ(coordinates[3], (std::vector<int64_t>{1, 1}));
+  EXPECT_EQ(coordinates[1], (std::vector<int64_t>{0, 1}));
+  EXPECT_EQ(tp_sums[0][0], 1);
+  EXPECT_EQ(tp_sums[2][0], 5);
+  EXPECT_EQ(dp_sums[0][0], 2);
+  EXPECT_EQ(dp_sums[1][0], 4);
+  EXPECT_EQ(comm::parse_mesh("dp=2,tp=2").size(), 2u);
+  EXPECT_THROW(comm::parse_mesh("dp=2,tp"), InvalidArgument);
+}
+
+TEST(TensorParallel, RefusesADegreeThatDoesNotDivideTheHeads) {
+  models::GptConfig config = tiny_config();
+  config.n_head = 2;
+  config.n_embd = 32;
+  models::Gpt gpt(config);
+  try {
+    check_gpt_tensor_parallel(gpt.config(), 4);
+    FAIL() << "tp=4 with 2 heads was accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("--n-head"), std::string::npos) << e.what();
+  }
+  EXPECT_NO_THROW(check_gpt_tensor_parallel(gpt.config(), 2));
+}
+
+// A Linear split column-wise then row-wise, called through a module with forward hooks.
+struct TwoLayers : torch::nn::Module, models::LayerForwardHooks {
+  TwoLayers() : LayerForwardHooks({"up", "down"}) {
+    up = register_module("up", torch::nn::Linear(6, 8));
+    down = register_module("down", torch::nn::Linear(8, 6));
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    auto call = [](torch::nn::Linear& layer) {
+      return [&layer](const torch::Tensor& in) { return layer->forward(in); };
+    };
+    const torch::Tensor hidden = call_layer(0, *up, x, call(up));
+    return call_layer(1, *down, torch::relu(hidden), call(down));
+  }
+  torch::nn::Linear up{nullptr}, down{nullptr};
+};
+
+TEST(TensorParallel, PlanRefusesUnmatchedPatternsUnhookableLayersAndUnevenSplits) {
+  with_groups(2, [&](int rank, std::shared_ptr<comm::ProcessGroup> group) {
+    TwoLayers hooked;
+    EXPECT_THROW(parallelize_module(hooked, group, {{"nothing.*", ColwiseParallel{}}}),
+                 InvalidArgument);
+    EXPECT_THROW(parallelize_module(hooked, group, {{"up", ColwiseParallel{3}}}), InvalidArgument);
+    torch::nn::Sequential plain(torch::nn::Linear(4, 4));
+    EXPECT_THROW(parallelize_module(*plain, group, {{"0", ColwiseParallel{}}}), InvalidArgument);
+  });
+}
+
+TEST(TensorParallel, ColwiseThenRowwiseOnAnyHookedModuleEqualsTheWholeModule) {
+  torch::manual_seed(3);
+  TwoLayers whole;
+  const torch::Tensor x = torch::randn({5, 6});
+  const torch::Tensor expected = whole.forward(x).detach();
+  std::vector<torch::Tensor> outputs(2);
+  with_groups(2, [&](int rank, std::shared_ptr<comm::ProcessGroup> group) {
+    TwoLayers split;
+    {
+      torch::NoGradGuard no_grad;
+      for (auto& item : split.named_parameters())
+        item.value().copy_(whole.named_parameters()[item.key()]);
+    }
+    const TensorParallelLayout layout =
+        parallelize_module(split, group, {{"up", ColwiseParallel{}}, {"down", RowwiseParallel{}}});
+    EXPECT_EQ(split.up->weight.sizes(), (std::vector<int64_t>{4, 6}));
+    EXPECT_EQ(layout.sharded().size(), 3u);  // up.weight, up.bias, down.weight
+    outputs[rank] = split.forward(x).detach();
+  });
+  for (const auto& out : outputs) EXPECT_TRUE(torch::allclose(out, expected, 1e-5, 1e-6));
+}
+
+}  // namespace test_tensor_parallel
+}  // namespace shoal::parallel
