@@ -9,12 +9,12 @@
 namespace shoal::comm::algorithms {
 namespace {
 
-// Within a node (Gloo's TCP over loopback), measured on this project's 2-vCPU build host with
-// `shoal bench allreduce --algorithm ...`: alpha is the per-message latency of a
-// point-to-point exchange through c10d Gloo (a send, a receive and the wake-ups of both ends),
-// beta the per-byte time of the same (copies through the kernel's socket buffers).
-constexpr double kIntraAlphaS = 40e-6;
-constexpr double kIntraBetaSPerByte = 0.5e-9;
+// Within a node (Gloo's TCP over loopback), measured on this project's 2-vCPU build host: alpha
+// is one 4 KiB point-to-point exchange through c10d Gloo between two ranks of one process (82 us:
+// a send, a receive and the wake-ups of both ends), beta what a 16 MiB two-rank ring allreduce
+// takes per byte beyond that (about 1 ns, of which gamma below is the reduction).
+constexpr double kIntraAlphaS = 80e-6;
+constexpr double kIntraBetaSPerByte = 0.75e-9;
 // Between nodes: the figures the scaling analysis assumes for a 100 Gbit/s cluster network
 // (10 us per message and 12.5 GB/s on the wire, on top of the software cost within a node).
 constexpr double kInterAlphaS = kIntraAlphaS + 10e-6;

@@ -41,10 +41,14 @@ class GlooScheduleLink : public algorithms::PeerLink {
       : rank_(rank), size_(size), timeout_(timeout), post_(std::move(post)) {}
   int rank() const override { return rank_; }
   int size() const override { return size_; }
+  // The receive is posted first: Gloo sends a message from the caller's thread when the peer's
+  // receive is already known, and from its event loop thread (one more wake-up) otherwise.
   void exchange(const at::Tensor& send, int dst, const at::Tensor& recv, int src) override {
+    std::shared_ptr<Work> received;
+    if (recv.defined()) received = post_(recv, src, /*is_send=*/false);
     std::shared_ptr<Work> sent;
     if (send.defined()) sent = post_(send, dst, /*is_send=*/true);
-    if (recv.defined()) post_(recv, src, /*is_send=*/false)->wait(timeout_);
+    if (received) received->wait(timeout_);
     if (sent) sent->wait(timeout_);
   }
 
