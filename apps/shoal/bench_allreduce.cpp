@@ -278,11 +278,20 @@ std::unique_ptr<Contender> algorithm_contender(const AllreduceBenchArgs& args,
   return contender;
 }
 
+// The run's one store, made on first use; each backend gets its own key space in it.
+std::shared_ptr<comm::Store> bench_store(std::shared_ptr<comm::Store>& store,
+                                         const comm::RankInfo& info) {
+  if (!store) {
+    store = comm::make_tcp_store(info.master_addr, info.master_port, info.world_size,
+                                 info.rank == 0, kBenchTimeout);
+  }
+  return store;
+}
+
 // The contenders of --backend, in its order, then those of --algorithm, on this rank.
 std::vector<std::unique_ptr<Contender>> make_contenders(const AllreduceBenchArgs& args,
                                                         const comm::RankInfo& info,
                                                         Collective collective) {
-  // One store for every backend of the run; each backend gets its own key space.
   std::shared_ptr<comm::Store> store;
   std::vector<std::unique_ptr<Contender>> contenders;
   for (const std::string& backend : split(args.backends, ',')) {
@@ -303,24 +312,17 @@ std::vector<std::unique_ptr<Contender>> make_contenders(const AllreduceBenchArgs
       options.timeout = kBenchTimeout;
       pg = comm::init_process_group(options);
     } else {
-      if (!store) {
-        store = comm::make_tcp_store(info.master_addr, info.master_port, info.world_size,
-                                     info.rank == 0, kBenchTimeout);
-      }
       const std::string prefix = "bench/" + std::to_string(contenders.size()) + "/" + backend;
-      pg = comm::new_process_group(group_backend, comm::make_prefix_store(prefix, store),
+      pg = comm::new_process_group(group_backend,
+                                   comm::make_prefix_store(prefix, bench_store(store, info)),
                                    info.rank, info.world_size, kBenchTimeout);
     }
     contenders.push_back(shoal_contender(args, backend, pg, collective));
   }
   for (const auto algorithm : parse_algorithms(args.algorithms, collective)) {
-    if (!store) {
-      store = comm::make_tcp_store(info.master_addr, info.master_port, info.world_size,
-                                   info.rank == 0, kBenchTimeout);
-    }
     const std::string prefix = "bench/" + std::to_string(contenders.size()) + "/algorithm";
-    contenders.push_back(
-        algorithm_contender(args, algorithm, comm::make_prefix_store(prefix, store), info));
+    contenders.push_back(algorithm_contender(
+        args, algorithm, comm::make_prefix_store(prefix, bench_store(store, info)), info));
   }
   SHOAL_CHECK_T(InvalidArgument, !contenders.empty(),
                 "--backend and --algorithm name no contender");

@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <limits>
 #include <mutex>
+#include <thread>
 
 #include "collective_checks.h"
 #include "comm/algorithms/allreduce_algorithm.h"
@@ -335,9 +336,12 @@ TEST(AllreduceSchedules, AutoRunsWhatTheModelChooses) {
       GlooOptions options;
       options.allreduce_algorithm = AllreduceAlgorithm::kAuto;
       ProcessGroupGloo pg(store, rank, world, Milliseconds(60'000), options);
+      EXPECT_EQ(pg.allreduce_topology().ranks_per_node, world);
+      EXPECT_EQ(pg.allreduce_topology().cores_per_node,
+                static_cast<int>(std::thread::hardware_concurrency()));
       for (int64_t numel : {int64_t{1}, int64_t{1024}, int64_t{65536}, int64_t{1} << 22}) {
         const auto want = algorithms::choose_allreduce_algorithm(
-            numel * 4, {world, world}, algorithms::CostModel::defaults());
+            numel * 4, pg.allreduce_topology(), algorithms::CostModel::defaults());
         EXPECT_EQ(pg.allreduce_algorithm_for(numel * 4), want);
         at::Tensor t = at::ones({numel});
         pg.allreduce(t)->wait();
@@ -350,7 +354,7 @@ TEST(AllreduceSchedules, AutoRunsWhatTheModelChooses) {
 
 // The model's predictions are the schedules' step counts: ring 2(n-1) messages of B/n,
 // recursive doubling log2(n) of B (plus the fold in and out for 5 ranks), Rabenseifner
-// 2 log2(n) of halving sizes. Small messages go to recursive doubling; large ones to
+// 2 log2(n) of halving sizes, each step longer where its senders outnumber a node's cores. Small messages go to recursive doubling; large ones to
 // Rabenseifner on a power of two (the ring's bytes in fewer steps), to the ring otherwise (the
 // fold moves the whole tensor twice), and to Rabenseifner over 512 nodes.
 TEST(AllreduceSchedules, CostModelCountsTheSteps) {
@@ -384,6 +388,14 @@ TEST(AllreduceSchedules, CostModelCountsTheSteps) {
   EXPECT_EQ(choose_allreduce_algorithm(64 << 20, {6, 6}, m), AllreduceAlgorithm::kRing);
   EXPECT_EQ(choose_allreduce_algorithm(64 << 20, {8, 8}, m), AllreduceAlgorithm::kRabenseifner);
   EXPECT_EQ(choose_allreduce_algorithm(64 << 20, {512, 1}, m), AllreduceAlgorithm::kRabenseifner);
+  // Eight ranks on two cores: every rank sending at once queues four deep for the cores, the
+  // tree's later steps do not; small messages go to the tree.
+  const algorithms::Topology crowded{8, 8, 2};
+  EXPECT_DOUBLE_EQ(predicted_seconds(AllreduceAlgorithm::kRecursiveDoubling, bytes, crowded, m),
+                   3 * (4 * (1e-5 + b * 1e-9) + b * 5e-10));
+  EXPECT_DOUBLE_EQ(predicted_seconds(AllreduceAlgorithm::kTree, bytes, crowded, m),
+                   2 * (2 + 1 + 1) * (1e-5 + b * 1e-9) + 3 * b * 5e-10);
+  EXPECT_EQ(choose_allreduce_algorithm(4096, crowded, m), AllreduceAlgorithm::kTree);
 }
 
 // SHOAL_ALLREDUCE_ALGO picks the algorithm of a group built without one; a wrong value is

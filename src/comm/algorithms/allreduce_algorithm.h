@@ -8,7 +8,9 @@
 //
 // The cost model is Hockney's: a message of m bytes costs alpha + m * beta on its link (one
 // within a node, another between nodes), and reducing m bytes costs m * gamma; a step of a
-// schedule costs what its slowest pair costs. choose_allreduce_algorithm() returns the
+// schedule costs what its slowest pair costs. Where a node has fewer cores than ranks sending
+// at once in a step, their messages' software costs queue for the cores: the step costs that
+// many times more. choose_allreduce_algorithm() returns the
 // schedule the model predicts fastest.
 //
 // Thread safety: the functions are pure or touch only their arguments; a PeerLink is used by one
@@ -56,10 +58,11 @@ struct CostModel {
 };
 
 /// Where the ranks are: `size` ranks, node by node, `ranks_per_node` on each (the last node may
-/// have fewer).
+/// have fewer), on nodes of `cores_per_node` cores (0: as many as ranks).
 struct Topology {
   int size = 1;
   int ranks_per_node = 1;
+  int cores_per_node = 0;
 };
 
 /// Predicted seconds of an allreduce of `bytes` by `algorithm` (not kNative or kAuto).

@@ -52,10 +52,17 @@ struct Tally {
   const CostModel& model;
   double seconds = 0;
 
-  // One step in which every pair exchanges `bytes`; `intra` when no pair crosses a node.
-  void step(double bytes, bool intra) {
+  // One step in which `senders` ranks (every rank unless said) each send `bytes`; `intra` when
+  // no pair crosses a node.
+  void step(double bytes, bool intra, int senders = 0) {
     const LinkCost& link = intra ? model.intra_node : model.inter_node;
-    seconds += link.alpha_s + bytes * link.beta_s_per_byte;
+    seconds += (link.alpha_s + bytes * link.beta_s_per_byte) * queueing(senders);
+  }
+  // How many times longer a step takes when a node's senders outnumber its cores.
+  double queueing(int senders) const {
+    const int cores = topology.cores_per_node;
+    const int per_node = std::min(topology.ranks_per_node, senders > 0 ? senders : topology.size);
+    return cores > 0 && per_node > cores ? static_cast<double>(per_node) / cores : 1.0;
   }
   void reduce(double bytes) { seconds += bytes * model.gamma_s_per_byte; }
 
@@ -75,12 +82,14 @@ double ring_seconds(double bytes, Tally& t) {
   return t.seconds;
 }
 
+// Step k of the reduce has the ranks that are odd multiples of 2^k send: about n / 2^(k+1).
 double tree_seconds(double bytes, Tally& t) {
   const int steps = ceil_log2(t.topology.size);
   for (int k = 0; k < steps; ++k) {
-    t.step(bytes, t.aligned_intra(1 << k));  // reduce
+    const int senders = std::max(1, t.topology.size >> (k + 1));
+    t.step(bytes, t.aligned_intra(1 << k), senders);  // reduce
     t.reduce(bytes);
-    t.step(bytes, t.aligned_intra(1 << k));  // broadcast
+    t.step(bytes, t.aligned_intra(1 << k), senders);  // broadcast
   }
   return t.seconds;
 }
@@ -89,10 +98,11 @@ double tree_seconds(double bytes, Tally& t) {
 // one out, between ranks 2i and 2i + 1. After it the schedule's partners are no longer aligned
 // blocks of real ranks; their steps are then counted as crossing nodes (when there are several).
 bool fold(double bytes, Tally& t) {
-  if (floor_pow2(t.topology.size) == t.topology.size) return false;
-  t.step(bytes, t.aligned_intra(1));
+  const int extra = t.topology.size - floor_pow2(t.topology.size);
+  if (extra == 0) return false;
+  t.step(bytes, t.aligned_intra(1), extra);
   t.reduce(bytes);
-  t.step(bytes, t.aligned_intra(1));
+  t.step(bytes, t.aligned_intra(1), extra);
   return true;
 }
 

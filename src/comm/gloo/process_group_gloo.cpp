@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include <cstdlib>
+#include <thread>
 
 #include "comm/native_backed_work.h"
 #include "comm/peer_directory.h"
@@ -79,7 +80,9 @@ ProcessGroupGloo::ProcessGroupGloo(std::shared_ptr<Store> store, int rank, int s
     options_.ring_reduce_scatter = env::choice(env::Var::kGlooReduceScatter) == "ring";
   }
   allreduce_algorithm_ = algorithm_from(options_);
-  topology_ = {size, ranks_per_node_from(options_, size)};
+  // Other nodes are taken to have as many cores as this one.
+  topology_ = {size, ranks_per_node_from(options_, size),
+               static_cast<int>(std::thread::hardware_concurrency())};
   peers_ = std::make_shared<PeerDirectory>(store_, "shoal/gloo", rank, size);
   try {
     gloo_ = std::make_unique<compat::GlooGroup>(make_prefix_store("shoal/gloo/ctx", store_), rank,

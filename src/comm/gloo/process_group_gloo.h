@@ -66,6 +66,8 @@ class ProcessGroupGloo : public ProcessGroup {
   }
   /// The schedule an allreduce of `bytes` runs (kNative included; never kAuto).
   algorithms::AllreduceAlgorithm allreduce_algorithm_for(int64_t bytes) const;
+  /// What the cost model knows of where this group's ranks are.
+  const algorithms::Topology& allreduce_topology() const { return topology_; }
   /// The schedule the last allreduce ran (kNative before any).
   algorithms::AllreduceAlgorithm last_allreduce_algorithm() const { return last_allreduce_; }
 
