@@ -68,6 +68,7 @@ ShoalContender::ShoalContender(std::shared_ptr<comm::ProcessGroup> pg, bool symm
     : pg_(std::move(pg)), symmetric_(symmetric), collective_(collective) {}
 
 std::string ShoalContender::name() const {
+  if (!label_.empty()) return label_;
   return pg_->backend_name() + (in_place_ ? "_in_place" : symmetric_ ? "_symmetric" : "") +
          (checked_ ? "_checked" : "");
 }

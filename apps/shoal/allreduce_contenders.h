@@ -64,6 +64,8 @@ class ShoalContender : public Contender {
   /// "<backend>_checked": with the per-collective check (SHOAL_DEBUG=detail's), what it costs
   /// next to the unchecked group in the same run.
   void set_checked(bool checked);
+  /// Replaces the name (when not empty): "gloo_ring" for the gloo group running the ring.
+  void set_label(std::string label) { label_ = std::move(label); }
 
  protected:
   /// One blocking float32 sum allreduce and one barrier: what warm_up() and measure() time.
@@ -85,6 +87,7 @@ class ShoalContender : public Contender {
   bool async_op_ = false;
   bool in_place_ = false;
   bool checked_ = false;
+  std::string label_;
   at::Tensor tensor_;  ///< the full tensor: allreduce's, reduce-scatter's input, all-gather's output
   at::Tensor piece_;   ///< reduce-scatter's output, all-gather's input
 };

@@ -26,6 +26,10 @@
 // output symmetric), "openmpi_in_place" (MPI_IN_PLACE), "floor_copy_in_place" (only the peers'
 // blocks written, the least an in-place all-gather moves).
 //
+// --algorithm ring,tree,... races the gloo backend's allreduce algorithms (SHOAL_ALLREDUCE_ALGO's
+// values, "native" being c10d Gloo's own), one gloo group each, named "gloo_<algorithm>"; they
+// race alone unless --backend is given too.
+//
 // Without a launcher around it (comm::detect_rank_info().launched is false) the bench starts
 // its own ranks: through shoal::launcher::launch(), or through mpirun when --backend names mpi.
 #include <algorithm>
@@ -42,6 +46,8 @@
 #include "allreduce_contenders.h"
 #include "bench_harness.h"
 #include "bench_util.h"
+#include "comm/algorithms/allreduce_algorithm.h"
+#include "comm/gloo/process_group_gloo.h"
 #include "commands.h"
 #include "shoal/comm/init.h"
 #include "shoal/env.h"
@@ -66,7 +72,8 @@ constexpr int kMaxIters = 200;
 constexpr int64_t kMemcpyBytes = int64_t{64} << 20;
 
 struct AllreduceBenchArgs {
-  std::string backends = "gloo";
+  std::string backends = "gloo";  // none when only --algorithm is given
+  std::string algorithms;         // gloo's allreduce algorithms, each a contender
   std::string collective = "allreduce";  // or reduce_scatter, all_gather
   int nproc = 2;
   std::string min_bytes = "4KiB";
@@ -239,11 +246,52 @@ std::unique_ptr<Contender> shoal_contender(const AllreduceBenchArgs& args, const
   return contender;
 }
 
-// The contenders of --backend, in its order, on this rank.
+// --algorithm's entries, each checked.
+std::vector<comm::algorithms::AllreduceAlgorithm> parse_algorithms(const std::string& list,
+                                                                   Collective collective) {
+  std::vector<comm::algorithms::AllreduceAlgorithm> out;
+  for (const std::string& name : split(list, ',')) {
+    const auto algorithm = comm::algorithms::allreduce_algorithm_from_name(name);
+    SHOAL_CHECK_T(InvalidArgument, algorithm.has_value(), "--algorithm '", name,
+                  "' is not an allreduce algorithm; choose from ring, tree, recursive_doubling, "
+                  "rabenseifner, auto, native");
+    out.push_back(*algorithm);
+  }
+  SHOAL_CHECK_T(InvalidArgument, out.empty() || collective == Collective::kAllreduce,
+                "--algorithm races allreduce only; drop it or --collective ",
+                collective_name(collective));
+  return out;
+}
+
+// A gloo group running `algorithm`, named "gloo_<algorithm>".
+std::unique_ptr<Contender> algorithm_contender(const AllreduceBenchArgs& args,
+                                               comm::algorithms::AllreduceAlgorithm algorithm,
+                                               std::shared_ptr<comm::Store> store,
+                                               const comm::RankInfo& info) {
+  comm::GlooOptions options;
+  options.allreduce_algorithm = algorithm;
+  auto pg = std::make_shared<comm::ProcessGroupGloo>(std::move(store), info.rank,
+                                                     info.world_size, kBenchTimeout, options);
+  auto contender = std::make_unique<ShoalContender>(pg);
+  contender->set_async_op(args.async_op);
+  contender->set_label(std::string("gloo_") + comm::algorithms::to_string(algorithm));
+  return contender;
+}
+
+// The run's one store, made on first use; each backend gets its own key space in it.
+std::shared_ptr<comm::Store> bench_store(std::shared_ptr<comm::Store>& store,
+                                         const comm::RankInfo& info) {
+  if (!store) {
+    store = comm::make_tcp_store(info.master_addr, info.master_port, info.world_size,
+                                 info.rank == 0, kBenchTimeout);
+  }
+  return store;
+}
+
+// The contenders of --backend, in its order, then those of --algorithm, on this rank.
 std::vector<std::unique_ptr<Contender>> make_contenders(const AllreduceBenchArgs& args,
                                                         const comm::RankInfo& info,
                                                         Collective collective) {
-  // One store for every backend of the run; each backend gets its own key space.
   std::shared_ptr<comm::Store> store;
   std::vector<std::unique_ptr<Contender>> contenders;
   for (const std::string& backend : split(args.backends, ',')) {
@@ -264,17 +312,20 @@ std::vector<std::unique_ptr<Contender>> make_contenders(const AllreduceBenchArgs
       options.timeout = kBenchTimeout;
       pg = comm::init_process_group(options);
     } else {
-      if (!store) {
-        store = comm::make_tcp_store(info.master_addr, info.master_port, info.world_size,
-                                     info.rank == 0, kBenchTimeout);
-      }
       const std::string prefix = "bench/" + std::to_string(contenders.size()) + "/" + backend;
-      pg = comm::new_process_group(group_backend, comm::make_prefix_store(prefix, store),
+      pg = comm::new_process_group(group_backend,
+                                   comm::make_prefix_store(prefix, bench_store(store, info)),
                                    info.rank, info.world_size, kBenchTimeout);
     }
     contenders.push_back(shoal_contender(args, backend, pg, collective));
   }
-  SHOAL_CHECK_T(InvalidArgument, !contenders.empty(), "--backend names no backend");
+  for (const auto algorithm : parse_algorithms(args.algorithms, collective)) {
+    const std::string prefix = "bench/" + std::to_string(contenders.size()) + "/algorithm";
+    contenders.push_back(algorithm_contender(
+        args, algorithm, comm::make_prefix_store(prefix, bench_store(store, info)), info));
+  }
+  SHOAL_CHECK_T(InvalidArgument, !contenders.empty(),
+                "--backend and --algorithm name no contender");
   return contenders;
 }
 
@@ -376,7 +427,8 @@ int run_rank(const AllreduceBenchArgs& args) {
 
 std::vector<std::string> rank_command(const AllreduceBenchArgs& args) {
   std::vector<std::string> command{launcher::self_executable(), "bench", "allreduce",
-                                   "--backend", args.backends,
+                                   "--backend", args.backends.empty() ? "," : args.backends,
+                                   "--algorithm", args.algorithms.empty() ? "," : args.algorithms,
                                    "--collective", args.collective,
                                    "--min-bytes", args.min_bytes,
                                    "--max-bytes", args.max_bytes,
@@ -424,6 +476,7 @@ int run_allreduce_bench(const AllreduceBenchArgs& args) {
                 parse_bytes(args.min_bytes, "--min-bytes") <= parse_bytes(args.max_bytes, "--max-bytes"),
                 "--min-bytes ", args.min_bytes, " is above --max-bytes ", args.max_bytes);
   const Collective collective = collective_from_name(args.collective);
+  parse_algorithms(args.algorithms, collective);
   for (const std::string& backend : split(args.backends, ',')) {
     check_collective_contender(backend, collective);
     if (!is_torch_contender(backend)) {
@@ -500,7 +553,18 @@ void add_bench_allreduce_command(CLI::App& bench, std::vector<Command>& commands
                   "--backend has mpi, else shoal's launcher), shoal, mpirun")
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "shoal", "mpirun"}));
-  commands.push_back({app, [args] { return run_allreduce_bench(*args); }});
+  app->add_option("--algorithm", args->algorithms,
+                  "comma-separated allreduce algorithms of the gloo backend to race, one group\n"
+                  "each, named gloo_<algorithm>: ring, tree, recursive_doubling, rabenseifner, auto\n"
+                  "(the cost model's choice per size), native (c10d Gloo's own); alone unless\n"
+                  "--backend is given too");
+  commands.push_back({app, [app, args] {
+                        // --algorithm alone races the algorithms only, not gloo's default too.
+                        if (!args->algorithms.empty() && app->count("--backend") == 0) {
+                          args->backends.clear();
+                        }
+                        return run_allreduce_bench(*args);
+                      }});
 }
 
 }  // namespace shoal::cli

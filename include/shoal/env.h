@@ -37,6 +37,7 @@ enum class Var {
   kSigusr1,
   kSigusr1Ignored,
   kGlooReduceScatter,
+  kAllreduceAlgo,
   kShmChunkBytes,
   kShmInlineBytes,
   kShmSymmetricMinBytes,

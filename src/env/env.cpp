@@ -56,6 +56,12 @@ const std::vector<Variable>& table() {
       {Var::kGlooReduceScatter, "SHOAL_GLOO_REDUCE_SCATTER", Kind::kChoice, "ring|allreduce", "ring",
        "How the `gloo` backend reduce-scatters: a ring of point-to-point sends, or an allreduce of "
        "every block (for comparisons: a test and `bench/gloo_reduce_scatter_bench.cpp` use it)."},
+      {Var::kAllreduceAlgo, "SHOAL_ALLREDUCE_ALGO", Kind::kChoice,
+       "native|auto|ring|tree|recursive_doubling|rabenseifner", "native",
+       "How the `gloo` backend (and the leaders of `hierarchical`) allreduce: c10d Gloo's own "
+       "algorithm, the schedule a cost model picks per call from size, ranks and ranks per node, "
+       "or one of Shoal's schedules over point-to-point messages (to compare them: `shoal bench "
+       "allreduce --algorithm`)."},
       {Var::kShmChunkBytes, "SHOAL_SHM_CHUNK_BYTES", Kind::kInteger, "bytes",
        "a quarter of the L2 cache, 256 KiB to 1 MiB",
        "The chunk the `shm` backend stages large operations in (rounded up to 4 KiB).", kPage,

@@ -8,8 +8,13 @@
 #include <atomic>
 #include <cctype>
 #include <cstdlib>
+#include <limits>
+#include <mutex>
+#include <thread>
 
 #include "collective_checks.h"
+#include "comm/algorithms/allreduce_algorithm.h"
+#include "comm/gloo/process_group_gloo.h"
 #include "comm/multi_device/process_group_multi_device.h"
 #include "shoal/comm/init.h"
 #include "shoal/error.h"
@@ -219,6 +224,200 @@ TEST(GlooReduceScatter, RingEqualsTheAllreduceOfEveryBlock) {
       }
     }
   }
+}
+
+// ---- allreduce schedules of the gloo backend --------------------------------------------------
+
+using algorithms::AllreduceAlgorithm;
+
+const std::vector<AllreduceAlgorithm> kSchedules{
+    AllreduceAlgorithm::kRing, AllreduceAlgorithm::kTree, AllreduceAlgorithm::kRecursiveDoubling,
+    AllreduceAlgorithm::kRabenseifner, AllreduceAlgorithm::kAuto};
+
+// Rank `rank`'s input of `numel` elements: random floats in [-1, 1), or (`integral`) integers in
+// [-100, 100] (or [0, 3] for unsigned bytes and for products, which must not overflow).
+at::Tensor schedule_input(int rank, int64_t numel, at::ScalarType dtype, ReduceOp op) {
+  at::Generator gen = at::detail::createCPUGenerator(static_cast<uint64_t>(1000 + rank));
+  const bool small = op == ReduceOp::kProduct || dtype == at::kByte;
+  if (dtype == at::kFloat && op == ReduceOp::kSum) {
+    return at::rand({numel}, gen, at::kDouble).mul(2).sub(1).to(at::kFloat);
+  }
+  return at::randint(small ? 0 : -100, small ? 4 : 101, {numel}, gen, at::kLong).to(dtype);
+}
+
+// What every rank must get, reduced here from every rank's input (in float64 for floats).
+at::Tensor locally_reduced(int world, int64_t numel, at::ScalarType dtype, ReduceOp op) {
+  const bool floating = at::isFloatingType(dtype);
+  at::Tensor acc = schedule_input(0, numel, dtype, op).to(floating ? at::kDouble : at::kLong);
+  for (int r = 1; r < world; ++r) {
+    algorithms::combine_into(acc, schedule_input(r, numel, dtype, op).to(acc.scalar_type()), op);
+  }
+  if (op == ReduceOp::kAvg) acc = floating ? acc / world : acc.floor_divide(world);
+  return acc.to(dtype);
+}
+
+// Floats summed in another order: each result is within (n-1) * eps * sum|x_r| of the exact sum
+// (the standard bound for recursive summation), so two orders are within twice that.
+void expect_close_sums(const at::Tensor& got, const at::Tensor& want, int world, const std::string& what) {
+  at::Tensor abs_sum = at::zeros_like(want, at::kDouble);
+  for (int r = 0; r < world; ++r) abs_sum += schedule_input(r, want.numel(), at::kFloat, ReduceOp::kSum).abs();
+  const double eps = std::numeric_limits<float>::epsilon();
+  at::Tensor bound = abs_sum * (2.0 * (world - 1) * eps) + 1e-30;
+  EXPECT_TRUE((got.to(at::kDouble) - want.to(at::kDouble)).abs().le(bound).all().item<bool>()) << what;
+}
+
+// One rank's group with every schedule in turn on the same inputs. Integer-valued inputs (every
+// dtype and op but float32 sum) reduce exactly in any order: those results equal the ring's and
+// the local reduction bit for bit; random float32 sums agree within the bound above.
+void check_schedules_on_rank(ProcessGroupGloo& pg, int world, std::vector<std::string>& failures) {
+  struct Kind {
+    at::ScalarType dtype;
+    ReduceOp op;
+  };
+  std::vector<Kind> kinds{{at::kFloat, ReduceOp::kSum}, {at::kLong, ReduceOp::kSum}};
+  for (ReduceOp op : {ReduceOp::kAvg, ReduceOp::kMin, ReduceOp::kMax, ReduceOp::kProduct}) {
+    kinds.push_back({at::kFloat, op});
+    kinds.push_back({at::kLong, op});
+  }
+  for (at::ScalarType dtype : {at::kDouble, at::kBFloat16, at::kInt, at::kByte}) kinds.push_back({dtype, ReduceOp::kSum});
+  const std::vector<int64_t> sizes{1, 1024, 65536, 262144 + 3};  // floats: 4 B, 4 KiB, 256 KiB, 1 MiB + 3
+  for (const Kind& kind : kinds) {
+    for (int64_t numel : sizes) {
+      // Every op and dtype at 1 element and 4 KiB; the larger sizes for the sums only.
+      if (numel > 1024 && !(kind.op == ReduceOp::kSum && (kind.dtype == at::kFloat || kind.dtype == at::kLong))) continue;
+      const at::Tensor want = locally_reduced(world, numel, kind.dtype, kind.op);
+      at::Tensor ring;
+      for (AllreduceAlgorithm algorithm : kSchedules) {
+        pg.set_allreduce_algorithm(algorithm);
+        at::Tensor t = schedule_input(pg.rank(), numel, kind.dtype, kind.op);
+        pg.allreduce(t, {kind.op})->wait();
+        const std::string what = std::string(to_string(algorithm)) + " (ran " +
+                                 to_string(pg.last_allreduce_algorithm()) + "), world " +
+                                 std::to_string(world) + ", " + std::to_string(numel) + " x " +
+                                 c10::toString(kind.dtype) + ", " + to_string(kind.op);
+        if (algorithm == AllreduceAlgorithm::kRing) ring = t;
+        if (kind.dtype == at::kFloat && kind.op == ReduceOp::kSum) {
+          expect_close_sums(t, ring, world, what + ": against the ring");
+          expect_close_sums(t, want, world, what + ": against the local sum");
+        } else if (!t.equal(ring) || !t.equal(want)) {
+          failures.push_back(what);
+        }
+      }
+    }
+  }
+}
+
+// Every schedule (and auto) on 2, 3, 4, 5 and 8 ranks: non-powers of two fold their extra ranks
+// in; the sizes leave some blocks empty (1 element) or uneven (1 MiB + 3 floats).
+TEST(AllreduceSchedules, EqualTheRingAndTheLocalReduction) {
+  torch::set_num_threads(1);
+  for (int world : {2, 3, 4, 5, 8}) {
+    auto store = make_hash_store(Milliseconds(60'000));
+    std::mutex mutex;
+    std::vector<std::string> failures;
+    shoal::testing::run_threads(world, [&](int rank) {
+      ProcessGroupGloo pg(store, rank, world, Milliseconds(60'000));
+      std::vector<std::string> mine;
+      check_schedules_on_rank(pg, world, mine);
+      std::lock_guard<std::mutex> lock(mutex);
+      failures.insert(failures.end(), mine.begin(), mine.end());
+    });
+    EXPECT_TRUE(failures.empty()) << failures.size() << " wrong results, first: " << failures[0];
+  }
+}
+
+// auto runs, for each size, the schedule the cost model predicts fastest for this group; on one
+// host (the loopback) the model sees one node of every rank.
+TEST(AllreduceSchedules, AutoRunsWhatTheModelChooses) {
+  torch::set_num_threads(1);
+  for (int world : {3, 4}) {
+    auto store = make_hash_store(Milliseconds(60'000));
+    shoal::testing::run_threads(world, [&](int rank) {
+      GlooOptions options;
+      options.allreduce_algorithm = AllreduceAlgorithm::kAuto;
+      ProcessGroupGloo pg(store, rank, world, Milliseconds(60'000), options);
+      EXPECT_EQ(pg.allreduce_topology().ranks_per_node, world);
+      EXPECT_EQ(pg.allreduce_topology().cores_per_node,
+                static_cast<int>(std::thread::hardware_concurrency()));
+      for (int64_t numel : {int64_t{1}, int64_t{1024}, int64_t{65536}, int64_t{1} << 22}) {
+        const auto want = algorithms::choose_allreduce_algorithm(
+            numel * 4, pg.allreduce_topology(), algorithms::CostModel::defaults());
+        EXPECT_EQ(pg.allreduce_algorithm_for(numel * 4), want);
+        at::Tensor t = at::ones({numel});
+        pg.allreduce(t)->wait();
+        EXPECT_EQ(pg.last_allreduce_algorithm(), want) << numel;
+        EXPECT_TRUE(t.eq(world).all().item<bool>());
+      }
+    });
+  }
+}
+
+// The model's predictions are the schedules' step counts: ring 2(n-1) messages of B/n,
+// recursive doubling log2(n) of B (plus the fold in and out for 5 ranks), Rabenseifner
+// 2 log2(n) of halving sizes, each step longer where its senders outnumber a node's cores. Small messages go to recursive doubling; large ones to
+// Rabenseifner on a power of two (the ring's bytes in fewer steps), to the ring otherwise (the
+// fold moves the whole tensor twice), and to Rabenseifner over 512 nodes.
+TEST(AllreduceSchedules, CostModelCountsTheSteps) {
+  algorithms::CostModel m;
+  m.intra_node = {1e-5, 1e-9};
+  m.inter_node = {1e-4, 2e-9};
+  m.gamma_s_per_byte = 5e-10;
+  const int64_t bytes = int64_t{1} << 20;
+  const double b = static_cast<double>(bytes);
+  const algorithms::Topology one_node{4, 4};
+  EXPECT_DOUBLE_EQ(predicted_seconds(AllreduceAlgorithm::kRing, bytes, one_node, m),
+                   6 * (1e-5 + b / 4 * 1e-9) + 3 * b / 4 * 5e-10);
+  EXPECT_DOUBLE_EQ(predicted_seconds(AllreduceAlgorithm::kRecursiveDoubling, bytes, one_node, m),
+                   2 * (1e-5 + b * 1e-9 + b * 5e-10));
+  EXPECT_DOUBLE_EQ(predicted_seconds(AllreduceAlgorithm::kRabenseifner, bytes, one_node, m),
+                   2 * (2 * 1e-5 + b / 2 * 1e-9 + b / 4 * 1e-9) + (b / 2 + b / 4) * 5e-10);
+  EXPECT_DOUBLE_EQ(predicted_seconds(AllreduceAlgorithm::kTree, bytes, one_node, m),
+                   2 * (2 * (1e-5 + b * 1e-9) + b * 5e-10));
+  const algorithms::Topology five{5, 5};
+  EXPECT_DOUBLE_EQ(predicted_seconds(AllreduceAlgorithm::kRecursiveDoubling, bytes, five, m),
+                   predicted_seconds(AllreduceAlgorithm::kRecursiveDoubling, bytes, one_node, m) +
+                       2 * (1e-5 + b * 1e-9) + b * 5e-10);
+  // Two nodes of two: the ring's every step crosses; the recursive schedules' first (mask 1)
+  // steps stay inside a node.
+  const algorithms::Topology two_by_two{4, 2};
+  EXPECT_DOUBLE_EQ(predicted_seconds(AllreduceAlgorithm::kRing, bytes, two_by_two, m),
+                   6 * (1e-4 + b / 4 * 2e-9) + 3 * b / 4 * 5e-10);
+  EXPECT_DOUBLE_EQ(predicted_seconds(AllreduceAlgorithm::kRecursiveDoubling, bytes, two_by_two, m),
+                   (1e-5 + b * 1e-9) + (1e-4 + b * 2e-9) + 2 * b * 5e-10);
+  EXPECT_EQ(choose_allreduce_algorithm(4, {8, 8}, m), AllreduceAlgorithm::kRecursiveDoubling);
+  EXPECT_EQ(choose_allreduce_algorithm(64 << 20, {6, 6}, m), AllreduceAlgorithm::kRing);
+  EXPECT_EQ(choose_allreduce_algorithm(64 << 20, {8, 8}, m), AllreduceAlgorithm::kRabenseifner);
+  EXPECT_EQ(choose_allreduce_algorithm(64 << 20, {512, 1}, m), AllreduceAlgorithm::kRabenseifner);
+  // Eight ranks on two cores: every rank sending at once queues four deep for the cores, the
+  // tree's later steps do not; small messages go to the tree.
+  const algorithms::Topology crowded{8, 8, 2};
+  EXPECT_DOUBLE_EQ(predicted_seconds(AllreduceAlgorithm::kRecursiveDoubling, bytes, crowded, m),
+                   3 * (4 * (1e-5 + b * 1e-9) + b * 5e-10));
+  EXPECT_DOUBLE_EQ(predicted_seconds(AllreduceAlgorithm::kTree, bytes, crowded, m),
+                   2 * (2 + 1 + 1) * (1e-5 + b * 1e-9) + 3 * b * 5e-10);
+  EXPECT_EQ(choose_allreduce_algorithm(4096, crowded, m), AllreduceAlgorithm::kTree);
+}
+
+// SHOAL_ALLREDUCE_ALGO picks the algorithm of a group built without one; a wrong value is
+// refused naming the variable.
+TEST(AllreduceSchedules, EnvironmentVariableChooses) {
+  auto store = make_hash_store(Milliseconds(30'000));
+  ::setenv("SHOAL_ALLREDUCE_ALGO", "tree", 1);
+  shoal::testing::run_threads(2, [&](int rank) {
+    auto pg = new_process_group("gloo", store, rank, 2, Milliseconds(30'000));
+    at::Tensor t = at::full({3}, rank + 1.0f);
+    pg->allreduce(t)->wait();
+    EXPECT_EQ(dynamic_cast<ProcessGroupGloo&>(*pg).last_allreduce_algorithm(), AllreduceAlgorithm::kTree);
+    EXPECT_TRUE(t.eq(3).all().item<bool>());
+  });
+  ::setenv("SHOAL_ALLREDUCE_ALGO", "fastest", 1);
+  try {
+    ProcessGroupGloo pg(make_hash_store(), 0, 1, Milliseconds(10'000));
+    ADD_FAILURE() << "expected an error";
+  } catch (const shoal::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("SHOAL_ALLREDUCE_ALGO"), std::string::npos) << e.what();
+  }
+  ::unsetenv("SHOAL_ALLREDUCE_ALGO");
 }
 
 TEST(ProcessGroupArguments, NonContiguousIsRefusedClearly) {

@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include <cstdlib>
+#include <thread>
 
 #include "comm/native_backed_work.h"
 #include "comm/peer_directory.h"
@@ -23,9 +24,52 @@ at::Tensor native_view(const at::Tensor& tensor) {
 
 ReduceOp native_op(ReduceOp op) { return op == ReduceOp::kAvg ? ReduceOp::kSum : op; }
 
-// The point-to-point tag of the ring reduce-scatter's messages: far above the tags users pass
-// to send/recv (0 by default), so that they never match one of them.
+// The point-to-point tags of the ring reduce-scatter's and the allreduce schedules' messages: far
+// above the tags users pass to send/recv (0 by default), so that they never match one of them.
 constexpr int kRingReduceScatterTag = 0x5e0a0001;
+constexpr int kAllreduceScheduleTag = 0x5e0a0002;
+
+algorithms::AllreduceAlgorithm algorithm_from(const GlooOptions& options) {
+  if (options.allreduce_algorithm) return *options.allreduce_algorithm;
+  return *algorithms::allreduce_algorithm_from_name(env::choice(env::Var::kAllreduceAlgo));
+}
+
+// The PeerLink of one scheduled collective: c10d Gloo's point-to-point messages.
+class GlooScheduleLink : public algorithms::PeerLink {
+ public:
+  using Post = std::function<std::shared_ptr<Work>(const at::Tensor&, int, bool)>;
+  GlooScheduleLink(int rank, int size, Milliseconds timeout, Post post)
+      : rank_(rank), size_(size), timeout_(timeout), post_(std::move(post)) {}
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  // The receive is posted first: Gloo sends a message from the caller's thread when the peer's
+  // receive is already known, and from its event loop thread (one more wake-up) otherwise.
+  void exchange(const at::Tensor& send, int dst, const at::Tensor& recv, int src) override {
+    std::shared_ptr<Work> received;
+    if (recv.defined()) received = post_(recv, src, /*is_send=*/false);
+    std::shared_ptr<Work> sent;
+    if (send.defined()) sent = post_(send, dst, /*is_send=*/true);
+    if (received) received->wait(timeout_);
+    if (sent) sent->wait(timeout_);
+  }
+
+ private:
+  int rank_;
+  int size_;
+  Milliseconds timeout_;
+  Post post_;
+};
+
+// The bytes an allreduce of `tensor` moves per copy: bfloat16 travels as float32.
+int64_t reduced_bytes(const at::Tensor& tensor) {
+  const bool native = compat::GlooGroup::supports_dtype(tensor.scalar_type());
+  return tensor.numel() * (native ? static_cast<int64_t>(tensor.element_size()) : 4);
+}
+
+int ranks_per_node_from(const GlooOptions& options, int size) {
+  if (options.ranks_per_node > 0) return options.ranks_per_node;
+  return options.hostname == "127.0.0.1" && options.interface.empty() ? size : 1;
+}
 
 }  // namespace
 
@@ -35,6 +79,10 @@ ProcessGroupGloo::ProcessGroupGloo(std::shared_ptr<Store> store, int rank, int s
   if (env::text(env::Var::kGlooReduceScatter)) {
     options_.ring_reduce_scatter = env::choice(env::Var::kGlooReduceScatter) == "ring";
   }
+  allreduce_algorithm_ = algorithm_from(options_);
+  // Other nodes are taken to have as many cores as this one.
+  topology_ = {size, ranks_per_node_from(options_, size),
+               static_cast<int>(std::thread::hardware_concurrency())};
   peers_ = std::make_shared<PeerDirectory>(store_, "shoal/gloo", rank, size);
   try {
     gloo_ = std::make_unique<compat::GlooGroup>(make_prefix_store("shoal/gloo/ctx", store_), rank,
@@ -77,8 +125,43 @@ std::shared_ptr<Work> ProcessGroupGloo::point_to_point_work(
   return work;
 }
 
+algorithms::AllreduceAlgorithm ProcessGroupGloo::allreduce_algorithm_for(int64_t bytes) const {
+  if (allreduce_algorithm_ != algorithms::AllreduceAlgorithm::kAuto) return allreduce_algorithm_;
+  return algorithms::choose_allreduce_algorithm(bytes, topology_, cost_model_);
+}
+
+std::shared_ptr<Work> ProcessGroupGloo::scheduled_allreduce(algorithms::AllreduceAlgorithm algorithm,
+                                                            at::Tensor& tensor, ReduceOp op,
+                                                            const OpContext& ctx) {
+  at::Tensor work = native_view(tensor);
+  at::Tensor flat = work.reshape({-1});
+  GlooScheduleLink link(rank(), size(), ctx.timeout,
+                        [&](const at::Tensor& t, int peer, bool is_send) {
+                          at::Tensor buffer = t;
+                          return point_to_point_work(
+                              ctx, is_send ? gloo_->send(buffer, peer, kAllreduceScheduleTag)
+                                           : gloo_->recv(buffer, peer, kAllreduceScheduleTag));
+                        });
+  algorithms::allreduce_with(algorithm, flat, native_op(op), link);
+  if (op == ReduceOp::kAvg) {
+    if (flat.is_floating_point()) {
+      flat.div_(size());
+    } else {
+      flat.floor_divide_(size());
+    }
+  }
+  if (!work.is_same(tensor)) tensor.copy_(work);
+  return make_completed_work(ctx.label);
+}
+
 std::shared_ptr<Work> ProcessGroupGloo::run_allreduce(at::Tensor& tensor, ReduceOp op,
                                                       const OpContext& ctx) {
+  const algorithms::AllreduceAlgorithm algorithm =
+      size() > 1 ? allreduce_algorithm_for(reduced_bytes(tensor)) : algorithms::AllreduceAlgorithm::kNative;
+  last_allreduce_ = algorithm;
+  if (algorithm != algorithms::AllreduceAlgorithm::kNative) {
+    return scheduled_allreduce(algorithm, tensor, op, ctx);
+  }
   at::Tensor work = native_view(tensor);
   auto native = gloo_->allreduce(work, native_op(op), ctx.timeout);
   const int n = size();

@@ -14,8 +14,10 @@
 #include <atomic>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
+#include "comm/algorithms/allreduce_algorithm.h"
 #include "shoal/comm/process_group.h"
 #include "shoal/comm/store.h"
 
@@ -37,6 +39,13 @@ struct GlooOptions {
   /// holding two); false: an allreduce of every block (N times the bytes, a copy of the input),
   /// what Shoal did before. SHOAL_GLOO_REDUCE_SCATTER=allreduce sets it false, for A/B runs.
   bool ring_reduce_scatter = true;
+  /// How allreduce runs: c10d Gloo's own (kNative), one of Shoal's schedules over point-to-point
+  /// messages, or kAuto: the schedule the cost model predicts fastest for each call's size.
+  /// Unset: SHOAL_ALLREDUCE_ALGO, else its default.
+  std::optional<algorithms::AllreduceAlgorithm> allreduce_algorithm;
+  /// Ranks per node, node by node in rank order, for the cost model; 0: every rank on this host
+  /// when `hostname` is the loopback address and no interface is named, else one per node.
+  int ranks_per_node = 0;
 };
 
 class ProcessGroupGloo : public ProcessGroup {
@@ -50,9 +59,25 @@ class ProcessGroupGloo : public ProcessGroup {
   /// Marks the group broken: its destructor then abandons c10d's group (see below).
   void abort(const std::string& reason) override;
 
+  /// Replaces the allreduce algorithm chosen at construction; from the thread that issues the
+  /// operations, between them (a bench races several on one group).
+  void set_allreduce_algorithm(algorithms::AllreduceAlgorithm algorithm) {
+    allreduce_algorithm_ = algorithm;
+  }
+  /// The schedule an allreduce of `bytes` runs (kNative included; never kAuto).
+  algorithms::AllreduceAlgorithm allreduce_algorithm_for(int64_t bytes) const;
+  /// What the cost model knows of where this group's ranks are.
+  const algorithms::Topology& allreduce_topology() const { return topology_; }
+  /// The schedule the last allreduce ran (kNative before any).
+  algorithms::AllreduceAlgorithm last_allreduce_algorithm() const { return last_allreduce_; }
+
  protected:
   std::shared_ptr<Work> run_allreduce(at::Tensor& tensor, ReduceOp op,
                                       const OpContext& ctx) override;
+  /// An allreduce by one of Shoal's schedules, on the caller's thread (the Work it returns is
+  /// complete); every message waits at most the op's time-out and a failure names the peer.
+  std::shared_ptr<Work> scheduled_allreduce(algorithms::AllreduceAlgorithm algorithm,
+                                            at::Tensor& tensor, ReduceOp op, const OpContext& ctx);
   std::shared_ptr<Work> run_broadcast(at::Tensor& tensor, int root, const OpContext& ctx) override;
   std::shared_ptr<Work> run_reduce(at::Tensor& tensor, int root, ReduceOp op,
                                    const OpContext& ctx) override;
@@ -90,6 +115,10 @@ class ProcessGroupGloo : public ProcessGroup {
   std::shared_ptr<PeerDirectory> peers_;
   // Set by a failed operation's Work (which may outlive the group) or abort().
   std::shared_ptr<std::atomic<bool>> broken_ = std::make_shared<std::atomic<bool>>(false);
+  algorithms::AllreduceAlgorithm allreduce_algorithm_ = algorithms::AllreduceAlgorithm::kNative;
+  algorithms::Topology topology_;
+  algorithms::CostModel cost_model_ = algorithms::CostModel::defaults();
+  algorithms::AllreduceAlgorithm last_allreduce_ = algorithms::AllreduceAlgorithm::kNative;
   std::vector<int> global_ranks_;  // rank in the world of each rank of this group, for messages
 };
 

@@ -109,8 +109,10 @@ ProcessGroupHierarchical::ProcessGroupHierarchical(std::shared_ptr<Store> store,
   local_ = std::make_shared<shm::ProcessGroupShm>(
       store_, "hier/local/" + std::to_string(my_host_), local_rank_, local_size_, timeout);
   if (local_rank_ == 0) {
+    GlooOptions leader_options = gloo;
+    leader_options.ranks_per_node = 1;  // one leader per host: every message crosses hosts
     leaders_ = std::make_shared<ProcessGroupGloo>(make_prefix_store("hier/leaders", store_),
-                                                  my_host_, num_hosts_, timeout, gloo);
+                                                  my_host_, num_hosts_, timeout, leader_options);
   }
   flat_ = std::make_shared<ProcessGroupGloo>(make_prefix_store("hier/flat", store_), rank, size,
                                              timeout, gloo);
