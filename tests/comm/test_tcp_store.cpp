@@ -22,6 +22,7 @@
 #include "comm/c10d_wire_store.h"
 #include "comm/tcp_store.h"
 #include "comm/tcp_store_server.h"
+#include "comm/tcp_store_wire.h"
 #include "security/auth_token.h"
 #include "security/socket_io.h"
 #include "shoal/comm/init.h"
@@ -95,6 +96,89 @@ TEST(TcpStore, SetGetAddCheckWaitDelete) {
   } catch (const TimeoutError& e) {
     EXPECT_NE(std::string(e.what()).find("SHOAL_TIMEOUT"), std::string::npos) << e.what();
   }
+}
+
+uint64_t requests_of(const TcpStore& server, wire::Op op) { return server.server()->request_counts()[op]; }
+
+TEST(TcpStore, WaitAndGetAreOneRequestAnsweredByTheServer) {
+  TcpStore server("127.0.0.1", 0, true, "tok", kTimeout);
+  TcpStore client("127.0.0.1", server.port(), false, "tok", kTimeout);
+  const uint64_t before = server.server()->total_requests();
+  std::thread late([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    server.set_string("late", "x");
+  });
+  // Polling every 1-20 ms for 300 ms would be tens of requests.
+  EXPECT_EQ(client.get_string("late"), "x");
+  late.join();
+  EXPECT_EQ(requests_of(server, wire::kMultiGet), 1u);
+  EXPECT_EQ(server.server()->total_requests() - before, 2u);  // the get and the set
+  // A wait that times out is one request too, answered at its deadline.
+  const auto start = Clock::now();
+  EXPECT_THROW(client.wait({"late", "never"}, Milliseconds(300)), TimeoutError);
+  EXPECT_GE(seconds_since(start), 0.29);
+  EXPECT_EQ(requests_of(server, wire::kWait), 1u);
+  EXPECT_EQ(requests_of(server, wire::kCheck), 0u);
+}
+
+TEST(TcpStore, MultiGetAndMultiSetAreOneRequestEach) {
+  TcpStore server("127.0.0.1", 0, true, "tok", kTimeout);
+  TcpStore client("127.0.0.1", server.port(), false, "tok", kTimeout);
+  std::vector<std::string> keys;
+  std::vector<std::vector<uint8_t>> values;
+  for (int i = 0; i < 500; ++i) {
+    keys.push_back("k/" + std::to_string(i));
+    values.push_back(std::vector<uint8_t>(i % 7, static_cast<uint8_t>(i)));
+  }
+  std::thread setter([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    server.multi_set(keys, values);
+  });
+  EXPECT_EQ(client.multi_get(keys), values);  // waits for them on the server's side
+  setter.join();
+  EXPECT_EQ(requests_of(server, wire::kMultiGet), 1u);
+  EXPECT_EQ(requests_of(server, wire::kMultiSet), 1u);
+  EXPECT_EQ(requests_of(server, wire::kSet), 0u);
+  // Through a prefix store, still one request.
+  auto base = std::shared_ptr<Store>(&client, [](Store*) {});
+  auto prefixed = make_prefix_store("k", base);
+  EXPECT_EQ(prefixed->multi_get({"3", "4"}), (std::vector<std::vector<uint8_t>>{values[3], values[4]}));
+  EXPECT_EQ(requests_of(server, wire::kMultiGet), 2u);
+}
+
+TEST(TcpStore, AWaitingThreadDoesNotHoldUpAnother) {
+  TcpStore server("127.0.0.1", 0, true, "tok", kTimeout);
+  TcpStore client("127.0.0.1", server.port(), false, "tok", Milliseconds(20'000));
+  std::thread waiter([&] { EXPECT_EQ(client.get_string("released"), "1"); });
+  shoal::testing::wait_until([&] { return requests_of(server, wire::kMultiGet) == 1; }, kTimeout);
+  // The waiter holds its connection; this thread's requests take another and are answered now.
+  const auto start = Clock::now();
+  for (int i = 0; i < 20; ++i) client.add("beat", 1);
+  EXPECT_LT(seconds_since(start), 5.0);
+  EXPECT_EQ(client.add("beat", 0), 20);
+  client.set_string("released", "1");
+  waiter.join();
+}
+
+TEST(TcpStore, DeletedKeysAndDepartedWaitersKeepTheServerConsistent) {
+  TcpStore server("127.0.0.1", 0, true, "tok", kTimeout);
+  TcpStore client("127.0.0.1", server.port(), false, "tok", kTimeout);
+  {
+    // A waiter that leaves while its wait is parked.
+    TcpStore gone("127.0.0.1", server.port(), false, "tok", Milliseconds(300));
+    EXPECT_THROW(gone.wait({"a", "b"}, Milliseconds(200)), TimeoutError);
+  }
+  server.set_string("a", "1");
+  std::thread later([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    server.delete_key("a");  // "a" was there when the wait parked on "b"
+    server.set_string("b", "2");
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    server.set_string("a", "3");
+  });
+  EXPECT_EQ(client.multi_get({"a", "b"}),
+            (std::vector<std::vector<uint8_t>>{{'3'}, {'2'}}));
+  later.join();
 }
 
 TEST(TcpStore, ListensOnTheConfiguredAddressOnly) {
