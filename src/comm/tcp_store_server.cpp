@@ -22,7 +22,7 @@ namespace {
 
 // Connections allowed to be in their handshake at once. A job has one connection per rank (plus a
 // few per backend) and each finishes its handshake in microseconds; the cap stops a flood of
-// silent connections from starting a thread each. Beyond it the oldest is dropped.
+// silent connections from starting a thread each (beyond it: kYoungHandshake).
 constexpr size_t kMaxHandshakes = 64;
 // Handshake threads that may exist at once (running, or shut down and ending): beyond this a new
 // connection is closed at once. Dropped handshakes end within microseconds, so this is only
@@ -30,6 +30,8 @@ constexpr size_t kMaxHandshakes = 64;
 constexpr size_t kMaxHandshakeThreads = 2 * kMaxHandshakes;
 // A reply to an authenticated client that stops reading is abandoned after this.
 constexpr std::chrono::seconds kReplyTimeout{30};
+// A connection in its handshake for longer than this may be dropped for a newer one.
+constexpr std::chrono::milliseconds kYoungHandshake{500};
 // Connections the kernel queues before accept(): a job of thousands of ranks connects at once.
 constexpr int kListenBacklog = 4096;
 // A wait request's time-out is cut to this (a client's own time-out is shorter).
@@ -116,12 +118,55 @@ void TcpStoreServer::reap_finished() {
 }
 
 void TcpStoreServer::accept_ready() {
+  reap_finished();  // threads that ended count against kMaxHandshakeThreads until joined
   // Up to a backlog's worth a wake-up; the rest on the next one (the listener stays ready).
   for (int i = 0; i < kListenBacklog; ++i) {
+    if (!room_for_handshake()) {
+      // The rest wait in the kernel's backlog until a handshake ends or ages (next_timeout_ms).
+      set_accepting(false);
+      return;
+    }
     const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
     if (fd < 0) return;
     accept_one(fd);
   }
+}
+
+void TcpStoreServer::set_accepting(bool on) {
+  if (accepting_ == on) return;
+  accepting_ = on;
+  watch(epoll_fd_, EPOLL_CTL_MOD, listen_fd_, on ? EPOLLIN : 0, kListenId);
+}
+
+bool TcpStoreServer::room_for_handshake() {
+  std::string note;
+  {
+    std::lock_guard<std::mutex> lock(pending_mutex_);
+    Handshake* oldest = nullptr;
+    size_t in_handshake = 0;
+    for (auto& [id, h] : handshakes_) {  // ascending ids: the oldest first
+      if (!h.running || h.dropped) continue;
+      ++in_handshake;
+      if (oldest == nullptr) oldest = &h;
+    }
+    if (in_handshake < kMaxHandshakes) return true;
+    // A rank finishes in microseconds (milliseconds when the machine is loaded); a connection
+    // in its handshake for longer is taken to be a stranger's, and dropped to make room. Younger
+    // ones are left to finish: dropping them would drop ranks that arrive together.
+    if (Clock::now() - oldest->started < kYoungHandshake) return false;
+    oldest->dropped = true;
+    ::shutdown(oldest->fd, SHUT_RDWR);  // its thread fails the handshake and ends
+    ++dropped_;
+    note = "dropped the oldest connection still in its handshake (" + std::to_string(kMaxHandshakes) +
+           " were, the most allowed at once)";
+  }
+  if (int64_t held = 0; drop_log_.allow(&held)) {
+    log::warn("TCP store on port ", port_, ": ", note,
+              ": connections that do not finish Shoal's handshake are flooding the store's port "
+              "(strangers?); the job's ranks connect again and get in",
+              drop_log_.held_note(held));
+  }
+  return true;
 }
 
 void TcpStoreServer::accept_one(int fd) {
@@ -136,22 +181,10 @@ void TcpStoreServer::accept_one(int fd) {
       note = "closed a new connection at once: " + std::to_string(handshakes_.size()) +
              " handshake threads are still ending";
     } else {
-      size_t in_handshake = 0;
-      for (const auto& [id, h] : handshakes_) in_handshake += h.running && !h.dropped;
-      if (in_handshake >= kMaxHandshakes) {
-        for (auto& [id, h] : handshakes_) {  // ascending ids: the oldest first
-          if (!h.running || h.dropped) continue;
-          h.dropped = true;
-          ::shutdown(h.fd, SHUT_RDWR);  // its thread fails the handshake and ends
-          ++dropped_;
-          note = "dropped the oldest connection still in its handshake (" +
-                 std::to_string(kMaxHandshakes) + " were, the most allowed at once)";
-          break;
-        }
-      }
       const uint64_t id = next_id_++;
       Handshake& h = handshakes_[id];
       h.fd = fd;
+      h.started = Clock::now();
       h.thread = std::thread([this, id, fd] { handshake(id, fd); });
     }
   }
@@ -202,6 +235,7 @@ void TcpStoreServer::serve() {
     }
     expire(Clock::now());
     resume_answered();
+    if (!accepting_) set_accepting(room_for_handshake());
   }
   for (const auto& [id, client] : clients_) ::close(client.fd);
   clients_.clear();
@@ -396,8 +430,9 @@ void TcpStoreServer::expire(Clock::time_point now) {
 }
 
 int TcpStoreServer::next_timeout_ms(Clock::time_point now) const {
-  // A second at most, so that replies stalled past kReplyTimeout are noticed.
-  int64_t ms = 1000;
+  // A second at most, so that replies stalled past kReplyTimeout are noticed; 10 ms while new
+  // connections wait for a handshake to age.
+  int64_t ms = accepting_ ? 1000 : 10;
   if (!deadlines_.empty()) {
     const auto until = std::chrono::ceil<std::chrono::milliseconds>(deadlines_.begin()->first - now);
     ms = std::clamp<int64_t>(until.count(), 0, ms);

@@ -17,9 +17,11 @@
 // it. A reply left unsent for kReplyTimeout drops the client.
 //
 // Budgets, so that strangers cannot starve the job's ranks or grow rank 0: at most
-// kMaxHandshakes connections are in their handshake at once; a new connection beyond that drops
-// the oldest one still in its handshake (a rank answers in microseconds, a stranger holding a
-// slot is the oldest), and the client of a dropped connection connects again (TcpStore). A
+// kMaxHandshakes connections are in their handshake at once; beyond that, new connections wait in
+// the kernel's listen backlog until one ends, or until the oldest has been in its handshake for
+// kYoungHandshake, which is then dropped for a newer one (a rank answers in microseconds, a
+// stranger holding a slot is the oldest); the client of a dropped connection connects again
+// (TcpStore). Thousands of ranks connecting at once thus queue rather than drop each other. A
 // finished handshake's thread is joined as soon as it ends, so threads (and their stacks) never
 // pile up; at most 2 x kMaxHandshakes exist at once, beyond which a new connection is closed.
 // What was dropped is logged (warn), at most a few lines a second.
@@ -91,11 +93,14 @@ class TcpStoreServer {
     int fd = -1;
     bool running = true;  // false once the thread has left handshake(); then it is joined
     bool dropped = false;  // shut down to make room for a newer connection
+    std::chrono::steady_clock::time_point started;
     std::thread thread;
   };
   void serve();
   void accept_ready();
   void accept_one(int fd);
+  bool room_for_handshake();
+  void set_accepting(bool on);
   void handshake(uint64_t id, int fd);
   void reap_finished();
   void adopt_authenticated();
@@ -135,6 +140,7 @@ class TcpStoreServer {
 
   // The serve() thread's own.
   int epoll_fd_ = -1;
+  bool accepting_ = true;  // the listener is in the epoll set (not while the handshakes are full)
   wire::Table data_;
   uint64_t next_client_ = 1;  // ids 1.. (0: no client), never reused, so stale events are harmless
   std::unordered_map<uint64_t, Client> clients_;
