@@ -8,6 +8,7 @@
 #include <ifaddrs.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -20,6 +21,7 @@
 #include <thread>
 
 #include "comm/c10d_wire_store.h"
+#include "comm/rendezvous.h"
 #include "comm/tcp_store.h"
 #include "comm/tcp_store_server.h"
 #include "comm/tcp_store_wire.h"
@@ -179,6 +181,49 @@ TEST(TcpStore, DeletedKeysAndDepartedWaitersKeepTheServerConsistent) {
   EXPECT_EQ(client.multi_get({"a", "b"}),
             (std::vector<std::vector<uint8_t>>{{'3'}, {'2'}}));
   later.join();
+}
+
+/// Raises the soft limit on open files to at least `wanted` (up to the hard limit); false when the
+/// hard limit is below it.
+bool raise_open_files(rlim_t wanted) {
+  rlimit limit{};
+  if (::getrlimit(RLIMIT_NOFILE, &limit) != 0) return false;
+  if (limit.rlim_cur >= wanted) return true;
+  if (limit.rlim_max != RLIM_INFINITY && limit.rlim_max < wanted) return false;
+  limit.rlim_cur = wanted;
+  return ::setrlimit(RLIMIT_NOFILE, &limit) == 0;
+}
+
+// The real rendezvous for 1,024 simulated ranks, each a thread with its own connection to the real
+// server: every rank gets through, with at most 10 store requests per rank in all.
+TEST(Rendezvous, ThousandRanksMeetWithLinearRequests) {
+  constexpr int kRanks = 1024;
+  const Milliseconds timeout{60'000};
+  // Two descriptors a rank (its connection and the server's end), and some to spare.
+  if (!raise_open_files(2 * kRanks + 256)) GTEST_SKIP() << "the hard limit on open files is too low";
+  TcpStore server("127.0.0.1", 0, true, "tok", timeout);
+  std::vector<std::string> errors(kRanks);
+  std::vector<std::thread> ranks;
+  const auto start = Clock::now();
+  for (int r = 0; r < kRanks; ++r) {
+    ranks.emplace_back([&, r] {
+      try {
+        TcpStore client("127.0.0.1", server.port(), false, "tok", timeout);
+        rendezvous(client, r, kRanks, timeout);
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  }
+  for (auto& t : ranks) t.join();
+  const double seconds = seconds_since(start);
+  for (int r = 0; r < kRanks; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
+  const uint64_t requests = server.server()->total_requests();
+  std::printf("rendezvous of %d ranks: %.2f s, %llu store requests\n", kRanks, seconds,
+              static_cast<unsigned long long>(requests));
+  EXPECT_LE(requests, 10u * kRanks);
+  EXPECT_EQ(server.get_string("shoal/init/verdict"), "ok");
+  EXPECT_EQ(server.add("shoal/init/arrived", 0), kRanks);
 }
 
 TEST(TcpStore, ListensOnTheConfiguredAddressOnly) {
