@@ -51,5 +51,6 @@ void add_bench_dp_command(CLI::App& bench, std::vector<Command>& commands);     
 void add_bench_fsdp_command(CLI::App& bench, std::vector<Command>& commands);       // bench_fsdp.cpp
 void add_bench_tokens_command(CLI::App& bench, std::vector<Command>& commands);     // bench_tokens.cpp
 void add_bench_images_command(CLI::App& bench, std::vector<Command>& commands);     // bench_images.cpp
+void add_bench_rendezvous_command(CLI::App& bench, std::vector<Command>& commands); // bench_rendezvous.cpp
 
 }  // namespace shoal::cli
