@@ -14,6 +14,8 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <mutex>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -21,6 +23,7 @@
 #include <thread>
 
 #include "comm/c10d_wire_store.h"
+#include "comm/peer_directory.h"
 #include "comm/rendezvous.h"
 #include "comm/tcp_store.h"
 #include "comm/tcp_store_server.h"
@@ -195,7 +198,9 @@ bool raise_open_files(rlim_t wanted) {
 }
 
 // The real rendezvous for 1,024 simulated ranks, each a thread with its own connection to the real
-// server: every rank gets through, with at most 10 store requests per rank in all.
+// server: every rank gets through, with at most 10 store requests per rank in all; then the
+// per-host gather a shm or hierarchical group forms from, in 2 requests per rank, where every rank
+// sees every rank's record.
 TEST(Rendezvous, ThousandRanksMeetWithLinearRequests) {
   constexpr int kRanks = 1024;
   const Milliseconds timeout{60'000};
@@ -203,25 +208,54 @@ TEST(Rendezvous, ThousandRanksMeetWithLinearRequests) {
   if (!raise_open_files(2 * kRanks + 256)) GTEST_SKIP() << "the hard limit on open files is too low";
   TcpStore server("127.0.0.1", 0, true, "tok", timeout);
   std::vector<std::string> errors(kRanks);
+  // The requests of the two phases are counted apart: the gather starts once all have met.
+  std::mutex phase_mutex;
+  std::condition_variable phase_changed;
+  int rendezvous_done = 0;
+  bool gather = false;
   std::vector<std::thread> ranks;
   const auto start = Clock::now();
   for (int r = 0; r < kRanks; ++r) {
     ranks.emplace_back([&, r] {
+      bool counted = false;
       try {
         TcpStore client("127.0.0.1", server.port(), false, "tok", timeout);
         rendezvous(client, r, kRanks, timeout);
+        {
+          std::unique_lock<std::mutex> lock(phase_mutex);
+          counted = true;
+          if (++rendezvous_done == kRanks) phase_changed.notify_all();
+          phase_changed.wait(lock, [&] { return gather; });
+        }
+        const auto records = gather_records(client, "test/host", r, kRanks, "host" + std::to_string(r % 8));
+        bool agree = records.size() == kRanks;
+        for (int q = 0; q < kRanks && agree; ++q) agree = records[q] == "host" + std::to_string(q % 8);
+        if (!agree) errors[r] = "the gathered records differ";
       } catch (const std::exception& e) {
         errors[r] = e.what();
+        std::lock_guard<std::mutex> lock(phase_mutex);
+        if (!counted && ++rendezvous_done == kRanks) phase_changed.notify_all();
       }
     });
+  }
+  uint64_t requests = 0;
+  {
+    std::unique_lock<std::mutex> lock(phase_mutex);
+    // Every rank gets there, or records its error and leaves: the deadline is their time-out's.
+    phase_changed.wait_for(lock, timeout * 2, [&] { return rendezvous_done == kRanks; });
+    requests = server.server()->total_requests();
+    gather = true;
+    phase_changed.notify_all();
   }
   for (auto& t : ranks) t.join();
   const double seconds = seconds_since(start);
   for (int r = 0; r < kRanks; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
-  const uint64_t requests = server.server()->total_requests();
-  std::printf("rendezvous of %d ranks: %.2f s, %llu store requests\n", kRanks, seconds,
-              static_cast<unsigned long long>(requests));
+  const uint64_t gather_requests = server.server()->total_requests() - requests;
+  std::printf("rendezvous of %d ranks: %llu store requests; gather: %llu; %.2f s in all\n", kRanks,
+              static_cast<unsigned long long>(requests), static_cast<unsigned long long>(gather_requests),
+              seconds);
   EXPECT_LE(requests, 10u * kRanks);
+  EXPECT_LE(gather_requests, 2u * kRanks + 2);
   EXPECT_EQ(server.get_string("shoal/init/verdict"), "ok");
   EXPECT_EQ(server.add("shoal/init/arrived", 0), kRanks);
 }
