@@ -14,6 +14,15 @@ std::vector<std::string> read_keys(Reader& in) {
   return keys;
 }
 
+// One key and value from `in` into `table` (nothing when the request is cut short).
+void set_one(Table& table, Reader& in, std::vector<std::string>* changed) {
+  std::string key = in.string();
+  std::vector<uint8_t> value = in.bytes();
+  if (!in.ok()) return;
+  changed->push_back(key);
+  table[std::move(key)] = std::move(value);
+}
+
 }  // namespace
 
 const char* op_name(int op) {
@@ -51,24 +60,12 @@ std::vector<uint8_t> execute(Table& table, const uint8_t* request, size_t size, 
   std::vector<uint8_t> out;
   const uint8_t op = in.u8();
   switch (op) {
-    case kSet: {
-      std::string key = in.string();
-      std::vector<uint8_t> value = in.bytes();
-      if (in.ok()) {
-        changed->push_back(key);
-        table[std::move(key)] = std::move(value);
-      }
+    case kSet:
+      set_one(table, in, changed);
       break;
-    }
     case kMultiSet: {
       const uint32_t count = in.u32();
-      for (uint32_t i = 0; i < count && in.ok(); ++i) {
-        std::string key = in.string();
-        std::vector<uint8_t> value = in.bytes();
-        if (!in.ok()) break;
-        changed->push_back(key);
-        table[std::move(key)] = std::move(value);
-      }
+      for (uint32_t i = 0; i < count && in.ok(); ++i) set_one(table, in, changed);
       break;
     }
     case kGet: {
