@@ -15,6 +15,7 @@ void add_bench_command(CLI::App& root, std::vector<Command>& commands) {
   add_bench_tokens_command(*bench, commands);
   add_bench_images_command(*bench, commands);
   add_bench_heartbeat_command(*bench, commands);
+  add_bench_rendezvous_command(*bench, commands);
 }
 
 }  // namespace shoal::cli

@@ -52,5 +52,6 @@ void add_bench_fsdp_command(CLI::App& bench, std::vector<Command>& commands);   
 void add_bench_tokens_command(CLI::App& bench, std::vector<Command>& commands);     // bench_tokens.cpp
 void add_bench_images_command(CLI::App& bench, std::vector<Command>& commands);     // bench_images.cpp
 void add_bench_heartbeat_command(CLI::App& bench, std::vector<Command>& commands);  // bench_heartbeat.cpp
+void add_bench_rendezvous_command(CLI::App& bench, std::vector<Command>& commands); // bench_rendezvous.cpp
 
 }  // namespace shoal::cli

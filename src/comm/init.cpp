@@ -2,14 +2,13 @@
 
 #include <cstdlib>
 #include <map>
-#include <sstream>
-#include <thread>
 
 #include "comm/backends.h"
 #include "comm/c10d_wire_store.h"
 #include "comm/gloo/process_group_gloo.h"
 #include "comm/multi_device/process_group_multi_device.h"
 #include "comm/peer_directory.h"
+#include "comm/rendezvous.h"
 #include "comm/timeouts.h"
 #include "compat/c10d_store.h"
 #if SHOAL_HAVE_NCCL
@@ -132,68 +131,6 @@ std::shared_ptr<ProcessGroup> create_backend(const std::string& name, const Back
   return group;
 }
 
-// Checks that the ranks that met agree on the job, and that every rank came. Polls rather than
-// waits, so that a disagreement (two processes claiming one rank, different world sizes) is
-// reported as soon as both sides have arrived, on both sides, instead of as a time-out.
-void check_membership(Store& store, const RankInfo& info, Milliseconds timeout) {
-  // Short enough not to slow start-up down, long enough not to load a file store.
-  constexpr Milliseconds kPollInterval{20};
-  const std::string me = std::to_string(info.rank);
-  const std::string who = detail::str_cat("[rank ", info.rank, "/", info.world_size, "]");
-  const std::string claim_key = "shoal/init/claim/" + me;
-  auto check_single_claim = [&](int64_t claims) {
-    SHOAL_CHECK_T(InvalidArgument, claims == 1, who, " two processes claim rank ", info.rank,
-                  "; give every process its own RANK (a stale file store from an earlier job "
-                  "causes this too: delete it)");
-  };
-  check_single_claim(store.add(claim_key, 1));
-  store.set_string("shoal/init/world_size/" + me, std::to_string(info.world_size));
-  store.set_string("shoal/init/host/" + me, local_hostname());
-
-  std::vector<bool> seen(info.world_size, false);
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  bool timed_out = false;
-  while (!timed_out) {
-    check_single_claim(store.add(claim_key, 0));
-    bool all = true;
-    for (int r = 0; r < info.world_size; ++r) {
-      if (seen[r]) continue;
-      // The deadline at every rank, not once a pass: a pass is one store round trip per rank.
-      timed_out = std::chrono::steady_clock::now() >= deadline;
-      if (timed_out) {
-        all = false;
-        break;
-      }
-      const std::string key = "shoal/init/world_size/" + std::to_string(r);
-      if (!store.check({key})) {
-        all = false;
-        continue;
-      }
-      const std::string theirs = store.get_string(key);
-      SHOAL_CHECK_T(InvalidArgument, theirs == std::to_string(info.world_size), who, " rank ", r,
-                    " was started with world size ", theirs, " but this rank with ",
-                    info.world_size, "; start every rank with the same WORLD_SIZE");
-      seen[r] = true;
-    }
-    if (all) return;
-    timed_out = std::chrono::steady_clock::now() >= deadline;
-    if (!timed_out) std::this_thread::sleep_for(kPollInterval);
-  }
-  // The first few absent ranks by number, then how many in all: a message, not a list of a million.
-  constexpr size_t kListed = 8;
-  std::ostringstream list;
-  size_t missing = 0;
-  for (int r = 0; r < info.world_size; ++r) {
-    if (seen[r]) continue;
-    if (missing < kListed) list << (missing ? ", " : "") << r;
-    ++missing;
-  }
-  if (missing > kListed) list << ", ... (" << missing << " of " << info.world_size << ")";
-  SHOAL_THROW(TimeoutError, who, " rendezvous: rank", missing > 1 ? "s " : " ", list.str(),
-              " did not join within ", timeout.count(),
-              " ms (are they started, with the same MASTER_ADDR/MASTER_PORT and WORLD_SIZE?)", kTimeoutHint);
-}
-
 }  // namespace
 
 std::shared_ptr<ProcessGroup> new_process_group(const std::string& backend,
@@ -312,7 +249,7 @@ std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options) {
                 "' is not understood; use env://, tcp://HOST:PORT or file:///PATH");
   }
 
-  check_membership(*store, info, timeout);
+  rendezvous(*store, info.rank, info.world_size, timeout);
   args.store = make_prefix_store("shoal/pg", store);
   return create_backend(backend, args);
 }

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
 
@@ -36,6 +37,46 @@ bool process_is_stopped(int pid) {
   const auto close = line.rfind(')');
   return close != std::string::npos && close + 2 < line.size() &&
          (line[close + 2] == 'T' || line[close + 2] == 't');
+}
+
+namespace {
+
+// Records joined as "length:bytes" each, so that any byte may appear in one.
+std::string join_records(const std::vector<std::vector<uint8_t>>& records) {
+  std::string out;
+  for (const auto& r : records) out += std::to_string(r.size()) + ":" + std::string(r.begin(), r.end());
+  return out;
+}
+
+std::vector<std::string> split_records(const std::string& joined, size_t count, const std::string& key) {
+  std::vector<std::string> out;
+  size_t at = 0;
+  while (out.size() < count && at < joined.size()) {
+    const size_t colon = joined.find(':', at);
+    if (colon == std::string::npos) break;
+    const size_t length = std::strtoull(joined.c_str() + at, nullptr, 10);
+    if (length > joined.size() - colon - 1) break;
+    out.push_back(joined.substr(colon + 1, length));
+    at = colon + 1 + length;
+  }
+  SHOAL_CHECK_T(PeerError, out.size() == count && at == joined.size(), "store key '", key, "' holds ",
+                out.size(), " records where ", count,
+                " were expected: every rank must run the same Shoal build and group size");
+  return out;
+}
+
+}  // namespace
+
+std::vector<std::string> gather_records(Store& store, const std::string& scope, int rank, int size,
+                                        const std::string& mine) {
+  store.set_string(scope + "/" + std::to_string(rank), mine);
+  const std::string all = scope + "/all";
+  if (rank == 0) {
+    std::vector<std::string> keys;
+    for (int r = 0; r < size; ++r) keys.push_back(scope + "/" + std::to_string(r));
+    store.set_string(all, join_records(store.multi_get(keys)));
+  }
+  return split_records(store.get_string(all), static_cast<size_t>(size), all);
 }
 
 PeerDirectory::PeerDirectory(std::shared_ptr<Store> store, std::string scope, int rank, int size)

@@ -60,4 +60,10 @@ bool process_is_stopped(int pid);
 /// This machine's host name.
 std::string local_hostname();
 
+/// Every rank's `mine`, in rank order, with O(1) store requests per rank: each rank sets its own
+/// key "scope/R", rank 0 reads them all in one batch and publishes them as one record "scope/all",
+/// which the others read (each wait up to the store's time-out).
+std::vector<std::string> gather_records(Store& store, const std::string& scope, int rank, int size,
+                                        const std::string& mine);
+
 }  // namespace shoal::comm

@@ -1,5 +1,5 @@
-// Waiting for keys by polling check(), for the TCP stores whose wire has no wait of its own that a
-// deadline can cut short (private to the library).
+// Waiting for keys by polling check(), for the stores whose wire has no wait of its own that a
+// deadline can cut short (c10d's, private to the library); and the time-out every store wait throws.
 #pragma once
 
 #include <algorithm>
@@ -14,6 +14,15 @@
 
 namespace shoal::comm {
 
+/// Throws the TimeoutError of a wait for `keys` at `where` that lasted `timeout`.
+[[noreturn]] inline void throw_wait_timeout(const std::vector<std::string>& keys, Milliseconds timeout,
+                                            const std::string& where, const std::string& who = "") {
+  std::string names;
+  for (const auto& k : keys) names += (names.empty() ? "'" : ", '") + k + "'";
+  SHOAL_THROW(TimeoutError, who, "store wait for ", names, " at ", where, " timed out after ",
+              timeout.count(), " ms", kTimeoutHint);
+}
+
 /// Calls `check` until it returns true, from 1 ms up to 20 ms apart (fast while ranks arrive
 /// together, cheap while one is late); throws TimeoutError naming `keys` and `where` once `timeout`
 /// has passed (`who`, e.g. "[rank 1] ", leads the message).
@@ -23,12 +32,7 @@ inline void wait_by_polling(const std::function<bool()>& check,
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   auto pause = std::chrono::milliseconds(1);
   while (!check()) {
-    if (std::chrono::steady_clock::now() >= deadline) {
-      std::string names;
-      for (const auto& k : keys) names += (names.empty() ? "'" : ", '") + k + "'";
-      SHOAL_THROW(TimeoutError, who, "store wait for ", names, " at ", where, " timed out after ",
-                  timeout.count(), " ms", kTimeoutHint);
-    }
+    if (std::chrono::steady_clock::now() >= deadline) throw_wait_timeout(keys, timeout, where, who);
     std::this_thread::sleep_for(pause);
     pause = std::min(pause * 2, std::chrono::milliseconds(20));
   }

@@ -2,13 +2,17 @@
 // that it binds to the configured address only and lets in only the job's own processes.
 //
 // Rank 0 runs the TcpStoreServer (bound to MASTER_ADDR) and every rank, rank 0 included, is a
-// client over one authenticated connection (security/auth_token.h). Connecting retries until the
+// client over an authenticated connection (security/auth_token.h). Connecting retries until the
 // store's time-out, then names the endpoint; every request is answered within the time-out or
-// throws naming the endpoint; wait() polls check() until its deadline.
+// throws naming the endpoint. wait(), get() and multi_get() are one request each, which the
+// server answers when the keys exist or the wait's time-out has passed (no polling).
 //
-// Thread safety: every method may be called concurrently (one request on the wire at a time).
+// Thread safety: every method may be called concurrently. A connection carries one request at a
+// time; a thread that finds every connection busy (another thread waiting for a key, say) opens
+// one more, so that a long wait never holds up another thread's requests.
 #pragma once
 
+#include <chrono>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -32,6 +36,9 @@ class TcpStore : public Store {
   bool check(const std::vector<std::string>& keys) override;
   void wait(const std::vector<std::string>& keys, Milliseconds timeout = kGroupTimeout) override;
   bool delete_key(const std::string& key) override;
+  std::vector<std::vector<uint8_t>> multi_get(const std::vector<std::string>& keys) override;
+  void multi_set(const std::vector<std::string>& keys,
+                 const std::vector<std::vector<uint8_t>>& values) override;
   Milliseconds timeout() const override { return timeout_; }
   void set_timeout(Milliseconds timeout) override { timeout_ = timeout; }
 
@@ -41,14 +48,27 @@ class TcpStore : public Store {
   const TcpStoreServer* server() const { return server_.get(); }
 
  private:
-  std::vector<uint8_t> request(const std::vector<uint8_t>& frame, const char* what);
+  /// Sends `body` and returns the reply's body; the reply may take `wait` beyond the time-out.
+  std::vector<uint8_t> request(const std::vector<uint8_t>& body, const char* what,
+                               Milliseconds wait = Milliseconds(0));
+  /// Sends a kWait or kMultiGet request; returns the reply after its "all exist" byte, or throws
+  /// TimeoutError naming the keys when the server answered that they did not all exist in time.
+  std::vector<uint8_t> wait_request(uint8_t op, const std::vector<std::string>& keys,
+                                    Milliseconds timeout, const char* what);
+  int connect(std::chrono::steady_clock::time_point deadline);
+  int take_connection();
+  void give_back(int fd);
+  void forget(int fd);
 
+  std::string host_;
+  std::string token_;
   std::string endpoint_;
   int port_;
   Milliseconds timeout_;
   std::unique_ptr<TcpStoreServer> server_;
   std::mutex mutex_;
-  int fd_ = -1;
+  std::vector<int> idle_;  // connections not carrying a request, under mutex_
+  std::vector<int> all_;   // every open connection, under mutex_
 };
 
 }  // namespace shoal::comm

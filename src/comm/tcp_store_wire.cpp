@@ -4,15 +4,68 @@
 
 namespace shoal::comm::wire {
 
-std::vector<uint8_t> execute(Table& table, const uint8_t* request, size_t size, bool* ok) {
+namespace {
+
+std::vector<std::string> read_keys(Reader& in) {
+  const uint32_t count = in.u32();
+  std::vector<std::string> keys;
+  // Each key takes at least its 4-byte length: a count beyond what the frame holds is malformed.
+  for (uint32_t i = 0; i < count && in.ok(); ++i) keys.push_back(in.string());
+  return keys;
+}
+
+// One key and value from `in` into `table` (nothing when the request is cut short).
+void set_one(Table& table, Reader& in, std::vector<std::string>* changed) {
+  std::string key = in.string();
+  std::vector<uint8_t> value = in.bytes();
+  if (!in.ok()) return;
+  changed->push_back(key);
+  table[std::move(key)] = std::move(value);
+}
+
+}  // namespace
+
+const char* op_name(int op) {
+  static const char* const kNames[kOpCount] = {"?",     "set",  "get",      "add",      "check",
+                                               "delete", "wait", "multi_get", "multi_set"};
+  return op >= 0 && op < kOpCount ? kNames[op] : "?";
+}
+
+bool parse_wait(const uint8_t* request, size_t size, WaitRequest* out) {
+  Reader in(request, size);
+  out->op = in.u8();
+  out->keys = read_keys(in);
+  out->timeout_ms = in.i64();
+  return in.ok() && in.done() && (out->op == kWait || out->op == kMultiGet);
+}
+
+size_t first_missing(const Table& table, const std::vector<std::string>& keys, size_t from) {
+  while (from < keys.size() && table.count(keys[from]) > 0) ++from;
+  return from;
+}
+
+std::vector<uint8_t> answer_wait(const Table& table, const WaitRequest& request, bool ready) {
+  std::vector<uint8_t> out{static_cast<uint8_t>(ready ? 1 : 0)};
+  if (!ready || request.op != kMultiGet) return out;
+  for (const auto& key : request.keys) {
+    const auto& value = table.at(key);
+    put_bytes(out, value.data(), value.size());
+  }
+  return out;
+}
+
+std::vector<uint8_t> execute(Table& table, const uint8_t* request, size_t size, bool* ok,
+                             std::vector<std::string>* changed) {
   Reader in(request, size);
   std::vector<uint8_t> out;
   const uint8_t op = in.u8();
   switch (op) {
-    case kSet: {
-      std::string key = in.string();
-      std::vector<uint8_t> value = in.bytes();
-      if (in.ok()) table[std::move(key)] = std::move(value);
+    case kSet:
+      set_one(table, in, changed);
+      break;
+    case kMultiSet: {
+      const uint32_t count = in.u32();
+      for (uint32_t i = 0; i < count && in.ok(); ++i) set_one(table, in, changed);
       break;
     }
     case kGet: {
@@ -35,14 +88,13 @@ std::vector<uint8_t> execute(Table& table, const uint8_t* request, size_t size, 
       }
       const std::string updated = std::to_string(value);  // as c10d stores counters: decimal text
       stored.assign(updated.begin(), updated.end());
+      changed->push_back(key);
       put_i64(out, value);
       break;
     }
     case kCheck: {
-      const uint32_t count = in.u32();
-      bool all = true;
-      for (uint32_t i = 0; i < count && in.ok(); ++i) all = table.count(in.string()) > 0 && all;
-      out.push_back(all ? 1 : 0);
+      const auto keys = read_keys(in);
+      out.push_back(first_missing(table, keys) == keys.size() ? 1 : 0);
       break;
     }
     case kDelete: {

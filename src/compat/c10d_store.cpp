@@ -6,7 +6,6 @@
 
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
-#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <torch/version.h>
 
@@ -196,12 +195,6 @@ std::shared_ptr<Store> make_c10d_tcp_store_client(const std::string& host, int p
   }
   return std::make_shared<compat::C10dBackedStore>(
       store, detail::str_cat("torchrun agent store ", host, ":", port));
-}
-
-std::shared_ptr<Store> make_prefix_store(const std::string& prefix, std::shared_ptr<Store> base) {
-  auto ref = compat::to_c10d_store(base);
-  auto store = c10::make_intrusive<c10d::PrefixStore>(prefix, ref->store);
-  return std::make_shared<compat::C10dBackedStore>(store, "store '" + prefix + "/'");
 }
 
 }  // namespace shoal::comm

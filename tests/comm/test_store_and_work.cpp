@@ -103,6 +103,29 @@ TEST(Store, PrefixStoreKeepsItsKeysApart) {
   EXPECT_EQ(two->timeout(), Milliseconds(100));
 }
 
+// multi_get/multi_set: the defaults (one get/set per key) on c10d's stores, the TCP store's one
+// request, and a prefix store over each, all agree.
+void check_batches(Store& store) {
+  const std::vector<std::string> keys{"m/a", "m/b", "m/c"};
+  const std::vector<std::vector<uint8_t>> values{{1}, {}, {3, 4}};
+  store.multi_set(keys, values);
+  EXPECT_EQ(store.multi_get(keys), values);
+  EXPECT_EQ(store.get("m/c"), values[2]);
+  EXPECT_THROW(store.multi_set(keys, {{1}}), InvalidArgument);
+}
+
+TEST(Store, BatchedCallsOnEveryStore) {
+  auto hash = make_hash_store(Milliseconds(30'000));
+  check_batches(*hash);
+  check_batches(*make_prefix_store("p", hash));
+  EXPECT_EQ(hash->get("p/m/a"), std::vector<uint8_t>{1});
+  const int port = shoal::testing::free_port();
+  auto tcp = make_tcp_store("127.0.0.1", port, 1, /*is_server=*/true, Milliseconds(30'000));
+  check_batches(*tcp);
+  check_batches(*make_prefix_store("p", tcp));
+  EXPECT_EQ(tcp->get("p/m/c"), (std::vector<uint8_t>{3, 4}));
+}
+
 // ---- Work -----------------------------------------------------------------------------------------
 
 OpLabel label(const char* name, uint64_t sequence) {

@@ -8,11 +8,14 @@
 #include <ifaddrs.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <mutex>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -20,8 +23,11 @@
 #include <thread>
 
 #include "comm/c10d_wire_store.h"
+#include "comm/peer_directory.h"
+#include "comm/rendezvous.h"
 #include "comm/tcp_store.h"
 #include "comm/tcp_store_server.h"
+#include "comm/tcp_store_wire.h"
 #include "security/auth_token.h"
 #include "security/socket_io.h"
 #include "shoal/comm/init.h"
@@ -95,6 +101,163 @@ TEST(TcpStore, SetGetAddCheckWaitDelete) {
   } catch (const TimeoutError& e) {
     EXPECT_NE(std::string(e.what()).find("SHOAL_TIMEOUT"), std::string::npos) << e.what();
   }
+}
+
+uint64_t requests_of(const TcpStore& server, wire::Op op) { return server.server()->request_counts()[op]; }
+
+TEST(TcpStore, WaitAndGetAreOneRequestAnsweredByTheServer) {
+  TcpStore server("127.0.0.1", 0, true, "tok", kTimeout);
+  TcpStore client("127.0.0.1", server.port(), false, "tok", kTimeout);
+  const uint64_t before = server.server()->total_requests();
+  std::thread late([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    server.set_string("late", "x");
+  });
+  // Polling every 1-20 ms for 300 ms would be tens of requests.
+  EXPECT_EQ(client.get_string("late"), "x");
+  late.join();
+  EXPECT_EQ(requests_of(server, wire::kMultiGet), 1u);
+  EXPECT_EQ(server.server()->total_requests() - before, 2u);  // the get and the set
+  // A wait that times out is one request too, answered at its deadline.
+  const auto start = Clock::now();
+  EXPECT_THROW(client.wait({"late", "never"}, Milliseconds(300)), TimeoutError);
+  EXPECT_GE(seconds_since(start), 0.29);
+  EXPECT_EQ(requests_of(server, wire::kWait), 1u);
+  EXPECT_EQ(requests_of(server, wire::kCheck), 0u);
+}
+
+TEST(TcpStore, MultiGetAndMultiSetAreOneRequestEach) {
+  TcpStore server("127.0.0.1", 0, true, "tok", kTimeout);
+  TcpStore client("127.0.0.1", server.port(), false, "tok", kTimeout);
+  std::vector<std::string> keys;
+  std::vector<std::vector<uint8_t>> values;
+  for (int i = 0; i < 500; ++i) {
+    keys.push_back("k/" + std::to_string(i));
+    values.push_back(std::vector<uint8_t>(i % 7, static_cast<uint8_t>(i)));
+  }
+  std::thread setter([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    server.multi_set(keys, values);
+  });
+  EXPECT_EQ(client.multi_get(keys), values);  // waits for them on the server's side
+  setter.join();
+  EXPECT_EQ(requests_of(server, wire::kMultiGet), 1u);
+  EXPECT_EQ(requests_of(server, wire::kMultiSet), 1u);
+  EXPECT_EQ(requests_of(server, wire::kSet), 0u);
+  // Through a prefix store, still one request.
+  auto base = std::shared_ptr<Store>(&client, [](Store*) {});
+  auto prefixed = make_prefix_store("k", base);
+  EXPECT_EQ(prefixed->multi_get({"3", "4"}), (std::vector<std::vector<uint8_t>>{values[3], values[4]}));
+  EXPECT_EQ(requests_of(server, wire::kMultiGet), 2u);
+}
+
+TEST(TcpStore, AWaitingThreadDoesNotHoldUpAnother) {
+  TcpStore server("127.0.0.1", 0, true, "tok", kTimeout);
+  TcpStore client("127.0.0.1", server.port(), false, "tok", Milliseconds(20'000));
+  std::thread waiter([&] { EXPECT_EQ(client.get_string("released"), "1"); });
+  shoal::testing::wait_until([&] { return requests_of(server, wire::kMultiGet) == 1; }, kTimeout);
+  // The waiter holds its connection; this thread's requests take another and are answered now.
+  const auto start = Clock::now();
+  for (int i = 0; i < 20; ++i) client.add("beat", 1);
+  EXPECT_LT(seconds_since(start), 5.0);
+  EXPECT_EQ(client.add("beat", 0), 20);
+  client.set_string("released", "1");
+  waiter.join();
+}
+
+TEST(TcpStore, DeletedKeysAndDepartedWaitersKeepTheServerConsistent) {
+  TcpStore server("127.0.0.1", 0, true, "tok", kTimeout);
+  TcpStore client("127.0.0.1", server.port(), false, "tok", kTimeout);
+  {
+    // A waiter that leaves while its wait is parked.
+    TcpStore gone("127.0.0.1", server.port(), false, "tok", Milliseconds(300));
+    EXPECT_THROW(gone.wait({"a", "b"}, Milliseconds(200)), TimeoutError);
+  }
+  server.set_string("a", "1");
+  std::thread later([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    server.delete_key("a");  // "a" was there when the wait parked on "b"
+    server.set_string("b", "2");
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    server.set_string("a", "3");
+  });
+  EXPECT_EQ(client.multi_get({"a", "b"}),
+            (std::vector<std::vector<uint8_t>>{{'3'}, {'2'}}));
+  later.join();
+}
+
+/// Raises the soft limit on open files to at least `wanted` (up to the hard limit); false when the
+/// hard limit is below it.
+bool raise_open_files(rlim_t wanted) {
+  rlimit limit{};
+  if (::getrlimit(RLIMIT_NOFILE, &limit) != 0) return false;
+  if (limit.rlim_cur >= wanted) return true;
+  if (limit.rlim_max != RLIM_INFINITY && limit.rlim_max < wanted) return false;
+  limit.rlim_cur = wanted;
+  return ::setrlimit(RLIMIT_NOFILE, &limit) == 0;
+}
+
+// The real rendezvous for 1,024 simulated ranks, each a thread with its own connection to the real
+// server: every rank gets through, with at most 10 store requests per rank in all; then the
+// per-host gather a shm or hierarchical group forms from, in 2 requests per rank, where every rank
+// sees every rank's record.
+TEST(Rendezvous, ThousandRanksMeetWithLinearRequests) {
+  constexpr int kRanks = 1024;
+  const Milliseconds timeout{60'000};
+  // Two descriptors a rank (its connection and the server's end), and some to spare.
+  if (!raise_open_files(2 * kRanks + 256)) GTEST_SKIP() << "the hard limit on open files is too low";
+  TcpStore server("127.0.0.1", 0, true, "tok", timeout);
+  std::vector<std::string> errors(kRanks);
+  // The requests of the two phases are counted apart: the gather starts once all have met.
+  std::mutex phase_mutex;
+  std::condition_variable phase_changed;
+  int rendezvous_done = 0;
+  bool gather = false;
+  std::vector<std::thread> ranks;
+  const auto start = Clock::now();
+  for (int r = 0; r < kRanks; ++r) {
+    ranks.emplace_back([&, r] {
+      bool counted = false;
+      try {
+        TcpStore client("127.0.0.1", server.port(), false, "tok", timeout);
+        rendezvous(client, r, kRanks, timeout);
+        {
+          std::unique_lock<std::mutex> lock(phase_mutex);
+          counted = true;
+          if (++rendezvous_done == kRanks) phase_changed.notify_all();
+          phase_changed.wait(lock, [&] { return gather; });
+        }
+        const auto records = gather_records(client, "test/host", r, kRanks, "host" + std::to_string(r % 8));
+        bool agree = records.size() == kRanks;
+        for (int q = 0; q < kRanks && agree; ++q) agree = records[q] == "host" + std::to_string(q % 8);
+        if (!agree) errors[r] = "the gathered records differ";
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+        std::lock_guard<std::mutex> lock(phase_mutex);
+        if (!counted && ++rendezvous_done == kRanks) phase_changed.notify_all();
+      }
+    });
+  }
+  uint64_t requests = 0;
+  {
+    std::unique_lock<std::mutex> lock(phase_mutex);
+    // Every rank gets there, or records its error and leaves: the deadline is their time-out's.
+    phase_changed.wait_for(lock, timeout * 2, [&] { return rendezvous_done == kRanks; });
+    requests = server.server()->total_requests();
+    gather = true;
+    phase_changed.notify_all();
+  }
+  for (auto& t : ranks) t.join();
+  const double seconds = seconds_since(start);
+  for (int r = 0; r < kRanks; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
+  const uint64_t gather_requests = server.server()->total_requests() - requests;
+  std::printf("rendezvous of %d ranks: %llu store requests; gather: %llu; %.2f s in all\n", kRanks,
+              static_cast<unsigned long long>(requests), static_cast<unsigned long long>(gather_requests),
+              seconds);
+  EXPECT_LE(requests, 10u * kRanks);
+  EXPECT_LE(gather_requests, 2u * kRanks + 2);
+  EXPECT_EQ(server.get_string("shoal/init/verdict"), "ok");
+  EXPECT_EQ(server.add("shoal/init/arrived", 0), kRanks);
 }
 
 TEST(TcpStore, ListensOnTheConfiguredAddressOnly) {

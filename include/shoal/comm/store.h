@@ -31,6 +31,15 @@ class Store {
   virtual void wait(const std::vector<std::string>& keys, Milliseconds timeout = kGroupTimeout) = 0;
   virtual bool delete_key(const std::string& key) = 0;
 
+  /// Waits (up to timeout()) for every key to exist, then returns their values in the keys'
+  /// order. The default calls get() per key; a store with a batched request (the TCP store)
+  /// sends one request for all of them.
+  virtual std::vector<std::vector<uint8_t>> multi_get(const std::vector<std::string>& keys);
+  /// Sets keys[i] to values[i] (as many values as keys). The default calls set() per key; the TCP
+  /// store sends one request.
+  virtual void multi_set(const std::vector<std::string>& keys,
+                         const std::vector<std::vector<uint8_t>>& values);
+
   virtual Milliseconds timeout() const = 0;
   virtual void set_timeout(Milliseconds timeout) = 0;
 
@@ -57,7 +66,7 @@ std::shared_ptr<Store> make_tcp_store(const std::string& host, int port, int wor
 std::shared_ptr<Store> make_c10d_tcp_store_client(const std::string& host, int port,
                                                   Milliseconds timeout = kDefaultTimeout);
 
-/// Keys of `base` seen under "prefix/".
+/// Keys of `base` seen under "prefix/" (batched calls stay batched).
 std::shared_ptr<Store> make_prefix_store(const std::string& prefix, std::shared_ptr<Store> base);
 
 }  // namespace shoal::comm

@@ -65,15 +65,16 @@ std::string join_ranks(const std::vector<int>& ranks) {
 ProcessGroupHierarchical::ProcessGroupHierarchical(std::shared_ptr<Store> store, int rank, int size,
                                                    Milliseconds timeout)
     : ProcessGroup(rank, size, timeout), store_(std::move(store)) {
-  const std::string me = std::to_string(rank);
   const std::string my_name = grouping_hostname();
-  store_->set_string("hier/host/" + me, my_name);
-  store_->set_string("hier/real_host/" + me, local_hostname());
+  // "name real-host" per rank (the real host name, last, has no space), in O(1) requests per rank.
+  const std::vector<std::string> records =
+      gather_records(*store_, "hier/host", rank, size, my_name + " " + local_hostname());
   std::vector<std::string> hosts(size);
   bool one_real_host = true;
   for (int r = 0; r < size; ++r) {
-    hosts[r] = store_->get_string("hier/host/" + std::to_string(r));
-    one_real_host &= store_->get_string("hier/real_host/" + std::to_string(r)) == local_hostname();
+    const size_t space = records[r].rfind(' ');
+    hosts[r] = records[r].substr(0, space);
+    one_real_host &= space != std::string::npos && records[r].substr(space + 1) == local_hostname();
   }
   // Hosts are numbered in order of their lowest rank; a host's leader is its lowest rank.
   std::map<std::string, int> host_index;

@@ -86,9 +86,9 @@ ProcessGroupShm::ProcessGroupShm(std::shared_ptr<Store> store, std::string scope
 
   // Every rank must be on this host: a rank elsewhere would fail to open the segment, less clearly.
   const std::string host = local_hostname();
-  store_->set_string(scope_ + "/host/" + std::to_string(rank), host);
+  const std::vector<std::string> hosts = gather_records(*store_, scope_ + "/host", rank, size, host);
   for (int r = 0; r < size; ++r) {
-    const std::string theirs = store_->get_string(scope_ + "/host/" + std::to_string(r));
+    const std::string& theirs = hosts[r];
     SHOAL_CHECK_T(InvalidArgument, theirs == host, rank_prefix(), " shm: rank ", r, " runs on ",
                   theirs, " but this rank on ", host,
                   "; the shm backend needs every rank on one host (use --backend hierarchical or "
