@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <exception>
 #include <optional>
 #include <string>
 
@@ -19,6 +20,18 @@ inline constexpr const char* kErrorFileEnv = "TORCHELASTIC_ERROR_FILE";
 /// Notes that this process is failing, now; the first call's time is the failure's. Call it where
 /// an error is caught before the process lets its peers know (they fail after it).
 void note_failure();
+
+/// Notes the failure of an exception that leaves its scope, when it goes. Declare it after what
+/// tells the peers (a store a process hosts, a process group), so that it notes before they go.
+class FailureNote {
+ public:
+  ~FailureNote() {
+    if (std::uncaught_exceptions() > exceptions_) note_failure();
+  }
+
+ private:
+  int exceptions_ = std::uncaught_exceptions();
+};
 
 /// Writes `message` to $TORCHELASTIC_ERROR_FILE when it is set (nothing when it is not, or cannot
 /// be written), stamped with the first note_failure()'s time, or now.

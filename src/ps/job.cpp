@@ -4,6 +4,7 @@
 #include <cstdlib>
 
 #include "shoal/comm/store.h"
+#include "log/error_file.h"
 #include "shoal/env.h"
 #include "shoal/error.h"
 
@@ -65,6 +66,8 @@ ServerStats serve(const Job& job, ServerOptions options) {
   options.num_workers = job.num_workers;
   options.bind = "tcp://" + env::text(env::Var::kPsHost).value_or(job.master_addr) + ":*";
   std::shared_ptr<comm::Store> store = job_store(job);
+  // Server 0's store closing is what fails the workers: a failure here is noted before it goes.
+  const log::FailureNote failure_note;
   Server server(std::move(options));
   store->set_string(server_key(job.role_rank), server.endpoint());
   server.run();

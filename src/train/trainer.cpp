@@ -68,18 +68,6 @@ std::vector<double> group_lrs(const torch::optim::Optimizer& optimizer) {
   return lrs;
 }
 
-// Notes the failure of an exception that leaves its scope (log/error_file.h), before the strategy
-// and its process group go: their end is what tells the other ranks to fail.
-class FailureNote {
- public:
-  ~FailureNote() {
-    if (std::uncaught_exceptions() > exceptions_) log::note_failure();
-  }
-
- private:
-  int exceptions_ = std::uncaught_exceptions();
-};
-
 /// One batch's summed loss and correct predictions (-1: accuracy does not apply).
 using EvalBatch = std::function<std::pair<double, int64_t>(const at::Tensor& inputs,
                                                            const at::Tensor& targets)>;
@@ -348,7 +336,8 @@ TrainResult Trainer::fit(const TensorData& train, const TensorData& test) {
 }
 
 TrainResult Trainer::fit(const data::BatchDataset& train, const data::BatchDataset* test) {
-  const FailureNote failure_note;
+  // Before the strategy and its process group go: their end is what tells the other ranks to fail.
+  const log::FailureNote failure_note;
   SHOAL_CHECK_T(InvalidArgument, samples_used(options_.train_limit, train.size()) > 0,
                 "the training set is empty");
   apply_training_features();
