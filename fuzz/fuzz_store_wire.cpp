@@ -1,10 +1,13 @@
-// libFuzzer target: the TCP store's request decoder and the token handshake's server side, on
-// arbitrary bytes (what a stranger can send). Nothing may crash; bad input only drops the peer.
+// libFuzzer target: the TCP store's request decoders (the ops that run at once, and the waits'
+// parser and reply) and the token handshake's server side, on arbitrary bytes (what a stranger
+// can send). Nothing may crash; bad input only drops the peer.
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "comm/tcp_store_wire.h"
 #include "security/auth_token.h"
@@ -18,8 +21,20 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     shoal::comm::wire::Reader header(data + pos, 4);
     const uint32_t length = header.u32();
     if (length == 0 || length > size - pos - 4) break;
+    const uint8_t* body = data + pos + 4;
     bool ok = true;
-    shoal::comm::wire::execute(table, data + pos + 4, length, &ok);
+    if (body[0] == shoal::comm::wire::kWait || body[0] == shoal::comm::wire::kMultiGet) {
+      shoal::comm::wire::WaitRequest request;
+      ok = shoal::comm::wire::parse_wait(body, length, &request);
+      if (ok) {
+        const bool ready =
+            shoal::comm::wire::first_missing(table, request.keys) == request.keys.size();
+        shoal::comm::wire::answer_wait(table, request, ready);
+      }
+    } else {
+      std::vector<std::string> changed;
+      shoal::comm::wire::execute(table, body, length, &ok, &changed);
+    }
     if (!ok) break;
     pos += 4 + length;
   }
