@@ -159,16 +159,15 @@ HangReporter::HangReporter(std::shared_ptr<Store> store, std::string scope, int 
       scope_(std::move(scope)),
       rank_(rank),
       size_(size),
+      job_ranks_(std::move(job_ranks)),
       summarize_(std::move(summarize)) {
-  beat_keys_.reserve(size);
-  for (int r = 0; r < size; ++r) {
-    beat_keys_.push_back("shoal/beat/" + std::to_string(job_ranks.empty() ? r : job_ranks[r]));
+  if (job_ranks_.empty()) {
+    for (int r = 0; r < size; ++r) job_ranks_.push_back(r);
   }
+  for (int job_rank : job_ranks_) beat_keys_.push_back("shoal/beat/" + std::to_string(job_rank));
 }
 
-int HangReporter::job_rank(int rank) const {
-  return std::stoi(beat_keys_[rank].substr(sizeof("shoal/beat/") - 1));
-}
+int HangReporter::job_rank(int rank) const { return job_ranks_[rank]; }
 
 HangReporter::~HangReporter() = default;
 

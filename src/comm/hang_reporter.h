@@ -146,7 +146,8 @@ class HangReporter : public std::enable_shared_from_this<HangReporter> {
   std::string scope_;
   int rank_;
   int size_;
-  std::vector<std::string> beat_keys_;  // each group rank's counter
+  std::vector<int> job_ranks_;          // each group rank's job rank
+  std::vector<std::string> beat_keys_;  // each group rank's counter, "shoal/beat/<job rank>"
   std::mutex summarize_mutex_;  // held while summarize_ runs; close() takes it
   Summarize summarize_;
   bool closed_ = false;
