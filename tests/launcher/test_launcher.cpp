@@ -225,8 +225,16 @@ class Launcher : public ::testing::Test {
     fs::permissions(path, fs::perms::owner_all);
     return path.string();
   }
+  // A script's `echo $$ > file` creates the file before it writes the number: a pid file is
+  // read once its line is whole.
   pid_t read_pid(const std::string& name) {
-    return static_cast<pid_t>(std::stol(read_file(dir_ / name)));
+    std::string text;
+    const bool whole = shoal::testing::wait_until([&] {
+      text = read_file(dir_ / name);
+      return !text.empty() && text.back() == '\n';
+    }, Milliseconds(30'000));
+    if (!whole) throw std::runtime_error(name + " never held a whole line: '" + text + "'");
+    return static_cast<pid_t>(std::stol(text));
   }
 
   fs::path dir_;
