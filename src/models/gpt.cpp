@@ -8,6 +8,7 @@
 #include <cmath>
 
 #include "shoal/error.h"
+#include "shoal/parallel/tensor_parallel.h"
 
 namespace shoal::models {
 namespace {
@@ -185,6 +186,20 @@ at::Tensor Gpt::forward_loss(const at::Tensor& idx, const at::Tensor& targets) {
   }
   return F::cross_entropy(logits.view({-1, logits.size(-1)}), flat_targets,
                           F::CrossEntropyFuncOptions().ignore_index(-1));
+}
+
+std::shared_ptr<Model> Gpt::copy() const {
+  auto copy = std::make_shared<Gpt>(config_);
+  torch::NoGradGuard no_grad;
+  const auto parameters = named_parameters();
+  for (auto& item : copy->named_parameters()) item.value().copy_(parameters[item.key()]);
+  const auto buffers = named_buffers();
+  for (auto& item : copy->named_buffers()) item.value().copy_(buffers[item.key()]);
+  return copy;
+}
+
+parallel::TensorParallelLayout Gpt::parallelize(std::shared_ptr<comm::ProcessGroup> tp) {
+  return parallel::parallelize_gpt(*this, std::move(tp));
 }
 
 at::Tensor Gpt::generate(const at::Tensor& idx, const GenerateOptions& options,

@@ -3,6 +3,7 @@
 #include <torch/nn/modules/container/sequential.h>
 
 #include "shoal/error.h"
+#include "shoal/parallel/tensor_parallel.h"
 
 namespace shoal::models {
 
@@ -14,6 +15,15 @@ at::Tensor Model::forward_loss(const at::Tensor&, const at::Tensor&) {
 torch::nn::Sequential Model::as_sequential() {
   SHOAL_THROW(InvalidArgument, "as_sequential: ", name(),
               " is not a built-in model with a sequential form (mlp, cnn)");
+}
+
+std::shared_ptr<Model> Model::copy() const {
+  SHOAL_THROW(InvalidArgument, "the model ", name(), " cannot be copied by the trainer");
+}
+
+parallel::TensorParallelLayout Model::parallelize(std::shared_ptr<comm::ProcessGroup>) {
+  SHOAL_THROW(InvalidArgument, "the model ", name(),
+              " has no tensor-parallel plan; --mesh splits --model gpt");
 }
 
 torch::nn::Sequential Model::copy_of(torch::nn::Sequential& layers) {

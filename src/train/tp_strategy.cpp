@@ -8,7 +8,7 @@
 
 #include "shoal/checkpoint/training_state.h"
 #include "shoal/error.h"
-#include "shoal/models/gpt.h"
+#include "shoal/models/model.h"
 #include "shoal/parallel/distributed_data_parallel.h"
 #include "shoal/parallel/fully_sharded_data_parallel.h"
 #include "shoal/parallel/tensor_parallel.h"
@@ -59,15 +59,6 @@ std::vector<std::pair<std::string, at::Tensor>> unique_named_parameters(torch::n
   return named;
 }
 
-/// A new GPT with `gpt`'s sizes and weights (the one tensor parallelism splits).
-std::shared_ptr<models::Gpt> copy_of(const models::Gpt& gpt) {
-  auto copy = std::make_shared<models::Gpt>(gpt.config());
-  torch::NoGradGuard no_grad;
-  const auto whole = gpt.named_parameters();
-  for (auto& item : copy->named_parameters()) item.value().copy_(whole[item.key()]);
-  return copy;
-}
-
 }  // namespace
 
 TpStrategy::TpStrategy(std::vector<comm::MeshDimension> mesh, const comm::InitOptions& init)
@@ -87,14 +78,14 @@ std::string TpStrategy::describe() const {
 }
 
 void TpStrategy::prepare(TrainState& state) {
-  const auto* gpt = dynamic_cast<const models::Gpt*>(state.model.get());
-  SHOAL_CHECK_T(InvalidArgument, gpt != nullptr, "--mesh splits --model gpt's layers only");
+  const auto* model = dynamic_cast<const models::Model*>(state.model.get());
+  SHOAL_CHECK_T(InvalidArgument, model != nullptr, "--mesh splits --model gpt's layers only");
   SHOAL_CHECK_T(InvalidArgument, !state.autocast_dtype && !state.grad_scaler,
                 "--precision bf16/fp16 is not supported with --mesh yet; use fp32");
   SHOAL_CHECK_T(InvalidArgument, state.optimizer != nullptr, "--mesh: no optimizer");
-  split_ = copy_of(*gpt);
+  split_ = model->copy();
   layout_ = std::make_unique<parallel::TensorParallelLayout>(
-      parallel::parallelize_gpt(*split_, mesh_.get_group("tp")));
+      split_->parallelize(mesh_.get_group("tp")));
   // The trainer's optimizer stays over its whole model, for checkpoints; this one steps the shards.
   std::vector<at::Tensor> params;
   for (const auto& [name, param] : unique_named_parameters(*split_)) params.push_back(param);

@@ -133,6 +133,10 @@ class Gpt : public Model, public LayerForwardHooks {
   bool owns_loss() const override { return true; }
   /// Mean cross-entropy of forward(idx) against targets [B,T] (ids, or -1 to ignore a position).
   at::Tensor forward_loss(const at::Tensor& idx, const at::Tensor& targets) override;
+  /// A GPT of this config with a copy of these weights.
+  std::shared_ptr<Model> copy() const override;
+  /// parallel::parallelize_gpt: attention heads, MLP width and vocabulary split over `tp`.
+  parallel::TensorParallelLayout parallelize(std::shared_ptr<comm::ProcessGroup> tp) override;
   const GptConfig& config() const { return config_; }
   /// idx [B,T] followed by options.max_new_tokens tokens, each drawn with `generator` from the
   /// next-token distribution of the last block_size tokens (nanoGPT's GPT.generate). Runs without

@@ -6,7 +6,8 @@
 // forward(idx, targets), as nanoGPT's and Hugging Face's models do).
 //
 // A model whose forward is a chain of layers exposes that chain (as_sequential) for pipeline and
-// model parallelism, so nothing outside the models needs to know a model's layers.
+// model parallelism, and a model with a tensor-parallel plan applies it itself (parallelize), so
+// nothing outside the models needs to know a model's layers or its class.
 //
 // Thread safety: as for any torch::nn::Module, not safe for concurrent mutation; concurrent
 // forward passes without autograd on a module nobody modifies are fine.
@@ -15,8 +16,18 @@
 #include <ATen/core/Tensor.h>
 #include <torch/nn/module.h>
 
+#include <memory>
+
 namespace torch::nn {
 class Sequential;
+}
+
+namespace shoal::comm {
+class ProcessGroup;
+}
+
+namespace shoal::parallel {
+class TensorParallelLayout;
 }
 
 namespace shoal::models {
@@ -48,6 +59,14 @@ class Model : public torch::nn::Module {
   /// what forward() computes. Each call returns a new Sequential (a caller may regroup it freely).
   /// A model whose forward is not such a chain throws InvalidArgument.
   virtual torch::nn::Sequential as_sequential();
+  /// A new model of the same kind and sizes holding a copy of this one's weights: what a strategy
+  /// transforms when the trainer's own model must stay whole. Models that cannot be copied throw
+  /// InvalidArgument.
+  virtual std::shared_ptr<Model> copy() const;
+  /// Splits this model over the tensor-parallel group `tp`, in place, by the model's own plan
+  /// (parallel::parallelize_module), and returns what was split. Every rank of `tp` calls it on
+  /// an equal model. Models without a plan throw InvalidArgument.
+  virtual parallel::TensorParallelLayout parallelize(std::shared_ptr<comm::ProcessGroup> tp);
   /// The samples the model was built for (another replica of it is built from the same shape).
   const InputShape& input_shape() const { return input_shape_; }
 

@@ -2,8 +2,8 @@
 // trainer (`shoal train --model gpt --mesh dp=2,tp=2`).
 //
 // The job's ranks form a DeviceMesh of the --mesh dimensions ("tp", and "dp", default 1). prepare()
-// builds a copy of the GPT split over the tp group (parallelize_gpt: heads, MLP width and
-// vocabulary split, the loss vocabulary-parallel), wraps it in DDP over the dp group when dp > 1,
+// builds a copy of the model split over the tp group by the model's own plan (Model::parallelize;
+// the GPT's: heads, MLP width and vocabulary split, the loss vocabulary-parallel), wraps it in DDP over the dp group when dp > 1,
 // and replaces the trainer's optimizer by one of its kind over the copy's parameters. The ranks of
 // a tp group train on the same samples, each dp replica on its DistributedSampler shard, so the
 // run equals --strategy ddp over dp processes. The trainer's model stays whole: synchronize()
@@ -24,7 +24,7 @@
 #include "shoal/train/strategy.h"
 
 namespace shoal::models {
-class Gpt;
+class Model;
 }
 
 namespace shoal::parallel {
@@ -63,7 +63,7 @@ class TpStrategy : public Strategy {
  private:
   std::shared_ptr<comm::ProcessGroup> group_;
   comm::DeviceMesh mesh_;
-  std::shared_ptr<models::Gpt> split_;  ///< the GPT this rank trains: its shards
+  std::shared_ptr<models::Model> split_;  ///< the model this rank trains: its shards
   std::unique_ptr<parallel::TensorParallelLayout> layout_;
   std::shared_ptr<parallel::DistributedDataParallelBase> ddp_;
   torch::optim::Optimizer* whole_optimizer_ = nullptr;  ///< the trainer's first, over its model
