@@ -477,9 +477,9 @@ void add_strategy_options(CLI::App& app, TrainCli& cli) {
       ->check(CLI::Range(1, 64))
       ->capture_default_str();
   app.add_option("--mesh", spec.mesh,
-                 "--model gpt on a device mesh, e.g. dp=2,tp=2: tensor parallelism over tp ranks\n"
-                 "(attention heads, MLP and vocabulary split; tp divides --n-head, --n-embd and\n"
-                 "--vocab-size) and DDP over dp; launches dp x tp processes as ddp does")
+                 "--model gpt or transformer on a device mesh, e.g. dp=2,tp=2: tensor parallelism\n"
+                 "over tp ranks (attention heads and MLP split, and the GPT's vocabulary; tp\n"
+                 "divides the heads and widths) and DDP over dp; launches dp x tp processes as ddp does")
       ->type_name("dp=D,tp=T");
   app.add_option("--backend", spec.backend,
                  "Process-group backend for ddp: auto (shm on one host), shm, gloo, mpi")

@@ -56,6 +56,7 @@
 #include "shoal/models/cnn.h"
 #include "shoal/models/gpt.h"
 #include "shoal/models/gpt_config.h"
+#include "shoal/models/layer_forward_hooks.h"
 #include "shoal/models/mlp.h"
 #include "shoal/models/model.h"
 #include "shoal/models/registry.h"

@@ -33,19 +33,6 @@ constexpr size_t kWte = 0, kLmHead = 1;    // Gpt's
 
 }  // namespace
 
-LayerForwardHooks::LayerForwardHooks(std::vector<std::string> layers)
-    : layers_(std::move(layers)), forwards_(layers_.size()) {}
-
-void LayerForwardHooks::set_layer_forward(const std::string& layer, LayerForward forward) {
-  for (size_t i = 0; i < layers_.size(); ++i) {
-    if (layers_[i] == layer) {
-      forwards_[i] = std::move(forward);
-      return;
-    }
-  }
-  SHOAL_THROW(InvalidArgument, "no forward hook for layer '", layer, "' in this module");
-}
-
 void GptConfig::validate() const {
   SHOAL_CHECK_T(InvalidArgument, n_layer >= 1 && n_layer <= 1024,
                 "--n-layer must be in [1, 1024], got ", n_layer);

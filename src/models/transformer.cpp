@@ -1,10 +1,13 @@
 #include "shoal/models/transformer.h"
 
 #include <torch/nn/functional/activation.h>
+#include <torch/utils.h>
 
 #include <cmath>
 
+#include "shoal/comm/process_group.h"
 #include "shoal/error.h"
+#include "shoal/parallel/tensor_parallel.h"
 
 namespace shoal::models {
 namespace {
@@ -13,6 +16,7 @@ constexpr int64_t kDim = 64;
 constexpr int64_t kHeads = 4;
 constexpr int64_t kHidden = 256;
 constexpr int kBlocks = 4;
+constexpr size_t kBlockQkv = 0, kBlockProj = 1, kBlockFc1 = 2, kBlockFc2 = 3;  // hookable layers
 
 torch::nn::LayerNorm layer_norm(int64_t dim) {
   return torch::nn::LayerNorm(torch::nn::LayerNormOptions({dim}));
@@ -20,7 +24,8 @@ torch::nn::LayerNorm layer_norm(int64_t dim) {
 
 }  // namespace
 
-TransformerBlock::TransformerBlock(int64_t dim, int64_t heads, int64_t hidden) : heads_(heads) {
+TransformerBlock::TransformerBlock(int64_t dim, int64_t heads, int64_t hidden)
+    : LayerForwardHooks({"qkv", "proj", "fc1", "fc2"}), head_dim_(dim / heads) {
   ln1 = register_module("ln1", layer_norm(dim));
   qkv = register_module("qkv", torch::nn::Linear(dim, 3 * dim));
   proj = register_module("proj", torch::nn::Linear(dim, dim));
@@ -30,16 +35,20 @@ TransformerBlock::TransformerBlock(int64_t dim, int64_t heads, int64_t hidden) :
 }
 
 at::Tensor TransformerBlock::forward(const at::Tensor& x) {
-  const int64_t batch = x.size(0), tokens = x.size(1), dim = x.size(2);
-  const int64_t head_dim = dim / heads_;
-  // [B,T,3D] -> 3 x [B,H,T,D/H]
-  auto parts = qkv->forward(ln1->forward(x)).view({batch, tokens, 3, heads_, head_dim}).permute({2, 0, 3, 1, 4});
+  const int64_t batch = x.size(0), tokens = x.size(1);
+  const auto linear = [this](size_t index, torch::nn::Linear& layer, const at::Tensor& in) {
+    return call_layer(index, *layer, in, [&](const at::Tensor& input) { return layer->forward(input); });
+  };
+  const at::Tensor qkv_all = linear(kBlockQkv, qkv, ln1->forward(x));
+  // [B,T,3C'] -> 3 x [B,H',T,D/H]; C' = H' * D/H (H' < heads when qkv is split by heads).
+  const int64_t channels = qkv_all.size(2) / 3;
+  auto parts = qkv_all.view({batch, tokens, 3, channels / head_dim_, head_dim_}).permute({2, 0, 3, 1, 4});
   const at::Tensor q = parts[0], k = parts[1], v = parts[2];
   const at::Tensor weights =
-      torch::softmax(torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(head_dim)), -1);
-  const at::Tensor attended = torch::matmul(weights, v).transpose(1, 2).reshape({batch, tokens, dim});
-  at::Tensor y = x + proj->forward(attended);
-  return y + fc2->forward(torch::gelu(fc1->forward(ln2->forward(y))));
+      torch::softmax(torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(head_dim_)), -1);
+  const at::Tensor attended = torch::matmul(weights, v).transpose(1, 2).reshape({batch, tokens, channels});
+  at::Tensor y = x + linear(kBlockProj, proj, attended);
+  return y + linear(kBlockFc2, fc2, torch::gelu(linear(kBlockFc1, fc1, ln2->forward(y))));
 }
 
 Transformer::Transformer(const InputShape& shape) {
@@ -65,6 +74,28 @@ at::Tensor Transformer::forward(at::Tensor input) {
   at::Tensor x = embed->forward(rows) + pos->weight;
   for (const auto& block : *blocks) x = block->as<TransformerBlock>()->forward(x);
   return head->forward(ln_f->forward(x).mean(1));
+}
+
+std::shared_ptr<Model> Transformer::copy() const {
+  auto copy = std::make_shared<Transformer>(input_shape_);
+  torch::NoGradGuard no_grad;
+  const auto parameters = named_parameters();
+  for (auto& item : copy->named_parameters()) item.value().copy_(parameters[item.key()]);
+  return copy;
+}
+
+parallel::TensorParallelLayout Transformer::parallelize(std::shared_ptr<comm::ProcessGroup> tp) {
+  SHOAL_CHECK_T(InvalidArgument, tp != nullptr,
+                "Transformer::parallelize: the tensor-parallel group is null (this rank is not in it)");
+  const int64_t degree = tp->size();
+  SHOAL_CHECK_T(InvalidArgument, kHeads % degree == 0 && kHidden % degree == 0,
+                "the tensor-parallel degree tp=", degree, " does not divide the transformer's ",
+                kHeads, " heads and ", kHidden, " feed-forward width; choose tp 1, 2 or 4");
+  return parallel::parallelize_module(*this, std::move(tp),
+                                      {{"blocks.*.qkv", parallel::ColwiseParallel{3}},
+                                       {"blocks.*.proj", parallel::RowwiseParallel{}},
+                                       {"blocks.*.fc1", parallel::ColwiseParallel{}},
+                                       {"blocks.*.fc2", parallel::RowwiseParallel{}}});
 }
 
 }  // namespace shoal::models

@@ -40,9 +40,10 @@ void validate_mesh(const std::string& mesh, StrategyKind kind, int model_paralle
   SHOAL_CHECK_T(InvalidArgument, kind == StrategyKind::kSingle || kind == StrategyKind::kDdp,
                 "--mesh applies to --strategy ddp (or none), not ", strategy_name(kind));
   SHOAL_CHECK_T(InvalidArgument, model_parallel == 1, "--model-parallel and --mesh do not combine");
-  SHOAL_CHECK_T(InvalidArgument, options.model == "gpt", "--mesh splits --model gpt's layers; ",
-                "--model ", options.model, " cannot be split by tensor parallelism");
-  parallel::check_gpt_tensor_parallel(options.gpt, tp);
+  SHOAL_CHECK_T(InvalidArgument, options.model == "gpt" || options.model == "transformer",
+                "--mesh splits the layers of --model gpt or transformer; --model ", options.model,
+                " cannot be split by tensor parallelism");
+  if (options.model == "gpt") parallel::check_gpt_tensor_parallel(options.gpt, tp);
   SHOAL_CHECK_T(InvalidArgument, options.gpt.dropout == 0,
                 "--dropout with --mesh is not supported yet (the masks are not kept equal across "
                 "tp ranks); use --dropout 0");

@@ -73,13 +73,14 @@ TpStrategy::~TpStrategy() = default;
 std::string TpStrategy::describe() const {
   std::ostringstream text;
   text << "mesh dp=" << mesh_.size("dp") << ",tp=" << mesh_.size("tp")
-       << " (attention heads, MLP and vocabulary split over tp; DDP over dp)";
+       << " (the model's layers split over tp by its plan; DDP over dp)";
   return text.str();
 }
 
 void TpStrategy::prepare(TrainState& state) {
   const auto* model = dynamic_cast<const models::Model*>(state.model.get());
-  SHOAL_CHECK_T(InvalidArgument, model != nullptr, "--mesh splits --model gpt's layers only");
+  SHOAL_CHECK_T(InvalidArgument, model != nullptr,
+                "--mesh splits a built-in model's layers (gpt, transformer)");
   SHOAL_CHECK_T(InvalidArgument, !state.autocast_dtype && !state.grad_scaler,
                 "--precision bf16/fp16 is not supported with --mesh yet; use fp32");
   SHOAL_CHECK_T(InvalidArgument, state.optimizer != nullptr, "--mesh: no optimizer");
@@ -106,7 +107,8 @@ void TpStrategy::prepare(TrainState& state) {
     loss = around_forward(ddp_, loss);
     forward = around_forward(ddp_, forward);
   }
-  state.forward_loss = loss;
+  // A model that owns its loss trains on forward_loss; the others on the trainer's loss of forward.
+  if (state.model_loss) state.forward_loss = loss;
   state.forward = forward;
 }
 

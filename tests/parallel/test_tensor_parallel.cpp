@@ -1,6 +1,7 @@
 // Tensor parallelism and the device mesh on threads-as-ranks over the shm backend: the GPT split
 // over 2 and 4 TP ranks trains exactly like the whole GPT in one process (SGD and AdamW), holds
-// about 1/tp of the split layers' bytes per rank, and composes with DDP on a dp=2, tp=2 mesh.
+// about 1/tp of the split layers' bytes per rank, and composes with DDP on a dp=2, tp=2 mesh; the
+// built-in transformer, split through the model interface (Model::parallelize), does the same.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -12,6 +13,7 @@
 #include "shoal/comm/process_group.h"
 #include "shoal/error.h"
 #include "shoal/models/gpt.h"
+#include "shoal/models/transformer.h"
 #include "shoal/parallel/distributed_data_parallel.h"
 #include "shoal/parallel/tensor_parallel.h"
 #include "test_models.h"
@@ -209,6 +211,65 @@ TEST(TensorParallel, WithDdpOnDpTwoTpTwoMeshEqualsSingleProcess) {
   for (int rank = 0; rank < 4; ++rank) {
     EXPECT_LT(max_relative_difference(states[rank], expected), 1e-5) << "rank " << rank;
   }
+}
+
+// The built-in image transformer split by its own plan through the model interface: 20 SGD steps
+// of cross-entropy on image batches equal the whole model's, with about 1/tp of the blocks' bytes.
+class TensorParallelTransformer : public ::testing::TestWithParam<int> {};
+
+TEST_P(TensorParallelTransformer, EqualsSingleProcessTraining) {
+  const int tp = GetParam();
+  torch::manual_seed(5);
+  models::Transformer initial;
+  std::vector<Batch> data;
+  for (int step = 0; step < kSteps; ++step) {
+    data.emplace_back(torch::randn({kBatch, 1, 28, 28}), torch::randint(0, 10, {kBatch}, torch::kLong));
+  }
+  const auto train = [&](models::Model& model) {
+    torch::optim::SGD optimizer(model.parameters(), torch::optim::SGDOptions(0.1));
+    for (const Batch& batch : data) {
+      optimizer.zero_grad();
+      torch::nn::functional::cross_entropy(model.forward(batch.first), batch.second).backward();
+      optimizer.step();
+    }
+  };
+  const auto whole = initial.copy();
+  train(*whole);
+  const State expected = state_of(whole->named_parameters());
+  int64_t block_bytes = 0;
+  for (const auto& item : initial.named_parameters()) {
+    const std::string& name = item.key();
+    const bool split = name.find(".qkv.") != std::string::npos || name.find(".fc1.") != std::string::npos ||
+                       name.find(".proj.weight") != std::string::npos || name.find(".fc2.weight") != std::string::npos;
+    if (split) block_bytes += item.value().numel() * static_cast<int64_t>(item.value().element_size());
+  }
+  std::vector<State> states(tp);
+  std::vector<int64_t> split_bytes(tp);
+  with_groups(tp, [&](int rank, std::shared_ptr<comm::ProcessGroup> group) {
+    const auto model = initial.copy();
+    const TensorParallelLayout layout = model->parallelize(group);
+    split_bytes[rank] = layout.sharded_layer_bytes();
+    train(*model);
+    states[rank] = state_of(layout.full_state_dict());
+  });
+  for (int rank = 0; rank < tp; ++rank) {
+    EXPECT_LT(max_relative_difference(states[rank], expected), 1e-5) << "rank " << rank;
+    EXPECT_LE(split_bytes[rank], block_bytes / tp * 1.05) << "rank " << rank;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, TensorParallelTransformer, ::testing::Values(2, 4));
+
+TEST(TensorParallel, TransformerRefusesADegreeThatDoesNotDivideItsHeads) {
+  with_groups(3, [&](int, std::shared_ptr<comm::ProcessGroup> group) {
+    models::Transformer model;
+    try {
+      model.parallelize(group);
+      ADD_FAILURE() << "tp=3 was accepted";
+    } catch (const InvalidArgument& error) {
+      EXPECT_NE(std::string(error.what()).find("tp=3 does not divide"), std::string::npos) << error.what();
+    }
+  });
 }
 
 TEST(DeviceMesh, SlicesAreRowMajorAndRefusesBadShapes) {

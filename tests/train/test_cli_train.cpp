@@ -390,6 +390,26 @@ TEST(CliTrain, DiLoCoTrainsFashionMnistToASaneAccuracy) {
       << written;
 }
 
+// --mesh tp=2 splits the built-in transformer by its own plan (Model::parallelize); with dp=1 the
+// run is the one-process run: the same weights at the end.
+TEST(CliTrain, MeshSplitsTheTransformerAndTrainsAsOneProcess) {
+  SHOAL_SKIP_UNLESS(shoal::testing::have_real_fashion_mnist(), shoal::testing::Dependency::kDataset,
+                    "Fashion-MNIST is not installed (apt-get install dataset-fashion-mnist)");
+  const std::string dir = shoal::testing::make_temp_dir("shoal-cli-mesh");
+  const std::string common = "--model transformer --train-samples 256 --test-samples 64 --epochs 1 "
+                             "--batch-size 32 --threads 1 --no-progress --dump-parameters ";
+  const CliResult single = shoal_train(common + dir + "/single");
+  const CliResult mesh = shoal_train("--strategy ddp --nproc-per-node 2 --mesh tp=2 " + common + dir + "/mesh");
+  ASSERT_EQ(single.exit_code, 0) << single.err;
+  ASSERT_EQ(mesh.exit_code, 0) << mesh.err;
+  const auto expected = shoal::checkpoint::load_state_dict_file(dir + "/single.rank0.pt");
+  for (const char* rank : {"rank0", "rank1"}) {
+    const auto split = shoal::checkpoint::load_state_dict_file(dir + "/mesh." + rank + ".pt");
+    EXPECT_LT(shoal::testing::max_relative_difference(split, expected), 1e-5) << rank;
+  }
+  fs::remove_all(dir);
+}
+
 // What --sync localsgd/diloco cannot go with is refused before anything runs, in one line naming
 // the flags.
 TEST(CliTrain, SyncRefusalsAreOneLineNamingTheFlags) {

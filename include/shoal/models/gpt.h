@@ -11,10 +11,9 @@
 // GPT.forward(idx, targets). Initialised as nanoGPT does: every Linear and Embedding weight
 // N(0, 0.02), the residual projections (c_proj) N(0, 0.02 / sqrt(2 n_layer)), biases 0.
 //
-// Tensor parallelism (parallel/tensor_parallel.h) splits the GPT's layers across ranks. LibTorch
-// modules have no forward hooks, so the modules here call their Linear and Embedding layers
-// through LayerForwardHooks, where it puts its collectives; the attention's forward takes as many
-// heads as its (possibly sharded) c_attn yields.
+// Tensor parallelism (parallel/tensor_parallel.h) splits the GPT's layers across ranks: the
+// modules here call their Linear and Embedding layers through LayerForwardHooks, where it puts its
+// collectives; the attention's forward takes as many heads as its (possibly sharded) c_attn yields.
 //
 // Thread safety: that of torch::nn::Module (see model.h); set hooks before training.
 #pragma once
@@ -29,37 +28,10 @@
 #include <vector>
 
 #include "shoal/models/gpt_config.h"
+#include "shoal/models/layer_forward_hooks.h"
 #include "shoal/models/model.h"
 
 namespace shoal::models {
-
-/// A replacement for a layer's forward, given the layer (which holds its parameters) and its input.
-using LayerForward = std::function<at::Tensor(torch::nn::Module& layer, const at::Tensor& input)>;
-
-/// A module whose forward runs a LayerForward in place of some of its layers' own forward once one
-/// is set: what stands in for PyTorch's forward hooks on those layers.
-class LayerForwardHooks {
- public:
-  virtual ~LayerForwardHooks() = default;
-  /// The layers (paths below this module, e.g. "c_attn", "transformer.wte") a hook can replace.
-  const std::vector<std::string>& hookable_layers() const { return layers_; }
-  /// From now on runs `forward` in place of the forward of `layer` (one of hookable_layers(),
-  /// else InvalidArgument).
-  void set_layer_forward(const std::string& layer, LayerForward forward);
-
- protected:
-  explicit LayerForwardHooks(std::vector<std::string> layers);
-  /// The hook of hookable_layers()[index] on `input` where one is set, else own(input).
-  template <typename Own>
-  at::Tensor call_layer(size_t index, torch::nn::Module& layer, const at::Tensor& input,
-                        Own&& own) {
-    return forwards_[index] ? forwards_[index](layer, input) : own(input);
-  }
-
- private:
-  std::vector<std::string> layers_;
-  std::vector<LayerForward> forwards_;
-};
 
 /// Multi-head causal self-attention: c_attn (q, k, v in one Linear), c_proj.
 /// Hookable layers: c_attn, c_proj. The heads are as many as c_attn's output holds (all of them,

@@ -11,6 +11,10 @@
 // Python twin (tests/models/pytorch_models.py) registers the same tensors in the same order under
 // the same names, and both initialise them identically after manual_seed.
 //
+// Tensor parallelism (parallelize) splits each block Megatron's way: qkv by heads and fc1
+// column-wise, proj and fc2 row-wise; the blocks call those layers through LayerForwardHooks, and
+// the attention takes as many heads as its (possibly split) qkv yields.
+//
 // Thread safety: that of torch::nn::Module (see model.h).
 #pragma once
 
@@ -19,12 +23,14 @@
 #include <torch/nn/modules/container/modulelist.h>
 #include <torch/nn/modules/normalization.h>
 
+#include "shoal/models/layer_forward_hooks.h"
 #include "shoal/models/model.h"
 
 namespace shoal::models {
 
 /// One pre-norm encoder block: multi-head self-attention and a GELU feed-forward, each residual.
-class TransformerBlock : public torch::nn::Module {
+/// Hookable layers: qkv, proj, fc1, fc2.
+class TransformerBlock : public torch::nn::Module, public LayerForwardHooks {
  public:
   TransformerBlock(int64_t dim, int64_t heads, int64_t hidden);
   /// [B,T,dim] -> [B,T,dim].
@@ -38,7 +44,7 @@ class TransformerBlock : public torch::nn::Module {
   torch::nn::Linear fc2{nullptr};
 
  private:
-  int64_t heads_;
+  int64_t head_dim_;
 };
 
 /// The encoder above: [B,C,H,W] -> H tokens of C x W features -> logits [B,num_classes]
@@ -48,6 +54,11 @@ class Transformer : public Model {
   Transformer() : Transformer(InputShape{}) {}
   explicit Transformer(const InputShape& shape);
   at::Tensor forward(at::Tensor input) override;
+  /// A transformer of this shape with a copy of these weights.
+  std::shared_ptr<Model> copy() const override;
+  /// Splits the blocks over `tp` (see the file comment); InvalidArgument unless tp divides the
+  /// heads and the feed-forward width.
+  parallel::TensorParallelLayout parallelize(std::shared_ptr<comm::ProcessGroup> tp) override;
 
   torch::nn::Linear embed{nullptr};
   torch::nn::Embedding pos{nullptr};
