@@ -1,4 +1,5 @@
-// Oracle: the training features of #29 against Python PyTorch 1.13 (/usr/bin/python3): Adam,
+// Oracle: the training features against Python PyTorch (the same version as the LibTorch under
+// test: Debian's 1.13, or the PyPI wheel's 2.x): Adam,
 // AdamW, LinearLR warm-up + CosineAnnealingLR, StepLR, MultiStepLR (SequentialLR after a
 // warm-up), clip_grad_norm_, gradient accumulation (--accumulate 4, also with a short last
 // step) and bf16 CPU autocast, each trained 20 optimizer steps by Shoal's Trainer under single
@@ -204,6 +205,23 @@ const std::vector<Case>& cases() {
 
 using OracleRun = shoal::testing::FeaturesOracleRun;
 
+/// The PyTorch of the LibTorch under test: Debian's 1.13 for the 1.13 leg, the PyPI wheel's
+/// Python for the 2.x leg. Across versions the float32 results differ by more than rounding where
+/// training is ill-conditioned: on the ragged case, PyTorch 2.15's own Python ends 3.6e-4 from
+/// PyTorch 1.13's (one hidden unit's weights), where Shoal on 2.15 agrees with 2.15.
+std::string oracle_python() {
+#if TORCH_VERSION_MAJOR >= 2
+  const std::string python = shoal::testing::torch2_python();
+  if (python.empty()) {
+    shoal::testing::skip_program("PyTorch 2.x's Python is not installed (scripts/setup_torch_pypi.sh), "
+                                 "or SHOAL_SOURCE_DIR is not set (run through ctest)");
+  }
+  return python;
+#else
+  return "/usr/bin/python3";
+#endif
+}
+
 /// Runs the Python oracle once for every case (its start-up is the slow part).
 const std::map<std::string, OracleRun>& oracle() {
   static const std::map<std::string, OracleRun> results = [] {
@@ -215,7 +233,7 @@ const std::map<std::string, OracleRun>& oracle() {
            << c.settings;
       lines.emplace_back(c.name, line.str());
     }
-    return shoal::testing::run_features_oracle("/usr/bin/python3", lines,
+    return shoal::testing::run_features_oracle(oracle_python(), lines,
                                                shoal::testing::Dependency::kPythonTorch,
                                                "python3-torch is not installed");
   }();
@@ -323,18 +341,9 @@ TEST(TrainFeaturesVsPyTorch, Accumulate4) {
 
 // A short last step weighs each micro-batch by its share of the step's samples, as one step on
 // all of them would (not 1/N each).
-// On LibTorch 2.15 (MKL) the losses of all 20 steps agree to 1e-7 but the parameters ended 3.6e-4
-// apart (1.13: exactly equal), where the full-step cases agree to 4e-7; not yet explained, so
-// that leg compares the losses only. test_trainer's AccumulatedMicroBatchesEqualOneFullBatchStep
-// checks the weighting itself on both legs without Python.
 TEST(TrainFeaturesVsPyTorch, Accumulate4WithARaggedLastStep) {
-#if TORCH_VERSION_MAJOR >= 2
-  const bool losses_only = true;
-#else
-  const bool losses_only = false;
-#endif
-  expect_matches("accumulate_ragged_single", losses_only);
-  expect_matches("accumulate_ragged_ddp", losses_only);
+  expect_matches("accumulate_ragged_single");
+  expect_matches("accumulate_ragged_ddp");
 }
 
 TEST(TrainFeaturesVsPyTorch, Bf16AutocastLossesTrackPyTorch) {
