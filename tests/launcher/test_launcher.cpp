@@ -1090,6 +1090,33 @@ TEST(BenchDdpFormat, RacesTheGptAgainstPyTorchDdp) {
   }
 }
 
+// Format check: `shoal bench tp --json`: each mode's rate and ratio to the DDP runs beside it, and
+// tensor parallelism's point: a tp=2 rank holds about half of what a DDP rank holds.
+TEST(BenchTpFormat, ReportsEachModeAndTpHoldsHalfOfDdpsBytes) {
+  const auto result = run_shoal({"bench", "tp", "--steps", "2", "--warmup", "1", "--rounds", "1",
+                                 "--n-layer", "1", "--n-head", "2", "--n-embd", "64",
+                                 "--block-size", "16", "--vocab-size", "256", "--json"},
+                                {}, Milliseconds(300'000));
+  ASSERT_EQ(result.code, 0) << result.err;
+  std::map<std::string, std::string> by_mode;
+  for (const auto& line : lines_of(result.out)) {
+    const auto at = line.find("\"mode\": \"");
+    if (at != std::string::npos) by_mode[line.substr(at + 9, line.find('"', at + 9) - at - 9)] = line;
+  }
+  for (const char* mode : {"shoal_ddp", "single", "shoal_tp"}) {
+    ASSERT_TRUE(by_mode.count(mode)) << mode << "\n" << result.out;
+    EXPECT_GT(json_number(by_mode[mode], "samples_per_s"), 0) << by_mode[mode];
+    EXPECT_GT(json_number(by_mode[mode], "vs_shoal_ddp"), 0) << by_mode[mode];
+  }
+  EXPECT_EQ(json_number(by_mode["shoal_ddp"], "vs_shoal_ddp"), 1);
+  const double tp = json_number(by_mode["shoal_tp"], "held_mb");
+  const double ddp = json_number(by_mode["shoal_ddp"], "held_mb");
+  EXPECT_EQ(json_number(by_mode["single"], "held_mb"), ddp);
+  // The LayerNorms and the position embedding stay whole on every tp rank.
+  EXPECT_LT(tp, 0.6 * ddp) << result.out;
+  EXPECT_GT(tp, 0.5 * ddp) << result.out;
+}
+
 // Format check: `shoal bench fsdp --json`: every mode (the no-communication ceiling included) with
 // its ratio to the DDP runs beside it, and per PyTorch peer the ceiling's ratio to it, which with
 // one round follows from the two modes' lines.
