@@ -36,6 +36,15 @@ at::Tensor own_parameter(torch::nn::Module& layer, const std::string& name) {
   return found ? *found : at::Tensor();
 }
 
+/// This rank's piece of `whole` split as `spec` says: of each fused block, the rank's share.
+at::Tensor piece_of(const at::Tensor& whole, const ShardSpec& spec, const comm::ProcessGroup& group) {
+  std::vector<at::Tensor> mine;
+  for (const at::Tensor& block : whole.chunk(spec.fused_blocks, spec.dim)) {
+    mine.push_back(block.chunk(group.size(), spec.dim)[group.rank()]);
+  }
+  return at::cat(mine, spec.dim).contiguous();
+}
+
 /// Replaces `param`'s data by this rank's piece of it (see ShardSpec), in place, so every module
 /// and name that holds it sees the shard.
 void split_parameter(at::Tensor param, const ShardSpec& spec, const comm::ProcessGroup& group,
@@ -54,11 +63,7 @@ void split_parameter(at::Tensor param, const ShardSpec& spec, const comm::Proces
                 ", which do not split into ", pieces, " equal pieces (tensor-parallel degree ",
                 group.size(), spec.fused_blocks > 1 ? " times the fused blocks" : "", ")");
   torch::NoGradGuard no_grad;
-  std::vector<at::Tensor> mine;
-  for (const at::Tensor& block : param.chunk(spec.fused_blocks, spec.dim)) {
-    mine.push_back(block.chunk(group.size(), spec.dim)[group.rank()]);
-  }
-  param.set_data(at::cat(mine, spec.dim).contiguous());
+  param.set_data(piece_of(param, spec, group));
   param.mutable_grad() = at::Tensor();
   split.emplace(param.unsafeGetTensorImpl(), spec);
 }
@@ -223,6 +228,13 @@ at::Tensor TensorParallelLayout::gather(const std::string& name, const at::Tenso
   SHOAL_CHECK_T(InvalidArgument, found != sharded_.end(), "TensorParallelLayout::gather: ", name,
                 " is not a split parameter");
   return gathered(shard, found->second, *group_);
+}
+
+at::Tensor TensorParallelLayout::shard(const std::string& name, const at::Tensor& whole) const {
+  const auto found = sharded_.find(name);
+  SHOAL_CHECK_T(InvalidArgument, found != sharded_.end(), "TensorParallelLayout::shard: ", name,
+                " is not a split parameter");
+  return piece_of(whole.detach(), found->second, *group_);
 }
 
 int64_t TensorParallelLayout::sharded_layer_bytes() const {

@@ -47,7 +47,6 @@ void validate_mesh(const std::string& mesh, StrategyKind kind, int model_paralle
   SHOAL_CHECK_T(InvalidArgument, options.gpt.dropout == 0,
                 "--dropout with --mesh is not supported yet (the masks are not kept equal across "
                 "tp ranks); use --dropout 0");
-  SHOAL_CHECK_T(InvalidArgument, !options.resume, "--resume with --mesh is not supported yet");
   SHOAL_CHECK_T(InvalidArgument, options.precision == "fp32",
                 "--precision ", options.precision, " with --mesh is not supported yet; use fp32");
 }

@@ -93,6 +93,7 @@ void TpStrategy::prepare(TrainState& state) {
   kept_optimizer_ = std::move(state.optimizer);
   whole_optimizer_ = kept_optimizer_.get();
   state.optimizer = parallel::optimizer_like(*kept_optimizer_, params);
+  load_whole_optimizer(state);
   BatchLoss loss = [split = split_](const at::Tensor& x, const at::Tensor& y) {
     return split->forward_loss(x, y);
   };
@@ -110,6 +111,23 @@ void TpStrategy::prepare(TrainState& state) {
   // A model that owns its loss trains on forward_loss; the others on the trainer's loss of forward.
   if (state.model_loss) state.forward_loss = loss;
   state.forward = forward;
+}
+
+void TpStrategy::load_whole_optimizer(TrainState& state) {
+  // Both optimizers list the model's parameters once each, in the same order (as in
+  // checkpoint_optimizer): a resumed run's whole state, each split parameter's fields cut to this
+  // rank's piece. A fresh run's state is empty.
+  const auto named = unique_named_parameters(*split_);
+  const auto whole_params = state.model->named_parameters();
+  checkpoint::OptimizerState pieces = checkpoint::capture_optimizer(*kept_optimizer_);
+  for (auto& [index, fields] : pieces.state) {
+    const std::string& name = named.at(static_cast<size_t>(index)).first;
+    if (!layout_->sharded().count(name)) continue;
+    for (auto& [key, field] : fields) {
+      if (field.sizes() == whole_params[name].sizes()) field = layout_->shard(name, field);
+    }
+  }
+  checkpoint::restore_optimizer(pieces, *state.optimizer);
 }
 
 at::Tensor TpStrategy::epoch_indices(int64_t dataset_size, int64_t epoch, uint64_t seed) {

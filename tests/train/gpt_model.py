@@ -306,6 +306,17 @@ with tempfile.TemporaryDirectory() as tmp:
         check(worst <= WEIGHT_TOLERANCE and len(buffers) == len(expected) and
               all(a.shape == b.shape and relative(a, b) <= 1e-4 for a, b in zip(buffers, expected)),
               f"mesh: the checkpoint holds the whole model and momentum, DDP's ({worst:.3g})")
+    # Stopped after 5 of the 12 steps and resumed under the same mesh: the whole momentum of the
+    # checkpoint is cut back to each rank's pieces, so the run ends with DDP's weights.
+    stopped = os.path.join(tmp, "mesh_stopped")
+    first = run_shoal(SHOAL, "train", *args, "--mesh", "dp=2,tp=2", "--batch-size", "4",
+                      "--checkpoint-dir", stopped, "--checkpoint-every", "5", "--stop-after-steps", "5")
+    check(first.returncode == 0, "mesh: the run stopped after 5 steps exits 0", first)
+    dump = os.path.join(tmp, "mesh_resumed")
+    resumed = [a for i, a in enumerate(args) if "--init-from" not in (a, args[i - 1])]
+    run = run_shoal(SHOAL, "train", *resumed, "--mesh", "dp=2,tp=2", "--batch-size", "4",
+                    "--checkpoint-dir", stopped, "--resume", "--dump-parameters", dump)
+    compare(run, model, dump, "mesh dp=2,tp=2, stopped after 5 steps and resumed")
 
     # --- token files: blocks of BLOCK + 1 tokens at multiples of BLOCK, dealt each epoch as
     # ExactlyOnceSampler with drop_last: randperm(n) seeded with seed + epoch, rank r of W taking

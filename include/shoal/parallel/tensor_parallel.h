@@ -103,6 +103,9 @@ class TensorParallelLayout {
   /// of anything shaped and split like it (an optimizer's state of it). A collective over the TP
   /// group.
   at::Tensor gather(const std::string& name, const at::Tensor& shard) const;
+  /// This rank's piece of `whole`, split as parameter `name` (one of sharded()) is: the inverse
+  /// of gather, without communication (an optimizer's whole state of it, from a checkpoint).
+  at::Tensor shard(const std::string& name, const at::Tensor& whole) const;
   /// Bytes of this rank's parameters in the split layers (shared parameters counted once).
   int64_t sharded_layer_bytes() const;
 

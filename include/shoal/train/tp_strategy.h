@@ -8,7 +8,8 @@
 // a tp group train on the same samples, each dp replica on its DistributedSampler shard, so the
 // run equals --strategy ddp over dp processes. The trainer's model stays whole: synchronize()
 // gathers the shards into it (before evaluation and saving), and checkpoints hold the whole model
-// and the whole optimizer state (full format: torch.load reads them, --strategy ddp resumes them).
+// and the whole optimizer state (full format: torch.load reads them, --strategy ddp resumes them,
+// and so does --mesh at any tp degree: prepare() cuts the resumed state to this rank's pieces).
 //
 // Thread safety: as Strategy; one instance per process, used from the trainer's thread.
 #pragma once
@@ -61,6 +62,9 @@ class TpStrategy : public Strategy {
   comm::ProcessGroup* process_group() override { return group_.get(); }
 
  private:
+  /// The trainer's optimizer state (a resumed checkpoint's) into the split optimizer.
+  void load_whole_optimizer(TrainState& state);
+
   std::shared_ptr<comm::ProcessGroup> group_;
   comm::DeviceMesh mesh_;
   std::shared_ptr<models::Model> split_;  ///< the model this rank trains: its shards
