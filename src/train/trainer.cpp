@@ -235,7 +235,7 @@ void Trainer::prepare_strategy() {
 
 void Trainer::apply_lr_schedule(int64_t total_steps) {
   // Without a schedule, the optimizer's lr is the user's business.
-  if (options_.lr_schedule == "constant" && options_.warmup_steps == 0) return;
+  if (options_.lr_schedule == LrSchedule::kConstant && options_.warmup_steps == 0) return;
   const double factor = lr_schedule_factor(options_, state_.step, total_steps);
   auto& groups = state_.optimizer->param_groups();
   for (size_t g = 0; g < groups.size(); ++g) {
@@ -310,7 +310,7 @@ void Trainer::save_checkpoint(int64_t completed_epochs, int64_t samples_seen) {
   checkpoint::CheckpointManagerOptions manager_options;
   manager_options.keep_last = options_.checkpoint_keep;
   checkpoint::CheckpointManager manager(options_.checkpoint_dir, manager_options);
-  const bool sharded = options_.checkpoint_format == "sharded";
+  const bool sharded = options_.checkpoint_format == CheckpointFormat::kSharded;
   checkpoint::ShardedTrainingState pieces;
   if (sharded) {
     // Each rank's own pieces, nothing gathered.
@@ -380,14 +380,14 @@ std::unique_ptr<torch::optim::Optimizer> build_optimizer(const TrainOptions& opt
                                                          const std::vector<at::Tensor>& parameters) {
   // A tied weight is listed twice by LibTorch: stepping it twice would double its update.
   std::vector<at::Tensor> params = unique_parameters(parameters);
-  if (options.optimizer == "adam") {
+  if (options.optimizer == Optimizer::kAdam) {
     return std::make_unique<torch::optim::Adam>(
         params, torch::optim::AdamOptions(options.lr)
                     .betas(std::make_tuple(options.beta1, options.beta2))
                     .eps(options.eps)
                     .weight_decay(options.weight_decay.value_or(0)));
   }
-  if (options.optimizer == "adamw") {
+  if (options.optimizer == Optimizer::kAdamW) {
     return std::make_unique<torch::optim::AdamW>(
         params, torch::optim::AdamWOptions(options.lr)
                     .betas(std::make_tuple(options.beta1, options.beta2))
@@ -410,14 +410,14 @@ void Trainer::apply_training_features() {
       return strategy_->clip_grad_norm(state_, max_norm);
     };
   }
-  if (options_.precision == "bf16") {
+  if (options_.precision == Precision::kBf16) {
     state_.autocast_dtype = at::kBFloat16;
-  } else if (options_.precision == "fp16") {
+  } else if (options_.precision == Precision::kFp16) {
     state_.autocast_dtype = at::kHalf;
   } else {
     state_.autocast_dtype.reset();
   }
-  const bool scaled = options_.precision == "fp16" || options_.grad_scaler.has_value();
+  const bool scaled = options_.precision == Precision::kFp16 || options_.grad_scaler.has_value();
   if (!scaled) {
     state_.grad_scaler.reset();
   } else if (!state_.grad_scaler) {
@@ -657,7 +657,9 @@ TrainResult run_training(const TrainOptions& options, std::unique_ptr<Strategy> 
               train_size, " train / ", test_size, " test samples from ", loaded.where,
               ", batch ", options.batch_size, world > 1 ? " per rank" : "", ", lr ", options.lr,
               ", momentum ", options.momentum,
-              options.lr_schedule == "constant" ? "" : ", lr schedule " + options.lr_schedule,
+              options.lr_schedule == LrSchedule::kConstant
+                  ? ""
+                  : std::string(", lr schedule ") + lr_schedule_name(options.lr_schedule),
               ", seed ", options.seed, ", ", world, " process",
               world > 1 ? "es" : "", " x ", torch::get_num_threads(), " threads",
               strategy && !strategy->describe().empty() ? ", " + strategy->describe() : "");

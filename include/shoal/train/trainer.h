@@ -352,7 +352,7 @@ checkpoint::TrainingState load_resume_checkpoint(const TrainOptions& options,
 void inherit_checkpoint_config(TrainOptions& options, const checkpoint::TrainingState& saved,
                                const std::set<std::string>& given, const std::string& where);
 
-/// The optimizer options.optimizer names ("sgd", "adam", "adamw") over `parameters` (each tensor
+/// The optimizer options.optimizer chooses (SGD, Adam or AdamW) over `parameters` (each tensor
 /// once: tied weights are one parameter), with the options' lr, momentum, betas, eps and
 /// weight decay; the options are checked first (InvalidArgument).
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const TrainOptions& options,
