@@ -33,13 +33,10 @@ import subprocess
 import sys
 import tempfile
 
-from test_script_support import Checks, run_shoal, skip
+from test_script_support import Checks, require_torch, run_shoal
 
 SHOAL = sys.argv[1]
-try:
-    import torch
-except ImportError:
-    skip("python3-torch is not installed")
+torch = require_torch()
 
 torch.set_num_threads(1)
 checks = Checks("gpt_model")
