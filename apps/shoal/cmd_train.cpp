@@ -245,10 +245,9 @@ void add_token_data_options(CLI::App& app, train::TrainOptions& options) {
                  "--model gpt with --data TRAIN.bin: the validation token file (nanoGPT's\n"
                  "val.bin), evaluated after each epoch: loss and perplexity")
       ->type_name("FILE");
-  app.add_option("--token-dtype", options.token_dtype,
-                 "Token files' id width: uint16 (nanoGPT's, `shoal data tokenize`) or uint32")
-      ->check(CLI::IsMember(train::train_option_choices("--token-dtype")))
-      ->capture_default_str();
+  add_choice(app, "--token-dtype", options.token_dtype, data::parse_token_dtype,
+             data::token_dtype_name,
+             "Token files' id width: uint16 (nanoGPT's, `shoal data tokenize`) or uint32");
 }
 
 /// What is trained and on what loss.

@@ -225,14 +225,12 @@ void add_data_rows(std::vector<TrainOption>& rows) {
     SHOAL_CHECK_T(InvalidArgument, o.val_data_path.empty() || is_token_file(o.val_data_path),
                   "--val-data ", o.val_data_path, " must be a token file (.bin), as --data");
   }).option);
-  rows.push_back(Row("data", "--token-dtype").saved("token_dtype", &TrainOptions::token_dtype)
+  rows.push_back(Row("data", "--token-dtype")
+                     .saved_choice("token_dtype", &TrainOptions::token_dtype, data::token_dtype_name,
+                                   data::parse_token_dtype, {"uint16", "uint32"})
                      .resume(OnResume::kInherit)
-                     .choices({"uint16", "uint32"})
                      .when([](const TrainOptions& o) { return is_gpt(o) && is_token_file(o.data_path); })
-                     .check([](const TrainOptions& o) {
-                       SHOAL_CHECK_T(InvalidArgument, o.token_dtype == "uint16" || o.token_dtype == "uint32",
-                                     "--token-dtype must be uint16 or uint32, got '", o.token_dtype, "'");
-                     }).option);
+                     .option);
   rows.push_back(Row("data", "--train-samples").check([](const TrainOptions& o) {
     SHOAL_CHECK_T(InvalidArgument, o.train_limit >= 0, "train limit must be >= 0 (0 = all), got ",
                   o.train_limit);

@@ -473,7 +473,7 @@ int64_t output_width(const data::TensorFileOptions& file, const at::Tensor& targ
 /// A token stream (options.data_path, and val_data_path when set) cut into the GPT's blocks.
 LoadedData load_token_data(const TrainOptions& options) {
   data::TokenFileOptions file;
-  file.dtype = data::parse_token_dtype(options.token_dtype);
+  file.dtype = options.token_dtype;
   file.vocab_size = options.gpt.vocab_size;
   const int64_t block = options.gpt.block_size;
   LoadedData loaded;

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "shoal/data/image_folder.h"
+#include "shoal/data/token_file.h"
 #include "shoal/models/gpt_config.h"
 #include "shoal/train/grad_scaler.h"
 #include "shoal/train/loss.h"
@@ -232,9 +233,9 @@ struct TrainOptions {
   /// tokens, each trained on once per epoch (data/token_block_dataset.h); this is the validation
   /// stream (val.bin) evaluated after each epoch, empty for none.
   std::string val_data_path;
-  /// The width of the token files' ids: "uint16" (nanoGPT's, vocabularies up to 65,536) or
-  /// "uint32".
-  std::string token_dtype = "uint16";
+  /// The width of the token files' ids: kUInt16 (nanoGPT's, vocabularies up to 65,536) or
+  /// kUInt32.
+  data::TokenDtype token_dtype = data::TokenDtype::kUInt16;
   /// Threads loading batches ahead of the step (PyTorch's DataLoader num_workers); 0 loads each
   /// batch in the training thread when the step needs it.
   int num_workers = 0;
