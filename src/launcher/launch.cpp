@@ -25,7 +25,7 @@
 #include "shoal/comm/flight_recorder.h"
 #include "launcher/worker_group.h"
 #include "security/auth_token.h"
-#include "checkpoint/atomic_file.h"
+#include "checkpoint/temp_dir.h"
 #include "shoal/env.h"
 #include "shoal/error.h"
 #include "shoal/log.h"
@@ -177,22 +177,6 @@ std::vector<WorkerSpec> plan_workers(const LaunchOptions& options, int master_po
   }
   return specs;
 }
-
-// A private folder under $TMPDIR (or /tmp), removed with everything in it when this goes.
-struct TempDir {
-  TempDir() {
-    const char* tmp = std::getenv("TMPDIR");
-    std::string pattern =
-        std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") + "/shoal-errors-XXXXXX";
-    SHOAL_CHECK(::mkdtemp(pattern.data()) != nullptr, "cannot create a folder for the workers' ",
-                "error files (", pattern, "): ", std::strerror(errno), "; set TMPDIR");
-    path = pattern;
-  }
-  ~TempDir() { checkpoint::detail::remove_tree(path); }  // not remove_all: see atomic_file.h
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  std::string path;
-};
 
 void say(const LaunchOptions& options, const std::string& line) {
   log::info(options.log_name, ": ", line);
@@ -393,9 +377,9 @@ int launch(const LaunchOptions& options) {
 
   // The workers' error files (log/error_file.h), in the log folder when there is one, else in a
   // folder of this launch's own that goes with it.
-  std::optional<TempDir> errors;
-  if (log_root.empty()) errors.emplace();
-  const std::string error_root = errors ? errors->path : log_root;
+  std::optional<checkpoint::detail::TempDir> errors;
+  if (log_root.empty()) errors.emplace("shoal-errors-", "the workers' error files");
+  const std::string error_root = errors ? errors->path() : log_root;
 
   WorkerGroupOptions group_options;
   group_options.prefix_output = options.prefix_output;

@@ -48,8 +48,8 @@ void validate_mesh(const std::string& mesh, StrategyKind kind, int model_paralle
                 "--dropout with --mesh is not supported yet (the masks are not kept equal across "
                 "tp ranks); use --dropout 0");
   SHOAL_CHECK_T(InvalidArgument, !options.resume, "--resume with --mesh is not supported yet");
-  SHOAL_CHECK_T(InvalidArgument, options.precision == "fp32",
-                "--precision ", options.precision, " with --mesh is not supported yet; use fp32");
+  SHOAL_CHECK_T(InvalidArgument, options.precision == Precision::kFp32,
+                "--precision ", precision_name(options.precision), " with --mesh is not supported yet; use fp32");
 }
 }  // namespace
 
@@ -102,7 +102,7 @@ void StrategySpec::validate(const TrainOptions& options) const {
   SHOAL_CHECK_T(InvalidArgument, kind != StrategyKind::kFsdp || model_parallel == 1,
                 "--model-parallel applies to --strategy ddp, not fsdp");
   SHOAL_CHECK_T(InvalidArgument,
-                options.checkpoint_format == "full" || supports(StrategyFeature::kShardedCheckpoint),
+                options.checkpoint_format == CheckpointFormat::kFull || supports(StrategyFeature::kShardedCheckpoint),
                 "--checkpoint-format sharded applies to --strategy fsdp (the others hold whole "
                 "models: use the default, full)");
   SHOAL_CHECK_T(InvalidArgument,

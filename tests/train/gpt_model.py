@@ -33,15 +33,10 @@ import subprocess
 import sys
 import tempfile
 
-from test_script_support import Checks, run_shoal, skip
+from test_script_support import Checks, require_torch, run_shoal
 
 SHOAL = sys.argv[1]
-try:
-    import torch
-    import torch.nn as nn
-    import torch.nn.functional as F
-except ImportError:
-    skip("python3-torch is not installed")
+torch = require_torch()
 
 torch.set_num_threads(1)
 checks = Checks("gpt_model")
@@ -50,84 +45,14 @@ check = checks.check
 N_LAYER, N_HEAD, N_EMBD, BLOCK, VOCAB = 2, 2, 32, 16, 64
 
 
-class CausalSelfAttention(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.c_attn = nn.Linear(N_EMBD, 3 * N_EMBD)
-        self.c_proj = nn.Linear(N_EMBD, N_EMBD)
-
-    def forward(self, x):
-        B, T, C = x.size()
-        q, k, v = self.c_attn(x).split(N_EMBD, dim=2)
-        k = k.view(B, T, N_HEAD, C // N_HEAD).transpose(1, 2)
-        q = q.view(B, T, N_HEAD, C // N_HEAD).transpose(1, 2)
-        v = v.view(B, T, N_HEAD, C // N_HEAD).transpose(1, 2)
-        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
-        mask = torch.tril(torch.ones(T, T)).view(1, 1, T, T)
-        att = F.softmax(att.masked_fill(mask == 0, float("-inf")), dim=-1)
-        y = (att @ v).transpose(1, 2).contiguous().view(B, T, C)
-        return self.c_proj(y)
+# nanoGPT's GPT, the one `shoal bench ddp --model gpt` races; LayerNorm weights start at 1 plus a
+# little noise, so that a wrong name or order shows.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench"))
+import gpt_torch  # noqa: E402
 
 
-class Mlp(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.c_fc = nn.Linear(N_EMBD, 4 * N_EMBD)
-        self.gelu = nn.GELU()
-        self.c_proj = nn.Linear(4 * N_EMBD, N_EMBD)
-
-    def forward(self, x):
-        return self.c_proj(self.gelu(self.c_fc(x)))
-
-
-class Block(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.ln_1 = nn.LayerNorm(N_EMBD)
-        self.attn = CausalSelfAttention()
-        self.ln_2 = nn.LayerNorm(N_EMBD)
-        self.mlp = Mlp()
-
-    def forward(self, x):
-        x = x + self.attn(self.ln_1(x))
-        return x + self.mlp(self.ln_2(x))
-
-
-class GPT(nn.Module):
-    """nanoGPT's GPT (model.py), without dropout and with the mask made per forward."""
-
-    def __init__(self):
-        super().__init__()
-        self.transformer = nn.ModuleDict(dict(
-            wte=nn.Embedding(VOCAB, N_EMBD),
-            wpe=nn.Embedding(BLOCK, N_EMBD),
-            h=nn.ModuleList([Block() for _ in range(N_LAYER)]),
-            ln_f=nn.LayerNorm(N_EMBD),
-        ))
-        self.lm_head = nn.Linear(N_EMBD, VOCAB, bias=False)
-        self.transformer.wte.weight = self.lm_head.weight
-        for name, p in self.named_parameters():
-            if name.endswith("bias"):
-                nn.init.zeros_(p)
-            elif "ln_" not in name:
-                std = 0.02 / math.sqrt(2 * N_LAYER) if name.endswith("c_proj.weight") else 0.02
-                nn.init.normal_(p, 0.0, std)
-            # LayerNorm weights stay 1; a little noise makes a wrong name or order show.
-            if "ln_" in name and name.endswith("weight"):
-                with torch.no_grad():
-                    p.add_(0.1 * torch.randn_like(p))
-
-    def logits(self, idx):
-        t = idx.size(1)
-        pos = torch.arange(0, t, dtype=torch.long)
-        x = self.transformer.wte(idx) + self.transformer.wpe(pos)
-        for block in self.transformer.h:
-            x = block(x)
-        return self.lm_head(self.transformer.ln_f(x))
-
-    def forward(self, idx, targets):
-        logits = self.logits(idx)
-        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
+def GPT():
+    return gpt_torch.GPT(N_LAYER, N_HEAD, N_EMBD, BLOCK, VOCAB, layer_norm_noise=0.1)
 
 
 # Weights to 1e-5 relative. Adam's eps is 1e-3, not its default 1e-8: the attention's key biases
