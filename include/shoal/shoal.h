@@ -96,6 +96,7 @@
 #include "shoal/pipeline/pipeline_partition.h"
 #include "shoal/pipeline/pipeline_sequential.h"
 #include "shoal/pipeline/schedule.h"
+#include "shoal/pipeline/tied_parameters.h"
 
 #include "shoal/ps/consistency.h"
 #include "shoal/ps/job.h"
