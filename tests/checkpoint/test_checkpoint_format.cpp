@@ -486,6 +486,8 @@ TEST_F(DcpFromPyTorch, PlainModelLoadsBitForBit) {
   const DcpContents dcp = load_dcp(oracle("plain"));
   EXPECT_EQ(shoal::testing::compare_state_dicts(dcp.tensors, load_state_dict_file(oracle("plain.pt"))), "");
   EXPECT_EQ(dcp.skipped, std::vector<std::string>{"note.lr"});  // DCP flattens nested dicts
+  // What --init-from and shoal ckpt read: the same tensors.
+  EXPECT_EQ(shoal::testing::compare_state_dicts(load_state_dict_file(oracle("plain")), dcp.tensors), "");
 }
 
 TEST_F(DcpFromPyTorch, Fsdp2ModelSavedOnTwoRanksLoadsWhole) {
