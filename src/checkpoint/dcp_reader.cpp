@@ -194,41 +194,67 @@ class MetadataReader {
   std::string where_;
 };
 
-// Refuses chunks that leave a tensor, overlap or leave part of it unwritten, naming `where`.
-void check_chunks(TensorEntry& entry, const std::string& where) {
+// Most chunks one tensor may have: one per rank that saved it, and thousands of ranks are far
+// below; it bounds the overlap check (quadratic when every chunk spans the first dimension).
+constexpr size_t kMaxChunks = size_t{1} << 16;
+
+int64_t element_count(const TensorEntry& entry, const std::string& where) {
   int64_t numel = 1;
   for (int64_t dim : entry.size) {
     SHOAL_CHECK_T(CheckpointError, !__builtin_mul_overflow(numel, dim, &numel), where, ": '",
                   entry.fqn, "' has a size whose element count overflows");
   }
-  int64_t covered = 0;
-  for (auto& chunk : entry.chunks) {
+  return numel;
+}
+
+// Refuses a chunk that leaves its tensor; sets its element count.
+void check_inside(const TensorEntry& entry, Chunk& chunk, const std::string& where) {
+  SHOAL_CHECK_T(CheckpointError,
+                chunk.offsets.size() == entry.size.size() && chunk.sizes.size() == entry.size.size(), where,
+                ": a chunk of '", entry.fqn, "' has ", chunk.sizes.size(), " dimensions, the tensor ",
+                entry.size.size());
+  for (size_t d = 0; d < entry.size.size(); ++d) {
     SHOAL_CHECK_T(CheckpointError,
-                  chunk.offsets.size() == entry.size.size() && chunk.sizes.size() == entry.size.size(), where,
-                  ": a chunk of '", entry.fqn, "' has ", chunk.sizes.size(), " dimensions, the tensor ",
-                  entry.size.size());
-    for (size_t d = 0; d < entry.size.size(); ++d) {
-      SHOAL_CHECK_T(CheckpointError,
-                    chunk.offsets[d] <= entry.size[d] && chunk.sizes[d] <= entry.size[d] - chunk.offsets[d], where,
-                    ": a chunk of '", entry.fqn, "' lies outside the tensor (dimension ", d, ": offset ",
-                    chunk.offsets[d], " size ", chunk.sizes[d], " of ", entry.size[d], ")");
-      chunk.numel *= chunk.sizes[d];  // within the tensor's count, which did not overflow
-    }
-    SHOAL_CHECK_T(CheckpointError, !__builtin_add_overflow(covered, chunk.numel, &covered), where,
-                  ": the chunks of '", entry.fqn, "' hold more elements than it has");
+                  chunk.offsets[d] <= entry.size[d] && chunk.sizes[d] <= entry.size[d] - chunk.offsets[d], where,
+                  ": a chunk of '", entry.fqn, "' lies outside the tensor (dimension ", d, ": offset ",
+                  chunk.offsets[d], " size ", chunk.sizes[d], " of ", entry.size[d], ")");
+    chunk.numel *= chunk.sizes[d];  // at most the tensor's count, which did not overflow
   }
-  // Pairwise: a tensor has one chunk per rank that saved it, so n is small.
-  for (size_t i = 0; i < entry.chunks.size(); ++i) {
-    for (size_t j = i + 1; j < entry.chunks.size(); ++j) {
-      const Chunk& a = entry.chunks[i];
-      const Chunk& b = entry.chunks[j];
-      bool overlap = a.numel > 0 && b.numel > 0;
-      for (size_t d = 0; d < entry.size.size() && overlap; ++d) {
-        overlap = a.offsets[d] < b.offsets[d] + b.sizes[d] && b.offsets[d] < a.offsets[d] + a.sizes[d];
-      }
-      SHOAL_CHECK_T(CheckpointError, !overlap, where, ": two chunks of '", entry.fqn, "' overlap");
+}
+
+bool overlap(const Chunk& a, const Chunk& b) {
+  bool overlap = a.numel > 0 && b.numel > 0;
+  for (size_t d = 0; d < a.offsets.size() && overlap; ++d) {
+    overlap = a.offsets[d] < b.offsets[d] + b.sizes[d] && b.offsets[d] < a.offsets[d] + a.sizes[d];
+  }
+  return overlap;
+}
+
+// Refuses overlapping chunks. Sorted by their first offset, a chunk can only overlap those that
+// start before it ends: slabs along the first dimension (FSDP's shards) cost n log n.
+void check_disjoint(const TensorEntry& entry, const std::string& where) {
+  std::vector<const Chunk*> sorted;
+  for (const auto& chunk : entry.chunks) sorted.push_back(&chunk);
+  std::sort(sorted.begin(), sorted.end(), [](const Chunk* a, const Chunk* b) { return a->offsets < b->offsets; });
+  for (size_t i = 0; i < sorted.size(); ++i) {
+    for (size_t j = i + 1; j < sorted.size(); ++j) {
+      const Chunk& a = *sorted[i];
+      const Chunk& b = *sorted[j];
+      if (!a.offsets.empty() && b.offsets[0] >= a.offsets[0] + a.sizes[0]) break;
+      SHOAL_CHECK_T(CheckpointError, !overlap(a, b), where, ": two chunks of '", entry.fqn, "' overlap");
     }
   }
+}
+
+// Refuses chunks that leave a tensor, overlap or leave part of it unwritten, naming `where`.
+void check_chunks(TensorEntry& entry, const std::string& where) {
+  const int64_t numel = element_count(entry, where);
+  SHOAL_CHECK_T(CheckpointError, entry.chunks.size() <= kMaxChunks, where, ": '", entry.fqn, "' has ",
+                entry.chunks.size(), " chunks, more than the ", kMaxChunks, " Shoal reads");
+  for (auto& chunk : entry.chunks) check_inside(entry, chunk, where);
+  check_disjoint(entry, where);
+  int64_t covered = 0;  // disjoint parts of the tensor: at most its count
+  for (const auto& chunk : entry.chunks) covered += chunk.numel;
   SHOAL_CHECK_T(CheckpointError, covered == numel, where, ": the chunks of '", entry.fqn, "' cover ",
                 covered, " of its ", numel, " elements: some are missing");
 }
