@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 #include <set>
+#include <unordered_set>
 
 #include "checkpoint/pickle_opcodes.h"
 #include "checkpoint/storage_types.h"
@@ -187,7 +188,7 @@ void Unpickler::push_global(const std::string& module, const std::string& name) 
 c10::IValue Unpickler::load() {
   try {
     c10::IValue result = load_unchecked();
-    check_acyclic(result);
+    release_unreachable(check_acyclic(result));
     return result;
   } catch (...) {
     empty_containers();
@@ -294,7 +295,7 @@ void Unpickler::contains(const c10::IValue& container, const c10::IValue& item) 
   check_values(shape.values);
 }
 
-void Unpickler::check_acyclic(const c10::IValue& root) const {
+std::unordered_set<const void*> Unpickler::check_acyclic(const c10::IValue& root) const {
   // Depth-first, with an explicit stack: a container met again while it is still on the path is a
   // cycle; one met again after it was finished is merely shared (torch.save memoizes those).
   // Nesting and the values held are checked here too, since a container filled after it was
@@ -348,12 +349,17 @@ void Unpickler::check_acyclic(const c10::IValue& root) const {
     const c10::IValue child = frame.items[frame.next++];
     enter(child);
   }
+  std::unordered_set<const void*> reached;
+  for (const auto& [id, mark] : marks) reached.insert(id);
+  return reached;
 }
 
-void Unpickler::empty_containers() {
-  // Emptying every list and dict breaks every cycle (a tuple cannot close one by itself) and
-  // leaves each container to be destroyed on its own, without a recursion as deep as the nesting.
+void Unpickler::release_unreachable(const std::unordered_set<const void*>& reached) {
+  // What the pickle built but left out of its result (left on the stack at STOP, or only in the
+  // memo) may hold a cycle that nothing walks: emptying it breaks the cycle, and touches nothing
+  // the caller gets.
   for (auto& c : containers_) {
+    if (reached.count(c.internalToPointer()) > 0) continue;
     if (c.isList()) c.toList().clear();
     if (c.isGenericDict()) c.toGenericDict().clear();
   }
@@ -361,6 +367,12 @@ void Unpickler::empty_containers() {
   memo_.clear();
   containers_.clear();
   shapes_.clear();
+}
+
+void Unpickler::empty_containers() {
+  // Emptying every list and dict breaks every cycle (a tuple cannot close one by itself) and
+  // leaves each container to be destroyed on its own, without a recursion as deep as the nesting.
+  release_unreachable({});
 }
 
 c10::IValue Unpickler::load_unchecked() {

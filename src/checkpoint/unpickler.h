@@ -36,6 +36,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 namespace shoal::checkpoint::detail {
@@ -144,7 +145,8 @@ class Unpickler {
   void memoize(uint64_t id);
   void contains(const c10::IValue& container, const c10::IValue& item);
   void charge_key(const c10::IValue& key);
-  void check_acyclic(const c10::IValue& root) const;
+  std::unordered_set<const void*> check_acyclic(const c10::IValue& root) const;
+  void release_unreachable(const std::unordered_set<const void*>& reached);
   void empty_containers();
 
   std::string_view data_;
