@@ -519,7 +519,8 @@ void add_checkpoint_options(CLI::App& app, train::TrainOptions& options) {
                "its share of them; shards are re-dealt for the new world size)");
   app.add_option("--init-from", options.init_from,
                  "Start from the weights of this state dict (torch.save(model.state_dict()) from\n"
-                 "Python, or a file Shoal saved) instead of the seed's initialisation")
+                 "Python, a file Shoal saved, or a DCP folder from torch.distributed.checkpoint)\n"
+                 "instead of the seed's initialisation")
       ->type_name("FILE");
 }
 
