@@ -25,6 +25,8 @@
 #include "launcher/signal_relay.h"
 #include "log/error_file.h"
 #include "shoal/comm/flight_recorder.h"
+#include "shoal/comm/store.h"
+#include "shoal/parallel/fault_tolerant_manager.h"
 #include "launcher/worker_group.h"
 #include "security/auth_token.h"
 #include "checkpoint/atomic_file.h"
@@ -425,6 +427,12 @@ int launch(const LaunchOptions& options) {
     GroupResult result;
     {
       const auto job_store = serve_job_store(options, master_port);
+      // The survivors' quorum waits for each member's vote or its death: the exit is told at once.
+      std::shared_ptr<comm::Store> marks;
+      if (job_store) marks = comm::make_tcp_store(options.master_addr, master_port, 1, false);
+      group_options.on_exit = [marks](int rank) {
+        if (marks) marks->set_string(parallel::FaultTolerantManager::exit_key(rank), "1");
+      };
       SignalRelay relay;
       WorkerGroup group(plan_workers(options, master_port, restart, log_root, error_root),
                         group_options);

@@ -1,6 +1,8 @@
 #include "shoal/parallel/fault_tolerant_manager.h"
 
 #include <algorithm>
+#include <chrono>
+#include <thread>
 #include <sstream>
 
 #include "shoal/comm/init.h"
@@ -65,13 +67,13 @@ void FaultTolerantManager::start_quorum() {
                     next_members_.end();
   SHOAL_CHECK_T(PeerError, kept, "[rank ", rank_, "] left out of the job's replicas after step ",
                 attempt_, " of generation ", generation_,
-                " failed: its vote came after the others' grace; the job goes on without it");
+                " failed: its vote did not come in time (was it stopped?); the job goes on without it");
   SHOAL_CHECK_T(InvalidArgument, static_cast<int>(next_members_.size()) >= options_.min_replicas,
                 "[rank ", rank_, "] ", next_members_.size(), " replica",
                 next_members_.size() == 1 ? "" : "s", " left (ranks ", member_list_text(next_members_),
                 "), fewer than --min-replicas ", options_.min_replicas,
                 ": the job cannot go on; lower --min-replicas or restart it");
-  retired_.push_back(std::move(group_));
+  group_.reset();  // its connections close: a peer still blocked in it fails at once
   members_ = std::move(next_members_);
   next_members_.clear();
   ++generation_;
@@ -82,12 +84,19 @@ void FaultTolerantManager::start_quorum() {
 }
 
 void FaultTolerantManager::allreduce(at::Tensor& tensor) {
+  if (!group_) {
+    step_ok_ = false;
+    return;
+  }
   try {
     group_->allreduce(tensor)->wait();
   } catch (const std::exception& e) {
     log::warn("[rank ", rank_, "] fault tolerance: step ", attempt_, " of generation ",
               generation_, " failed: ", e.what());
     step_ok_ = false;
+    // Closing this group's connections makes the members still blocked in this collective (on
+    // this rank, not on the dead one) fail now rather than at their time-out.
+    group_.reset();
   }
 }
 
@@ -96,7 +105,8 @@ bool FaultTolerantManager::should_commit() {
   step_ok_ = true;
   const std::string decision_key = step_key("decision");
   if (store_->add(step_key("ticket"), 1) == 1) store_->set_string(decision_key, decide());
-  store_->wait({decision_key}, options_.quorum_grace + options_.timeout);
+  // Longer than the decider can take (decide()), so that only a dead decider times this out.
+  store_->wait({decision_key}, options_.timeout + 2 * options_.quorum_grace);
   const std::string decision = store_->get_string(decision_key);
   ++attempt_;
   if (decision == "commit") return true;
@@ -105,39 +115,41 @@ bool FaultTolerantManager::should_commit() {
   return false;
 }
 
-// Waits up to `timeout` for every key; false when some are still missing then.
-bool FaultTolerantManager::wait_for(const std::vector<std::string>& keys,
-                                    comm::Milliseconds timeout) const {
-  try {
-    store_->wait(keys, timeout);
-    return true;
-  } catch (const TimeoutError&) {
-    return false;
+std::string FaultTolerantManager::exit_key(int rank) { return "ft/exited/" + std::to_string(rank); }
+
+// Whether every member voted or exited.
+bool FaultTolerantManager::settled(const std::vector<std::string>& votes,
+                                   const std::vector<std::string>& exits) const {
+  for (size_t i = 0; i < votes.size(); ++i) {
+    if (!store_->check({votes[i]}) && !store_->check({exits[i]})) return false;
   }
+  return true;
 }
 
-// The decider's verdict on the current step: "commit", or the ranks whose votes came in time.
-// A step with a failed vote waits `quorum_grace` for the missing ones (a live replica whose
-// collective failed votes within milliseconds); a step whose votes so far are all ok waits the
-// collective time-out, so that a slow but live replica is not left out.
+// The decider's verdict on the current step: "commit", or the members that voted.
 std::string FaultTolerantManager::decide() const {
-  std::vector<std::string> keys;
-  for (int member : members_) keys.push_back(step_key("vote/" + std::to_string(member)));
-  bool complete = wait_for(keys, options_.quorum_grace);
+  std::vector<std::string> votes, exits;
+  for (int member : members_) {
+    votes.push_back(step_key("vote/" + std::to_string(member)));
+    exits.push_back(exit_key(member));
+  }
+  // Why 1 ms: a vote comes within milliseconds of the others; the store answers in ~0.1 ms.
+  const auto give_up = std::chrono::steady_clock::now() + options_.timeout + options_.quorum_grace;
+  while (!store_->check(votes) && !settled(votes, exits) &&
+         std::chrono::steady_clock::now() < give_up) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
   std::vector<int> voted;
   bool all_ok = true;
-  for (int pass = 0; pass < 2; ++pass) {
-    voted.clear();
-    all_ok = true;
-    for (size_t i = 0; i < keys.size(); ++i) {
-      if (!complete && !store_->check({keys[i]})) continue;
-      voted.push_back(members_[i]);
-      all_ok = all_ok && store_->get_string(keys[i]) == "1";
+  for (size_t i = 0; i < votes.size(); ++i) {
+    if (!store_->check({votes[i]})) {
+      all_ok = false;
+      continue;
     }
-    if (complete || !all_ok || pass == 1) break;
-    complete = wait_for(keys, options_.timeout);
+    voted.push_back(members_[i]);
+    all_ok = all_ok && store_->get_string(votes[i]) == "1";
   }
-  return complete && all_ok ? "commit" : member_list_text(voted);
+  return all_ok ? "commit" : member_list_text(voted);
 }
 
 }  // namespace shoal::parallel

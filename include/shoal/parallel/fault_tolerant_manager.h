@@ -11,7 +11,12 @@
 // Agreement. After its allreduce every replica votes (ok, or failed: its collective threw) under
 // the step's key in the store. The first to vote (a counter hands out one ticket) decides: commit
 // when every member voted ok; otherwise the step fails, and the next generation's members are
-// the replicas whose votes arrived within `quorum_grace` (one that died or hangs never votes).
+// the replicas that voted. The decider waits for each member's vote until the member votes, or
+// the launcher reports its exit (exit_key), or timeout + quorum_grace has passed (a stopped or
+// hung member, or no launcher to report exits). A survivor's collective fails at once when it
+// waits on the dead rank, and at the time-out at the latest when it waits on a survivor that
+// failed first (c10d's gloo keeps a failed group's connections open), so a failure costs
+// from milliseconds to the collective time-out.
 // Every replica reads that one decision, so all commit the same steps and their weights stay
 // bit-identical; a failed step's partial sum is dropped by all. Without failures a step costs one
 // vote, one ticket and one read of the decision on the store, on top of the allreduce.
@@ -52,8 +57,9 @@ struct FaultTolerantOptions {
   std::string backend = "gloo";
   /// Each generation's collective time-out: how long a stopped peer holds a step up.
   comm::Milliseconds timeout{30'000};
-  /// How long the decider waits for missing votes once a step has gone wrong. Why 5 s: a live
-  /// replica whose collective failed votes within milliseconds; a dead one never does.
+  /// How long the decider waits for a missing vote beyond the collective time-out (a member
+  /// whose exit the launcher reported is not waited for). Why 5 s: a live replica votes within
+  /// milliseconds of its collective's end, which the time-out bounds.
   comm::Milliseconds quorum_grace{5'000};
 };
 
@@ -76,7 +82,12 @@ class FaultTolerantManager {
   /// Whether every member's allreduce of this step succeeded (the same answer on every member).
   bool should_commit();
 
-  /// The current generation's group (its rank is replica_rank()).
+  /// The store key a launcher sets when job rank `rank` has exited, so that the others stop
+  /// waiting for its vote.
+  static std::string exit_key(int rank);
+
+  /// The current generation's group (its rank is replica_rank()); null from a failed allreduce
+  /// to the next start_quorum().
   std::shared_ptr<comm::ProcessGroup> group() const { return group_; }
   int replica_rank() const;
   int num_replicas() const { return static_cast<int>(members_.size()); }
@@ -95,7 +106,7 @@ class FaultTolerantManager {
  private:
   std::string step_key(const std::string& what) const;
   std::string decide() const;
-  bool wait_for(const std::vector<std::string>& keys, comm::Milliseconds timeout) const;
+  bool settled(const std::vector<std::string>& votes, const std::vector<std::string>& exits) const;
   void form_group();
 
   std::shared_ptr<comm::Store> store_;
@@ -104,7 +115,6 @@ class FaultTolerantManager {
   std::vector<int> members_;
   std::vector<int> next_members_;  // set by a failed step; start_quorum() forms them
   std::shared_ptr<comm::ProcessGroup> group_;
-  std::vector<std::shared_ptr<comm::ProcessGroup>> retired_;  // groups with dead peers
   int64_t generation_ = 0;
   int64_t attempt_ = 0;  // should_commit() calls in this generation
   bool step_ok_ = true;
