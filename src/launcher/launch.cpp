@@ -147,7 +147,7 @@ std::vector<WorkerSpec> plan_workers(const LaunchOptions& options, int master_po
       env["TORCHELASTIC_RUN_ID"] = options.run_id;
       // shoal run serves no agent store: ranks meet on the store rank 0 serves (init.cpp).
       env["TORCHELASTIC_USE_AGENT_STORE"] = "False";
-      if (options.fault_tolerant) env["SHOAL_FT_AGENT_STORE"] = "1";
+      if (options.fault_tolerant) env[env::describe(env::Var::kFtAgentStore).name] = "1";
       if (base.count("OMP_NUM_THREADS") == 0) env["OMP_NUM_THREADS"] = "1";
       for (const auto& [name, value] : role.env) env[name] = value;
 

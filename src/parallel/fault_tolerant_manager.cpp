@@ -73,7 +73,7 @@ void FaultTolerantManager::start_quorum() {
                 next_members_.size() == 1 ? "" : "s", " left (ranks ", member_list_text(next_members_),
                 "), fewer than --min-replicas ", options_.min_replicas,
                 ": the job cannot go on; lower --min-replicas or restart it");
-  group_.reset();  // its connections close: a peer still blocked in it fails at once
+  group_.reset();
   members_ = std::move(next_members_);
   next_members_.clear();
   ++generation_;
@@ -94,8 +94,8 @@ void FaultTolerantManager::allreduce(at::Tensor& tensor) {
     log::warn("[rank ", rank_, "] fault tolerance: step ", attempt_, " of generation ",
               generation_, " failed: ", e.what());
     step_ok_ = false;
-    // Closing this group's connections makes the members still blocked in this collective (on
-    // this rank, not on the dead one) fail now rather than at their time-out.
+    // Of no further use (the backend abandons a failed group, connections and all): a member
+    // still blocked on this rank in this collective fails at its time-out.
     group_.reset();
   }
 }

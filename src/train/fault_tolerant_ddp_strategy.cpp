@@ -3,13 +3,13 @@
 #include <torch/types.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <sstream>
 
 #include "parallel/module_sync.h"
 #include "shoal/comm/init.h"
 #include "shoal/comm/process_group.h"
 #include "shoal/comm/store.h"
+#include "shoal/env.h"
 #include "shoal/error.h"
 #include "shoal/train/clip_grad.h"
 #include "shoal/train/trainer.h"
@@ -21,8 +21,7 @@ namespace {
 // any rank may die; else rank 0's, which then must outlive the others.
 std::unique_ptr<parallel::FaultTolerantManager> join_job(parallel::FaultTolerantOptions options) {
   const comm::RankInfo info = comm::detect_rank_info();
-  const char* agent = std::getenv("SHOAL_FT_AGENT_STORE");
-  const bool agent_store = agent != nullptr && std::string(agent) == "1";
+  const bool agent_store = env::flag(env::Var::kFtAgentStore);
   auto store = comm::make_tcp_store(info.master_addr, info.master_port, info.world_size,
                                     info.rank == 0 && !agent_store, options.timeout);
   return std::make_unique<parallel::FaultTolerantManager>(std::move(store), info.rank,
@@ -46,8 +45,8 @@ FaultTolerantDdpStrategy::FaultTolerantDdpStrategy(
     std::unique_ptr<parallel::FaultTolerantManager> manager)
     : manager_(std::move(manager)) {
   SHOAL_CHECK_T(InvalidArgument, manager_ != nullptr, "FaultTolerantDdpStrategy: no manager given");
-  if (const char* path = std::getenv("SHOAL_FT_SAMPLE_LOG"); path != nullptr && *path != '\0') {
-    const std::string file = std::string(path) + ".rank" + std::to_string(manager_->job_rank());
+  if (const auto path = env::text(env::Var::kFtSampleLog)) {
+    const std::string file = *path + ".rank" + std::to_string(manager_->job_rank());
     sample_log_ = std::make_unique<std::ofstream>(file, std::ios::app);
     SHOAL_CHECK_T(InvalidArgument, sample_log_->good(), "SHOAL_FT_SAMPLE_LOG: cannot write ", file);
   }
@@ -118,22 +117,11 @@ double FaultTolerantDdpStrategy::train_step(TrainState& state, const at::Tensor&
   manager_->allreduce(flat);
   const std::string attempt =
       std::to_string(manager_->generation()) + " " + std::to_string(manager_->attempt());
-  if (sample_log_) {
-    std::ostringstream ids;
-    const auto share = share_.accessor<int64_t, 1>();
-    for (int64_t i = 0; i < share.size(0); ++i) ids << " " << share[i];
-    log_line("T " + std::to_string(epoch_) + " " + attempt + ids.str());
-  }
+  log_share(attempt);
   committed_ = manager_->should_commit();
   if (!committed_) return loss;
   log_line("C " + attempt);
-  const at::Tensor total = flat.narrow(0, flat.size(0) - 1, 1);
-  int64_t offset = 0;
-  for (auto& p : parameters_) {
-    at::Tensor mean = flat.narrow(0, offset, p.numel()).view(p.sizes()) / total;
-    p.mutable_grad() = mean;
-    offset += p.numel();
-  }
+  set_mean_gradients(flat);
   if (state.max_grad_norm > 0) {
     state.last_grad_norm = clip_grad_norm_(parameters_, state.max_grad_norm);
   }
@@ -142,6 +130,23 @@ double FaultTolerantDdpStrategy::train_step(TrainState& state, const at::Tensor&
   consumed_ += step_take_;
   trained_ += count;
   return loss;
+}
+
+void FaultTolerantDdpStrategy::set_mean_gradients(const at::Tensor& sums) {
+  const at::Tensor samples = sums.narrow(0, sums.size(0) - 1, 1);
+  int64_t offset = 0;
+  for (auto& p : parameters_) {
+    p.mutable_grad() = sums.narrow(0, offset, p.numel()).view(p.sizes()) / samples;
+    offset += p.numel();
+  }
+}
+
+void FaultTolerantDdpStrategy::log_share(const std::string& attempt) {
+  if (!sample_log_) return;
+  std::ostringstream ids;
+  const auto share = share_.accessor<int64_t, 1>();
+  for (int64_t i = 0; i < share.size(0); ++i) ids << " " << share[i];
+  log_line("T " + std::to_string(epoch_) + " " + attempt + ids.str());
 }
 
 void FaultTolerantDdpStrategy::log_line(const std::string& line) {

@@ -785,6 +785,25 @@ TEST_F(FaultTolerant, FewerThanMinReplicasLeftEndsTheJobClearly) {
   EXPECT_FALSE(fs::exists(dir_ / "weights.rank0.pt")) << "the job trained to its end";
 }
 
+TEST_F(FaultTolerant, RefusesWhatItCannotTrainInOneLine) {
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"--strategy", "fsdp", "--fault-tolerant"}, "--fault-tolerant applies to --strategy ddp"},
+      {{"--strategy", "ddp", "--fault-tolerant", "--sync", "localsgd"}, "--sync localsgd"},
+      {{"--strategy", "ddp", "--fault-tolerant", "--backend", "shm"}, "--backend shm"},
+      {{"--strategy", "ddp", "--fault-tolerant", "--accumulate", "2"}, "--accumulate"},
+      {{"--strategy", "ddp", "--fault-tolerant", "--precision", "bf16"}, "--precision bf16"},
+      {{"--strategy", "ddp", "--min-replicas", "2"}, "--min-replicas applies to --fault-tolerant"},
+  };
+  for (const auto& [flags, says] : cases) {
+    std::vector<std::string> args{"train", "--epochs", "1", "--train-samples", "64"};
+    args.insert(args.end(), flags.begin(), flags.end());
+    const auto result = run_shoal(args);
+    EXPECT_NE(result.code, 0) << says;
+    EXPECT_NE(result.err.find("shoal: error: "), std::string::npos) << result.err;
+    EXPECT_NE(result.err.find(says), std::string::npos) << result.err;
+  }
+}
+
 TEST_F(Launcher, MasterPortZeroPicksOneBindablePortForAll) {
   // Rank 0 binds the port it was given (as the TCP store will); every rank reports it.
   const auto worker = script("port.sh", R"(

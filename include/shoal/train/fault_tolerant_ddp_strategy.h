@@ -14,9 +14,9 @@
 // step splits what is left as evenly as possible. So after a failure the rest of the epoch is
 // dealt over the survivors, and every sample is trained on exactly once per epoch.
 //
-// Not supported (refused by StrategySpec::validate): gradient accumulation, fp16 loss scaling,
-// CUDA, --sync, --model-parallel, --mesh. Buffers (BatchNorm's running statistics) are rank 0's
-// at the start and each rank's own afterwards.
+// Not supported (refused by StrategySpec::validate): gradient accumulation, fp16 and bf16
+// (autocast), CUDA, --sync, --model-parallel, --mesh. Buffers (BatchNorm's running statistics)
+// are rank 0's at the start and each rank's own afterwards.
 //
 // SHOAL_FT_SAMPLE_LOG=PATH appends to PATH.rank<job rank>, for each step this rank trains,
 // "T epoch generation attempt id id ..." (its share) before the vote and "C generation attempt"
@@ -65,6 +65,9 @@ class FaultTolerantDdpStrategy : public Strategy, public StepDealer {
   const parallel::FaultTolerantManager& manager() const { return *manager_; }
 
  private:
+  /// Sets each parameter's gradient from the allreduced [weighted gradients..., samples].
+  void set_mean_gradients(const at::Tensor& sums);
+  void log_share(const std::string& attempt);
   void log_line(const std::string& line);
 
   std::unique_ptr<parallel::FaultTolerantManager> manager_;
