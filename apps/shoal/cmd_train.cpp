@@ -465,6 +465,13 @@ void add_strategy_options(CLI::App& app, TrainCli& cli) {
                  "ddp: when a rank dies, restart all ranks up to this many times, resuming from the "
                  "last intact checkpoint in --checkpoint-dir")
       ->capture_default_str();
+  app.add_flag("--fault-tolerant", spec.fault_tolerant,
+               "ddp: when a rank dies, the others discard the step in flight and go on without\n"
+               "it (no restart); the rest of the epoch is dealt over them. CPU (gloo) only");
+  app.add_option("--min-replicas", spec.min_replicas,
+                 "With --fault-tolerant: the job fails when fewer ranks than this are left")
+      ->check(CLI::Range(1, 65536))
+      ->capture_default_str();
   app.add_option("--replicas", spec.replicas,
                  "With --strategy dp: replicas (CPU slots, one thread each; GPUs with CUDA),\n"
                  "default 2; with --strategy pipeline: data-parallel replicas of the pipeline\n"

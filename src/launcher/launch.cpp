@@ -16,13 +16,17 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <optional>
 #include <thread>
 
 #include "comm/shm/shared_segment.h"
+#include "comm/tcp_store_server.h"
 #include "launcher/signal_relay.h"
 #include "log/error_file.h"
 #include "shoal/comm/flight_recorder.h"
+#include "shoal/comm/store.h"
+#include "shoal/parallel/fault_tolerant_manager.h"
 #include "launcher/worker_group.h"
 #include "security/auth_token.h"
 #include "checkpoint/temp_dir.h"
@@ -143,6 +147,7 @@ std::vector<WorkerSpec> plan_workers(const LaunchOptions& options, int master_po
       env["TORCHELASTIC_RUN_ID"] = options.run_id;
       // shoal run serves no agent store: ranks meet on the store rank 0 serves (init.cpp).
       env["TORCHELASTIC_USE_AGENT_STORE"] = "False";
+      if (options.fault_tolerant) env[env::describe(env::Var::kFtAgentStore).name] = "1";
       if (base.count("OMP_NUM_THREADS") == 0) env["OMP_NUM_THREADS"] = "1";
       for (const auto& [name, value] : role.env) env[name] = value;
 
@@ -345,6 +350,21 @@ bool is_loopback_address(const std::string& host) {
   return all_loopback;
 }
 
+namespace {
+
+// Fault tolerance: node 0's launcher serves the job's store, so that it outlives every worker.
+// The token the server checks is the one plan_workers() hands the workers.
+std::unique_ptr<comm::TcpStoreServer> serve_job_store(const LaunchOptions& options, int port) {
+  if (!options.fault_tolerant || options.node_rank != 0) return nullptr;
+  if (security::token_from_env().empty()) {
+    ::setenv(security::kTokenEnv, security::generate_token().c_str(), 1);
+  }
+  return std::make_unique<comm::TcpStoreServer>(options.master_addr, port,
+                                                security::token_from_env());
+}
+
+}  // namespace
+
 int launch(const LaunchOptions& options) {
   validate(options);
   int master_port = options.master_port != 0 ? options.master_port : pick_free_port();
@@ -384,11 +404,19 @@ int launch(const LaunchOptions& options) {
   WorkerGroupOptions group_options;
   group_options.prefix_output = options.prefix_output;
   group_options.grace_period = options.grace_period;
-  group_options.tolerate_worker_failures = options.tolerate_worker_failures;
+  group_options.tolerate_worker_failures =
+      options.tolerate_worker_failures || options.fault_tolerant;
   group_options.log_name = options.log_name;
   for (int restart = 0;; ++restart) {
     GroupResult result;
     {
+      const auto job_store = serve_job_store(options, master_port);
+      // The survivors' quorum waits for each member's vote or its death: the exit is told at once.
+      std::shared_ptr<comm::Store> marks;
+      if (job_store) marks = comm::make_tcp_store(options.master_addr, master_port, 1, false);
+      group_options.on_exit = [marks](int rank) {
+        if (marks) marks->set_string(parallel::FaultTolerantManager::exit_key(rank), "1");
+      };
       SignalRelay relay;
       WorkerGroup group(plan_workers(options, master_port, restart, log_root, error_root),
                         group_options);
