@@ -2,7 +2,7 @@
 built-in GPT (shoal::models::Gpt): token and position embeddings, pre-LayerNorm blocks of causal
 self-attention (the mask made per forward, as Shoal's) and a 4x GELU MLP, a final LayerNorm, and
 an output head tied to the token embedding; no dropout. The peer `shoal bench ddp --model gpt`
-races Shoal against.
+races Shoal against, and the oracle tests/train/gpt_model.py checks `shoal train --model gpt` with.
 """
 import math
 
@@ -57,7 +57,10 @@ class Block(nn.Module):
 class GPT(nn.Module):
     """forward(idx [B,T], targets [B,T]) -> the mean next-token cross-entropy."""
 
-    def __init__(self, n_layer, n_head, n_embd, block_size, vocab_size):
+    def __init__(self, n_layer, n_head, n_embd, block_size, vocab_size, layer_norm_noise=0.0):
+        """layer_norm_noise: the LayerNorm weights start at 1 plus this much normal noise (drawn
+        in parameter order, after each weight's own initialisation), so that a test sees a
+        LayerNorm swapped or misnamed; 0 leaves them at 1, as nanoGPT does."""
         super().__init__()
         self.transformer = nn.ModuleDict(dict(
             wte=nn.Embedding(vocab_size, n_embd),
@@ -73,11 +76,18 @@ class GPT(nn.Module):
             elif "ln_" not in name:
                 std = 0.02 / math.sqrt(2 * n_layer) if name.endswith("c_proj.weight") else 0.02
                 nn.init.normal_(p, 0.0, std)
+            if layer_norm_noise and "ln_" in name and name.endswith("weight"):
+                with torch.no_grad():
+                    p.add_(layer_norm_noise * torch.randn_like(p))
 
-    def forward(self, idx, targets):
+    def logits(self, idx):
+        """idx [B,T] -> the next-token logits [B,T,vocab]."""
         pos = torch.arange(0, idx.size(1), dtype=torch.long)
         x = self.transformer.wte(idx) + self.transformer.wpe(pos)
         for block in self.transformer.h:
             x = block(x)
-        logits = self.lm_head(self.transformer.ln_f(x))
+        return self.lm_head(self.transformer.ln_f(x))
+
+    def forward(self, idx, targets):
+        logits = self.logits(idx)
         return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)

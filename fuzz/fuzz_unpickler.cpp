@@ -1,5 +1,6 @@
 // libFuzzer target: the checkpoint unpickler (data.pkl of torch.save files) on arbitrary bytes.
-// Every input must end in a value or a CheckpointError: no crash, no unbounded recursion.
+// Every input must end in a value or a CheckpointError: no crash, no unbounded recursion, read
+// as torch.save's data.pkl and as DCP's .metadata.
 #include <cstdint>
 #include <string>
 
@@ -13,11 +14,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (numel > 4096) SHOAL_THROW(shoal::CheckpointError, "storage too large for the fuzzer");
     return at::zeros({numel}, at::TensorOptions().dtype(dtype));
   };
-  try {
-    shoal::checkpoint::detail::Unpickler(std::string_view(reinterpret_cast<const char*>(data), size),
-                                         load_storage, "fuzz")
-        .load();
-  } catch (const shoal::CheckpointError&) {
+  // Each input twice: as a torch.save pickle, and as a DCP checkpoint's .metadata.
+  for (const bool dcp : {false, true}) {
+    shoal::checkpoint::detail::UnpicklerLimits limits;
+    limits.dcp_metadata = dcp;
+    try {
+      shoal::checkpoint::detail::Unpickler(std::string_view(reinterpret_cast<const char*>(data), size),
+                                           load_storage, "fuzz", limits)
+          .load();
+    } catch (const shoal::CheckpointError&) {
+    }
   }
   return 0;
 }

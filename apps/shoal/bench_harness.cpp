@@ -1,7 +1,5 @@
-// The benches' contenders, rounds, temporary folder and report lines (bench_harness.h).
+// The benches' contenders, rounds and report lines (bench_harness.h).
 #include "bench_harness.h"
-
-#include <stdlib.h>
 
 #include <algorithm>
 #include <cmath>
@@ -11,7 +9,6 @@
 #include <nlohmann/json.hpp>
 
 #include "bench_util.h"
-#include "checkpoint/atomic_file.h"
 #include "shoal/error.h"
 
 namespace shoal::cli {
@@ -58,15 +55,6 @@ void run_beside_reference(const std::vector<BenchMode*>& contenders, BenchMode& 
     before = after;
   }
 }
-
-TempDir::TempDir(const std::string& name) {
-  std::string pattern = "/tmp/shoal_bench_" + name + "_XXXXXX";
-  SHOAL_CHECK(::mkdtemp(pattern.data()) != nullptr, "bench ", name,
-              ": cannot create a temporary folder under /tmp");
-  path_ = pattern;
-}
-
-TempDir::~TempDir() { checkpoint::detail::remove_tree(path_); }
 
 ReportLine& ReportLine::put(const std::string& key, std::string json) {
   fields_.emplace_back(key, std::move(json));

@@ -16,6 +16,8 @@
 #include <utility>
 #include <vector>
 
+#include "checkpoint/temp_dir.h"
+
 namespace shoal::cli {
 
 /// One contender of a benchmark, a mode ("shoal_ddp", "pytorch_ddp"), and what its runs measured.
@@ -60,22 +62,13 @@ void run_beside_reference(const std::vector<BenchMode*>& contenders, BenchMode& 
                           int round, const std::function<void(BenchMode&)>& run,
                           const BesideReference& fields);
 
-/// A new folder /tmp/shoal_bench_<name>_XXXXXX, removed with everything in it when the object
+/// A new folder $TMPDIR/shoal_bench_<name>_XXXXXX, removed with everything in it when the object
 /// goes (after an exception too).
-class TempDir {
+class TempDir : public checkpoint::detail::TempDir {
  public:
   /// Throws shoal::Error naming `name`'s benchmark when the folder cannot be made.
-  explicit TempDir(const std::string& name);
-  ~TempDir();
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-
-  const std::string& path() const { return path_; }
-  /// path()/name.
-  std::string file(const std::string& name) const { return path_ + "/" + name; }
-
- private:
-  std::string path_;
+  explicit TempDir(const std::string& name)
+      : checkpoint::detail::TempDir("shoal_bench_" + name + "_", "bench " + name) {}
 };
 
 /// One JSON object of a benchmark's report, on one line: {"key": value, ...}, the keys in the

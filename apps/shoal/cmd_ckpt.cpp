@@ -1,6 +1,7 @@
 // `shoal ckpt inspect FILE` and `shoal ckpt convert IN OUT`: look into torch.save files (Shoal's or
 // Python's) and turn Shoal checkpoints into plain state dicts for Python. A sharded checkpoint's
-// folder (--checkpoint-format sharded) is read whole: every rank's file, assembled.
+// folder (--checkpoint-format sharded) is read whole: every rank's file, assembled; so is a DCP
+// folder (PyTorch's torch.distributed.checkpoint), its tensors assembled from their chunks.
 #include <sys/stat.h>
 
 #include <cstdio>
@@ -156,18 +157,23 @@ void print_value(const std::string& name, const c10::IValue& v, int indent, Line
   }
 }
 
-/// The file's object; a sharded checkpoint's folder assembled into the whole checkpoint.
+/// The file's object; a sharded checkpoint's folder assembled into the whole checkpoint, a DCP
+/// folder's tensors into a state dict (its non-tensor entries left out, with a note).
 c10::IValue load_object(const std::string& path, const ckpt::LoadOptions& load) {
+  if (ckpt::is_dcp_folder(path)) return ckpt::state_dict_to_ivalue(ckpt::load_state_dict_file(path, load));
   if (ckpt::is_directory(path)) return ckpt::to_ivalue(ckpt::load_sharded_checkpoint(path, load));
   return ckpt::load(path, load);
 }
 
 int inspect(const std::string& file, const ckpt::LoadOptions& load) {
-  const bool folder = ckpt::is_directory(file);
+  const bool dcp = ckpt::is_dcp_folder(file);
+  const bool folder = ckpt::is_directory(file) && !dcp;
   const c10::IValue object = load_object(file, load);
   struct stat info {};
   ::stat(file.c_str(), &info);
-  if (folder) {
+  if (dcp) {
+    std::cout << "folder: " << file << " (DCP checkpoint)\n";
+  } else if (folder) {
     const int64_t world = object.toGenericDict().at(std::string("world_size")).toInt();
     int64_t bytes = 0;
     for (int64_t r = 0; r < world; ++r) {
@@ -185,7 +191,8 @@ int inspect(const std::string& file, const ckpt::LoadOptions& load) {
     const bool checkpoint = dict.contains(std::string("model")) || dict.contains(std::string("model_state_dict")) ||
                             dict.contains(std::string("state_dict"));
     std::cout << "content: "
-              << (folder                          ? "sharded training checkpoint, assembled whole"
+              << (dcp                             ? "state dict, assembled from its chunks"
+                  : folder                        ? "sharded training checkpoint, assembled whole"
                   : ckpt::is_shard_object(object) ? "one rank's file of a sharded checkpoint"
                   : checkpoint                    ? "training checkpoint"
                                                   : "dict")
@@ -274,7 +281,8 @@ void add_ckpt_command(CLI::App& root, std::vector<Command>& commands) {
   auto* inspect_app = app->add_subcommand(
       "inspect", "Print a checkpoint's keys, shapes, dtypes, sizes and metadata (epoch, step, config)");
   inspect_app->add_option("FILE", *file,
-                          "a file written by Shoal or by torch.save, or a sharded checkpoint's folder")
+                          "a file written by Shoal or by torch.save, a sharded checkpoint's folder, or "
+                          "a DCP folder (torch.distributed.checkpoint)")
       ->required();
   add_load_options(inspect_app, *inspect_load);
   commands.push_back({inspect_app, [file, inspect_load] { return inspect(*file, *inspect_load); }});
@@ -283,7 +291,8 @@ void add_ckpt_command(CLI::App& root, std::vector<Command>& commands) {
   auto* convert_app = app->add_subcommand(
       "convert", "Rewrite a checkpoint, e.g. extract the model's state dict for Python's load_state_dict");
   convert_app->add_option("IN", options->input,
-                          "the checkpoint to read (a file, or a sharded checkpoint's folder)")
+                          "the checkpoint to read (a file, a sharded checkpoint's folder, or a DCP folder: "
+                          "its tensors, assembled whole)")
       ->required();
   convert_app->add_option("OUT", options->output,
                           "the file to write (torch.save format), or with --format dcp a new folder")

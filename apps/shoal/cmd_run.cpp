@@ -24,6 +24,7 @@ struct RunArgs {
   std::string nproc_per_node = "1";
   int num_servers = 0;
   bool tolerate_worker_failures = false;
+  bool fault_tolerant = false;
   std::string nnodes = "1";
   int node_rank = 0;
   std::string master_addr = "127.0.0.1";
@@ -152,6 +153,10 @@ void add_process_flags(CLI::App& app, RunArgs& args) {
   app.add_flag("--tolerate-worker-failures", args.tolerate_worker_failures,
                "a failed worker does not stop the others (parameter server under asp/ssp); a\n"
                "failed server still stops the job");
+  app.add_flag("--fault-tolerant", args.fault_tolerant,
+               "for `shoal train --fault-tolerant`: this launcher serves the job's store and a\n"
+               "failed worker does not stop the others (on when the worker's arguments have\n"
+               "--fault-tolerant)");
   args.nnodes_flag = app.add_option("--nnodes", args.nnodes,
                                     "number of nodes of the job: N, or MIN:MAX with MIN == MAX (no "
                                     "elastic ranges)")
@@ -310,6 +315,10 @@ launcher::LaunchOptions launch_options(const RunArgs& args, int nproc_per_node,
   options.prefix_output = !args.no_prefix;
   options.max_restarts = args.max_restarts;
   options.tolerate_worker_failures = args.tolerate_worker_failures;
+  options.fault_tolerant = args.fault_tolerant;
+  for (const auto& role : options.roles) {
+    for (const auto& arg : role.command) options.fault_tolerant |= arg == "--fault-tolerant";
+  }
   options.log_dir = args.log_dir;
   options.redirects = launcher::StreamLogs::parse(args.redirects, "--redirects");
   options.tee = launcher::StreamLogs::parse(args.tee, "--tee");

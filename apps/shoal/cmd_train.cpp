@@ -112,7 +112,7 @@ int run_ps_server(const train::TrainOptions& options, const train::StrategySpec&
   server.staleness = spec.staleness;
   server.worker_timeout =
       std::chrono::milliseconds(static_cast<long long>(spec.worker_timeout_s * 1000));
-  const train::Optimizer optimizer = train::parse_optimizer(options.optimizer);
+  const train::Optimizer optimizer = options.optimizer;
   if (optimizer == train::Optimizer::kSgd) {
     SHOAL_CHECK_T(InvalidArgument, options.weight_decay.value_or(0) == 0,
                   "--weight-decay with --optimizer sgd is not supported with --strategy ps; use "
@@ -169,13 +169,24 @@ bool bound_by_launcher() {
   return CPU_EQUAL(&both, &own) && CPU_COUNT(&own) < CPU_COUNT(&parent);
 }
 
+/// A closed choice's flag: the name given is parsed into `field` here, at the edge; --help
+/// offers the table's choices and shows the default's name.
+template <typename Enum>
+CLI::Option* add_choice(CLI::App& app, const std::string& flag, Enum& field,
+                        Enum (*parse)(const std::string&), const char* (*name)(Enum),
+                        const std::string& description) {
+  return app
+      .add_option_function<std::string>(
+          flag, [&field, parse](const std::string& given) { field = parse(given); }, description)
+      ->check(CLI::IsMember(train::train_option_choices(flag)))
+      ->default_str(name(field));
+}
+
 /// The options of the training features, named after PyTorch's arguments.
 void add_training_feature_options(CLI::App& app, train::TrainOptions& options) {
-  app.add_option("--optimizer", options.optimizer,
-                 "sgd (--lr, --momentum), adam or adamw (torch.optim.Adam / AdamW: --lr, --betas,\n"
-                 "--eps, --weight-decay)")
-      ->check(CLI::IsMember(train::train_option_choices("--optimizer")))
-      ->capture_default_str();
+  add_choice(app, "--optimizer", options.optimizer, train::parse_optimizer, train::optimizer_name,
+             "sgd (--lr, --momentum), adam or adamw (torch.optim.Adam / AdamW: --lr, --betas,\n"
+             "--eps, --weight-decay)");
   app.add_option_function<std::vector<double>>(
          "--betas",
          [&options](const std::vector<double>& values) {
@@ -218,12 +229,10 @@ void add_training_feature_options(CLI::App& app, train::TrainOptions& options) {
                  "reduces once per step, in no_sync before)")
       ->check(CLI::Range(int64_t{1}, int64_t{65536}))
       ->capture_default_str();
-  app.add_option("--precision", options.precision,
-                 "fp32, or bf16: forward and loss under CPU autocast to bfloat16 (weights, gradients\n"
-                 "and optimizer stay float32), or fp16: autocast to float16 with a loss scaler\n"
-                 "(torch.amp.GradScaler: inf/NaN steps skipped); needs --device cuda or LibTorch >= 2.4")
-      ->check(CLI::IsMember(train::train_option_choices("--precision")))
-      ->capture_default_str();
+  add_choice(app, "--precision", options.precision, train::parse_precision, train::precision_name,
+             "fp32, or bf16: forward and loss under CPU autocast to bfloat16 (weights, gradients\n"
+             "and optimizer stay float32), or fp16: autocast to float16 with a loss scaler\n"
+             "(torch.amp.GradScaler: inf/NaN steps skipped); needs --device cuda or LibTorch >= 2.4");
   app.add_option("--device", options.device,
                  "cpu, or cuda / cuda:N: the model, each batch and autocast on that GPU (cuda = the\n"
                  "GPU of this rank's local rank); --strategy single or ddp")
@@ -236,22 +245,18 @@ void add_token_data_options(CLI::App& app, train::TrainOptions& options) {
                  "--model gpt with --data TRAIN.bin: the validation token file (nanoGPT's\n"
                  "val.bin), evaluated after each epoch: loss and perplexity")
       ->type_name("FILE");
-  app.add_option("--token-dtype", options.token_dtype,
-                 "Token files' id width: uint16 (nanoGPT's, `shoal data tokenize`) or uint32")
-      ->check(CLI::IsMember(train::train_option_choices("--token-dtype")))
-      ->capture_default_str();
+  add_choice(app, "--token-dtype", options.token_dtype, data::parse_token_dtype,
+             data::token_dtype_name,
+             "Token files' id width: uint16 (nanoGPT's, `shoal data tokenize`) or uint32");
 }
 
-/// What is trained and on what loss: --loss, parsed into train::Loss here.
+/// What is trained and on what loss.
 void add_model_options(CLI::App& app, train::TrainOptions& options) {
-  app.add_option_function<std::string>(
-         "--loss", [&options](const std::string& name) { options.loss = train::parse_loss(name); },
-                 "The loss minimized on the model's output, with PyTorch's mean reduction:\n"
-                 "cross_entropy or nll (class targets; accuracy reported), mse, l1, smooth_l1\n"
-                 "or bce_with_logits (float targets of the output's shape, from --data). A\n"
-                 "model that computes its own loss (forward(inputs, targets)) ignores it")
-      ->check(CLI::IsMember(train::train_option_choices("--loss")))
-      ->default_str("cross_entropy");
+  add_choice(app, "--loss", options.loss, train::parse_loss, train::loss_name,
+             "The loss minimized on the model's output, with PyTorch's mean reduction:\n"
+             "cross_entropy or nll (class targets; accuracy reported), mse, l1, smooth_l1\n"
+             "or bce_with_logits (float targets of the output's shape, from --data). A\n"
+             "model that computes its own loss (forward(inputs, targets)) ignores it");
   add_gpt_size_options(app, options.gpt);
   app.add_option("--dropout", options.gpt.dropout, "--model gpt: dropout in training, in [0, 1)")
       ->capture_default_str();
@@ -418,14 +423,13 @@ CLI::Option* add_run_options(CLI::App& app, train::TrainOptions& options) {
       ->capture_default_str();
   app.add_option("--momentum", options.momentum, "SGD momentum, in [0, 1)")
       ->capture_default_str();
-  app.add_option("--lr-schedule", options.lr_schedule,
-                 "constant; cosine: PyTorch's CosineAnnealingLR (T_max = --t-max, default every\n"
-                 "step of the run after the warm-up; eta_min 0); step: StepLR (--step-size,\n"
-                 "--gamma); multistep: MultiStepLR (--milestones, --gamma). Stepped after each\n"
-                 "optimizer step, after --warmup-steps of LinearLR (SequentialLR); with\n"
-                 "--strategy ps the servers' optimizer follows it")
-      ->check(CLI::IsMember(train::train_option_choices("--lr-schedule")))
-      ->capture_default_str();
+  add_choice(app, "--lr-schedule", options.lr_schedule, train::parse_lr_schedule,
+             train::lr_schedule_name,
+             "constant; cosine: PyTorch's CosineAnnealingLR (T_max = --t-max, default every\n"
+             "step of the run after the warm-up; eta_min 0); step: StepLR (--step-size,\n"
+             "--gamma); multistep: MultiStepLR (--milestones, --gamma). Stepped after each\n"
+             "optimizer step, after --warmup-steps of LinearLR (SequentialLR); with\n"
+             "--strategy ps the servers' optimizer follows it");
   add_training_feature_options(app, options);
   add_model_options(app, options);
   app.add_option("--seed", options.seed,
@@ -461,6 +465,13 @@ void add_strategy_options(CLI::App& app, TrainCli& cli) {
                  "ddp: when a rank dies, restart all ranks up to this many times, resuming from the "
                  "last intact checkpoint in --checkpoint-dir")
       ->capture_default_str();
+  app.add_flag("--fault-tolerant", spec.fault_tolerant,
+               "ddp: when a rank dies, the others discard the step in flight and go on without\n"
+               "it (no restart); the rest of the epoch is dealt over them. CPU (gloo) only");
+  app.add_option("--min-replicas", spec.min_replicas,
+                 "With --fault-tolerant: the job fails when fewer ranks than this are left")
+      ->check(CLI::Range(1, 65536))
+      ->capture_default_str();
   app.add_option("--replicas", spec.replicas,
                  "With --strategy dp: replicas (CPU slots, one thread each; GPUs with CUDA),\n"
                  "default 2; with --strategy pipeline: data-parallel replicas of the pipeline\n"
@@ -495,14 +506,13 @@ void add_checkpoint_options(CLI::App& app, train::TrainOptions& options) {
   app.add_option("--checkpoint-dir", options.checkpoint_dir,
                  "Save a checkpoint (torch.save format) here after every epoch; rank 0 writes")
       ->type_name("DIR");
-  app.add_option("--checkpoint-format", options.checkpoint_format,
-                 "full: one file with the whole model and optimizer state, gathered to rank 0\n"
-                 "(torch.load reads it). sharded (--strategy fsdp): each rank writes its own\n"
-                 "shard, DIR/checkpoint_N.sharded/rank_R.pt, nothing gathered; --resume at any\n"
-                 "number of processes re-shards it; `shoal ckpt convert` makes it one full file\n"
-                 "(PyTorch FSDP's FULL_STATE_DICT and SHARDED_STATE_DICT)")
-      ->check(CLI::IsMember(train::train_option_choices("--checkpoint-format")))
-      ->capture_default_str();
+  add_choice(app, "--checkpoint-format", options.checkpoint_format,
+             train::parse_checkpoint_format, train::checkpoint_format_name,
+             "full: one file with the whole model and optimizer state, gathered to rank 0\n"
+             "(torch.load reads it). sharded (--strategy fsdp): each rank writes its own\n"
+             "shard, DIR/checkpoint_N.sharded/rank_R.pt, nothing gathered; --resume at any\n"
+             "number of processes re-shards it; `shoal ckpt convert` makes it one full file\n"
+             "(PyTorch FSDP's FULL_STATE_DICT and SHARDED_STATE_DICT)");
   app.add_option("--checkpoint-every", options.checkpoint_every,
                  "Also save every N SGD steps (0 = only after epochs)")
       ->capture_default_str();
@@ -516,7 +526,8 @@ void add_checkpoint_options(CLI::App& app, train::TrainOptions& options) {
                "its share of them; shards are re-dealt for the new world size)");
   app.add_option("--init-from", options.init_from,
                  "Start from the weights of this state dict (torch.save(model.state_dict()) from\n"
-                 "Python, or a file Shoal saved) instead of the seed's initialisation")
+                 "Python, a file Shoal saved, or a DCP folder from torch.distributed.checkpoint)\n"
+                 "instead of the seed's initialisation")
       ->type_name("FILE");
 }
 

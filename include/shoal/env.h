@@ -50,6 +50,8 @@ enum class Var {
   kSourceDir,
   kRestartCount,
   kGlooSocketIfname,
+  kFtAgentStore,
+  kFtSampleLog,
 };
 
 /// How a variable's value is read.

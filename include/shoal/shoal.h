@@ -32,6 +32,7 @@
 #include "shoal/parallel/comm_hooks.h"
 #include "shoal/parallel/data_parallel.h"
 #include "shoal/parallel/distributed_data_parallel.h"
+#include "shoal/parallel/fault_tolerant_manager.h"
 #include "shoal/parallel/fully_sharded_data_parallel.h"
 #include "shoal/parallel/grad_bucket.h"
 #include "shoal/parallel/join.h"
@@ -73,6 +74,7 @@
 #include "shoal/train/clip_grad.h"
 #include "shoal/train/data_parallel_strategy.h"
 #include "shoal/train/ddp_strategy.h"
+#include "shoal/train/fault_tolerant_ddp_strategy.h"
 #include "shoal/train/fsdp_strategy.h"
 #include "shoal/train/grad_scaler.h"
 #include "shoal/train/local_sgd_strategy.h"
@@ -96,6 +98,7 @@
 #include "shoal/pipeline/pipeline_partition.h"
 #include "shoal/pipeline/pipeline_sequential.h"
 #include "shoal/pipeline/schedule.h"
+#include "shoal/pipeline/tied_parameters.h"
 
 #include "shoal/ps/consistency.h"
 #include "shoal/ps/job.h"

@@ -2,6 +2,7 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cstring>
 #include <fstream>
 #include <map>
@@ -9,13 +10,16 @@
 #include "checkpoint/atomic_file.h"
 #include "checkpoint/checksum_manifest.h"
 #include "checkpoint/pickler.h"
+#include "checkpoint/torch_save_reader.h"
 #include "checkpoint/torch_save_writer.h"
 #include "checkpoint/unpickler.h"
 #include "checkpoint/zip_directory.h"
 #include "compat/torch_archive.h"
 #include "data/regular_file.h"
+#include "shoal/checkpoint/dcp.h"
 #include "shoal/checkpoint/sharded_checkpoint.h"
 #include "shoal/error.h"
+#include "shoal/log.h"
 
 namespace shoal::checkpoint {
 namespace {
@@ -30,28 +34,37 @@ using detail::Checksum;
 using detail::crc32_of;
 using detail::kChecksumRecord;
 
-/// An opened archive whose records are checked against the saved checksums as they are read.
+/// An opened archive whose records are checked against the saved checksums as they are read: a
+/// whole file, or the bytes [offset, offset + length) of one (a DCP blob), named `where` in errors.
 class CheckedArchive {
  public:
-  explicit CheckedArchive(const std::string& path) : path_(path) {
+  explicit CheckedArchive(const std::string& path) : CheckedArchive(path, path, 0, UINT64_MAX) {}
+
+  CheckedArchive(const std::string& path, const std::string& where, uint64_t offset, uint64_t length)
+      : path_(where) {
     const uint64_t file_bytes = data::detail::require_regular_file<CheckpointError>(path);
+    length = std::min(length, file_bytes - std::min(offset, file_bytes));
     char magic[4] = {};
-    std::ifstream(path, std::ios::binary).read(magic, sizeof(magic));
-    SHOAL_CHECK_T(CheckpointError, static_cast<uint8_t>(magic[0]) != 0x80, path,
+    std::ifstream file(path, std::ios::binary);
+    file.seekg(static_cast<std::streamoff>(offset));
+    file.read(magic, static_cast<std::streamsize>(std::min<uint64_t>(sizeof(magic), length)));
+    SHOAL_CHECK_T(CheckpointError, static_cast<uint8_t>(magic[0]) != 0x80, where,
                   ": is in the legacy torch.save format (PyTorch < 1.6); re-save it with a newer "
                   "PyTorch (torch.save(torch.load(f), f))");
-    SHOAL_CHECK_T(CheckpointError, std::memcmp(magic, "PK\x03\x04", 4) == 0, path,
+    SHOAL_CHECK_T(CheckpointError, std::memcmp(magic, "PK\x03\x04", 4) == 0, where,
                   ": is not a torch.save file (it does not start like a zip archive)");
-    detail::check_declared_sizes(detail::ZipDirectory(path), path);
+    detail::check_declared_sizes(detail::ZipDirectory(path, offset, length), where);
     try {
-      reader_ = std::make_unique<compat::TorchArchiveReader>(path);
+      reader_ = offset == 0 && length == file_bytes
+                    ? std::make_unique<compat::TorchArchiveReader>(path)
+                    : std::make_unique<compat::TorchArchiveReader>(path, offset, length);
     } catch (const c10::Error& e) {
-      SHOAL_THROW(CheckpointError, path, ": is truncated or corrupt (", file_bytes,
+      SHOAL_THROW(CheckpointError, where, ": is truncated or corrupt (", length,
                   " bytes; the zip archive cannot be read: ", first_line(e.what_without_backtrace()), ")");
     }
-    SHOAL_CHECK_T(CheckpointError, !reader_->has_record("constants.pkl"), path,
+    SHOAL_CHECK_T(CheckpointError, !reader_->has_record("constants.pkl"), where,
                   ": is a TorchScript archive (torch.jit.save); Shoal loads torch.save files");
-    SHOAL_CHECK_T(CheckpointError, reader_->has_record("data.pkl"), path,
+    SHOAL_CHECK_T(CheckpointError, reader_->has_record("data.pkl"), where,
                   ": is a zip archive without data.pkl: not a torch.save file");
     if (reader_->has_record(kChecksumRecord)) {
       parse_manifest(raw(kChecksumRecord));
@@ -59,7 +72,7 @@ class CheckedArchive {
     }
     if (reader_->has_record("byteorder")) {
       const std::string order = read("byteorder");
-      SHOAL_CHECK_T(CheckpointError, order == "little", path, ": was written on a ", order,
+      SHOAL_CHECK_T(CheckpointError, order == "little", where, ": was written on a ", order,
                     "-endian machine; Shoal reads little-endian files only");
     }
   }
@@ -138,8 +151,9 @@ void save(const c10::IValue& object, const std::string& path) {
   file.commit();
 }
 
-c10::IValue load(const std::string& path, const LoadOptions& options) {
-  CheckedArchive archive(path);
+namespace {
+
+c10::IValue load_archive(CheckedArchive& archive, const std::string& path, const LoadOptions& options) {
   const std::string pickle = archive.read("data.pkl");
   auto load_storage = [&](const std::string& key, c10::ScalarType dtype, int64_t numel) {
     const std::string name = "data/" + key;
@@ -176,6 +190,24 @@ c10::IValue load(const std::string& path, const LoadOptions& options) {
   return object;
 }
 
+}  // namespace
+
+c10::IValue load(const std::string& path, const LoadOptions& options) {
+  CheckedArchive archive(path);
+  return load_archive(archive, path, options);
+}
+
+namespace detail {
+
+c10::IValue load_torch_save_blob(const std::string& path, uint64_t offset, uint64_t length,
+                                 const LoadOptions& options) {
+  const std::string where = path + " (bytes " + std::to_string(offset) + "+" + std::to_string(length) + ")";
+  CheckedArchive archive(path, where, offset, length);
+  return load_archive(archive, where, options);
+}
+
+}  // namespace detail
+
 c10::IValue state_dict_to_ivalue(const StateDict& state) {
   c10::Dict<std::string, at::Tensor> dict;
   for (const auto& item : state) dict.insert(item.key(), item.value());
@@ -207,6 +239,15 @@ void save_state_dict(const StateDict& state, const std::string& path) {
 }
 
 StateDict load_state_dict_file(const std::string& path, const LoadOptions& options) {
+  if (is_dcp_folder(path)) {
+    DcpContents dcp = load_dcp(path, options);
+    if (!dcp.skipped.empty()) {
+      log::info("shoal: ", path, ": left out ", dcp.skipped.size(), " non-tensor entries of the DCP checkpoint (",
+                dcp.skipped.front(), dcp.skipped.size() > 1 ? ", ..." : "", ")");
+    }
+    if (all_keys_have_prefix(dcp.tensors, kWrapperPrefix)) return strip_prefix(dcp.tensors, kWrapperPrefix);
+    return dcp.tensors;
+  }
   if (is_directory(path)) return load_sharded_checkpoint(path, options).model;
   return state_dict_from_ivalue(load(path, options), path);
 }

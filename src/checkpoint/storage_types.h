@@ -17,4 +17,8 @@ std::string storage_type_name(c10::ScalarType dtype);
 /// "torch.storage.UntypedStorage" = uint8), or nullopt when it is not a storage class.
 std::optional<c10::ScalarType> storage_dtype(const std::string& qualified_name);
 
+/// The dtype Python names `qualified_name` ("torch.float32"), or nullopt when it names none of
+/// the dtypes torch.save can store.
+std::optional<c10::ScalarType> torch_dtype(const std::string& qualified_name);
+
 }  // namespace shoal::checkpoint::detail

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 #include <set>
+#include <unordered_set>
 
 #include "checkpoint/pickle_opcodes.h"
 #include "checkpoint/storage_types.h"
@@ -39,6 +40,24 @@ const std::set<std::string> kScriptCallable = {
     "torch.jit._pickle.build_doublelist", "torch.jit._pickle.build_boollist",
     "torch.jit._pickle.build_tensorlist", "torch.jit._pickle.build_complexlist",
     "torch.jit._pickle.restore_type_tag",
+};
+
+// What a DCP checkpoint's .metadata adds (see Limits::dcp_metadata): its dataclasses, built with
+// NEWOBJ and BUILD, and the functions that rebuild their layout, memory-format and path fields.
+const std::set<std::string> kDcpClasses = {
+    "torch.distributed.checkpoint.metadata.Metadata",
+    "torch.distributed.checkpoint.metadata.StorageMeta",
+    "torch.distributed.checkpoint.metadata.TensorStorageMetadata",
+    "torch.distributed.checkpoint.metadata.TensorProperties",
+    "torch.distributed.checkpoint.metadata.ChunkStorageMetadata",
+    "torch.distributed.checkpoint.metadata.BytesStorageMetadata",
+    "torch.distributed.checkpoint.metadata.MetadataIndex",
+    "torch.distributed.checkpoint.filesystem._StorageInfo",
+};
+const std::set<std::string> kDcpCallable = {
+    "torch.serialization._get_layout",
+    "torch.distributed.checkpoint.metadata._MEM_FORMAT_ENCODING",
+    "pathlib.PosixPath",
 };
 
 bool is_script_class(const std::string& name) { return name.rfind("__torch__.", 0) == 0; }
@@ -143,12 +162,14 @@ const Unpickler::Global* Unpickler::as_global(const c10::IValue& value) {
 }
 
 bool Unpickler::is_callable(const std::string& name) const {
-  return kCallable.count(name) > 0 || (limits_.script_objects && kScriptCallable.count(name) > 0);
+  return kCallable.count(name) > 0 || (limits_.script_objects && kScriptCallable.count(name) > 0) ||
+         (limits_.dcp_metadata && kDcpCallable.count(name) > 0);
 }
 
 bool Unpickler::allowed_global(const std::string& name) const {
   return is_callable(name) || kTypes.count(name) > 0 || storage_dtype(name).has_value() ||
-         (limits_.script_objects && is_script_class(name));
+         (limits_.script_objects && is_script_class(name)) ||
+         (limits_.dcp_metadata && (kDcpClasses.count(name) > 0 || torch_dtype(name).has_value()));
 }
 
 void Unpickler::push_global(const std::string& module, const std::string& name) {
@@ -157,13 +178,17 @@ void Unpickler::push_global(const std::string& module, const std::string& name) 
     fail("refers to '" + full +
          "', which Shoal does not load: only tensors, containers and plain values are accepted");
   }
+  if (limits_.dcp_metadata && torch_dtype(full).has_value()) {
+    stack_.emplace_back(full);  // a value, never called: see Limits::dcp_metadata
+    return;
+  }
   stack_.push_back(c10::IValue::make_capsule(c10::make_intrusive<Global>(full)));
 }
 
 c10::IValue Unpickler::load() {
   try {
     c10::IValue result = load_unchecked();
-    check_acyclic(result);
+    release_unreachable(check_acyclic(result));
     return result;
   } catch (...) {
     empty_containers();
@@ -270,7 +295,7 @@ void Unpickler::contains(const c10::IValue& container, const c10::IValue& item) 
   check_values(shape.values);
 }
 
-void Unpickler::check_acyclic(const c10::IValue& root) const {
+std::unordered_set<const void*> Unpickler::check_acyclic(const c10::IValue& root) const {
   // Depth-first, with an explicit stack: a container met again while it is still on the path is a
   // cycle; one met again after it was finished is merely shared (torch.save memoizes those).
   // Nesting and the values held are checked here too, since a container filled after it was
@@ -324,12 +349,17 @@ void Unpickler::check_acyclic(const c10::IValue& root) const {
     const c10::IValue child = frame.items[frame.next++];
     enter(child);
   }
+  std::unordered_set<const void*> reached;
+  for (const auto& [id, mark] : marks) reached.insert(id);
+  return reached;
 }
 
-void Unpickler::empty_containers() {
-  // Emptying every list and dict breaks every cycle (a tuple cannot close one by itself) and
-  // leaves each container to be destroyed on its own, without a recursion as deep as the nesting.
+void Unpickler::release_unreachable(const std::unordered_set<const void*>& reached) {
+  // What the pickle built but left out of its result (left on the stack at STOP, or only in the
+  // memo) may hold a cycle that nothing walks: emptying it breaks the cycle, and touches nothing
+  // the caller gets.
   for (auto& c : containers_) {
+    if (reached.count(c.internalToPointer()) > 0) continue;
     if (c.isList()) c.toList().clear();
     if (c.isGenericDict()) c.toGenericDict().clear();
   }
@@ -337,6 +367,12 @@ void Unpickler::empty_containers() {
   memo_.clear();
   containers_.clear();
   shapes_.clear();
+}
+
+void Unpickler::empty_containers() {
+  // Emptying every list and dict breaks every cycle (a tuple cannot close one by itself) and
+  // leaves each container to be destroyed on its own, without a recursion as deep as the nesting.
+  release_unreachable({});
 }
 
 c10::IValue Unpickler::load_unchecked() {
@@ -462,6 +498,7 @@ c10::IValue Unpickler::load_unchecked() {
           if (items.size() % 2 != 0) fail("a dict with an odd number of items");
           auto dict = new_dict();
           for (size_t i = 0; i < items.size(); i += 2) {
+            rekey(items[i], items[i + 1]);
             charge_key(items[i]);
             dict.toGenericDict().insert_or_assign(items[i], items[i + 1]);
           }
@@ -489,23 +526,14 @@ c10::IValue Unpickler::load_unchecked() {
           c10::IValue value = pop();
           c10::IValue key = pop();
           if (!top().isGenericDict()) fail("SETITEM on something that is not a dict");
-          contains(top(), key);
-          contains(top(), value);
-          charge_key(key);
-          top().toGenericDict().insert_or_assign(std::move(key), std::move(value));
+          set_item(top(), std::move(key), std::move(value));
           break;
         }
         case op::kSetItems: {
           auto items = pop_to_mark();
           if (items.size() % 2 != 0) fail("SETITEMS with an odd number of items");
           if (!top().isGenericDict()) fail("SETITEMS on something that is not a dict");
-          auto dict = top().toGenericDict();
-          for (size_t i = 0; i < items.size(); i += 2) {
-            contains(top(), items[i]);
-            contains(top(), items[i + 1]);
-            charge_key(items[i]);
-            dict.insert_or_assign(items[i], items[i + 1]);
-          }
+          for (size_t i = 0; i < items.size(); i += 2) set_item(top(), items[i], items[i + 1]);
           break;
         }
         case op::kBinPut:
@@ -577,10 +605,39 @@ void Unpickler::reduce() {
   stack_.push_back(call(global->name, args.toTupleRef().elements().vec()));
 }
 
+void Unpickler::set_item(const c10::IValue& dict, c10::IValue key, c10::IValue value) {
+  rekey(key, value);
+  contains(dict, key);
+  contains(dict, value);
+  charge_key(key);
+  dict.toGenericDict().insert_or_assign(std::move(key), std::move(value));
+}
+
+void Unpickler::rekey(c10::IValue& key, c10::IValue& value) {
+  if (!is_object(key)) return;
+  value = track(c10::ivalue::Tuple::create({key, value}));
+  key = std::string(kObjectKeyPrefix) + std::to_string(object_keys_++);
+}
+
+bool Unpickler::is_object(const c10::IValue& value) const {
+  if (!limits_.dcp_metadata || !value.isGenericDict()) return false;
+  const auto dict = value.toGenericDict();
+  return dict.find(c10::IValue(std::string(kClassKey))) != dict.end();
+}
+
 void Unpickler::new_object() {
   c10::IValue args = pop();
   c10::IValue cls = pop();
   const Global* global = as_global(cls);
+  if (limits_.dcp_metadata && global != nullptr && kDcpClasses.count(global->name) > 0) {
+    if (!args.isTuple() || !args.toTupleRef().elements().empty()) {
+      fail("NEWOBJ of '" + global->name + "' with arguments (DCP's dataclasses are built from their state)");
+    }
+    c10::IValue object = track(new_dict());
+    set_item(object, std::string(kClassKey), global->name);
+    stack_.push_back(std::move(object));
+    return;
+  }
   if (!limits_.script_objects || global == nullptr || !is_script_class(global->name)) {
     fail("NEWOBJ of something that is not a TorchScript class");
   }
@@ -597,6 +654,7 @@ c10::IValue Unpickler::call(const std::string& function, std::vector<c10::IValue
     if (!args.empty()) fail("OrderedDict built from arguments is not supported");
     return track(new_dict());
   }
+  if (kDcpCallable.count(function) > 0) return call_dcp(function, args);
   if (function == "torch._utils._rebuild_tensor_v2") return rebuild_tensor(args, 6);
   if (function == "torch._utils._rebuild_tensor") return rebuild_tensor(args, 4);
   if (function == "torch._utils._rebuild_parameter" ||
@@ -639,6 +697,22 @@ c10::IValue Unpickler::call(const std::string& function, std::vector<c10::IValue
     return bytes;
   }
   fail("'" + function + "' is not callable here");
+}
+
+c10::IValue Unpickler::call_dcp(const std::string& function, const std::vector<c10::IValue>& args) {
+  if (function == "pathlib.PosixPath") {
+    std::string path;
+    for (const auto& part : args) {
+      if (!part.isString()) fail("pathlib.PosixPath of something that is not a string");
+      path += (path.empty() ? "" : "/") + part.toStringRef();
+    }
+    return path;
+  }
+  const bool layout = function == "torch.serialization._get_layout";
+  if (args.size() != 1 || (layout ? !args[0].isString() : !args[0].isInt())) {
+    fail("'" + function + "' with unexpected arguments");
+  }
+  return args[0];  // the layout's name ("torch.strided"), the memory format's number
 }
 
 c10::IValue Unpickler::rebuild_tensor(const std::vector<c10::IValue>& args, size_t required) {
@@ -690,10 +764,28 @@ c10::IValue Unpickler::rebuild_tensor(const std::vector<c10::IValue>& args, size
 void Unpickler::build() {
   c10::IValue state = pop();
   c10::IValue& target = top();
+  if (is_object(target)) {
+    build_object(target, state);
+    return;
+  }
   // OrderedDict state dicts carry `_metadata` (module versions), and tensors may carry Python
   // attributes: neither matters to Shoal, so the state is dropped.
   if (target.isGenericDict() || target.isTensor()) return;
   fail("BUILD on something other than a dict or tensor");
+}
+
+void Unpickler::build_object(const c10::IValue& object, const c10::IValue& state) {
+  if (!state.isGenericDict()) {
+    set_item(object, std::string("__state__"), state);  // TensorProperties: its __getstate__ tuple
+    return;
+  }
+  if (state.internalToPointer() == object.internalToPointer()) fail("an object built from itself");
+  for (const auto& field : state.toGenericDict()) {
+    if (field.key().isString() && field.key().toStringRef() == kClassKey) {
+      fail(std::string("an object whose state sets '") + kClassKey + "'");
+    }
+    set_item(object, field.key(), field.value());
+  }
 }
 
 void Unpickler::persistent_load() {

@@ -36,6 +36,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 namespace shoal::checkpoint::detail {
@@ -57,6 +58,15 @@ struct UnpicklerLimits {
   /// `__torch__` namespace built with NEWOBJ, each read as a dict and its state dropped (only its
   /// tensors and containers are of interest), and torch.jit._pickle's typed-list rebuilders.
   bool script_objects = false;
+  /// Accept the classes of a DCP checkpoint's `.metadata` (torch.distributed.checkpoint: Metadata,
+  /// its storage and chunk records, _StorageInfo, StorageMeta) as plain data: each object is read
+  /// as a dict whose "__class__" holds its qualified name, filled by BUILD from its state (a dict
+  /// of fields merged in, any other state kept under "__state__"). A dtype global (torch.float32)
+  /// reads as its name, torch.serialization._get_layout(name) as the name,
+  /// _MEM_FORMAT_ENCODING(n) as n and pathlib.PosixPath(parts) as the joined path. An object used
+  /// as a dict key (MetadataIndex) cannot be hashed as a key: the entry is stored under the key
+  /// kObjectKeyPrefix + a serial number, its value the tuple (key object, value).
+  bool dcp_metadata = false;
 };
 
 class Unpickler {
@@ -90,6 +100,10 @@ class Unpickler {
   /// What one memo entry costs (a node of memo_): a pickle may memoize every object it builds,
   /// under as many ids as it likes, for 5 bytes of LONG_BINPUT each.
   static constexpr uint64_t kMemoBytes = 64;
+  /// See Limits::dcp_metadata: the key of a dict entry whose Python key was an object.
+  static constexpr const char* kObjectKeyPrefix = "\x01object ";
+  /// See Limits::dcp_metadata: the key naming an object's class.
+  static constexpr const char* kClassKey = "__class__";
 
   /// `where` names the pickle in error messages ("run/ckpt.pt: data.pkl").
   Unpickler(std::string_view data, StorageLoader load_storage, std::string where, Limits limits = {});
@@ -113,6 +127,11 @@ class Unpickler {
   void reduce();
   void new_object();
   void build();
+  void build_object(const c10::IValue& object, const c10::IValue& state);
+  c10::IValue call_dcp(const std::string& function, const std::vector<c10::IValue>& args);
+  bool is_object(const c10::IValue& value) const;
+  void rekey(c10::IValue& key, c10::IValue& value);
+  void set_item(const c10::IValue& dict, c10::IValue key, c10::IValue value);
   void persistent_load();
   c10::IValue call(const std::string& function, std::vector<c10::IValue> args);
   c10::IValue rebuild_tensor(const std::vector<c10::IValue>& args, size_t required);
@@ -126,7 +145,8 @@ class Unpickler {
   void memoize(uint64_t id);
   void contains(const c10::IValue& container, const c10::IValue& item);
   void charge_key(const c10::IValue& key);
-  void check_acyclic(const c10::IValue& root) const;
+  std::unordered_set<const void*> check_acyclic(const c10::IValue& root) const;
+  void release_unreachable(const std::unordered_set<const void*>& reached);
   void empty_containers();
 
   std::string_view data_;
@@ -140,6 +160,7 @@ class Unpickler {
   Limits limits_;
   uint64_t key_bytes_ = 0;  // see kKeyBytesPerPickleByte
   uint64_t container_bytes_ = 0;  // see kContainerBytes
+  uint64_t object_keys_ = 0;  // see kObjectKeyPrefix
   // Every list, dict and tuple built, and how deep each nests and how many values it holds
   // (itself included, shared containers counted per reference) as far as known when it was filled.
   struct Shape {

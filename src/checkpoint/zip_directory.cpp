@@ -30,13 +30,17 @@ uint64_t le(const uint8_t* p, int bytes) {
   return v;
 }
 
+// The bytes [base, base + length) of a file (all of it by default), read from offset 0.
 class File {
  public:
-  explicit File(const std::string& path) : path_(path), fd_(::open(path.c_str(), O_RDONLY | O_CLOEXEC)) {
+  File(const std::string& path, uint64_t base, uint64_t length)
+      : path_(path), fd_(::open(path.c_str(), O_RDONLY | O_CLOEXEC)), base_(base) {
     SHOAL_CHECK_T(CheckpointError, fd_ >= 0, path, ": cannot open: ", std::strerror(errno));
     struct stat info {};
     SHOAL_CHECK_T(CheckpointError, ::fstat(fd_, &info) == 0, path, ": cannot stat: ", std::strerror(errno));
-    size_ = static_cast<uint64_t>(info.st_size);
+    const auto file_size = static_cast<uint64_t>(info.st_size);
+    if (base > file_size) fail("the archive starts past the end of the file");
+    size_ = std::min(length, file_size - base);
   }
   ~File() { ::close(fd_); }
   File(const File&) = delete;
@@ -49,7 +53,8 @@ class File {
     std::vector<uint8_t> out(length);
     size_t done = 0;
     while (done < length) {
-      const ssize_t n = ::pread(fd_, out.data() + done, length - done, static_cast<off_t>(offset + done));
+      const ssize_t n = ::pread(fd_, out.data() + done, length - done,
+                                static_cast<off_t>(base_ + offset + done));
       if (n < 0 && errno == EINTR) continue;
       if (n <= 0) fail("cannot read ", what, n < 0 ? std::strerror(errno) : "");
       done += static_cast<size_t>(n);
@@ -65,13 +70,16 @@ class File {
  private:
   std::string path_;
   int fd_;
+  uint64_t base_ = 0;
   uint64_t size_ = 0;
 };
 
 }  // namespace
 
-ZipDirectory::ZipDirectory(const std::string& path) {
-  File file(path);
+ZipDirectory::ZipDirectory(const std::string& path) : ZipDirectory(path, 0, UINT64_MAX) {}
+
+ZipDirectory::ZipDirectory(const std::string& path, uint64_t offset, uint64_t length) {
+  File file(path, offset, length);
   file_size_ = file.size();
   if (file_size_ < kEndSize) file.fail("shorter than a zip end record");
   const uint64_t tail_size = std::min<uint64_t>(file_size_, kEndSize + kMaxComment);

@@ -27,6 +27,10 @@ class ZipDirectory {
   /// Reads the directory of `path`; throws CheckpointError naming the file when it is not a
   /// well-formed zip directory.
   explicit ZipDirectory(const std::string& path);
+  /// The directory of the archive that lies at [offset, offset + length) in `path` (a blob of a
+  /// DCP data file); offsets in it count from `offset`, file_size() is its length (as far as
+  /// the file holds).
+  ZipDirectory(const std::string& path, uint64_t offset, uint64_t length);
 
   const std::vector<Entry>& entries() const { return entries_; }
   uint64_t file_size() const { return file_size_; }

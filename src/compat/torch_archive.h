@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -26,6 +27,8 @@ class TorchArchiveReader {
  public:
   /// Opens `path`; throws c10::Error when it is not a readable zip archive.
   explicit TorchArchiveReader(const std::string& path);
+  /// Opens the archive that lies at [offset, offset + length) in `path` (which must hold it).
+  TorchArchiveReader(const std::string& path, uint64_t offset, uint64_t length);
   ~TorchArchiveReader();
 
   bool has_record(const std::string& name) const;

@@ -64,6 +64,10 @@ TokenDtype parse_token_dtype(const std::string& name) {
   SHOAL_THROW(InvalidArgument, "token dtype '", name, "' is not uint16 or uint32");
 }
 
+const char* token_dtype_name(TokenDtype dtype) {
+  return dtype == TokenDtype::kUInt16 ? "uint16" : "uint32";
+}
+
 int64_t token_width(TokenDtype dtype) { return dtype == TokenDtype::kUInt16 ? 2 : 4; }
 
 TokenFile::TokenFile(std::string path, TokenFileOptions options)

@@ -97,6 +97,12 @@ const std::vector<Variable>& table() {
        "restarted; above 0, `shoal train` resumes from the newest checkpoint.", 0, kMaxCount},
       {Var::kGlooSocketIfname, "GLOO_SOCKET_IFNAME", Kind::kText, "a network interface (`eth0`)",
        "chosen by Gloo", "The network interface the `gloo` backend connects over, as in PyTorch."},
+      {Var::kFtAgentStore, "SHOAL_FT_AGENT_STORE", Kind::kFlag, "", "0",
+       "Set by `shoal run` for `shoal train --fault-tolerant`: the launcher serves the job's store "
+       "at `MASTER_ADDR:MASTER_PORT` (else rank 0 does), so that any rank may die."},
+      {Var::kFtSampleLog, "SHOAL_FT_SAMPLE_LOG", Kind::kText, "a path prefix", "none",
+       "`shoal train --fault-tolerant`: each rank appends the samples of each step it trains, and "
+       "which steps committed, to PATH.rankN (to check that every sample is trained on once)."},
   };
   return rows;
 }

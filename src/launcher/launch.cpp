@@ -16,16 +16,20 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <optional>
 #include <thread>
 
 #include "comm/shm/shared_segment.h"
+#include "comm/tcp_store_server.h"
 #include "launcher/signal_relay.h"
 #include "log/error_file.h"
 #include "shoal/comm/flight_recorder.h"
+#include "shoal/comm/store.h"
+#include "shoal/parallel/fault_tolerant_manager.h"
 #include "launcher/worker_group.h"
 #include "security/auth_token.h"
-#include "checkpoint/atomic_file.h"
+#include "checkpoint/temp_dir.h"
 #include "shoal/env.h"
 #include "shoal/error.h"
 #include "shoal/log.h"
@@ -143,6 +147,7 @@ std::vector<WorkerSpec> plan_workers(const LaunchOptions& options, int master_po
       env["TORCHELASTIC_RUN_ID"] = options.run_id;
       // shoal run serves no agent store: ranks meet on the store rank 0 serves (init.cpp).
       env["TORCHELASTIC_USE_AGENT_STORE"] = "False";
+      if (options.fault_tolerant) env[env::describe(env::Var::kFtAgentStore).name] = "1";
       if (base.count("OMP_NUM_THREADS") == 0) env["OMP_NUM_THREADS"] = "1";
       for (const auto& [name, value] : role.env) env[name] = value;
 
@@ -177,22 +182,6 @@ std::vector<WorkerSpec> plan_workers(const LaunchOptions& options, int master_po
   }
   return specs;
 }
-
-// A private folder under $TMPDIR (or /tmp), removed with everything in it when this goes.
-struct TempDir {
-  TempDir() {
-    const char* tmp = std::getenv("TMPDIR");
-    std::string pattern =
-        std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") + "/shoal-errors-XXXXXX";
-    SHOAL_CHECK(::mkdtemp(pattern.data()) != nullptr, "cannot create a folder for the workers' ",
-                "error files (", pattern, "): ", std::strerror(errno), "; set TMPDIR");
-    path = pattern;
-  }
-  ~TempDir() { checkpoint::detail::remove_tree(path); }  // not remove_all: see atomic_file.h
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  std::string path;
-};
 
 void say(const LaunchOptions& options, const std::string& line) {
   log::info(options.log_name, ": ", line);
@@ -361,6 +350,21 @@ bool is_loopback_address(const std::string& host) {
   return all_loopback;
 }
 
+namespace {
+
+// Fault tolerance: node 0's launcher serves the job's store, so that it outlives every worker.
+// The token the server checks is the one plan_workers() hands the workers.
+std::unique_ptr<comm::TcpStoreServer> serve_job_store(const LaunchOptions& options, int port) {
+  if (!options.fault_tolerant || options.node_rank != 0) return nullptr;
+  if (security::token_from_env().empty()) {
+    ::setenv(security::kTokenEnv, security::generate_token().c_str(), 1);
+  }
+  return std::make_unique<comm::TcpStoreServer>(options.master_addr, port,
+                                                security::token_from_env());
+}
+
+}  // namespace
+
 int launch(const LaunchOptions& options) {
   validate(options);
   int master_port = options.master_port != 0 ? options.master_port : pick_free_port();
@@ -393,18 +397,26 @@ int launch(const LaunchOptions& options) {
 
   // The workers' error files (log/error_file.h), in the log folder when there is one, else in a
   // folder of this launch's own that goes with it.
-  std::optional<TempDir> errors;
-  if (log_root.empty()) errors.emplace();
-  const std::string error_root = errors ? errors->path : log_root;
+  std::optional<checkpoint::detail::TempDir> errors;
+  if (log_root.empty()) errors.emplace("shoal-errors-", "the workers' error files");
+  const std::string error_root = errors ? errors->path() : log_root;
 
   WorkerGroupOptions group_options;
   group_options.prefix_output = options.prefix_output;
   group_options.grace_period = options.grace_period;
-  group_options.tolerate_worker_failures = options.tolerate_worker_failures;
+  group_options.tolerate_worker_failures =
+      options.tolerate_worker_failures || options.fault_tolerant;
   group_options.log_name = options.log_name;
   for (int restart = 0;; ++restart) {
     GroupResult result;
     {
+      const auto job_store = serve_job_store(options, master_port);
+      // The survivors' quorum waits for each member's vote or its death: the exit is told at once.
+      std::shared_ptr<comm::Store> marks;
+      if (job_store) marks = comm::make_tcp_store(options.master_addr, master_port, 1, false);
+      group_options.on_exit = [marks](int rank) {
+        if (marks) marks->set_string(parallel::FaultTolerantManager::exit_key(rank), "1");
+      };
       SignalRelay relay;
       WorkerGroup group(plan_workers(options, master_port, restart, log_root, error_root),
                         group_options);

@@ -92,6 +92,7 @@ int WorkerGroup::running_workers() const {
 void WorkerGroup::reap(GroupResult& result, Clock::time_point now) {
   for (auto& worker : workers_) {
     if (!worker->running() || !worker->poll_exit()) continue;
+    if (options_.on_exit) options_.on_exit(worker->spec().rank);
     if (stopping_ || worker->status().ok()) continue;
     if (options_.tolerate_worker_failures && worker->spec().role == "worker" &&
         running_workers() > 0) {

@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -29,6 +30,8 @@ struct WorkerGroupOptions {
   /// A failed process of the "worker" role does not stop the group while another worker runs
   /// (parameter-server training under asp/ssp goes on without it); servers' failures still do.
   bool tolerate_worker_failures = false;
+  /// Called with a worker's rank once it has exited (fault tolerance marks it dead in the store).
+  std::function<void(int rank)> on_exit;
   /// Names the launcher in what the group prints ("shoal run: ...").
   std::string log_name = "shoal run";
 };

@@ -27,6 +27,31 @@ at::Tensor gpt_dropout(const at::Tensor& x, double p, bool training) {
   return F::dropout(x, F::DropoutFuncOptions().p(p).training(true));
 }
 
+/// Token ids [B, T] the GPT can take: integers, T at most the block size.
+void check_token_ids(const at::Tensor& idx, const GptConfig& config) {
+  SHOAL_CHECK_T(InvalidArgument, idx.dim() == 2 && !at::isFloatingType(idx.scalar_type()),
+                "the gpt model takes token ids [B, T] (integers), got ", idx.scalar_type(), " ",
+                idx.sizes());
+  SHOAL_CHECK_T(InvalidArgument, idx.size(1) <= config.block_size, "the gpt model's block size is ",
+                config.block_size, " tokens, got sequences of ", idx.size(1),
+                "; raise --block-size or cut the sequences");
+}
+
+/// The blocks' input: the token embeddings [B, T, C] plus the position embeddings, then dropout.
+at::Tensor add_positions(const at::Tensor& token_embeddings, torch::nn::Embedding& wpe,
+                         double dropout, bool training) {
+  const at::Tensor positions =
+      at::arange(token_embeddings.size(1), token_embeddings.options().dtype(at::kLong));
+  return gpt_dropout(token_embeddings + wpe->forward(positions), dropout, training);
+}
+
+/// nanoGPT's loss: the mean cross-entropy of logits [..., V] against targets [...], over the
+/// targets that are not -1.
+at::Tensor token_cross_entropy(const at::Tensor& logits, const at::Tensor& targets) {
+  return F::cross_entropy(logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}).to(at::kLong),
+                          F::CrossEntropyFuncOptions().ignore_index(-1));
+}
+
 constexpr size_t kQkv = 0, kAttnProj = 1;  // CausalSelfAttention's hookable layers
 constexpr size_t kFc = 0, kMlpProj = 1;    // GptMlp's
 constexpr size_t kWte = 0, kLmHead = 1;    // Gpt's
@@ -143,18 +168,10 @@ void Gpt::set_sharded_logits(ShardedLogits logits) {
 }
 
 at::Tensor Gpt::head_output(const at::Tensor& idx) {
-  SHOAL_CHECK_T(InvalidArgument, idx.dim() == 2 && !at::isFloatingType(idx.scalar_type()),
-                "the gpt model takes token ids [B, T] (integers), got ", idx.scalar_type(), " ",
-                idx.sizes());
-  const int64_t tokens = idx.size(1);
-  SHOAL_CHECK_T(InvalidArgument, tokens <= config_.block_size, "the gpt model's block size is ",
-                config_.block_size, " tokens, got sequences of ", tokens,
-                "; raise --block-size or cut the sequences");
-  const at::Tensor positions = at::arange(tokens, idx.options().dtype(at::kLong));
+  check_token_ids(idx, config_);
   const at::Tensor tokens_in = call_layer(kWte, *wte, idx.to(at::kLong),
                                           [&](const at::Tensor& in) { return wte->forward(in); });
-  at::Tensor x = tokens_in + wpe->forward(positions);
-  x = gpt_dropout(x, config_.dropout, is_training());
+  at::Tensor x = add_positions(tokens_in, wpe, config_.dropout, is_training());
   for (const auto& block : *h) x = block->as<GptBlock>()->forward(x);
   return call_layer(kLmHead, *lm_head, ln_f->forward(x),
                     [&](const at::Tensor& in) { return at::linear(in, wte->weight); });
@@ -167,12 +184,49 @@ at::Tensor Gpt::forward(at::Tensor idx) {
 
 at::Tensor Gpt::forward_loss(const at::Tensor& idx, const at::Tensor& targets) {
   const at::Tensor logits = head_output(idx);
-  const at::Tensor flat_targets = targets.reshape({-1}).to(at::kLong);
   if (sharded_logits_.cross_entropy) {
-    return sharded_logits_.cross_entropy(logits.reshape({-1, logits.size(-1)}), flat_targets);
+    return sharded_logits_.cross_entropy(logits.reshape({-1, logits.size(-1)}),
+                                         targets.reshape({-1}).to(at::kLong));
   }
-  return F::cross_entropy(logits.view({-1, logits.size(-1)}), flat_targets,
-                          F::CrossEntropyFuncOptions().ignore_index(-1));
+  return token_cross_entropy(logits, targets);
+}
+
+torch::nn::Sequential Gpt::as_sequential() {
+  torch::nn::Sequential chain;
+  chain->push_back("embeddings", std::make_shared<GptEmbeddings>(wte, wpe, config_));
+  for (size_t i = 0; i < h->size(); ++i) {
+    chain->push_back("h_" + std::to_string(i), std::dynamic_pointer_cast<GptBlock>(h->ptr(i)));
+  }
+  chain->push_back("head", std::make_shared<GptHead>(ln_f, lm_head));
+  return chain;
+}
+
+SequentialLoss Gpt::sequential_loss() {
+  SequentialLoss own;
+  own.loss = token_cross_entropy;
+  own.terms = [](const at::Tensor& targets) { return targets.ne(-1).sum().item<int64_t>(); };
+  return own;
+}
+
+GptEmbeddings::GptEmbeddings(torch::nn::Embedding wte_in, torch::nn::Embedding wpe_in,
+                             const GptConfig& config)
+    : config_(config) {
+  wte = register_module("wte", std::move(wte_in));
+  wpe = register_module("wpe", std::move(wpe_in));
+}
+
+at::Tensor GptEmbeddings::forward(const at::Tensor& idx) {
+  check_token_ids(idx, config_);
+  return add_positions(wte->forward(idx.to(at::kLong)), wpe, config_.dropout, wte->is_training());
+}
+
+GptHead::GptHead(torch::nn::LayerNorm ln_f_in, std::shared_ptr<torch::nn::Module> lm_head_in) {
+  ln_f = register_module("ln_f", std::move(ln_f_in));
+  lm_head = register_module("lm_head", std::move(lm_head_in));
+}
+
+at::Tensor GptHead::forward(const at::Tensor& x) {
+  return at::linear(ln_f->forward(x), lm_head->named_parameters(false)["weight"]);
 }
 
 std::shared_ptr<Model> Gpt::copy() const {

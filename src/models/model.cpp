@@ -14,7 +14,7 @@ at::Tensor Model::forward_loss(const at::Tensor&, const at::Tensor&) {
 
 torch::nn::Sequential Model::as_sequential() {
   SHOAL_THROW(InvalidArgument, "as_sequential: ", name(),
-              " is not a built-in model with a sequential form (mlp, cnn)");
+              " is not a built-in model with a sequential form (mlp, cnn, gpt)");
 }
 
 std::shared_ptr<Model> Model::copy() const {

@@ -32,7 +32,7 @@ struct Pipeline::MicroBatch {
   int64_t index = 0;
   at::Tensor first_input;  // first stage: the slice of the batch
   at::Tensor target;       // last stage
-  double scale = 1;        // its share of the batch, n_i / N (last stage)
+  double scale = 1;        // its share of the batch's loss terms, n_i / N (last stage)
   at::Tensor input;        // what the layers ran on (a leaf requiring grad after the first stage)
   at::Tensor output;       // the layers' output (last stage: the scaled loss); empty with recompute
   at::Tensor rng_state;    // with recompute: the CPU generator's state when its forward began
@@ -88,6 +88,33 @@ at::Tensor Pipeline::run_layers(const at::Tensor& input, int64_t* activation_byt
   return x;
 }
 
+at::Tensor Pipeline::scaled_loss(const at::Tensor& output, const MicroBatch& mb,
+                                 const LossFunction& loss) {
+  // A micro-batch without loss terms has a mean of 0/0 (NaN): it adds a zero that keeps the
+  // graph, so the stages before still receive (zero) gradients for it.
+  if (mb.scale == 0) return output.sum() * 0.0;
+  return loss(output, mb.target) * mb.scale;
+}
+
+void Pipeline::split_targets(const at::Tensor& targets, const LossTerms& terms,
+                             std::vector<MicroBatch>& mbs) const {
+  const auto m = static_cast<int64_t>(mbs.size());
+  SHOAL_CHECK_T(InvalidArgument, targets.defined() && targets.dim() >= 1 && targets.size(0) >= m,
+                describe(), ": the last stage needs a batch of at least ", m,
+                " targets (one per micro-batch)");
+  const std::vector<at::Tensor> chunks = targets.tensor_split(m);
+  std::vector<int64_t> counts;
+  int64_t total = 0;
+  for (const at::Tensor& chunk : chunks) {
+    counts.push_back(terms ? terms(chunk) : chunk.size(0));
+    total += counts.back();
+  }
+  for (int64_t i = 0; i < m; ++i) {
+    mbs[i].target = chunks[i];
+    mbs[i].scale = total > 0 ? static_cast<double>(counts[i]) / static_cast<double>(total) : 0.0;
+  }
+}
+
 void Pipeline::run_forward(MicroBatch& mb, const LossFunction& loss) {
   at::Tensor x;
   if (is_first_stage()) {
@@ -106,10 +133,10 @@ void Pipeline::run_forward(MicroBatch& mb, const LossFunction& loss) {
     if (options_.preserve_rng_state) mb.rng_state = checkpoint::get_rng_state();
     torch::NoGradGuard no_grad;
     output = run_layers(x, nullptr);
-    if (is_last_stage()) output = loss(output, mb.target) * mb.scale;
+    if (is_last_stage()) output = scaled_loss(output, mb, loss);
   } else {
     output = run_layers(x, &bytes);
-    if (is_last_stage()) output = loss(output, mb.target) * mb.scale;
+    if (is_last_stage()) output = scaled_loss(output, mb, loss);
     mb.output = output;
   }
   stats_.compute_seconds += seconds_since(start);
@@ -148,7 +175,7 @@ void Pipeline::run_backward(MicroBatch& mb, const LossFunction& loss, bool sync)
       if (replay) checkpoint::set_rng_state(mb.rng_state);
       try {
         output = run_layers(mb.input, nullptr);
-        if (is_last_stage()) output = loss(output, mb.target) * mb.scale;
+        if (is_last_stage()) output = scaled_loss(output, mb, loss);
       } catch (...) {
         if (replay) checkpoint::set_rng_state(now);
         throw;
@@ -206,7 +233,7 @@ void Pipeline::fail(std::exception_ptr error, const std::string& during) {
 }
 
 double Pipeline::forward_backward(const at::Tensor& inputs, const at::Tensor& targets,
-                                  const LossFunction& loss) {
+                                  const LossFunction& loss, const LossTerms& terms) {
   const Clock::time_point start = Clock::now();
   ++step_;
   const int64_t m = options_.micro_batches;
@@ -220,16 +247,9 @@ double Pipeline::forward_backward(const at::Tensor& inputs, const at::Tensor& ta
     for (int64_t i = 0; i < m; ++i) mbs[i].first_input = chunks[i];
   }
   if (is_last_stage()) {
-    SHOAL_CHECK_T(InvalidArgument, targets.defined() && targets.dim() >= 1 && targets.size(0) >= m,
-                  describe(), ": the last stage needs a batch of at least ", m,
-                  " targets (one per micro-batch)");
+    split_targets(targets, terms, mbs);
     SHOAL_CHECK_T(InvalidArgument, static_cast<bool>(loss), describe(),
                   ": the last stage needs a loss function");
-    const std::vector<at::Tensor> chunks = targets.tensor_split(m);
-    for (int64_t i = 0; i < m; ++i) {
-      mbs[i].target = chunks[i];
-      mbs[i].scale = static_cast<double>(chunks[i].size(0)) / static_cast<double>(targets.size(0));
-    }
   }
   const std::vector<PipelineAction> actions =
       schedule_actions(options_.schedule, num_stages(), stage_, m);

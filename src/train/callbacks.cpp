@@ -155,7 +155,7 @@ std::string run_text(const FitInfo& fit) {
   return "strategy " + fit.strategy.name() + ", " + std::to_string(world) +
          (world == 1 ? " process" : " processes") + ", model " + o.model + ", batch " +
          std::to_string(fit.batch) + (world > 1 ? " per rank" : "") + ", lr " + number_text(o.lr) +
-         ", momentum " + number_text(o.momentum) + ", lr schedule " + o.lr_schedule + ", seed " +
+         ", momentum " + number_text(o.momentum) + ", lr schedule " + lr_schedule_name(o.lr_schedule) + ", seed " +
          std::to_string(o.seed) + ", rank " + std::to_string(fit.strategy.rank());
 }
 

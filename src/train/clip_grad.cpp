@@ -21,11 +21,14 @@ std::vector<at::Tensor> unique_parameters(const std::vector<at::Tensor>& paramet
 }
 
 double total_grad_norm(const std::vector<at::Tensor>& parameters, const SumAcross& sum_across,
-                       double copies) {
+                       double copies, const std::vector<at::Tensor>& uncounted) {
   torch::NoGradGuard no_grad;
   // As PyTorch: each gradient's norm in its own dtype, then the norm of those norms.
   std::vector<at::Tensor> norms;
   for (const at::Tensor& p : unique_parameters(parameters)) {
+    const bool counted = std::none_of(uncounted.begin(), uncounted.end(),
+                                      [&](const at::Tensor& u) { return u.is_same(p); });
+    if (!counted) continue;
     const at::Tensor& g = p.grad();
     if (g.defined()) norms.push_back(at::linalg_vector_norm(g.detach(), 2));
   }
@@ -43,10 +46,11 @@ double total_grad_norm(const std::vector<at::Tensor>& parameters, const SumAcros
 }
 
 double clip_grad_norm_(const std::vector<at::Tensor>& parameters, double max_norm,
-                       const SumAcross& sum_across, double copies) {
+                       const SumAcross& sum_across, double copies,
+                       const std::vector<at::Tensor>& uncounted) {
   SHOAL_CHECK_T(InvalidArgument, std::isfinite(max_norm) && max_norm > 0,
                 "clip_grad_norm_: max_norm must be a finite number > 0, got ", max_norm);
-  const double total = total_grad_norm(parameters, sum_across, copies);
+  const double total = total_grad_norm(parameters, sum_across, copies, uncounted);
   SHOAL_CHECK(std::isfinite(total), "clip_grad_norm_: the total gradient norm is ", total,
               "; the gradients hold NaN or inf (lower the learning rate, or check the data)");
   const double coefficient = std::min(1.0, max_norm / (total + 1e-6));

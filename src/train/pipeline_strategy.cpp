@@ -10,6 +10,7 @@
 #include "shoal/pipeline/pipeline_grid.h"
 #include "shoal/pipeline/pipeline_partition.h"
 #include "shoal/pipeline/pipeline_sequential.h"
+#include "shoal/pipeline/tied_parameters.h"
 #include "shoal/train/clip_grad.h"
 #include "shoal/train/trainer.h"
 
@@ -39,8 +40,8 @@ PipelineStrategy::~PipelineStrategy() = default;
 void PipelineStrategy::prepare(TrainState& state) {
   auto* model = dynamic_cast<models::Model*>(state.model.get());
   SHOAL_CHECK_T(InvalidArgument, model != nullptr,
-                "--strategy pipeline splits the built-in models (mlp, cnn) into stages; for your "
-                "own model build a pipeline::Pipeline over a torch::nn::Sequential");
+                "--strategy pipeline splits the built-in models (mlp, cnn, gpt) into stages; for "
+                "your own model build a pipeline::Pipeline over a torch::nn::Sequential");
   SHOAL_CHECK_T(InvalidArgument, !state.autocast_dtype,
                 "--precision ", *state.autocast_dtype == at::kHalf ? "fp16" : "bf16",
                 " is not supported with --strategy pipeline yet; use single, ddp or ps");
@@ -63,7 +64,24 @@ void PipelineStrategy::prepare(TrainState& state) {
         pipeline_->module().ptr(), grid_->stage_group());
     pipeline_->set_data_parallel(ddp_);
   }
+  tied_ = std::make_unique<pipeline::TiedParameters>(sequential_, balance_, *grid_);
+  choose_loss(*model, state);
   state.forward = state.model_forward;
+}
+
+void PipelineStrategy::choose_loss(models::Model& model, TrainState& state) {
+  if (!model.owns_loss()) {
+    loss_ = state.loss;
+    return;
+  }
+  // A model whose own loss its chain cannot give is left without forward_loss: the trainer
+  // refuses it in one line.
+  models::SequentialLoss own = model.sequential_loss();
+  if (!own.loss) return;
+  loss_ = std::move(own.loss);
+  loss_terms_ = std::move(own.terms);
+  // The steps go through the pipeline (train_step); this marks the model's loss as trained.
+  state.forward_loss = state.model_loss;
 }
 
 at::Tensor PipelineStrategy::epoch_indices(int64_t dataset_size, int64_t epoch, uint64_t seed) {
@@ -82,7 +100,8 @@ double PipelineStrategy::train_step(TrainState& state, const at::Tensor& inputs,
                                     const at::Tensor& targets) {
   SHOAL_CHECK(pipeline_ != nullptr, "PipelineStrategy: train_step before prepare");
   state.optimizer->zero_grad();
-  const double loss = pipeline_->forward_backward(inputs, targets, state.loss);
+  const double loss = pipeline_->forward_backward(inputs, targets, loss_, loss_terms_);
+  tied_->all_reduce_gradients();
   if (state.max_grad_norm > 0) state.last_grad_norm = clip_grad_norm(state, state.max_grad_norm);
   // Parameters of other stages have no gradient: the optimizer leaves them (and their state) alone.
   state.optimizer->step();
@@ -96,13 +115,13 @@ double PipelineStrategy::train_step(TrainState& state, const at::Tensor& inputs,
 double PipelineStrategy::clip_grad_norm(TrainState&, double max_norm) {
   SHOAL_CHECK(pipeline_ != nullptr, "PipelineStrategy: clip_grad_norm before prepare");
   return clip_grad_norm_(pipeline_->module()->parameters(), max_norm, sum_across_ranks(),
-                         static_cast<double>(grid_->replicas()));
+                         static_cast<double>(grid_->replicas()), tied_->copies());
 }
 
 double PipelineStrategy::grad_norm(TrainState&) {
   SHOAL_CHECK(pipeline_ != nullptr, "PipelineStrategy: grad_norm before prepare");
   return total_grad_norm(pipeline_->module()->parameters(), sum_across_ranks(),
-                         static_cast<double>(grid_->replicas()));
+                         static_cast<double>(grid_->replicas()), tied_->copies());
 }
 
 SumAcross PipelineStrategy::sum_across_ranks() {

@@ -10,6 +10,7 @@
 #include "shoal/parallel/tensor_parallel.h"
 #include "shoal/pipeline/schedule.h"
 #include "shoal/train/data_parallel_strategy.h"
+#include "shoal/train/fault_tolerant_ddp_strategy.h"
 #include "shoal/train/fsdp_strategy.h"
 #include "shoal/train/model_parallel_ddp_strategy.h"
 #include "shoal/train/pipeline_strategy.h"
@@ -47,8 +48,8 @@ void validate_mesh(const std::string& mesh, StrategyKind kind, int model_paralle
   SHOAL_CHECK_T(InvalidArgument, options.gpt.dropout == 0,
                 "--dropout with --mesh is not supported yet (the masks are not kept equal across "
                 "tp ranks); use --dropout 0");
-  SHOAL_CHECK_T(InvalidArgument, options.precision == "fp32",
-                "--precision ", options.precision, " with --mesh is not supported yet; use fp32");
+  SHOAL_CHECK_T(InvalidArgument, options.precision == Precision::kFp32,
+                "--precision ", precision_name(options.precision), " with --mesh is not supported yet; use fp32");
 }
 }  // namespace
 
@@ -85,6 +86,7 @@ bool StrategySpec::supports(StrategyFeature feature) const {
 
 void StrategySpec::validate(const TrainOptions& options) const {
   validate_sync(options);
+  validate_fault_tolerant(options);
   const std::string strategy = strategy_name(kind);
   if (!mesh.empty()) validate_mesh(mesh, kind, model_parallel, options);
   // Said before any data is read (whether this machine has a GPU, the trainer says).
@@ -101,7 +103,7 @@ void StrategySpec::validate(const TrainOptions& options) const {
   SHOAL_CHECK_T(InvalidArgument, kind != StrategyKind::kFsdp || model_parallel == 1,
                 "--model-parallel applies to --strategy ddp, not fsdp");
   SHOAL_CHECK_T(InvalidArgument,
-                options.checkpoint_format == "full" || supports(StrategyFeature::kShardedCheckpoint),
+                options.checkpoint_format == CheckpointFormat::kFull || supports(StrategyFeature::kShardedCheckpoint),
                 "--checkpoint-format sharded applies to --strategy fsdp (the others hold whole "
                 "models: use the default, full)");
   SHOAL_CHECK_T(InvalidArgument,
@@ -127,6 +129,34 @@ void StrategySpec::validate_sync(const TrainOptions& options) const {
   // momentum, nor where the replicas were between syncs.
   SHOAL_CHECK_T(InvalidArgument, !options.resume && max_restarts == 0, flag,
                 " cannot resume (--resume, --max-restarts): its checkpoints hold no sync state");
+}
+
+void StrategySpec::validate_fault_tolerant(const TrainOptions& options) const {
+  SHOAL_CHECK_T(InvalidArgument, fault_tolerant || min_replicas == 1,
+                "--min-replicas applies to --fault-tolerant; add it, or drop --min-replicas");
+  if (!fault_tolerant) return;
+  const char* flag = "--fault-tolerant";
+  SHOAL_CHECK_T(InvalidArgument, kind == StrategyKind::kDdp, flag,
+                " applies to --strategy ddp (one whole model per rank), not ", strategy_name(kind));
+  SHOAL_CHECK_T(InvalidArgument, model_parallel == 1 && mesh.empty(), flag,
+                " does not go with --model-parallel or --mesh (a replica must be one rank)");
+  SHOAL_CHECK_T(InvalidArgument, sync == SyncKind::kEveryStep, flag, " does not go with --sync ",
+                sync_name(sync), " yet; use --sync every-step");
+  SHOAL_CHECK_T(InvalidArgument, options.device == "cpu", "--device ", options.device, ": ", flag,
+                " trains on the CPU (gloo) only; use --device cpu");
+  SHOAL_CHECK_T(InvalidArgument, backend == "auto" || backend == "gloo", "--backend ", backend,
+                ": ", flag, " re-forms its groups on gloo only; use --backend gloo (or auto)");
+  SHOAL_CHECK_T(InvalidArgument, comm_hook == CommHookKind::kAllreduce && !bucket_cap_mb, flag,
+                " reduces the gradients in one allreduce after backward: --comm-hook and "
+                "--bucket-cap-mb do not apply");
+  SHOAL_CHECK_T(InvalidArgument, options.accumulate == 1, flag,
+                " does not go with --accumulate yet (a step is one batch)");
+  SHOAL_CHECK_T(InvalidArgument, options.precision == Precision::kFp32, flag,
+                " does not go with --precision ", precision_name(options.precision), " yet; use fp32");
+  SHOAL_CHECK_T(InvalidArgument, max_restarts == 0, flag, " does not restart ranks yet: the "
+                "survivors go on without a dead one; drop --max-restarts");
+  SHOAL_CHECK_T(InvalidArgument, min_replicas >= 1, "--min-replicas ", min_replicas,
+                " must be at least 1");
 }
 
 int StrategySpec::replica_count() const {
@@ -159,6 +189,8 @@ launcher::LaunchOptions StrategySpec::launch_options(std::vector<std::string> co
     launch.tolerate_worker_failures = consistency != "bsp";  // asp/ssp go on without a dead worker
   } else {
     launch.max_restarts = max_restarts;
+    // The survivors go on without a dead rank; the launcher serves the store so that any may die.
+    launch.fault_tolerant = fault_tolerant;
   }
   return launch;
 }
@@ -169,6 +201,12 @@ namespace {
 std::unique_ptr<Strategy> ddp_strategy_for(const StrategySpec& spec, const comm::InitOptions& init) {
   if (spec.model_parallel > 1) {
     return std::make_unique<ModelParallelDdpStrategy>(spec.model_parallel, init);
+  }
+  if (spec.fault_tolerant) {
+    parallel::FaultTolerantOptions options;
+    options.min_replicas = spec.min_replicas;
+    options.timeout = comm::timeout_from_env(options.timeout);
+    return std::make_unique<FaultTolerantDdpStrategy>(options);
   }
   if (spec.sync != SyncKind::kEveryStep) {
     return std::make_unique<LocalSgdStrategy>(

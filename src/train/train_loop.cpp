@@ -62,6 +62,7 @@ TrainResult FitLoop::run() {
 }
 
 StopReason FitLoop::run_epoch() {
+  if (StepDealer* dealer = strategy_.step_dealer()) return run_dealt_epoch(*dealer);
   Epoch epoch = start_epoch();
   for (int64_t s = 0; s < epoch.steps; ++s) {
     const StepInfo step = train_one(epoch);
@@ -71,6 +72,66 @@ StopReason FitLoop::run_epoch() {
   end_epoch(epoch);
   ++state_.epoch;
   return trainer_.stop_requested_ ? StopReason::kEpochEnd : StopReason::kNone;
+}
+
+// An epoch whose steps the strategy deals as they start: how many there are is known at the end
+// (a failed step is dealt again); the counts reported are the committed steps'.
+StopReason FitLoop::run_dealt_epoch(StepDealer& dealer) {
+  Epoch epoch;
+  epoch.index = state_.epoch;
+  const int64_t global_batch = fit_.batch * fit_.replicas;
+  const int64_t resumed = std::min(trainer_.resume_samples_seen_, train_n_);
+  trainer_.resume_samples_seen_ = 0;
+  dealer.start_epoch(train_n_, epoch.index, options_.seed, resumed);
+  epoch.local = (train_n_ + fit_.replicas - 1) / fit_.replicas;
+  epoch.skip = resumed / fit_.replicas;
+  epoch.steps = (train_n_ - resumed + global_batch - 1) / global_batch;
+  epoch.run_steps = options_.epochs * ((train_n_ + global_batch - 1) / global_batch);
+  train_.set_epoch(epoch.index);
+  for (const auto& callback : callbacks_) {
+    callback->on_epoch_start({epoch.index, epoch.steps, train_n_, train_n_ - resumed});
+  }
+  state_.model->train();
+  epoch.start = FitClock::now();
+  for (int64_t s = 0;;) {
+    std::optional<at::Tensor> share = dealer.next_share(fit_.batch);
+    if (!share) break;
+    const StepInfo step = train_dealt(epoch, *share);
+    if (!dealer.committed()) continue;
+    // Reported as this rank's even share of the samples the job consumed so far.
+    const int64_t end = std::min(epoch.local, dealer.consumed() / fit_.replicas);
+    const int64_t begin = std::max(epoch.skip, end - share->size(0));
+    epoch.steps = dealer.consumed() >= train_n_ ? s + 1 : std::max(epoch.steps, s + 2);
+    stop_.epoch = epoch.index;
+    stop_.seen = dealer.consumed();
+    const StopReason reason = agree_to_stop(step);
+    if (reason != StopReason::kCallback) report_step(epoch, s, step.loss, begin, end);
+    if (reason != StopReason::kNone) return reason;
+    ++s;
+  }
+  // This rank's own samples, which evaluate_epoch() sums over the survivors.
+  epoch.local = epoch.skip + dealer.trained();
+  end_epoch(epoch);
+  ++state_.epoch;
+  return trainer_.stop_requested_ ? StopReason::kEpochEnd : StopReason::kNone;
+}
+
+StepInfo FitLoop::train_dealt(Epoch& epoch, const at::Tensor& share) {
+  trace::set_step(epoch.index + 1, state_.step + 1);
+  trace::Span step_span("train step");
+  data::Batch samples;
+  if (share.size(0) > 0) {
+    trace::Span data_span("data", "data");
+    samples = train_.get_batch(share);
+  }
+  trainer_.apply_lr_schedule(epoch.run_steps);
+  StepInfo step;
+  step.epoch = epoch.index + 1;
+  step.lr = state_.optimizer->param_groups().front().options().get_lr();
+  step.loss = strategy_.train_step(state_, samples.data, samples.target);
+  step.step = state_.step;
+  step.grad_norm = state_.last_grad_norm;
+  return step;
 }
 
 FitLoop::Epoch FitLoop::start_epoch() {

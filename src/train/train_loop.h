@@ -42,6 +42,8 @@ class FitLoop {
  private:
   struct Epoch;
   StopReason run_epoch();
+  StopReason run_dealt_epoch(StepDealer& dealer);
+  StepInfo train_dealt(Epoch& epoch, const at::Tensor& share);
   Epoch start_epoch();
   StepInfo train_one(Epoch& epoch);
   StopReason end_step(Epoch& epoch, int64_t index, const StepInfo& step);

@@ -50,6 +50,28 @@ struct Row {
     };
     return *this;
   }
+  /// Saved under `key` as the name of a closed choice (`name` writes it, `parse` reads it back),
+  /// offered to the CLI as `names`; a saved name this build does not know is a CheckpointError.
+  template <typename Enum>
+  Row& saved_choice(const char* key, Enum TrainOptions::*member, const char* (*name)(Enum),
+                    Enum (*parse)(const std::string&), std::vector<std::string> names) {
+    option.key = key;
+    option.type = SavedType::kText;
+    option.get = [member, name](const TrainOptions& o) {
+      return c10::IValue(std::string(name(o.*member)));
+    };
+    const std::string flag = option.flag;
+    option.set = [member, parse, names, key, flag](TrainOptions& o, const c10::IValue& value,
+                                                   const std::string& who) {
+      const std::string& saved = value.toStringRef();
+      SHOAL_CHECK_T(CheckpointError, std::find(names.begin(), names.end(), saved) != names.end(),
+                    who, " has ", key, " '", saved, "', which this build does not know; pass ",
+                    flag);
+      o.*member = parse(saved);
+    };
+    option.choices = std::move(names);
+    return *this;
+  }
   /// Saved under `key` through accessors of its own (a field that is not a plain number or text).
   Row& saved(const char* key, SavedType type, decltype(TrainOption::get) get,
              decltype(TrainOption::set) set = nullptr) {
@@ -116,7 +138,7 @@ void set_milestones(TrainOptions& o, const c10::IValue& value, const std::string
 }
 
 void check_milestones(const TrainOptions& o) {
-  SHOAL_CHECK_T(InvalidArgument, o.lr_schedule != "multistep" || !o.milestones.empty(),
+  SHOAL_CHECK_T(InvalidArgument, o.lr_schedule != LrSchedule::kMultiStep || !o.milestones.empty(),
                 "--lr-schedule multistep needs --milestones A,B,... (optimizer steps)");
   for (size_t i = 0; i < o.milestones.size(); ++i) {
     SHOAL_CHECK_T(InvalidArgument,
@@ -127,10 +149,9 @@ void check_milestones(const TrainOptions& o) {
 }
 
 void check_precision(const TrainOptions& o) {
-  SHOAL_CHECK_T(InvalidArgument, o.precision == "fp32" || o.precision == "bf16" || o.precision == "fp16",
-                "precision must be fp32, bf16 or fp16, got '", o.precision, "'");
   SHOAL_CHECK_T(InvalidArgument,
-                o.precision != "fp16" || o.device != "cpu" || compat::cpu_autocast_supports(at::kHalf),
+                o.precision != Precision::kFp16 || o.device != "cpu" ||
+                    compat::cpu_autocast_supports(at::kHalf),
                 "--precision fp16 needs --device cuda, or LibTorch >= 2.4 on the CPU (this is "
                 "LibTorch ", TORCH_VERSION, ", whose CPU autocast has no float16): use --precision "
                 "bf16 on the CPU");
@@ -156,19 +177,9 @@ void add_model_rows(std::vector<TrainOption>& rows) {
                        if (is_gpt(o)) o.gpt.validate();
                      }).option);
   rows.push_back(Row("model", "--loss")
-                     .saved("loss", SavedType::kText,
-                            [](const TrainOptions& o) { return c10::IValue(std::string(loss_name(o.loss))); },
-                            [](TrainOptions& o, const c10::IValue& value, const std::string& who) {
-                              const std::string& loss = value.toStringRef();
-                              const std::vector<std::string> known = loss_names();
-                              SHOAL_CHECK_T(CheckpointError,
-                                            std::find(known.begin(), known.end(), loss) != known.end(),
-                                            who, " has loss '", loss,
-                                            "', which this build does not know; pass --loss");
-                              o.loss = parse_loss(loss);
-                            })
+                     .saved_choice("loss", &TrainOptions::loss, loss_name, parse_loss, loss_names())
                      .resume(OnResume::kInherit)
-                     .choices(loss_names()).option);
+                     .option);
   // The GPT's sizes: what `shoal generate` rebuilds it from and a resume continues with
   // (GptConfig::validate checks them, saved or given).
   const auto gpt = [&rows](const char* flag, const char* key, auto member) {
@@ -214,14 +225,12 @@ void add_data_rows(std::vector<TrainOption>& rows) {
     SHOAL_CHECK_T(InvalidArgument, o.val_data_path.empty() || is_token_file(o.val_data_path),
                   "--val-data ", o.val_data_path, " must be a token file (.bin), as --data");
   }).option);
-  rows.push_back(Row("data", "--token-dtype").saved("token_dtype", &TrainOptions::token_dtype)
+  rows.push_back(Row("data", "--token-dtype")
+                     .saved_choice("token_dtype", &TrainOptions::token_dtype, data::token_dtype_name,
+                                   data::parse_token_dtype, {"uint16", "uint32"})
                      .resume(OnResume::kInherit)
-                     .choices({"uint16", "uint32"})
                      .when([](const TrainOptions& o) { return is_gpt(o) && is_token_file(o.data_path); })
-                     .check([](const TrainOptions& o) {
-                       SHOAL_CHECK_T(InvalidArgument, o.token_dtype == "uint16" || o.token_dtype == "uint32",
-                                     "--token-dtype must be uint16 or uint32, got '", o.token_dtype, "'");
-                     }).option);
+                     .option);
   rows.push_back(Row("data", "--train-samples").check([](const TrainOptions& o) {
     SHOAL_CHECK_T(InvalidArgument, o.train_limit >= 0, "train limit must be >= 0 (0 = all), got ",
                   o.train_limit);
@@ -293,17 +302,12 @@ void add_run_length_rows(std::vector<TrainOption>& rows) {
 // ---- The optimizer and its learning-rate schedule ------------------------------------------------
 
 void add_optimizer_rows(std::vector<TrainOption>& rows) {
-  rows.push_back(Row("optimizer", "--optimizer").saved("optimizer", &TrainOptions::optimizer)
-                     .choices(optimizer_names())
-                     .reads([](TrainOptions& o, const c10::IValue& value, const std::string& who) {
-                       o.optimizer = value.toStringRef();
-                       SHOAL_CHECK_T(CheckpointError, known_optimizer(o.optimizer), who,
-                                     " has optimizer '", o.optimizer, "', which this build does not "
-                                     "know; pass --optimizer sgd, adam or adamw");
-                     })
+  rows.push_back(Row("optimizer", "--optimizer")
+                     .saved_choice("optimizer", &TrainOptions::optimizer, optimizer_name,
+                                   parse_optimizer, optimizer_names())
                      .resume(OnResume::kInherit)
-                     .absent("sgd")  // older checkpoints were all SGD's
-                     .check([](const TrainOptions& o) { parse_optimizer(o.optimizer); }).option);
+                     .absent("sgd")  // a checkpoint without the key was written by SGD
+                     .option);
   rows.push_back(Row("optimizer", "--lr").saved("lr", &TrainOptions::lr)
                      .resume(OnResume::kInheritNoted)
                      .check([](const TrainOptions& o) {
@@ -339,21 +343,12 @@ void add_optimizer_rows(std::vector<TrainOption>& rows) {
 }
 
 void add_schedule_rows(std::vector<TrainOption>& rows) {
-  rows.push_back(Row("schedule", "--lr-schedule").saved("lr_schedule", &TrainOptions::lr_schedule)
-                     .choices({"constant", "cosine", "step", "multistep"})
-                     .reads([](TrainOptions& o, const c10::IValue& value, const std::string& who) {
-                       o.lr_schedule = value.toStringRef();
-                       SHOAL_CHECK_T(CheckpointError, known_lr_schedule(o.lr_schedule), who,
-                                     " has lr_schedule '", o.lr_schedule, "', which this build does "
-                                     "not know; pass --lr-schedule constant or cosine");
-                     })
+  rows.push_back(Row("schedule", "--lr-schedule")
+                     .saved_choice("lr_schedule", &TrainOptions::lr_schedule, lr_schedule_name,
+                                   parse_lr_schedule, lr_schedule_names())
                      .resume(OnResume::kInheritNoted)
                      .absent("constant")
-                     .check([](const TrainOptions& o) {
-                       SHOAL_CHECK_T(InvalidArgument, known_lr_schedule(o.lr_schedule),
-                                     "learning-rate schedule must be constant, cosine, step or "
-                                     "multistep, got '", o.lr_schedule, "'");
-                     }).option);
+                     .option);
   rows.push_back(Row("schedule", "--warmup-steps").saved("warmup_steps", &TrainOptions::warmup_steps)
                      .resume(OnResume::kInherit)
                      .check([](const TrainOptions& o) {
@@ -371,7 +366,8 @@ void add_schedule_rows(std::vector<TrainOption>& rows) {
   rows.push_back(Row("schedule", "--step-size").saved("step_size", &TrainOptions::step_size)
                      .resume(OnResume::kInherit)
                      .check([](const TrainOptions& o) {
-                       SHOAL_CHECK_T(InvalidArgument, o.lr_schedule != "step" || o.step_size >= 1,
+                       SHOAL_CHECK_T(InvalidArgument,
+                                     o.lr_schedule != LrSchedule::kStep || o.step_size >= 1,
                                      "--lr-schedule step needs --step-size N (N >= 1 optimizer steps), got ",
                                      o.step_size);
                      }).option);
@@ -402,8 +398,9 @@ void add_compute_rows(std::vector<TrainOption>& rows) {
     SHOAL_CHECK_T(InvalidArgument, is_device_name(o.device),
                   "--device must be cpu, cuda or cuda:N, got '", o.device, "'");
   }).option);
-  rows.push_back(Row("compute", "--precision").saved("precision", &TrainOptions::precision)
-                     .choices({"fp32", "bf16", "fp16"})
+  rows.push_back(Row("compute", "--precision")
+                     .saved_choice("precision", &TrainOptions::precision, precision_name,
+                                   parse_precision, precision_names())
                      .resume(OnResume::kInherit)
                      .check(check_precision).option);
   rows.push_back(Row("compute", "--threads").check([](const TrainOptions& o) {
@@ -416,10 +413,7 @@ void add_compute_rows(std::vector<TrainOption>& rows) {
 
 void add_checkpoint_rows(std::vector<TrainOption>& rows) {
   rows.push_back(Row("checkpoint", "--checkpoint-dir").option);
-  rows.push_back(Row("checkpoint", "--checkpoint-format").choices({"full", "sharded"}).check([](const TrainOptions& o) {
-    SHOAL_CHECK_T(InvalidArgument, o.checkpoint_format == "full" || o.checkpoint_format == "sharded",
-                  "--checkpoint-format must be full or sharded, got '", o.checkpoint_format, "'");
-  }).option);
+  rows.push_back(Row("checkpoint", "--checkpoint-format").choices(checkpoint_format_names()).option);
   rows.push_back(Row("checkpoint", "--checkpoint-every").check([](const TrainOptions& o) {
     SHOAL_CHECK_T(InvalidArgument, o.checkpoint_every >= 0,
                   "checkpoint interval must be >= 0 (0 = only after epochs), got ", o.checkpoint_every);

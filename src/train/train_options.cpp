@@ -7,6 +7,7 @@
 #include "shoal/comm/init.h"
 #include "shoal/error.h"
 #include "shoal/train/train_option_table.h"
+#include "train/choice_names.h"
 
 #include <torch/cuda.h>
 #include <torch/version.h>
@@ -55,27 +56,45 @@ void TrainOptions::validate() const {
 }
 
 namespace {
+// Each in its enum's order.
 constexpr const char* kOptimizerNames[] = {"sgd", "adam", "adamw"};
+constexpr const char* kLrScheduleNames[] = {"constant", "cosine", "step", "multistep"};
+constexpr const char* kPrecisionNames[] = {"fp32", "bf16", "fp16"};
+constexpr const char* kCheckpointFormatNames[] = {"full", "sharded"};
 }  // namespace
 
 Optimizer parse_optimizer(const std::string& name) {
-  for (size_t i = 0; i < std::size(kOptimizerNames); ++i) {
-    if (name == kOptimizerNames[i]) return static_cast<Optimizer>(i);
-  }
-  SHOAL_THROW(InvalidArgument, "optimizer must be sgd, adam or adamw, got '", name, "'");
+  return detail::parse_choice<Optimizer>(kOptimizerNames, name, "optimizer");
 }
-
 const char* optimizer_name(Optimizer optimizer) {
-  return kOptimizerNames[static_cast<size_t>(optimizer)];
+  return detail::choice_name(kOptimizerNames, optimizer);
 }
+std::vector<std::string> optimizer_names() { return detail::choice_names(kOptimizerNames); }
 
-std::vector<std::string> optimizer_names() {
-  return {std::begin(kOptimizerNames), std::end(kOptimizerNames)};
+LrSchedule parse_lr_schedule(const std::string& name) {
+  return detail::parse_choice<LrSchedule>(kLrScheduleNames, name, "learning-rate schedule");
 }
+const char* lr_schedule_name(LrSchedule schedule) {
+  return detail::choice_name(kLrScheduleNames, schedule);
+}
+std::vector<std::string> lr_schedule_names() { return detail::choice_names(kLrScheduleNames); }
 
-bool known_optimizer(const std::string& name) {
-  const auto names = optimizer_names();
-  return std::find(names.begin(), names.end(), name) != names.end();
+Precision parse_precision(const std::string& name) {
+  return detail::parse_choice<Precision>(kPrecisionNames, name, "precision");
+}
+const char* precision_name(Precision precision) {
+  return detail::choice_name(kPrecisionNames, precision);
+}
+std::vector<std::string> precision_names() { return detail::choice_names(kPrecisionNames); }
+
+CheckpointFormat parse_checkpoint_format(const std::string& name) {
+  return detail::parse_choice<CheckpointFormat>(kCheckpointFormatNames, name, "--checkpoint-format");
+}
+const char* checkpoint_format_name(CheckpointFormat format) {
+  return detail::choice_name(kCheckpointFormatNames, format);
+}
+std::vector<std::string> checkpoint_format_names() {
+  return detail::choice_names(kCheckpointFormatNames);
 }
 
 bool is_token_file(const std::string& path) {
@@ -84,15 +103,10 @@ bool is_token_file(const std::string& path) {
          path.compare(path.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
-bool known_lr_schedule(const std::string& schedule) {
-  return schedule == "constant" || schedule == "cosine" || schedule == "step" ||
-         schedule == "multistep";
-}
-
-double lr_schedule_factor(const std::string& schedule, int64_t step, int64_t total_steps) {
-  if (schedule == "constant") return 1;
-  SHOAL_CHECK_T(InvalidArgument, schedule == "cosine", "unknown learning-rate schedule '",
-                schedule, "' (constant or cosine)");
+double lr_schedule_factor(LrSchedule schedule, int64_t step, int64_t total_steps) {
+  if (schedule == LrSchedule::kConstant) return 1;
+  SHOAL_CHECK_T(InvalidArgument, schedule == LrSchedule::kCosine, "learning-rate schedule '",
+                lr_schedule_name(schedule), "' needs its options (constant or cosine alone)");
   if (total_steps <= 0 || step >= total_steps) return 0;
   const double pi = std::acos(-1.0);
   return (1 + std::cos(pi * static_cast<double>(step) / static_cast<double>(total_steps))) / 2;
@@ -110,18 +124,18 @@ double lr_schedule_factor(const TrainOptions& options, int64_t step, int64_t tot
     return start + (1 - start) * static_cast<double>(step) / static_cast<double>(warmup);
   }
   const int64_t t = step - warmup;
-  const std::string& schedule = options.lr_schedule;
-  if (schedule == "step") {
+  const LrSchedule schedule = options.lr_schedule;
+  if (schedule == LrSchedule::kStep) {
     return std::pow(options.gamma, static_cast<double>(t / options.step_size));
   }
-  if (schedule == "multistep") {
+  if (schedule == LrSchedule::kMultiStep) {
     // MultiStepLR: gamma to the number of milestones reached (bisect_right).
     const auto reached = std::upper_bound(options.milestones.begin(), options.milestones.end(), t) -
                          options.milestones.begin();
     return std::pow(options.gamma, static_cast<double>(reached));
   }
-  if (schedule == "cosine") {
-    if (options.t_max == 0) return lr_schedule_factor("cosine", t, total_steps - warmup);
+  if (schedule == LrSchedule::kCosine) {
+    if (options.t_max == 0) return lr_schedule_factor(schedule, t, total_steps - warmup);
     // Past T_max PyTorch's recursion follows the same cosine back up (period 2 T_max).
     const double pi = std::acos(-1.0);
     return (1 + std::cos(pi * static_cast<double>(t) / static_cast<double>(options.t_max))) / 2;

@@ -29,7 +29,6 @@
 #include "shoal/launcher/launch.h"
 #include "shoal/log.h"
 #include "shoal/memory/cpu_allocator.h"
-#include "shoal/models/gpt.h"
 #include "shoal/models/registry.h"
 #include "shoal/train/clip_grad.h"
 #include "shoal/models/script_model.h"
@@ -49,13 +48,22 @@ void check_data(const TensorData& data, const char* what) {
                 " targets");
 }
 
-/// The optimizer as `shoal train` builds it (make_optimizer); the options are checked first, so
-/// that a bad learning rate is reported as the trainer's InvalidArgument rather than LibTorch's.
+/// `options`, checked: the public constructors validate once and build through the private ones.
+TrainOptions validated(TrainOptions options) {
+  options.validate();
+  return options;
+}
+
+/// make_optimizer on options that passed validate().
+std::unique_ptr<torch::optim::Optimizer> build_optimizer(const TrainOptions& options,
+                                                         const std::vector<at::Tensor>& parameters);
+
+/// The optimizer as `shoal train` builds it (make_optimizer). The options were checked before,
+/// so that a bad learning rate is reported as the trainer's InvalidArgument rather than LibTorch's.
 std::unique_ptr<torch::optim::Optimizer> make_builtin_optimizer(const TrainOptions& options,
                                                                 torch::nn::Module* model) {
-  options.validate();
   if (model == nullptr) return nullptr;
-  return make_optimizer(options, model->parameters());
+  return build_optimizer(options, model->parameters());
 }
 
 /// Checkpoint config keys of the fp16 loss scaler's state: "grad_scaler.scale", ...
@@ -148,7 +156,11 @@ EvalResult evaluate_model_loss(torch::nn::Module& model, const BatchLoss& model_
 
 Trainer::Trainer(TrainOptions options, std::shared_ptr<models::Model> model,
                  std::unique_ptr<Strategy> strategy)
-    : Trainer(options, model,
+    : Trainer(Validated{}, validated(std::move(options)), std::move(model), std::move(strategy)) {}
+
+Trainer::Trainer(Validated, TrainOptions options, std::shared_ptr<models::Model> model,
+                 std::unique_ptr<Strategy> strategy)
+    : Trainer(Validated{}, options, model,
               [model](const at::Tensor& input) { return model->forward(input); },
               make_builtin_optimizer(options, model.get()),
               loss_function(options.loss), std::move(strategy)) {
@@ -177,8 +189,14 @@ Trainer::Trainer(TrainOptions options, std::shared_ptr<torch::nn::Module> module
                  std::function<at::Tensor(const at::Tensor&)> forward,
                  std::unique_ptr<torch::optim::Optimizer> optimizer, LossFunction loss,
                  std::unique_ptr<Strategy> strategy)
+    : Trainer(Validated{}, validated(std::move(options)), std::move(module), std::move(forward),
+              std::move(optimizer), std::move(loss), std::move(strategy)) {}
+
+Trainer::Trainer(Validated, TrainOptions options, std::shared_ptr<torch::nn::Module> module,
+                 std::function<at::Tensor(const at::Tensor&)> forward,
+                 std::unique_ptr<torch::optim::Optimizer> optimizer, LossFunction loss,
+                 std::unique_ptr<Strategy> strategy)
     : options_(std::move(options)), strategy_(std::move(strategy)) {
-  options_.validate();
   SHOAL_CHECK_T(InvalidArgument, module != nullptr, "Trainer: no model given");
   SHOAL_CHECK_T(InvalidArgument, forward != nullptr, "Trainer: no forward function given");
   SHOAL_CHECK_T(InvalidArgument, optimizer != nullptr, "Trainer: no optimizer given");
@@ -217,7 +235,7 @@ void Trainer::prepare_strategy() {
 
 void Trainer::apply_lr_schedule(int64_t total_steps) {
   // Without a schedule, the optimizer's lr is the user's business.
-  if (options_.lr_schedule == "constant" && options_.warmup_steps == 0) return;
+  if (options_.lr_schedule == LrSchedule::kConstant && options_.warmup_steps == 0) return;
   const double factor = lr_schedule_factor(options_, state_.step, total_steps);
   auto& groups = state_.optimizer->param_groups();
   for (size_t g = 0; g < groups.size(); ++g) {
@@ -292,7 +310,7 @@ void Trainer::save_checkpoint(int64_t completed_epochs, int64_t samples_seen) {
   checkpoint::CheckpointManagerOptions manager_options;
   manager_options.keep_last = options_.checkpoint_keep;
   checkpoint::CheckpointManager manager(options_.checkpoint_dir, manager_options);
-  const bool sharded = options_.checkpoint_format == "sharded";
+  const bool sharded = options_.checkpoint_format == CheckpointFormat::kSharded;
   checkpoint::ShardedTrainingState pieces;
   if (sharded) {
     // Each rank's own pieces, nothing gathered.
@@ -353,16 +371,23 @@ TrainResult Trainer::fit(const data::BatchDataset& train, const data::BatchDatas
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const TrainOptions& options,
                                                         const std::vector<at::Tensor>& parameters) {
   options.validate();
+  return build_optimizer(options, parameters);
+}
+
+namespace {
+
+std::unique_ptr<torch::optim::Optimizer> build_optimizer(const TrainOptions& options,
+                                                         const std::vector<at::Tensor>& parameters) {
   // A tied weight is listed twice by LibTorch: stepping it twice would double its update.
   std::vector<at::Tensor> params = unique_parameters(parameters);
-  if (options.optimizer == "adam") {
+  if (options.optimizer == Optimizer::kAdam) {
     return std::make_unique<torch::optim::Adam>(
         params, torch::optim::AdamOptions(options.lr)
                     .betas(std::make_tuple(options.beta1, options.beta2))
                     .eps(options.eps)
                     .weight_decay(options.weight_decay.value_or(0)));
   }
-  if (options.optimizer == "adamw") {
+  if (options.optimizer == Optimizer::kAdamW) {
     return std::make_unique<torch::optim::AdamW>(
         params, torch::optim::AdamWOptions(options.lr)
                     .betas(std::make_tuple(options.beta1, options.beta2))
@@ -375,6 +400,8 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const TrainOptions& opti
                   .weight_decay(options.weight_decay.value_or(0)));
 }
 
+}  // namespace
+
 void Trainer::apply_training_features() {
   state_.micro_batch_size = options_.accumulate > 1 ? options_.batch_size : 0;
   state_.max_grad_norm = options_.clip_grad_norm;
@@ -383,14 +410,14 @@ void Trainer::apply_training_features() {
       return strategy_->clip_grad_norm(state_, max_norm);
     };
   }
-  if (options_.precision == "bf16") {
+  if (options_.precision == Precision::kBf16) {
     state_.autocast_dtype = at::kBFloat16;
-  } else if (options_.precision == "fp16") {
+  } else if (options_.precision == Precision::kFp16) {
     state_.autocast_dtype = at::kHalf;
   } else {
     state_.autocast_dtype.reset();
   }
-  const bool scaled = options_.precision == "fp16" || options_.grad_scaler.has_value();
+  const bool scaled = options_.precision == Precision::kFp16 || options_.grad_scaler.has_value();
   if (!scaled) {
     state_.grad_scaler.reset();
   } else if (!state_.grad_scaler) {
@@ -420,9 +447,9 @@ struct LoadedData {
 data::TensorFileOptions tensor_file_options(const TrainOptions& options,
                                             const models::Model* model) {
   data::TensorFileOptions file;
-  if (const auto* gpt = dynamic_cast<const models::Gpt*>(model)) {
+  if (options.model == "gpt") {  // built from options.gpt
     file.targets = data::TensorFileOptions::Targets::kTokens;
-    file.num_classes = gpt->config().vocab_size;
+    file.num_classes = options.gpt.vocab_size;
   } else if (model != nullptr && model->owns_loss()) {
     file.targets = data::TensorFileOptions::Targets::kAsSaved;
   } else if (!takes_class_targets(options.loss)) {
@@ -446,7 +473,7 @@ int64_t output_width(const data::TensorFileOptions& file, const at::Tensor& targ
 /// A token stream (options.data_path, and val_data_path when set) cut into the GPT's blocks.
 LoadedData load_token_data(const TrainOptions& options) {
   data::TokenFileOptions file;
-  file.dtype = data::parse_token_dtype(options.token_dtype);
+  file.dtype = options.token_dtype;
   file.vocab_size = options.gpt.vocab_size;
   const int64_t block = options.gpt.block_size;
   LoadedData loaded;
@@ -545,7 +572,7 @@ LoadedData load_data(const TrainOptions& options, const data::TensorFileOptions&
 /// models are built to the data's shape; a script model brings its own. The forward runs in eval
 /// mode without gradients (no BatchNorm statistics move, no dropout draws) and the loss is the
 /// trainer's own.
-void check_model_fits_data(models::ScriptModel& model, const LoadedData& loaded,
+void check_model_fits_data(models::Model& model, const LoadedData& loaded,
                            const TrainOptions& options) {
   if (loaded.train->size() == 0) return;
   const data::Batch batch = loaded.train->get_batch(
@@ -579,7 +606,7 @@ void check_model_fits_data(models::ScriptModel& model, const LoadedData& loaded,
     const auto* error = dynamic_cast<const c10::Error*>(&e);
     std::string why = error ? error->what_without_backtrace() : e.what();
     why = why.substr(0, why.find('\n'));
-    SHOAL_THROW(InvalidArgument, model.path(), " returns ", output.sizes(), " for inputs ",
+    SHOAL_THROW(InvalidArgument, options.model, " returns ", output.sizes(), " for inputs ",
                 batch.data.sizes(), " from ", loaded.where, ", which the loss (",
                 loss_name(options.loss), ") cannot take with targets ", batch.target.sizes(),
                 labels, ": ", why, "; the model must return ",
@@ -608,9 +635,7 @@ TrainResult run_training(const TrainOptions& options, std::unique_ptr<Strategy> 
   LoadedData loaded = load_data(options, tensor_file_options(options, model.get()));
   model_options.shape = loaded.shape;
   if (!model) model = models::create(options.model, options.seed, model_options);
-  if (auto* script = dynamic_cast<models::ScriptModel*>(model.get())) {
-    check_model_fits_data(*script, loaded, options);
-  }
+  if (models::is_script_path(options.model)) check_model_fits_data(*model, loaded, options);
   if (!options.init_from.empty()) {
     // Any state dict: torch.save(model.state_dict()) from Python, a DDP one ("module." keys are
     // accepted), or a Shoal checkpoint's model. Every key must match.
@@ -632,7 +657,9 @@ TrainResult run_training(const TrainOptions& options, std::unique_ptr<Strategy> 
               train_size, " train / ", test_size, " test samples from ", loaded.where,
               ", batch ", options.batch_size, world > 1 ? " per rank" : "", ", lr ", options.lr,
               ", momentum ", options.momentum,
-              options.lr_schedule == "constant" ? "" : ", lr schedule " + options.lr_schedule,
+              options.lr_schedule == LrSchedule::kConstant
+                  ? ""
+                  : std::string(", lr schedule ") + lr_schedule_name(options.lr_schedule),
               ", seed ", options.seed, ", ", world, " process",
               world > 1 ? "es" : "", " x ", torch::get_num_threads(), " threads",
               strategy && !strategy->describe().empty() ? ", " + strategy->describe() : "");
@@ -642,7 +669,7 @@ TrainResult run_training(const TrainOptions& options, std::unique_ptr<Strategy> 
   // torch.manual_seed(seed) at the top of a Python script, on every rank). A resumed run puts the
   // checkpoint's generator state back over this.
   torch::manual_seed(options.seed);
-  Trainer trainer(options, std::move(model), std::move(strategy));
+  Trainer trainer(Trainer::Validated{}, options, std::move(model), std::move(strategy));
   // Restarted by `shoal run --max-restarts` (or torchrun) after a worker died: carry on from the
   // last intact checkpoint, when one was written.
   const bool restarted = launcher::restart_count() > 0 && !options.checkpoint_dir.empty() &&

@@ -424,5 +424,86 @@ TEST_F(CheckpointFormat, DcpFolderLoadsIntoPyTorchsStateDict) {
   EXPECT_TRUE(std::filesystem::exists(path("full/keep.txt")));
 }
 
+// save_dcp → load_dcp gives back every tensor, bit for bit and in dtype (views, 0-d and empty
+// tensors included); damaged folders are refused naming the file.
+TEST_F(CheckpointFormat, DcpRoundTripAndDamagedFolders) {
+  auto net = make_net();
+  StateDict state = shoal::checkpoint::state_dict(*net);
+  state.insert("extra.bf16", torch::randn({3, 5}).to(torch::kBFloat16));
+  state.insert("extra.steps", torch::tensor(int64_t{12345}));
+  state.insert("extra.view", torch::arange(24, torch::kFloat32).view({4, 6}).t());
+  state.insert("extra.empty", torch::empty({0, 3}));
+  save_dcp(state, path("dcp"));
+  ASSERT_TRUE(is_dcp_folder(path("dcp")));
+  EXPECT_FALSE(is_dcp_folder(dir_));
+  const DcpContents back = load_dcp(path("dcp"));
+  EXPECT_EQ(shoal::testing::compare_state_dicts(back.tensors, state), "");
+  EXPECT_TRUE(back.skipped.empty());
+
+  // The last tensor's bytes cut short: refused before anything is read, naming the data file.
+  std::filesystem::copy(path("dcp"), path("short"));
+  const std::string data = path("short/__0_0.distcp");
+  std::filesystem::resize_file(data, std::filesystem::file_size(data) - 10);
+  expect_error([&] { load_dcp(path("short")); }, {data, "lie beyond the end of the file", "truncated"});
+  // Without .metadata (a save cut short) there is no checkpoint.
+  std::filesystem::copy(path("dcp"), path("headless"));
+  std::filesystem::remove(path("headless/.metadata"));
+  expect_error([&] { load_dcp(path("headless")); }, {path("headless/.metadata"), "file not found"});
+}
+
+// DCP folders PyTorch 2.x's dcp.save wrote, once for the suite (dcp_oracle.py says what each is).
+class DcpFromPyTorch : public CheckpointFormat {
+ protected:
+  static void SetUpTestSuite() {
+    const std::string python = shoal::testing::torch2_python();
+    if (python.empty()) return;
+    oracle_dir_ = new std::string(shoal::testing::temp_dir("dcp-oracle"));
+    const char* source = std::getenv("SHOAL_SOURCE_DIR");
+    const std::string script = std::string(source ? source : ".") + "/tests/checkpoint/dcp_oracle.py";
+    result_ = new shoal::testing::PythonResult(shoal::testing::run_command(python + " " + script + " " + *oracle_dir_));
+  }
+  static void TearDownTestSuite() {
+    if (oracle_dir_ != nullptr) std::filesystem::remove_all(*oracle_dir_);
+    delete oracle_dir_;
+    delete result_;
+    oracle_dir_ = nullptr;
+    result_ = nullptr;
+  }
+  void SetUp() override {
+    CheckpointFormat::SetUp();
+    if (oracle_dir_ == nullptr) GTEST_SKIP() << "PyTorch 2.x not installed (scripts/setup_torch_pypi.sh)";
+    ASSERT_TRUE(shoal::testing::oracle_succeeded(*result_));
+  }
+  static std::string oracle(const std::string& name) { return *oracle_dir_ + "/" + name; }
+
+  static std::string* oracle_dir_;
+  static shoal::testing::PythonResult* result_;
+};
+std::string* DcpFromPyTorch::oracle_dir_ = nullptr;
+shoal::testing::PythonResult* DcpFromPyTorch::result_ = nullptr;
+
+TEST_F(DcpFromPyTorch, PlainModelLoadsBitForBit) {
+  const DcpContents dcp = load_dcp(oracle("plain"));
+  EXPECT_EQ(shoal::testing::compare_state_dicts(dcp.tensors, load_state_dict_file(oracle("plain.pt"))), "");
+  EXPECT_EQ(dcp.skipped, std::vector<std::string>{"note.lr"});  // DCP flattens nested dicts
+  // What --init-from and shoal ckpt read: the same tensors.
+  EXPECT_EQ(shoal::testing::compare_state_dicts(load_state_dict_file(oracle("plain")), dcp.tensors), "");
+}
+
+TEST_F(DcpFromPyTorch, Fsdp2ModelSavedOnTwoRanksLoadsWhole) {
+  const DcpContents dcp = load_dcp(oracle("fsdp"));
+  EXPECT_EQ(shoal::testing::compare_state_dicts(dcp.tensors, load_state_dict_file(oracle("fsdp.pt"))), "");
+  EXPECT_TRUE(std::filesystem::exists(oracle("fsdp/__1_0.distcp")));  // really two ranks' files
+}
+
+TEST_F(DcpFromPyTorch, HostileMetadataIsRefused) {
+  const std::string metadata = "/.metadata";
+  expect_error([&] { load_dcp(oracle("outside")); },
+               {oracle("outside") + metadata, "'0.weight' lies outside the tensor"});
+  expect_error([&] { load_dcp(oracle("overlap")); }, {oracle("overlap") + metadata, "chunks of '0.weight' overlap"});
+  expect_error([&] { load_dcp(oracle("dtype")); }, {oracle("dtype/__0_0.distcp"), "float32", "says float64"});
+  expect_error([&] { load_dcp(oracle("evil")); }, {oracle("evil") + metadata, "'builtins.eval'", "does not load"});
+}
+
 }  // namespace test_checkpoint_format
 }  // namespace shoal::checkpoint

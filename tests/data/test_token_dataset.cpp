@@ -70,6 +70,9 @@ TEST(TokenFile, ReadsLittleEndianUint16AndUint32) {
   EXPECT_TRUE(torch::equal(large.read(0, 2), torch::tensor({int64_t{1}, int64_t{0x80010000}}, torch::kLong)));
   EXPECT_EQ(large.check_vocab(), 0x80010000);
   EXPECT_EQ(parse_token_dtype("uint32"), TokenDtype::kUInt32);
+  for (TokenDtype dtype : {TokenDtype::kUInt16, TokenDtype::kUInt32}) {
+    EXPECT_EQ(parse_token_dtype(token_dtype_name(dtype)), dtype);
+  }
   EXPECT_THROW(parse_token_dtype("int8"), InvalidArgument);
 }
 

@@ -658,6 +658,152 @@ TEST_F(Launcher, DdpTrainingSurvivesAWorkerKilledMidEpoch) {
   EXPECT_NEAR(got, expected, 0.03);
 }
 
+// The pid of the child of `launcher` whose environment has RANK=`rank` (-1 when none).
+pid_t worker_of_rank(pid_t launcher, int rank) {
+  std::istringstream pids(read_file("/proc/" + std::to_string(launcher) + "/task/" +
+                                    std::to_string(launcher) + "/children"));
+  for (pid_t p; pids >> p;) {
+    std::string env = read_file("/proc/" + std::to_string(p) + "/environ");
+    std::replace(env.begin(), env.end(), '\0', '\n');
+    if (("\n" + env).find("\nRANK=" + std::to_string(rank) + "\n") != std::string::npos) return p;
+  }
+  return -1;
+}
+
+// The lines of SHOAL_FT_SAMPLE_LOG's files (fault_tolerant_ddp_strategy.h): how often each
+// sample was trained on in a committed step, by any rank.
+struct SampleLog {
+  std::map<int64_t, int> counts;
+  std::set<std::string> commits;  // "generation attempt"
+  std::map<int, int> commits_by_rank;
+};
+
+SampleLog read_sample_logs(const fs::path& dir, int ranks) {
+  SampleLog log;
+  std::vector<std::pair<std::string, std::vector<int64_t>>> tries;
+  for (int rank = 0; rank < ranks; ++rank) {
+    std::istringstream lines(read_file(dir / ("samples.rank" + std::to_string(rank))));
+    for (std::string line; std::getline(lines, line);) {
+      std::istringstream in(line);
+      std::string kind, epoch, generation, attempt;
+      in >> kind;
+      if (kind == "T") in >> epoch;
+      in >> generation >> attempt;
+      if (kind == "C") {
+        log.commits.insert(generation + " " + attempt);
+        ++log.commits_by_rank[rank];
+        continue;
+      }
+      std::vector<int64_t> ids;
+      for (int64_t id; in >> id;) ids.push_back(id);
+      tries.emplace_back(generation + " " + attempt, ids);
+    }
+  }
+  for (const auto& [attempt, ids] : tries) {
+    if (log.commits.count(attempt) == 0) continue;
+    for (int64_t id : ids) ++log.counts[id];
+  }
+  return log;
+}
+
+class FaultTolerant : public Launcher {
+ protected:
+  static constexpr int kSamples = 1500;
+  // 3 ranks of DDP under `shoal run`; SIGKILLs job rank `victim` once `ready()` (a real kill from
+  // outside, at whatever the rank is doing then).
+  RunResult train_and_kill(int victim, const std::function<bool()>& ready,
+                           std::vector<std::string> extra) {
+    if (!fs::exists("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz")) {
+      shoal::testing::skip_program(shoal::testing::Dependency::kOptional,
+                                   "Fashion-MNIST is not installed");
+    }
+    std::vector<std::string> args = {"run", "--nproc-per-node", "3", "--master-port", "0",
+                                     shoal_binary(), "train", "--strategy", "ddp", "--model",
+                                     "mlp", "--epochs", "1", "--train-samples",
+                                     std::to_string(kSamples), "--test-samples", "200",
+                                     "--batch-size", "10", "--no-progress", "--dump-parameters",
+                                     (dir_ / "weights").string()};
+    args.insert(args.end(), extra.begin(), extra.end());
+    // A survivor blocked on another survivor whose collective failed first waits for the
+    // collective time-out: 10 s keeps the test short.
+    ShoalProcess job(args, {{"SHOAL_FT_SAMPLE_LOG", (dir_ / "samples").string()},
+                            {"SHOAL_TIMEOUT", "10s"}});
+    EXPECT_TRUE(shoal::testing::wait_until(ready, Milliseconds(90'000))) << "never ready to kill";
+    const pid_t pid = worker_of_rank(job.pid(), victim);
+    EXPECT_GT(pid, 0);
+    if (pid > 0) ::kill(pid, SIGKILL);
+    return job.wait(Milliseconds(120'000));
+  }
+  // Ready once job rank `rank` logged `steps` committed steps (SHOAL_FT_SAMPLE_LOG).
+  std::function<bool()> committed(int rank, int steps) {
+    return [this, rank, steps] {
+      const std::string text = read_file(dir_ / ("samples.rank" + std::to_string(rank)));
+      return std::count(text.begin(), text.end(), 'C') >= steps;
+    };
+  }
+};
+
+TEST_F(FaultTolerant, DdpSurvivorsFinishTheEpochWhenRankZeroIsKilled) {
+  // Rank 0 dies: the store is the launcher's, so the others go on.
+  const auto result = train_and_kill(0, committed(0, 8), {"--fault-tolerant"});
+  ASSERT_EQ(result.code, 0) << result.err;
+  EXPECT_NE(result.err.find("goes on with 2 replicas (ranks 1,2)"), std::string::npos) << result.err;
+  SampleLog log = read_sample_logs(dir_, 3);
+  std::printf("steps committed: rank 0 %d (killed), ranks 1 and 2 %d and %d\n",
+              log.commits_by_rank[0], log.commits_by_rank[1], log.commits_by_rank[2]);
+  // The kill came mid-epoch: rank 0 committed some steps, the survivors more.
+  EXPECT_GE(log.commits_by_rank[0], 8);
+  EXPECT_GT(log.commits_by_rank[1], log.commits_by_rank[0]);
+  EXPECT_EQ(log.commits_by_rank[1], log.commits_by_rank[2]);
+  // Every sample of the epoch once, in committed steps of whichever rank trained it.
+  EXPECT_EQ(log.counts.size(), static_cast<size_t>(kSamples));
+  int twice = 0;
+  for (const auto& [id, count] : log.counts) twice += count != 1;
+  EXPECT_EQ(twice, 0);
+  // The survivors (replicas 0 and 1 of the last generation) hold the same weights, bit for bit.
+  const std::string a = read_file(dir_ / "weights.rank0.pt");
+  const std::string b = read_file(dir_ / "weights.rank1.pt");
+  ASSERT_FALSE(a.empty());
+  EXPECT_TRUE(a == b) << "the survivors' weights differ";
+  EXPECT_FALSE(fs::exists(dir_ / "weights.rank2.pt"));
+}
+
+TEST_F(FaultTolerant, WithoutItTheSameKillEndsTheJob) {
+  const fs::path ckpt = dir_ / "ckpt";
+  const auto result =
+      train_and_kill(1, [&] { return fs::exists(ckpt / "checkpoint_000000.pt"); },
+                     {"--checkpoint-dir", ckpt.string(), "--checkpoint-every", "4"});
+  EXPECT_EQ(result.code, 128 + SIGKILL) << result.err;
+  EXPECT_NE(result.err.find("rank 1"), std::string::npos) << result.err;
+  EXPECT_FALSE(fs::exists(dir_ / "weights.rank0.pt")) << "the job trained to its end";
+}
+
+TEST_F(FaultTolerant, FewerThanMinReplicasLeftEndsTheJobClearly) {
+  const auto result = train_and_kill(2, committed(2, 4), {"--fault-tolerant", "--min-replicas", "3"});
+  EXPECT_NE(result.code, 0) << result.err;
+  EXPECT_NE(result.err.find("fewer than --min-replicas 3"), std::string::npos) << result.err;
+  EXPECT_FALSE(fs::exists(dir_ / "weights.rank0.pt")) << "the job trained to its end";
+}
+
+TEST_F(FaultTolerant, RefusesWhatItCannotTrainInOneLine) {
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"--strategy", "fsdp", "--fault-tolerant"}, "--fault-tolerant applies to --strategy ddp"},
+      {{"--strategy", "ddp", "--fault-tolerant", "--sync", "localsgd"}, "--sync localsgd"},
+      {{"--strategy", "ddp", "--fault-tolerant", "--backend", "shm"}, "--backend shm"},
+      {{"--strategy", "ddp", "--fault-tolerant", "--accumulate", "2"}, "--accumulate"},
+      {{"--strategy", "ddp", "--fault-tolerant", "--precision", "bf16"}, "--precision bf16"},
+      {{"--strategy", "ddp", "--min-replicas", "2"}, "--min-replicas applies to --fault-tolerant"},
+  };
+  for (const auto& [flags, says] : cases) {
+    std::vector<std::string> args{"train", "--epochs", "1", "--train-samples", "64"};
+    args.insert(args.end(), flags.begin(), flags.end());
+    const auto result = run_shoal(args);
+    EXPECT_NE(result.code, 0) << says;
+    EXPECT_NE(result.err.find("shoal: error: "), std::string::npos) << result.err;
+    EXPECT_NE(result.err.find(says), std::string::npos) << result.err;
+  }
+}
+
 TEST_F(Launcher, MasterPortZeroPicksOneBindablePortForAll) {
   // Rank 0 binds the port it was given (as the TCP store will); every rank reports it.
   const auto worker = script("port.sh", R"(

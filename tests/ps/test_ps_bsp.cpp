@@ -37,7 +37,7 @@ Data make_data(int workers) {
 
 // The learning-rate factor of step t: 1, or the trainer's cosine schedule over the 50 steps.
 double lr_factor(const std::string& schedule, int t) {
-  return train::lr_schedule_factor(schedule, t, kSteps);
+  return train::lr_schedule_factor(::shoal::train::parse_lr_schedule(schedule), t, kSteps);
 }
 
 // Single-process reference: step t uses rows [t*W*b, (t+1)*W*b), at lr kLr * factor.

@@ -75,7 +75,7 @@ double train_accuracy(const Recipe& recipe, Consistency consistency,
     to.batch_size = kBatch;
     to.lr = recipe.lr;
     to.momentum = recipe.momentum;
-    to.lr_schedule = "cosine";
+    to.lr_schedule = ::shoal::train::LrSchedule::kCosine;
     to.threads = 0;
     to.progress = train::ProgressMode::kNone;
     to.log_interval = 0;

@@ -11,15 +11,12 @@ import os
 import sys
 import tempfile
 
-from test_script_support import FASHION_MNIST, Checks, require_fashion_mnist, run_shoal, skip
+from test_script_support import FASHION_MNIST, Checks, require_fashion_mnist, require_torch, run_shoal
 
 SHOAL = sys.argv[1]
 DATA = FASHION_MNIST
 require_fashion_mnist()
-try:
-    import torch
-except ImportError:
-    skip("python3-torch is not installed")
+torch = require_torch()
 
 checks = Checks("cli_consistency")
 check = checks.check

@@ -16,14 +16,11 @@ import os
 import sys
 import tempfile
 
-from test_script_support import Checks, FASHION_MNIST, require_fashion_mnist, run_shoal, skip
+from test_script_support import Checks, FASHION_MNIST, require_fashion_mnist, require_torch, run_shoal
 
 SHOAL = sys.argv[1]
 require_fashion_mnist()
-try:
-    import torch
-except ImportError:
-    skip("python3-torch is not installed")
+torch = require_torch()
 import train_features_oracle as oracle  # noqa: E402
 
 checks = Checks("cli_train_features")

@@ -17,15 +17,12 @@ import os
 import sys
 import tempfile
 
-from test_script_support import Checks, run_shoal, skip
+from test_script_support import Checks, require_torch, run_shoal
 
 SHOAL = sys.argv[1]
-try:
-    import torch
-    import torch.nn as nn
-    import torch.nn.functional as F
-except ImportError:
-    skip("python3-torch is not installed")
+torch = require_torch()
+import torch.nn as nn  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
 
 torch.set_num_threads(1)
 checks = Checks("data_files")

@@ -13,6 +13,10 @@
               of the same weights (past the block size); sampling is seeded
   ddp, fsdp   2 ranks of 4 blocks: 12 steps equal PyTorch's DDP (DistributedSampler shards,
               gradients averaged); fsdp (ZeRO-3, the tied head too) with Adam
+  pipeline    --stages 2 (the tied wte on both stages, gradients summed): 50 AdamW steps equal
+              one process's loop, also stopped mid-epoch and resumed; --micro-batches 2 weighted
+              by their counted targets (SGD, --clip-grad-norm) equal whole batches, alone and
+              with 2 replicas (4 processes) against PyTorch's DDP on 2 ranks
   token files --data train.bin --val-data val.bin (uint16, nanoGPT's files): 2 epochs of blocks
               dealt as ExactlyOnceSampler does (each block once, ranks' shares cut to equal
               counts) equal PyTorch's loop on the same blocks in the same order, single and ddp
@@ -33,15 +37,10 @@ import subprocess
 import sys
 import tempfile
 
-from test_script_support import Checks, run_shoal, skip
+from test_script_support import Checks, require_torch, run_shoal
 
 SHOAL = sys.argv[1]
-try:
-    import torch
-    import torch.nn as nn
-    import torch.nn.functional as F
-except ImportError:
-    skip("python3-torch is not installed")
+torch = require_torch()
 
 torch.set_num_threads(1)
 checks = Checks("gpt_model")
@@ -50,84 +49,14 @@ check = checks.check
 N_LAYER, N_HEAD, N_EMBD, BLOCK, VOCAB = 2, 2, 32, 16, 64
 
 
-class CausalSelfAttention(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.c_attn = nn.Linear(N_EMBD, 3 * N_EMBD)
-        self.c_proj = nn.Linear(N_EMBD, N_EMBD)
-
-    def forward(self, x):
-        B, T, C = x.size()
-        q, k, v = self.c_attn(x).split(N_EMBD, dim=2)
-        k = k.view(B, T, N_HEAD, C // N_HEAD).transpose(1, 2)
-        q = q.view(B, T, N_HEAD, C // N_HEAD).transpose(1, 2)
-        v = v.view(B, T, N_HEAD, C // N_HEAD).transpose(1, 2)
-        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
-        mask = torch.tril(torch.ones(T, T)).view(1, 1, T, T)
-        att = F.softmax(att.masked_fill(mask == 0, float("-inf")), dim=-1)
-        y = (att @ v).transpose(1, 2).contiguous().view(B, T, C)
-        return self.c_proj(y)
+# nanoGPT's GPT, the one `shoal bench ddp --model gpt` races; LayerNorm weights start at 1 plus a
+# little noise, so that a wrong name or order shows.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench"))
+import gpt_torch  # noqa: E402
 
 
-class Mlp(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.c_fc = nn.Linear(N_EMBD, 4 * N_EMBD)
-        self.gelu = nn.GELU()
-        self.c_proj = nn.Linear(4 * N_EMBD, N_EMBD)
-
-    def forward(self, x):
-        return self.c_proj(self.gelu(self.c_fc(x)))
-
-
-class Block(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.ln_1 = nn.LayerNorm(N_EMBD)
-        self.attn = CausalSelfAttention()
-        self.ln_2 = nn.LayerNorm(N_EMBD)
-        self.mlp = Mlp()
-
-    def forward(self, x):
-        x = x + self.attn(self.ln_1(x))
-        return x + self.mlp(self.ln_2(x))
-
-
-class GPT(nn.Module):
-    """nanoGPT's GPT (model.py), without dropout and with the mask made per forward."""
-
-    def __init__(self):
-        super().__init__()
-        self.transformer = nn.ModuleDict(dict(
-            wte=nn.Embedding(VOCAB, N_EMBD),
-            wpe=nn.Embedding(BLOCK, N_EMBD),
-            h=nn.ModuleList([Block() for _ in range(N_LAYER)]),
-            ln_f=nn.LayerNorm(N_EMBD),
-        ))
-        self.lm_head = nn.Linear(N_EMBD, VOCAB, bias=False)
-        self.transformer.wte.weight = self.lm_head.weight
-        for name, p in self.named_parameters():
-            if name.endswith("bias"):
-                nn.init.zeros_(p)
-            elif "ln_" not in name:
-                std = 0.02 / math.sqrt(2 * N_LAYER) if name.endswith("c_proj.weight") else 0.02
-                nn.init.normal_(p, 0.0, std)
-            # LayerNorm weights stay 1; a little noise makes a wrong name or order show.
-            if "ln_" in name and name.endswith("weight"):
-                with torch.no_grad():
-                    p.add_(0.1 * torch.randn_like(p))
-
-    def logits(self, idx):
-        t = idx.size(1)
-        pos = torch.arange(0, t, dtype=torch.long)
-        x = self.transformer.wte(idx) + self.transformer.wpe(pos)
-        for block in self.transformer.h:
-            x = block(x)
-        return self.lm_head(self.transformer.ln_f(x))
-
-    def forward(self, idx, targets):
-        logits = self.logits(idx)
-        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
+def GPT():
+    return gpt_torch.GPT(N_LAYER, N_HEAD, N_EMBD, BLOCK, VOCAB, layer_norm_noise=0.1)
 
 
 # Weights to 1e-5 relative. Adam's eps is 1e-3, not its default 1e-8: the attention's key biases
@@ -280,6 +209,85 @@ with tempfile.TemporaryDirectory() as tmp:
         run = run_shoal(SHOAL, "train", *args, "--strategy", strategy, "--nproc-per-node", "2",
                         "--batch-size", "4", "--dump-parameters", dump)
         compare(run, model, dump, f"{strategy}, 2 ranks, {optimizer}")
+
+    # --- pipeline, 2 stages: the embeddings and block 0 | block 1, ln_f and the head. The tied
+    # wte is one copy per stage, their gradients summed after each backward (Megatron's way).
+    # 50 AdamW steps (5 epochs of 10 batches of 8 of --train-samples 80) equal one process's
+    # loop; a run stopped mid-epoch resumes to the same weights. In 2 micro-batches, weighted by
+    # their counted targets (y[0] ignores 3 positions), the loss is the whole batch's mean: with
+    # SGD (Adam turns the micro-batches' float32 rounding in the key biases' gradient, zero but
+    # for rounding, into steps of random sign) and --clip-grad-norm (the global norm counts the
+    # tied gradient once), alone and with 2 replicas of the pipeline (4 processes, DDP per stage)
+    # against PyTorch's DDP on 2 ranks.
+    LIMIT, EPOCHS = 80, 5
+    sgd_common = [a if a != "adamw" else "sgd" for a in common]
+    sgd_common[sgd_common.index("--lr") + 1] = "0.5"
+    sgd_common += ["--clip-grad-norm", "0.1"]
+
+    def sgd(model):
+        return torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9, weight_decay=0.1)
+
+    def pipeline_reference(replicas, make, clip=None):
+        ranks = [copy_of(initial) for _ in range(replicas)]
+        opts = [make(m) for m in ranks]
+        batch = 8 // replicas
+        for epoch in range(EPOCHS):
+            shares = []
+            for r in range(replicas):
+                sampler = torch.utils.data.DistributedSampler(
+                    range(LIMIT), num_replicas=replicas, rank=r, shuffle=True, seed=SEED)
+                sampler.set_epoch(epoch)
+                shares.append(torch.tensor(list(sampler)))
+            for begin in range(0, len(shares[0]), batch):
+                for r in range(replicas):
+                    idx = shares[r][begin:begin + batch]
+                    opts[r].zero_grad()
+                    ranks[r](x[idx], y[idx]).backward()
+                for ps in zip(*(m.parameters() for m in ranks)):
+                    mean = sum(p.grad for p in ps) / replicas
+                    for p in ps:
+                        p.grad.copy_(mean)
+                if clip:
+                    for m in ranks:
+                        torch.nn.utils.clip_grad_norm_(m.parameters(), clip)
+                for o in opts:
+                    o.step()
+        return ranks[0]
+
+    def pipeline_args(args, replicas, micro_batches):
+        return args + ["--strategy", "pipeline", "--stages", "2", "--replicas", str(replicas),
+                       "--micro-batches", str(micro_batches), "--train-samples", str(LIMIT),
+                       "--epochs", str(EPOCHS), "--batch-size", str(8 // replicas)]
+
+    for replicas, micro_batches, optimizer in ((1, 1, "adamw"), (1, 2, "sgd"), (2, 2, "sgd")):
+        what = (f"pipeline, 2 stages x {replicas} replica{'s' if replicas > 1 else ''}, "
+                f"{micro_batches} micro-batch{'es' if micro_batches > 1 else ''}, {optimizer}")
+        reference = (pipeline_reference(replicas, adamw) if optimizer == "adamw" else
+                     pipeline_reference(replicas, sgd, clip=0.1))
+        args = pipeline_args(common if optimizer == "adamw" else sgd_common, replicas,
+                             micro_batches)
+        dump = os.path.join(tmp, f"pipeline{replicas}{micro_batches}")
+        run = run_shoal(SHOAL, "train", *args, "--dump-parameters", dump)
+        compare(run, reference, dump, what)
+        if optimizer != "adamw":
+            continue
+        checkpoints = os.path.join(tmp, "pipeline_resume")
+        first = run_shoal(SHOAL, "train", *args, "--checkpoint-dir", checkpoints,
+                          "--checkpoint-every", "5", "--stop-after-steps", "25")
+        check(first.returncode == 0, f"{what}: the run stopped after 25 steps exits 0", first)
+        saved = sorted(glob.glob(os.path.join(checkpoints, "*.pt")))
+        check(len(saved) >= 1, f"{what}: a checkpoint in {checkpoints}", first)
+        if saved:
+            model_state = torch.load(saved[-1])["model"]
+            check(torch.equal(model_state["lm_head.weight"], model_state["transformer.wte.weight"]),
+                  f"{what}: the checkpoint's lm_head.weight is its transformer.wte.weight")
+            GPT().load_state_dict(model_state)
+        resumed_args = [a for i, a in enumerate(args)
+                        if a != "--init-from" and (i == 0 or args[i - 1] != "--init-from")]
+        dump = os.path.join(tmp, "pipeline_resumed")
+        run = run_shoal(SHOAL, "train", *resumed_args, "--checkpoint-dir", checkpoints, "--resume",
+                        "--dump-parameters", dump)
+        compare(run, reference, dump, f"{what}, stopped after 25 steps and resumed")
 
     # --- tensor parallelism: --mesh dp=2,tp=2, 4 ranks (heads, MLP and vocabulary split over
     # tp, DDP over dp) trains as ddp on 2 ranks does; its checkpoint is the whole model and the

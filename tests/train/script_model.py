@@ -30,15 +30,12 @@ import sys
 import tempfile
 from typing import Dict
 
-from test_script_support import Checks, run_shoal, skip
+from test_script_support import Checks, require_torch, run_shoal
 
 SHOAL = sys.argv[1]
-try:
-    import torch
-    import torch.nn as nn
-    import torch.nn.functional as F
-except ImportError:
-    skip("python3-torch is not installed")
+torch = require_torch()
+import torch.nn as nn  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
 
 torch.set_num_threads(1)
 checks = Checks("script_model")

@@ -289,13 +289,13 @@ TEST(CliTrain, OptionTableMatchesHelpValidateAndCheckpointConfig) {
   other.model = "mlp";
   other.lr = 0.5;
   other.momentum = 0.5;
-  other.lr_schedule = "cosine";
-  other.optimizer = "adam";
+  other.lr_schedule = ::shoal::train::LrSchedule::kCosine;
+  other.optimizer = ::shoal::train::Optimizer::kAdam;
   other.batch_size = 7;
   other.epochs = 9;
   other.accumulate = 3;
   other.milestones = {5, 6};
-  other.precision = "bf16";
+  other.precision = ::shoal::train::Precision::kBf16;
   shoal::train::inherit_checkpoint_config(other, saved, {}, "checkpoint");
   for (const shoal::train::TrainOption& row : shoal::train::train_option_table()) {
     if (row.key == nullptr || row.on_resume == shoal::train::OnResume::kKeep ||

@@ -162,7 +162,7 @@ TEST(GradScaler, TrainerSkipsAnOverflowingStepInsteadOfStopping) {
 
 TEST(GradScaler, Fp16PrecisionIsRefusedWhereTheCpuAutocastHasNoFloat16) {
   TrainOptions options;
-  options.precision = "fp16";
+  options.precision = ::shoal::train::Precision::kFp16;
   if (compat::cpu_autocast_supports(at::kHalf)) {
     EXPECT_NO_THROW(options.validate());
   } else {

@@ -127,7 +127,7 @@ Run run_shoal(const Case& c) {
   options.momentum = 0.9;
   options.accumulate = c.accumulate;
   options.clip_grad_norm = c.clip;
-  options.precision = c.precision;
+  options.precision = ::shoal::train::parse_precision(c.precision);
   options.device = c.device;
   options.grad_scaler = GradScalerOptions().init_scale(c.init_scale).growth_interval(c.growth_interval);
   const int world = ranks_of(c);
@@ -255,7 +255,7 @@ TEST(GradScalerPyTorch, Fp16AutocastWhereTheCpuHasIt) {
   if (!compat::cpu_autocast_supports(at::kHalf)) {
     // LibTorch 1.13: no CPU float16 autocast, so --precision fp16 is refused, not run in fp32.
     TrainOptions options;
-    options.precision = "fp16";
+    options.precision = ::shoal::train::Precision::kFp16;
     EXPECT_THROW(options.validate(), InvalidArgument);
     return;
   }

@@ -16,6 +16,15 @@ def skip(why):
     sys.exit(77)
 
 
+def require_torch():
+    """PyTorch (Debian's python3-torch), or a skip."""
+    try:
+        import torch
+    except ImportError:
+        skip("python3-torch is not installed")
+    return torch
+
+
 def require_fashion_mnist():
     if not os.path.exists(os.path.join(FASHION_MNIST, "train-images-idx3-ubyte.gz")):
         skip("Fashion-MNIST is not installed")

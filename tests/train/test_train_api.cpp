@@ -177,7 +177,7 @@ TEST(StrategySpec, RefusesWhatTheStrategyCannotDo) {
   EXPECT_NE(refusal([&] { spec.validate(options); }).find("--bucket-cap-mb applies"), std::string::npos);
   spec.model_parallel = 1;
   EXPECT_EQ(refusal([&] { spec.validate(options); }), "");
-  options.checkpoint_format = "sharded";
+  options.checkpoint_format = ::shoal::train::CheckpointFormat::kSharded;
   EXPECT_NE(refusal([&] { spec.validate(options); }).find("--checkpoint-format sharded applies to --strategy fsdp"),
             std::string::npos);
   spec.kind = StrategyKind::kFsdp;
@@ -202,6 +202,20 @@ TEST(StrategySpec, ChoicesParseToTheirEnumsAndBack) {
   for (const std::string& name : optimizer_names()) EXPECT_EQ(optimizer_name(parse_optimizer(name)), name);
   EXPECT_EQ(optimizer_names(), (std::vector<std::string>{"sgd", "adam", "adamw"}));
   EXPECT_EQ(refusal([] { parse_optimizer("lamb"); }).find("optimizer must be sgd, adam or adamw, got 'lamb'"),
+            0u);
+  // TrainOptions' closed choices: the names a checkpoint's config and the CLI use.
+  for (const std::string& name : lr_schedule_names()) EXPECT_EQ(lr_schedule_name(parse_lr_schedule(name)), name);
+  for (const std::string& name : precision_names()) EXPECT_EQ(precision_name(parse_precision(name)), name);
+  for (const std::string& name : checkpoint_format_names()) {
+    EXPECT_EQ(checkpoint_format_name(parse_checkpoint_format(name)), name);
+  }
+  EXPECT_EQ(lr_schedule_names(), (std::vector<std::string>{"constant", "cosine", "step", "multistep"}));
+  EXPECT_EQ(precision_names(), (std::vector<std::string>{"fp32", "bf16", "fp16"}));
+  EXPECT_EQ(checkpoint_format_names(), (std::vector<std::string>{"full", "sharded"}));
+  EXPECT_EQ(refusal([] { parse_precision("fp8"); }).find("precision must be fp32, bf16 or fp16, got 'fp8'"),
+            0u);
+  EXPECT_EQ(refusal([] { parse_checkpoint_format("dcp"); })
+                .find("--checkpoint-format must be full or sharded, got 'dcp'"),
             0u);
   EXPECT_NE(refusal([] { parse_comm_hook("int8"); }).find("unknown communication hook 'int8'"),
             std::string::npos);

@@ -291,11 +291,11 @@ TEST(TrainerCallbacks, AdamWScheduledAccumulatedRunResumesBitIdentical) {
   torch::set_num_threads(1);
   const std::string dir = shoal::testing::temp_path("shoal-adamw-resume");
   TrainOptions options = quiet_options();
-  options.optimizer = "adamw";
+  options.optimizer = ::shoal::train::Optimizer::kAdamW;
   options.lr = 0.002;
   options.weight_decay = 0.05;
   options.warmup_steps = 3;
-  options.lr_schedule = "cosine";
+  options.lr_schedule = ::shoal::train::LrSchedule::kCosine;
   options.accumulate = 2;
   options.epochs = 2;
   const TensorData train = synthetic(256, 1);  // 8 steps of 2 x 16 per epoch

@@ -89,7 +89,7 @@ TrainOptions options_of(const Case& c) {
   o.log_interval = 0;
   o.lr = std::stod(s.at("lr"));
   if (s.count("momentum")) o.momentum = std::stod(s.at("momentum"));
-  if (s.count("optimizer")) o.optimizer = s.at("optimizer");
+  if (s.count("optimizer")) o.optimizer = ::shoal::train::parse_optimizer(s.at("optimizer"));
   if (s.count("betas")) {
     const auto comma = s.at("betas").find(',');
     o.beta1 = std::stod(s.at("betas").substr(0, comma));
@@ -97,7 +97,7 @@ TrainOptions options_of(const Case& c) {
   }
   if (s.count("eps")) o.eps = std::stod(s.at("eps"));
   if (s.count("weight_decay")) o.weight_decay = std::stod(s.at("weight_decay"));
-  if (s.count("lr_schedule")) o.lr_schedule = s.at("lr_schedule");
+  if (s.count("lr_schedule")) o.lr_schedule = ::shoal::train::parse_lr_schedule(s.at("lr_schedule"));
   if (s.count("warmup_steps")) o.warmup_steps = std::stoll(s.at("warmup_steps"));
   if (s.count("warmup_start_factor")) o.warmup_start_factor = std::stod(s.at("warmup_start_factor"));
   if (s.count("step_size")) o.step_size = std::stoll(s.at("step_size"));
@@ -105,7 +105,7 @@ TrainOptions options_of(const Case& c) {
   if (s.count("milestones")) o.milestones = numbers(s.at("milestones"));
   if (s.count("clip")) o.clip_grad_norm = std::stod(s.at("clip"));
   if (s.count("accumulate")) o.accumulate = std::stoll(s.at("accumulate"));
-  if (s.count("precision")) o.precision = s.at("precision");
+  if (s.count("precision")) o.precision = ::shoal::train::parse_precision(s.at("precision"));
   return o;
 }
 

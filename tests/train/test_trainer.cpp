@@ -413,7 +413,7 @@ TEST(Trainer, WarmupThenCosineLrAtEveryStep) {
   options.batch_size = 4;
   options.epochs = 2;
   options.lr = 0.2;
-  options.lr_schedule = "cosine";
+  options.lr_schedule = ::shoal::train::LrSchedule::kCosine;
   options.warmup_steps = 3;
   options.warmup_start_factor = 0.25;
   const TensorData data = synthetic(16, 0);  // 4 steps an epoch, 8 in all

@@ -37,7 +37,7 @@ void check_against_pytorch(const std::string& model_name, int64_t size, int64_t 
   options.batch_size = batch;
   options.lr = lr;
   options.momentum = momentum;
-  options.lr_schedule = schedule;
+  options.lr_schedule = ::shoal::train::parse_lr_schedule(schedule);
   options.threads = 1;
   options.progress = ProgressMode::kNone;
   options.log_interval = 0;

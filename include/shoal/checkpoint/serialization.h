@@ -55,7 +55,8 @@ c10::IValue load(const std::string& path, const LoadOptions& options = {});
 void save_state_dict(const StateDict& state, const std::string& path);
 
 /// Loads a state dict from a file holding one, or the model of a full checkpoint (or of a sharded
-/// checkpoint, given its folder); a "module." prefix on every key is removed.
+/// checkpoint, given its folder, or the tensors of a DCP checkpoint, see dcp.h: its non-tensor
+/// entries are left out, with a note); a "module." prefix on every key is removed.
 StateDict load_state_dict_file(const std::string& path, const LoadOptions& options = {});
 
 /// Saves `state` as a dict Python can read (see to_ivalue()).

@@ -27,6 +27,8 @@ enum class TokenDtype { kUInt16, kUInt32 };
 
 /// "uint16" / "uint32" to a TokenDtype; throws InvalidArgument naming the value otherwise.
 TokenDtype parse_token_dtype(const std::string& name);
+/// The name parse_token_dtype reads as `dtype`: "uint16" or "uint32".
+const char* token_dtype_name(TokenDtype dtype);
 /// Bytes per token: 2 or 4.
 int64_t token_width(TokenDtype dtype);
 

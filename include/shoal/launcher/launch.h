@@ -80,6 +80,11 @@ struct LaunchOptions {
   /// --consistency bsp). A server's failure still stops everything. The exit status is 0 when
   /// every other process succeeds; the failures are reported.
   bool tolerate_worker_failures = false;
+  /// Fault-tolerant training (`shoal train --fault-tolerant`): node 0's launcher serves the job's
+  /// store at master_addr:master_port (workers are told SHOAL_FT_AGENT_STORE=1), so that any
+  /// worker may die, rank 0 included; a failed worker does not stop the others
+  /// (tolerate_worker_failures). The job fails when the launcher of node 0 dies.
+  bool fault_tolerant = false;
   /// torchrun's --rdzv-id: the job's name, given to the workers as TORCHELASTIC_RUN_ID.
   std::string run_id = "none";
   /// torchrun's --log-dir, --redirects and --tee: a worker's redirected streams go to

@@ -11,6 +11,10 @@
 // GPT.forward(idx, targets). Initialised as nanoGPT does: every Linear and Embedding weight
 // N(0, 0.02), the residual projections (c_proj) N(0, 0.02 / sqrt(2 n_layer)), biases 0.
 //
+// Pipeline parallelism cuts it between blocks (as_sequential: embeddings, blocks, final LayerNorm
+// with the head); the tied weight then lives on the first and the last stage, whose gradients
+// the pipeline sums (pipeline/tied_parameters.h).
+//
 // Tensor parallelism (parallel/tensor_parallel.h) splits the GPT's layers across ranks: the
 // modules here call their Linear and Embedding layers through LayerForwardHooks, where it puts its
 // collectives; the attention's forward takes as many heads as its (possibly sharded) c_attn yields.
@@ -19,6 +23,7 @@
 #pragma once
 
 #include <torch/nn/modules/container/modulelist.h>
+#include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/modules/embedding.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/modules/normalization.h>
@@ -76,6 +81,32 @@ class GptBlock : public torch::nn::Module {
   std::shared_ptr<GptMlp> mlp;
 };
 
+/// The first layer of the GPT's sequential form (Gpt::as_sequential): token ids [B,T] -> token
+/// plus position embeddings [B,T,C], then dropout, over the GPT's own wte and wpe. Its dropout
+/// follows the GPT's train()/eval() (through wte's mode), as the GPT's forward does.
+class GptEmbeddings : public torch::nn::Module {
+ public:
+  GptEmbeddings(torch::nn::Embedding wte, torch::nn::Embedding wpe, const GptConfig& config);
+  at::Tensor forward(const at::Tensor& idx);
+
+  torch::nn::Embedding wte{nullptr};
+  torch::nn::Embedding wpe{nullptr};
+
+ private:
+  GptConfig config_;
+};
+
+/// The last layer of the GPT's sequential form: ln_f, then the output head tied to the token
+/// embedding, [B,T,C] -> logits [B,T,vocab_size], over the GPT's own ln_f and lm_head.
+class GptHead : public torch::nn::Module {
+ public:
+  GptHead(torch::nn::LayerNorm ln_f, std::shared_ptr<torch::nn::Module> lm_head);
+  at::Tensor forward(const at::Tensor& x);
+
+  torch::nn::LayerNorm ln_f{nullptr};
+  std::shared_ptr<torch::nn::Module> lm_head;
+};
+
 /// How Gpt::generate samples (nanoGPT's sample.py).
 struct GenerateOptions {
   /// Tokens appended to the prompt.
@@ -110,6 +141,12 @@ class Gpt : public Model, public LayerForwardHooks {
   /// parallel::parallelize_gpt: attention heads, MLP width and vocabulary split over `tp`.
   parallel::TensorParallelLayout parallelize(std::shared_ptr<comm::ProcessGroup> tp) override;
   const GptConfig& config() const { return config_; }
+  /// GptEmbeddings, the blocks (h_0, h_1, ...), GptHead: the GPT's own layers, so a pipeline can
+  /// cut it between blocks. The first and the last layer share the tied wte.weight; a pipeline
+  /// whose first and last stage differ keeps one copy on each (pipeline::TiedParameters).
+  torch::nn::Sequential as_sequential() override;
+  /// The mean cross-entropy of the chain's logits (forward_loss's), over the targets not ignored.
+  SequentialLoss sequential_loss() override;
   /// idx [B,T] followed by options.max_new_tokens tokens, each drawn with `generator` from the
   /// next-token distribution of the last block_size tokens (nanoGPT's GPT.generate). Runs without
   /// autograd, in the model's current mode (call eval() first to turn dropout off).

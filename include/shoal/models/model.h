@@ -16,6 +16,7 @@
 #include <ATen/core/Tensor.h>
 #include <torch/nn/module.h>
 
+#include <functional>
 #include <memory>
 
 namespace torch::nn {
@@ -41,6 +42,18 @@ struct InputShape {
   int64_t num_classes = 10;
 };
 
+/// The loss of a model that owns_loss(), computed from the output of its as_sequential() chain:
+/// what a pipeline's last stage minimizes, since the chain ends in the model's output (the GPT's
+/// logits), not in its loss.
+struct SequentialLoss {
+  /// The batch's mean loss from the chain's output and the batch's targets.
+  std::function<at::Tensor(const at::Tensor& output, const at::Tensor& targets)> loss;
+  /// How many terms that mean averages for these targets (the GPT: the targets not ignored), so
+  /// that micro-batches' losses weighted by it average to the whole batch's loss. Null: one term
+  /// per sample.
+  std::function<int64_t(const at::Tensor& targets)> terms;
+};
+
 /// A module with one tensor in and one tensor out (logits), trainable by the built-in trainer.
 class Model : public torch::nn::Module {
  public:
@@ -55,9 +68,11 @@ class Model : public torch::nn::Module {
   virtual at::Tensor forward_loss(const at::Tensor& inputs, const at::Tensor& targets);
   /// The model as a chain of layers that pipelines can cut into stages: the model's own layer
   /// objects (no copy) under their registered names, with the functional steps of its forward
-  /// (relu, pooling, flatten) as parameter-free layers between them, so the Sequential computes
-  /// what forward() computes. Each call returns a new Sequential (a caller may regroup it freely).
-  /// A model whose forward is not such a chain throws InvalidArgument.
+  /// (relu, pooling, flatten) as parameter-free layers between them, or small modules grouping
+  /// the model's own layers (the GPT's embeddings; its final LayerNorm and tied head), so the
+  /// Sequential computes what forward() computes. A parameter two layers share (a tied weight)
+  /// stays one tensor in both. Each call returns a new Sequential (a caller may regroup it
+  /// freely). A model whose forward is not such a chain throws InvalidArgument.
   virtual torch::nn::Sequential as_sequential();
   /// A new model of the same kind and sizes holding a copy of this one's weights: what a strategy
   /// transforms when the trainer's own model must stay whole. Models that cannot be copied throw
@@ -67,6 +82,10 @@ class Model : public torch::nn::Module {
   /// (parallel::parallelize_module), and returns what was split. Every rank of `tp` calls it on
   /// an equal model. Models without a plan throw InvalidArgument.
   virtual parallel::TensorParallelLayout parallelize(std::shared_ptr<comm::ProcessGroup> tp);
+  /// For a model that owns_loss() and has an as_sequential() chain: its loss on the chain's
+  /// output. Empty (the default) for a model without one: a pipeline then applies the trainer's
+  /// loss to the chain's output, and refuses a model that owns its loss.
+  virtual SequentialLoss sequential_loss() { return {}; }
   /// The samples the model was built for (another replica of it is built from the same shape).
   const InputShape& input_shape() const { return input_shape_; }
 

@@ -13,9 +13,10 @@
 // forward_backward() splits the batch into micro-batches (tensor_split along dim 0: sizes differ
 // by at most one), runs this stage's schedule (see schedule.h), and sends activations forward and
 // their gradients back to the neighbouring stages with the process group's send/recv. The last
-// stage computes each micro-batch's loss scaled by its share of the batch (n_i / N), so the
-// accumulated gradients equal those of one backward on the whole batch's mean loss, and the
-// optimizer step after forward_backward is the full-batch step.
+// stage computes each micro-batch's loss scaled by its share of the batch's loss terms (n_i / N:
+// its samples by default; a language model's counted tokens, see LossTerms), so the accumulated
+// gradients equal those of one backward on the whole batch's mean loss, and the optimizer step
+// after forward_backward is the full-batch step.
 //
 // Every tensor travels after a small fixed-size header (kind, step, micro-batch, dtype, shape),
 // which the receiver checks and bounds (PipelineOptions::max_message_bytes) before it allocates.
@@ -77,6 +78,10 @@ struct PipelineOptions {
 /// A micro-batch's loss: the mean over its samples (cross_entropy's default reduction).
 using LossFunction = std::function<at::Tensor(const at::Tensor& output, const at::Tensor& target)>;
 
+/// How many terms a micro-batch's mean loss averages, from its targets: their weight in the
+/// batch's mean. A micro-batch with none (every target ignored) adds nothing to the loss.
+using LossTerms = std::function<int64_t(const at::Tensor& target)>;
+
 /// What a stage measured, summed over the steps since the last reset_stats().
 struct PipelineStats {
   int64_t steps = 0;
@@ -117,9 +122,10 @@ class Pipeline {
   /// One step's forward and backward passes (see the file comment). `inputs` [N, ...] is read on
   /// the first stage, `targets` [N, ...] and `loss` on the last; other stages may pass undefined
   /// tensors. Gradients accumulate into the stage's parameters' .grad (zero them before).
+  /// `terms` (last stage; null: one per sample) weighs the micro-batches' losses.
   /// Returns the batch's mean loss on the last stage, NaN on the others.
   double forward_backward(const at::Tensor& inputs, const at::Tensor& targets,
-                          const LossFunction& loss);
+                          const LossFunction& loss, const LossTerms& terms = nullptr);
 
   PipelineStats stats() const { return stats_; }
   void reset_stats() { stats_ = {}; }
@@ -133,6 +139,12 @@ class Pipeline {
   void run_forward(MicroBatch& mb, const LossFunction& loss);
   void run_backward(MicroBatch& mb, const LossFunction& loss, bool sync);
   at::Tensor run_layers(const at::Tensor& input, int64_t* activation_bytes);
+  /// The last stage's output for the micro-batch: its loss times its share of the batch.
+  static at::Tensor scaled_loss(const at::Tensor& output, const MicroBatch& mb,
+                                const LossFunction& loss);
+  /// Cuts the last stage's targets into the micro-batches, with each one's share of the batch.
+  void split_targets(const at::Tensor& targets, const LossTerms& terms,
+                     std::vector<MicroBatch>& mbs) const;
   [[noreturn]] void fail(std::exception_ptr error, const std::string& during);
 
   torch::nn::Sequential module_;

@@ -1,8 +1,9 @@
 // A model as a torch::nn::Sequential that pipelines can partition: Model::as_sequential(), which
-// each model implements (the built-in mlp and cnn, a scripted nn.Sequential): the same layer
+// each model implements (the built-in mlp, cnn and gpt, a scripted nn.Sequential): the same layer
 // objects (no copy), under the same names (fc1, conv1, ...), with the functional steps of their
 // forward (relu, max-pool, flatten) as parameter-free layers between them. The Sequential computes
-// what the model computes and its state dict has the model's keys.
+// what the model computes; the mlp's and cnn's state dict has the model's keys, the GPT's groups
+// its modules under other names (embeddings, h_0, ..., head): checkpoints are of the model.
 //
 // Thread safety: as torch::nn::Module.
 #pragma once

@@ -8,6 +8,12 @@
 // stages of a replica train on the same samples: the replica's DistributedSampler shard (R shards,
 // as DDP with R ranks), so with B samples per step the global batch is R x B.
 //
+// A model that computes its own loss (the GPT) gives the last stage its loss on the chain's
+// output (models::Model::sequential_loss), micro-batches weighted by their loss terms (tokens).
+// A parameter that two stages use (the GPT's token embedding, tied to its head on the last stage)
+// is one copy per stage, kept equal by summing their gradients after each backward
+// (pipeline::TiedParameters), as Megatron-LM does.
+//
 // Every rank keeps the whole model but trains its stage's layers only; synchronize() (before
 // evaluation and checkpoints) copies every stage's weights and optimizer state to every rank, so
 // evaluation runs on each rank's share of the test set and a checkpoint is one ordinary state
@@ -26,9 +32,13 @@
 
 namespace shoal::pipeline {
 class PipelineGrid;
+class TiedParameters;
 }
 namespace shoal::parallel {
 class DistributedDataParallelBase;
+}
+namespace shoal::models {
+class Model;
 }
 
 namespace shoal::train {
@@ -73,6 +83,8 @@ class PipelineStrategy : public Strategy {
  private:
   /// Sums across every rank of the job: the sum_across of the global gradient norm.
   SumAcross sum_across_ranks();
+  /// The last stage's loss: the trainer's, or the model's own on its chain (sets forward_loss).
+  void choose_loss(models::Model& model, TrainState& state);
 
   PipelineStrategyOptions options_;
   std::shared_ptr<comm::ProcessGroup> group_;
@@ -81,6 +93,10 @@ class PipelineStrategy : public Strategy {
   std::vector<int64_t> balance_;
   std::unique_ptr<pipeline::Pipeline> pipeline_;
   std::shared_ptr<parallel::DistributedDataParallelBase> ddp_;
+  std::unique_ptr<pipeline::TiedParameters> tied_;
+  /// The last stage's loss on the chain's output, and its micro-batches' weights (null: samples).
+  pipeline::LossFunction loss_;
+  pipeline::LossTerms loss_terms_;
 };
 
 }  // namespace shoal::train

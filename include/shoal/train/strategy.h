@@ -33,6 +33,26 @@ namespace shoal::train {
 
 struct TrainState;
 
+/// How a strategy that deals each step's samples when the step starts (fault-tolerant DDP: the
+/// members may change between steps) tells the trainer what to train on; the trainer then trains
+/// on next_share() instead of epoch_indices().
+class StepDealer {
+ public:
+  virtual ~StepDealer() = default;
+  /// Starts `epoch`, whose first `consumed` samples (all ranks together) were trained on before
+  /// (a resume).
+  virtual void start_epoch(int64_t size, int64_t epoch, uint64_t seed, int64_t consumed) = 0;
+  /// This rank's share ([k] int64, k may be 0) of the next step, each rank taking up to `batch`;
+  /// nullopt when the epoch is done.
+  virtual std::optional<at::Tensor> next_share(int64_t batch) = 0;
+  /// After the step's train_step: whether it committed (else it was discarded everywhere).
+  virtual bool committed() const = 0;
+  /// The epoch's samples consumed by committed steps, all ranks together.
+  virtual int64_t consumed() const = 0;
+  /// This rank's samples in the epoch's committed steps.
+  virtual int64_t trained() const = 0;
+};
+
 /// What a strategy's gradient communication cost this process so far (cumulative).
 struct CommStats {
   double bytes = 0;         ///< bytes of gradients reduced
@@ -63,6 +83,9 @@ class Strategy {
   /// (BatchDataset::deal_exactly_once).
   void set_exactly_once(bool exactly_once) { exactly_once_ = exactly_once; }
   bool exactly_once() const { return exactly_once_; }
+
+  /// The strategy's per-step dealing, or null (the default) when epoch_indices() deals the epoch.
+  virtual StepDealer* step_dealer() { return nullptr; }
 
   /// Sums `values` element-wise across processes, in place (identity in one process).
   virtual void all_reduce_sum(std::vector<double>& values) {}

@@ -71,6 +71,10 @@ struct StrategySpec {
   int64_t sync_every = LocalSgdOptions{}.sync_every;
   double outer_lr = LocalSgdOptions{}.outer_lr;
   double outer_momentum = LocalSgdOptions{}.outer_momentum;
+  /// ddp: keep training when a rank dies (FaultTolerantDdpStrategy), as long as at least
+  /// min_replicas ranks are left.
+  bool fault_tolerant = false;
+  int min_replicas = 1;
   /// --mesh "dp=2,tp=2" (comm::parse_mesh; empty: none): single or ddp become tensor parallelism
   /// over tp and data parallelism over dp (TpStrategy), a job of the mesh's ranks.
   std::string mesh;
@@ -90,6 +94,8 @@ struct StrategySpec {
   void validate(const TrainOptions& options) const;
   /// validate()'s rules of --sync: its strategy and the flags it cannot go with.
   void validate_sync(const TrainOptions& options) const;
+  /// validate()'s rules of --fault-tolerant: the settings it cannot train with.
+  void validate_fault_tolerant(const TrainOptions& options) const;
   /// replicas, or the strategy's default for 0.
   int replica_count() const;
   /// Whether the strategy runs as a job of processes (ddp, fsdp, pipeline, ps).

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "shoal/data/image_folder.h"
+#include "shoal/data/token_file.h"
 #include "shoal/models/gpt_config.h"
 #include "shoal/train/grad_scaler.h"
 #include "shoal/train/loss.h"
@@ -40,8 +41,45 @@ Optimizer parse_optimizer(const std::string& name);
 const char* optimizer_name(Optimizer optimizer);
 /// Every optimizer's name, in the enum's order.
 std::vector<std::string> optimizer_names();
-/// Whether parse_optimizer knows `name`.
-bool known_optimizer(const std::string& name);
+
+/// How the learning rate changes over a run (TrainOptions::lr_schedule says how each works).
+enum class LrSchedule {
+  kConstant,   ///< "constant"
+  kCosine,     ///< "cosine": CosineAnnealingLR
+  kStep,       ///< "step": StepLR
+  kMultiStep,  ///< "multistep": MultiStepLR
+};
+/// The schedule `name` names; InvalidArgument for any other name.
+LrSchedule parse_lr_schedule(const std::string& name);
+/// The name parse_lr_schedule reads as `schedule`.
+const char* lr_schedule_name(LrSchedule schedule);
+/// Every schedule's name, in the enum's order.
+std::vector<std::string> lr_schedule_names();
+
+/// The precision of the forward and the loss (TrainOptions::precision).
+enum class Precision {
+  kFp32,  ///< "fp32"
+  kBf16,  ///< "bf16": CPU autocast to bfloat16
+  kFp16,  ///< "fp16": autocast to float16 with a loss scaler
+};
+/// The precision `name` names; InvalidArgument for any other name.
+Precision parse_precision(const std::string& name);
+/// The name parse_precision reads as `precision`.
+const char* precision_name(Precision precision);
+/// Every precision's name, in the enum's order.
+std::vector<std::string> precision_names();
+
+/// How a checkpoint is written (TrainOptions::checkpoint_format).
+enum class CheckpointFormat {
+  kFull,     ///< "full": one file, the whole state gathered to rank 0
+  kSharded,  ///< "sharded": each rank writes its own piece
+};
+/// The format `name` names; InvalidArgument for any other name.
+CheckpointFormat parse_checkpoint_format(const std::string& name);
+/// The name parse_checkpoint_format reads as `format`.
+const char* checkpoint_format_name(CheckpointFormat format);
+/// Every format's name, in the enum's order.
+std::vector<std::string> checkpoint_format_names();
 
 /// Options of a training run. The defaults are those of `shoal train`; they were measured to reach
 /// >= 0.85 Fashion-MNIST test accuracy with the CNN in one epoch on two CPU cores.
@@ -71,7 +109,7 @@ struct TrainOptions {
   /// the schedule starts counting after the warm-up. Applies to every parameter group of any
   /// optimizer, and under the parameter server to the servers' optimizer (each push carries its
   /// step's factor).
-  std::string lr_schedule = "constant";
+  LrSchedule lr_schedule = LrSchedule::kConstant;
   /// Seeds the model's initial weights, the per-epoch shuffle and (in run_training) torch's default
   /// CPU generator, which dropout draws from; same seed, same run.
   uint64_t seed = 0;
@@ -117,9 +155,9 @@ struct TrainOptions {
   int64_t test_limit = 0;
   /// When not empty, a checkpoint is saved here after every epoch (CheckpointManager layout).
   std::string checkpoint_dir;
-  /// "full" (one file, the whole state gathered to rank 0) or "sharded" (each rank writes its
+  /// kFull (one file, the whole state gathered to rank 0) or kSharded (each rank writes its
   /// own piece; --strategy fsdp only; see checkpoint/sharded_checkpoint.h).
-  std::string checkpoint_format = "full";
+  CheckpointFormat checkpoint_format = CheckpointFormat::kFull;
   /// Also save a checkpoint every N optimizer steps (0 = only at the end of epochs).
   int64_t checkpoint_every = 0;
   /// Checkpoints kept in checkpoint_dir (older ones are deleted); 0 keeps all.
@@ -143,7 +181,7 @@ struct TrainOptions {
   /// The optimizer the trainer builds: "sgd" (lr, momentum, weight_decay), "adam" or "adamw"
   /// (torch.optim.Adam / AdamW: lr, betas, eps, weight_decay; AdamW decays the weights by
   /// lr x weight_decay apart from the gradient).
-  std::string optimizer = "sgd";
+  Optimizer optimizer = Optimizer::kSgd;
   /// Adam/AdamW's betas, each in [0, 1).
   double beta1 = 0.9;
   double beta2 = 0.999;
@@ -174,7 +212,7 @@ struct TrainOptions {
   /// "cpu", dtype=torch.bfloat16)); the weights, gradients and optimizer stay float32. "fp16":
   /// autocast to float16 with a gradient scaler (torch.amp.GradScaler; needs LibTorch >= 2.4 on
   /// the CPU, see compat::cpu_autocast_supports).
-  std::string precision = "fp32";
+  Precision precision = Precision::kFp32;
   /// The loss scaler's options (torch.amp.GradScaler's). Set: the trainer scales the loss with
   /// them at any precision (a float32 model too); unset: the defaults under "fp16", none else.
   std::optional<GradScalerOptions> grad_scaler;
@@ -195,9 +233,9 @@ struct TrainOptions {
   /// tokens, each trained on once per epoch (data/token_block_dataset.h); this is the validation
   /// stream (val.bin) evaluated after each epoch, empty for none.
   std::string val_data_path;
-  /// The width of the token files' ids: "uint16" (nanoGPT's, vocabularies up to 65,536) or
-  /// "uint32".
-  std::string token_dtype = "uint16";
+  /// The width of the token files' ids: kUInt16 (nanoGPT's, vocabularies up to 65,536) or
+  /// kUInt32.
+  data::TokenDtype token_dtype = data::TokenDtype::kUInt16;
   /// Threads loading batches ahead of the step (PyTorch's DataLoader num_workers); 0 loads each
   /// batch in the training thread when the step needs it.
   int num_workers = 0;
@@ -222,14 +260,11 @@ bool is_device_name(const std::string& name);
 /// the name is none of those, or names CUDA where this LibTorch has no CUDA or sees no GPU.
 at::Device resolve_device(const std::string& name);
 
-/// Whether `schedule` is a learning-rate schedule the trainer knows ("constant", "cosine", "step",
-/// "multistep").
-bool known_lr_schedule(const std::string& schedule);
-
-/// The factor lr_schedule gives the learning rate of optimizer step `step` (0-based) of a run of
-/// `total_steps`: 1 for "constant"; (1 + cos(pi * step / total_steps)) / 2 for "cosine" (0 from
-/// step total_steps on, as CosineAnnealingLR's closed form at T_max).
-double lr_schedule_factor(const std::string& schedule, int64_t step, int64_t total_steps);
+/// The factor `schedule` gives the learning rate of optimizer step `step` (0-based) of a run of
+/// `total_steps`: 1 for kConstant; (1 + cos(pi * step / total_steps)) / 2 for kCosine (0 from
+/// step total_steps on, as CosineAnnealingLR's closed form at T_max). The other schedules need
+/// their options (the overload below): InvalidArgument.
+double lr_schedule_factor(LrSchedule schedule, int64_t step, int64_t total_steps);
 
 /// The factor options' schedule (warm-up and lr_schedule, see TrainOptions::lr_schedule) gives
 /// the learning rate of optimizer step `step` (0-based) of a run of `total_steps`: what PyTorch's

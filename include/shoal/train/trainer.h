@@ -292,6 +292,18 @@ class Trainer {
   void request_stop() { stop_requested_ = true; }
 
  private:
+  /// Marks options that passed TrainOptions::validate(): the public constructors check them once
+  /// and delegate to the private ones, which run_training (having checked them before it read
+  /// the data) calls directly.
+  struct Validated {};
+  Trainer(Validated, TrainOptions options, std::shared_ptr<models::Model> model,
+          std::unique_ptr<Strategy> strategy);
+  Trainer(Validated, TrainOptions options, std::shared_ptr<torch::nn::Module> module,
+          std::function<at::Tensor(const at::Tensor&)> forward,
+          std::unique_ptr<torch::optim::Optimizer> optimizer, LossFunction loss,
+          std::unique_ptr<Strategy> strategy);
+  friend TrainResult run_training(const TrainOptions& options, std::unique_ptr<Strategy> strategy);
+
   TrainOptions options_;
   std::unique_ptr<Strategy> strategy_;
   /// Saves the current state (rank 0 writes; every rank calls). `samples_seen` counts the whole
@@ -340,7 +352,7 @@ checkpoint::TrainingState load_resume_checkpoint(const TrainOptions& options,
 void inherit_checkpoint_config(TrainOptions& options, const checkpoint::TrainingState& saved,
                                const std::set<std::string>& given, const std::string& where);
 
-/// The optimizer options.optimizer names ("sgd", "adam", "adamw") over `parameters` (each tensor
+/// The optimizer options.optimizer chooses (SGD, Adam or AdamW) over `parameters` (each tensor
 /// once: tied weights are one parameter), with the options' lr, momentum, betas, eps and
 /// weight decay; the options are checked first (InvalidArgument).
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const TrainOptions& options,

@@ -37,7 +37,8 @@ struct GlooOptions {
   std::string interface;
   /// reduce_scatter as a ring of point-to-point sends (each rank sends and receives N-1 blocks,
   /// holding two); false: an allreduce of every block (N times the bytes, a copy of the input),
-  /// what Shoal did before. SHOAL_GLOO_REDUCE_SCATTER=allreduce sets it false, for A/B runs.
+  /// kept as the simplest correct form to measure the ring against
+  /// (SHOAL_GLOO_REDUCE_SCATTER=allreduce sets it false).
   bool ring_reduce_scatter = true;
   /// How allreduce runs: c10d Gloo's own (kNative), one of Shoal's schedules over point-to-point
   /// messages, or kAuto: the schedule the cost model predicts fastest for each call's size.

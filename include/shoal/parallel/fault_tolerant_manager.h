@@ -1,0 +1,124 @@
+// FaultTolerantManager: per-step fault tolerance for data parallelism, torchft's Manager in C++.
+//
+// The user's loop (or FaultTolerantDdpStrategy) calls, per step:
+//   manager.start_quorum();            // at the step's start: re-forms the group after a failure
+//   ... forward, backward ...
+//   manager.allreduce(flat_gradients); // a sum over the replicas; a failure is recorded, not thrown
+//   if (manager.should_commit()) optimizer.step();  // else the step is discarded everywhere
+//
+// The name follows torchft's Manager (start_quorum, should_commit), so that its users are at home.
+//
+// Agreement. After its allreduce every replica votes (ok, or failed: its collective threw) under
+// the step's key in the store. The first to vote (a counter hands out one ticket) decides: commit
+// when every member voted ok; otherwise the step fails, and the next generation's members are
+// the replicas that voted. The decider waits for each member's vote until the member votes, or
+// the launcher reports its exit (exit_key), or timeout + quorum_grace has passed (a stopped or
+// hung member, or no launcher to report exits). A survivor's collective fails at once when it
+// waits on the dead rank, and at the time-out at the latest when it waits on a survivor that
+// failed first (c10d's gloo keeps a failed group's connections open), so a failure costs
+// from milliseconds to the collective time-out.
+// Every replica reads that one decision, so all commit the same steps and their weights stay
+// bit-identical; a failed step's partial sum is dropped by all. Without failures a step costs one
+// vote, one ticket and one read of the decision on the store, on top of the allreduce.
+//
+// Re-forming. start_quorum() after a failed step builds generation g+1's process group (a new
+// store prefix, "ft/g<g+1>/pg", the same backend) over the surviving members, ranked in their
+// order of job rank. A replica left out (it voted late: stopped, or slow beyond the grace) throws
+// PeerError; fewer than min_replicas members throw InvalidArgument naming --min-replicas.
+//
+// What is not covered: the store itself must outlive the workers (see the GUIDE, "When ranks
+// fail"); a decider that dies between taking its ticket and writing the decision (microseconds)
+// makes the others time out with a TimeoutError naming the step.
+//
+// Thread safety: one thread per replica drives an instance; every member calls start_quorum,
+// allreduce and should_commit the same number of times in the same order.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "shoal/comm/types.h"
+
+namespace shoal::comm {
+class ProcessGroup;
+class Store;
+}  // namespace shoal::comm
+
+namespace shoal::parallel {
+
+struct FaultTolerantOptions {
+  /// The job ends (InvalidArgument) when fewer replicas than this are left.
+  int min_replicas = 1;
+  /// The process groups' backend (comm::new_process_group).
+  std::string backend = "gloo";
+  /// Each generation's collective time-out: how long a stopped peer holds a step up.
+  comm::Milliseconds timeout{30'000};
+  /// How long the decider waits for a missing vote beyond the collective time-out (a member
+  /// whose exit the launcher reported is not waited for). Why 5 s: a live replica votes within
+  /// milliseconds of its collective's end, which the time-out bounds.
+  comm::Milliseconds quorum_grace{5'000};
+};
+
+class FaultTolerantManager {
+ public:
+  /// `store` is shared by every replica of the job and outlives them (the launcher's, or rank
+  /// 0's); `rank` and `world_size` are the job's. Forms generation 0's group (a collective).
+  FaultTolerantManager(std::shared_ptr<comm::Store> store, int rank, int world_size,
+                       FaultTolerantOptions options = {});
+  ~FaultTolerantManager();
+  FaultTolerantManager(const FaultTolerantManager&) = delete;
+  FaultTolerantManager& operator=(const FaultTolerantManager&) = delete;
+
+  /// At a step's start: after a failed step, joins the next generation's group (see the file
+  /// comment); otherwise returns at once.
+  void start_quorum();
+  /// Sums `tensor` over the members in place. A failing collective is recorded for
+  /// should_commit(), not thrown; `tensor` is then undefined in content.
+  void allreduce(at::Tensor& tensor);
+  /// Whether every member's allreduce of this step succeeded (the same answer on every member).
+  bool should_commit();
+
+  /// The store key a launcher sets when job rank `rank` has exited, so that the others stop
+  /// waiting for its vote.
+  static std::string exit_key(int rank);
+
+  /// The current generation's group (its rank is replica_rank()); null from a failed allreduce
+  /// to the next start_quorum().
+  std::shared_ptr<comm::ProcessGroup> group() const { return group_; }
+  int replica_rank() const;
+  int num_replicas() const { return static_cast<int>(members_.size()); }
+  /// The members' job ranks, ascending.
+  const std::vector<int>& members() const { return members_; }
+  int job_rank() const { return rank_; }
+  /// 0 at the start; one more per re-forming.
+  int64_t generation() const { return generation_; }
+  /// should_commit() calls so far in this generation: (generation, attempt) names a step attempt
+  /// alike on every member.
+  int64_t attempt() const { return attempt_; }
+  const FaultTolerantOptions& options() const { return options_; }
+  /// Steps that failed and were discarded so far.
+  int64_t failed_steps() const { return failed_steps_; }
+
+ private:
+  std::string step_key(const std::string& what) const;
+  std::string decide() const;
+  bool settled(const std::vector<std::string>& votes, const std::vector<std::string>& exits) const;
+  void form_group();
+
+  std::shared_ptr<comm::Store> store_;
+  int rank_;
+  FaultTolerantOptions options_;
+  std::vector<int> members_;
+  std::vector<int> next_members_;  // set by a failed step; start_quorum() forms them
+  std::shared_ptr<comm::ProcessGroup> group_;
+  int64_t generation_ = 0;
+  int64_t attempt_ = 0;  // should_commit() calls in this generation
+  bool step_ok_ = true;
+  int64_t failed_steps_ = 0;
+};
+
+}  // namespace shoal::parallel

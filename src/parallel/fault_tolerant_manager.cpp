@@ -1,0 +1,155 @@
+#include "shoal/parallel/fault_tolerant_manager.h"
+
+#include <algorithm>
+#include <chrono>
+#include <thread>
+#include <sstream>
+
+#include "shoal/comm/init.h"
+#include "shoal/comm/process_group.h"
+#include "shoal/comm/store.h"
+#include "shoal/error.h"
+#include "shoal/log.h"
+
+namespace shoal::parallel {
+namespace {
+
+std::string member_list_text(const std::vector<int>& ranks) {
+  std::ostringstream text;
+  for (size_t i = 0; i < ranks.size(); ++i) text << (i ? "," : "") << ranks[i];
+  return text.str();
+}
+
+std::vector<int> parse_member_list(const std::string& text) {
+  std::vector<int> ranks;
+  std::istringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    if (!item.empty()) ranks.push_back(std::stoi(item));
+  }
+  return ranks;
+}
+
+}  // namespace
+
+FaultTolerantManager::FaultTolerantManager(std::shared_ptr<comm::Store> store, int rank,
+                                           int world_size, FaultTolerantOptions options)
+    : store_(std::move(store)), rank_(rank), options_(std::move(options)) {
+  SHOAL_CHECK_T(InvalidArgument, store_ != nullptr, "FaultTolerantManager: no store given");
+  SHOAL_CHECK_T(InvalidArgument, rank >= 0 && rank < world_size, "FaultTolerantManager: rank ",
+                rank, " is not in 0..", world_size - 1);
+  SHOAL_CHECK_T(InvalidArgument, options_.min_replicas >= 1 && options_.min_replicas <= world_size,
+                "--min-replicas ", options_.min_replicas, " must be in 1..", world_size,
+                " (the job's replicas)");
+  for (int r = 0; r < world_size; ++r) members_.push_back(r);
+  form_group();
+}
+
+FaultTolerantManager::~FaultTolerantManager() = default;
+
+int FaultTolerantManager::replica_rank() const {
+  return static_cast<int>(std::find(members_.begin(), members_.end(), rank_) - members_.begin());
+}
+
+std::string FaultTolerantManager::step_key(const std::string& what) const {
+  return "ft/g" + std::to_string(generation_) + "/s" + std::to_string(attempt_) + "/" + what;
+}
+
+void FaultTolerantManager::form_group() {
+  auto prefix = comm::make_prefix_store("ft/g" + std::to_string(generation_) + "/pg", store_);
+  group_ = comm::new_process_group(options_.backend, prefix, replica_rank(), num_replicas(),
+                                   options_.timeout);
+}
+
+void FaultTolerantManager::start_quorum() {
+  if (next_members_.empty()) return;
+  const bool kept = std::find(next_members_.begin(), next_members_.end(), rank_) !=
+                    next_members_.end();
+  SHOAL_CHECK_T(PeerError, kept, "[rank ", rank_, "] left out of the job's replicas after step ",
+                attempt_, " of generation ", generation_,
+                " failed: its vote did not come in time (was it stopped?); the job goes on without it");
+  SHOAL_CHECK_T(InvalidArgument, static_cast<int>(next_members_.size()) >= options_.min_replicas,
+                "[rank ", rank_, "] ", next_members_.size(), " replica",
+                next_members_.size() == 1 ? "" : "s", " left (ranks ", member_list_text(next_members_),
+                "), fewer than --min-replicas ", options_.min_replicas,
+                ": the job cannot go on; lower --min-replicas or restart it");
+  group_.reset();
+  members_ = std::move(next_members_);
+  next_members_.clear();
+  ++generation_;
+  attempt_ = 0;
+  log::warn("[rank ", rank_, "] fault tolerance: generation ", generation_, " goes on with ",
+            members_.size(), " replicas (ranks ", member_list_text(members_), ")");
+  form_group();
+}
+
+void FaultTolerantManager::allreduce(at::Tensor& tensor) {
+  if (!group_) {
+    step_ok_ = false;
+    return;
+  }
+  try {
+    group_->allreduce(tensor)->wait();
+  } catch (const std::exception& e) {
+    log::warn("[rank ", rank_, "] fault tolerance: step ", attempt_, " of generation ",
+              generation_, " failed: ", e.what());
+    step_ok_ = false;
+    // Of no further use (the backend abandons a failed group, connections and all): a member
+    // still blocked on this rank in this collective fails at its time-out.
+    group_.reset();
+  }
+}
+
+bool FaultTolerantManager::should_commit() {
+  store_->set_string(step_key("vote/" + std::to_string(rank_)), step_ok_ ? "1" : "0");
+  step_ok_ = true;
+  const std::string decision_key = step_key("decision");
+  if (store_->add(step_key("ticket"), 1) == 1) store_->set_string(decision_key, decide());
+  // Longer than the decider can take (decide()), so that only a dead decider times this out.
+  store_->wait({decision_key}, options_.timeout + 2 * options_.quorum_grace);
+  const std::string decision = store_->get_string(decision_key);
+  ++attempt_;
+  if (decision == "commit") return true;
+  ++failed_steps_;
+  next_members_ = parse_member_list(decision);
+  return false;
+}
+
+std::string FaultTolerantManager::exit_key(int rank) { return "ft/exited/" + std::to_string(rank); }
+
+// Whether every member voted or exited.
+bool FaultTolerantManager::settled(const std::vector<std::string>& votes,
+                                   const std::vector<std::string>& exits) const {
+  for (size_t i = 0; i < votes.size(); ++i) {
+    if (!store_->check({votes[i]}) && !store_->check({exits[i]})) return false;
+  }
+  return true;
+}
+
+// The decider's verdict on the current step: "commit", or the members that voted.
+std::string FaultTolerantManager::decide() const {
+  std::vector<std::string> votes, exits;
+  for (int member : members_) {
+    votes.push_back(step_key("vote/" + std::to_string(member)));
+    exits.push_back(exit_key(member));
+  }
+  // Why 1 ms: a vote comes within milliseconds of the others; the store answers in ~0.1 ms.
+  const auto give_up = std::chrono::steady_clock::now() + options_.timeout + options_.quorum_grace;
+  while (!store_->check(votes) && !settled(votes, exits) &&
+         std::chrono::steady_clock::now() < give_up) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  std::vector<int> voted;
+  bool all_ok = true;
+  for (size_t i = 0; i < votes.size(); ++i) {
+    if (!store_->check({votes[i]})) {
+      all_ok = false;
+      continue;
+    }
+    voted.push_back(members_[i]);
+    all_ok = all_ok && store_->get_string(votes[i]) == "1";
+  }
+  return all_ok ? "commit" : member_list_text(voted);
+}
+
+}  // namespace shoal::parallel

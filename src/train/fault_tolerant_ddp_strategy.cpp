@@ -1,0 +1,168 @@
+#include "shoal/train/fault_tolerant_ddp_strategy.h"
+
+#include <torch/types.h>
+
+#include <algorithm>
+#include <sstream>
+
+#include "parallel/module_sync.h"
+#include "shoal/comm/init.h"
+#include "shoal/comm/process_group.h"
+#include "shoal/comm/store.h"
+#include "shoal/env.h"
+#include "shoal/error.h"
+#include "shoal/train/clip_grad.h"
+#include "shoal/train/trainer.h"
+
+namespace shoal::train {
+namespace {
+
+// The job's store: the launcher's when it serves one (`shoal run` with fault tolerance), so that
+// any rank may die; else rank 0's, which then must outlive the others.
+std::unique_ptr<parallel::FaultTolerantManager> join_job(parallel::FaultTolerantOptions options) {
+  const comm::RankInfo info = comm::detect_rank_info();
+  const bool agent_store = env::flag(env::Var::kFtAgentStore);
+  auto store = comm::make_tcp_store(info.master_addr, info.master_port, info.world_size,
+                                    info.rank == 0 && !agent_store, options.timeout);
+  return std::make_unique<parallel::FaultTolerantManager>(std::move(store), info.rank,
+                                                          info.world_size, std::move(options));
+}
+
+at::Tensor flat_gradients(const std::vector<at::Tensor>& parameters) {
+  std::vector<at::Tensor> flat;
+  for (const auto& p : parameters) {
+    flat.push_back(p.grad().defined() ? p.grad().reshape({-1}) : torch::zeros({p.numel()}, p.options()));
+  }
+  return torch::cat(flat);
+}
+
+}  // namespace
+
+FaultTolerantDdpStrategy::FaultTolerantDdpStrategy(parallel::FaultTolerantOptions options)
+    : FaultTolerantDdpStrategy(join_job(std::move(options))) {}
+
+FaultTolerantDdpStrategy::FaultTolerantDdpStrategy(
+    std::unique_ptr<parallel::FaultTolerantManager> manager)
+    : manager_(std::move(manager)) {
+  SHOAL_CHECK_T(InvalidArgument, manager_ != nullptr, "FaultTolerantDdpStrategy: no manager given");
+  if (const auto path = env::text(env::Var::kFtSampleLog)) {
+    const std::string file = *path + ".rank" + std::to_string(manager_->job_rank());
+    sample_log_ = std::make_unique<std::ofstream>(file, std::ios::app);
+    SHOAL_CHECK_T(InvalidArgument, sample_log_->good(), "SHOAL_FT_SAMPLE_LOG: cannot write ", file);
+  }
+}
+
+FaultTolerantDdpStrategy::~FaultTolerantDdpStrategy() = default;
+
+void FaultTolerantDdpStrategy::prepare(TrainState& state) {
+  Strategy::prepare(state);  // the model's own forward: gradients are reduced after backward
+  SHOAL_CHECK_T(InvalidArgument, state.optimizer != nullptr, "--fault-tolerant: no optimizer");
+  for (const auto& item : parallel::unique_named_parameters(*state.model)) {
+    parameters_.push_back(item.value());
+  }
+  std::vector<at::Tensor> start = parameters_;
+  for (const auto& b : state.model->buffers()) start.push_back(b);
+  parallel::broadcast_coalesced(*manager_->group(), start);
+}
+
+int FaultTolerantDdpStrategy::rank() const { return manager_->replica_rank(); }
+int FaultTolerantDdpStrategy::world_size() const { return manager_->num_replicas(); }
+comm::ProcessGroup* FaultTolerantDdpStrategy::process_group() { return manager_->group().get(); }
+
+std::string FaultTolerantDdpStrategy::describe() const {
+  std::ostringstream text;
+  text << "fault tolerant: a failed step is discarded and the survivors go on (at least "
+       << manager_->options().min_replicas << " replicas)";
+  return text.str();
+}
+
+void FaultTolerantDdpStrategy::start_epoch(int64_t size, int64_t epoch, uint64_t seed,
+                                           int64_t consumed) {
+  order_ = shuffled_indices(size, seed, epoch);
+  epoch_ = epoch;
+  consumed_ = std::min(consumed, size);
+  trained_ = 0;
+}
+
+std::optional<at::Tensor> FaultTolerantDdpStrategy::next_share(int64_t batch) {
+  const int64_t left = order_.size(0) - consumed_;
+  if (left <= 0) return std::nullopt;
+  manager_->start_quorum();
+  const int64_t members = manager_->num_replicas();
+  const int64_t me = manager_->replica_rank();
+  step_take_ = std::min(left, members * batch);
+  // Contiguous slices of the step's samples, their sizes differing by at most one.
+  const int64_t begin = consumed_ + step_take_ * me / members;
+  const int64_t end = consumed_ + step_take_ * (me + 1) / members;
+  share_ = order_.slice(0, begin, end);
+  committed_ = false;
+  return share_;
+}
+
+double FaultTolerantDdpStrategy::train_step(TrainState& state, const at::Tensor& inputs,
+                                            const at::Tensor& targets) {
+  SHOAL_CHECK(!parameters_.empty(), "FaultTolerantDdpStrategy: train_step before prepare()");
+  state.optimizer->zero_grad();
+  const int64_t count = inputs.defined() ? inputs.size(0) : 0;
+  double loss = 0;
+  if (count > 0) {
+    const at::Tensor value = state.forward_loss ? state.forward_loss(inputs, targets)
+                                                : state.loss(state.forward(inputs), targets);
+    value.backward();
+    loss = value.item<double>();
+  }
+  // Each rank's mean gradient weighted by its samples, and the samples: the global mean after.
+  at::Tensor flat = torch::cat({flat_gradients(parameters_) * static_cast<double>(count),
+                                torch::full({1}, static_cast<double>(count), parameters_[0].options())});
+  manager_->allreduce(flat);
+  const std::string attempt =
+      std::to_string(manager_->generation()) + " " + std::to_string(manager_->attempt());
+  log_share(attempt);
+  committed_ = manager_->should_commit();
+  if (!committed_) return loss;
+  log_line("C " + attempt);
+  set_mean_gradients(flat);
+  if (state.max_grad_norm > 0) {
+    state.last_grad_norm = clip_grad_norm_(parameters_, state.max_grad_norm);
+  }
+  state.optimizer->step();
+  ++state.step;
+  consumed_ += step_take_;
+  trained_ += count;
+  return loss;
+}
+
+void FaultTolerantDdpStrategy::set_mean_gradients(const at::Tensor& sums) {
+  const at::Tensor samples = sums.narrow(0, sums.size(0) - 1, 1);
+  int64_t offset = 0;
+  for (auto& p : parameters_) {
+    p.mutable_grad() = sums.narrow(0, offset, p.numel()).view(p.sizes()) / samples;
+    offset += p.numel();
+  }
+}
+
+void FaultTolerantDdpStrategy::log_share(const std::string& attempt) {
+  if (!sample_log_) return;
+  std::ostringstream ids;
+  const auto share = share_.accessor<int64_t, 1>();
+  for (int64_t i = 0; i < share.size(0); ++i) ids << " " << share[i];
+  log_line("T " + std::to_string(epoch_) + " " + attempt + ids.str());
+}
+
+void FaultTolerantDdpStrategy::log_line(const std::string& line) {
+  if (sample_log_) *sample_log_ << line << "\n" << std::flush;
+}
+
+void FaultTolerantDdpStrategy::all_reduce_sum(std::vector<double>& values) {
+  // Retried over the survivors until a generation's reduction commits.
+  for (;;) {
+    manager_->start_quorum();
+    at::Tensor sums = torch::tensor(values, torch::kFloat64);
+    manager_->allreduce(sums);
+    if (!manager_->should_commit()) continue;
+    for (size_t i = 0; i < values.size(); ++i) values[i] = sums[static_cast<int64_t>(i)].item<double>();
+    return;
+  }
+}
+
+}  // namespace shoal::train
