@@ -220,7 +220,7 @@ TEST(CliTrain, OptionTableMatchesHelpValidateAndCheckpointConfig) {
       "--max_restarts", "--replicas", "--shard", "--model-parallel", "--mesh", "--backend",
       "--consistency", "--staleness", "--servers", "--workers", "--comm-hook", "--bucket-cap-mb",
       "--powersgd-rank", "--powersgd-start-iter", "--worker-timeout", "--stages", "--sync",
-      "--sync-every", "--outer-lr", "--outer-momentum",
+      "--sync-every", "--outer-lr", "--outer-momentum", "--fault-tolerant", "--min-replicas",
       "--micro-batches", "--schedule", "--recompute", "--num_workers", "--prefetch_factor",
       "--image-size", "--random-crop", "--hflip", "--normalize"};
   for (const std::string& flag : flags) {

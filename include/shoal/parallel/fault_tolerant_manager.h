@@ -17,9 +17,11 @@
 // waits on the dead rank, and at the time-out at the latest when it waits on a survivor that
 // failed first (c10d's gloo keeps a failed group's connections open), so a failure costs
 // from milliseconds to the collective time-out.
+//
 // Every replica reads that one decision, so all commit the same steps and their weights stay
 // bit-identical; a failed step's partial sum is dropped by all. Without failures a step costs one
-// vote, one ticket and one read of the decision on the store, on top of the allreduce.
+// vote, one ticket and one read of the decision on the store, on top of the allreduce, and the
+// decider a check of the members' votes (a poll every millisecond until all are in).
 //
 // Re-forming. start_quorum() after a failed step builds generation g+1's process group (a new
 // store prefix, "ft/g<g+1>/pg", the same backend) over the surviving members, ranked in their
