@@ -60,9 +60,10 @@ struct FaultTolerantOptions {
   /// Each generation's collective time-out: how long a stopped peer holds a step up.
   comm::Milliseconds timeout{30'000};
   /// How long the decider waits for a missing vote beyond the collective time-out (a member
-  /// whose exit the launcher reported is not waited for). Why 5 s: a live replica votes within
-  /// milliseconds of its collective's end, which the time-out bounds.
-  comm::Milliseconds quorum_grace{5'000};
+  /// whose exit the launcher reported is not waited for). A live replica votes within
+  /// milliseconds of its collective's end, which the time-out bounds; 10 s leaves room for a
+  /// loaded machine's scheduling, since a live replica left out must leave the job.
+  comm::Milliseconds quorum_grace{10'000};
 };
 
 class FaultTolerantManager {
