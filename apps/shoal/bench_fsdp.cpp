@@ -188,29 +188,15 @@ void run_mode(const FsdpBenchArgs& args, const TempDir& dir, Mode& mode) {
     }
     return;
   }
-  std::vector<ChildProcess> ranks;
-  for (int rank = 0; rank < args.world; ++rank) {
-    ChildProcess child;
-    child.function = [&, rank] {
-      run_rank(args, mode.name, rank, stem + ".store", stem + ".rank" + std::to_string(rank));
-      return 0;
-    };
-    child.label = mode.name + " rank " + std::to_string(rank);
-    ranks.push_back(child);
-  }
-  SHOAL_CHECK(run_processes(ranks, options) == 0, "bench fsdp: the ", mode.name, " run failed");
-  double seconds = 0, held = 0, rss = 0;
-  for (int rank = 0; rank < args.world; ++rank) {
-    const Values v = read_values(stem + ".rank" + std::to_string(rank));
-    SHOAL_CHECK(v.count("seconds") > 0, "bench fsdp: rank ", rank, " of ", mode.name,
-                " reported nothing");
-    seconds = std::max(seconds, v.at("seconds"));
-    held = std::max(held, v.at("held_mb"));
-    rss = std::max(rss, v.at("peak_rss_mb"));
-  }
-  mode.add("samples_per_s", samples / seconds);
-  mode.add("held_mb", held);
-  mode.add("peak_rss_mb", rss);
+  const Values largest = run_forked_ranks(
+      args.world, mode.name, stem,
+      [&](int rank, const std::string& result) {
+        run_rank(args, mode.name, rank, stem + ".store", result);
+      },
+      options);
+  mode.add("samples_per_s", samples / largest.at("seconds"));
+  mode.add("held_mb", largest.at("held_mb"));
+  mode.add("peak_rss_mb", largest.at("peak_rss_mb"));
 }
 
 // The PyTorch peers asked for that can run their modes; each that cannot says so in one line.
@@ -250,16 +236,11 @@ std::vector<Mode> fsdp_contenders(const std::vector<TorchPeer>& peers) {
 // ratio, so vs_pt = (Shoal's mode / DDP beside it) / (PyTorch's peer / DDP beside it).
 void run_fsdp_rounds(const FsdpBenchArgs& args, std::vector<Mode>& modes) {
   const TempDir dir("fsdp");
-  std::vector<BenchMode*> contenders;
-  for (size_t i = 1; i < modes.size(); ++i) contenders.push_back(&modes[i]);
-  BesideReference fields;
-  fields.ratio = "vs_ddp";
-  for (int round = 0; round < args.rounds; ++round) {
-    run_beside_reference(
-        contenders, modes[0], round,
-        [&](BenchMode& mode) { run_mode(args, dir, static_cast<Mode&>(mode)); }, fields);
-  }
-  modes[0].samples["vs_ddp"].assign(1, 1.0);
+  std::vector<BenchMode*> all;
+  for (auto& mode : modes) all.push_back(&mode);
+  run_rounds_beside_first(
+      all, args.rounds, [&](BenchMode& mode) { run_mode(args, dir, static_cast<Mode&>(mode)); },
+      "vs_ddp");
 }
 
 // The PyTorch peer of each Shoal mode.

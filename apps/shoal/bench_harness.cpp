@@ -56,6 +56,44 @@ void run_beside_reference(const std::vector<BenchMode*>& contenders, BenchMode& 
   }
 }
 
+void run_rounds_beside_first(const std::vector<BenchMode*>& modes, int rounds,
+                             const std::function<void(BenchMode&)>& run, const std::string& ratio) {
+  const std::vector<BenchMode*> contenders(modes.begin() + 1, modes.end());
+  BesideReference fields;
+  fields.ratio = ratio;
+  for (int round = 0; round < rounds; ++round) {
+    run_beside_reference(contenders, *modes.front(), round, run, fields);
+  }
+  modes.front()->samples[ratio].assign(1, 1.0);
+}
+
+Values run_forked_ranks(int ranks, const std::string& label, const std::string& stem,
+                        const std::function<void(int rank, const std::string& result)>& rank_main,
+                        const RunProcessesOptions& options) {
+  std::vector<ChildProcess> children;
+  for (int rank = 0; rank < ranks; ++rank) {
+    ChildProcess child;
+    child.function = [&, rank] {
+      rank_main(rank, stem + ".rank" + std::to_string(rank));
+      return 0;
+    };
+    child.label = label + " rank " + std::to_string(rank);
+    children.push_back(child);
+  }
+  SHOAL_CHECK(run_processes(children, options) == 0, options.benchmark, ": ", options.run, " failed");
+  Values largest;
+  for (int rank = 0; rank < ranks; ++rank) {
+    const Values values = read_values(stem + ".rank" + std::to_string(rank));
+    SHOAL_CHECK(!values.empty(), options.benchmark, ": rank ", rank, " of ", options.run,
+                " reported nothing");
+    for (const auto& [field, value] : values) {
+      auto [at, fresh] = largest.emplace(field, value);
+      if (!fresh) at->second = std::max(at->second, value);
+    }
+  }
+  return largest;
+}
+
 ReportLine& ReportLine::put(const std::string& key, std::string json) {
   fields_.emplace_back(key, std::move(json));
   return *this;

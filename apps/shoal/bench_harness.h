@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "bench_util.h"
 #include "checkpoint/temp_dir.h"
 
 namespace shoal::cli {
@@ -61,6 +62,19 @@ struct BesideReference {
 void run_beside_reference(const std::vector<BenchMode*>& contenders, BenchMode& reference,
                           int round, const std::function<void(BenchMode&)>& run,
                           const BesideReference& fields);
+
+/// `rounds` rounds of run_beside_reference: the first of `modes` the reference, the others its
+/// contenders, each contender's ratio to it under `ratio`; the reference's own ratio is 1.
+void run_rounds_beside_first(const std::vector<BenchMode*>& modes, int rounds,
+                             const std::function<void(BenchMode&)>& run, const std::string& ratio);
+
+/// Runs `ranks` forked copies of this process at once, rank r calling rank_main(r, <stem>.rank<r>)
+/// (its write_values file), and returns each field's largest value over the ranks: the slowest
+/// rank's seconds, the largest rank's memory. Throws naming `options.run` when a rank fails or
+/// writes nothing.
+Values run_forked_ranks(int ranks, const std::string& label, const std::string& stem,
+                        const std::function<void(int rank, const std::string& result)>& rank_main,
+                        const RunProcessesOptions& options);
 
 /// A new folder $TMPDIR/shoal_bench_<name>_XXXXXX, removed with everything in it when the object
 /// goes (after an exception too).

@@ -174,30 +174,16 @@ void run_mode(const TpBenchArgs& args, const TempDir& dir, Mode& mode) {
   options.deadline = kRunDeadline;
   if (mode.peer != nullptr) return run_pytorch_mode(args, stem, mode, options);
   const int ranks = mode.ranks(args);
-  std::vector<ChildProcess> children;
-  for (int rank = 0; rank < ranks; ++rank) {
-    ChildProcess child;
-    child.function = [&, rank] {
-      run_rank(args, mode.name, rank, ranks, stem + ".store", stem + ".rank" + std::to_string(rank));
-      return 0;
-    };
-    child.label = mode.name + " rank " + std::to_string(rank);
-    children.push_back(child);
-  }
-  SHOAL_CHECK(run_processes(children, options) == 0, "bench tp: the ", mode.name, " run failed");
-  double seconds = 0, held = 0, rss = 0;
-  for (int rank = 0; rank < ranks; ++rank) {
-    const Values v = read_values(stem + ".rank" + std::to_string(rank));
-    SHOAL_CHECK(v.count("seconds") > 0, "bench tp: rank ", rank, " of ", mode.name,
-                " reported nothing");
-    seconds = std::max(seconds, v.at("seconds"));
-    held = std::max(held, v.at("held_mb"));
-    rss = std::max(rss, v.at("peak_rss_mb"));
-  }
+  const Values largest = run_forked_ranks(
+      ranks, mode.name, stem,
+      [&](int rank, const std::string& result) {
+        run_rank(args, mode.name, rank, ranks, stem + ".store", result);
+      },
+      options);
   const double samples = static_cast<double>(args.world) * args.batch * args.steps;
-  mode.add("samples_per_s", samples / seconds);
-  mode.add("held_mb", held);
-  mode.add("peak_rss_mb", rss);
+  mode.add("samples_per_s", samples / largest.at("seconds"));
+  mode.add("held_mb", largest.at("held_mb"));
+  mode.add("peak_rss_mb", largest.at("peak_rss_mb"));
 }
 
 // shoal_tp's vs_ddp over pytorch_tp's, round by round (each against the DDP runs beside it).
@@ -252,16 +238,11 @@ int run_tp_bench(const TpBenchArgs& args) {
   std::vector<Mode> modes{Mode("shoal_ddp"), Mode("single"), Mode("shoal_tp")};
   for (const auto& peer : peers) modes.emplace_back("pytorch_tp", &peer);
   const TempDir dir("tp");
-  std::vector<BenchMode*> contenders;
-  for (size_t i = 1; i < modes.size(); ++i) contenders.push_back(&modes[i]);
-  BesideReference fields;
-  fields.ratio = "vs_ddp";
-  for (int round = 0; round < args.rounds; ++round) {
-    run_beside_reference(
-        contenders, modes[0], round,
-        [&](BenchMode& mode) { run_mode(args, dir, static_cast<Mode&>(mode)); }, fields);
-  }
-  modes[0].samples["vs_ddp"].assign(1, 1.0);
+  std::vector<BenchMode*> all;
+  for (auto& mode : modes) all.push_back(&mode);
+  run_rounds_beside_first(
+      all, args.rounds, [&](BenchMode& mode) { run_mode(args, dir, static_cast<Mode&>(mode)); },
+      "vs_ddp");
   if (!args.json) {
     const models::GptConfig& g = args.gpt;
     std::printf("bench tp: gpt n_layer %lld n_head %lld n_embd %lld block %lld vocab %lld, global "
