@@ -257,8 +257,8 @@ int run_tp_bench(const TpBenchArgs& args) {
   for (const auto& mode : modes) print_mode(args, modes, mode);
   if (!args.json) {
     std::printf("vs_ddp = samples/s / the mean of the two shoal_ddp runs beside it, median over "
-                "the rounds; vs_pt = shoal_tp's vs_ddp / pytorch_tp's, round by round; held MB = parameters + gradients + momentum a rank keeps between "
-                "steps (largest rank)\n");
+                "the rounds; vs_pt = shoal_tp's vs_ddp / pytorch_tp's, round by round; held MB = "
+                "parameters + gradients + momentum a rank keeps between steps (largest rank)\n");
   }
   return 0;
 }
