@@ -138,9 +138,16 @@ void WorkerGroup::name_first_failure(GroupResult& result) const {
 }
 
 void WorkerGroup::show_first_error_line(const GroupResult& result) {
-  // The worker whose error file's stamp shows it failed before the first exit seen; without one,
-  // the first line to arrive (a role that leaves no error file, a PS server, may have failed first).
-  const pid_t first = result.first_failed_pid;
+  // The worker whose error file's stamp shows it failed before the first exit seen, or else the
+  // first exit seen when it left an error file (it failed first); without either, the first line
+  // to arrive (a process that leaves no error file may have failed first).
+  pid_t first = result.first_failed_pid;
+  for (const auto& worker : workers_) {
+    if (first < 0 && worker->pid() == result.failed_pid &&
+        log::read_error_file(worker->spec().error_file)) {
+      first = result.failed_pid;
+    }
+  }
   LinePrefixer* shown = nullptr;
   for (size_t i = 0; i < workers_.size(); ++i) {
     LinePrefixer* err = prefixers_[2 * i + 1].get();

@@ -389,6 +389,29 @@ exit 1)SH");
   EXPECT_EQ(result.err.find("shoal: error: rank 1 lost rank 0"), std::string::npos) << result.err;
 }
 
+// The first exit seen is the first failure when its error file says so: its line is the one shown,
+// though another rank's line (a consequence: it lost rank 0) reached the launcher first. The
+// parameter server's failures look like this: server 0 fails and exits, the workers lose its store.
+TEST_F(Launcher, FirstExitWithAnErrorFileShowsItsLineNotTheFirstToArrive) {
+  const auto worker = script("first_exit.sh", R"SH(
+if [ "$RANK" = 0 ]; then
+  printf '{"message": {"message": "rank 0 broke", "extraInfo": {"py_callstack": "", "timestamp": "0", "timestamp_us": %s}}}\n' "$(date +%s%6N)" > "$TORCHELASTIC_ERROR_FILE"
+  touch "$DIR/failed.0"
+  while [ ! -e "$DIR/said.1" ]; do sleep 0.02; done
+  echo "shoal: error: rank 0 broke" >&2
+  exit 2
+fi
+while [ ! -e "$DIR/failed.0" ]; do sleep 0.02; done
+echo "shoal: error: rank 1 lost rank 0" >&2
+touch "$DIR/said.1"
+sleep 60 &
+wait)SH");
+  const auto result = run_shoal({"run", "--nproc-per-node", "2", worker}, {}, Milliseconds(60'000));
+  EXPECT_EQ(result.code, 2) << result.err;
+  EXPECT_NE(result.err.find("[rank 0] shoal: error: rank 0 broke"), std::string::npos) << result.err;
+  EXPECT_EQ(result.err.find("shoal: error: rank 1 lost rank 0"), std::string::npos) << result.err;
+}
+
 // shoal train's ranks leave their errors for the launcher: rank 0 cannot write the checkpoint, the
 // others fail on its word (the broadcast after the write) and may end first; the summary names
 // rank 0, not whichever rank's exit the launcher saw first.
