@@ -19,8 +19,10 @@ constexpr int64_t kMaxShmBytes = int64_t{64} << 20;
 // Rank and process counts: far above any real job, far below int's overflow.
 constexpr int64_t kMaxCount = (int64_t{1} << 30) - 1;
 
+// Never destroyed: a thread still running at exit (a heartbeat, a detached reader) may read a
+// variable after static destructors ran.
 const std::vector<Variable>& table() {
-  static const std::vector<Variable> rows = {
+  static const auto* rows = new std::vector<Variable>{
       {Var::kLogLevel, "SHOAL_LOG_LEVEL", Kind::kChoice, "debug|info|warn|error|off", "info",
        "Which of Shoal's own messages are written to stderr; `debug` adds the process group each "
        "rank joins, every checkpoint saved and a failing TorchScript model's traceback. An unknown "
@@ -104,7 +106,7 @@ const std::vector<Variable>& table() {
        "`shoal train --fault-tolerant`: each rank appends the samples of each step it trains, and "
        "which steps committed, to PATH.rankN (to check that every sample is trained on once)."},
   };
-  return rows;
+  return *rows;
 }
 
 std::string lower(std::string text) {
