@@ -34,6 +34,7 @@
 #include "shoal/models/gpt.h"
 #include "shoal/parallel/distributed_data_parallel.h"
 #include "shoal/parallel/tensor_parallel.h"
+#include "shoal/train/clip_grad.h"
 
 namespace shoal::cli {
 // Named, not anonymous: the CLI's sources are compiled in unity batches.
@@ -73,18 +74,6 @@ int64_t held_bytes(torch::nn::Module& model, torch::optim::Optimizer& optimizer)
   return held;
 }
 
-// Each parameter once (the GPT's lm_head.weight is transformer.wte.weight).
-std::vector<at::Tensor> unique_parameters(torch::nn::Module& model) {
-  std::vector<at::Tensor> unique;
-  for (const auto& p : model.parameters()) {
-    const bool seen = std::any_of(unique.begin(), unique.end(), [&](const at::Tensor& q) {
-      return q.unsafeGetTensorImpl() == p.unsafeGetTensorImpl();
-    });
-    if (!seen) unique.push_back(p);
-  }
-  return unique;
-}
-
 // One rank of `mode` (`ranks` of them): warmup, then timed steps; writes its numbers to `result`.
 void run_rank(const TpBenchArgs& args, const std::string& mode, int rank, int ranks,
               const std::string& store_path, const std::string& result) {
@@ -102,7 +91,7 @@ void run_rank(const TpBenchArgs& args, const std::string& mode, int rank, int ra
   } else if (mode == "shoal_ddp") {
     ddp = std::make_shared<parallel::DistributedDataParallelBase>(model, group);
   }
-  torch::optim::SGD optimizer(unique_parameters(*model), torch::optim::SGDOptions(0.01).momentum(0.9));
+  torch::optim::SGD optimizer(train::unique_parameters(model->parameters()), torch::optim::SGDOptions(0.01).momentum(0.9));
   // DDP's ranks each take their slice of the global batch; the others all of it (TP's ranks
   // compute the same samples, each through its shard).
   const int64_t rows = ddp ? args.batch : int64_t{args.batch} * args.world;
