@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <thread>
 #include <sstream>
 
 #include "shoal/comm/init.h"
@@ -104,9 +103,12 @@ bool FaultTolerantManager::should_commit() {
   store_->set_string(step_key("vote/" + std::to_string(rank_)), step_ok_ ? "1" : "0");
   step_ok_ = true;
   const std::string decision_key = step_key("decision");
-  if (store_->add(step_key("ticket"), 1) == 1) store_->set_string(decision_key, decide());
-  // Longer than the decider can take (decide()), so that only a dead decider times this out.
-  store_->wait({decision_key}, options_.timeout + 2 * options_.quorum_grace);
+  // Every member weighs the votes; the first to finish publishes its verdict, which all then
+  // read. The ticket comes after the weighing, so a member killed while it waits for the votes
+  // (the long part) holds up no one.
+  const std::string verdict = decide();
+  if (store_->add(step_key("ticket"), 1) == 1) store_->set_string(decision_key, verdict);
+  store_->wait({decision_key}, options_.timeout + options_.quorum_grace);
   const std::string decision = store_->get_string(decision_key);
   ++attempt_;
   if (decision == "commit") return true;
@@ -126,30 +128,42 @@ bool FaultTolerantManager::settled(const std::vector<std::string>& votes,
   return true;
 }
 
-// The decider's verdict on the current step: "commit", or the members that voted.
+// Waits until every member voted or exited, or until `give_up`; true when all voted.
+bool FaultTolerantManager::await_votes(const std::vector<std::string>& votes,
+                                       const std::vector<std::string>& exits) const {
+  // The store answers a wait the moment its last key arrives; the slice only bounds how late an
+  // exit the launcher reported is noticed.
+  constexpr comm::Milliseconds kSlice{200};
+  const auto give_up = std::chrono::steady_clock::now() + options_.timeout + options_.quorum_grace;
+  while (true) {
+    try {
+      store_->wait(votes, kSlice);
+      return true;
+    } catch (const TimeoutError&) {
+    }
+    if (settled(votes, exits) || std::chrono::steady_clock::now() >= give_up) return false;
+  }
+}
+
+// This member's verdict on the current step: "commit", or the members that voted.
 std::string FaultTolerantManager::decide() const {
   std::vector<std::string> votes, exits;
   for (int member : members_) {
     votes.push_back(step_key("vote/" + std::to_string(member)));
     exits.push_back(exit_key(member));
   }
-  // Why 1 ms: a vote comes within milliseconds of the others; the store answers in ~0.1 ms.
-  const auto give_up = std::chrono::steady_clock::now() + options_.timeout + options_.quorum_grace;
-  while (!store_->check(votes) && !settled(votes, exits) &&
-         std::chrono::steady_clock::now() < give_up) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  if (await_votes(votes, exits)) {
+    const auto values = store_->multi_get(votes);
+    const bool all_ok = std::all_of(values.begin(), values.end(), [](const auto& v) {
+      return v.size() == 1 && v[0] == '1';
+    });
+    return all_ok ? "commit" : member_list_text(members_);
   }
   std::vector<int> voted;
-  bool all_ok = true;
   for (size_t i = 0; i < votes.size(); ++i) {
-    if (!store_->check({votes[i]})) {
-      all_ok = false;
-      continue;
-    }
-    voted.push_back(members_[i]);
-    all_ok = all_ok && store_->get_string(votes[i]) == "1";
+    if (store_->check({votes[i]})) voted.push_back(members_[i]);
   }
-  return all_ok ? "commit" : member_list_text(voted);
+  return member_list_text(voted);
 }
 
 }  // namespace shoal::parallel

@@ -9,19 +9,21 @@
 // The name follows torchft's Manager (start_quorum, should_commit), so that its users are at home.
 //
 // Agreement. After its allreduce every replica votes (ok, or failed: its collective threw) under
-// the step's key in the store. The first to vote (a counter hands out one ticket) decides: commit
-// when every member voted ok; otherwise the step fails, and the next generation's members are
-// the replicas that voted. The decider waits for each member's vote until the member votes, or
-// the launcher reports its exit (exit_key), or timeout + quorum_grace has passed (a stopped or
-// hung member, or no launcher to report exits). A survivor's collective fails at once when it
+// the step's key in the store, then weighs the votes: commit when every member voted ok;
+// otherwise the step fails, and the next generation's members are the replicas that voted. It
+// waits for each member's vote until the member votes, or the launcher reports its exit
+// (exit_key), or timeout + quorum_grace has passed (a stopped or hung member, or no launcher to
+// report exits). The first replica done weighing takes a ticket (a counter) and publishes its
+// verdict as the step's decision. A survivor's collective fails at once when it
 // waits on the dead rank, and at the time-out at the latest when it waits on a survivor that
 // failed first (c10d's gloo keeps a failed group's connections open), so a failure costs
 // from milliseconds to the collective time-out.
 //
 // Every replica reads that one decision, so all commit the same steps and their weights stay
-// bit-identical; a failed step's partial sum is dropped by all. Without failures a step costs one
-// vote, one ticket and one read of the decision on the store, on top of the allreduce, and the
-// decider a check of the members' votes (a poll every millisecond until all are in).
+// bit-identical; a failed step's partial sum is dropped by all. Without failures a step costs each
+// replica six store requests on top of the allreduce: its vote, a wait for the members' votes
+// (answered by the store when the last arrives), their values, the ticket, and a wait for the
+// decision and its read.
 //
 // Re-forming. start_quorum() after a failed step builds generation g+1's process group (a new
 // store prefix, "ft/g<g+1>/pg", the same backend) over the surviving members, ranked in their
@@ -30,7 +32,8 @@
 //
 // What is not covered: the store itself must outlive the workers (see the GUIDE, "When ranks
 // fail"); a decider that dies between taking its ticket and writing the decision (microseconds)
-// makes the others time out with a TimeoutError naming the step.
+// makes the others time out with a TimeoutError naming the step; one killed while it waits for
+// the votes (the long part) holds up no one, as the ticket comes after the wait.
 //
 // Thread safety: one thread per replica drives an instance; every member calls start_quorum,
 // allreduce and should_commit the same number of times in the same order.
@@ -59,7 +62,7 @@ struct FaultTolerantOptions {
   std::string backend = "gloo";
   /// Each generation's collective time-out: how long a stopped peer holds a step up.
   comm::Milliseconds timeout{30'000};
-  /// How long the decider waits for a missing vote beyond the collective time-out (a member
+  /// How long a replica waits for a missing vote beyond the collective time-out (a member
   /// whose exit the launcher reported is not waited for). A live replica votes within
   /// milliseconds of its collective's end, which the time-out bounds; 10 s leaves room for a
   /// loaded machine's scheduling, since a live replica left out must leave the job.
@@ -109,6 +112,8 @@ class FaultTolerantManager {
  private:
   std::string step_key(const std::string& what) const;
   std::string decide() const;
+  bool await_votes(const std::vector<std::string>& votes,
+                   const std::vector<std::string>& exits) const;
   bool settled(const std::vector<std::string>& votes, const std::vector<std::string>& exits) const;
   void form_group();
 
