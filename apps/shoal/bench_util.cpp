@@ -39,13 +39,15 @@ constexpr std::chrono::milliseconds kPollInterval{20};
 
 // In a child, after fork: runs the function or execs the command line; never returns.
 [[noreturn]] void become_child(const ChildProcess& child, const std::string& benchmark) {
-  if (child.quiet) {
-    const int null_fd = ::open("/dev/null", O_WRONLY);
-    if (null_fd >= 0) {
-      ::dup2(null_fd, STDOUT_FILENO);
-      ::dup2(null_fd, STDERR_FILENO);
+  const std::string sink = child.quiet ? "/dev/null" : child.output;
+  if (!sink.empty()) {
+    const int fd = ::open(sink.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    if (fd >= 0) {
+      ::dup2(fd, STDOUT_FILENO);
+      ::dup2(fd, STDERR_FILENO);
     }
   }
+  for (const auto& entry : child.environment) ::putenv(const_cast<char*>(entry.c_str()));
   if (child.function) {
     int code = 1;
     try {

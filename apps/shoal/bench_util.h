@@ -104,6 +104,10 @@ struct ChildProcess {
   std::string label;
   /// Sends the child's stdout and stderr to /dev/null.
   bool quiet = false;
+  /// Sends the child's stdout and stderr to this file (made or truncated) unless quiet.
+  std::string output;
+  /// "NAME=value" entries added to the child's environment.
+  std::vector<std::string> environment;
 };
 
 struct RunProcessesOptions {

@@ -13,6 +13,7 @@ void add_bench_command(CLI::App& root, std::vector<Command>& commands) {
   add_bench_dp_command(*bench, commands);
   add_bench_fsdp_command(*bench, commands);
   add_bench_tp_command(*bench, commands);
+  add_bench_faults_command(*bench, commands);
   add_bench_tokens_command(*bench, commands);
   add_bench_images_command(*bench, commands);
   add_bench_heartbeat_command(*bench, commands);

@@ -50,6 +50,7 @@ void add_bench_pipeline_command(CLI::App& bench, std::vector<Command>& commands)
 void add_bench_dp_command(CLI::App& bench, std::vector<Command>& commands);         // bench_dp.cpp
 void add_bench_fsdp_command(CLI::App& bench, std::vector<Command>& commands);       // bench_fsdp.cpp
 void add_bench_tp_command(CLI::App& bench, std::vector<Command>& commands);         // bench_tp.cpp
+void add_bench_faults_command(CLI::App& bench, std::vector<Command>& commands);     // bench_faults.cpp
 void add_bench_tokens_command(CLI::App& bench, std::vector<Command>& commands);     // bench_tokens.cpp
 void add_bench_images_command(CLI::App& bench, std::vector<Command>& commands);     // bench_images.cpp
 void add_bench_heartbeat_command(CLI::App& bench, std::vector<Command>& commands);  // bench_heartbeat.cpp

@@ -29,6 +29,16 @@ std::vector<int> parse_member_list(const std::string& text) {
   return ranks;
 }
 
+// The step's tally (step_key("tally")), one counter that every replica adds to once: 1 for an ok
+// vote, kFailedVote for a failed one; a replica that stops waiting adds kClosed too.
+constexpr int64_t kFailedVote = int64_t{1} << 20;  // above any count of replicas
+constexpr int64_t kClosed = int64_t{1} << 40;
+constexpr int64_t kFieldMask = kFailedVote - 1;
+
+int64_t ok_votes(int64_t tally) { return tally & kFieldMask; }
+int64_t failed_votes(int64_t tally) { return (tally / kFailedVote) & kFieldMask; }
+bool failed_or_closed(int64_t tally) { return tally >= kFailedVote; }
+
 }  // namespace
 
 FaultTolerantManager::FaultTolerantManager(std::shared_ptr<comm::Store> store, int rank,
@@ -100,19 +110,67 @@ void FaultTolerantManager::allreduce(at::Tensor& tensor) {
 }
 
 bool FaultTolerantManager::should_commit() {
-  store_->set_string(step_key("vote/" + std::to_string(rank_)), step_ok_ ? "1" : "0");
+  const bool ok = step_ok_;
   step_ok_ = true;
+  const bool committed = ok ? tally_ok_vote() : false;
+  const bool decided = committed || decide_slowly(ok);
+  ++attempt_;
+  if (decided) return true;
+  ++failed_steps_;
+  return false;
+}
+
+// The common case, two store requests: the vote that completes the tally (exactly the members'
+// count, nothing failed or closed before it) commits the step for all and says so under "all";
+// the others wait for that. False when the step must be settled by decide_slowly().
+bool FaultTolerantManager::tally_ok_vote() {
+  const int64_t tally = store_->add(step_key("tally"), 1);
+  if (tally == num_replicas()) {
+    store_->set_string(step_key("all"), "1");
+    return true;
+  }
+  return !failed_or_closed(tally) && await_all();
+}
+
+// Waits for "all"; false once a member's exit is reported, a vote failed or the tally closed, or
+// the wait is past timeout + quorum_grace.
+bool FaultTolerantManager::await_all() const {
+  // The store answers a wait the moment its key arrives; the slice bounds how late a failure
+  // elsewhere is noticed.
+  constexpr comm::Milliseconds kSlice{50};
+  const auto give_up = std::chrono::steady_clock::now() + options_.timeout + options_.quorum_grace;
+  std::vector<std::string> exits;
+  for (int member : members_) exits.push_back(exit_key(member));
+  while (true) {
+    try {
+      store_->wait({step_key("all")}, kSlice);
+      return true;
+    } catch (const TimeoutError&) {
+    }
+    if (failed_or_closed(store_->add(step_key("tally"), 0)) || any_exited(exits) ||
+        std::chrono::steady_clock::now() >= give_up) {
+      return false;
+    }
+  }
+}
+
+// After a failure, a missing vote or a late one: closes the tally (a vote after this cannot
+// complete it), weighs the votes, and the first replica done publishes its verdict, which every
+// replica in here reads. No replica committed on the tally unless every member voted ok before
+// the first close, and then every verdict here is "commit" too.
+bool FaultTolerantManager::decide_slowly(bool ok) {
+  if (!ok) store_->add(step_key("tally"), kFailedVote);
+  store_->set_string(step_key("vote/" + std::to_string(rank_)), ok ? "1" : "0");
+  const int64_t tally = store_->add(step_key("tally"), kClosed) - kClosed;
+  const bool all_ok = ok_votes(tally) == num_replicas() && failed_votes(tally) == 0;
+  // The ticket comes after the weighing, so a replica killed while it waits for the votes (the
+  // long part) holds up no one.
+  const std::string verdict = all_ok ? "commit" : decide();
   const std::string decision_key = step_key("decision");
-  // Every member weighs the votes; the first to finish publishes its verdict, which all then
-  // read. The ticket comes after the weighing, so a member killed while it waits for the votes
-  // (the long part) holds up no one.
-  const std::string verdict = decide();
   if (store_->add(step_key("ticket"), 1) == 1) store_->set_string(decision_key, verdict);
   store_->wait({decision_key}, options_.timeout + options_.quorum_grace);
   const std::string decision = store_->get_string(decision_key);
-  ++attempt_;
   if (decision == "commit") return true;
-  ++failed_steps_;
   next_members_ = parse_member_list(decision);
   return false;
 }
@@ -128,7 +186,12 @@ bool FaultTolerantManager::settled(const std::vector<std::string>& votes,
   return true;
 }
 
-// Waits until every member voted or exited, or until `give_up`; true when all voted.
+bool FaultTolerantManager::any_exited(const std::vector<std::string>& exits) const {
+  return std::any_of(exits.begin(), exits.end(),
+                     [&](const std::string& key) { return store_->check({key}); });
+}
+
+// Waits until every member voted or exited, or until timeout + quorum_grace; true when all voted.
 bool FaultTolerantManager::await_votes(const std::vector<std::string>& votes,
                                        const std::vector<std::string>& exits) const {
   // The store answers a wait the moment its last key arrives; the slice only bounds how late an

@@ -8,22 +8,24 @@
 //
 // The name follows torchft's Manager (start_quorum, should_commit), so that its users are at home.
 //
-// Agreement. After its allreduce every replica votes (ok, or failed: its collective threw) under
-// the step's key in the store, then weighs the votes: commit when every member voted ok;
-// otherwise the step fails, and the next generation's members are the replicas that voted. It
-// waits for each member's vote until the member votes, or the launcher reports its exit
-// (exit_key), or timeout + quorum_grace has passed (a stopped or hung member, or no launcher to
-// report exits). The first replica done weighing takes a ticket (a counter) and publishes its
-// verdict as the step's decision. A survivor's collective fails at once when it
-// waits on the dead rank, and at the time-out at the latest when it waits on a survivor that
-// failed first (c10d's gloo keeps a failed group's connections open), so a failure costs
-// from milliseconds to the collective time-out.
+// Agreement. After its allreduce every replica votes: ok, or failed (its collective threw). The
+// common case costs each replica two store requests on top of the allreduce: its ok vote adds 1
+// to the step's tally (a counter); the vote that brings it to the members' count commits the step
+// for every replica and sets the step's "all" key, which the others wait for. Any other case goes
+// the slow way: a failed vote, a member whose exit the launcher reports (exit_key), or a missing
+// vote past timeout + quorum_grace (a stopped or hung member, or no launcher to report exits).
+// Each replica then closes the tally (so a late vote cannot complete it), publishes its vote, and
+// weighs the votes: commit when all members voted ok; otherwise the step fails, and the next
+// generation's members are the replicas that voted. It waits for each member's vote until the
+// member votes or exits, or the time above has passed. The first replica done weighing takes a
+// ticket (a counter) and publishes its verdict as the step's decision, which every replica on the
+// slow way reads. A replica committed on the tally only when every member voted ok before the
+// first close, and then every verdict on the slow way is commit too, so all replicas commit the
+// same steps and their weights stay bit-identical; a failed step's partial sum is dropped by all.
 //
-// Every replica reads that one decision, so all commit the same steps and their weights stay
-// bit-identical; a failed step's partial sum is dropped by all. Without failures a step costs each
-// replica six store requests on top of the allreduce: its vote, a wait for the members' votes
-// (answered by the store when the last arrives), their values, the ticket, and a wait for the
-// decision and its read.
+// A survivor's collective fails at once when it waits on the dead rank, and at the time-out at
+// the latest when it waits on a survivor that failed first (c10d's gloo keeps a failed group's
+// connections open), so a failure costs from milliseconds to the collective time-out.
 //
 // Re-forming. start_quorum() after a failed step builds generation g+1's process group (a new
 // store prefix, "ft/g<g+1>/pg", the same backend) over the surviving members, ranked in their
@@ -31,9 +33,10 @@
 // PeerError; fewer than min_replicas members throw InvalidArgument naming --min-replicas.
 //
 // What is not covered: the store itself must outlive the workers (see the GUIDE, "When ranks
-// fail"); a decider that dies between taking its ticket and writing the decision (microseconds)
-// makes the others time out with a TimeoutError naming the step; one killed while it waits for
-// the votes (the long part) holds up no one, as the ticket comes after the wait.
+// fail"); a replica that dies between taking the ticket and writing the decision (microseconds)
+// makes the others time out with a TimeoutError naming the step. One that dies after completing
+// the tally and before setting "all" holds up no one: the others see its exit and close the
+// tally, which shows every vote ok.
 //
 // Thread safety: one thread per replica drives an instance; every member calls start_quorum,
 // allreduce and should_commit the same number of times in the same order.
@@ -112,6 +115,10 @@ class FaultTolerantManager {
  private:
   std::string step_key(const std::string& what) const;
   std::string decide() const;
+  bool tally_ok_vote();
+  bool await_all() const;
+  bool decide_slowly(bool ok);
+  bool any_exited(const std::vector<std::string>& exits) const;
   bool await_votes(const std::vector<std::string>& votes,
                    const std::vector<std::string>& exits) const;
   bool settled(const std::vector<std::string>& votes, const std::vector<std::string>& exits) const;
