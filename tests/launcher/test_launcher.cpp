@@ -827,6 +827,7 @@ TEST_F(FaultTolerant, RefusesWhatItCannotTrainInOneLine) {
   }
 }
 
+
 TEST_F(Launcher, MasterPortZeroPicksOneBindablePortForAll) {
   // Rank 0 binds the port it was given (as the TCP store will); every rank reports it.
   const auto worker = script("port.sh", R"(
@@ -1286,6 +1287,31 @@ TEST(BenchTpFormat, ReportsEachModeAndTpHoldsHalfOfDdpsBytes) {
   // The LayerNorms and the position embedding stay whole on every tp rank.
   EXPECT_LT(tp, 0.6 * ddp) << result.out;
   EXPECT_GT(tp, 0.5 * ddp) << result.out;
+}
+
+// Format check: `shoal bench faults --json`: each mode's rate, its ratio to the plain DDP runs
+// beside it, and the time the kill cost the survivor (kill to its next generation's first commit).
+TEST_F(FaultTolerant, BenchFaultsReportsEachModeAndTheTimeAKillCosts) {
+  const auto result = run_shoal({"bench", "faults", "--world", "2", "--samples", "1200", "--batch",
+                                 "20", "--kill-after", "5", "--rounds", "1", "--json"},
+                                {{"SHOAL_TIMEOUT", "10s"}}, Milliseconds(300'000));
+  ASSERT_EQ(result.code, 0) << result.err;
+  std::map<std::string, std::string> by_mode;
+  for (const auto& line : lines_of(result.out)) {
+    const auto at = line.find("\"mode\": \"");
+    if (at != std::string::npos) by_mode[line.substr(at + 9, line.find('"', at + 9) - at - 9)] = line;
+  }
+  for (const char* mode : {"ddp", "ft", "ft_kill"}) {
+    ASSERT_TRUE(by_mode.count(mode)) << mode << "\n" << result.out;
+    EXPECT_GT(json_number(by_mode[mode], "samples_per_s"), 0) << by_mode[mode];
+    EXPECT_GT(json_number(by_mode[mode], "vs_ddp"), 0) << by_mode[mode];
+  }
+  EXPECT_EQ(json_number(by_mode["ddp"], "vs_ddp"), 1);
+  // Detection, vote, re-forming and a step: within the collective time-out and the vote's grace.
+  const double lost = json_number(by_mode["ft_kill"], "lost_s");
+  EXPECT_GT(lost, 0) << by_mode["ft_kill"];
+  EXPECT_LT(lost, 25) << by_mode["ft_kill"];
+  EXPECT_EQ(by_mode["ft"].find("\"lost_s\": null") != std::string::npos, true) << by_mode["ft"];
 }
 
 // Format check: `shoal bench fsdp --json`: every mode (the no-communication ceiling included) with
