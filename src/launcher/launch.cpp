@@ -407,15 +407,20 @@ int launch(const LaunchOptions& options) {
   group_options.tolerate_worker_failures =
       options.tolerate_worker_failures || options.fault_tolerant;
   group_options.log_name = options.log_name;
+  int replaced = 0;  // workers started again on their own, out of --max-restarts
   for (int restart = 0;; ++restart) {
     GroupResult result;
+    // Fault tolerance: a failed worker is started again alone and rejoins the others.
+    if (options.fault_tolerant) {
+      group_options.replace_failed_workers = options.max_restarts - restart - replaced;
+    }
     {
       const auto job_store = serve_job_store(options, master_port);
       // The survivors' quorum waits for each member's vote or its death: the exit is told at once.
       std::shared_ptr<comm::Store> marks;
       if (job_store) marks = comm::make_tcp_store(options.master_addr, master_port, 1, false);
       group_options.on_exit = [marks](int rank) {
-        if (marks) marks->set_string(parallel::FaultTolerantManager::exit_key(rank), "1");
+        if (marks) marks->add(parallel::FaultTolerantManager::exit_key(rank), 1);
       };
       SignalRelay relay;
       WorkerGroup group(plan_workers(options, master_port, restart, log_root, error_root),
@@ -425,8 +430,9 @@ int launch(const LaunchOptions& options) {
       comm::shm::SharedSegment::remove_segments_of(group.pids());
     }
     report(options, result, group_options);
+    replaced += result.replaced;
     if (result.outcome != GroupResult::Outcome::kWorkerFailed) return result.exit_code;
-    if (restart >= options.max_restarts) {
+    if (restart + replaced >= options.max_restarts) {
       if (options.max_restarts > 0) {
         say(options, "restarts ran out: the job failed in all " + std::to_string(restart + 1) +
                          " attempts (--max-restarts " + std::to_string(options.max_restarts) +
