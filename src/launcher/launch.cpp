@@ -191,6 +191,12 @@ std::string plural(int n, const char* noun) {
   return std::to_string(n) + " " + noun + (n == 1 ? "" : "s");
 }
 
+std::string join_lines(const std::vector<std::string>& items) {
+  std::string text;
+  for (size_t i = 0; i < items.size(); ++i) text += (i ? "; " : "") + items[i];
+  return text;
+}
+
 void report(const LaunchOptions& options, const GroupResult& result,
             const WorkerGroupOptions& group_options) {
   const double grace_s = group_options.grace_period.count() / 1000.0;
@@ -199,11 +205,16 @@ void report(const LaunchOptions& options, const GroupResult& result,
   std::string line;
   switch (result.outcome) {
     case GroupResult::Outcome::kSucceeded:
-      if (result.tolerated.empty()) return;
-      line = "finished without " + plural(static_cast<int>(result.tolerated.size()), "failed worker") +
-             ": ";
-      for (size_t i = 0; i < result.tolerated.size(); ++i) {
-        line += (i ? "; " : "") + result.tolerated[i];
+      if (result.tolerated.empty() && result.replaced.empty()) return;
+      line = "finished";
+      if (!result.tolerated.empty()) {
+        line += " without " + plural(static_cast<int>(result.tolerated.size()), "failed worker") +
+                ": " + join_lines(result.tolerated);
+      }
+      if (!result.replaced.empty()) {
+        line += std::string(result.tolerated.empty() ? "" : ";") + " after replacing " +
+                plural(static_cast<int>(result.replaced.size()), "failed worker") + ": " +
+                join_lines(result.replaced);
       }
       break;
     case GroupResult::Outcome::kWorkerFailed:
@@ -430,7 +441,7 @@ int launch(const LaunchOptions& options) {
       comm::shm::SharedSegment::remove_segments_of(group.pids());
     }
     report(options, result, group_options);
-    replaced += result.replaced;
+    replaced += static_cast<int>(result.replaced.size());
     if (result.outcome != GroupResult::Outcome::kWorkerFailed) return result.exit_code;
     if (restart + replaced >= options.max_restarts) {
       if (options.max_restarts > 0) {

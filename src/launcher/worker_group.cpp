@@ -98,14 +98,15 @@ void WorkerGroup::reap(GroupResult& result, Clock::time_point now) {
         running_workers() > 0) {
       const std::string what = worker->spec().label + " (pid " + std::to_string(worker->pid()) +
                                ") " + worker->status().describe();
-      result.tolerated.push_back(what);
-      if (result.replaced < options_.replace_failed_workers) {
+      if (static_cast<int>(result.replaced.size()) < options_.replace_failed_workers) {
+        result.replaced.push_back(what);
         log::warn(options_.log_name, ": ", what, "; the other workers go on, and it is started ",
-                  "again to rejoin them (restart ", result.replaced + 1, " of at most ",
+                  "again to rejoin them (restart ", result.replaced.size(), " of at most ",
                   options_.replace_failed_workers, ")");
-        replace(static_cast<size_t>(&worker - workers_.data()), result);
+        replace(static_cast<size_t>(&worker - workers_.data()));
         continue;
       }
+      result.tolerated.push_back(what);
       log::warn(options_.log_name, ": ", what, "; the other workers go on without it");
       continue;
     }
@@ -121,7 +122,7 @@ void WorkerGroup::reap(GroupResult& result, Clock::time_point now) {
   }
 }
 
-void WorkerGroup::replace(size_t index, GroupResult& result) {
+void WorkerGroup::replace(size_t index) {
   read_output(/*max_rounds=*/64);  // what the one that ended wrote last
   for (int stream = 0; stream < 2; ++stream) prefixers_[2 * index + stream]->flush();
   const WorkerSpec spec = workers_[index]->spec();
@@ -130,7 +131,6 @@ void WorkerGroup::replace(size_t index, GroupResult& result) {
   workers_[index] = std::make_unique<WorkerProcess>(spec, capture);
   workers_[index]->start();
   pids_.push_back(static_cast<int>(workers_[index]->pid()));
-  ++result.replaced;
 }
 
 void WorkerGroup::name_first_failure(GroupResult& result) const {

@@ -73,8 +73,8 @@ struct GroupResult {
   /// Failures the group went on without (tolerate_worker_failures): "rank 1 (pid 42) was
   /// killed by SIGKILL".
   std::vector<std::string> tolerated;
-  /// Workers started again on their own (replace_failed_workers).
-  int replaced = 0;
+  /// Failures whose worker was started again on its own (replace_failed_workers), as tolerated.
+  std::vector<std::string> replaced;
 };
 
 class WorkerGroup {
@@ -111,7 +111,7 @@ class WorkerGroup {
   void show_first_error_line(const GroupResult& result);
   void stop_now();
   /// Starts the worker at `index` again in its place (replace_failed_workers).
-  void replace(size_t index, GroupResult& result);
+  void replace(size_t index);
 
   std::vector<WorkerSpec> specs_;
   WorkerGroupOptions options_;

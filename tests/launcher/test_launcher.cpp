@@ -732,6 +732,7 @@ SampleLog read_sample_logs(const fs::path& dir, int ranks) {
 class FaultTolerant : public Launcher {
  protected:
   static constexpr int kSamples = 1500;
+  int samples_ = kSamples;  // the epoch's training samples
   // 3 ranks of DDP under `shoal run`; SIGKILLs job rank `victim` once `ready()` (a real kill from
   // outside, at whatever the rank is doing then).
   RunResult train_and_kill(int victim, const std::function<bool()>& ready,
@@ -743,7 +744,7 @@ class FaultTolerant : public Launcher {
     std::vector<std::string> args = {"run", "--nproc-per-node", "3", "--master-port", "0",
                                      shoal_binary(), "train", "--strategy", "ddp", "--model",
                                      "mlp", "--epochs", "1", "--train-samples",
-                                     std::to_string(kSamples), "--test-samples", "200",
+                                     std::to_string(samples_), "--test-samples", "200",
                                      "--batch-size", "10", "--no-progress", "--dump-parameters",
                                      (dir_ / "weights").string()};
     args.insert(args.end(), extra.begin(), extra.end());
@@ -796,8 +797,10 @@ TEST_F(FaultTolerant, AReplacementRejoinsFromALivePeerAndTheWorldIsThreeAgain) {
   // Rank 1 dies; --max-restarts 1 starts it again alone, and it joins the two survivors at a
   // step's start with their weights, optimizer state and place in the epoch (Adam: every state
   // tensor counts).
+  // The epoch's 100 steps leave the replacement seconds to start before the job ends.
+  samples_ = 2 * kSamples;
   const auto result = train_and_kill(
-      1, committed(1, 3), {"--fault-tolerant", "--optimizer", "adam", "--lr", "0.001"},
+      1, committed(1, 2), {"--fault-tolerant", "--optimizer", "adam", "--lr", "0.001"},
       {"--max-restarts", "1"});
   ASSERT_EQ(result.code, 0) << result.err;
   const size_t asked = result.err.find("[rank 1] fault tolerance: a replacement");
@@ -806,10 +809,12 @@ TEST_F(FaultTolerant, AReplacementRejoinsFromALivePeerAndTheWorldIsThreeAgain) {
       << result.err;
   EXPECT_NE(result.err.find("[rank 1] fault tolerance: received the state of rank"),
             std::string::npos) << result.err;
+  EXPECT_NE(result.err.find("finished after replacing 1 failed worker: rank 1"), std::string::npos)
+      << result.err;
   SampleLog log = read_sample_logs(dir_, 3);
   std::printf("steps committed: rank 0 %d, rank 1 %d (killed, then its replacement), rank 2 %d\n",
               log.commits_by_rank[0], log.commits_by_rank[1], log.commits_by_rank[2]);
-  EXPECT_EQ(log.counts.size(), static_cast<size_t>(kSamples));
+  EXPECT_EQ(log.counts.size(), static_cast<size_t>(samples_));
   int twice = 0;
   for (const auto& [id, count] : log.counts) twice += count != 1;
   EXPECT_EQ(twice, 0);
