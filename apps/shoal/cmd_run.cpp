@@ -224,7 +224,8 @@ void add_output_flags(CLI::App& app, RunArgs& args) {
       ->capture_default_str();
   app.add_option("--max-restarts,--max_restarts", args.max_restarts,
                  "when a worker fails, restart all workers up to this many times (they see "
-                 "TORCHELASTIC_RESTART_COUNT and resume from their last checkpoint)")
+                 "TORCHELASTIC_RESTART_COUNT and resume from their last checkpoint); with "
+                 "--fault-tolerant, restart the failed worker alone, which rejoins the others")
       ->capture_default_str();
 }
 

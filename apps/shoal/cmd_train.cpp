@@ -463,11 +463,13 @@ void add_strategy_options(CLI::App& app, TrainCli& cli) {
       ->capture_default_str();
   app.add_option("--max-restarts,--max_restarts", spec.max_restarts,
                  "ddp: when a rank dies, restart all ranks up to this many times, resuming from the "
-                 "last intact checkpoint in --checkpoint-dir")
+                 "last intact checkpoint in --checkpoint-dir; with --fault-tolerant, restart the "
+                 "dead rank alone, which rejoins the others from a live rank's state")
       ->capture_default_str();
   app.add_flag("--fault-tolerant", spec.fault_tolerant,
                "ddp: when a rank dies, the others discard the step in flight and go on without\n"
-               "it (no restart); the rest of the epoch is dealt over them. CPU (gloo) only");
+               "it; the rest of the epoch is dealt over them (and a replacement, with\n"
+               "--max-restarts). CPU (gloo) only");
   app.add_option("--min-replicas", spec.min_replicas,
                  "With --fault-tolerant: the job fails when fewer ranks than this are left")
       ->check(CLI::Range(1, 65536))

@@ -191,6 +191,12 @@ std::string plural(int n, const char* noun) {
   return std::to_string(n) + " " + noun + (n == 1 ? "" : "s");
 }
 
+std::string join_lines(const std::vector<std::string>& items) {
+  std::string text;
+  for (size_t i = 0; i < items.size(); ++i) text += (i ? "; " : "") + items[i];
+  return text;
+}
+
 void report(const LaunchOptions& options, const GroupResult& result,
             const WorkerGroupOptions& group_options) {
   const double grace_s = group_options.grace_period.count() / 1000.0;
@@ -199,11 +205,16 @@ void report(const LaunchOptions& options, const GroupResult& result,
   std::string line;
   switch (result.outcome) {
     case GroupResult::Outcome::kSucceeded:
-      if (result.tolerated.empty()) return;
-      line = "finished without " + plural(static_cast<int>(result.tolerated.size()), "failed worker") +
-             ": ";
-      for (size_t i = 0; i < result.tolerated.size(); ++i) {
-        line += (i ? "; " : "") + result.tolerated[i];
+      if (result.tolerated.empty() && result.replaced.empty()) return;
+      line = "finished";
+      if (!result.tolerated.empty()) {
+        line += " without " + plural(static_cast<int>(result.tolerated.size()), "failed worker") +
+                ": " + join_lines(result.tolerated);
+      }
+      if (!result.replaced.empty()) {
+        line += std::string(result.tolerated.empty() ? "" : ";") + " after replacing " +
+                plural(static_cast<int>(result.replaced.size()), "failed worker") + ": " +
+                join_lines(result.replaced);
       }
       break;
     case GroupResult::Outcome::kWorkerFailed:
@@ -407,15 +418,20 @@ int launch(const LaunchOptions& options) {
   group_options.tolerate_worker_failures =
       options.tolerate_worker_failures || options.fault_tolerant;
   group_options.log_name = options.log_name;
+  int replaced = 0;  // workers started again on their own, out of --max-restarts
   for (int restart = 0;; ++restart) {
     GroupResult result;
+    // Fault tolerance: a failed worker is started again alone and rejoins the others.
+    if (options.fault_tolerant) {
+      group_options.replace_failed_workers = options.max_restarts - restart - replaced;
+    }
     {
       const auto job_store = serve_job_store(options, master_port);
       // The survivors' quorum waits for each member's vote or its death: the exit is told at once.
       std::shared_ptr<comm::Store> marks;
       if (job_store) marks = comm::make_tcp_store(options.master_addr, master_port, 1, false);
       group_options.on_exit = [marks](int rank) {
-        if (marks) marks->set_string(parallel::FaultTolerantManager::exit_key(rank), "1");
+        if (marks) marks->add(parallel::FaultTolerantManager::exit_key(rank), 1);
       };
       SignalRelay relay;
       WorkerGroup group(plan_workers(options, master_port, restart, log_root, error_root),
@@ -425,8 +441,9 @@ int launch(const LaunchOptions& options) {
       comm::shm::SharedSegment::remove_segments_of(group.pids());
     }
     report(options, result, group_options);
+    replaced += static_cast<int>(result.replaced.size());
     if (result.outcome != GroupResult::Outcome::kWorkerFailed) return result.exit_code;
-    if (restart >= options.max_restarts) {
+    if (restart + replaced >= options.max_restarts) {
       if (options.max_restarts > 0) {
         say(options, "restarts ran out: the job failed in all " + std::to_string(restart + 1) +
                          " attempts (--max-restarts " + std::to_string(options.max_restarts) +

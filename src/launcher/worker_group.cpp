@@ -98,6 +98,14 @@ void WorkerGroup::reap(GroupResult& result, Clock::time_point now) {
         running_workers() > 0) {
       const std::string what = worker->spec().label + " (pid " + std::to_string(worker->pid()) +
                                ") " + worker->status().describe();
+      if (static_cast<int>(result.replaced.size()) < options_.replace_failed_workers) {
+        result.replaced.push_back(what);
+        log::warn(options_.log_name, ": ", what, "; the other workers go on, and it is started ",
+                  "again to rejoin them (restart ", result.replaced.size(), " of at most ",
+                  options_.replace_failed_workers, ")");
+        replace(static_cast<size_t>(&worker - workers_.data()));
+        continue;
+      }
       result.tolerated.push_back(what);
       log::warn(options_.log_name, ": ", what, "; the other workers go on without it");
       continue;
@@ -112,6 +120,17 @@ void WorkerGroup::reap(GroupResult& result, Clock::time_point now) {
     result.stopped = count_running();
     begin_stop(SIGTERM, now);
   }
+}
+
+void WorkerGroup::replace(size_t index) {
+  read_output(/*max_rounds=*/64);  // what the one that ended wrote last
+  for (int stream = 0; stream < 2; ++stream) prefixers_[2 * index + stream]->flush();
+  const WorkerSpec spec = workers_[index]->spec();
+  const bool capture =
+      options_.prefix_output || !spec.stdout_file.empty() || !spec.stderr_file.empty();
+  workers_[index] = std::make_unique<WorkerProcess>(spec, capture);
+  workers_[index]->start();
+  pids_.push_back(static_cast<int>(workers_[index]->pid()));
 }
 
 void WorkerGroup::name_first_failure(GroupResult& result) const {

@@ -30,6 +30,10 @@ struct WorkerGroupOptions {
   /// A failed process of the "worker" role does not stop the group while another worker runs
   /// (parameter-server training under asp/ssp goes on without it); servers' failures still do.
   bool tolerate_worker_failures = false;
+  /// How many failed workers the group starts again on their own while the others go on (fault
+  /// tolerance with --max-restarts: the replacement joins the running job); with
+  /// tolerate_worker_failures only.
+  int replace_failed_workers = 0;
   /// Called with a worker's rank once it has exited (fault tolerance marks it dead in the store).
   std::function<void(int rank)> on_exit;
   /// Names the launcher in what the group prints ("shoal run: ...").
@@ -69,6 +73,8 @@ struct GroupResult {
   /// Failures the group went on without (tolerate_worker_failures): "rank 1 (pid 42) was
   /// killed by SIGKILL".
   std::vector<std::string> tolerated;
+  /// Failures whose worker was started again on its own (replace_failed_workers), as tolerated.
+  std::vector<std::string> replaced;
 };
 
 class WorkerGroup {
@@ -104,6 +110,8 @@ class WorkerGroup {
   /// first to fail, else the first held.
   void show_first_error_line(const GroupResult& result);
   void stop_now();
+  /// Starts the worker at `index` again in its place (replace_failed_workers).
+  void replace(size_t index);
 
   std::vector<WorkerSpec> specs_;
   WorkerGroupOptions options_;

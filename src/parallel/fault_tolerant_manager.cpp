@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <exception>
 #include <sstream>
 
 #include "shoal/comm/init.h"
@@ -19,15 +20,36 @@ std::string member_list_text(const std::vector<int>& ranks) {
   return text.str();
 }
 
-std::vector<int> parse_member_list(const std::string& text) {
-  std::vector<int> ranks;
+// Ranks as the store's decisions carry them: "rank" or, for a replacement, "rank:incarnation".
+struct Member {
+  int rank = 0;
+  int64_t incarnation = 0;
+};
+
+std::vector<Member> parse_member_list(const std::string& text) {
+  std::vector<Member> members;
   std::istringstream in(text);
   std::string item;
   while (std::getline(in, item, ',')) {
-    if (!item.empty()) ranks.push_back(std::stoi(item));
+    if (item.empty()) continue;
+    const size_t colon = item.find(':');
+    members.push_back({std::stoi(item.substr(0, colon)),
+                       colon == std::string::npos ? 0 : std::stoll(item.substr(colon + 1))});
   }
-  return ranks;
+  return members;
 }
+
+std::string join_key(int rank) { return "ft/join/" + std::to_string(rank); }
+std::string admitted_key(int rank, int64_t incarnation) {
+  return "ft/admitted/" + std::to_string(rank) + "/" + std::to_string(incarnation);
+}
+std::string formed_key(int rank, int64_t incarnation) {
+  return "ft/formed/" + std::to_string(rank) + "/" + std::to_string(incarnation);
+}
+constexpr const char* kFinishedKey = "ft/finished";
+// Replacements that asked to join and were not admitted yet: a joiner adds 1 after its join key,
+// the step that admits it takes 1 off, so a member learns with one request that one waits.
+constexpr const char* kWaitingJoinsKey = "ft/joins_waiting";
 
 // The step's tally (step_key("tally")), one counter that every replica adds to once: 1 for an ok
 // vote, kFailedVote for a failed one; a replica that stops waiting adds kClosed too.
@@ -39,29 +61,63 @@ int64_t ok_votes(int64_t tally) { return tally & kFieldMask; }
 int64_t failed_votes(int64_t tally) { return (tally / kFailedVote) & kFieldMask; }
 bool failed_or_closed(int64_t tally) { return tally >= kFailedVote; }
 
+bool contains(const std::vector<int>& ranks, int rank) {
+  return std::find(ranks.begin(), ranks.end(), rank) != ranks.end();
+}
+
 }  // namespace
 
 FaultTolerantManager::FaultTolerantManager(std::shared_ptr<comm::Store> store, int rank,
                                            int world_size, FaultTolerantOptions options)
-    : store_(std::move(store)), rank_(rank), options_(std::move(options)) {
+    : store_(std::move(store)), rank_(rank), options_(std::move(options)), world_size_(world_size) {
   SHOAL_CHECK_T(InvalidArgument, store_ != nullptr, "FaultTolerantManager: no store given");
   SHOAL_CHECK_T(InvalidArgument, rank >= 0 && rank < world_size, "FaultTolerantManager: rank ",
                 rank, " is not in 0..", world_size - 1);
   SHOAL_CHECK_T(InvalidArgument, options_.min_replicas >= 1 && options_.min_replicas <= world_size,
                 "--min-replicas ", options_.min_replicas, " must be in 1..", world_size,
                 " (the job's replicas)");
+  incarnation_ = store_->add(exit_key(rank_), 0);
+  if (incarnation_ > 0) {
+    join();
+    return;
+  }
   for (int r = 0; r < world_size; ++r) members_.push_back(r);
   form_group();
 }
 
-FaultTolerantManager::~FaultTolerantManager() = default;
+FaultTolerantManager::~FaultTolerantManager() {
+  if (std::uncaught_exceptions() > 0) return;
+  try {
+    store_->set_string(kFinishedKey, "1");
+  } catch (const std::exception&) {
+    // The store is gone with the job: no replacement is left to tell.
+  }
+}
 
 int FaultTolerantManager::replica_rank() const {
   return static_cast<int>(std::find(members_.begin(), members_.end(), rank_) - members_.begin());
 }
 
+int FaultTolerantManager::donor_replica_rank() const {
+  return static_cast<int>(std::find(members_.begin(), members_.end(), donor_) - members_.begin());
+}
+
+int64_t FaultTolerantManager::incarnation_of(int rank) const {
+  const auto found = incarnations_.find(rank);
+  return found == incarnations_.end() ? 0 : found->second;
+}
+
 std::string FaultTolerantManager::step_key(const std::string& what) const {
   return "ft/g" + std::to_string(generation_) + "/s" + std::to_string(attempt_) + "/" + what;
+}
+
+std::string FaultTolerantManager::wire_list(const std::vector<int>& ranks) const {
+  std::ostringstream text;
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    text << (i ? "," : "") << ranks[i];
+    if (incarnation_of(ranks[i]) > 0) text << ":" << incarnation_of(ranks[i]);
+  }
+  return text.str();
 }
 
 void FaultTolerantManager::form_group() {
@@ -70,25 +126,89 @@ void FaultTolerantManager::form_group() {
                                    options_.timeout);
 }
 
-void FaultTolerantManager::start_quorum() {
-  if (next_members_.empty()) return;
-  const bool kept = std::find(next_members_.begin(), next_members_.end(), rank_) !=
-                    next_members_.end();
-  SHOAL_CHECK_T(PeerError, kept, "[rank ", rank_, "] left out of the job's replicas after step ",
-                attempt_, " of generation ", generation_,
-                " failed: its vote did not come in time (was it stopped?); the job goes on without it");
-  SHOAL_CHECK_T(InvalidArgument, static_cast<int>(next_members_.size()) >= options_.min_replicas,
-                "[rank ", rank_, "] ", next_members_.size(), " replica",
-                next_members_.size() == 1 ? "" : "s", " left (ranks ", member_list_text(next_members_),
-                "), fewer than --min-replicas ", options_.min_replicas,
-                ": the job cannot go on; lower --min-replicas or restart it");
-  group_.reset();
-  members_ = std::move(next_members_);
+// A replacement: asks to join, and waits until the members form the generation that admits it.
+void FaultTolerantManager::join() {
+  store_->set_string(join_key(rank_), std::to_string(incarnation_));
+  store_->add(kWaitingJoinsKey, 1);
+  log::warn("[rank ", rank_, "] fault tolerance: a replacement (restart ", incarnation_,
+            " of this rank) asks to join the job's replicas");
+  const std::string formed = formed_key(rank_, incarnation_);
+  constexpr comm::Milliseconds kSlice{200};  // how late the job's end is noticed
+  const auto give_up = std::chrono::steady_clock::now() + options_.join_timeout;
+  while (true) {
+    try {
+      store_->wait({formed}, kSlice);
+      break;
+    } catch (const TimeoutError&) {
+    }
+    SHOAL_CHECK_T(PeerError, !store_->check({kFinishedKey}), "[rank ", rank_,
+                  "] fault tolerance: the job's replicas finished before this replacement could "
+                  "join; nothing is left to train");
+    SHOAL_CHECK_T(TimeoutError, std::chrono::steady_clock::now() < give_up, "[rank ", rank_,
+                  "] fault tolerance: not admitted to the job's replicas within ",
+                  options_.join_timeout.count(), " ms (", formed, "): are the others training?");
+  }
+  // "<generation> <donor's job rank> <members>"
+  std::istringstream in(store_->get_string(formed));
+  std::string members;
+  in >> generation_ >> donor_ >> members;
+  for (const Member& m : parse_member_list(members)) {
+    members_.push_back(m.rank);
+    if (m.incarnation > 0) incarnations_[m.rank] = m.incarnation;
+  }
+  SHOAL_CHECK_T(PeerError, in && contains(members_, rank_) && contains(members_, donor_),
+                "[rank ", rank_, "] fault tolerance: malformed admission '",
+                store_->get_string(formed), "' under ", formed);
+  joined_ = {rank_};
+  log::warn("[rank ", rank_, "] fault tolerance: joins generation ", generation_, " with ",
+            members_.size(), " replicas (ranks ", member_list_text(members_), ")");
+  form_group();
+}
+
+void FaultTolerantManager::start_quorum(bool admit) {
+  joined_.clear();
+  const bool grow = admit && !pending_joiners_.empty();
+  if (next_members_.empty() && !grow) return;
+  std::vector<int> next = next_members_.empty() ? members_ : std::move(next_members_);
   next_members_.clear();
+  SHOAL_CHECK_T(PeerError, contains(next, rank_), "[rank ", rank_,
+                "] left out of the job's replicas after step ", attempt_, " of generation ",
+                generation_,
+                " failed: its vote did not come in time (was it stopped?); the job goes on without it");
+  if (grow) {
+    for (int r : pending_joiners_) {
+      if (!contains(next, r)) joined_.push_back(r);
+    }
+    next.insert(next.end(), joined_.begin(), joined_.end());
+    std::sort(next.begin(), next.end());
+    pending_joiners_.clear();
+  }
+  SHOAL_CHECK_T(InvalidArgument, static_cast<int>(next.size()) >= options_.min_replicas,
+                "[rank ", rank_, "] ", next.size(), " replica", next.size() == 1 ? "" : "s",
+                " left (ranks ", member_list_text(next), "), fewer than --min-replicas ",
+                options_.min_replicas, ": the job cannot go on; lower --min-replicas or restart it");
+  re_form(std::move(next));
+}
+
+void FaultTolerantManager::re_form(std::vector<int> members) {
+  group_.reset();
+  // The donor: the first member that holds the state (was a member before).
+  for (int r : members) {
+    if (contains(members_, r)) {
+      donor_ = r;
+      break;
+    }
+  }
+  members_ = std::move(members);
   ++generation_;
   attempt_ = 0;
   log::warn("[rank ", rank_, "] fault tolerance: generation ", generation_, " goes on with ",
             members_.size(), " replicas (ranks ", member_list_text(members_), ")");
+  for (int r : joined_) {
+    store_->set_string(formed_key(r, incarnation_of(r)), std::to_string(generation_) + " " +
+                                                            std::to_string(donor_) + " " +
+                                                            wire_list(members_));
+  }
   form_group();
 }
 
@@ -109,70 +229,91 @@ void FaultTolerantManager::allreduce(at::Tensor& tensor) {
   }
 }
 
-bool FaultTolerantManager::should_commit() {
+bool FaultTolerantManager::should_commit(bool admit) {
   const bool ok = step_ok_;
   step_ok_ = true;
-  const bool committed = ok ? tally_ok_vote() : false;
-  const bool decided = committed || decide_slowly(ok);
+  const bool fast = ok && tally_ok_vote(admit);
+  const std::string decision = fast ? "commit" : decide_slowly(ok, admit);
   ++attempt_;
-  if (decided) return true;
+  // "commit" or the members that voted, then ";" and the joiners it admits, if any.
+  const size_t semicolon = decision.find(';');
+  if (semicolon != std::string::npos) {
+    for (const Member& m : parse_member_list(decision.substr(semicolon + 1))) {
+      incarnations_[m.rank] = m.incarnation;
+      pending_joiners_.push_back(m.rank);
+    }
+  }
+  const std::string head = decision.substr(0, semicolon);
+  if (head == "commit") return true;
   ++failed_steps_;
+  for (const Member& m : parse_member_list(head)) next_members_.push_back(m.rank);
   return false;
 }
 
+
 // The common case, two store requests: the vote that completes the tally (exactly the members'
 // count, nothing failed or closed before it) commits the step for all and says so under "all";
-// the others wait for that. False when the step must be settled by decide_slowly().
-bool FaultTolerantManager::tally_ok_vote() {
+// the others wait for that. False when the step must be settled by decide_slowly(): also when
+// replacements wait to join and `admit`, as only the slow way's decision names joiners.
+bool FaultTolerantManager::tally_ok_vote(bool admit) {
   const int64_t tally = store_->add(step_key("tally"), 1);
   if (tally == num_replicas()) {
+    if (admit && store_->add(kWaitingJoinsKey, 0) > 0) return false;
     store_->set_string(step_key("all"), "1");
     return true;
   }
   return !failed_or_closed(tally) && await_all();
 }
 
-// Waits for "all"; false once a member's exit is reported, a vote failed or the tally closed, or
-// the wait is past timeout + quorum_grace.
+// Waits for "all"; false once a member has exited, a vote failed or the tally closed, or the wait
+// is past timeout + quorum_grace.
 bool FaultTolerantManager::await_all() const {
   // The store answers a wait the moment its key arrives; the slice bounds how late a failure
   // elsewhere is noticed.
   constexpr comm::Milliseconds kSlice{50};
   const auto give_up = std::chrono::steady_clock::now() + options_.timeout + options_.quorum_grace;
-  std::vector<std::string> exits;
-  for (int member : members_) exits.push_back(exit_key(member));
   while (true) {
     try {
       store_->wait({step_key("all")}, kSlice);
       return true;
     } catch (const TimeoutError&) {
     }
-    if (failed_or_closed(store_->add(step_key("tally"), 0)) || any_exited(exits) ||
+    if (failed_or_closed(store_->add(step_key("tally"), 0)) ||
+        std::any_of(members_.begin(), members_.end(), [&](int m) { return exited(m); }) ||
         std::chrono::steady_clock::now() >= give_up) {
       return false;
     }
   }
 }
 
-// After a failure, a missing vote or a late one: closes the tally (a vote after this cannot
-// complete it), weighs the votes, and the first replica done publishes its verdict, which every
-// replica in here reads. No replica committed on the tally unless every member voted ok before
-// the first close, and then every verdict here is "commit" too.
-bool FaultTolerantManager::decide_slowly(bool ok) {
+// After a failure, a missing or late vote, or with joiners to admit: closes the tally (a vote
+// after this cannot complete it), weighs the votes, and the first replica done publishes its
+// verdict, which every replica in here reads. No replica committed on the tally unless every
+// member voted ok before the first close, and then every verdict here is "commit" too.
+std::string FaultTolerantManager::decide_slowly(bool ok, bool admit) {
   if (!ok) store_->add(step_key("tally"), kFailedVote);
   store_->set_string(step_key("vote/" + std::to_string(rank_)), ok ? "1" : "0");
   const int64_t tally = store_->add(step_key("tally"), kClosed) - kClosed;
   const bool all_ok = ok_votes(tally) == num_replicas() && failed_votes(tally) == 0;
   // The ticket comes after the weighing, so a replica killed while it waits for the votes (the
   // long part) holds up no one.
-  const std::string verdict = all_ok ? "commit" : decide();
+  const std::string verdict = decide(all_ok, admit);
   const std::string decision_key = step_key("decision");
-  if (store_->add(step_key("ticket"), 1) == 1) store_->set_string(decision_key, verdict);
+  if (store_->add(step_key("ticket"), 1) == 1) publish(verdict);
   store_->wait({decision_key}, options_.timeout + options_.quorum_grace);
-  const std::string decision = store_->get_string(decision_key);
-  if (decision == "commit") return true;
-  next_members_ = parse_member_list(decision);
-  return false;
+  return store_->get_string(decision_key);
+}
+
+// The ticket holder's: the step's decision, and the joiners it admits marked as admitted so that
+// a later step does not admit them again.
+void FaultTolerantManager::publish(const std::string& verdict) {
+  const size_t semicolon = verdict.find(';');
+  if (semicolon != std::string::npos) {
+    const std::vector<Member> joiners = parse_member_list(verdict.substr(semicolon + 1));
+    for (const Member& m : joiners) store_->set_string(admitted_key(m.rank, m.incarnation), "1");
+    store_->add(kWaitingJoinsKey, -static_cast<int64_t>(joiners.size()));
+  }
+  store_->set_string(step_key("decision"), verdict);
 }
 
 std::string FaultTolerantManager::exit_key(int rank) { return "ft/exited/" + std::to_string(rank); }
@@ -181,17 +322,18 @@ std::string FaultTolerantManager::exit_key(int rank) { return "ft/exited/" + std
 bool FaultTolerantManager::settled(const std::vector<std::string>& votes,
                                    const std::vector<std::string>& exits) const {
   for (size_t i = 0; i < votes.size(); ++i) {
-    if (!store_->check({votes[i]}) && !store_->check({exits[i]})) return false;
+    if (!store_->check({votes[i]}) && !exited(members_[i])) return false;
   }
   return true;
 }
 
-bool FaultTolerantManager::any_exited(const std::vector<std::string>& exits) const {
-  return std::any_of(exits.begin(), exits.end(),
-                     [&](const std::string& key) { return store_->check({key}); });
+// Whether member `rank` exited since this incarnation of it started (a replacement's
+// predecessor's exit does not count).
+bool FaultTolerantManager::exited(int rank) const {
+  return store_->add(exit_key(rank), 0) > incarnation_of(rank);
 }
 
-// Waits until every member voted or exited, or until timeout + quorum_grace; true when all voted.
+// Waits until every member voted or exited, or until `give_up`; true when all voted.
 bool FaultTolerantManager::await_votes(const std::vector<std::string>& votes,
                                        const std::vector<std::string>& exits) const {
   // The store answers a wait the moment its last key arrives; the slice only bounds how late an
@@ -208,25 +350,47 @@ bool FaultTolerantManager::await_votes(const std::vector<std::string>& votes,
   }
 }
 
-// This member's verdict on the current step: "commit", or the members that voted.
-std::string FaultTolerantManager::decide() const {
+// This member's verdict on the current step: "commit" (at once when the tally showed every vote
+// ok: `all_ok`), or the members that voted; with `admit`, then ";" and the replacements waiting
+// to join.
+std::string FaultTolerantManager::decide(bool all_ok, bool admit) const {
   std::vector<std::string> votes, exits;
   for (int member : members_) {
     votes.push_back(step_key("vote/" + std::to_string(member)));
     exits.push_back(exit_key(member));
   }
-  if (await_votes(votes, exits)) {
+  std::string verdict;
+  if (all_ok) {
+    verdict = "commit";
+  } else if (await_votes(votes, exits)) {
     const auto values = store_->multi_get(votes);
     const bool all_ok = std::all_of(values.begin(), values.end(), [](const auto& v) {
       return v.size() == 1 && v[0] == '1';
     });
-    return all_ok ? "commit" : member_list_text(members_);
+    verdict = all_ok ? "commit" : wire_list(members_);
+  } else {
+    std::vector<int> voted;
+    for (size_t i = 0; i < votes.size(); ++i) {
+      if (store_->check({votes[i]})) voted.push_back(members_[i]);
+    }
+    verdict = wire_list(voted);
   }
-  std::vector<int> voted;
-  for (size_t i = 0; i < votes.size(); ++i) {
-    if (store_->check({votes[i]})) voted.push_back(members_[i]);
+  const std::string joiners = admit ? joiners_text() : "";
+  return joiners.empty() ? verdict : verdict + ";" + joiners;
+}
+
+// The replacements that asked to join and were not admitted yet, as "rank:incarnation,...".
+std::string FaultTolerantManager::joiners_text() const {
+  std::ostringstream text;
+  for (int r = 0; r < world_size_; ++r) {
+    if (contains(members_, r) || contains(pending_joiners_, r) || !store_->check({join_key(r)})) {
+      continue;
+    }
+    const std::string incarnation = store_->get_string(join_key(r));
+    if (store_->check({admitted_key(r, std::stoll(incarnation))})) continue;
+    text << (text.tellp() > 0 ? "," : "") << r << ":" << incarnation;
   }
-  return member_list_text(voted);
+  return text.str();
 }
 
 }  // namespace shoal::parallel

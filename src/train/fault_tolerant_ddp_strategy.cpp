@@ -3,14 +3,17 @@
 #include <torch/types.h>
 
 #include <algorithm>
+#include <cstring>
 #include <sstream>
 
 #include "parallel/module_sync.h"
 #include "shoal/comm/init.h"
 #include "shoal/comm/process_group.h"
+#include "shoal/checkpoint/training_state.h"
 #include "shoal/comm/store.h"
 #include "shoal/env.h"
 #include "shoal/error.h"
+#include "shoal/log.h"
 #include "shoal/train/clip_grad.h"
 #include "shoal/train/trainer.h"
 
@@ -34,6 +37,60 @@ at::Tensor flat_gradients(const std::vector<at::Tensor>& parameters) {
     flat.push_back(p.grad().defined() ? p.grad().reshape({-1}) : torch::zeros({p.numel()}, p.options()));
   }
   return torch::cat(flat);
+}
+
+// Why these bounds: an optimizer keeps a few named tensors per parameter (Adam: step, exp_avg,
+// exp_avg_sq, max_exp_avg_sq), each as large as its parameter at most; a line of the description
+// below is under 100 bytes. A donor that announces more is refused rather than trusted.
+constexpr int64_t kMaxStatesPerParameter = 8;
+constexpr int64_t kDescriptionBytesPerParameter = kMaxStatesPerParameter * 128;
+
+// The optimizer's state tensors and "index name dtype dim size..." lines describing them.
+std::string describe_optimizer_state(const checkpoint::OptimizerState& optimizer,
+                                     std::vector<at::Tensor>& tensors) {
+  std::ostringstream text;
+  for (const auto& [index, named] : optimizer.state) {
+    for (const auto& [name, tensor] : named) {
+      text << index << " " << name << " " << static_cast<int>(tensor.scalar_type()) << " "
+           << tensor.dim();
+      for (int64_t size : tensor.sizes()) text << " " << size;
+      text << "\n";
+      tensors.push_back(tensor.contiguous());
+    }
+  }
+  return text.str();
+}
+
+// Empty tensors as `description` says, each checked against the parameter it belongs to.
+checkpoint::OptimizerState receive_buffers(const std::string& description,
+                                           const std::vector<at::Tensor>& parameters,
+                                           std::vector<at::Tensor>& tensors) {
+  checkpoint::OptimizerState out;
+  std::istringstream lines(description);
+  for (std::string line; std::getline(lines, line);) {
+    std::istringstream in(line);
+    int64_t index = -1, dim = -1;
+    int type = -1;
+    std::string name;
+    in >> index >> name >> type >> dim;
+    const bool known = in && index >= 0 && index < static_cast<int64_t>(parameters.size()) &&
+                       type >= 0 && type < static_cast<int>(at::ScalarType::NumOptions) &&
+                       dim >= 0 && dim <= 8;
+    SHOAL_CHECK_T(PeerError, known, "fault tolerance: the donor's optimizer state is malformed: '",
+                  line, "'");
+    std::vector<int64_t> sizes(static_cast<size_t>(dim));
+    for (auto& size : sizes) in >> size;
+    const at::Tensor& param = parameters[static_cast<size_t>(index)];
+    const bool fits = in && (sizes == param.sizes().vec() || (dim == 0)) &&
+                      out.state[index].size() < kMaxStatesPerParameter;
+    SHOAL_CHECK_T(PeerError, fits, "fault tolerance: the donor's optimizer state '", name,
+                  "' of parameter ", index, " does not fit its shape ", param.sizes(),
+                  ": do all ranks train the same model?");
+    at::Tensor buffer = at::empty(sizes, param.options().dtype(static_cast<at::ScalarType>(type)));
+    out.state[index][name] = buffer;
+    tensors.push_back(buffer);
+  }
+  return out;
 }
 
 }  // namespace
@@ -60,6 +117,11 @@ void FaultTolerantDdpStrategy::prepare(TrainState& state) {
   for (const auto& item : parallel::unique_named_parameters(*state.model)) {
     parameters_.push_back(item.value());
   }
+  state_ = &state;
+  if (manager_->replacement()) {
+    share_state(state);  // from a live peer, not generation 0's start
+    return;
+  }
   std::vector<at::Tensor> start = parameters_;
   for (const auto& b : state.model->buffers()) start.push_back(b);
   parallel::broadcast_coalesced(*manager_->group(), start);
@@ -80,6 +142,9 @@ void FaultTolerantDdpStrategy::start_epoch(int64_t size, int64_t epoch, uint64_t
                                            int64_t consumed) {
   order_ = shuffled_indices(size, seed, epoch);
   epoch_ = epoch;
+  // A replacement goes on where the donor was in the epoch it joined in.
+  if (epoch == joined_epoch_) consumed = std::max(consumed, joined_consumed_);
+  joined_epoch_ = -1;
   consumed_ = std::min(consumed, size);
   trained_ = 0;
 }
@@ -88,6 +153,7 @@ std::optional<at::Tensor> FaultTolerantDdpStrategy::next_share(int64_t batch) {
   const int64_t left = order_.size(0) - consumed_;
   if (left <= 0) return std::nullopt;
   manager_->start_quorum();
+  if (!manager_->joined_replicas().empty()) share_state(*state_);
   const int64_t members = manager_->num_replicas();
   const int64_t me = manager_->replica_rank();
   step_take_ = std::min(left, members * batch);
@@ -132,6 +198,60 @@ double FaultTolerantDdpStrategy::train_step(TrainState& state, const at::Tensor&
   return loss;
 }
 
+// The donor broadcasts, over the generation that admitted the joiners: the position (epoch,
+// samples consumed, step), a description of its optimizer's state, then in one coalesced
+// broadcast the parameters, buffers, optimizer state tensors and torch's RNG state. A joiner knows
+// the model's shapes and checks every size it is told against them before it allocates.
+void FaultTolerantDdpStrategy::share_state(TrainState& state) {
+  comm::ProcessGroup& group = *manager_->group();
+  const int root = manager_->donor_replica_rank();
+  const auto& joined = manager_->joined_replicas();
+  const bool receiving =
+      std::find(joined.begin(), joined.end(), manager_->job_rank()) != joined.end();
+  std::vector<at::Tensor> optimizer_tensors;
+  std::string description;
+  at::Tensor rng = checkpoint::get_rng_state();
+  if (!receiving) {
+    description = describe_optimizer_state(checkpoint::capture_optimizer(*state.optimizer),
+                                           optimizer_tensors);
+  }
+  at::Tensor header = torch::tensor({epoch_, consumed_, state.step, state.epoch,
+                                     static_cast<int64_t>(description.size()), rng.numel()},
+                                    torch::kInt64);
+  parallel::broadcast_coalesced(group, {header}, root);
+  const auto h = header.accessor<int64_t, 1>();
+  const int64_t max_description =
+      kDescriptionBytesPerParameter * static_cast<int64_t>(parameters_.size());
+  SHOAL_CHECK_T(PeerError, h[4] >= 0 && h[4] <= max_description && h[5] == rng.numel(),
+                "[rank ", manager_->job_rank(), "] fault tolerance: the donor announces ", h[4],
+                " bytes of optimizer state description (at most ", max_description,
+                ") and an RNG state of ", h[5], " bytes (this one's: ", rng.numel(), ")");
+  at::Tensor text = torch::zeros({h[4]}, torch::kUInt8);
+  if (!receiving) std::memcpy(text.data_ptr(), description.data(), description.size());
+  parallel::broadcast_coalesced(group, {text}, root);
+  checkpoint::OptimizerState received;
+  if (receiving) {
+    description.assign(static_cast<const char*>(text.data_ptr()), static_cast<size_t>(h[4]));
+    received = receive_buffers(description, parameters_, optimizer_tensors);
+  }
+  std::vector<at::Tensor> all = parameters_;
+  for (const auto& b : state.model->buffers()) all.push_back(b);
+  all.insert(all.end(), optimizer_tensors.begin(), optimizer_tensors.end());
+  all.push_back(rng);
+  parallel::broadcast_coalesced(group, all, root);
+  if (!receiving) return;
+  received.param_groups = checkpoint::capture_optimizer(*state.optimizer).param_groups;
+  checkpoint::restore_optimizer(received, *state.optimizer);
+  checkpoint::set_rng_state(rng);
+  joined_epoch_ = h[0];
+  joined_consumed_ = h[1];
+  state.step = h[2];
+  state.epoch = h[3];
+  log::warn("[rank ", manager_->job_rank(), "] fault tolerance: received the state of rank ",
+            manager_->members()[static_cast<size_t>(root)], " (epoch ", h[3] + 1, ", step ", h[2],
+            ", ", h[1], " samples of the epoch done)");
+}
+
 void FaultTolerantDdpStrategy::set_mean_gradients(const at::Tensor& sums) {
   const at::Tensor samples = sums.narrow(0, sums.size(0) - 1, 1);
   int64_t offset = 0;
@@ -155,11 +275,12 @@ void FaultTolerantDdpStrategy::log_line(const std::string& line) {
 
 void FaultTolerantDdpStrategy::all_reduce_sum(std::vector<double>& values) {
   // Retried over the survivors until a generation's reduction commits.
+  // Replacements are admitted at training steps only (see FaultTolerantManager::start_quorum).
   for (;;) {
-    manager_->start_quorum();
+    manager_->start_quorum(/*admit=*/false);
     at::Tensor sums = torch::tensor(values, torch::kFloat64);
     manager_->allreduce(sums);
-    if (!manager_->should_commit()) continue;
+    if (!manager_->should_commit(/*admit=*/false)) continue;
     for (size_t i = 0; i < values.size(); ++i) values[i] = sums[static_cast<int64_t>(i)].item<double>();
     return;
   }

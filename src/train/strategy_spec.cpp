@@ -153,8 +153,6 @@ void StrategySpec::validate_fault_tolerant(const TrainOptions& options) const {
                 " does not go with --accumulate yet (a step is one batch)");
   SHOAL_CHECK_T(InvalidArgument, options.precision == Precision::kFp32, flag,
                 " does not go with --precision ", precision_name(options.precision), " yet; use fp32");
-  SHOAL_CHECK_T(InvalidArgument, max_restarts == 0, flag, " does not restart ranks yet: the "
-                "survivors go on without a dead one; drop --max-restarts");
   SHOAL_CHECK_T(InvalidArgument, min_replicas >= 1, "--min-replicas ", min_replicas,
                 " must be at least 1");
 }

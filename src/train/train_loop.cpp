@@ -285,9 +285,16 @@ TrainResult FitLoop::finish(StopReason reason) {
   // The weights of a run that trained to its end, for comparison with another implementation's;
   // a run stopped inside an epoch is not one.
   if (!stopped_mid_epoch(reason) && !options_.dump_parameters.empty()) {
+    const std::string rank = std::to_string(strategy_.rank());
     checkpoint::save_state_dict(checkpoint::state_dict(*state_.model),
-                                options_.dump_parameters + ".rank" +
-                                    std::to_string(strategy_.rank()) + ".pt");
+                                options_.dump_parameters + ".rank" + rank + ".pt");
+    // Fault tolerance: a replacement's optimizer state must equal the others' too.
+    if (strategy_.step_dealer() != nullptr && state_.optimizer) {
+      checkpoint::TrainingState optimizer_only;
+      optimizer_only.optimizer = checkpoint::capture_optimizer(*state_.optimizer);
+      checkpoint::save_training_state(optimizer_only,
+                                      options_.dump_parameters + ".optimizer.rank" + rank + ".pt");
+    }
   }
   for (const auto& callback : trainer_.callbacks_) callback->on_fit_end(trainer_, result_);
   return std::move(result_);

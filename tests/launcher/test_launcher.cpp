@@ -732,10 +732,11 @@ SampleLog read_sample_logs(const fs::path& dir, int ranks) {
 class FaultTolerant : public Launcher {
  protected:
   static constexpr int kSamples = 1500;
+  int samples_ = kSamples;  // the epoch's training samples
   // 3 ranks of DDP under `shoal run`; SIGKILLs job rank `victim` once `ready()` (a real kill from
   // outside, at whatever the rank is doing then).
   RunResult train_and_kill(int victim, const std::function<bool()>& ready,
-                           std::vector<std::string> extra) {
+                           std::vector<std::string> extra, std::vector<std::string> run_flags = {}) {
     if (!fs::exists("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz")) {
       shoal::testing::skip_program(shoal::testing::Dependency::kOptional,
                                    "Fashion-MNIST is not installed");
@@ -743,10 +744,11 @@ class FaultTolerant : public Launcher {
     std::vector<std::string> args = {"run", "--nproc-per-node", "3", "--master-port", "0",
                                      shoal_binary(), "train", "--strategy", "ddp", "--model",
                                      "mlp", "--epochs", "1", "--train-samples",
-                                     std::to_string(kSamples), "--test-samples", "200",
+                                     std::to_string(samples_), "--test-samples", "200",
                                      "--batch-size", "10", "--no-progress", "--dump-parameters",
                                      (dir_ / "weights").string()};
     args.insert(args.end(), extra.begin(), extra.end());
+    args.insert(args.begin() + 1, run_flags.begin(), run_flags.end());
     // A survivor blocked on another survivor whose collective failed first waits for the
     // collective time-out: 10 s keeps the test short.
     ShoalProcess job(args, {{"SHOAL_FT_SAMPLE_LOG", (dir_ / "samples").string()},
@@ -789,6 +791,42 @@ TEST_F(FaultTolerant, DdpSurvivorsFinishTheEpochWhenRankZeroIsKilled) {
   ASSERT_FALSE(a.empty());
   EXPECT_TRUE(a == b) << "the survivors' weights differ";
   EXPECT_FALSE(fs::exists(dir_ / "weights.rank2.pt"));
+}
+
+TEST_F(FaultTolerant, AReplacementRejoinsFromALivePeerAndTheWorldIsThreeAgain) {
+  // Rank 1 dies; --max-restarts 1 starts it again alone, and it joins the two survivors at a
+  // step's start with their weights, optimizer state and place in the epoch (Adam: every state
+  // tensor counts).
+  // The epoch's 100 steps leave the replacement seconds to start before the job ends.
+  samples_ = 2 * kSamples;
+  const auto result = train_and_kill(
+      1, committed(1, 2), {"--fault-tolerant", "--optimizer", "adam", "--lr", "0.001"},
+      {"--max-restarts", "1"});
+  ASSERT_EQ(result.code, 0) << result.err;
+  const size_t asked = result.err.find("[rank 1] fault tolerance: a replacement");
+  ASSERT_NE(asked, std::string::npos) << result.err;
+  EXPECT_NE(result.err.find("goes on with 3 replicas (ranks 0,1,2)", asked), std::string::npos)
+      << result.err;
+  EXPECT_NE(result.err.find("[rank 1] fault tolerance: received the state of rank"),
+            std::string::npos) << result.err;
+  EXPECT_NE(result.err.find("finished after replacing 1 failed worker: rank 1"), std::string::npos)
+      << result.err;
+  SampleLog log = read_sample_logs(dir_, 3);
+  std::printf("steps committed: rank 0 %d, rank 1 %d (killed, then its replacement), rank 2 %d\n",
+              log.commits_by_rank[0], log.commits_by_rank[1], log.commits_by_rank[2]);
+  EXPECT_EQ(log.counts.size(), static_cast<size_t>(samples_));
+  int twice = 0;
+  for (const auto& [id, count] : log.counts) twice += count != 1;
+  EXPECT_EQ(twice, 0);
+  // All three, the replacement among them, end with the same weights and optimizer state.
+  for (const std::string what : {"weights.rank", "weights.optimizer.rank"}) {
+    const std::string first = read_file(dir_ / (what + "0.pt"));
+    ASSERT_FALSE(first.empty()) << what;
+    for (int rank = 1; rank < 3; ++rank) {
+      EXPECT_TRUE(read_file(dir_ / (what + std::to_string(rank) + ".pt")) == first)
+          << what << rank << " differs from rank 0's";
+    }
+  }
 }
 
 TEST_F(FaultTolerant, WithoutItTheSameKillEndsTheJob) {

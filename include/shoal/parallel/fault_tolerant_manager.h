@@ -32,6 +32,20 @@
 // order of job rank. A replica left out (it voted late: stopped, or slow beyond the grace) throws
 // PeerError; fewer than min_replicas members throw InvalidArgument naming --min-replicas.
 //
+// Growing. A replacement (the launcher restarted job rank r after its exit: `shoal run
+// --max-restarts`) finds its rank's exit count (exit_key) above zero when it starts, asks to join
+// ("ft/join/<r>" = that count, its incarnation; "ft/joins_waiting" counts the waiting) and waits.
+// A training step (should_commit(/*admit=*/true)) whose tally completes while one waits goes the
+// slow way, and its decision names the joiners, so every member admits the same joiners at the
+// same step, and the next start_quorum(/*admit=*/true) forms generation g+1 over the members and the joiners and tells
+// each joiner the generation ("ft/formed/<r>/<incarnation>"). The caller then copies its state to
+// them from donor_replica_rank() over the new group (FaultTolerantDdpStrategy: weights, buffers,
+// optimizer state, RNG and the position in the epoch). The group is authenticated as every store
+// connection is, by the job's token (SHOAL_TOKEN): a process without it cannot ask to join.
+// A member's exit is counted per incarnation, so a replacement's predecessor's exit does not
+// count against it. A replacement that finds the job finished ("ft/finished", set by a member
+// that ends normally) throws PeerError.
+//
 // What is not covered: the store itself must outlive the workers (see the GUIDE, "When ranks
 // fail"); a replica that dies between taking the ticket and writing the decision (microseconds)
 // makes the others time out with a TimeoutError naming the step. One that dies after completing
@@ -45,6 +59,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -70,30 +85,48 @@ struct FaultTolerantOptions {
   /// milliseconds of its collective's end, which the time-out bounds; 10 s leaves room for a
   /// loaded machine's scheduling, since a live replica left out must leave the job.
   comm::Milliseconds quorum_grace{10'000};
+  /// How long a replacement waits to be admitted: the members admit it at their next training
+  /// step's end, which a slow step or an evaluation may hold up for minutes.
+  comm::Milliseconds join_timeout{600'000};
 };
 
 class FaultTolerantManager {
  public:
   /// `store` is shared by every replica of the job and outlives them (the launcher's, or rank
-  /// 0's); `rank` and `world_size` are the job's. Forms generation 0's group (a collective).
+  /// 0's); `rank` and `world_size` are the job's. Forms generation 0's group (a collective), or,
+  /// for a replacement (see the file comment), waits to be admitted and joins the current
+  /// generation's successor; then joined_replicas() names this rank.
   FaultTolerantManager(std::shared_ptr<comm::Store> store, int rank, int world_size,
                        FaultTolerantOptions options = {});
+  /// Ending normally (no exception in flight) tells a replacement still waiting that the job
+  /// finished.
   ~FaultTolerantManager();
   FaultTolerantManager(const FaultTolerantManager&) = delete;
   FaultTolerantManager& operator=(const FaultTolerantManager&) = delete;
 
-  /// At a step's start: after a failed step, joins the next generation's group (see the file
-  /// comment); otherwise returns at once.
-  void start_quorum();
+  /// At a step's start: after a failed step, joins the next generation's group; with `admit`,
+  /// also after a step that admitted joiners (see the file comment); otherwise returns at once.
+  /// A reduction that is not a training step passes admit = false: joiners then wait for the
+  /// next step, so they enter every member's loop at the same place.
+  void start_quorum(bool admit = true);
   /// Sums `tensor` over the members in place. A failing collective is recorded for
   /// should_commit(), not thrown; `tensor` is then undefined in content.
   void allreduce(at::Tensor& tensor);
   /// Whether every member's allreduce of this step succeeded (the same answer on every member).
-  bool should_commit();
+  /// With `admit`, the verdict also admits the replacements that asked to join.
+  bool should_commit(bool admit = true);
 
-  /// The store key a launcher sets when job rank `rank` has exited, so that the others stop
-  /// waiting for its vote.
+  /// The store key a launcher adds 1 to each time job rank `rank` exits, so that the others stop
+  /// waiting for its vote (and a restarted rank knows it is a replacement).
   static std::string exit_key(int rank);
+
+  /// The job ranks that joined at the latest re-forming (start_quorum or, for a replacement, the
+  /// constructor), ascending; empty when none did. The members then send them their state.
+  const std::vector<int>& joined_replicas() const { return joined_; }
+  /// The replica rank that sends the joiners their state: the first member that was there before.
+  int donor_replica_rank() const;
+  /// Whether this process joined a running job as a replacement.
+  bool replacement() const { return incarnation_ > 0; }
 
   /// The current generation's group (its rank is replica_rank()); null from a failed allreduce
   /// to the next start_quorum().
@@ -114,11 +147,17 @@ class FaultTolerantManager {
 
  private:
   std::string step_key(const std::string& what) const;
-  std::string decide() const;
-  bool tally_ok_vote();
+  std::string decide(bool all_ok, bool admit) const;
+  bool tally_ok_vote(bool admit);
   bool await_all() const;
-  bool decide_slowly(bool ok);
-  bool any_exited(const std::vector<std::string>& exits) const;
+  std::string decide_slowly(bool ok, bool admit);
+  void publish(const std::string& verdict);
+  bool exited(int rank) const;
+  std::string joiners_text() const;
+  std::string wire_list(const std::vector<int>& ranks) const;
+  void join();
+  void re_form(std::vector<int> members);
+  int64_t incarnation_of(int rank) const;
   bool await_votes(const std::vector<std::string>& votes,
                    const std::vector<std::string>& exits) const;
   bool settled(const std::vector<std::string>& votes, const std::vector<std::string>& exits) const;
@@ -128,7 +167,13 @@ class FaultTolerantManager {
   int rank_;
   FaultTolerantOptions options_;
   std::vector<int> members_;
+  int world_size_;
+  int64_t incarnation_ = 0;  // this process's: its rank's exits before it started
+  std::map<int, int64_t> incarnations_;  // of the members that are replacements
   std::vector<int> next_members_;  // set by a failed step; start_quorum() forms them
+  std::vector<int> pending_joiners_;  // admitted by a step; start_quorum(true) adds them
+  std::vector<int> joined_;
+  int donor_ = 0;  // job rank that sends the joiners the state
   std::shared_ptr<comm::ProcessGroup> group_;
   int64_t generation_ = 0;
   int64_t attempt_ = 0;  // should_commit() calls in this generation

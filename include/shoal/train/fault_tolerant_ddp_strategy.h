@@ -14,6 +14,11 @@
 // step splits what is left as evenly as possible. So after a failure the rest of the epoch is
 // dealt over the survivors, and every sample is trained on exactly once per epoch.
 //
+// A replacement (`shoal run --max-restarts`, see FaultTolerantManager) is admitted at a training
+// step's start: the donor sends it the parameters, buffers, optimizer state, torch's RNG state and
+// the position in the epoch, so that it trains the rest of the epoch with the others from
+// bit-identical weights and optimizer state.
+//
 // Not supported (refused by StrategySpec::validate): gradient accumulation, fp16 and bf16
 // (autocast), CUDA, --sync, --model-parallel, --mesh. Buffers (BatchNorm's running statistics)
 // are rank 0's at the start and each rank's own afterwards.
@@ -67,6 +72,8 @@ class FaultTolerantDdpStrategy : public Strategy, public StepDealer {
  private:
   /// Sets each parameter's gradient from the allreduced [weighted gradients..., samples].
   void set_mean_gradients(const at::Tensor& sums);
+  /// Sends this replica's state to the replicas that just joined, or receives it (see .cpp).
+  void share_state(TrainState& state);
   void log_share(const std::string& attempt);
   void log_line(const std::string& line);
 
@@ -80,6 +87,9 @@ class FaultTolerantDdpStrategy : public Strategy, public StepDealer {
   bool committed_ = false;
   int64_t trained_ = 0;     // samples this rank trained on in committed steps of the epoch
   std::unique_ptr<std::ofstream> sample_log_;
+  TrainState* state_ = nullptr;  // prepare()'s: the state sent to replacements
+  int64_t joined_epoch_ = -1;    // a replacement: the epoch it joined in, and where in it
+  int64_t joined_consumed_ = 0;
 };
 
 }  // namespace shoal::train
