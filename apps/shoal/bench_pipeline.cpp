@@ -10,6 +10,12 @@
 // the batch) and one process alone train the same model on the same global batch. Processes are
 // forked from this one; every run's numbers are the median over --rounds rounds, the modes
 // interleaved so that the machine's noise spreads over all of them.
+//
+// --model gpt: the built-in GPT (its sizes given as to `shoal train --model gpt`) on random token
+// blocks, cut between its blocks (embeddings, blocks, head) as `shoal train --strategy pipeline`
+// cuts it, trained with its own loss; the tied embedding and head, held by the first and the last
+// stage, have their gradients summed after each backward (pipeline::TiedParameters), as the
+// trainer does. A sample is a block of --block-size tokens.
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -31,8 +37,10 @@
 #include "shoal/models/registry.h"
 #include "shoal/parallel/distributed_data_parallel.h"
 #include "shoal/pipeline/pipeline.h"
+#include "shoal/pipeline/pipeline_grid.h"
 #include "shoal/pipeline/pipeline_partition.h"
 #include "shoal/pipeline/pipeline_sequential.h"
+#include "shoal/pipeline/tied_parameters.h"
 
 namespace shoal::cli {
 namespace {
@@ -46,8 +54,47 @@ struct PipelineBenchArgs : StepBenchArgs {
   PipelineBenchArgs() { model = "mlp"; }  // bench pipeline's default
   int stages = 2;
   std::vector<int64_t> micro_batches{1, 4, 8};
-  int batch = 64;
+  int batch = 64;             // --model gpt where not given: see choose_batch()
+  models::GptConfig gpt;      // --model gpt's sizes
 };
+
+// --model gpt without --batch: 16 blocks (8 per DDP rank at 2 stages, as bench ddp's default; a
+// step of the default GPT about as long as the MLP's batch of 64 images takes on the CNN).
+void choose_batch(PipelineBenchArgs& args, bool batch_given) {
+  if (args.model == "gpt" && !batch_given) args.batch = 16;
+}
+
+// The model and one global batch of its samples: images for the classifiers, random token blocks
+// (inputs and targets) for the GPT.
+struct Workload {
+  std::shared_ptr<models::Model> model;
+  at::Tensor x, y;
+  // The batch's loss from the model's output (its logits): the GPT's own (cross-entropy over
+  // every position), else cross-entropy.
+  models::SequentialLoss loss;
+};
+
+Workload make_workload(const PipelineBenchArgs& args) {
+  Workload work;
+  if (args.model == "gpt") {
+    models::ModelOptions options;
+    options.gpt = args.gpt;
+    work.model = models::create(args.model, 0, options);
+    work.x = torch::randint(0, args.gpt.vocab_size, {args.batch, args.gpt.block_size}, torch::kLong);
+    work.y = torch::randint(0, args.gpt.vocab_size, {args.batch, args.gpt.block_size}, torch::kLong);
+    work.loss = work.model->sequential_loss();
+  } else {
+    work.model = models::create(args.model, 0);
+    work.x = torch::randn({args.batch, 1, 28, 28});
+    work.y = torch::randint(0, 10, {args.batch}, torch::kLong);
+  }
+  if (!work.loss.loss) {
+    work.loss.loss = [](const at::Tensor& output, const at::Tensor& target) {
+      return torch::nn::functional::cross_entropy(output, target);
+    };
+  }
+  return work;
+}
 
 struct RunSpec {
   std::string mode;  // "pipeline", "ddp", "single"
@@ -74,24 +121,22 @@ double time_steps(const PipelineBenchArgs& args, const std::function<void()>& st
 
 // The pipeline's stage `rank` of `spec` on `group`: its time and its stage's figures.
 Values time_pipeline_stage(const PipelineBenchArgs& args, const RunSpec& spec, int rank,
-                           std::shared_ptr<comm::ProcessGroup> group, models::Model& model,
-                           const at::Tensor& x, const at::Tensor& y) {
+                           std::shared_ptr<comm::ProcessGroup> group, const Workload& work) {
   const int world = group->size();
-  torch::nn::Sequential seq = pipeline::as_sequential(model);
+  torch::nn::Sequential seq = pipeline::as_sequential(*work.model);
   const auto balance = pipeline::balance_by_parameters(seq, world);
   pipeline::PipelineOptions options;
   options.micro_batches = spec.micro_batches;
   options.schedule = spec.schedule;
-  std::vector<int> ranks;
-  for (int r = 0; r < world; ++r) ranks.push_back(r);
-  pipeline::Pipeline pipe(pipeline::stage_module(seq, balance, rank), group, ranks, options);
-  torch::optim::SGD sgd(model.parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
-  auto loss = [](const at::Tensor& output, const at::Tensor& target) {
-    return torch::nn::functional::cross_entropy(output, target);
-  };
+  const pipeline::PipelineGrid grid(group, world);
+  pipeline::Pipeline pipe(pipeline::stage_module(seq, balance, rank), group, grid.stage_ranks(),
+                          options);
+  pipeline::TiedParameters tied(seq, balance, grid);
+  torch::optim::SGD sgd(work.model->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
   auto step = [&] {
     sgd.zero_grad();
-    pipe.forward_backward(x, y, loss);
+    pipe.forward_backward(work.x, work.y, work.loss.loss, work.loss.terms);
+    tied.all_reduce_gradients();
     sgd.step();
   };
   Values values;
@@ -109,34 +154,34 @@ void run_rank(const PipelineBenchArgs& args, const RunSpec& spec, int rank, int 
               const std::string& store_path, const std::string& result) {
   memory::tune_cpu_allocator();
   torch::set_num_threads(1);
-  std::shared_ptr<models::Model> model = models::create(args.model, 0);
-  auto x = torch::randn({args.batch, 1, 28, 28});
-  auto y = torch::randint(0, 10, {args.batch}, torch::kLong);
+  torch::manual_seed(0);  // every rank draws the same weights and batch
+  const Workload work = make_workload(args);
+  const auto& model = work.model;
   Values values;
   if (spec.mode == "single") {
     torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
     auto step = [&] {
       sgd.zero_grad();
-      torch::cross_entropy_loss(model->forward(x), y).backward();
+      work.loss.loss(model->forward(work.x), work.y).backward();
       sgd.step();
     };
     values["seconds"] = time_steps(args, step, nullptr);
   } else if (spec.mode == "ddp") {
     auto group = comm::new_process_group("shm", comm::make_file_store(store_path, world), rank, world);
     const int64_t share = args.batch / world;
-    auto xr = x.narrow(0, rank * share, share);
-    auto yr = y.narrow(0, rank * share, share);
+    auto xr = work.x.narrow(0, rank * share, share);
+    auto yr = work.y.narrow(0, rank * share, share);
     DistributedDataParallel<models::Model> ddp(model, group);
     torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
     auto step = [&] {
       sgd.zero_grad();
-      torch::cross_entropy_loss(ddp.forward(xr), yr).backward();
+      work.loss.loss(ddp.forward(xr), yr).backward();
       sgd.step();
     };
     values["seconds"] = time_steps(args, step, group.get());
   } else {
     auto group = comm::new_process_group("shm", comm::make_file_store(store_path, world), rank, world);
-    values = time_pipeline_stage(args, spec, rank, group, *model, x, y);
+    values = time_pipeline_stage(args, spec, rank, group, work);
   }
   write_values(result, values, "bench pipeline");
 }
@@ -215,7 +260,8 @@ void print_pipeline_stages(const PipelineBenchArgs& args, const RunSpec& spec,
     const double in_flight = rank_median(ranks, s, "peak_in_flight");
     if (args.json) {
       ReportLine()
-          .add("mode", "pipeline").add("schedule", pipeline::to_string(spec.schedule))
+          .add("mode", "pipeline").add("model", args.model)
+          .add("schedule", pipeline::to_string(spec.schedule))
           .add("stages", args.stages).add("micro_batches", spec.micro_batches)
           .add("stage", static_cast<int64_t>(s)).add("samples_per_s", r).add("vs_ddp", r / ddp_rate)
           .add("idle_fraction", idle).add("theoretical_bubble", theory)
@@ -228,7 +274,18 @@ void print_pipeline_stages(const PipelineBenchArgs& args, const RunSpec& spec,
   }
 }
 
+// " (4 layers, 4 heads, 128 wide, blocks of 128 tokens, vocabulary 256)" for --model gpt.
+std::string gpt_sizes(const PipelineBenchArgs& args) {
+  if (args.model != "gpt") return "";
+  const models::GptConfig& g = args.gpt;
+  return " (" + std::to_string(g.n_layer) + " layers, " + std::to_string(g.n_head) + " heads, " +
+         std::to_string(g.n_embd) + " wide, blocks of " + std::to_string(g.block_size) +
+         " tokens, vocabulary " + std::to_string(g.vocab_size) + ")";
+}
+
 int run_pipeline_bench(const PipelineBenchArgs& args) {
+  check_bench_model("bench pipeline", args.model, {"gpt"});
+  if (args.model == "gpt") args.gpt.validate();
   SHOAL_CHECK_T(InvalidArgument, args.stages >= 2, "bench pipeline: --stages must be at least 2");
   for (int64_t m : args.micro_batches) {
     SHOAL_CHECK_T(InvalidArgument, m >= 1 && m <= args.batch, "bench pipeline: ", m,
@@ -244,16 +301,19 @@ int run_pipeline_bench(const PipelineBenchArgs& args) {
   const double single_rate = pipeline_rate(args, samples[0]);
   const double ddp_rate = pipeline_rate(args, samples[1]);
   if (!args.json) {
-    std::printf("shoal bench pipeline: model %s, %d stages (shm), global batch %d, %d steps, "
+    std::printf("shoal bench pipeline: model %s%s, %d stages (shm), global batch %d, %d steps, "
                 "median of %d rounds, 1 thread per process\n",
-                args.model.c_str(), args.stages, args.batch, args.steps, args.rounds);
+                args.model.c_str(), gpt_sizes(args).c_str(), args.stages, args.batch, args.steps,
+                args.rounds);
     std::printf("  single process: %.1f samples/s;  DDP on %d processes: %.1f samples/s\n",
                 single_rate, args.stages, ddp_rate);
     std::printf("  %-12s %6s %10s %8s %8s %10s %9s %14s\n", "schedule", "stage", "samples/s",
                 "vs DDP", "idle", "theory", "in-flight", "activations MB");
   } else {
-    ReportLine().add("mode", "single").add("samples_per_s", single_rate).print();
-    ReportLine().add("mode", "ddp").add("world", args.stages).add("samples_per_s", ddp_rate).print();
+    ReportLine().add("mode", "single").add("model", args.model).add("samples_per_s", single_rate)
+        .print();
+    ReportLine().add("mode", "ddp").add("model", args.model).add("world", args.stages)
+        .add("samples_per_s", ddp_rate).print();
   }
   for (size_t i = 2; i < specs.size(); ++i) print_pipeline_stages(args, specs[i], samples[i], ddp_rate);
   std::fflush(stdout);
@@ -269,13 +329,20 @@ void add_bench_pipeline_command(CLI::App& bench, std::vector<Command>& commands)
       "Pipeline parallelism (GPipe, 1F1B) vs DDP: per-stage idle fraction vs (K-1)/(M+K-1),\n"
       "peak activation memory per stage, samples/s");
   add_step_options(*app, *args);
+  app->get_option("--model")->description("a built-in model: cnn, mlp, transformer or gpt");
   app->add_option("--stages", args->stages, "pipeline stages K (= DDP ranks)")
       ->capture_default_str();
   app->add_option("--micro-batches", args->micro_batches, "micro-batch counts M to measure")
       ->delimiter(',')
       ->capture_default_str();
-  app->add_option("--batch", args->batch, "global batch per step")->capture_default_str();
-  commands.push_back({app, [args] { return run_pipeline_bench(*args); }});
+  auto* batch = app->add_option("--batch", args->batch,
+                                "global batch per step (--model gpt: 16 blocks unless given)")
+                     ->capture_default_str();
+  add_gpt_size_options(*app, args->gpt);  // as shoal train --model gpt
+  commands.push_back({app, [args, batch] {
+                        choose_batch(*args, batch->count() > 0);
+                        return run_pipeline_bench(*args);
+                      }});
 }
 
 }  // namespace shoal::cli

@@ -524,8 +524,8 @@ void add_checkpoint_options(CLI::App& app, train::TrainOptions& options) {
   app.add_flag("--resume", options.resume,
                "Continue from the newest checkpoint in --checkpoint-dir: its weights, optimizer,\n"
                "epoch, step and position in the epoch. The number of processes may differ: the\n"
-               "epoch continues after the samples the whole job had consumed (each rank skips\n"
-               "its share of them; shards are re-dealt for the new world size)");
+               "rest of the epoch's order, after the samples the whole job had consumed, is\n"
+               "dealt over the processes there are now, each of its samples once");
   app.add_option("--init-from", options.init_from,
                  "Start from the weights of this state dict (torch.save(model.state_dict()) from\n"
                  "Python, a file Shoal saved, or a DCP folder from torch.distributed.checkpoint)\n"

@@ -118,8 +118,10 @@ void DdpStrategy::prepare(TrainState& state) {
   state.forward_loss = around_forward(ddp, state.model_loss);
 }
 
-at::Tensor DdpStrategy::epoch_indices(int64_t dataset_size, int64_t epoch, uint64_t seed) {
-  return sampler_indices(dataset_size, epoch, seed, rank(), world_size(), exactly_once());
+at::Tensor DdpStrategy::epoch_indices(int64_t dataset_size, int64_t epoch, uint64_t seed,
+                                      int64_t consumed) {
+  return sampler_indices(dataset_size, epoch, seed, rank(), world_size(), exactly_once(),
+                         consumed);
 }
 
 void DdpStrategy::all_reduce_sum(std::vector<double>& values) {

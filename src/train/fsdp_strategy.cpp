@@ -118,8 +118,10 @@ void FsdpStrategy::synchronize(TrainState&) {
   if (fsdp_) fsdp_->gather_full_parameters();
 }
 
-at::Tensor FsdpStrategy::epoch_indices(int64_t dataset_size, int64_t epoch, uint64_t seed) {
-  return sampler_indices(dataset_size, epoch, seed, rank(), world_size(), exactly_once());
+at::Tensor FsdpStrategy::epoch_indices(int64_t dataset_size, int64_t epoch, uint64_t seed,
+                                       int64_t consumed) {
+  return sampler_indices(dataset_size, epoch, seed, rank(), world_size(), exactly_once(),
+                         consumed);
 }
 
 void FsdpStrategy::all_reduce_sum(std::vector<double>& values) {

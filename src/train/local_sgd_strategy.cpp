@@ -68,8 +68,10 @@ void LocalSgdStrategy::synchronize(TrainState&) {
   if (sync_ && sync_->local_step() > 0) sync_->sync();
 }
 
-at::Tensor LocalSgdStrategy::epoch_indices(int64_t dataset_size, int64_t epoch, uint64_t seed) {
-  return sampler_indices(dataset_size, epoch, seed, rank(), world_size(), exactly_once());
+at::Tensor LocalSgdStrategy::epoch_indices(int64_t dataset_size, int64_t epoch, uint64_t seed,
+                                           int64_t consumed) {
+  return sampler_indices(dataset_size, epoch, seed, rank(), world_size(), exactly_once(),
+                         consumed);
 }
 
 void LocalSgdStrategy::all_reduce_sum(std::vector<double>& values) {

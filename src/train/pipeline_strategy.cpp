@@ -84,9 +84,10 @@ void PipelineStrategy::choose_loss(models::Model& model, TrainState& state) {
   state.forward_loss = state.model_loss;
 }
 
-at::Tensor PipelineStrategy::epoch_indices(int64_t dataset_size, int64_t epoch, uint64_t seed) {
+at::Tensor PipelineStrategy::epoch_indices(int64_t dataset_size, int64_t epoch, uint64_t seed,
+                                           int64_t consumed) {
   return sampler_indices(dataset_size, epoch, seed, grid_->replica(), grid_->replicas(),
-                         exactly_once());
+                         exactly_once(), consumed);
 }
 
 void PipelineStrategy::all_reduce_sum(std::vector<double>& values) {

@@ -83,8 +83,10 @@ void PsStrategy::prepare(TrainState& state) {
   state.optimizer = std::make_unique<PsOptimizer>(std::move(tensors), sgd, worker_.get());
 }
 
-at::Tensor PsStrategy::epoch_indices(int64_t dataset_size, int64_t epoch, uint64_t seed) {
-  return sampler_indices(dataset_size, epoch, seed, rank(), world_size(), exactly_once());
+at::Tensor PsStrategy::epoch_indices(int64_t dataset_size, int64_t epoch, uint64_t seed,
+                                     int64_t consumed) {
+  return sampler_indices(dataset_size, epoch, seed, rank(), world_size(), exactly_once(),
+                         consumed);
 }
 
 void PsStrategy::all_reduce_sum(std::vector<double>& values) {

@@ -130,10 +130,11 @@ void TpStrategy::load_whole_optimizer(TrainState& state) {
   checkpoint::restore_optimizer(pieces, *state.optimizer);
 }
 
-at::Tensor TpStrategy::epoch_indices(int64_t dataset_size, int64_t epoch, uint64_t seed) {
+at::Tensor TpStrategy::epoch_indices(int64_t dataset_size, int64_t epoch, uint64_t seed,
+                                     int64_t consumed) {
   // The ranks of a tp group train on the same samples.
   return sampler_indices(dataset_size, epoch, seed, static_cast<int>(mesh_.get_local_rank("dp")),
-                         static_cast<int>(mesh_.size("dp")), exactly_once());
+                         static_cast<int>(mesh_.size("dp")), exactly_once(), consumed);
 }
 
 void TpStrategy::all_reduce_sum(std::vector<double>& values) {

@@ -16,8 +16,9 @@ int64_t samples_used(int64_t limit, int64_t size) { return limit > 0 ? std::min(
 /// The epoch being trained.
 struct FitLoop::Epoch {
   int64_t index = 0;      // 0-based
-  int64_t local = 0;      // this rank's samples of the epoch
-  int64_t skip = 0;       // of those, the ones consumed before a resume
+  int64_t samples = 0;    // the epoch's samples, all replicas together (shares padded, or cut)
+  int64_t consumed = 0;   // of those, the ones the job consumed before a resume
+  int64_t local = 0;      // this rank's samples of the epoch that this fit() trains
   int64_t steps = 0;      // the steps this fit() trains of it
   int64_t run_steps = 0;  // every step of every epoch of the run: the lr schedule's T_max
   std::unique_ptr<data::DataLoader> loader;
@@ -83,8 +84,11 @@ StopReason FitLoop::run_dealt_epoch(StepDealer& dealer) {
   const int64_t resumed = std::min(trainer_.resume_samples_seen_, train_n_);
   trainer_.resume_samples_seen_ = 0;
   dealer.start_epoch(train_n_, epoch.index, options_.seed, resumed);
-  epoch.local = (train_n_ + fit_.replicas - 1) / fit_.replicas;
-  epoch.skip = resumed / fit_.replicas;
+  // Reported as this rank's even share of the samples the job consumed so far.
+  const int64_t share = (train_n_ + fit_.replicas - 1) / fit_.replicas;
+  const int64_t skip = resumed / fit_.replicas;
+  epoch.samples = share * fit_.replicas;
+  epoch.consumed = skip * fit_.replicas;
   epoch.steps = (train_n_ - resumed + global_batch - 1) / global_batch;
   epoch.run_steps = options_.epochs * ((train_n_ + global_batch - 1) / global_batch);
   train_.set_epoch(epoch.index);
@@ -94,23 +98,24 @@ StopReason FitLoop::run_dealt_epoch(StepDealer& dealer) {
   state_.model->train();
   epoch.start = FitClock::now();
   for (int64_t s = 0;;) {
-    std::optional<at::Tensor> share = dealer.next_share(fit_.batch);
-    if (!share) break;
-    const StepInfo step = train_dealt(epoch, *share);
+    std::optional<at::Tensor> step_share = dealer.next_share(fit_.batch);
+    if (!step_share) break;
+    const StepInfo step = train_dealt(epoch, *step_share);
     if (!dealer.committed()) continue;
-    // Reported as this rank's even share of the samples the job consumed so far.
-    const int64_t end = std::min(epoch.local, dealer.consumed() / fit_.replicas);
-    const int64_t begin = std::max(epoch.skip, end - share->size(0));
+    const int64_t end = std::min(share, dealer.consumed() / fit_.replicas);
+    const int64_t begin = std::max(skip, end - step_share->size(0));
     epoch.steps = dealer.consumed() >= train_n_ ? s + 1 : std::max(epoch.steps, s + 2);
     stop_.epoch = epoch.index;
     stop_.seen = dealer.consumed();
     const StopReason reason = agree_to_stop(step);
-    if (reason != StopReason::kCallback) report_step(epoch, s, step.loss, begin, end);
+    if (reason != StopReason::kCallback) {
+      report_step(epoch, s, step.loss, end - begin, (end - skip) * fit_.replicas);
+    }
     if (reason != StopReason::kNone) return reason;
     ++s;
   }
   // This rank's own samples, which evaluate_epoch() sums over the survivors.
-  epoch.local = epoch.skip + dealer.trained();
+  epoch.local = dealer.trained();
   end_epoch(epoch);
   ++state_.epoch;
   return trainer_.stop_requested_ ? StopReason::kEpochEnd : StopReason::kNone;
@@ -137,24 +142,26 @@ StepInfo FitLoop::train_dealt(Epoch& epoch, const at::Tensor& share) {
 FitLoop::Epoch FitLoop::start_epoch() {
   Epoch epoch;
   epoch.index = state_.epoch;
-  const at::Tensor indices = strategy_.epoch_indices(train_n_, epoch.index, options_.seed);
-  epoch.local = indices.size(0);
-  // After a resume, skip this rank's share of the samples the job already consumed.
-  epoch.skip = std::min(epoch.local, trainer_.resume_samples_seen_ / fit_.replicas);
+  // The whole epoch's share, for the counts and the lr schedule; after a resume, this rank's
+  // share of the rest of the epoch, dealt over the ranks there are now.
+  const at::Tensor whole = strategy_.epoch_indices(train_n_, epoch.index, options_.seed, 0);
+  const int64_t resumed = trainer_.resume_samples_seen_;
   trainer_.resume_samples_seen_ = 0;
+  const at::Tensor indices =
+      resumed > 0 ? strategy_.epoch_indices(train_n_, epoch.index, options_.seed, resumed) : whole;
+  epoch.samples = whole.size(0) * fit_.replicas;
+  epoch.consumed = std::min(resumed, epoch.samples);
+  epoch.local = indices.size(0);
   // This epoch's samples, loaded ahead of the step by the options' workers.
   data::DataLoaderOptions loader_options;
   loader_options.batch_size = fit_.batch;
   loader_options.num_workers = options_.num_workers;
   loader_options.prefetch_factor = options_.prefetch_factor;
   train_.set_epoch(epoch.index);  // a dataset's random transforms differ per epoch
-  epoch.loader =
-      std::make_unique<data::DataLoader>(train_, indices.slice(0, epoch.skip), loader_options);
+  epoch.loader = std::make_unique<data::DataLoader>(train_, indices, loader_options);
   epoch.steps = epoch.loader->num_batches();
-  epoch.run_steps = options_.epochs * ((epoch.local + fit_.batch - 1) / fit_.batch);
-  // The epoch's samples, all replicas together (shards padded, or cut, to equal sizes).
-  const EpochStart start{epoch.index, epoch.steps, epoch.local * fit_.replicas,
-                         (epoch.local - epoch.skip) * fit_.replicas};
+  epoch.run_steps = options_.epochs * ((whole.size(0) + fit_.batch - 1) / fit_.batch);
+  const EpochStart start{epoch.index, epoch.steps, epoch.samples, epoch.local * fit_.replicas};
   for (const auto& callback : callbacks_) callback->on_epoch_start(start);
   state_.model->train();
   epoch.start = FitClock::now();
@@ -180,14 +187,16 @@ StepInfo FitLoop::train_one(Epoch& epoch) {
 }
 
 StopReason FitLoop::end_step(Epoch& epoch, int64_t index, const StepInfo& step) {
-  const int64_t begin = epoch.skip + index * fit_.batch;
+  const int64_t begin = index * fit_.batch;
   const int64_t end = std::min(epoch.local, begin + fit_.batch);
   // A stop after this step resumes after the samples consumed so far (all, at an epoch's end).
   stop_.epoch = epoch.index;
-  stop_.seen = end * fit_.replicas;
+  stop_.seen = epoch.consumed + end * fit_.replicas;
   const StopReason reason = agree_to_stop(step);
   // A callback's stop ends the run at this step's end, before the step is reported.
-  if (reason != StopReason::kCallback) report_step(epoch, index, step.loss, begin, end);
+  if (reason != StopReason::kCallback) {
+    report_step(epoch, index, step.loss, end - begin, end * fit_.replicas);
+  }
   return reason;
 }
 
@@ -209,18 +218,17 @@ StopReason FitLoop::agree_to_stop(const StepInfo& step) {
   return StopReason::kNone;
 }
 
-void FitLoop::report_step(Epoch& epoch, int64_t index, double loss, int64_t begin, int64_t end) {
-  const auto count = static_cast<double>(end - begin);
-  epoch.loss_sum += loss * count;
-  epoch.interval_loss += loss * count;
-  epoch.interval_samples += end - begin;
+void FitLoop::report_step(Epoch& epoch, int64_t index, double loss, int64_t count, int64_t done) {
+  epoch.loss_sum += loss * static_cast<double>(count);
+  epoch.interval_loss += loss * static_cast<double>(count);
+  epoch.interval_samples += count;
   StepEnd step;
   step.epoch = epoch.index;
   step.index = index + 1;
   step.last = index + 1 == epoch.steps;
-  step.done = (end - epoch.skip) * fit_.replicas;
-  step.seen = end * fit_.replicas;
-  step.total = epoch.index * epoch.local * fit_.replicas + step.seen;
+  step.done = done;
+  step.seen = epoch.consumed + done;
+  step.total = epoch.index * epoch.samples + step.seen;
   step.loss = epoch.interval_loss / static_cast<double>(epoch.interval_samples);
   step.epoch_start = epoch.start;
   const std::optional<JsonLine> line = lines_.after_step(step);
@@ -234,14 +242,14 @@ void FitLoop::report_step(Epoch& epoch, int64_t index, double loss, int64_t begi
 
 void FitLoop::end_epoch(const Epoch& epoch) {
   const EpochResult result = evaluate_epoch(epoch, seconds_since(epoch.start));
-  const JsonLine line = lines_.epoch(result, (epoch.index + 1) * epoch.local * fit_.replicas);
+  const JsonLine line = lines_.epoch(result, (epoch.index + 1) * epoch.samples);
   for (const auto& callback : callbacks_) callback->on_epoch_end({result, line});
   result_.epochs.push_back(result);
   for (const auto& callback : trainer_.callbacks_) callback->on_train_epoch_end(trainer_, result);
 }
 
 EpochResult FitLoop::evaluate_epoch(const Epoch& epoch, double seconds) {
-  std::vector<double> totals{epoch.loss_sum, static_cast<double>(epoch.local - epoch.skip), 0, 0, 0};
+  std::vector<double> totals{epoch.loss_sum, static_cast<double>(epoch.local), 0, 0, 0};
   strategy_.synchronize(state_);
   if (test_n_ > 0) {
     const EvalResult eval = evaluate_shard(epoch.index);

@@ -48,7 +48,9 @@ class FitLoop {
   StepInfo train_one(Epoch& epoch);
   StopReason end_step(Epoch& epoch, int64_t index, const StepInfo& step);
   StopReason agree_to_stop(const StepInfo& step);
-  void report_step(Epoch& epoch, int64_t index, double loss, int64_t begin, int64_t end);
+  /// Reports step `index` (0-based), which trained `count` samples on this rank; `done`: the
+  /// epoch's samples this fit() trained so far, all replicas together.
+  void report_step(Epoch& epoch, int64_t index, double loss, int64_t count, int64_t done);
   void end_epoch(const Epoch& epoch);
   EpochResult evaluate_epoch(const Epoch& epoch, double seconds);
   EvalResult evaluate_shard(int64_t epoch);

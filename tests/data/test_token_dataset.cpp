@@ -2,21 +2,33 @@
 // bad ones in one line naming the file; TokenBlockDataset's blocks are non-overlapping, their
 // targets the inputs shifted by one; ExactlyOnceSampler deals every block of an epoch exactly
 // once over 1, 2 and 3 ranks, in the same order at any world size, and resumes mid-epoch with the
-// next unseen block, also at another world size.
+// next unseen block, also at another world size; and so does the trainer: a GPT checkpointed
+// mid-epoch with 1, 2 or 3 ranks trains the rest of the epoch's blocks once with another number
+// (and a classifier the rest of its in-memory samples, padded as DistributedSampler pads).
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <memory>
+#include <ostream>
 #include <set>
 
+#include "shoal/checkpoint/checkpoint_manager.h"
+#include "shoal/checkpoint/state_dict.h"
+#include "shoal/comm/init.h"
+#include "shoal/comm/store.h"
 #include "shoal/data/data_loader.h"
 #include "shoal/data/distributed_sampler.h"
 #include "shoal/data/exactly_once_sampler.h"
 #include "shoal/data/token_block_dataset.h"
 #include "shoal/data/token_file.h"
 #include "shoal/error.h"
+#include "shoal/models/gpt.h"
+#include "shoal/train/ddp_strategy.h"
+#include "shoal/train/trainer.h"
 #include "testing/multi_rank.h"
 
 namespace shoal::data {
@@ -253,6 +265,209 @@ TEST(ExactlyOnceSampler, DropLastGivesEqualCountsEachBlockAtMostOnce) {
   EXPECT_THROW(ExactlyOnceSampler(10, 3, 3), InvalidArgument);
   EXPECT_THROW(ExactlyOnceSampler(-1, 0, 1), InvalidArgument);
 }
+
+// ---- Resume at another world size, through the trainer -------------------------------------------
+
+/// A GPT that notes the blocks it trains on, by id: on the positions file, a block's first input
+/// token is its id times the block size.
+class BlockNotingGpt : public models::Gpt {
+ public:
+  explicit BlockNotingGpt(const models::GptConfig& config) : Gpt(config) {}
+  at::Tensor forward_loss(const at::Tensor& idx, const at::Tensor& targets) override {
+    const at::Tensor first = idx.select(1, 0).contiguous();
+    for (int64_t i = 0; i < first.numel(); ++i) {
+      trained.push_back(first[i].item<int64_t>() / config().block_size);
+    }
+    return Gpt::forward_loss(idx, targets);
+  }
+  std::vector<int64_t> trained;
+};
+
+/// The ids a rank trained on, in order.
+using RankRun = std::function<std::vector<int64_t>(int rank, std::unique_ptr<train::Strategy>)>;
+
+/// Runs `run` on `world` ranks (threads; DDP over shm, or none alone): what each trained.
+std::vector<std::vector<int64_t>> on_ranks(int world, const RankRun& run) {
+  std::vector<std::vector<int64_t>> trained(static_cast<size_t>(world));
+  auto store = comm::make_hash_store(std::chrono::milliseconds(60'000));
+  testing::run_threads(world, [&](int rank) {
+    std::unique_ptr<train::Strategy> strategy;
+    if (world > 1) {
+      strategy = std::make_unique<train::DdpStrategy>(
+          comm::new_process_group("shm", store, rank, world, std::chrono::milliseconds(60'000)));
+    }
+    trained[static_cast<size_t>(rank)] = run(rank, std::move(strategy));
+  });
+  return trained;
+}
+
+/// Resumes `trainer` when its options say so, and checks that its model then holds the
+/// checkpoint's weights.
+void resume_from_checkpoint(train::Trainer& trainer, const torch::nn::Module& model) {
+  if (!trainer.options().resume) return;
+  trainer.resume();
+  const auto saved = checkpoint::CheckpointManager(trainer.options().checkpoint_dir).load_latest();
+  ASSERT_TRUE(saved.has_value());
+  const checkpoint::StateDict now = checkpoint::state_dict(model);
+  for (const auto& item : saved->model) {
+    EXPECT_TRUE(torch::equal(now[item.key()], item.value())) << item.key();
+  }
+}
+
+/// A tiny GPT trained on `blocks` through the trainer on `world` ranks.
+std::vector<std::vector<int64_t>> train_gpt(const TokenBlockDataset& blocks, int world,
+                                            const train::TrainOptions& options) {
+  models::GptConfig config;
+  config.n_layer = 1;
+  config.n_head = 1;
+  config.n_embd = 8;
+  config.block_size = blocks.block_size();
+  config.vocab_size = blocks.tokens().size();
+  return on_ranks(world, [&](int, std::unique_ptr<train::Strategy> strategy) {
+    auto gpt = std::make_shared<BlockNotingGpt>(config);
+    train::Trainer trainer(options, gpt, std::move(strategy));
+    resume_from_checkpoint(trainer, *gpt);
+    trainer.fit(blocks, nullptr);
+    return gpt->trained;
+  });
+}
+
+/// A linear classifier trained through the trainer on `world` ranks on in-memory samples whose
+/// input is their id.
+std::vector<std::vector<int64_t>> train_classifier(int64_t samples, int world,
+                                                   const train::TrainOptions& options) {
+  const at::Tensor ids = torch::arange(samples, torch::kLong);
+  const train::TensorData data{ids.to(torch::kFloat).unsqueeze(1), ids.remainder(2)};
+  return on_ranks(world, [&](int, std::unique_ptr<train::Strategy> strategy) {
+    const std::shared_ptr<torch::nn::LinearImpl> linear = torch::nn::Linear(1, 2).ptr();
+    auto trained = std::make_shared<std::vector<int64_t>>();
+    const auto forward = [linear, trained](const at::Tensor& x) {
+      for (int64_t i = 0; i < x.size(0); ++i) trained->push_back(x[i][0].item<int64_t>());
+      return linear->forward(x);
+    };
+    train::Trainer trainer(options, linear, forward,
+                           std::make_unique<torch::optim::SGD>(linear->parameters(),
+                                                               torch::optim::SGDOptions(0.01)),
+                           train::cross_entropy_loss, std::move(strategy));
+    resume_from_checkpoint(trainer, *linear);
+    trainer.fit(data, train::TensorData{});
+    return *trained;
+  });
+}
+
+struct WorldChange {
+  int from;
+  int to;
+  int64_t batch;
+  int64_t steps;  // trained with `from` ranks before the stop
+};
+
+std::ostream& operator<<(std::ostream& out, const WorldChange& change) {
+  return out << change.from << " -> " << change.to << " ranks, batch " << change.batch << ", "
+             << change.steps << " steps before the stop";
+}
+
+train::TrainOptions stopping_options(const std::string& model, const WorldChange& change) {
+  train::TrainOptions options;
+  options.model = model;
+  options.seed = 3;
+  options.batch_size = change.batch;
+  options.lr = 0.01;
+  options.epochs = 1;
+  options.threads = 1;
+  options.progress = train::ProgressMode::kNone;
+  options.log_interval = 0;
+  options.checkpoint_dir = testing::temp_path("shoal-resume-world");
+  options.checkpoint_every = change.steps;
+  options.stop_after_steps = change.steps;
+  return options;
+}
+
+/// How often each id was trained over both runs.
+std::vector<int64_t> counts(int64_t size, const std::vector<std::vector<int64_t>>& first,
+                            const std::vector<std::vector<int64_t>>& second) {
+  std::vector<int64_t> count(static_cast<size_t>(size), 0);
+  for (const auto* run : {&first, &second}) {
+    for (const auto& ids : *run) {
+      for (int64_t id : ids) ++count.at(static_cast<size_t>(id));
+    }
+  }
+  return count;
+}
+
+class ResumeAtAnotherWorldSize : public ::testing::TestWithParam<WorldChange> {};
+
+// A GPT run stopped mid-epoch with `from` ranks resumes with `to`: the blocks the job consumed
+// are the epoch's order up to the checkpoint, and the resumed ranks deal the rest of the order
+// among them (rank r the r-th of each `to`), so over both runs each block of the epoch is trained
+// once (drop_last leaves out the last (blocks - consumed) % to), from the checkpoint's weights.
+TEST_P(ResumeAtAnotherWorldSize, TrainsTheRestOfTheEpochsBlocksExactlyOnce) {
+  torch::set_num_threads(1);
+  const WorldChange change = GetParam();
+  constexpr int64_t kBlocks = 37;  // uneven over 2 and 3 ranks
+  auto tokens = std::make_shared<TokenFile>(write_positions(4 * kBlocks + 1),
+                                            TokenFileOptions{TokenDtype::kUInt32});
+  const TokenBlockDataset blocks(tokens, 4);
+  train::TrainOptions options = stopping_options("gpt", change);
+  const auto first = train_gpt(blocks, change.from, options);
+  const int64_t consumed = change.steps * change.batch * change.from;
+  const auto saved = checkpoint::CheckpointManager(options.checkpoint_dir).load_latest();
+  ASSERT_TRUE(saved.has_value());
+  ASSERT_EQ(saved->sampler.samples_seen, consumed);
+  options.stop_after_steps = 0;
+  options.resume = true;
+  const auto second = train_gpt(blocks, change.to, options);
+  const at::Tensor order = epoch_permutation(kBlocks, true, options.seed, 0);
+  const int64_t rest = (kBlocks - consumed) / change.to;
+  for (int rank = 0; rank < change.to; ++rank) {
+    std::vector<int64_t> expected;
+    for (int64_t k = 0; k < rest; ++k) {
+      expected.push_back(order[consumed + rank + k * change.to].item<int64_t>());
+    }
+    EXPECT_EQ(second[static_cast<size_t>(rank)], expected) << "resumed rank " << rank;
+  }
+  std::vector<int64_t> expected_count(kBlocks, 0);
+  for (int64_t j = 0; j < consumed + rest * change.to; ++j) {
+    expected_count[static_cast<size_t>(order[j].item<int64_t>())] = 1;
+  }
+  EXPECT_EQ(counts(kBlocks, first, second), expected_count);
+  std::filesystem::remove_all(options.checkpoint_dir);
+}
+
+// In-memory samples are dealt as DistributedSampler deals them, padded to equal shares: resumed
+// at another world size, the rest of the epoch's order is dealt over the new ranks, padded from
+// the start of the order, so each sample of the rest is trained once (and only the padding twice).
+TEST_P(ResumeAtAnotherWorldSize, TrainsTheRestOfTheEpochsSamplesOnceWithPadding) {
+  torch::set_num_threads(1);
+  const WorldChange change = GetParam();
+  constexpr int64_t kSamples = 37;
+  train::TrainOptions options = stopping_options("linear", change);
+  const auto first = train_classifier(kSamples, change.from, options);
+  const int64_t consumed = change.steps * change.batch * change.from;
+  options.stop_after_steps = 0;
+  options.resume = true;
+  const auto second = train_classifier(kSamples, change.to, options);
+  const at::Tensor order = epoch_permutation(kSamples, true, options.seed, 0);
+  const int64_t padding = (change.to - (kSamples - consumed) % change.to) % change.to;
+  std::vector<int64_t> expected_count(kSamples, 1);
+  for (int64_t j = 0; j < padding; ++j) ++expected_count[static_cast<size_t>(order[j].item<int64_t>())];
+  EXPECT_EQ(counts(kSamples, first, second), expected_count);
+  for (int rank = 0; rank < change.to; ++rank) {
+    ASSERT_FALSE(second[static_cast<size_t>(rank)].empty());
+    EXPECT_EQ(second[static_cast<size_t>(rank)][0], order[consumed + rank].item<int64_t>());
+  }
+  std::filesystem::remove_all(options.checkpoint_dir);
+}
+
+// Checkpoints whose position is not a multiple of the new world size (2 -> 3: 4 samples; 1 -> 2
+// and 3 -> 2: 9), and one that is (2 -> 1).
+INSTANTIATE_TEST_SUITE_P(Trainer, ResumeAtAnotherWorldSize,
+                         ::testing::Values(WorldChange{2, 3, 2, 1}, WorldChange{2, 1, 2, 2},
+                                           WorldChange{1, 2, 3, 3}, WorldChange{3, 2, 3, 1}),
+                         [](const ::testing::TestParamInfo<WorldChange>& info) {
+                           return "From" + std::to_string(info.param.from) + "To" +
+                                  std::to_string(info.param.to);
+                         });
 
 }  // namespace test_token_dataset
 }  // namespace shoal::data

@@ -1330,8 +1330,9 @@ TEST(BenchTpFormat, ReportsEachModeAndTpHoldsHalfOfDdpsBytes) {
 // Format check: `shoal bench faults --json`: each mode's rate, its ratio to the plain DDP runs
 // beside it, and the time the kill cost the survivor (kill to its next generation's first commit).
 TEST_F(FaultTolerant, BenchFaultsReportsEachModeAndTheTimeAKillCosts) {
+  // 150 steps of 4 samples a rank, the kill after 5: seconds of margin for the killer to act.
   const auto result = run_shoal({"bench", "faults", "--world", "2", "--samples", "1200", "--batch",
-                                 "20", "--kill-after", "5", "--rounds", "1", "--json"},
+                                 "4", "--kill-after", "5", "--rounds", "1", "--json"},
                                 {{"SHOAL_TIMEOUT", "10s"}}, Milliseconds(300'000));
   ASSERT_EQ(result.code, 0) << result.err;
   std::map<std::string, std::string> by_mode;
@@ -1349,7 +1350,7 @@ TEST_F(FaultTolerant, BenchFaultsReportsEachModeAndTheTimeAKillCosts) {
   const double lost = json_number(by_mode["ft_kill"], "lost_s");
   EXPECT_GT(lost, 0) << by_mode["ft_kill"];
   EXPECT_LT(lost, 25) << by_mode["ft_kill"];
-  EXPECT_EQ(by_mode["ft"].find("\"lost_s\": null") != std::string::npos, true) << by_mode["ft"];
+  EXPECT_NE(by_mode["ft"].find("\"lost_s\": null"), std::string::npos) << by_mode["ft"];
 }
 
 // Format check: `shoal bench fsdp --json`: every mode (the no-communication ceiling included) with
@@ -1388,6 +1389,42 @@ TEST(BenchFsdpFormat, ReportsModesAndTheCeilingOverEachPeer) {
                     json_number(by_mode[peer], "vs_shoal_ddp"),
                 1e-3 * ceiling_over[peer])
         << peer;
+  }
+}
+
+
+// Format check: `shoal bench pipeline --model gpt`: the built-in GPT (tiny here), cut into 2
+// stages, beside one process and DDP on the same global batch of token blocks: each mode's line,
+// every schedule's stages at one rate whose vs_ddp follows from the DDP line (one round: exactly),
+// and the schedules holding what they hold (GPipe all M micro-batches, 1F1B K - s on stage s).
+TEST(BenchPipelineFormat, SplitsTheGptIntoStagesBesideSingleAndDdp) {
+  const auto result = run_shoal({"bench", "pipeline", "--model", "gpt", "--n-layer", "2", "--n-head",
+                                 "2", "--n-embd", "16", "--block-size", "8", "--vocab-size", "32",
+                                 "--batch", "4", "--micro-batches", "1,2", "--steps", "2",
+                                 "--warmup", "1", "--rounds", "1", "--json"},
+                                {}, Milliseconds(240'000));
+  ASSERT_EQ(result.code, 0) << result.err;
+  const auto lines = lines_of(result.out);
+  ASSERT_EQ(lines.size(), 2u + 4u * 2u) << result.out;  // single, ddp, 2 schedules x 2 M x 2 stages
+  EXPECT_NE(lines[0].find("\"mode\": \"single\""), std::string::npos) << lines[0];
+  EXPECT_NE(lines[1].find("\"mode\": \"ddp\""), std::string::npos) << lines[1];
+  const double ddp = json_number(lines[1], "samples_per_s");
+  EXPECT_GT(json_number(lines[0], "samples_per_s"), 0) << lines[0];
+  EXPECT_GT(ddp, 0) << lines[1];
+  for (size_t i = 2; i < lines.size(); ++i) {
+    const std::string& line = lines[i];
+    EXPECT_NE(line.find("\"mode\": \"pipeline\""), std::string::npos) << line;
+    EXPECT_NE(line.find("\"model\": \"gpt\""), std::string::npos) << line;
+    const double rate = json_number(line, "samples_per_s");
+    EXPECT_GT(rate, 0) << line;
+    EXPECT_NEAR(json_number(line, "vs_ddp"), rate / ddp, 1e-3 * rate / ddp) << line;
+    const auto stage = static_cast<int64_t>(json_number(line, "stage"));
+    EXPECT_EQ(stage, static_cast<int64_t>(i - 2) % 2) << line;
+    if (stage == 1) EXPECT_EQ(rate, json_number(lines[i - 1], "samples_per_s")) << line;
+    const auto m = static_cast<int64_t>(json_number(line, "micro_batches"));
+    const bool gpipe = line.find("\"schedule\": \"gpipe\"") != std::string::npos;
+    EXPECT_EQ(json_number(line, "peak_in_flight"), gpipe ? m : std::min<int64_t>(m, 2 - stage))
+        << line;
   }
 }
 

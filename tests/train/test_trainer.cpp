@@ -317,8 +317,9 @@ class EvenSamples : public Strategy {
       return forward(x);
     };
   }
-  torch::Tensor epoch_indices(int64_t size, int64_t epoch, uint64_t seed) override {
-    return torch::arange(0, size, 2, torch::kLong);
+  torch::Tensor epoch_indices(int64_t size, int64_t epoch, uint64_t seed,
+                              int64_t consumed) override {
+    return torch::arange(2 * consumed, size, 2, torch::kLong);  // the order 0, 2, 4, ...
   }
   int prepared = 0;
   int forwards = 0;

@@ -3,10 +3,10 @@
 //
 // The state never depends on the world size: the sampler position is the number of samples the
 // whole job has consumed in the current epoch (summed over ranks), not a per-rank index, and the
-// weights are saved without any wrapper prefix. A job resumed with another number of ranks
-// rebuilds its DistributedSampler for the new world size, calls set_epoch(sampler.epoch) and skips
-// the first sampler.samples_seen samples of the epoch's global order (samples_seen / world_size on
-// each rank, see samples_to_skip_per_rank()); the learning-rate schedule follows `step`.
+// weights are saved without any wrapper prefix. Those samples are the first samples_seen of the
+// epoch's global order (seed + epoch), whatever the world size, so a job resumed with another
+// number of ranks deals the rest of that order over its ranks (train::sampler_indices), and every
+// sample of the rest is trained once; the learning-rate schedule follows `step`.
 //
 // capture()/restore() move the state between a TrainingState and a live module + optimizer
 // (torch::optim::SGD, Adam, AdamW); the optimizer state mirrors Python's optimizer.state_dict()
@@ -52,10 +52,10 @@ struct SamplerState {
   int64_t seed = 0;          ///< the sampler's shuffle seed
 };
 
-/// How many samples of the resumed epoch each rank skips when the job resumes with `world_size`
-/// ranks: every rank's DistributedSampler deals indices rank, rank + world_size, ..., so skipping
-/// samples_seen / world_size on each rank resumes the global order (at most world_size - 1 samples
-/// of the epoch are seen again when samples_seen is not a multiple of world_size).
+/// How many samples of the resumed epoch each rank skips when a job resumes with `world_size`
+/// ranks by skipping into its uninterrupted DistributedSampler shard (rank, rank + world_size,
+/// ...): exact only when samples_seen is a multiple of world_size (otherwise up to
+/// world_size - 1 samples are seen again). The trainer deals the rest of the order instead.
 inline int64_t samples_to_skip_per_rank(const SamplerState& sampler, int64_t world_size) {
   return world_size > 0 ? sampler.samples_seen / world_size : 0;
 }

@@ -71,7 +71,8 @@ class DdpStrategy : public Strategy {
 
   void prepare(TrainState& state) override;
   std::string describe() const override;
-  at::Tensor epoch_indices(int64_t dataset_size, int64_t epoch, uint64_t seed) override;
+  at::Tensor epoch_indices(int64_t dataset_size, int64_t epoch, uint64_t seed,
+                           int64_t consumed) override;
   void all_reduce_sum(std::vector<double>& values) override;
   int rank() const override;
   int world_size() const override;

@@ -42,7 +42,8 @@ class FsdpStrategy : public Strategy {
 
   std::string name() const override { return "fsdp"; }
   void prepare(TrainState& state) override;
-  at::Tensor epoch_indices(int64_t dataset_size, int64_t epoch, uint64_t seed) override;
+  at::Tensor epoch_indices(int64_t dataset_size, int64_t epoch, uint64_t seed,
+                           int64_t consumed) override;
   void all_reduce_sum(std::vector<double>& values) override;
   void synchronize(TrainState& state) override;
   /// FullyShardedDataParallel::clip_grad_norm_: the global norm over every rank's shards.

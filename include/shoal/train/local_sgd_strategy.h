@@ -69,7 +69,8 @@ class LocalSgdStrategy : public Strategy {
   double train_step(TrainState& state, const at::Tensor& inputs,
                     const at::Tensor& targets) override;
   void synchronize(TrainState& state) override;
-  at::Tensor epoch_indices(int64_t dataset_size, int64_t epoch, uint64_t seed) override;
+  at::Tensor epoch_indices(int64_t dataset_size, int64_t epoch, uint64_t seed,
+                           int64_t consumed) override;
   void all_reduce_sum(std::vector<double>& values) override;
   int rank() const override;
   int world_size() const override;

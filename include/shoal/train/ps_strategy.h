@@ -28,7 +28,8 @@ class PsStrategy : public Strategy {
   ~PsStrategy() override;
 
   void prepare(TrainState& state) override;
-  at::Tensor epoch_indices(int64_t dataset_size, int64_t epoch, uint64_t seed) override;
+  at::Tensor epoch_indices(int64_t dataset_size, int64_t epoch, uint64_t seed,
+                           int64_t consumed) override;
   void all_reduce_sum(std::vector<double>& values) override;
   /// Before evaluating or saving: waits until every worker has pushed its last step, then pulls,
   /// so that under asp/ssp a worker that finished first evaluates the final weights too.

@@ -74,8 +74,11 @@ class Strategy {
   virtual void prepare(TrainState& state);
 
   /// The training-sample indices ([k] int64) this process visits in `epoch` (0-based), in order,
-  /// dealt as set_exactly_once() says.
-  virtual at::Tensor epoch_indices(int64_t dataset_size, int64_t epoch, uint64_t seed);
+  /// dealt as set_exactly_once() says, from where the job stands in the epoch: `consumed` samples
+  /// of the epoch's order (all ranks together; 0 for a new epoch, a checkpoint's samples_seen on a
+  /// resume) were trained on before, whatever the world size was then.
+  virtual at::Tensor epoch_indices(int64_t dataset_size, int64_t epoch, uint64_t seed,
+                                   int64_t consumed);
   /// How epoch_indices() deals: false (the default) pads the ranks' shares to equal sizes as
   /// DistributedSampler does; true deals each sample at most once across the job and drops the
   /// last (size % replicas) of the epoch's order so that every rank takes the same number of steps
@@ -156,8 +159,14 @@ class SingleProcess : public Strategy {
 /// This replica's DistributedSampler shard of `epoch` (shuffled with `seed`, padded to equal
 /// shares), as [k] int64: what data-parallel strategies train on. With `exactly_once`, its
 /// ExactlyOnceSampler share instead (drop_last: equal shares, no sample twice).
+///
+/// `consumed` > 0 (a resume) deals only the rest of the epoch's order, order[consumed:], over
+/// `replicas`, as the sampler deals a whole epoch: padded as DistributedSampler pads (repeating
+/// the order from its start) or, with `exactly_once`, cut to a multiple of `replicas`. So every
+/// sample of the rest is trained once whatever the world size that consumed the first part; at
+/// that same world size the shard is the tail of the uninterrupted one.
 at::Tensor sampler_indices(int64_t dataset_size, int64_t epoch, uint64_t seed, int replica,
-                           int replicas, bool exactly_once = false);
+                           int replicas, bool exactly_once = false, int64_t consumed = 0);
 
 /// Sums `values` element-wise across `group`, in place.
 void all_reduce_sum(comm::ProcessGroup& group, std::vector<double>& values);

@@ -47,7 +47,8 @@ class TpStrategy : public Strategy {
   std::string name() const override { return "tp"; }
   std::string describe() const override;
   void prepare(TrainState& state) override;
-  at::Tensor epoch_indices(int64_t dataset_size, int64_t epoch, uint64_t seed) override;
+  at::Tensor epoch_indices(int64_t dataset_size, int64_t epoch, uint64_t seed,
+                           int64_t consumed) override;
   void all_reduce_sum(std::vector<double>& values) override;
   void synchronize(TrainState& state) override;
   /// The whole optimizer state, gathered from the shards (a collective).

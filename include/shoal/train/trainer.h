@@ -271,9 +271,10 @@ class Trainer {
   TrainResult fit(const data::BatchDataset& train, const data::BatchDataset* test);
 
   /// Loads the newest checkpoint of options.checkpoint_dir into the model and optimizer and
-  /// continues from its epoch, step and sampler position: the interrupted epoch skips the samples
-  /// the job had already consumed (counted over all ranks, so the world size may differ from the
-  /// one that saved it; each rank skips samples_seen / world_size of its shard). Throws
+  /// continues from its epoch, step and sampler position: the interrupted epoch goes on after the
+  /// samples the job had already consumed (the first samples_seen of the epoch's order, counted
+  /// over all ranks), the rest of the order dealt over the ranks there are now, so the world size
+  /// may differ from the one that saved it and each sample of the rest is trained once. Throws
   /// CheckpointError when there is no checkpoint or it was made for another model.
   /// Returns the checkpoint's path.
   /// The options' lr and momentum apply to the resumed SGD (not the checkpoint's); with an
