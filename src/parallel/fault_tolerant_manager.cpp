@@ -223,16 +223,7 @@ bool FaultTolerantManager::should_commit(bool admit) {
   // read. The ticket comes after the weighing, so a member killed while it waits for the votes
   // (the long part) holds up no one.
   const std::string verdict = decide(admit);
-  if (store_->add(step_key("ticket"), 1) == 1) {
-    // The joiners it admits are not admitted again by a later step.
-    const size_t semicolon = verdict.find(';');
-    if (semicolon != std::string::npos) {
-      for (const Member& m : parse_member_list(verdict.substr(semicolon + 1))) {
-        store_->set_string(admitted_key(m.rank, m.incarnation), "1");
-      }
-    }
-    store_->set_string(decision_key, verdict);
-  }
+  if (store_->add(step_key("ticket"), 1) == 1) publish(verdict);
   store_->wait({decision_key}, options_.timeout + options_.quorum_grace);
   // "commit" or the members that voted, then ";" and the joiners it admits, if any.
   const std::string decision = store_->get_string(decision_key);
@@ -249,6 +240,18 @@ bool FaultTolerantManager::should_commit(bool admit) {
   ++failed_steps_;
   for (const Member& m : parse_member_list(head)) next_members_.push_back(m.rank);
   return false;
+}
+
+// The ticket holder's verdict becomes the step's decision; the joiners it admits are not admitted
+// again by a later step.
+void FaultTolerantManager::publish(const std::string& verdict) {
+  const size_t semicolon = verdict.find(';');
+  if (semicolon != std::string::npos) {
+    for (const Member& m : parse_member_list(verdict.substr(semicolon + 1))) {
+      store_->set_string(admitted_key(m.rank, m.incarnation), "1");
+    }
+  }
+  store_->set_string(step_key("decision"), verdict);
 }
 
 std::string FaultTolerantManager::exit_key(int rank) { return "ft/exited/" + std::to_string(rank); }

@@ -148,6 +148,7 @@ class FaultTolerantManager {
  private:
   std::string step_key(const std::string& what) const;
   std::string decide(bool admit) const;
+  void publish(const std::string& verdict);
   std::string joiners_text() const;
   std::string wire_list(const std::vector<int>& ranks) const;
   void join();
