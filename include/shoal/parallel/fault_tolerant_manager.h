@@ -45,8 +45,8 @@
 // that ends normally) throws PeerError.
 //
 // What is not covered: the store itself must outlive the workers (see the GUIDE, "When ranks
-// fail"); a joiner (or a member) that dies while the grown generation's group forms makes the
-// others' start_quorum throw at the group's time-out; a member whose manager is destroyed after
+// fail"); a joiner (or a member) that dies while the grown generation's group forms, or the donor
+// dying while it sends the state, makes the others throw (at the group's time-out at the latest); a member whose manager is destroyed after
 // its exception was caught (left out after a stop) tells a waiting replacement that the job
 // finished; a decider that dies between taking its ticket and writing the decision
 // (microseconds) makes the others time out with a TimeoutError naming the step; one killed while
