@@ -7,9 +7,9 @@
 #include <sstream>
 
 #include "parallel/module_sync.h"
+#include "shoal/checkpoint/training_state.h"
 #include "shoal/comm/init.h"
 #include "shoal/comm/process_group.h"
-#include "shoal/checkpoint/training_state.h"
 #include "shoal/comm/store.h"
 #include "shoal/env.h"
 #include "shoal/error.h"
