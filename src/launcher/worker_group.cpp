@@ -90,36 +90,56 @@ int WorkerGroup::running_workers() const {
 }
 
 void WorkerGroup::reap(GroupResult& result, Clock::time_point now) {
-  for (auto& worker : workers_) {
-    if (!worker->running() || !worker->poll_exit()) continue;
-    if (options_.on_exit) options_.on_exit(worker->spec().rank);
-    if (stopping_ || worker->status().ok()) continue;
-    if (options_.tolerate_worker_failures && worker->spec().role == "worker" &&
-        running_workers() > 0) {
-      const std::string what = worker->spec().label + " (pid " + std::to_string(worker->pid()) +
-                               ") " + worker->status().describe();
-      if (static_cast<int>(result.replaced.size()) < options_.replace_failed_workers) {
-        result.replaced.push_back(what);
-        log::warn(options_.log_name, ": ", what, "; the other workers go on, and it is started ",
-                  "again to rejoin them (restart ", result.replaced.size(), " of at most ",
-                  options_.replace_failed_workers, ")");
-        replace(static_cast<size_t>(&worker - workers_.data()));
-        continue;
-      }
-      result.tolerated.push_back(what);
-      log::warn(options_.log_name, ": ", what, "; the other workers go on without it");
-      continue;
-    }
+  for (size_t i = 0; i < workers_.size(); ++i) {
+    WorkerProcess& worker = *workers_[i];
+    if (!worker.running() || !worker.poll_exit()) continue;
+    if (options_.on_exit) options_.on_exit(worker.spec().rank);
+    if (stopping_ || worker.status().ok() || go_on_without(i, result)) continue;
     // The first failure seen: stop the others.
     first_exit_seen_us_ = log::epoch_us();
     result.outcome = GroupResult::Outcome::kWorkerFailed;
-    result.failed_label = worker->spec().label;
-    result.failed_pid = worker->pid();
-    result.failed_status = worker->status();
-    result.exit_code = worker->status().shell_code();
+    result.failed_label = worker.spec().label;
+    result.failed_pid = worker.pid();
+    result.failed_status = worker.status();
+    result.exit_code = worker.status().shell_code();
     result.stopped = count_running();
     begin_stop(SIGTERM, now);
   }
+}
+
+bool WorkerGroup::others_succeeded(size_t index) const {
+  for (size_t i = 0; i < workers_.size(); ++i) {
+    if (i != index && (workers_[i]->running() || !workers_[i]->status().ok())) return false;
+  }
+  return true;
+}
+
+bool WorkerGroup::go_on_without(size_t index, GroupResult& result) {
+  const WorkerProcess& worker = *workers_[index];
+  if (!options_.tolerate_worker_failures || worker.spec().role != "worker") return false;
+  // A replacement that fails once the others finished (it came too late to join) leaves the
+  // job as successful as the others made it.
+  const bool late = replacements_.count(index) > 0 && others_succeeded(index);
+  if (running_workers() == 0 && !late) return false;
+  const std::string what = worker.spec().label + " (pid " + std::to_string(worker.pid()) + ") " +
+                           worker.status().describe();
+  if (late) {
+    result.tolerated.push_back(what);
+    log::warn(options_.log_name, ": ", what, "; it replaced a failed worker, and the others had "
+              "finished");
+    return true;
+  }
+  if (static_cast<int>(result.replaced.size()) < options_.replace_failed_workers) {
+    result.replaced.push_back(what);
+    log::warn(options_.log_name, ": ", what, "; the other workers go on, and it is started ",
+              "again to rejoin them (restart ", result.replaced.size(), " of at most ",
+              options_.replace_failed_workers, ")");
+    replace(index);
+    return true;
+  }
+  result.tolerated.push_back(what);
+  log::warn(options_.log_name, ": ", what, "; the other workers go on without it");
+  return true;
 }
 
 void WorkerGroup::replace(size_t index) {
@@ -131,6 +151,7 @@ void WorkerGroup::replace(size_t index) {
   workers_[index] = std::make_unique<WorkerProcess>(spec, capture);
   workers_[index]->start();
   pids_.push_back(static_cast<int>(workers_[index]->pid()));
+  replacements_.insert(index);
 }
 
 void WorkerGroup::name_first_failure(GroupResult& result) const {

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -110,6 +111,11 @@ class WorkerGroup {
   /// first to fail, else the first held.
   void show_first_error_line(const GroupResult& result);
   void stop_now();
+  /// Under tolerate_worker_failures: whether the group goes on after worker `index` failed
+  /// (noted in `result`; the worker is started again while replacements are left).
+  bool go_on_without(size_t index, GroupResult& result);
+  /// Whether every worker but `index` has exited successfully.
+  bool others_succeeded(size_t index) const;
   /// Starts the worker at `index` again in its place (replace_failed_workers).
   void replace(size_t index);
 
@@ -117,6 +123,7 @@ class WorkerGroup {
   WorkerGroupOptions options_;
   std::vector<std::unique_ptr<WorkerProcess>> workers_;
   std::vector<int> pids_;  // every worker started, kept after they are reaped
+  std::set<size_t> replacements_;  // indices of workers started again (replace())
   std::vector<int> log_fds_;  // --log-dir files, closed with the group
   SharedErrorLines error_lines_;  // the workers' stderr copies show one error line (see there)
   std::vector<std::unique_ptr<LinePrefixer>> prefixers_;  // stdout, stderr per worker

@@ -7,9 +7,9 @@
 #include <sstream>
 
 #include "parallel/module_sync.h"
+#include "shoal/checkpoint/training_state.h"
 #include "shoal/comm/init.h"
 #include "shoal/comm/process_group.h"
-#include "shoal/checkpoint/training_state.h"
 #include "shoal/comm/store.h"
 #include "shoal/env.h"
 #include "shoal/error.h"
@@ -239,17 +239,26 @@ void FaultTolerantDdpStrategy::share_state(TrainState& state) {
   all.insert(all.end(), optimizer_tensors.begin(), optimizer_tensors.end());
   all.push_back(rng);
   parallel::broadcast_coalesced(group, all, root);
-  if (!receiving) return;
-  received.param_groups = checkpoint::capture_optimizer(*state.optimizer).param_groups;
-  checkpoint::restore_optimizer(received, *state.optimizer);
+  if (receiving) adopt_state(state, received, rng, header);
+}
+
+// A joiner: takes on the optimizer state, RNG state and position it received.
+void FaultTolerantDdpStrategy::adopt_state(TrainState& state,
+                                           const checkpoint::OptimizerState& optimizer,
+                                           const at::Tensor& rng, const at::Tensor& header) {
+  checkpoint::OptimizerState whole = optimizer;  // with this optimizer's own hyperparameters
+  whole.param_groups = checkpoint::capture_optimizer(*state.optimizer).param_groups;
+  checkpoint::restore_optimizer(whole, *state.optimizer);
   checkpoint::set_rng_state(rng);
+  const auto h = header.accessor<int64_t, 1>();
   joined_epoch_ = h[0];
   joined_consumed_ = h[1];
   state.step = h[2];
   state.epoch = h[3];
+  const size_t donor = static_cast<size_t>(manager_->donor_replica_rank());
   log::warn("[rank ", manager_->job_rank(), "] fault tolerance: received the state of rank ",
-            manager_->members()[static_cast<size_t>(root)], " (epoch ", h[3] + 1, ", step ", h[2],
-            ", ", h[1], " samples of the epoch done)");
+            manager_->members()[donor], " (epoch ", h[3] + 1, ", step ", h[2], ", ", h[1],
+            " samples of the epoch done)");
 }
 
 void FaultTolerantDdpStrategy::set_mean_gradients(const at::Tensor& sums) {

@@ -634,6 +634,32 @@ exec sleep 60)");
   EXPECT_EQ(read_file(dir_ / "always.0"), "x\nx\nx\n");
 }
 
+TEST_F(Launcher, FaultTolerantMaxRestartsStartsTheFailedWorkerAloneAndALateOneLeavesTheJobOk) {
+  // Rank 1 dies by SIGKILL; with --fault-tolerant the others go on and rank 1 alone is started
+  // again. The replacement fails only once the launcher has reaped both others (they exited 0):
+  // a replacement with nothing left to join does not fail the job.
+  const auto worker = script("ft.sh", R"sh(echo run >> "$DIR/runs.$RANK"
+if [ "$RANK" = 1 ]; then
+  if [ ! -e "$DIR/died.1" ]; then touch "$DIR/died.1"; kill -9 $$; fi
+  for _ in $(seq 3000); do [ -e "$DIR/pid.0" ] && [ -e "$DIR/pid.2" ] && break; sleep 0.02; done
+  for r in 0 2; do
+    for _ in $(seq 3000); do kill -0 "$(cat "$DIR/pid.$r")" 2>/dev/null || break; sleep 0.02; done
+  done
+  exit 3
+fi
+for _ in $(seq 3000); do [ "$(wc -l < "$DIR/runs.1" 2>/dev/null)" = 2 ] && break; sleep 0.02; done
+echo $$ > "$DIR/pid.$RANK.tmp" && mv "$DIR/pid.$RANK.tmp" "$DIR/pid.$RANK")sh");
+  const auto result =
+      run_shoal({"run", "--nproc-per-node", "3", "--fault-tolerant", "--max-restarts", "1", worker});
+  EXPECT_EQ(result.code, 0) << result.err;
+  EXPECT_NE(result.err.find("it is started again to rejoin them (restart 1 of at most 1)"),
+            std::string::npos) << result.err;
+  EXPECT_NE(result.err.find("exited with status 3; it replaced a failed worker, and the others "
+                            "had finished"), std::string::npos) << result.err;
+  EXPECT_EQ(read_file(dir_ / "runs.0"), "run\n");
+  EXPECT_EQ(read_file(dir_ / "runs.1"), "run\nrun\n");
+}
+
 // The last "test_accuracy" of a metrics file (JSON lines).
 double last_accuracy(const std::string& text) {
   const std::string key = "\"test_accuracy\":";

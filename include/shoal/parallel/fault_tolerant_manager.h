@@ -41,16 +41,19 @@
 // each joiner the generation ("ft/formed/<r>/<incarnation>"). The caller then copies its state to
 // them from donor_replica_rank() over the new group (FaultTolerantDdpStrategy: weights, buffers,
 // optimizer state, RNG and the position in the epoch). The group is authenticated as every store
-// connection is, by the job's token (SHOAL_TOKEN): a process without it cannot ask to join.
+// connection is, by the job's token (SHOAL_AUTH_TOKEN): a process without it cannot ask to join.
 // A member's exit is counted per incarnation, so a replacement's predecessor's exit does not
 // count against it. A replacement that finds the job finished ("ft/finished", set by a member
 // that ends normally) throws PeerError.
 //
 // What is not covered: the store itself must outlive the workers (see the GUIDE, "When ranks
-// fail"); a replica that dies between taking the ticket and writing the decision (microseconds)
-// makes the others time out with a TimeoutError naming the step. One that dies after completing
-// the tally and before setting "all" holds up no one: the others see its exit and close the
-// tally, which shows every vote ok.
+// fail"); a joiner (or a member) that dies while the grown generation's group forms, or the
+// donor dying while it sends the state, makes the others throw (at the group's time-out at the
+// latest); a member whose manager is destroyed after its exception was caught (left out after a
+// stop) tells a waiting replacement that the job finished; a replica that dies between taking the
+// ticket and writing the decision (microseconds) makes the others time out with a TimeoutError
+// naming the step. One that dies after completing the tally and before setting "all" holds up no
+// one: the others see its exit and close the tally, which shows every vote ok.
 //
 // Thread safety: one thread per replica drives an instance; every member calls start_quorum,
 // allreduce and should_commit the same number of times in the same order.

@@ -39,6 +39,10 @@
 #include "shoal/parallel/fault_tolerant_manager.h"
 #include "shoal/train/strategy.h"
 
+namespace shoal::checkpoint {
+struct OptimizerState;
+}
+
 namespace shoal::train {
 
 class FaultTolerantDdpStrategy : public Strategy, public StepDealer {
@@ -74,6 +78,8 @@ class FaultTolerantDdpStrategy : public Strategy, public StepDealer {
   void set_mean_gradients(const at::Tensor& sums);
   /// Sends this replica's state to the replicas that just joined, or receives it (see .cpp).
   void share_state(TrainState& state);
+  void adopt_state(TrainState& state, const checkpoint::OptimizerState& optimizer,
+                   const at::Tensor& rng, const at::Tensor& header);
   void log_share(const std::string& attempt);
   void log_line(const std::string& line);
 
