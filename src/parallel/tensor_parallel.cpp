@@ -130,7 +130,7 @@ void apply_style(const Target& target, const ColwiseParallel& style, const Group
   const bool gather = style.gather_output;
   target.owner->set_layer_forward(
       target.path_in_owner, [weight, bias, group, gather](torch::nn::Module&, const at::Tensor& x) {
-        const at::Tensor out = at::linear(copy_to_region_for_layer(x, group), weight, bias);
+        const at::Tensor out = column_parallel_linear(x, weight, bias, group);
         return gather ? gather_from_tensor_parallel_region(out, group) : out;
       });
 }

@@ -44,7 +44,7 @@ at::Tensor allreduced(const at::Tensor& tensor, comm::ProcessGroup& group,
 /// `tensor` summed over `group` in place, when it is contiguous and `in_place`; else a sum in a
 /// new tensor.
 at::Tensor summed(const at::Tensor& tensor, comm::ProcessGroup& group, bool in_place) {
-  if (!in_place || !tensor.is_non_overlapping_and_dense() || !tensor.is_contiguous()) {
+  if (!in_place || !tensor.is_contiguous()) {
     return allreduced(tensor, group);
   }
   at::Tensor out = tensor;
@@ -57,14 +57,51 @@ at::Tensor summed(const at::Tensor& tensor, comm::ProcessGroup& group, bool in_p
 class CopyToRegion : public torch::autograd::Function<CopyToRegion> {
  public:
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input,
-                            std::shared_ptr<comm::ProcessGroup> group, bool in_place) {
+                            std::shared_ptr<comm::ProcessGroup> group) {
     save_group(ctx, std::move(group));
-    ctx->saved_data["in_place"] = in_place;
     return input.view_as(input);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const bool in_place = ctx->saved_data["in_place"].toBool();
-    return {summed(grads[0], saved_group(ctx), in_place), at::Tensor(), at::Tensor()};
+    return {allreduced(grads[0], saved_group(ctx)), at::Tensor()};
+  }
+};
+
+/// A column-split Linear with Megatron's f folded in. Backward starts the sum of the input's
+/// gradient over the group (on the group's worker thread) and computes the weight's and the
+/// bias's gradients while it runs: a rank that reaches the collective before its peers computes
+/// instead of waiting. The input's gradient is a fresh tensor, summed in place.
+class ColumnParallelLinear : public torch::autograd::Function<ColumnParallelLinear> {
+ public:
+  // Without a bias: autograd cannot take an undefined tensor as an input.
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input,
+                            const at::Tensor& weight, std::shared_ptr<comm::ProcessGroup> group) {
+    return forward(ctx, input, weight, at::Tensor(), std::move(group));
+  }
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input,
+                            const at::Tensor& weight, const at::Tensor& bias,
+                            std::shared_ptr<comm::ProcessGroup> group) {
+    ctx->save_for_backward({input, weight});
+    ctx->saved_data["bias"] = bias.defined();
+    save_group(ctx, std::move(group));
+    return at::linear(input, weight, bias);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const variable_list saved = ctx->get_saved_variables();
+    const at::Tensor &input = saved[0], &weight = saved[1];
+    const bool bias = ctx->saved_data["bias"].toBool();
+    const at::Tensor grad = grads[0].reshape({-1, grads[0].size(-1)});
+    variable_list out(bias ? 4 : 3);
+    std::shared_ptr<comm::Work> sum;
+    if (ctx->needs_input_grad(0)) {
+      out[0] = at::mm(grad, weight).view(input.sizes());
+      comm::AllreduceOptions options;
+      options.async_op = true;
+      sum = saved_group(ctx).allreduce(out[0], options);
+    }
+    if (ctx->needs_input_grad(1)) out[1] = at::mm(grad.t(), input.reshape({-1, input.size(-1)}));
+    if (bias && ctx->needs_input_grad(2)) out[2] = grad.sum(0);
+    if (sum) sum->wait();
+    return out;
   }
 };
 
@@ -144,12 +181,14 @@ class VocabParallelCrossEntropy : public torch::autograd::Function<VocabParallel
 
 at::Tensor copy_to_tensor_parallel_region(const at::Tensor& input,
                                           std::shared_ptr<comm::ProcessGroup> group) {
-  return CopyToRegion::apply(input, std::move(group), false);
+  return CopyToRegion::apply(input, std::move(group));
 }
 
-at::Tensor copy_to_region_for_layer(const at::Tensor& input,
-                                    std::shared_ptr<comm::ProcessGroup> group) {
-  return CopyToRegion::apply(input, std::move(group), true);
+at::Tensor column_parallel_linear(const at::Tensor& input, const at::Tensor& weight,
+                                  const at::Tensor& bias,
+                                  std::shared_ptr<comm::ProcessGroup> group) {
+  if (!bias.defined()) return ColumnParallelLinear::apply(input, weight, std::move(group));
+  return ColumnParallelLinear::apply(input, weight, bias, std::move(group));
 }
 
 at::Tensor reduce_from_tensor_parallel_region(const at::Tensor& input,
