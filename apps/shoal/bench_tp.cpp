@@ -2,12 +2,12 @@
 // GPT, beside one process, Shoal's DDP on the same global batch, and PyTorch 2.x's tensor
 // parallelism (bench/tp_torch.py on the wheel of scripts/setup_torch_pypi.sh, where installed).
 //
-// Modes, fresh processes per run (one intra-op and one BLAS thread each, shm, random token blocks, SGD with
-// momentum): `single` (one process, the whole global batch), `shoal_ddp` (--world ranks, each
-// 1/world of the batch) and `shoal_tp` (--world ranks in one tensor-parallel group, each the whole
-// batch through its shard of the model: Model::parallelize), and `pytorch_tp` (the same plan with
-// parallelize_module and loss_parallel, gloo). Every step of every mode trains on --world x
-// --batch blocks, so samples/s compare directly. Every mode runs between two shoal_ddp
+// Modes, fresh processes per run (one intra-op and one BLAS thread each, shm, random token
+// blocks, SGD with momentum): `single` (one process, the whole global batch), `shoal_ddp` (--world
+// ranks, each 1/world of the batch) and `shoal_tp` (--world ranks in one tensor-parallel group,
+// each the whole batch through its shard of the model: Model::parallelize), and `pytorch_tp` (the
+// same plan with parallelize_module and loss_parallel, gloo). Every step of every mode trains on
+// --world x --batch blocks, so samples/s compare directly. Every mode runs between two shoal_ddp
 // runs (this machine's speed drifts within a minute): vs_ddp is a run's rate over the mean of the
 // two beside it, median over the rounds. held MB is what a rank keeps between steps (parameters,
 // gradients, momentum): the figure tensor parallelism divides. vs_pt is shoal_tp's vs_ddp over
