@@ -2,12 +2,12 @@
 // GPT, beside one process, Shoal's DDP on the same global batch, and PyTorch 2.x's tensor
 // parallelism (bench/tp_torch.py on the wheel of scripts/setup_torch_pypi.sh, where installed).
 //
-// Modes, fresh processes per run (one intra-op thread each, shm, random token blocks, SGD with
-// momentum): `single` (one process, the whole global batch), `shoal_ddp` (--world ranks, each
-// 1/world of the batch) and `shoal_tp` (--world ranks in one tensor-parallel group, each the whole
-// batch through its shard of the model: Model::parallelize), and `pytorch_tp` (the same plan with
-// parallelize_module and loss_parallel, gloo). Every step of every mode trains on --world x
-// --batch blocks, so samples/s compare directly. Every mode runs between two shoal_ddp
+// Modes, fresh processes per run (one intra-op and one BLAS thread each, shm, random token
+// blocks, SGD with momentum): `single` (one process, the whole global batch), `shoal_ddp` (--world
+// ranks, each 1/world of the batch) and `shoal_tp` (--world ranks in one tensor-parallel group,
+// each the whole batch through its shard of the model: Model::parallelize), and `pytorch_tp` (the
+// same plan with parallelize_module and loss_parallel, gloo). Every step of every mode trains on
+// --world x --batch blocks, so samples/s compare directly. Every mode runs between two shoal_ddp
 // runs (this machine's speed drifts within a minute): vs_ddp is a run's rate over the mean of the
 // two beside it, median over the rounds. held MB is what a rank keeps between steps (parameters,
 // gradients, momentum): the figure tensor parallelism divides. vs_pt is shoal_tp's vs_ddp over
@@ -27,6 +27,7 @@
 #include "bench_harness.h"
 #include "bench_util.h"
 #include "commands.h"
+#include "compat/thread_parallelism.h"
 #include "shoal/comm/init.h"
 #include "shoal/comm/store.h"
 #include "shoal/error.h"
@@ -77,7 +78,10 @@ int64_t held_bytes(torch::nn::Module& model, torch::optim::Optimizer& optimizer)
 // One rank of `mode` (`ranks` of them): warmup, then timed steps; writes its numbers to `result`.
 void run_rank(const TpBenchArgs& args, const std::string& mode, int rank, int ranks,
               const std::string& store_path, const std::string& result) {
-  torch::set_num_threads(1);
+  // OpenBLAS's own pool too: its idle threads spin after each product, and two ranks' spinning
+  // threads took half the cores (a rank's CPU time per step doubled). PyTorch's
+  // torch.set_num_threads(1) sets MKL's, the peer's BLAS, as well.
+  compat::set_compute_threads(1);
   torch::manual_seed(0);
   auto model = std::make_shared<models::Gpt>(args.gpt);
   std::shared_ptr<comm::ProcessGroup> group;

@@ -12,6 +12,7 @@
 #include "shoal/comm/process_group.h"
 #include "shoal/error.h"
 #include "shoal/models/gpt.h"
+#include "parallel/tensor_parallel_regions.h"
 
 namespace shoal::parallel {
 namespace {
@@ -129,7 +130,7 @@ void apply_style(const Target& target, const ColwiseParallel& style, const Group
   const bool gather = style.gather_output;
   target.owner->set_layer_forward(
       target.path_in_owner, [weight, bias, group, gather](torch::nn::Module&, const at::Tensor& x) {
-        const at::Tensor out = at::linear(copy_to_tensor_parallel_region(x, group), weight, bias);
+        const at::Tensor out = column_parallel_linear(x, weight, bias, group);
         return gather ? gather_from_tensor_parallel_region(out, group) : out;
       });
 }
@@ -141,8 +142,8 @@ void apply_rowwise_embedding(const Target& target, const GroupPtr& group, SplitT
   const int64_t first = group->rank() * rows;
   auto forward = [weight, group, rows, first](torch::nn::Module&, const at::Tensor& ids) {
     const at::Tensor elsewhere = (ids < first) | (ids >= first + rows);
-    const at::Tensor local = at::embedding(weight, (ids - first).masked_fill(elsewhere, 0));
-    return reduce_from_tensor_parallel_region(local.masked_fill(elsewhere.unsqueeze(-1), 0), group);
+    at::Tensor local = at::embedding(weight, (ids - first).masked_fill(elsewhere, 0));
+    return reduce_layer_output(local.masked_fill_(elsewhere.unsqueeze(-1), 0), group);
   };
   target.owner->set_layer_forward(target.path_in_owner, std::move(forward));
 }
@@ -159,7 +160,7 @@ void apply_style(const Target& target, const RowwiseParallel&, const GroupPtr& g
   split_parameter(weight, ShardSpec{1, 1}, *group, target.path + ".weight", split);
   target.owner->set_layer_forward(
       target.path_in_owner, [weight, bias, group](torch::nn::Module&, const at::Tensor& x) {
-        const at::Tensor sum = reduce_from_tensor_parallel_region(at::linear(x, weight), group);
+        const at::Tensor sum = reduce_layer_output(at::linear(x, weight), group);
         return bias.defined() ? sum + bias : sum;
       });
 }

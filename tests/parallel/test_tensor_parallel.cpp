@@ -364,5 +364,65 @@ TEST(TensorParallel, ColwiseThenRowwiseOnAnyHookedModuleEqualsTheWholeModule) {
   for (const auto& out : outputs) EXPECT_TRUE(torch::allclose(out, expected, 1e-5, 1e-6));
 }
 
+// The loss crosses the ranks once (an all-gather of two numbers per row), in forward only, and
+// equals cross_entropy of the whole logits, value and gradient; a GPT step adds one collective per
+// split layer in forward and one per column-split layer in backward.
+TEST(TensorParallel, VocabParallelLossTakesOneCollectiveAndEqualsCrossEntropy) {
+  torch::manual_seed(5);
+  const torch::Tensor logits = torch::randn({6, 8}) * 4;
+  const torch::Tensor targets = torch::tensor({0, 7, -1, 3, 4, 1}, torch::kLong);
+  const torch::Tensor whole = logits.clone().requires_grad_();
+  const torch::Tensor expected = torch::nn::functional::cross_entropy(
+      whole, targets, torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-1));
+  expected.backward();
+  std::vector<uint64_t> loss_collectives(2), step_collectives(2);
+  std::vector<torch::Tensor> losses(2), grads(2);
+  const auto initial = initial_gpt();
+  const Batch batch = batches()[0];
+  with_groups(2, [&](int rank, std::shared_ptr<comm::ProcessGroup> group) {
+    const torch::Tensor local = logits.chunk(2, 1)[rank].clone().requires_grad_();
+    const uint64_t before = group->sequence_number();
+    losses[rank] = vocab_parallel_cross_entropy(local, targets, group);
+    losses[rank].backward();
+    loss_collectives[rank] = group->sequence_number() - before;
+    grads[rank] = local.grad();
+    auto gpt = copy_of(*initial);
+    parallelize_gpt(*gpt, group);
+    const uint64_t step_start = group->sequence_number();
+    gpt->forward_loss(batch.first, batch.second).backward();
+    step_collectives[rank] = group->sequence_number() - step_start;
+  });
+  // Forward: the embedding, two rowwise layers per block, the loss; backward: two colwise
+  // layers per block and the head.
+  const auto n_layer = static_cast<uint64_t>(tiny_config().n_layer);
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_EQ(loss_collectives[rank], 1u) << "rank " << rank;
+    EXPECT_EQ(step_collectives[rank], (1 + 2 * n_layer + 1) + (2 * n_layer + 1)) << "rank " << rank;
+    EXPECT_TRUE(torch::allclose(losses[rank], expected, 1e-6, 1e-6)) << "rank " << rank;
+    EXPECT_TRUE(torch::allclose(grads[rank], whole.grad().chunk(2, 1)[rank], 1e-6, 1e-7))
+        << "rank " << rank;
+  }
+}
+
+// The public f and g leave their caller's tensors as they were (the layers' own forwards sum in
+// place only tensors nothing else refers to).
+TEST(TensorParallel, RegionFunctionsLeaveTheirInputsAlone) {
+  std::vector<bool> intact(2, false);
+  with_groups(2, [&](int rank, std::shared_ptr<comm::ProcessGroup> group) {
+    const torch::Tensor x = torch::full({3, 4}, rank + 1.0).requires_grad_();
+    const torch::Tensor y = x * 2;
+    const torch::Tensor sum = reduce_from_tensor_parallel_region(y, group);
+    const torch::Tensor copied = copy_to_tensor_parallel_region(y, group);
+    const torch::Tensor grad = torch::ones({3, 4});
+    torch::autograd::backward({copied, y}, {grad, grad});
+    intact[rank] = torch::equal(y, torch::full({3, 4}, 2.0 * (rank + 1))) &&
+                   torch::equal(sum, torch::full({3, 4}, 6.0)) &&
+                   torch::equal(grad, torch::ones({3, 4})) &&
+                   torch::equal(x.grad(), torch::full({3, 4}, 6.0));
+  });
+  EXPECT_TRUE(intact[0]);
+  EXPECT_TRUE(intact[1]);
+}
+
 }  // namespace test_tensor_parallel
 }  // namespace shoal::parallel

@@ -157,8 +157,8 @@ at::Tensor gather_from_tensor_parallel_region(const at::Tensor& input,
                                               std::shared_ptr<comm::ProcessGroup> group);
 /// Mean cross-entropy of logits split over the vocabulary: `local` [N, V/tp] is this rank's
 /// columns [rank*V/tp, (rank+1)*V/tp) of the logits, targets [N] hold ids in [0, V) or -1
-/// (ignored). Only per-row maxima and sums cross the ranks (three allreduces of N elements); the
-/// result and its gradient equal cross_entropy of the whole logits.
+/// (ignored). Only two numbers per row cross the ranks, in one all-gather of 2N elements (no
+/// collective in backward); the result and its gradient equal cross_entropy of the whole logits.
 at::Tensor vocab_parallel_cross_entropy(const at::Tensor& local, const at::Tensor& targets,
                                         std::shared_ptr<comm::ProcessGroup> group);
 
