@@ -48,6 +48,7 @@
 #include "bench_harness.h"
 #include "bench_util.h"
 #include "commands.h"
+#include "compat/thread_parallelism.h"
 #include "shoal/models/registry.h"
 #include "shoal/comm/init.h"
 #include "shoal/error.h"
@@ -374,7 +375,7 @@ int run_worker(const DdpBenchArgs& args) {
   // Every Shoal mode, the DDP-less ones too, with the allocator settings Shoal's DDP and Trainer
   // use, so that the comparison measures DDP alone (SHOAL_TUNE_MALLOC=0 measures without them).
   memory::tune_cpu_allocator();
-  torch::set_num_threads(1);
+  compat::set_compute_threads(1);  // LibTorch's and OpenBLAS's pools: idle BLAS threads spin
   const Workload work = make_workload(args);
   // A tied weight (the GPT's embedding and head) is listed twice: stepped once, as the trainer does.
   const std::vector<at::Tensor> parameters = train::unique_parameters(work.model->parameters());

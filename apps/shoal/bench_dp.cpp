@@ -30,6 +30,7 @@
 #include "bench_harness.h"
 #include "bench_util.h"
 #include "commands.h"
+#include "compat/thread_parallelism.h"
 #include "shoal/comm/init.h"
 #include "shoal/comm/store.h"
 #include "shoal/error.h"
@@ -73,7 +74,7 @@ double timed_steps(const DpBenchArgs& args, torch::optim::Optimizer& optimizer, 
 
 void run_worker(const DpBenchArgs& args) {
   memory::tune_cpu_allocator();
-  torch::set_num_threads(1);
+  compat::set_compute_threads(1);  // LibTorch's and OpenBLAS's pools: idle BLAS threads spin
   std::shared_ptr<models::Model> model = models::create(args.model, 0);
   const bool split = args.worker != "single" && args.worker != "shoal_dp";
   const int64_t batch = split ? args.batch / args.replicas : args.batch;

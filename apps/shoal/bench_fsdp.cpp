@@ -31,6 +31,7 @@
 #include "bench_harness.h"
 #include "bench_util.h"
 #include "commands.h"
+#include "compat/thread_parallelism.h"
 #include "shoal/comm/init.h"
 #include "shoal/comm/store.h"
 #include "shoal/error.h"
@@ -98,7 +99,7 @@ int64_t held_bytes(models::Model& model, parallel::FullyShardedDataParallel* fsd
 // One Shoal rank of `mode`: warmup, then timed steps; writes its numbers to `result`.
 void run_rank(const FsdpBenchArgs& args, const std::string& mode, int rank,
               const std::string& store_path, const std::string& result) {
-  torch::set_num_threads(1);
+  compat::set_compute_threads(1);  // LibTorch's and OpenBLAS's pools: idle BLAS threads spin
   auto store = comm::make_file_store(store_path, args.world);
   auto group = comm::new_process_group("shm", store, rank, args.world);
   auto model = models::create(args.model, /*seed=*/0);

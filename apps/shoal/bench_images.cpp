@@ -17,6 +17,7 @@
 #include "bench_harness.h"
 #include "bench_util.h"
 #include "commands.h"
+#include "compat/thread_parallelism.h"
 #include "shoal/data/data_loader.h"
 #include "shoal/data/image_folder.h"
 #include "shoal/error.h"
@@ -99,7 +100,7 @@ int bench_images(const ImageBenchArgs& args) {
   SHOAL_CHECK_T(InvalidArgument, args.steps > 0 && args.warmup >= 0 && args.batch_size > 0,
                 "bench images: --steps and --batch-size must be positive");
   check_bench_model("bench images", args.model);
-  at::set_num_threads(args.threads);
+  compat::set_compute_threads(args.threads);  // LibTorch's and OpenBLAS's pools
   const data::ImageFolderSplits splits = data::open_image_folders(args.data_dir, args.images);
   const data::ImageFolder& dataset = *splits.train;
   SHOAL_CHECK_T(InvalidArgument, dataset.size() >= args.batch_size, "bench images: ",

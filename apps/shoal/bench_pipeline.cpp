@@ -31,6 +31,7 @@
 #include "bench_harness.h"
 #include "bench_util.h"
 #include "commands.h"
+#include "compat/thread_parallelism.h"
 #include "shoal/comm/init.h"
 #include "shoal/error.h"
 #include "shoal/memory/cpu_allocator.h"
@@ -153,7 +154,7 @@ Values time_pipeline_stage(const PipelineBenchArgs& args, const RunSpec& spec, i
 void run_rank(const PipelineBenchArgs& args, const RunSpec& spec, int rank, int world,
               const std::string& store_path, const std::string& result) {
   memory::tune_cpu_allocator();
-  torch::set_num_threads(1);
+  compat::set_compute_threads(1);  // LibTorch's and OpenBLAS's pools: idle BLAS threads spin
   torch::manual_seed(0);  // every rank draws the same weights and batch
   const Workload work = make_workload(args);
   const auto& model = work.model;

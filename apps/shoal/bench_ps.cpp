@@ -39,6 +39,7 @@
 #include "bench_harness.h"
 #include "bench_util.h"
 #include "commands.h"
+#include "compat/thread_parallelism.h"
 #include "shoal/data/fashion_mnist.h"
 #include "shoal/error.h"
 #include "shoal/launcher/launch.h"
@@ -326,7 +327,7 @@ void report_time_to_accuracy(const PsBenchArgs& args, bool rotating,
 }
 
 int run_bench_ps(const PsBenchArgs& args) {
-  torch::set_num_threads(1);
+  compat::set_compute_threads(1);  // LibTorch's and OpenBLAS's pools: idle BLAS threads spin
   if (!args.skip_throughput) {
     const double ddp = train_throughput(
         args, {"--strategy", "ddp", "--nproc-per-node", std::to_string(args.workers)});

@@ -15,6 +15,7 @@
 #include "bench_harness.h"
 #include "bench_util.h"
 #include "commands.h"
+#include "compat/thread_parallelism.h"
 #include "shoal/data/data_loader.h"
 #include "shoal/data/exactly_once_sampler.h"
 #include "shoal/data/token_block_dataset.h"
@@ -42,7 +43,7 @@ void drop_page_cache(const std::string& path) {
 }
 
 int bench_tokens(const TokenBenchArgs& args) {
-  at::set_num_threads(1);
+  compat::set_compute_threads(1);  // LibTorch's and OpenBLAS's pools: idle BLAS threads spin
   data::TokenFileOptions options;
   options.dtype = data::parse_token_dtype(args.dtype);
   if (!args.warm) drop_page_cache(args.file);

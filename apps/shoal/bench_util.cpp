@@ -165,15 +165,18 @@ std::string shell_quote(const std::string& word) {
 TorchPeer find_torch_peer(const std::string& name, const std::string& benchmark, bool probe) {
   TorchPeer peer;
   peer.name = name;
+  // One BLAS thread, as Shoal's ranks run (compat::set_compute_threads): Debian's PyTorch calls
+  // OpenBLAS, whose pool torch.set_num_threads(1) leaves at the core count, spinning while idle.
+  const std::string one_blas_thread = "OPENBLAS_NUM_THREADS=1";
   if (name == "debian") {
-    peer.python = {"/usr/bin/python3"};
+    peer.python = {"/usr/bin/env", one_blas_thread, "/usr/bin/python3"};
   } else if (name == "pypi") {
     // The folder scripts/setup_torch_pypi.sh installs the wheel into (it prints <folder>/torch).
     const std::string script = std::string(SHOAL_SOURCE_DIR) + "/scripts/setup_torch_pypi.sh";
     const std::string torch_dir = shell_output("bash " + shell_quote(script) + " --prefix");
     const std::string folder = torch_dir.substr(0, torch_dir.rfind('/'));
     // The wheel is for CPython 3.11: the python3 first on PATH, as test_torchrun.sh uses.
-    peer.python = {"/usr/bin/env", "PYTHONPATH=" + folder, "python3"};
+    peer.python = {"/usr/bin/env", one_blas_thread, "PYTHONPATH=" + folder, "python3"};
   } else {
     SHOAL_THROW(InvalidArgument, benchmark, ": --torch '", name, "' is not known; use debian "
                 "(python3-torch 1.13) and/or pypi (PyTorch 2.x from scripts/setup_torch_pypi.sh)");

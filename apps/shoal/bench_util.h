@@ -56,7 +56,8 @@ std::string bench_script(const std::string& name);
 struct TorchPeer {
   std::string name;                 ///< "debian" or "pypi", as given to --torch
   std::string version;              ///< torch.__version__ ("1.13.1"), empty when unavailable
-  std::vector<std::string> python;  ///< the command that runs the scripts: {"/usr/bin/python3"}
+  /// The command that runs the scripts: {"/usr/bin/env", "OPENBLAS_NUM_THREADS=1", "/usr/bin/python3"}
+  std::vector<std::string> python;
   bool available() const { return !version.empty(); }
   /// "pytorch 1.13.1"
   std::string label() const { return "pytorch " + version; }
