@@ -2,8 +2,9 @@
 //
 // Modes, each a fresh `shoal run --nproc-per-node W ... shoal train --strategy ddp` of one epoch of
 // the MLP on the first --samples images of Fashion-MNIST (one intra-op thread per rank):
-//   ddp      plain DDP, the reference;
-//   ft       --fault-tolerant, no failure: the cost of the per-step vote;
+//   ddp      plain DDP (its default backend, shm on one host), the reference;
+//   ddp_gloo plain DDP on gloo, the backend fault tolerance re-forms its groups on;
+//   ft       --fault-tolerant, no failure: gloo, one allreduce after backward and the vote;
 //   ft_kill  --fault-tolerant, rank --victim SIGKILLed from outside once it has committed
 //            --kill-after steps; the survivors finish the epoch.
 // Every mode runs between two ddp runs (R A R B R: this machine's speed drifts within a minute);
@@ -123,7 +124,8 @@ std::vector<std::string> job_command(const FaultsBenchArgs& args, const std::str
       "mlp", "--epochs", "1", "--train-samples", std::to_string(args.samples), "--test-samples",
       "200", "--batch-size", std::to_string(args.batch), "--threads", "1", "--no-progress",
       "--metrics", stem + ".metrics"};
-  if (mode != "ddp") command.push_back("--fault-tolerant");
+  if (mode == "ddp_gloo") command.insert(command.end(), {"--backend", "gloo"});
+  if (mode == "ft" || mode == "ft_kill") command.push_back("--fault-tolerant");
   return command;
 }
 
@@ -193,10 +195,11 @@ int run_faults_bench(const FaultsBenchArgs& args) {
                 "bench faults: --kill-after ", args.kill_after, " steps of ", args.world, " x ",
                 args.batch, " samples is the whole epoch of --samples ", args.samples,
                 "; raise --samples");
-  std::vector<BenchMode> modes(3);
+  std::vector<BenchMode> modes(4);
   modes[0].name = "ddp";
-  modes[1].name = "ft";
-  modes[2].name = "ft_kill";
+  modes[1].name = "ddp_gloo";
+  modes[2].name = "ft";
+  modes[3].name = "ft_kill";
   const TempDir dir("faults");
   std::vector<BenchMode*> all;
   for (auto& mode : modes) all.push_back(&mode);

@@ -1366,7 +1366,7 @@ TEST_F(FaultTolerant, BenchFaultsReportsEachModeAndTheTimeAKillCosts) {
     const auto at = line.find("\"mode\": \"");
     if (at != std::string::npos) by_mode[line.substr(at + 9, line.find('"', at + 9) - at - 9)] = line;
   }
-  for (const char* mode : {"ddp", "ft", "ft_kill"}) {
+  for (const char* mode : {"ddp", "ddp_gloo", "ft", "ft_kill"}) {
     ASSERT_TRUE(by_mode.count(mode)) << mode << "\n" << result.out;
     EXPECT_GT(json_number(by_mode[mode], "samples_per_s"), 0) << by_mode[mode];
     EXPECT_GT(json_number(by_mode[mode], "vs_ddp"), 0) << by_mode[mode];
