@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <exception>
+#include <optional>
 #include <sstream>
 
 #include "shoal/comm/init.h"
@@ -232,8 +233,16 @@ void FaultTolerantManager::allreduce(at::Tensor& tensor) {
 bool FaultTolerantManager::should_commit(bool admit) {
   const bool ok = step_ok_;
   step_ok_ = true;
-  const bool fast = ok && tally_ok_vote(admit);
-  const std::string decision = fast ? "commit" : decide_slowly(ok, admit);
+  joins_counted_ = 0;
+  std::optional<std::string> decision;
+  if (ok) decision = tally_ok_vote(admit);
+  if (!decision) decision = decide_slowly(ok, admit);
+  return apply(*decision);
+}
+
+// Takes on the step's decision: true for a commit; the joiners it admits join at the next
+// start_quorum(true), and a failed step's voters form the next generation.
+bool FaultTolerantManager::apply(const std::string& decision) {
   ++attempt_;
   // "commit" or the members that voted, then ";" and the joiners it admits, if any.
   const size_t semicolon = decision.find(';');
@@ -251,30 +260,28 @@ bool FaultTolerantManager::should_commit(bool admit) {
 }
 
 
-// The common case, two store requests: the vote that completes the tally (exactly the members'
-// count, nothing failed or closed before it) commits the step for all and says so under "all";
-// the others wait for that. False when the step must be settled by decide_slowly(): also when
-// replacements wait to join and `admit`, as only the slow way's decision names joiners.
-bool FaultTolerantManager::tally_ok_vote(bool admit) {
+// The common case: the vote that completes the tally (exactly the members' count, nothing failed
+// or closed before it) knows every member voted ok, and publishes "commit" (with the joiners
+// waiting, under `admit`) as the step's decision, through the ticket as the slow way does; the
+// others wait for the decision. Three or four store requests a replica. nullopt when the step must
+// be settled by decide_slowly().
+std::optional<std::string> FaultTolerantManager::tally_ok_vote(bool admit) {
   const int64_t tally = store_->add(step_key("tally"), 1);
-  if (tally == num_replicas()) {
-    if (admit && store_->add(kWaitingJoinsKey, 0) > 0) return false;
-    store_->set_string(step_key("all"), "1");
-    return true;
-  }
-  return !failed_or_closed(tally) && await_all();
+  if (tally == num_replicas()) return publish_or_read(with_joiners("commit", admit));
+  if (failed_or_closed(tally) || !await_decision()) return std::nullopt;
+  return store_->get_string(step_key("decision"));
 }
 
-// Waits for "all"; false once a member has exited, a vote failed or the tally closed, or the wait
-// is past timeout + quorum_grace.
-bool FaultTolerantManager::await_all() const {
+// Waits for the step's decision; false once a member has exited, a vote failed or the tally
+// closed, or the wait is past timeout + quorum_grace.
+bool FaultTolerantManager::await_decision() const {
   // The store answers a wait the moment its key arrives; the slice bounds how late a failure
   // elsewhere is noticed.
   constexpr comm::Milliseconds kSlice{50};
   const auto give_up = std::chrono::steady_clock::now() + options_.timeout + options_.quorum_grace;
   while (true) {
     try {
-      store_->wait({step_key("all")}, kSlice);
+      store_->wait({step_key("decision")}, kSlice);
       return true;
     } catch (const TimeoutError&) {
     }
@@ -286,10 +293,10 @@ bool FaultTolerantManager::await_all() const {
   }
 }
 
-// After a failure, a missing or late vote, or with joiners to admit: closes the tally (a vote
-// after this cannot complete it), weighs the votes, and the first replica done publishes its
-// verdict, which every replica in here reads. No replica committed on the tally unless every
-// member voted ok before the first close, and then every verdict here is "commit" too.
+// After a failure, or a missing or late vote: closes the tally (a vote after this cannot complete
+// it), weighs the votes, and publishes its verdict unless another replica's came first. Whoever
+// publishes first, every replica reads that one decision; a verdict of commit is right whenever
+// it is given, as it needs every member's ok vote.
 std::string FaultTolerantManager::decide_slowly(bool ok, bool admit) {
   if (!ok) store_->add(step_key("tally"), kFailedVote);
   store_->set_string(step_key("vote/" + std::to_string(rank_)), ok ? "1" : "0");
@@ -297,23 +304,28 @@ std::string FaultTolerantManager::decide_slowly(bool ok, bool admit) {
   const bool all_ok = ok_votes(tally) == num_replicas() && failed_votes(tally) == 0;
   // The ticket comes after the weighing, so a replica killed while it waits for the votes (the
   // long part) holds up no one.
-  const std::string verdict = decide(all_ok, admit);
-  const std::string decision_key = step_key("decision");
-  if (store_->add(step_key("ticket"), 1) == 1) publish(verdict);
-  store_->wait({decision_key}, options_.timeout + options_.quorum_grace);
-  return store_->get_string(decision_key);
+  return publish_or_read(decide(all_ok, admit));
 }
 
-// The ticket holder's: the step's decision, and the joiners it admits marked as admitted so that
-// a later step does not admit them again.
-void FaultTolerantManager::publish(const std::string& verdict) {
+// The step's decision: `verdict` when this replica takes the step's ticket (the first), which
+// then publishes it and marks the joiners it admits as admitted (a later step does not admit them
+// again); otherwise the ticket holder's, waited for.
+std::string FaultTolerantManager::publish_or_read(const std::string& verdict) {
+  const std::string decision_key = step_key("decision");
+  if (store_->add(step_key("ticket"), 1) != 1) {
+    store_->wait({decision_key}, options_.timeout + options_.quorum_grace);
+    return store_->get_string(decision_key);
+  }
   const size_t semicolon = verdict.find(';');
   if (semicolon != std::string::npos) {
-    const std::vector<Member> joiners = parse_member_list(verdict.substr(semicolon + 1));
-    for (const Member& m : joiners) store_->set_string(admitted_key(m.rank, m.incarnation), "1");
-    store_->add(kWaitingJoinsKey, -static_cast<int64_t>(joiners.size()));
+    for (const Member& m : parse_member_list(verdict.substr(semicolon + 1))) {
+      store_->set_string(admitted_key(m.rank, m.incarnation), "1");
+    }
   }
-  store_->set_string(step_key("decision"), verdict);
+  // Every request counted before the scan was admitted, or its asker has exited since.
+  if (joins_counted_ > 0) store_->add(kWaitingJoinsKey, -joins_counted_);
+  store_->set_string(decision_key, verdict);
+  return verdict;
 }
 
 std::string FaultTolerantManager::exit_key(int rank) { return "ft/exited/" + std::to_string(rank); }
@@ -353,7 +365,7 @@ bool FaultTolerantManager::await_votes(const std::vector<std::string>& votes,
 // This member's verdict on the current step: "commit" (at once when the tally showed every vote
 // ok: `all_ok`), or the members that voted; with `admit`, then ";" and the replacements waiting
 // to join.
-std::string FaultTolerantManager::decide(bool all_ok, bool admit) const {
+std::string FaultTolerantManager::decide(bool all_ok, bool admit) {
   std::vector<std::string> votes, exits;
   for (int member : members_) {
     votes.push_back(step_key("vote/" + std::to_string(member)));
@@ -375,7 +387,16 @@ std::string FaultTolerantManager::decide(bool all_ok, bool admit) const {
     }
     verdict = wire_list(voted);
   }
-  const std::string joiners = admit ? joiners_text() : "";
+  return with_joiners(verdict, admit);
+}
+
+// `verdict`, with `admit` followed by ";" and the replacements waiting to join, if any; a store
+// request when none waits.
+std::string FaultTolerantManager::with_joiners(const std::string& verdict, bool admit) {
+  if (!admit) return verdict;
+  joins_counted_ = store_->add(kWaitingJoinsKey, 0);
+  if (joins_counted_ <= 0) return verdict;
+  const std::string joiners = joiners_text();
   return joiners.empty() ? verdict : verdict + ";" + joiners;
 }
 
@@ -386,8 +407,12 @@ std::string FaultTolerantManager::joiners_text() const {
     if (contains(members_, r) || contains(pending_joiners_, r) || !store_->check({join_key(r)})) {
       continue;
     }
-    const std::string incarnation = store_->get_string(join_key(r));
-    if (store_->check({admitted_key(r, std::stoll(incarnation))})) continue;
+    const int64_t incarnation = std::stoll(store_->get_string(join_key(r)));
+    // Admitted already, or the asker exited since it asked (it timed out, or was killed).
+    if (store_->check({admitted_key(r, incarnation)}) ||
+        store_->add(exit_key(r), 0) > incarnation) {
+      continue;
+    }
     text << (text.tellp() > 0 ? "," : "") << r << ":" << incarnation;
   }
   return text.str();

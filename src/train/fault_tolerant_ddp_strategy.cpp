@@ -227,7 +227,10 @@ void FaultTolerantDdpStrategy::share_state(TrainState& state) {
                 " bytes of optimizer state description (at most ", max_description,
                 ") and an RNG state of ", h[5], " bytes (this one's: ", rng.numel(), ")");
   at::Tensor text = torch::zeros({h[4]}, torch::kUInt8);
-  if (!receiving) std::memcpy(text.data_ptr(), description.data(), description.size());
+  // The donor's own description only: another member's may differ in length.
+  if (manager_->replica_rank() == root) {
+    std::memcpy(text.data_ptr(), description.data(), description.size());
+  }
   parallel::broadcast_coalesced(group, {text}, root);
   checkpoint::OptimizerState received;
   if (receiving) {

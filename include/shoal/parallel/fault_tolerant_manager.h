@@ -8,20 +8,23 @@
 //
 // The name follows torchft's Manager (start_quorum, should_commit), so that its users are at home.
 //
-// Agreement. After its allreduce every replica votes: ok, or failed (its collective threw). The
-// common case costs each replica two store requests on top of the allreduce: its ok vote adds 1
-// to the step's tally (a counter); the vote that brings it to the members' count commits the step
-// for every replica and sets the step's "all" key, which the others wait for. Any other case goes
-// the slow way: a failed vote, a member whose exit the launcher reports (exit_key), or a missing
-// vote past timeout + quorum_grace (a stopped or hung member, or no launcher to report exits).
-// Each replica then closes the tally (so a late vote cannot complete it), publishes its vote, and
-// weighs the votes: commit when all members voted ok; otherwise the step fails, and the next
-// generation's members are the replicas that voted. It waits for each member's vote until the
-// member votes or exits, or the time above has passed. The first replica done weighing takes a
-// ticket (a counter) and publishes its verdict as the step's decision, which every replica on the
-// slow way reads. A replica committed on the tally only when every member voted ok before the
-// first close, and then every verdict on the slow way is commit too, so all replicas commit the
-// same steps and their weights stay bit-identical; a failed step's partial sum is dropped by all.
+// Agreement. After its allreduce every replica votes: ok, or failed (its collective threw). Each
+// step has one decision in the store, published by whichever replica first takes the step's
+// ticket (a counter), and every replica reads that one, so all replicas commit the same steps,
+// admit the same joiners, and their weights stay bit-identical; a failed step's partial sum is
+// dropped by all.
+//
+// The common case costs a replica three or four store requests on top of the allreduce: its ok
+// vote adds 1 to the step's tally (a counter); the replica whose vote brings it to the members'
+// count knows every member voted ok, and publishes commit; the others wait for the decision. Any
+// other case goes the slow way: a failed vote, a member whose exit the launcher reports
+// (exit_key), or no decision by timeout + quorum_grace (a stopped or hung member, or no launcher
+// to report exits). The replica closes the tally (so a late vote cannot complete it), publishes
+// its vote, and weighs the votes: commit when all members voted ok; otherwise the step fails,
+// and the next generation's members are the replicas that voted. It waits for each member's vote
+// until the member votes or exits, or the time above has passed, then publishes its verdict
+// unless another replica's came first. The ticket comes after the weighing, so a replica killed
+// while it waits for the votes (the long part) holds up no one.
 //
 // A survivor's collective fails at once when it waits on the dead rank, and at the time-out at
 // the latest when it waits on a survivor that failed first (c10d's gloo keeps a failed group's
@@ -35,9 +38,10 @@
 // Growing. A replacement (the launcher restarted job rank r after its exit: `shoal run
 // --max-restarts`) finds its rank's exit count (exit_key) above zero when it starts, asks to join
 // ("ft/join/<r>" = that count, its incarnation; "ft/joins_waiting" counts the waiting) and waits.
-// A training step (should_commit(/*admit=*/true)) whose tally completes while one waits goes the
-// slow way, and its decision names the joiners, so every member admits the same joiners at the
-// same step, and the next start_quorum(/*admit=*/true) forms generation g+1 over the members and the joiners and tells
+// The decision of a training step (should_commit(/*admit=*/true)) names the joiners waiting
+// (those counted before the publisher looked; one that has exited since it asked is passed over),
+// so every member admits the same joiners at the same step, and the next
+// start_quorum(/*admit=*/true) forms generation g+1 over the members and the joiners and tells
 // each joiner the generation ("ft/formed/<r>/<incarnation>"). The caller then copies its state to
 // them from donor_replica_rank() over the new group (FaultTolerantDdpStrategy: weights, buffers,
 // optimizer state, RNG and the position in the epoch). The group is authenticated as every store
@@ -52,8 +56,8 @@
 // latest); a member whose manager is destroyed after its exception was caught (left out after a
 // stop) tells a waiting replacement that the job finished; a replica that dies between taking the
 // ticket and writing the decision (microseconds) makes the others time out with a TimeoutError
-// naming the step. One that dies after completing the tally and before setting "all" holds up no
-// one: the others see its exit and close the tally, which shows every vote ok.
+// naming the step; a replacement's manager asks to join when it is built, before its process
+// loads the data, and the members wait for its state transfer up to the collective time-out.
 //
 // Thread safety: one thread per replica drives an instance; every member calls start_quorum,
 // allreduce and should_commit the same number of times in the same order.
@@ -64,6 +68,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -150,11 +155,13 @@ class FaultTolerantManager {
 
  private:
   std::string step_key(const std::string& what) const;
-  std::string decide(bool all_ok, bool admit) const;
-  bool tally_ok_vote(bool admit);
-  bool await_all() const;
+  std::string decide(bool all_ok, bool admit);
+  std::string with_joiners(const std::string& verdict, bool admit);
+  std::optional<std::string> tally_ok_vote(bool admit);
+  bool await_decision() const;
   std::string decide_slowly(bool ok, bool admit);
-  void publish(const std::string& verdict);
+  std::string publish_or_read(const std::string& verdict);
+  bool apply(const std::string& decision);
   bool exited(int rank) const;
   std::string joiners_text() const;
   std::string wire_list(const std::vector<int>& ranks) const;
@@ -182,6 +189,7 @@ class FaultTolerantManager {
   int64_t attempt_ = 0;  // should_commit() calls in this generation
   bool step_ok_ = true;
   int64_t failed_steps_ = 0;
+  int64_t joins_counted_ = 0;  // the waiting joins this step's verdict looked for
 };
 
 }  // namespace shoal::parallel
