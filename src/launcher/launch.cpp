@@ -421,8 +421,10 @@ int launch(const LaunchOptions& options) {
   int replaced = 0;  // workers started again on their own, out of --max-restarts
   for (int restart = 0;; ++restart) {
     GroupResult result;
-    // Fault tolerance: a failed worker is started again alone and rejoins the others.
-    if (options.fault_tolerant) {
+    // Fault tolerance: a failed worker is started again alone and rejoins the others. Only on
+    // node 0, whose launcher counts exits in the store it serves: a replacement elsewhere could
+    // not tell it is one.
+    if (options.fault_tolerant && options.node_rank == 0) {
       group_options.replace_failed_workers = options.max_restarts - restart - replaced;
     }
     {
