@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <exception>
+#include <functional>
 #include <optional>
 #include <sstream>
 
@@ -27,15 +28,32 @@ struct Member {
   int64_t incarnation = 0;
 };
 
-std::vector<Member> parse_member_list(const std::string& text) {
+// A count the store holds (a join's incarnation): digits only, below 2^31.
+int64_t parse_count(const std::string& text, const std::string& key) {
+  const bool digits = !text.empty() && text.size() <= 10 &&
+                      text.find_first_not_of("0123456789") == std::string::npos;
+  SHOAL_CHECK_T(PeerError, digits && std::stoll(text) < (int64_t{1} << 31),
+                "fault tolerance: the store's '", key, "' holds '", text.substr(0, 40),
+                "', not a count: is another job using this store (its address and port)?");
+  return std::stoll(text);
+}
+
+// "rank[:incarnation],...", each rank one of the job's `world_size`.
+std::vector<Member> parse_member_list(const std::string& text, int world_size,
+                                      const std::string& key) {
   std::vector<Member> members;
   std::istringstream in(text);
   std::string item;
   while (std::getline(in, item, ',')) {
     if (item.empty()) continue;
     const size_t colon = item.find(':');
-    members.push_back({std::stoi(item.substr(0, colon)),
-                       colon == std::string::npos ? 0 : std::stoll(item.substr(colon + 1))});
+    const int64_t rank = parse_count(item.substr(0, colon), key);
+    SHOAL_CHECK_T(PeerError, rank < world_size && members.size() < static_cast<size_t>(world_size),
+                  "fault tolerance: the store's '", key, "' names rank ", rank, " of a job of ",
+                  world_size, " ranks: is another job using this store?");
+    members.push_back({static_cast<int>(rank), colon == std::string::npos
+                                                   ? 0
+                                                   : parse_count(item.substr(colon + 1), key)});
   }
   return members;
 }
@@ -64,6 +82,24 @@ bool failed_or_closed(int64_t tally) { return tally >= kFailedVote; }
 
 bool contains(const std::vector<int>& ranks, int rank) {
   return std::find(ranks.begin(), ranks.end(), rank) != ranks.end();
+}
+
+using Clock = std::chrono::steady_clock;
+
+// Waits until every key of `keys` is in `store`, in slices of `slice` (the store answers the
+// moment the last arrives; the slice bounds how late `stop` is noticed): true when they are;
+// false once `stop` holds between slices or `give_up` has passed.
+bool wait_for_keys(comm::Store& store, const std::vector<std::string>& keys,
+                   comm::Milliseconds slice, Clock::time_point give_up,
+                   const std::function<bool()>& stop) {
+  while (true) {
+    try {
+      store.wait(keys, slice);
+      return true;
+    } catch (const TimeoutError&) {
+    }
+    if (stop() || Clock::now() >= give_up) return false;
+  }
 }
 
 }  // namespace
@@ -134,26 +170,21 @@ void FaultTolerantManager::join() {
   log::warn("[rank ", rank_, "] fault tolerance: a replacement (restart ", incarnation_,
             " of this rank) asks to join the job's replicas");
   const std::string formed = formed_key(rank_, incarnation_);
-  constexpr comm::Milliseconds kSlice{200};  // how late the job's end is noticed
-  const auto give_up = std::chrono::steady_clock::now() + options_.join_timeout;
-  while (true) {
-    try {
-      store_->wait({formed}, kSlice);
-      break;
-    } catch (const TimeoutError&) {
-    }
-    SHOAL_CHECK_T(PeerError, !store_->check({kFinishedKey}), "[rank ", rank_,
+  const auto finished = [&] { return store_->check({kFinishedKey}); };
+  if (!wait_for_keys(*store_, {formed}, comm::Milliseconds(200),
+                     Clock::now() + options_.join_timeout, finished)) {
+    SHOAL_CHECK_T(PeerError, !finished(), "[rank ", rank_,
                   "] fault tolerance: the job's replicas finished before this replacement could "
                   "join; nothing is left to train");
-    SHOAL_CHECK_T(TimeoutError, std::chrono::steady_clock::now() < give_up, "[rank ", rank_,
-                  "] fault tolerance: not admitted to the job's replicas within ",
-                  options_.join_timeout.count(), " ms (", formed, "): are the others training?");
+    SHOAL_THROW(TimeoutError, "[rank ", rank_, "] fault tolerance: not admitted to the job's "
+                "replicas within ", options_.join_timeout.count(), " ms (", formed,
+                "): are the others training?");
   }
   // "<generation> <donor's job rank> <members>"
   std::istringstream in(store_->get_string(formed));
   std::string members;
   in >> generation_ >> donor_ >> members;
-  for (const Member& m : parse_member_list(members)) {
+  for (const Member& m : parse_member_list(members, world_size_, formed)) {
     members_.push_back(m.rank);
     if (m.incarnation > 0) incarnations_[m.rank] = m.incarnation;
   }
@@ -243,11 +274,12 @@ bool FaultTolerantManager::should_commit(bool admit) {
 // Takes on the step's decision: true for a commit; the joiners it admits join at the next
 // start_quorum(true), and a failed step's voters form the next generation.
 bool FaultTolerantManager::apply(const std::string& decision) {
+  const std::string key = step_key("decision");  // names the step in a parse error
   ++attempt_;
   // "commit" or the members that voted, then ";" and the joiners it admits, if any.
   const size_t semicolon = decision.find(';');
   if (semicolon != std::string::npos) {
-    for (const Member& m : parse_member_list(decision.substr(semicolon + 1))) {
+    for (const Member& m : parse_member_list(decision.substr(semicolon + 1), world_size_, key)) {
       incarnations_[m.rank] = m.incarnation;
       pending_joiners_.push_back(m.rank);
     }
@@ -255,7 +287,7 @@ bool FaultTolerantManager::apply(const std::string& decision) {
   const std::string head = decision.substr(0, semicolon);
   if (head == "commit") return true;
   ++failed_steps_;
-  for (const Member& m : parse_member_list(head)) next_members_.push_back(m.rank);
+  for (const Member& m : parse_member_list(head, world_size_, key)) next_members_.push_back(m.rank);
   return false;
 }
 
@@ -275,22 +307,11 @@ std::optional<std::string> FaultTolerantManager::tally_ok_vote(bool admit) {
 // Waits for the step's decision; false once a member has exited, a vote failed or the tally
 // closed, or the wait is past timeout + quorum_grace.
 bool FaultTolerantManager::await_decision() const {
-  // The store answers a wait the moment its key arrives; the slice bounds how late a failure
-  // elsewhere is noticed.
-  constexpr comm::Milliseconds kSlice{50};
-  const auto give_up = std::chrono::steady_clock::now() + options_.timeout + options_.quorum_grace;
-  while (true) {
-    try {
-      store_->wait({step_key("decision")}, kSlice);
-      return true;
-    } catch (const TimeoutError&) {
-    }
-    if (failed_or_closed(store_->add(step_key("tally"), 0)) ||
-        std::any_of(members_.begin(), members_.end(), [&](int m) { return exited(m); }) ||
-        std::chrono::steady_clock::now() >= give_up) {
-      return false;
-    }
-  }
+  const auto give_up = Clock::now() + options_.timeout + options_.quorum_grace;
+  return wait_for_keys(*store_, {step_key("decision")}, comm::Milliseconds(50), give_up, [&] {
+    return failed_or_closed(store_->add(step_key("tally"), 0)) ||
+           std::any_of(members_.begin(), members_.end(), [&](int m) { return exited(m); });
+  });
 }
 
 // After a failure, or a missing or late vote: closes the tally (a vote after this cannot complete
@@ -318,7 +339,8 @@ std::string FaultTolerantManager::publish_or_read(const std::string& verdict) {
   }
   const size_t semicolon = verdict.find(';');
   if (semicolon != std::string::npos) {
-    for (const Member& m : parse_member_list(verdict.substr(semicolon + 1))) {
+    const std::string joiners = verdict.substr(semicolon + 1);
+    for (const Member& m : parse_member_list(joiners, world_size_, decision_key)) {
       store_->set_string(admitted_key(m.rank, m.incarnation), "1");
     }
   }
@@ -330,56 +352,38 @@ std::string FaultTolerantManager::publish_or_read(const std::string& verdict) {
 
 std::string FaultTolerantManager::exit_key(int rank) { return "ft/exited/" + std::to_string(rank); }
 
-// Whether every member voted or exited.
-bool FaultTolerantManager::settled(const std::vector<std::string>& votes,
-                                   const std::vector<std::string>& exits) const {
-  for (size_t i = 0; i < votes.size(); ++i) {
-    if (!store_->check({votes[i]}) && !exited(members_[i])) return false;
-  }
-  return true;
-}
-
 // Whether member `rank` exited since this incarnation of it started (a replacement's
 // predecessor's exit does not count).
 bool FaultTolerantManager::exited(int rank) const {
   return store_->add(exit_key(rank), 0) > incarnation_of(rank);
 }
 
-// Waits until every member voted or exited, or until `give_up`; true when all voted.
-bool FaultTolerantManager::await_votes(const std::vector<std::string>& votes,
-                                       const std::vector<std::string>& exits) const {
-  // The store answers a wait the moment its last key arrives; the slice only bounds how late an
-  // exit the launcher reported is noticed.
-  constexpr comm::Milliseconds kSlice{200};
-  const auto give_up = std::chrono::steady_clock::now() + options_.timeout + options_.quorum_grace;
-  while (true) {
-    try {
-      store_->wait(votes, kSlice);
-      return true;
-    } catch (const TimeoutError&) {
+// Waits until every member voted or exited, or for timeout + quorum_grace; true when all voted.
+bool FaultTolerantManager::await_votes(const std::vector<std::string>& votes) const {
+  const auto give_up = Clock::now() + options_.timeout + options_.quorum_grace;
+  return wait_for_keys(*store_, votes, comm::Milliseconds(200), give_up, [&] {
+    for (size_t i = 0; i < votes.size(); ++i) {
+      if (!store_->check({votes[i]}) && !exited(members_[i])) return false;
     }
-    if (settled(votes, exits) || std::chrono::steady_clock::now() >= give_up) return false;
-  }
+    return true;  // settled: every member voted or exited
+  });
 }
 
 // This member's verdict on the current step: "commit" (at once when the tally showed every vote
 // ok: `all_ok`), or the members that voted; with `admit`, then ";" and the replacements waiting
 // to join.
 std::string FaultTolerantManager::decide(bool all_ok, bool admit) {
-  std::vector<std::string> votes, exits;
-  for (int member : members_) {
-    votes.push_back(step_key("vote/" + std::to_string(member)));
-    exits.push_back(exit_key(member));
-  }
+  std::vector<std::string> votes;
+  for (int member : members_) votes.push_back(step_key("vote/" + std::to_string(member)));
   std::string verdict;
   if (all_ok) {
     verdict = "commit";
-  } else if (await_votes(votes, exits)) {
+  } else if (await_votes(votes)) {
     const auto values = store_->multi_get(votes);
-    const bool all_ok = std::all_of(values.begin(), values.end(), [](const auto& v) {
+    const bool every_vote_ok = std::all_of(values.begin(), values.end(), [](const auto& v) {
       return v.size() == 1 && v[0] == '1';
     });
-    verdict = all_ok ? "commit" : wire_list(members_);
+    verdict = every_vote_ok ? "commit" : wire_list(members_);
   } else {
     std::vector<int> voted;
     for (size_t i = 0; i < votes.size(); ++i) {
@@ -407,7 +411,7 @@ std::string FaultTolerantManager::joiners_text() const {
     if (contains(members_, r) || contains(pending_joiners_, r) || !store_->check({join_key(r)})) {
       continue;
     }
-    const int64_t incarnation = std::stoll(store_->get_string(join_key(r)));
+    const int64_t incarnation = parse_count(store_->get_string(join_key(r)), join_key(r));
     // Admitted already, or the asker exited since it asked (it timed out, or was killed).
     if (store_->check({admitted_key(r, incarnation)}) ||
         store_->add(exit_key(r), 0) > incarnation) {

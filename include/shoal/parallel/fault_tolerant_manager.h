@@ -168,9 +168,7 @@ class FaultTolerantManager {
   void join();
   void re_form(std::vector<int> members);
   int64_t incarnation_of(int rank) const;
-  bool await_votes(const std::vector<std::string>& votes,
-                   const std::vector<std::string>& exits) const;
-  bool settled(const std::vector<std::string>& votes, const std::vector<std::string>& exits) const;
+  bool await_votes(const std::vector<std::string>& votes) const;
   void form_group();
 
   std::shared_ptr<comm::Store> store_;
