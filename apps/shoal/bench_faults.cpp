@@ -107,11 +107,24 @@ int kill_and_time(const FaultsBenchArgs& args, const std::string& samples, const
   const pid_t pid = process_with_environment(
       {"SHOAL_FT_SAMPLE_LOG=" + samples, "RANK=" + std::to_string(args.victim)});
   SHOAL_CHECK(pid > 0, "bench faults: rank ", args.victim, "'s process not found");
-  const std::string survivor_log =
-      samples + ".rank" + std::to_string(args.victim == 0 ? 1 : 0);
+  const int survivor = args.victim == 0 ? 1 : 0;
+  const std::string survivor_log = samples + ".rank" + std::to_string(survivor);
+  const std::vector<std::string> survivor_env = {"SHOAL_FT_SAMPLE_LOG=" + samples,
+                                                 "RANK=" + std::to_string(survivor)};
   const auto killed = Clock::now();
   ::kill(pid, SIGKILL);
-  wait_for([&] { return commits_from(survivor_log, 1) > 0; }, "a commit after the kill");
+  // A survivor that ends without another commit was past its last step when the kill came
+  // (looked for every 100 ms: a scan of /proc beside the 2 ms polls would slow the survivors).
+  int polls = 0;
+  wait_for([&] {
+    if (commits_from(survivor_log, 1) > 0) return true;
+    if (++polls % 50 != 0) return false;
+    SHOAL_CHECK_T(InvalidArgument, process_with_environment(survivor_env) > 0 ||
+                                       commits_from(survivor_log, 1) > 0,
+                  "bench faults: rank ", args.victim, " was killed after the survivors' last "
+                  "step; raise --samples or lower --kill-after");
+    return false;
+  }, "a commit after the kill");
   write_values(result, {{"lost_s", seconds_since(killed)}}, "bench faults");
   return 0;
 }
