@@ -2,9 +2,11 @@
 # Installs, with apt-get, the Debian 12 packages Shoal needs, when they are missing.
 # Idempotent and quiet when everything is already there.
 #
-#   scripts/setup.sh          # everything: building, running and testing (make test, CI)
+#   scripts/setup.sh          # building, running and testing (make test)
 #   scripts/setup.sh --run    # what building and `make run` need; not the test-only packages
-#                             # (PyTorch, SLURM, clang), which a fresh machine spends minutes on
+#                             # (PyTorch, SLURM), which a fresh machine spends minutes on
+#   scripts/setup.sh --fuzz   # what building needs and clang for the libFuzzer targets
+#                             # (scripts/fuzz.sh calls it; `make test` does not need clang)
 set -euo pipefail
 
 PACKAGES=(
@@ -32,8 +34,12 @@ TEST_PACKAGES=(
   procps                  # ps/pgrep used by process tests
   iproute2                # ip netns: the two-host tests (test_netns, test_slurm_netns); minimal images lack it
   slurm-wlm slurm-client munge  # a real SLURM that tests/launcher/slurm_test.sh starts on loopback
-  clang libclang-rt-14-dev  # the libFuzzer targets in fuzz/ (CI runs them: scripts/fuzz.sh)
   python3-pip             # installs TEST_PIP_PACKAGES below
+)
+# Only the fuzzers (CI runs them: scripts/fuzz.sh). ~55 MB to download, ~290 MB installed: kept
+# out of `make test`'s set-up, which a fresh machine would otherwise spend the time on.
+FUZZ_PACKAGES=(
+  clang libclang-rt-14-dev
 )
 # Test-only Python packages Debian does not have: TensorBoard's own reader and server check the
 # event files of `shoal train --tensorboard` (tests/summary/tensorboard_ddp.py). Installed into
@@ -46,7 +52,7 @@ TEST_PIP_PACKAGES=(
 
 # Installs the missing TEST_PIP_PACKAGES (after apt has installed pip).
 install_pip_packages() {
-  [ "${1:-}" = "--run" ] && return 0
+  [ "${1:-}" = "--run" ] || [ "${1:-}" = "--fuzz" ] && return 0
   local missing_pip=()
   for p in "${TEST_PIP_PACKAGES[@]}"; do
     /usr/bin/python3 -c "import $p" 2>/dev/null || missing_pip+=("$p")
@@ -61,9 +67,12 @@ install_pip_packages() {
   fi
 }
 
-if [ "${1:-}" != "--run" ]; then
-  PACKAGES+=("${TEST_PACKAGES[@]}")
-fi
+case "${1:-}" in
+  --run) ;;
+  --fuzz) PACKAGES+=("${FUZZ_PACKAGES[@]}") ;;
+  "") PACKAGES+=("${TEST_PACKAGES[@]}") ;;
+  *) echo "setup: error: unknown option '$1' (expected --run, --fuzz or nothing)" >&2; exit 2 ;;
+esac
 
 missing=()
 for p in "${PACKAGES[@]}"; do
