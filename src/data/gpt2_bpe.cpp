@@ -102,6 +102,23 @@ std::string read_vocabulary_file(const std::string& path) {
 
 }  // namespace
 
+namespace {
+
+/// One `base64(token) rank` line into `token` and its rank; throws DataError starting `where`.
+int64_t parse_line(std::string_view line, const std::string& where, std::string& token) {
+  SHOAL_CHECK_T(DataError, line.size() <= kMaxLineBytes, where, "longer than ", kMaxLineBytes,
+                " bytes; a tiktoken BPE file has `base64(token) rank` per line");
+  const size_t space = line.find(' ');
+  SHOAL_CHECK_T(DataError, space != std::string_view::npos && line.find(' ', space + 1) == std::string_view::npos,
+                where, "not `base64(token) rank`");
+  SHOAL_CHECK_T(DataError, decode_base64(line.substr(0, space), token), where, "the token is not base64");
+  const int64_t rank = parse_rank(line.substr(space + 1));
+  SHOAL_CHECK_T(DataError, rank >= 0, where, "the rank is not a number below ", kMaxRanks);
+  return rank;
+}
+
+}  // namespace
+
 Gpt2Vocabulary Gpt2Vocabulary::load(const std::string& path) {
   const std::string text = read_vocabulary_file(path);
   Gpt2Vocabulary vocabulary;
@@ -111,30 +128,22 @@ Gpt2Vocabulary Gpt2Vocabulary::load(const std::string& path) {
   std::string token;
   int64_t line_number = 0;
   for (size_t start = 0; start < text.size();) {
-    size_t end = text.find('\n', start);
-    if (end == std::string::npos) end = text.size();
+    const size_t end = std::min(text.find('\n', start), text.size());
     const std::string_view line(text.data() + start, end - start);
     start = end + 1;
     ++line_number;
     if (line.empty()) continue;  // tiktoken skips empty lines
-    const auto where = [&] { return ::shoal::detail::str_cat("vocabulary ", path, " line ", line_number, ": "); };
-    SHOAL_CHECK_T(DataError, line.size() <= kMaxLineBytes, where(), "longer than ", kMaxLineBytes,
-                  " bytes; a tiktoken BPE file has `base64(token) rank` per line");
-    const size_t space = line.find(' ');
-    SHOAL_CHECK_T(DataError, space != std::string_view::npos && line.find(' ', space + 1) == std::string_view::npos,
-                  where(), "not `base64(token) rank`");
-    SHOAL_CHECK_T(DataError, decode_base64(line.substr(0, space), token), where(), "the token is not base64");
-    const int64_t rank = parse_rank(line.substr(space + 1));
-    SHOAL_CHECK_T(DataError, rank >= 0, where(), "the rank is not a number below ", kMaxRanks);
-    if (rank >= static_cast<int64_t>(tokens.size())) {
-      tokens.resize(static_cast<size_t>(rank) + 1);
-      seen.resize(static_cast<size_t>(rank) + 1);
+    const std::string where = ::shoal::detail::str_cat("vocabulary ", path, " line ", line_number, ": ");
+    const auto rank = static_cast<size_t>(parse_line(line, where, token));
+    if (rank >= tokens.size()) {
+      tokens.resize(rank + 1);
+      seen.resize(rank + 1);
     }
-    SHOAL_CHECK_T(DataError, !seen[static_cast<size_t>(rank)], where(), "rank ", rank, " is given twice");
+    SHOAL_CHECK_T(DataError, !seen[rank], where, "rank ", rank, " is given twice");
     const auto [previous, fresh] = first_line.emplace(token, line_number);
-    SHOAL_CHECK_T(DataError, fresh, where(), "the token of line ", previous->second, " again");
-    seen[static_cast<size_t>(rank)] = true;
-    tokens[static_cast<size_t>(rank)] = token;
+    SHOAL_CHECK_T(DataError, fresh, where, "the token of line ", previous->second, " again");
+    seen[rank] = true;
+    tokens[rank] = token;
   }
   const auto missing = std::find(seen.begin(), seen.end(), false);
   SHOAL_CHECK_T(DataError, missing == seen.end(), "vocabulary ", path, ": no token has rank ",

@@ -185,6 +185,34 @@ TEST(DataTokenize, Gpt2WithASmallVocabularyMergesLowestRankFirst) {
       << read_all(out);
 }
 
+TEST(DataTokenize, Gpt2TokensTrainAGptThatGenerateSamplesAsText) {
+  const std::string vocab =
+      write_text("small.tiktoken", small_vocabulary({"bc", "ab", "aa", "abab", "xyz"}));
+  std::string text;
+  for (int i = 0; i < 20; ++i) text += "xyz abc aaa abab ";
+  const std::string tokens = testing::temp_path("small") + ".bin";  // --data takes .bin as tokens
+  ASSERT_TRUE(shoal("data tokenize --encoding gpt2 --vocab " + vocab + " --input " + write_text("small.txt", text) +
+                    " --output " + tokens).ok());
+  const std::string checkpoints = testing::temp_path("small_gpt");
+  const auto train = shoal("train --model gpt --data " + tokens + " --vocab-size 262 --n-layer 1 --n-head 1 "
+                           "--n-embd 8 --block-size 4 --batch-size 4 --epochs 1 --threads 1 --no-progress "
+                           "--checkpoint-dir " + checkpoints);
+  ASSERT_TRUE(train.ok()) << train.describe();
+  // No new token: the prompt's GPT-2 tokens decode to the prompt.
+  const std::string generate = "generate --checkpoint " + checkpoints + " --prompt 'abc aaa' ";
+  const auto echo = shoal(generate + "--vocab " + vocab + " --max-new-tokens 0");
+  ASSERT_TRUE(echo.ok()) << echo.describe();
+  EXPECT_EQ(echo.out, "abc aaa\n");
+  // Tokens drawn are written as their text (ids past 255 are merges, not bytes).
+  const auto sample = shoal(generate + "--vocab " + vocab + " --max-new-tokens 6 --top-k 1");
+  ASSERT_TRUE(sample.ok()) << sample.describe();
+  EXPECT_EQ(sample.out.rfind("abc aaa", 0), 0u) << sample.out;
+  EXPECT_GE(sample.out.size(), std::string("abc aaa").size() + 6 + 1) << sample.out;
+  EXPECT_NE(failure(generate + "--max-new-tokens 1", 2).find("the model has 262 tokens; without --vocab"),
+            std::string::npos);
+  fs::remove_all(checkpoints);
+}
+
 /// The message of the DataError that `call` throws ("" and a failure when it throws none).
 template <typename Call>
 std::string data_error(Call&& call) {
