@@ -264,6 +264,9 @@ TEST(DataTokenize, Gpt2BadVocabularyOrTextIsOneLineNamingTheFileAndLine) {
   EXPECT_NE(refused("ok \xed\xa0\x80").find("byte 3 is not UTF-8"), std::string::npos);
   EXPECT_NE(refused("ok \xf4\x90\x80\x80").find("byte 3 is not UTF-8"), std::string::npos);
   EXPECT_NE(refused("ok \xe6\x97").find("ends inside a UTF-8 character (at byte 3)"), std::string::npos);
+  // A run with no break longer than a piece may be (1 MiB; a piece is held whole).
+  EXPECT_NE(refused(std::string((size_t{1} << 20) + 4096, 'a')).find("a run of more than 1048576 bytes"),
+            std::string::npos);
   EXPECT_FALSE(fs::exists(options.output));
 
   // As a user sees it: one line naming the file and line, or the file and byte.
