@@ -73,8 +73,9 @@ void add_data_command(CLI::App& root, std::vector<Command>& commands) {
                            "(tiktoken's ids; UTF-8 text) with --vocab; train on it with --vocab-size 50257")
       ->check(CLI::IsMember({"byte", "gpt2"}));
   tokenize_app->add_option("--vocab", tokenize_options->vocab,
-                           "GPT-2's vocabulary for --encoding gpt2, in tiktoken's format (gpt2.tiktoken "
-                           "from openai-whisper; scripts/setup.sh puts it in ~/.cache/shoal)");
+                           "GPT-2's vocabulary for --encoding gpt2: tiktoken's gpt2.tiktoken (from "
+                           "openai-whisper; scripts/setup.sh puts it in ~/.cache/shoal) or GPT-2's "
+                           "encoder.json (Hugging Face's vocab.json)");
   commands.push_back({tokenize_app, [tokenize_options] { return tokenize(*tokenize_options); }});
 
   auto inspect_options = std::make_shared<InspectOptions>();

@@ -3,7 +3,10 @@
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
 
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
+#include <array>
 #include <fstream>
 #include <queue>
 #include <sstream>
@@ -117,14 +120,90 @@ int64_t parse_line(std::string_view line, const std::string& where, std::string&
   return rank;
 }
 
+/// GPT-2's bytes_to_unicode(): the character encoder.json writes for each byte. The printable
+/// Latin-1 bytes are themselves; the others are U+0100 onward, in byte order.
+std::array<uint32_t, 256> gpt2_byte_characters() {
+  std::array<uint32_t, 256> characters{};
+  uint32_t next = 256;
+  for (uint32_t byte = 0; byte < 256; ++byte) {
+    const bool printable = (byte >= '!' && byte <= '~') || (byte >= 0xA1 && byte <= 0xAC) || byte >= 0xAE;
+    characters[byte] = printable ? byte : next++;
+  }
+  return characters;
+}
+
+/// An encoder.json key's token bytes (its characters mapped back through bytes_to_unicode), or
+/// false when a character is not one of the 256.
+bool decode_gpt2_key(const std::string& key, std::string& token) {
+  static const std::unordered_map<uint32_t, char> byte_of = [] {
+    std::unordered_map<uint32_t, char> map;
+    const std::array<uint32_t, 256> characters = gpt2_byte_characters();
+    for (int byte = 0; byte < 256; ++byte) map.emplace(characters[byte], static_cast<char>(byte));
+    return map;
+  }();
+  token.clear();
+  for (size_t i = 0; i < key.size();) {  // nlohmann's keys are valid UTF-8: 1-byte or 2-byte here
+    const auto lead = static_cast<unsigned char>(key[i]);
+    uint32_t character = lead;
+    size_t length = 1;
+    if (lead >= 0xC0 && lead < 0xE0 && i + 1 < key.size()) {
+      character = ((lead & 0x1Fu) << 6) | (static_cast<unsigned char>(key[i + 1]) & 0x3Fu);
+      length = 2;
+    }
+    const auto found = byte_of.find(character);
+    if (found == byte_of.end() || (lead >= 0x80 && length == 1)) return false;
+    token.push_back(found->second);
+    i += length;
+  }
+  return !token.empty();
+}
+
 }  // namespace
 
-Gpt2Vocabulary Gpt2Vocabulary::load(const std::string& path) {
-  const std::string text = read_vocabulary_file(path);
-  Gpt2Vocabulary vocabulary;
-  std::vector<std::string>& tokens = vocabulary.tokens_;
-  std::vector<bool> seen;
-  std::unordered_map<std::string, int64_t> first_line;  // token -> line, for repeats
+/// Collects (token, rank) entries, checking ranks and tokens are unique and the ranks dense.
+class Gpt2Vocabulary::Builder {
+ public:
+  explicit Builder(std::string path) : path_(std::move(path)) {}
+  /// `label` says where in the file ("line 7", "key \"ab\"").
+  void add(const std::string& token, int64_t rank, const std::string& label) {
+    const std::string where = ::shoal::detail::str_cat("vocabulary ", path_, " ", label, ": ");
+    SHOAL_CHECK_T(DataError, rank >= 0 && rank < kMaxRanks, where, "the rank is not a number below ", kMaxRanks);
+    const auto index = static_cast<size_t>(rank);
+    if (index >= tokens_.size()) {
+      tokens_.resize(index + 1);
+      seen_.resize(index + 1);
+    }
+    SHOAL_CHECK_T(DataError, !seen_[index], where, "rank ", rank, " is given twice");
+    const auto [previous, fresh] = first_.emplace(token, label);
+    SHOAL_CHECK_T(DataError, fresh, where, "the token of ", previous->second, " again");
+    seen_[index] = true;
+    tokens_[index] = token;
+  }
+  Gpt2Vocabulary finish() {
+    const auto missing = std::find(seen_.begin(), seen_.end(), false);
+    SHOAL_CHECK_T(DataError, missing == seen_.end(), "vocabulary ", path_, ": no token has rank ",
+                  missing - seen_.begin(), " (ranks must be 0 to ", seen_.size() - 1, ", each once)");
+    Gpt2Vocabulary vocabulary;
+    vocabulary.tokens_ = std::move(tokens_);
+    vocabulary.index();
+    for (int byte = 0; byte < 256; ++byte) {
+      SHOAL_CHECK_T(DataError, vocabulary.rank(std::string(1, static_cast<char>(byte))) >= 0, "vocabulary ",
+                    path_, ": no token is byte ", byte, " alone, so some text could not be encoded");
+    }
+    return vocabulary;
+  }
+
+ private:
+  std::string path_;
+  std::vector<std::string> tokens_;
+  std::vector<bool> seen_;
+  std::unordered_map<std::string, std::string> first_;  // token -> the label where it was first
+};
+
+namespace {
+
+/// tiktoken's format: `base64(token) rank` per line.
+void read_tiktoken_lines(const std::string& path, const std::string& text, Gpt2Vocabulary::Builder& builder) {
   std::string token;
   int64_t line_number = 0;
   for (size_t start = 0; start < text.size();) {
@@ -133,27 +212,45 @@ Gpt2Vocabulary Gpt2Vocabulary::load(const std::string& path) {
     start = end + 1;
     ++line_number;
     if (line.empty()) continue;  // tiktoken skips empty lines
-    const std::string where = ::shoal::detail::str_cat("vocabulary ", path, " line ", line_number, ": ");
-    const auto rank = static_cast<size_t>(parse_line(line, where, token));
-    if (rank >= tokens.size()) {
-      tokens.resize(rank + 1);
-      seen.resize(rank + 1);
-    }
-    SHOAL_CHECK_T(DataError, !seen[rank], where, "rank ", rank, " is given twice");
-    const auto [previous, fresh] = first_line.emplace(token, line_number);
-    SHOAL_CHECK_T(DataError, fresh, where, "the token of line ", previous->second, " again");
-    seen[rank] = true;
-    tokens[rank] = token;
+    const std::string label = ::shoal::detail::str_cat("line ", line_number);
+    const int64_t rank = parse_line(line, ::shoal::detail::str_cat("vocabulary ", path, " ", label, ": "), token);
+    builder.add(token, rank, label);
   }
-  const auto missing = std::find(seen.begin(), seen.end(), false);
-  SHOAL_CHECK_T(DataError, missing == seen.end(), "vocabulary ", path, ": no token has rank ",
-                missing - seen.begin(), " (ranks must be 0 to ", seen.size() - 1, ", each once)");
-  vocabulary.index();
-  for (int byte = 0; byte < 256; ++byte) {
-    SHOAL_CHECK_T(DataError, vocabulary.rank(std::string(1, static_cast<char>(byte))) >= 0, "vocabulary ",
-                  path, ": no token is byte ", byte, " alone, so some text could not be encoded");
+}
+
+/// GPT-2's encoder.json (Hugging Face's vocab.json): {"token in bytes_to_unicode": id, ...}, the
+/// ids being tiktoken's ranks; "<|endoftext|>" is left to follow them.
+void read_encoder_json(const std::string& path, const std::string& text, Gpt2Vocabulary::Builder& builder) {
+  nlohmann::json json;
+  try {
+    json = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& error) {
+    SHOAL_THROW(DataError, "vocabulary ", path, ": not JSON (", error.what(), ")");
   }
-  return vocabulary;
+  SHOAL_CHECK_T(DataError, json.is_object(), "vocabulary ", path, ": not a JSON object of token: id");
+  std::string token;
+  for (const auto& [key, value] : json.items()) {
+    const std::string label = "key " + nlohmann::json(key).dump();  // quoted and escaped: one line
+    const std::string where = ::shoal::detail::str_cat("vocabulary ", path, " ", label, ": ");
+    SHOAL_CHECK_T(DataError, value.is_number_integer(), where, "the id is not an integer");
+    if (key == kEndOfText) continue;
+    SHOAL_CHECK_T(DataError, decode_gpt2_key(key, token), where, "not GPT-2's byte characters");
+    builder.add(token, value.get<int64_t>(), label);
+  }
+}
+
+}  // namespace
+
+Gpt2Vocabulary Gpt2Vocabulary::load(const std::string& path) {
+  const std::string text = read_vocabulary_file(path);
+  Builder builder(path);
+  const size_t first = text.find_first_not_of(" \t\r\n");
+  if (first != std::string::npos && text[first] == '{') {
+    read_encoder_json(path, text, builder);
+  } else {
+    read_tiktoken_lines(path, text, builder);
+  }
+  return builder.finish();
 }
 
 void Gpt2Vocabulary::index() {

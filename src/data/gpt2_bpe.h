@@ -26,10 +26,13 @@ namespace shoal::data::detail {
 class Gpt2Vocabulary {
  public:
   /// Reads a tiktoken vocabulary (`base64(token bytes) rank` per line, as whisper's
-  /// gpt2.tiktoken). Throws DataError naming the file and line for anything else: a line too
-  /// long, bad base64, a repeated token or rank, ranks that are not 0..n-1, a byte with no token,
-  /// more ranks than uint16 ids hold beside the end-of-text token.
+  /// gpt2.tiktoken), or GPT-2's encoder.json (Hugging Face's vocab.json: a JSON object of
+  /// bytes_to_unicode token: id; the ids are the ranks). Throws DataError naming the file and line
+  /// (or key) for anything else: a line too long, bad base64, a repeated token or rank, ranks
+  /// that are not 0..n-1, a byte with no token, more ranks than uint16 ids hold beside the
+  /// end-of-text token.
   static Gpt2Vocabulary load(const std::string& path);
+  class Builder;
 
   /// Ranks in the file, plus the end-of-text token (`<|endoftext|>`, id = ranks).
   int64_t size() const { return static_cast<int64_t>(tokens_.size()) + 1; }

@@ -245,6 +245,12 @@ TEST(DataTokenize, Gpt2BadVocabularyOrTextIsOneLineNamingTheFileAndLine) {
   EXPECT_NE(vocabulary_error(bytes + "YWI= -1\n").find("line 257: the rank is not a number"), std::string::npos);
   EXPECT_NE(vocabulary_error(bytes.substr(0, bytes.rfind('\n', bytes.size() - 2) + 1)).find("no token is byte 255"),
             std::string::npos);
+  // encoder.json: JSON, the keys GPT-2's byte characters, the ids integers.
+  EXPECT_NE(vocabulary_error("{\"a\": 1").find("not JSON"), std::string::npos);
+  EXPECT_NE(vocabulary_error("{\"\\u3000\": 0}").find("key \"\u3000\": not GPT-2's byte characters"),
+            std::string::npos);
+  EXPECT_NE(vocabulary_error("{\"a\": \"1\"}").find("key \"a\": the id is not an integer"), std::string::npos);
+  EXPECT_NE(vocabulary_error("{\"a\": 0, \"b\": 0}").find("key \"b\": rank 0 is given twice"), std::string::npos);
   const std::string huge = write_text("huge.tiktoken", "");
   fs::resize_file(huge, uintmax_t{17} << 20);  // sparse
   EXPECT_NE(data_error([&] { detail::Gpt2Vocabulary::load(huge); }).find("vocabulary " + huge + " has 17825792 bytes"),
@@ -290,7 +296,8 @@ std::string gpt2_vocabulary_path() {
   return std::string(home != nullptr ? home : "") + "/.cache/shoal/gpt2.tiktoken";
 }
 
-// tiktoken's GPT-2 encoding over each text file given, its ids written as uint16 to <file>.ids.
+// tiktoken's GPT-2 encoding over each text file given, its ids written as uint16 to <file>.ids;
+// and the vocabulary as GPT-2's encoder.json (its bytes_to_unicode keys) to the second argument.
 constexpr const char* kTiktokenOracle = R"(
 import sys
 try:
@@ -302,8 +309,24 @@ import array
 pattern = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 gpt2 = Encoding(name="gpt2", pat_str=pattern, mergeable_ranks=load_tiktoken_bpe(sys.argv[1]),
                 special_tokens={"<|endoftext|>": 50256})
+import json
+def bytes_to_unicode():  # GPT-2's encoder.py
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("\xa1"), ord("\xac") + 1)) + \
+        list(range(ord("\xae"), ord("\xff") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(2**8):
+        if b not in bs:
+            bs.append(b)
+            cs.append(2**8 + n)
+            n += 1
+    return dict(zip(bs, map(chr, cs)))
+characters = bytes_to_unicode()
+encoder = {"".join(characters[b] for b in token): rank for token, rank in load_tiktoken_bpe(sys.argv[1]).items()}
+encoder["<|endoftext|>"] = gpt2.eot_token
+json.dump(encoder, open(sys.argv[2], "w"))
 total = 0
-for path in sys.argv[2:]:
+for path in sys.argv[3:]:
     text = open(path, "rb").read()
     ids = gpt2.encode_ordinary(text.decode("utf-8"))
     assert gpt2.decode_bytes(ids) == text, path
@@ -364,7 +387,9 @@ TEST(DataTokenize, RealCorpusGpt2IdsEqualTiktokens) {
   const std::string tail_path = write_text("stress_tail.txt", stress.substr(split));
 
   const std::string script = write_text("tiktoken_oracle.py", kTiktokenOracle);
-  const auto oracle = testing::run_python({script, vocab, corpus_path, stress_path, head_path, tail_path});
+  const std::string encoder_json = testing::temp_path("encoder.json");
+  const auto oracle =
+      testing::run_python({script, vocab, encoder_json, corpus_path, stress_path, head_path, tail_path});
   if (oracle.exit_code == 77) {
     SHOAL_SKIP_TEST(testing::Dependency::kPythonTorch, "tiktoken is not installed (scripts/setup.sh installs it)");
   }
@@ -389,6 +414,11 @@ TEST(DataTokenize, RealCorpusGpt2IdsEqualTiktokens) {
   const auto stress_run = shoal("data tokenize --encoding gpt2 --vocab " + vocab + " --input " + stress_path +
                                 " --output " + out);
   ASSERT_TRUE(stress_run.ok()) << stress_run.describe();
+  EXPECT_TRUE(torch::equal(read_all(out), oracle_ids(stress_path)));
+  // GPT-2's encoder.json gives the same ids.
+  const auto json_run = shoal("data tokenize --encoding gpt2 --vocab " + encoder_json + " --input " + stress_path +
+                              " --output " + out);
+  ASSERT_TRUE(json_run.ok()) << json_run.describe();
   EXPECT_TRUE(torch::equal(read_all(out), oracle_ids(stress_path)));
   std::ostringstream fraction_text;
   fraction_text.precision(17);

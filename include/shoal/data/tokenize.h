@@ -35,7 +35,7 @@ struct TokenizeOptions {
   /// "byte" (vocabulary 256) or "gpt2" (GPT-2's BPE, vocabulary 50257 with `vocab`'s file).
   std::string encoding = "byte";
   /// For "gpt2": GPT-2's vocabulary in tiktoken's format (`base64(token) rank` per line, as
-  /// openai-whisper's whisper/assets/gpt2.tiktoken).
+  /// openai-whisper's whisper/assets/gpt2.tiktoken), or GPT-2's encoder.json.
   std::string vocab;
 };
 
