@@ -61,8 +61,9 @@ endif()
 # The prefix is found from the file's own place, so that the tree can be installed anywhere.
 file(RELATIVE_PATH SHOAL_PC_TO_PREFIX /${CMAKE_INSTALL_LIBDIR}/pkgconfig /)
 string(REGEX REPLACE "/$" "" SHOAL_PC_TO_PREFIX "${SHOAL_PC_TO_PREFIX}")
-# libshoal.a's users link what it was built with: zlib always, libdeflate where it was found.
-set(SHOAL_PC_REQUIRES_PRIVATE "zlib")
+# libshoal.a's users link what it was built with: zlib and PCRE2 always, libdeflate where it was
+# found.
+set(SHOAL_PC_REQUIRES_PRIVATE "zlib, libpcre2-8")
 if(LIBDEFLATE_FOUND)
   string(APPEND SHOAL_PC_REQUIRES_PRIVATE ", libdeflate")
 endif()
@@ -73,7 +74,7 @@ install(FILES ${PROJECT_BINARY_DIR}/shoal.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}
 # ---- Debian package (make deb) -------------------------------------------------------------------
 # One package with the libraries, headers, CMake and pkg-config files and the CLI. Its Depends are
 # the Debian packages a user's build against it needs (LibTorch's headers and CMake files, MPI's,
-# zlib's, spdlog's, libdeflate's for libshoal.a), plus what dpkg-shlibdeps finds for the binaries.
+# zlib's, PCRE2's, spdlog's, libdeflate's for libshoal.a), plus what dpkg-shlibdeps finds for the binaries.
 set(CPACK_GENERATOR DEB)
 set(CPACK_PACKAGE_NAME shoal)
 set(CPACK_PACKAGE_VENDOR "Shoal developers")
@@ -83,7 +84,7 @@ set(CPACK_PACKAGE_VERSION ${PROJECT_VERSION})
 set(CPACK_PACKAGING_INSTALL_PREFIX /usr)
 set(CPACK_DEBIAN_FILE_NAME DEB-DEFAULT)
 set(CPACK_DEBIAN_PACKAGE_SECTION libdevel)
-set(SHOAL_DEB_DEPENDS "libtorch-dev (>= 1.13), zlib1g-dev, libspdlog-dev (>= 1:1.10), cmake (>= 3.18) | pkg-config")
+set(SHOAL_DEB_DEPENDS "libtorch-dev (>= 1.13), zlib1g-dev, libpcre2-dev, libspdlog-dev (>= 1:1.10), cmake (>= 3.18) | pkg-config")
 if(SHOAL_HAVE_MPI)
   string(APPEND SHOAL_DEB_DEPENDS ", libopenmpi-dev")
 endif()

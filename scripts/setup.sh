@@ -18,6 +18,7 @@ PACKAGES=(
   libzmq3-dev cppzmq-dev  # parameter-server transport
   zlib1g-dev
   libdeflate-dev          # fast whole-file gzip inflation for the datasets (optional)
+  libpcre2-dev            # GPT-2's pre-tokenizer regex (`shoal data tokenize --encoding gpt2`)
   libpng-dev libjpeg62-turbo-dev  # decoding image folders (ImageFolder)
   libgtest-dev libgmock-dev libbenchmark-dev
   libcli11-dev
@@ -45,10 +46,49 @@ FUZZ_PACKAGES=(
 # event files of `shoal train --tensorboard` (tests/summary/tensorboard_ddp.py). Installed into
 # /usr/local for /usr/bin/python3: Debian 12 marks its Python externally managed (PEP 668), so
 # pip needs --break-system-packages; what it adds (tensorboard, grpcio, protobuf, werkzeug, ...)
-# leaves Debian's python3-torch and numpy as they are.
+# leaves Debian's python3-torch and numpy as they are. tiktoken is the oracle of GPT-2's BPE
+# (tests/data/test_data_tokenize.cpp).
 TEST_PIP_PACKAGES=(
   tensorboard
+  tiktoken
 )
+
+# GPT-2's vocabulary (tiktoken's gpt2.tiktoken: 50,256 ranks) for `shoal data tokenize --encoding
+# gpt2` and its test. PyPI ships it in openai-whisper's source archive; only that file is kept,
+# after its size and checksum are checked.
+GPT2_VOCAB="$HOME/.cache/shoal/gpt2.tiktoken"
+GPT2_VOCAB_SHA256=306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930
+WHISPER_SDIST=openai_whisper-20250625
+fetch_gpt2_vocab() {
+  [ "${1:-}" = "--run" ] && return 0
+  [ -s "$GPT2_VOCAB" ] && return 0
+  echo "setup: fetching GPT-2's vocabulary (gpt2.tiktoken from PyPI's openai-whisper) into $GPT2_VOCAB"
+  local tmp member size
+  tmp=$(mktemp -d)
+  member="$WHISPER_SDIST/whisper/assets/gpt2.tiktoken"
+  if ! /usr/bin/python3 -m pip download -q --no-deps --no-binary :all: --no-build-isolation \
+      -d "$tmp" "openai-whisper==${WHISPER_SDIST#openai_whisper-}" >/tmp/shoal-setup-vocab.log 2>&1 ||
+     [ ! -f "$tmp/$WHISPER_SDIST.tar.gz" ]; then
+    echo "setup: error: 'pip download openai-whisper' failed; see /tmp/shoal-setup-vocab.log" >&2
+    rm -rf "$tmp"
+    exit 1
+  fi
+  size=$(tar -tvzf "$tmp/$WHISPER_SDIST.tar.gz" "$member" 2>/dev/null | awk '{print $3}') || size=
+  if [ -z "$size" ] || [ "$size" -gt 4000000 ]; then
+    echo "setup: error: $WHISPER_SDIST.tar.gz has no $member of at most 4 MB" >&2
+    rm -rf "$tmp"
+    exit 1
+  fi
+  tar -xzf "$tmp/$WHISPER_SDIST.tar.gz" -O "$member" >"$tmp/gpt2.tiktoken"
+  if [ "$(sha256sum <"$tmp/gpt2.tiktoken" | cut -d' ' -f1)" != "$GPT2_VOCAB_SHA256" ]; then
+    echo "setup: error: $member's checksum is not GPT-2's vocabulary's" >&2
+    rm -rf "$tmp"
+    exit 1
+  fi
+  mkdir -p "$(dirname "$GPT2_VOCAB")"
+  mv "$tmp/gpt2.tiktoken" "$GPT2_VOCAB.tmp" && mv "$GPT2_VOCAB.tmp" "$GPT2_VOCAB"
+  rm -rf "$tmp"
+}
 
 # Installs the missing TEST_PIP_PACKAGES (after apt has installed pip).
 install_pip_packages() {
@@ -83,6 +123,7 @@ done
 
 if [ ${#missing[@]} -eq 0 ]; then
   install_pip_packages "${1:-}"
+  fetch_gpt2_vocab "${1:-}"
   exit 0
 fi
 
@@ -111,4 +152,5 @@ if ! $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/tmp/
   exit 1
 fi
 install_pip_packages "${1:-}"
+fetch_gpt2_vocab "${1:-}"
 echo "setup: done"

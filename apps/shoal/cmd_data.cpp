@@ -69,9 +69,13 @@ void add_data_command(CLI::App& root, std::vector<Command>& commands) {
       ->check(CLI::Range(0.0, 1.0))
       ->needs(val_output);
   tokenize_app->add_option("--encoding", tokenize_options->encoding,
-                           "byte: one token per byte, vocabulary 256 (default). gpt2: GPT-2's BPE, "
-                           "not built in (its vocabulary is not shipped)")
+                           "byte: one token per byte, vocabulary 256 (default). gpt2: GPT-2's BPE "
+                           "(tiktoken's ids; UTF-8 text) with --vocab; train on it with --vocab-size 50257")
       ->check(CLI::IsMember({"byte", "gpt2"}));
+  tokenize_app->add_option("--vocab", tokenize_options->vocab,
+                           "GPT-2's vocabulary for --encoding gpt2: tiktoken's gpt2.tiktoken (from "
+                           "openai-whisper; scripts/setup.sh puts it in ~/.cache/shoal) or GPT-2's "
+                           "encoder.json (Hugging Face's vocab.json)");
   commands.push_back({tokenize_app, [tokenize_options] { return tokenize(*tokenize_options); }});
 
   auto inspect_options = std::make_shared<InspectOptions>();

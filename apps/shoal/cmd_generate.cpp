@@ -1,13 +1,17 @@
 // `shoal generate`: text from a GPT that `shoal train --model gpt` trained, read from one of its
 // checkpoints (the weights, and the sizes its config holds), as nanoGPT's sample.py does. Tokens
-// are bytes: the prompt's bytes are its ids, and the ids drawn are written to stdout as bytes.
+// are bytes (the prompt's bytes are its ids, and the ids drawn are written to stdout as bytes), or
+// with --vocab GPT-2's BPE, which `shoal data tokenize --encoding gpt2` wrote the model's data in.
 #include <ATen/CPUGeneratorImpl.h>
 
 #include <cstdio>
 #include <filesystem>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "commands.h"
+#include "data/gpt2_bpe.h"
 #include "shoal/checkpoint/checkpoint_manager.h"
 #include "shoal/checkpoint/serialization.h"
 #include "shoal/checkpoint/training_state.h"
@@ -20,6 +24,7 @@ namespace {
 struct GenerateArgs {
   std::string checkpoint;
   std::string prompt;
+  std::string vocab;  // GPT-2's vocabulary; "" for byte tokens
   models::GenerateOptions sampling;
   uint64_t seed = 0;
 };
@@ -74,17 +79,43 @@ at::Tensor prompt_ids(const std::string& prompt, int64_t vocab_size) {
   return ids;
 }
 
+/// The prompt's GPT-2 tokens as ids [1, T].
+at::Tensor prompt_ids(const std::string& prompt, const data::detail::Gpt2Vocabulary& vocabulary) {
+  SHOAL_CHECK_T(InvalidArgument, !prompt.empty(), "--prompt is empty; give at least one character");
+  data::detail::Utf8Checker utf8;
+  utf8.check(reinterpret_cast<const unsigned char*>(prompt.data()), prompt.size(), "--prompt");
+  utf8.finish("--prompt");
+  std::vector<int64_t> ids;
+  data::detail::Gpt2Encoder encoder(vocabulary, [&ids](const uint16_t* piece, size_t count) {
+    ids.insert(ids.end(), piece, piece + count);
+  });
+  encoder.feed(prompt.data(), prompt.size(), "--prompt");
+  encoder.finish("--prompt");
+  return torch::tensor(ids, at::kLong).unsqueeze(0);
+}
+
 int run_generate(const GenerateArgs& args) {
   const std::shared_ptr<models::Gpt> gpt = load_gpt(args.checkpoint);
-  SHOAL_CHECK_T(InvalidArgument, gpt->config().vocab_size <= 256, "--checkpoint ", args.checkpoint,
-                ": the model has ", gpt->config().vocab_size,
-                " tokens; shoal generate writes tokens as bytes (a vocabulary of at most 256)");
+  const int64_t vocab_size = gpt->config().vocab_size;
+  std::optional<data::detail::Gpt2Vocabulary> vocabulary;
+  if (!args.vocab.empty()) vocabulary = data::detail::Gpt2Vocabulary::load(args.vocab);
+  SHOAL_CHECK_T(InvalidArgument, vocabulary || vocab_size <= 256, "--checkpoint ", args.checkpoint,
+                ": the model has ", vocab_size, " tokens; without --vocab (GPT-2's, for a model "
+                "trained on --encoding gpt2 tokens) shoal generate writes tokens as bytes (at most 256)");
+  SHOAL_CHECK_T(InvalidArgument, !vocabulary || vocab_size <= vocabulary->size(), "--checkpoint ",
+                args.checkpoint, ": the model has ", vocab_size, " tokens, --vocab ", args.vocab, " only ",
+                vocabulary->size());
   at::Generator generator = at::make_generator<at::CPUGeneratorImpl>(args.seed);
-  const at::Tensor tokens =
-      gpt->generate(prompt_ids(args.prompt, gpt->config().vocab_size), args.sampling, generator);
+  const at::Tensor prompt = vocabulary ? prompt_ids(args.prompt, *vocabulary) : prompt_ids(args.prompt, vocab_size);
+  const at::Tensor tokens = gpt->generate(prompt, args.sampling, generator);
   std::string text;
   for (int64_t i = 0; i < tokens.size(1); ++i) {
-    text.push_back(static_cast<char>(tokens[0][i].item<int64_t>()));
+    const int64_t id = tokens[0][i].item<int64_t>();
+    if (vocabulary) {
+      text += vocabulary->bytes(id);
+    } else {
+      text.push_back(static_cast<char>(id));
+    }
   }
   std::fwrite(text.data(), 1, text.size(), stdout);
   std::fputc('\n', stdout);
@@ -98,15 +129,21 @@ void add_generate_command(CLI::App& root, std::vector<Command>& commands) {
   auto args = std::make_shared<GenerateArgs>();
   auto* app = root.add_subcommand(
       "generate",
-      "Sample text from a GPT trained by shoal train --model gpt (byte-level tokens): the prompt,\n"
-      "then --max-new-tokens bytes drawn one at a time, written to stdout");
+      "Sample text from a GPT trained by shoal train --model gpt: the prompt, then\n"
+      "--max-new-tokens tokens drawn one at a time, written to stdout (byte-level tokens as\n"
+      "bytes; with --vocab, GPT-2's tokens as their text)");
   app->add_option("--checkpoint", args->checkpoint,
                   "A checkpoint of shoal train --model gpt, or its --checkpoint-dir (the newest)")
       ->required()
       ->type_name("PATH");
-  app->add_option("--prompt", args->prompt, "The text the sample continues (its bytes are the ids)")
+  app->add_option("--prompt", args->prompt,
+                  "The text the sample continues (its bytes are the ids; with --vocab, its GPT-2 tokens)")
       ->required();
-  app->add_option("--max-new-tokens", args->sampling.max_new_tokens, "Tokens (bytes) to draw")
+  app->add_option("--vocab", args->vocab,
+                  "GPT-2's vocabulary (gpt2.tiktoken) for a model trained on `shoal data tokenize "
+                  "--encoding gpt2` tokens: the prompt is encoded, the tokens decoded with it")
+      ->type_name("FILE");
+  app->add_option("--max-new-tokens", args->sampling.max_new_tokens, "Tokens to draw")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 20))
       ->capture_default_str();
   app->add_option("--temperature", args->sampling.temperature,

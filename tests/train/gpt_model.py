@@ -22,7 +22,8 @@
               counts) equal PyTorch's loop on the same blocks in the same order, single and ddp
               2 ranks; the validation loss and its perplexity are reported; a run stopped
               mid-epoch (--checkpoint-every) and resumed continues with the next unseen block:
-              its weights equal the uninterrupted run's; a file of an odd size or with an id
+              its weights equal the uninterrupted run's, and resumed by 3 ranks instead, the
+              rest of the epoch dealt over 3, a loop that does so; a file of an odd size or with an id
               beyond --vocab-size is refused in one line
   bad input   sizes that cannot work (--n-embd not a multiple of --n-head), a token id beyond
               --vocab-size, no --data: one line each
@@ -33,6 +34,7 @@ import array
 import glob
 import math
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -366,6 +368,30 @@ with tempfile.TemporaryDirectory() as tmp:
                     o.step()
         return ranks[0]
 
+    def token_reference_resumed(before, steps, after, batch, epochs=2):
+        """`before` ranks train `steps` steps of the first epoch, then `after` ranks deal the rest
+        of its order (the last (n - consumed) % after left out) and the later epochs."""
+        model = copy_of(initial)
+        opt = adamw(model)
+
+        def ddp_step(batches):  # each rank's mean loss, gradients averaged over the ranks
+            opt.zero_grad()
+            (sum(model(*block_batch(train_tokens, ids)) for ids in batches) / len(batches)).backward()
+            opt.step()
+
+        shares = [deal(0, r, before) for r in range(before)]
+        for begin in range(0, steps * batch, batch):
+            ddp_step([share[begin:begin + batch] for share in shares])
+        order = torch.randperm(N_BLOCKS, generator=torch.Generator().manual_seed(SEED))
+        rest = order[steps * batch * before:]
+        rest = rest[:len(rest) - len(rest) % after]
+        for epoch in range(epochs):
+            shares = [rest[r::after] for r in range(after)] if epoch == 0 else \
+                [deal(epoch, r, after) for r in range(after)]
+            for begin in range(0, len(shares[0]), batch):
+                ddp_step([share[begin:begin + batch] for share in shares])
+        return model
+
     token_common = [train_bin if a == data else a for a in common] + [
         "--val-data", val_bin, "--epochs", "2"]
     for world, batch in ((1, 8), (2, 4)):
@@ -400,6 +426,8 @@ with tempfile.TemporaryDirectory() as tmp:
                           "--batch-size", str(batch), "--checkpoint-dir", checkpoints,
                           "--checkpoint-every", "5", "--stop-after-steps", "5")
         check(first.returncode == 0, f"{what}: the run stopped after 5 steps exits 0", first)
+        checkpoints_copy = checkpoints + "_copy"
+        shutil.copytree(checkpoints, checkpoints_copy)
         inherited = {"--init-from", "--n-layer", "--n-head", "--n-embd", "--block-size",
                      "--vocab-size"}
         resumed_args = [a for i, a in enumerate(common32)
@@ -409,6 +437,14 @@ with tempfile.TemporaryDirectory() as tmp:
                         "--checkpoint-dir", checkpoints, "--resume", "--dump-parameters", dump)
         compare(run, reference, dump, f"{what}, stopped mid-epoch and resumed with the "
                 "checkpoint's sizes and token width")
+        # The same stopped run resumed by 3 ranks: the rest of epoch 1's order dealt over 3 (rank
+        # r the r-th of each 3), then epoch 2 over 3; the weights equal that loop's.
+        dump = os.path.join(tmp, f"resumed{world}to3")
+        run = run_shoal(SHOAL, "train", *resumed_args, "--strategy", "ddp", "--nproc-per-node", "3",
+                        "--batch-size", str(batch), "--checkpoint-dir", checkpoints_copy, "--resume",
+                        "--dump-parameters", dump)
+        compare(run, token_reference_resumed(world, 5, 3, batch), dump,
+                f"{what}, stopped mid-epoch and resumed by 3 ranks")
 
     # --- bad input: one line each
     def refused(args, expect, what):
