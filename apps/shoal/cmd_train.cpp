@@ -651,7 +651,6 @@ std::optional<int> check_how_started(const TrainCli& cli, const comm::RankInfo& 
 /// --resume: the options not given continue as the checkpoint had them; the ones given apply
 /// (never silently the checkpoint's).
 void inherit_on_resume(const CLI::App& app, train::TrainOptions& options) {
-  options.validate();  // before reading a checkpoint
   std::string where;
   const checkpoint::TrainingState saved = train::load_resume_checkpoint(options, &where);
   std::set<std::string> given;
@@ -735,10 +734,12 @@ int run_train(TrainCli& cli) {
   // asynchronous workers do not step together.
   if (!ps) install_preemption_handler();
   if (const std::optional<int> status = check_how_started(cli, rank_info)) return *status;
-  spec.validate_sync(options);  // before a resume reads a checkpoint
+  // Each rule once: --sync's before a resume reads a checkpoint (they say it cannot resume), the
+  // others on the options the resume ends with.
+  spec.validate_sync(options);
   if (options.resume) inherit_on_resume(*cli.app, options);
   options.validate();
-  spec.validate(options);
+  spec.validate_settings(options);
   choose_threads(cli, rank_info);
   if (spec.runs_as_job() && !rank_info.launched) return launch_job(spec);
   if (ps && cli.threads->count() == 0) options.threads = 1;
@@ -748,7 +749,7 @@ int run_train(TrainCli& cli) {
   const std::shared_ptr<parallel::PowerSGDState> power_sgd = ddp ? ddp->power_sgd() : nullptr;
   if (!ps) options.stop_requested = [] { return g_preempt_requested != 0; };
   const bool reports = strategy->rank() == 0;
-  const train::TrainResult result = train::run_training(options, std::move(strategy));
+  const train::TrainResult result = train::run_validated_training(options, std::move(strategy));
   if (!reports) return result.preempted ? kExitPreempted : 0;
   return report(result, cli, power_sgd.get());
 }

@@ -523,8 +523,15 @@ TEST(CliTrain, SrunRanksTrainAsShoalsOwnLauncher) {
   fs::remove_all(dir);
 }
 
+int occurrences(const std::string& text, const std::string& part) {
+  int count = 0;
+  for (size_t at = text.find(part); at != std::string::npos; at = text.find(part, at + 1)) ++count;
+  return count;
+}
+
 // SHOAL_LOG_LEVEL=warn silences Shoal's info messages (the header) but not the progress lines,
-// the result on stdout, or the error line of a failing command; =debug adds the debug ones.
+// the result on stdout, or the error line of a failing command; =debug adds the debug ones,
+// among them one line per set of rules checked: each is checked once, resumed or not.
 TEST(CliTrain, LogLevelFiltersDiagnosticsOnly) {
   const std::string dir = shoal::testing::make_small_dataset_dir(128, 32);
   const std::string ckpt = dir + "/ckpt";
@@ -532,8 +539,19 @@ TEST(CliTrain, LogLevelFiltersDiagnosticsOnly) {
                             "--data-dir " + dir;
   const CliResult quiet = shoal_train(small, "SHOAL_LOG_LEVEL=warn");
   const CliResult chatty = shoal_train(small + " --checkpoint-dir " + ckpt, "SHOAL_LOG_LEVEL=debug");
+  const CliResult resumed = shoal_train(small + " --checkpoint-dir " + ckpt + " --resume --epochs 2",
+                                        "SHOAL_LOG_LEVEL=debug");
   const CliResult failing = shoal_train("--batch-size 0 --no-progress", "SHOAL_LOG_LEVEL=off");
   fs::remove_all(dir);
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
+  EXPECT_NE(resumed.err.find("changed from the checkpoint: epochs 1 -> 2"), std::string::npos)
+      << resumed.err;
+  for (const CliResult* run : {&chatty, &resumed}) {
+    for (const char* rules : {"shoal: checked the training options\n", "shoal: checked --sync\n",
+                              "shoal: checked the strategy's settings\n"}) {
+      EXPECT_EQ(occurrences(run->err, rules), 1) << rules << run->err;
+    }
+  }
   ASSERT_EQ(quiet.exit_code, 0) << quiet.err;
   EXPECT_EQ(quiet.err.find("shoal train: mlp ("), std::string::npos) << quiet.err;
   EXPECT_NE(quiet.err.find("step 2/4"), std::string::npos) << quiet.err;
