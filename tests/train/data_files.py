@@ -14,6 +14,7 @@ stderr and a non-zero exit status, never a crash.
     data_files.py SHOAL_BINARY
 """
 import os
+import sys
 import tempfile
 
 from test_script_support import run_shoal, start_oracle, state_matches
@@ -22,30 +23,15 @@ SHOAL, torch, checks = start_oracle("data_files")
 import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
+# The Python twins of Shoal's built-in models (tests/models, beside this folder).
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "models"))
+from pytorch_models import Cnn  # noqa: E402
+
 check = checks.check
 
 
 def shoal(*args):
     return run_shoal(SHOAL, "train", *args)
-
-
-class Cnn(nn.Module):
-    """shoal's built-in cnn for samples [C, H, W] (models::Cnn(InputShape))."""
-
-    def __init__(self, c, h, w, classes=10):
-        super().__init__()
-        self.conv1 = nn.Conv2d(c, 32, 3)
-        self.conv2 = nn.Conv2d(32, 64, 3)
-        self.fc1 = nn.Linear(64 * ((h - 4) // 2) * ((w - 4) // 2), 128)
-        self.fc2 = nn.Linear(128, classes)
-
-    def forward(self, x):
-        x = F.relu(self.conv1(x))
-        x = F.relu(self.conv2(x))
-        x = F.max_pool2d(x, 2)
-        x = torch.flatten(x, 1)
-        x = F.relu(self.fc1(x))
-        return self.fc2(x)
 
 
 def train_in_pytorch(x, y, xt, yt, seed, batch, lr, momentum, epochs=1):

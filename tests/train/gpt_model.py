@@ -37,7 +37,7 @@ import subprocess
 import sys
 import tempfile
 
-from test_script_support import relative, run_shoal, start_oracle, state_matches
+from test_script_support import average_gradients, relative, run_shoal, start_oracle, state_matches
 
 SHOAL, torch, checks = start_oracle("gpt_model")
 check = checks.check
@@ -178,10 +178,7 @@ with tempfile.TemporaryDirectory() as tmp:
                 idx = shards[r][step * 4:(step + 1) * 4]
                 opts[r].zero_grad()
                 ranks[r](x[idx], y[idx]).backward()
-            for p0, p1 in zip(ranks[0].parameters(), ranks[1].parameters()):
-                mean = (p0.grad + p1.grad) / 2
-                p0.grad.copy_(mean)
-                p1.grad.copy_(mean)
+            average_gradients(ranks)
             for o in opts:
                 o.step()
         return ranks[0], opts[0]

@@ -29,7 +29,7 @@ import os
 import tempfile
 from typing import Dict
 
-from test_script_support import relative, run_shoal, start_oracle, state_matches
+from test_script_support import average_gradients, relative, run_shoal, start_oracle, state_matches
 
 SHOAL, torch, checks = start_oracle("script_model")
 import torch.nn as nn  # noqa: E402
@@ -137,10 +137,7 @@ with tempfile.TemporaryDirectory() as tmp:
             idx = shards[r][step * 16:(step + 1) * 16]
             opts[r].zero_grad()
             F.cross_entropy(ranks[r](x[idx]), y[idx]).backward()
-        for p0, p1 in zip(ranks[0].parameters(), ranks[1].parameters()):
-            mean = (p0.grad + p1.grad) / 2
-            p0.grad.copy_(mean)
-            p1.grad.copy_(mean)
+        average_gradients(ranks)
         for o in opts:
             o.step()
     dump = os.path.join(tmp, "ddp")
@@ -282,10 +279,7 @@ with tempfile.TemporaryDirectory() as tmp:
             idx = shards[r][step * 16:(step + 1) * 16]
             opts[r].zero_grad()
             ranks[r](x[idx], y[idx])["loss"].backward()
-        for p0, p1 in zip(ranks[0].parameters(), ranks[1].parameters()):
-            mean = (p0.grad + p1.grad) / 2
-            p0.grad.copy_(mean)
-            p1.grad.copy_(mean)
+        average_gradients(ranks)
         for o in opts:
             o.step()
     with torch.no_grad():

@@ -107,3 +107,11 @@ def state_matches(check, run, expected, dump, what, in_order=True, tolerance=1e-
           f"{what}: weights equal PyTorch's to {tolerance:g} relative (worst {worst:.3g})")
     print(f"{what}: worst relative difference {worst:.3g}", flush=True)
     return state
+
+
+def average_gradients(replicas):
+    """What DDP's allreduce leaves in each replica's .grad: the mean over the replicas."""
+    for params in zip(*(m.parameters() for m in replicas)):
+        mean = sum(p.grad for p in params) / len(params)
+        for p in params:
+            p.grad.copy_(mean)
