@@ -549,8 +549,9 @@ LoadedData load_data(const TrainOptions& options, const data::TensorFileOptions&
     // The pixels stay bytes, normalised per batch (FashionMnistBatches: the same floats as
     // FashionMnist's images(), without a pass over 188 MB before the first step). The test split
     // is decoded on a thread of its own while this one decodes the training split: 0.05 s
-    // off the start-up on an otherwise idle core. Errors come out as before, the training split's
-    // first: the future is waited for (its destructor waits too) before either is reported.
+    // off the start-up on an otherwise idle core. Errors come out in the order of a serial read,
+    // the training split's first: the future is waited for (its destructor waits too) before
+    // either is reported.
     std::future<std::unique_ptr<data::BatchDataset>> test_split =
         std::async(std::launch::async, [&options]() -> std::unique_ptr<data::BatchDataset> {
           return std::make_unique<data::FashionMnistBatches>(options.data_dir, /*train=*/false,

@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """`shoal train --model m.pt` on a TorchScript module written and scripted here (convolutions,
 BatchNorm, dropout, a residual block), against the same nn.Module trained by PyTorch on the same
-data in the same order (#29):
+data in the same order:
 
   single       20 SGD steps equal PyTorch's (weights and BatchNorm statistics, 1e-5 relative)
   ddp, 2 ranks 20 steps equal PyTorch's DDP, simulated exactly: each rank's DistributedSampler

@@ -101,10 +101,10 @@ TEST(CliTrain, MissingDataDirIsOneLine) {
   EXPECT_NE(run.err.find("/nonexistent/fmnist"), std::string::npos) << run.err;
 }
 
-// #32: the test split decodes on a thread of its own beside the training split; a damaged test
-// split, a missing folder and an unknown model are still reported as before (the model first,
-// before any data error), in one process and under DDP.
-TEST(CliTrain, DamagedTestSplitMissingFolderAndUnknownModelUnderDdpAreReportedAsBefore) {
+// The test split decodes on a thread of its own beside the training split; a damaged test
+// split, a missing folder and an unknown model are reported as a serial read would (the model
+// first, before any data error), in one process and under DDP.
+TEST(CliTrain, DamagedTestSplitMissingFolderAndUnknownModelUnderDdpAreReportedInOrder) {
   SHOAL_SKIP_UNLESS(shoal::testing::have_real_fashion_mnist(), shoal::testing::Dependency::kDataset,
                     "Fashion-MNIST is not installed (apt-get install dataset-fashion-mnist)");
   const std::string dir = shoal::testing::make_temp_dir("shoal-cli-t10k");
