@@ -660,6 +660,22 @@ void inherit_on_resume(const CLI::App& app, train::TrainOptions& options) {
   train::inherit_checkpoint_config(options, saved, given, where);
 }
 
+/// Checks the options once each (inheriting a resume's first): what a checkpoint cannot change
+/// before it is read (--sync says it cannot resume; a given option's mistake is said before any
+/// file is read), the rest on the options the resume ends with.
+void check_options(TrainCli& cli) {
+  train::TrainOptions& options = cli.options;
+  cli.spec.validate_sync(options);
+  if (options.resume) {
+    train::check_train_options(options, train::OptionRows::kNotSaved);
+    inherit_on_resume(*cli.app, options);
+    train::check_train_options(options, train::OptionRows::kSaved);
+  } else {
+    options.validate();
+  }
+  cli.spec.validate_settings(options);
+}
+
 /// Threads: the cores in this process's own affinity mask, divided among the local ranks that
 /// really share them (all of them, unless the launcher bound each rank to cores of its own).
 void choose_threads(TrainCli& cli, const comm::RankInfo& rank_info) {
@@ -734,12 +750,7 @@ int run_train(TrainCli& cli) {
   // asynchronous workers do not step together.
   if (!ps) install_preemption_handler();
   if (const std::optional<int> status = check_how_started(cli, rank_info)) return *status;
-  // Each rule once: --sync's before a resume reads a checkpoint (they say it cannot resume), the
-  // others on the options the resume ends with.
-  spec.validate_sync(options);
-  if (options.resume) inherit_on_resume(*cli.app, options);
-  options.validate();
-  spec.validate_settings(options);
+  check_options(cli);
   choose_threads(cli, rank_info);
   if (spec.runs_as_job() && !rank_info.launched) return launch_job(spec);
   if (ps && cli.threads->count() == 0) options.threads = 1;

@@ -6,7 +6,6 @@
 
 #include "shoal/comm/init.h"
 #include "shoal/error.h"
-#include "shoal/log.h"
 #include "shoal/train/train_option_table.h"
 #include "train/choice_names.h"
 
@@ -50,13 +49,7 @@ at::Device resolve_device(const std::string& name) {
   return at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(chosen));
 }
 
-void TrainOptions::validate() const {
-  // A test counts these lines: each process checks its options once.
-  log::debug("shoal: checked the training options");
-  for (const TrainOption& row : train_option_table()) {
-    if (row.check) row.check(*this);
-  }
-}
+void TrainOptions::validate() const { check_train_options(*this, OptionRows::kAll); }
 
 namespace {
 // Each in its enum's order.

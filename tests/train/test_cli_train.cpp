@@ -9,6 +9,8 @@
 #include <set>
 #include <sstream>
 #include <stdexcept>
+#include <utility>
+#include <vector>
 
 #include "shoal/checkpoint/checkpoint_manager.h"
 #include "shoal/checkpoint/serialization.h"
@@ -546,10 +548,17 @@ TEST(CliTrain, LogLevelFiltersDiagnosticsOnly) {
   ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
   EXPECT_NE(resumed.err.find("changed from the checkpoint: epochs 1 -> 2"), std::string::npos)
       << resumed.err;
-  for (const CliResult* run : {&chatty, &resumed}) {
-    for (const char* rules : {"shoal: checked the training options\n", "shoal: checked --sync\n",
-                              "shoal: checked the strategy's settings\n"}) {
-      EXPECT_EQ(occurrences(run->err, rules), 1) << rules << run->err;
+  const std::string options = "shoal: checked the training options";
+  const std::vector<std::pair<std::string, int>> once_each[] = {
+      {{options + "\n", 1}, {"shoal: checked --sync\n", 1},
+       {"shoal: checked the strategy's settings\n", 1}},
+      {{options + "\n", 0}, {options + " a checkpoint does not hold\n", 1},
+       {options + " a checkpoint holds\n", 1}, {"shoal: checked --sync\n", 1},
+       {"shoal: checked the strategy's settings\n", 1}}};
+  for (int r = 0; r < 2; ++r) {
+    const CliResult& run = r == 0 ? chatty : resumed;
+    for (const auto& [rules, times] : once_each[r]) {
+      EXPECT_EQ(occurrences(run.err, rules), times) << rules << run.err;
     }
   }
   ASSERT_EQ(quiet.exit_code, 0) << quiet.err;
