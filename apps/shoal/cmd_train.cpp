@@ -114,9 +114,6 @@ int run_ps_server(const train::TrainOptions& options, const train::StrategySpec&
       std::chrono::milliseconds(static_cast<long long>(spec.worker_timeout_s * 1000));
   const train::Optimizer optimizer = options.optimizer;
   if (optimizer == train::Optimizer::kSgd) {
-    SHOAL_CHECK_T(InvalidArgument, options.weight_decay.value_or(0) == 0,
-                  "--weight-decay with --optimizer sgd is not supported with --strategy ps; use "
-                  "--optimizer adamw or adam");
     server.optimizer = std::make_shared<ps::Sgd>(ps::SgdOptions{options.lr, options.momentum});
   } else {
     // Adam / AdamW on the servers, with the run's hyper-parameters.

@@ -114,6 +114,12 @@ void StrategySpec::validate_settings(const TrainOptions& options) const {
                 options.clip_grad_norm == 0 || supports(StrategyFeature::kClipGradNorm),
                 "--clip-grad-norm is not supported with --strategy ps (each worker pushes its own "
                 "gradient; the servers never hold the global one): use ddp, dp, pipeline or single");
+  // The servers' SGD (ps::Sgd) has no weight decay.
+  SHOAL_CHECK_T(InvalidArgument,
+                kind != StrategyKind::kPs || options.optimizer != Optimizer::kSgd ||
+                    options.weight_decay.value_or(0) == 0,
+                "--weight-decay with --optimizer sgd is not supported with --strategy ps; use "
+                "--optimizer adamw or adam");
 }
 
 void StrategySpec::validate_sync(const TrainOptions& options) const {

@@ -178,6 +178,13 @@ TEST(StrategySpec, RefusesWhatTheStrategyCannotDo) {
   EXPECT_NE(refusal([&] { spec.validate(options); }).find("--clip-grad-norm is not supported with --strategy ps"),
             std::string::npos);
   options.clip_grad_norm = 0;
+  options.weight_decay = 0.1;  // the servers' SGD has none; their Adam and AdamW have
+  EXPECT_NE(refusal([&] { spec.validate(options); }).find("--weight-decay with --optimizer sgd is not supported with --strategy ps"),
+            std::string::npos);
+  options.optimizer = Optimizer::kAdamW;
+  EXPECT_EQ(refusal([&] { spec.validate(options); }), "");
+  options.optimizer = Optimizer::kSgd;
+  options.weight_decay.reset();
   options.device = "cuda";
   EXPECT_NE(refusal([&] { spec.validate(options); }).find("--device cuda: --strategy ps trains on the CPU"),
             std::string::npos);
