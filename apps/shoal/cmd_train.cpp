@@ -114,9 +114,6 @@ int run_ps_server(const train::TrainOptions& options, const train::StrategySpec&
       std::chrono::milliseconds(static_cast<long long>(spec.worker_timeout_s * 1000));
   const train::Optimizer optimizer = options.optimizer;
   if (optimizer == train::Optimizer::kSgd) {
-    SHOAL_CHECK_T(InvalidArgument, options.weight_decay.value_or(0) == 0,
-                  "--weight-decay with --optimizer sgd is not supported with --strategy ps; use "
-                  "--optimizer adamw or adam");
     server.optimizer = std::make_shared<ps::Sgd>(ps::SgdOptions{options.lr, options.momentum});
   } else {
     // Adam / AdamW on the servers, with the run's hyper-parameters.
@@ -651,7 +648,6 @@ std::optional<int> check_how_started(const TrainCli& cli, const comm::RankInfo& 
 /// --resume: the options not given continue as the checkpoint had them; the ones given apply
 /// (never silently the checkpoint's).
 void inherit_on_resume(const CLI::App& app, train::TrainOptions& options) {
-  options.validate();  // before reading a checkpoint
   std::string where;
   const checkpoint::TrainingState saved = train::load_resume_checkpoint(options, &where);
   std::set<std::string> given;
@@ -659,6 +655,22 @@ void inherit_on_resume(const CLI::App& app, train::TrainOptions& options) {
     if (row.key != nullptr && app.get_option(row.flag)->count() > 0) given.insert(row.key);
   }
   train::inherit_checkpoint_config(options, saved, given, where);
+}
+
+/// Checks the options once each (inheriting a resume's first): what a checkpoint cannot change
+/// before it is read (--sync says it cannot resume; a given option's mistake is said before any
+/// file is read), the rest on the options the resume ends with.
+void check_options(TrainCli& cli) {
+  train::TrainOptions& options = cli.options;
+  cli.spec.validate_sync(options);
+  if (options.resume) {
+    train::check_train_options(options, train::OptionRows::kNotSaved);
+    inherit_on_resume(*cli.app, options);
+    train::check_train_options(options, train::OptionRows::kSaved);
+  } else {
+    options.validate();
+  }
+  cli.spec.validate_settings(options);
 }
 
 /// Threads: the cores in this process's own affinity mask, divided among the local ranks that
@@ -735,10 +747,7 @@ int run_train(TrainCli& cli) {
   // asynchronous workers do not step together.
   if (!ps) install_preemption_handler();
   if (const std::optional<int> status = check_how_started(cli, rank_info)) return *status;
-  spec.validate_sync(options);  // before a resume reads a checkpoint
-  if (options.resume) inherit_on_resume(*cli.app, options);
-  options.validate();
-  spec.validate(options);
+  check_options(cli);
   choose_threads(cli, rank_info);
   if (spec.runs_as_job() && !rank_info.launched) return launch_job(spec);
   if (ps && cli.threads->count() == 0) options.threads = 1;
@@ -748,7 +757,7 @@ int run_train(TrainCli& cli) {
   const std::shared_ptr<parallel::PowerSGDState> power_sgd = ddp ? ddp->power_sgd() : nullptr;
   if (!ps) options.stop_requested = [] { return g_preempt_requested != 0; };
   const bool reports = strategy->rank() == 0;
-  const train::TrainResult result = train::run_training(options, std::move(strategy));
+  const train::TrainResult result = train::run_validated_training(options, std::move(strategy));
   if (!reports) return result.preempted ? kExitPreempted : 0;
   return report(result, cli, power_sgd.get());
 }

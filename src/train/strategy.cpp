@@ -14,6 +14,13 @@
 
 namespace shoal::train {
 
+void check_strategy_device(const std::string& device, bool trains_on_gpu,
+                           const std::string& strategy) {
+  SHOAL_CHECK_T(InvalidArgument, device == "cpu" || trains_on_gpu, "--device ", device,
+                ": --strategy ", strategy,
+                " trains on the CPU here; use --strategy single or ddp on a GPU");
+}
+
 void Strategy::prepare(TrainState& state) {
   state.forward = state.model_forward;
   state.forward_loss = state.model_loss;

@@ -6,6 +6,7 @@
 #include "shoal/comm/init.h"
 #include "shoal/error.h"
 #include "shoal/launcher/launch.h"
+#include "shoal/log.h"
 #include "shoal/parallel/distributed_data_parallel.h"
 #include "shoal/parallel/tensor_parallel.h"
 #include "shoal/pipeline/schedule.h"
@@ -86,14 +87,17 @@ bool StrategySpec::supports(StrategyFeature feature) const {
 
 void StrategySpec::validate(const TrainOptions& options) const {
   validate_sync(options);
+  validate_settings(options);
+}
+
+void StrategySpec::validate_settings(const TrainOptions& options) const {
+  log::debug("shoal: checked the strategy's settings");
   validate_fault_tolerant(options);
   const std::string strategy = strategy_name(kind);
   if (!mesh.empty()) validate_mesh(mesh, kind, model_parallel, options);
   // Said before any data is read (whether this machine has a GPU, the trainer says).
-  SHOAL_CHECK_T(InvalidArgument, options.device == "cpu" || supports(StrategyFeature::kGpu),
-                "--device ", options.device, ": --strategy ", strategy,
-                model_parallel == 1 ? "" : " with --model-parallel",
-                " trains on the CPU here; use --strategy single or ddp on a GPU");
+  check_strategy_device(options.device, supports(StrategyFeature::kGpu),
+                        strategy + (model_parallel == 1 ? "" : " with --model-parallel"));
   SHOAL_CHECK_T(InvalidArgument,
                 comm_hook == CommHookKind::kAllreduce || supports(StrategyFeature::kCommHook),
                 "--comm-hook ", comm_hook_name(comm_hook),
@@ -110,9 +114,16 @@ void StrategySpec::validate(const TrainOptions& options) const {
                 options.clip_grad_norm == 0 || supports(StrategyFeature::kClipGradNorm),
                 "--clip-grad-norm is not supported with --strategy ps (each worker pushes its own "
                 "gradient; the servers never hold the global one): use ddp, dp, pipeline or single");
+  // The servers' SGD (ps::Sgd) has no weight decay.
+  SHOAL_CHECK_T(InvalidArgument,
+                kind != StrategyKind::kPs || options.optimizer != Optimizer::kSgd ||
+                    options.weight_decay.value_or(0) == 0,
+                "--weight-decay with --optimizer sgd is not supported with --strategy ps; use "
+                "--optimizer adamw or adam");
 }
 
 void StrategySpec::validate_sync(const TrainOptions& options) const {
+  log::debug("shoal: checked --sync");
   if (sync == SyncKind::kEveryStep) return;
   const std::string flag = std::string("--sync ") + sync_name(sync);
   SHOAL_CHECK_T(InvalidArgument, kind == StrategyKind::kDdp, flag,

@@ -14,6 +14,7 @@
 #include "compat/autocast.h"
 #include "shoal/checkpoint/training_state.h"
 #include "shoal/error.h"
+#include "shoal/log.h"
 #include "shoal/train/trainer.h"
 #include "train/number_text.h"
 
@@ -500,6 +501,22 @@ std::string value_text(const c10::IValue& value) {
 const std::vector<TrainOption>& train_option_table() {
   static const std::vector<TrainOption> table = make_table();
   return table;
+}
+
+void check_train_options(const TrainOptions& options, OptionRows rows) {
+  // A test counts these lines: each process checks each row once.
+  log::debug("shoal: checked the training options",
+             rows == OptionRows::kAll        ? ""
+             : rows == OptionRows::kNotSaved ? " a checkpoint does not hold"
+                                             : " a checkpoint holds");
+  for (const TrainOption& row : train_option_table()) {
+    const bool saved = row.key != nullptr;
+    if (!row.check || (rows == OptionRows::kSaved && !saved) ||
+        (rows == OptionRows::kNotSaved && saved)) {
+      continue;
+    }
+    row.check(options);
+  }
 }
 
 const TrainOption* find_train_option(const std::string& flag) {

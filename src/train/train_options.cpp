@@ -49,11 +49,7 @@ at::Device resolve_device(const std::string& name) {
   return at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(chosen));
 }
 
-void TrainOptions::validate() const {
-  for (const TrainOption& row : train_option_table()) {
-    if (row.check) row.check(*this);
-  }
-}
+void TrainOptions::validate() const { check_train_options(*this, OptionRows::kAll); }
 
 namespace {
 // Each in its enum's order.

@@ -213,9 +213,7 @@ Trainer::Trainer(Validated, TrainOptions options, std::shared_ptr<torch::nn::Mod
   // before a resume loads into them and before the strategy broadcasts them.
   state_.device = resolve_device(options_.device);
   if (!state_.device.is_cpu()) {
-    const std::string name = strategy_->name();
-    SHOAL_CHECK_T(InvalidArgument, name == "single" || name == "ddp", "--device ", options_.device,
-                  ": --strategy ", name, " trains on the CPU here; use --strategy single or ddp on a GPU");
+    check_strategy_device(options_.device, strategy_->trains_on_gpu(), strategy_->name());
     state_.model->to(state_.device);
   }
 }
@@ -551,8 +549,9 @@ LoadedData load_data(const TrainOptions& options, const data::TensorFileOptions&
     // The pixels stay bytes, normalised per batch (FashionMnistBatches: the same floats as
     // FashionMnist's images(), without a pass over 188 MB before the first step). The test split
     // is decoded on a thread of its own while this one decodes the training split: 0.05 s
-    // off the start-up on an otherwise idle core. Errors come out as before, the training split's
-    // first: the future is waited for (its destructor waits too) before either is reported.
+    // off the start-up on an otherwise idle core. Errors come out in the order of a serial read,
+    // the training split's first: the future is waited for (its destructor waits too) before
+    // either is reported.
     std::future<std::unique_ptr<data::BatchDataset>> test_split =
         std::async(std::launch::async, [&options]() -> std::unique_ptr<data::BatchDataset> {
           return std::make_unique<data::FashionMnistBatches>(options.data_dir, /*train=*/false,
@@ -620,6 +619,10 @@ void check_model_fits_data(models::Model& model, const LoadedData& loaded,
 
 TrainResult run_training(const TrainOptions& options, std::unique_ptr<Strategy> strategy) {
   options.validate();
+  return run_validated_training(options, std::move(strategy));
+}
+
+TrainResult run_validated_training(const TrainOptions& options, std::unique_ptr<Strategy> strategy) {
   if (options.threads > 0) compat::set_compute_threads(options.threads);
   // The model's name first: an unknown one should fail before seconds of data loading.
   // A TorchScript file loads here, with its own weights; an unknown name throws, listing the

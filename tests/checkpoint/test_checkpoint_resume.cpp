@@ -337,8 +337,8 @@ std::string shoal_cli() {
 }
 
 // Two runs (seeds 1 and 2) saved at the same step: rank 1's file of the other run dropped into
-// the folder has the same step, units and shapes, and used to be resumed silently, half of the
-// weights from each run. Every rank's file carries its save's id: the mix is refused, in one line
+// the folder has the same step, units and shapes, and would resume as half of the weights from
+// each run. Every rank's file carries its save's id: the mix is refused, in one line
 // naming the file, by the library and by the CLI; files without ids (an older Shoal's) still load.
 TEST_F(CheckpointResume, ShardedFolderRefusesARankFileOfAnotherSave) {
   const std::string mine = save_sharded_pair(dir_ + "/a", 1, 40);

@@ -493,7 +493,7 @@ TEST(OpLabels, PrefixNamesTheRank) {
 }
 
 // A CUDA tensor's operation says so (a multi-device group's ranks that disagree on the device are
-// told which device each used); a CPU tensor's reads as before.
+// told which device each used); a CPU tensor's names no device.
 TEST(OpLabels, NameTheDeviceWhenItIsNotTheCpu) {
   OpLabel label;
   label.name = "allreduce";

@@ -548,8 +548,8 @@ TEST(ShmSymmetric, RanksThatDisagreeAboutTheTensorFailClearly) {
 
 // all_gather_into_tensor into a tensor of empty_symmetric(), or from one (FSDP's shards), copies
 // the peers' blocks straight from their slots: the same result as between ordinary tensors, with
-// the input anywhere or already in this rank's block, queued back to back with ordinary ones
-// (#31). Gathers of up to 64 KiB in all are staged as before: fewer rounds.
+// the input anywhere or already in this rank's block, queued back to back with ordinary ones.
+// Gathers of up to 64 KiB in all are staged as ordinary ones are: fewer rounds.
 TEST(ShmSymmetric, AllGatherIntoASymmetricTensor) {
   for (int world : {2, 3}) {
     auto store = make_hash_store();

@@ -1,4 +1,4 @@
-// Data read a batch at a time (#29): the DataLoader's order, prefetch bound, errors and time-out;
+// Data read a batch at a time: the DataLoader's order, prefetch bound, errors and time-out;
 // CIFAR-10's binary files read lazily and in memory (bit-identical batches, the dataset's
 // normalisation, one-line errors); and a lazily read dataset through the Trainer with worker
 // threads ending with the same weights as the in-memory tensors.

@@ -76,7 +76,7 @@ TEST(FashionMnist, RealTrainSplitLoads) {
   EXPECT_THROW(train.get(60000), InvalidArgument);
 }
 
-// #32: the trainer's dataset keeps bytes and normalises per batch; its batches must equal the
+// The trainer's dataset keeps bytes and normalises per batch; its batches must equal the
 // rows of images() bit for bit (the same weights after training), in any order and batch size.
 TEST(FashionMnistBatches, BatchesEqualNormalisedImagesBitForBit) {
   SHOAL_REQUIRE_REAL_DATA();

@@ -1,4 +1,4 @@
-// Hostile peers, end to end through the `shoal` command (issue #34): a rank stopped with SIGSTOP
+// Hostile peers, end to end through the `shoal` command: a rank stopped with SIGSTOP
 // under gloo and shm is named and the job ends within SHOAL_HEARTBEAT_TIMEOUT + 20 s; a parameter
 // server under asp goes on without a killed worker when started by `shoal train`; the launcher's
 // last line says when --max-restarts ran out. Real processes and signals; each bound asserted.

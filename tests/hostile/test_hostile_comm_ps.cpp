@@ -1,4 +1,4 @@
-// The parameter server before authentication (issue #34): a stranger that speaks ZeroMQ's wire
+// The parameter server before authentication: a stranger that speaks ZeroMQ's wire
 // protocol (ZMTP 3.0, written here byte by byte) and sends unfinished 256 MiB multi-frame
 // messages on 4 connections does not grow the server; 2,000 malformed messages do not write 2,000
 // log lines. The server runs in a forked process, measured through /proc/PID/status.

@@ -1,4 +1,4 @@
-// The rendezvous store's connection budget under strangers (issue #34): connections that hold
+// The rendezvous store's connection budget under strangers: connections that hold
 // every handshake slot cannot lock the job's ranks out, thousands of overlapping strangers do not
 // grow rank 0's memory or threads, and a client dropped by a flooded listener says so (not "your
 // token was refused"). Real sockets against a real TcpStoreServer; memory from /proc.
@@ -63,8 +63,8 @@ long status_field(const std::string& name) {
 
 // 80 strangers hold silent connections (more than the 64 handshake slots) and open a new one
 // whenever the store drops one, for as long as the ranks connect: 3 ranks with the token still
-// get in and meet. Before, the 65th connection on was closed at once, and a rank failed with
-// "refused this process's token".
+// get in and meet (a store that closed the 65th connection on at once would fail a rank with
+// "refused this process's token").
 TEST(HostileCommStore, HeldStrangersDoNotLockTheRanksOut) {
   TcpStore server("127.0.0.1", 0, true, "tok", Milliseconds(10'000));
   const int port = server.port();
@@ -147,9 +147,9 @@ TEST(HostileCommStore, ListenerThatClosesBeforeAnsweringIsNamedAsBusy) {
 
 // 3,000 strangers that connect and leave at once, while a few others hold silent connections (a
 // new set every 0.5 s, each held 1.5 s, under the 2 s handshake deadline), so that some handshake
-// is always in flight: rank 0 (this forked process) keeps its threads and memory. Before, finished
-// handshake threads were joined only when none was in flight, so their stacks stayed (431 -> 765
-// MB resident, 25 GB virtual measured on a job).
+// is always in flight: rank 0 (this forked process) keeps its threads and memory (finished
+// handshake threads joined only when none is in flight would keep their stacks: hundreds of MB
+// resident, gigabytes virtual).
 TEST(HostileCommStore, OverlappingStrangersDoNotGrowRankZero) {
   const auto outcome = shoal::testing::run_in_child([] {
     const long rss_before = status_field("VmRSS");

@@ -1,4 +1,4 @@
-// Hostile data files (#34, case 7): an IDX image file just under the 2^30-element cap is a 1 MB
+// Hostile data files: an IDX image file just under the 2^30-element cap is a 1 MB
 // gzip of zeros that decoded to 1 GB (and 4 GB of float images) per process. A file announcing
 // far more than its own size is refused before anything is allocated, in the library and through
 // `shoal train`, unless --max-decompression-ratio allows it.

@@ -1,4 +1,4 @@
-// Hostile checkpoint files, round two (#34, cases 5 and 6), fed to the shoal CLI as a user would:
+// Hostile checkpoint files, fed to the shoal CLI as a user would:
 //  - pickles whose containers are shared (a DAG, not a cycle): a 1 KB file of lists holding the
 //    previous level twice, 40 levels deep, stands for 2^41 values once written out, and made
 //    `ckpt inspect` print gigabytes, `ckpt convert` die of bad_alloc and `--resume` swell;

@@ -1,4 +1,4 @@
-// Silent acceptance (#34, case 8): what loaded without a word and now is refused or named.
+// Silent acceptance: what must not load without a word, and is refused or named.
 //  - dtypes: a checkpoint's int8, bool or complex64 tensor copied into a float32 parameter was
 //    cast silently (complex to real included). PyTorch's load_state_dict copies with copy_, which
 //    casts; Shoal refuses a change of kind (bool/integer/floating/complex) and names a change of
@@ -240,11 +240,11 @@ void copy_files(const std::string& from, const std::string& to, bool servers) {
 }
 
 // The servers save their shards whenever the workers save their checkpoint, the servers first.
-// A job killed between the two saves of epoch 2 (the server's written, the workers' not) used to
-// resume silently with the workers at epoch 1 and the server at epoch 2: its file was one file
-// overwritten each round. Each server file now holds and is named by the workers' step, and a
-// resume restores the one of the workers' step: the run ends as the uninterrupted one. A file of
-// another step under that name is refused in one line naming it.
+// A job killed between the two saves of epoch 2 (the server's written, the workers' not) must not
+// resume with the workers at epoch 1 and the server at epoch 2. Each server file holds and is
+// named by the workers' step, and a resume restores the one of the workers' step: the run ends
+// as the uninterrupted one. A file of another step under that name is refused in one line
+// naming it.
 TEST_F(SilentAcceptance, ParameterServerCheckpointIsTiedToTheWorkersStep) {
   const std::string shoal = shoal_cli();
   const std::string data = shoal::testing::make_small_dataset_dir(200, 50);

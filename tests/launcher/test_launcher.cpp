@@ -379,7 +379,7 @@ touch "$DIR/said.1"
 while [ ! -e "$DIR/said.0" ]; do sleep 0.02; done
 exit 1)SH");
   const auto result = run_shoal({"run", "--nproc-per-node", "2", worker}, {}, Milliseconds(60'000));
-  EXPECT_EQ(result.code, 1) << result.err;  // the status of the first exit, as before
+  EXPECT_EQ(result.code, 1) << result.err;  // the status of the first exit
   const std::string first = "shoal run: rank 0 (pid " + std::to_string(read_pid("pid.0")) +
                             ") failed first (rank 0 broke), then rank 1 (pid ";
   EXPECT_NE(result.err.find(first), std::string::npos) << result.err;

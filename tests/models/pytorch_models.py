@@ -17,12 +17,14 @@ except ImportError:
 
 
 class Cnn(nn.Module):
-    def __init__(self):
+    """Shoal's cnn for samples [C, H, W] (models::Cnn(InputShape)); Fashion-MNIST's by default."""
+
+    def __init__(self, c=1, h=28, w=28, classes=10):
         super().__init__()
-        self.conv1 = nn.Conv2d(1, 32, 3)
+        self.conv1 = nn.Conv2d(c, 32, 3)
         self.conv2 = nn.Conv2d(32, 64, 3)
-        self.fc1 = nn.Linear(9216, 128)
-        self.fc2 = nn.Linear(128, 10)
+        self.fc1 = nn.Linear(64 * ((h - 4) // 2) * ((w - 4) // 2), 128)
+        self.fc2 = nn.Linear(128, classes)
 
     def forward(self, x):
         x = F.relu(self.conv1(x))

@@ -1,4 +1,4 @@
-// ScriptModel (#29): a TorchScript module built and saved here, loaded as a Model. Its parameters
+// ScriptModel: a TorchScript module built and saved here, loaded as a Model. Its parameters
 // and buffers carry the script module's names and are the script module's own tensors (an
 // optimizer step on the adapter changes the script module); train()/eval() reach the script code;
 // clone_module() is independent; a file that is not TorchScript is one line.

@@ -1,4 +1,4 @@
-// `shoal train --strategy fsdp --shard 1|2|3` with the trainer's features (#31), against
+// `shoal train --strategy fsdp --shard 1|2|3` with the trainer's features, against
 // `--strategy ddp` with the same feature (which test_train_features_pytorch proves equal to
 // PyTorch): two ranks train the MLP for 20 optimizer steps on the same Fashion-MNIST samples.
 //   no feature           the logged grad_norm (the metrics' step lines) is the global norm over

@@ -240,7 +240,7 @@ INSTANTIATE_TEST_SUITE_P(
                       Spec{3, 2, "adamw", "gloo", true}),
     spec_name);
 
-// ---- no_sync (gradient accumulation) and clip_grad_norm_ (#31) ------------------------------------
+// ---- no_sync (gradient accumulation) and clip_grad_norm_ ----------------------------------------
 
 // torch.nn.utils.clip_grad_norm_ over the module's gradients, which DDP has averaged on every
 // rank: the oracle of FSDP's clip_grad_norm_ over the shards.

@@ -1,7 +1,7 @@
 // `shoal train --strategy pipeline --stages 2|4 --replicas 2` end to end on (the first images of)
 // the real Fashion-MNIST: 4 (8) processes end with the weights and the test accuracy of the same run
 // in one process, and log the same grad_norm at every step (the global norm over all stages,
-// without --clip-grad-norm; #31). Skipped when the data or the shoal program is missing.
+// without --clip-grad-norm). Skipped when the data or the shoal program is missing.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <torch/torch.h>
@@ -74,8 +74,8 @@ TEST(PipelineCli, TrainsLikeOneProcess) {
     accuracy[c.name] = final_accuracy(shoal::testing::read_file(out));
     EXPECT_FALSE(accuracy[c.name].empty()) << shoal::testing::read_file(out);
   }
-  // The logged grad_norm (no --clip-grad-norm) is the whole model's, as in one process: before
-  // #31 the pipeline logged its rank 0's stage alone (about half the total norm here).
+  // The logged grad_norm (no --clip-grad-norm) is the whole model's, as in one process, not
+  // rank 0's stage alone (about half the total norm here).
   const std::vector<double> single_norms = shoal::testing::step_metrics(dir + "/single.jsonl", "grad_norm");
   ASSERT_EQ(single_norms.size(), 8u);  // 256 samples, 32 a step
   for (const char* grid : {"grid", "grid4"}) {

@@ -155,7 +155,7 @@ TEST(PsBsp, CosineScheduleEqualsSingleProcessWithTheSameSchedule) {
 }
 
 
-// Adam and AdamW on the servers (#29): bsp equals single-process LibTorch Adam / AdamW (which
+// Adam and AdamW on the servers: bsp equals single-process LibTorch Adam / AdamW (which
 // test_train_features_pytorch checks against PyTorch's) on the same mean gradients, and the
 // servers' shard state holds PyTorch's Adam state names.
 TEST(PsBsp, AdamAndAdamWEqualSingleProcess) {

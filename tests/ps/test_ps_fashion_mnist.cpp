@@ -3,7 +3,7 @@
 // cosine, carried by every push): the built-in Trainer with PsStrategy in each of 2 worker threads
 // (batch 64 each), one server, ssp staleness 2, the full 10000-image test set.
 //
-// The CNN (issue 13's case): one epoch of all 60000 training images, lr 0.2, plain SGD on the
+// The CNN: one epoch of all 60000 training images, lr 0.2, plain SGD on the
 // server. Why these: on a small slice the gap swings too far to assert. Measured 2026-12-03 (one
 // mode per process, serially): 8000 images, lr 0.1, momentum 0.5, six epochs: asp +0.23 .. -1.05
 // points over six runs, ssp -0.13 .. -0.85; at momentum 0.75 both 0.7-1.0 below. Asynchrony acts

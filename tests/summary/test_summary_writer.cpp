@@ -139,8 +139,8 @@ TEST(SummaryWriter, RefusesWhatTensorBoardCannotHold) {
 }
 
 // A disk that fills mid-write (here a file-size limit, RLIMIT_FSIZE, with SIGXFSZ ignored: the
-// write is cut short at the limit, then refused) used to leave the event file ending inside a
-// record, which TensorBoard's reader stops at with a data-loss error. The writer cuts the file
+// write is cut short at the limit, then refused) must not leave the event file ending inside a
+// record, which TensorBoard's reader stops at with a data-loss error: the writer cuts the file
 // back to its last whole record and says so in one line naming the file.
 TEST(SummaryWriter, AFullDiskLeavesOnlyWholeRecords) {
   const std::string dir = shoal::testing::make_temp_dir("shoal-summary-full");

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""`shoal train --device cuda` as a user runs it on a GPU machine (#29): the fp16 recipe (CUDA
+"""`shoal train --device cuda` as a user runs it on a GPU machine: the fp16 recipe (CUDA
 autocast to float16 with the loss scaler) under single and 2-process DDP on a `--data FILE.pt` of
 learnable tensors; the CUDA run equals the CPU run in float32 (to 1e-4 relative); an fp16 run
 stopped mid-epoch and resumed ends with the weights of the uninterrupted one; a checkpoint written

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""`shoal train`'s training-feature flags (#29) as a user runs them, against Python PyTorch:
+"""`shoal train`'s training-feature flags as a user runs them, against Python PyTorch:
 --optimizer adamw --weight-decay --warmup-steps --lr-schedule cosine --clip-grad-norm --accumulate
 under --strategy ddp (2 processes), and --optimizer adam --lr-schedule multistep --milestones
 --precision bf16 in one process, on the real Fashion-MNIST, equal the same training in PyTorch
@@ -142,7 +142,7 @@ with tempfile.TemporaryDirectory() as tmp:
               f"'{name}' gives one 'shoal: error:' line", run)
         check(mention in run.stderr, f"'{name}' names {mention}", run)
 
-    # --precision fp16 (#29): autocast to float16 with a loss scaler where LibTorch's CPU autocast
+    # --precision fp16: autocast to float16 with a loss scaler where LibTorch's CPU autocast
     # has float16 (>= 2.4), and then a resume continues the scaler's state; refused in one line
     # (fp16 needs CUDA; use bf16 on the CPU) where it has not. SHOAL_TORCH_VERSION (set by CTest)
     # says which.

@@ -39,13 +39,9 @@ import subprocess
 import sys
 import tempfile
 
-from test_script_support import Checks, require_torch, run_shoal
+from test_script_support import average_gradients, relative, run_shoal, start_oracle, state_matches
 
-SHOAL = sys.argv[1]
-torch = require_torch()
-
-torch.set_num_threads(1)
-checks = Checks("gpt_model")
+SHOAL, torch, checks = start_oracle("gpt_model")
 check = checks.check
 
 N_LAYER, N_HEAD, N_EMBD, BLOCK, VOCAB = 2, 2, 32, 16, 64
@@ -66,10 +62,6 @@ def GPT():
 # score), which eps 1e-8 turns into steps of +-lr following the rounding's sign, so that another
 # BLAS or thread count moves the weights 4e-4 apart though both updates are right.
 WEIGHT_TOLERANCE = 1e-5
-
-
-def relative(a, b):
-    return ((a - b).abs().max() / b.abs().max().clamp_min(1e-12)).item()
 
 
 SEED, LR, EPS = 7, 3e-3, 1e-3
@@ -105,20 +97,12 @@ def copy_of(model):
 
 
 def compare(run, reference, dump, what):
-    check(run.returncode == 0, f"{what}: shoal train exits 0", run)
-    if run.returncode != 0:
+    state = state_matches(check, run, reference.state_dict(), dump, what, tolerance=WEIGHT_TOLERANCE)
+    if state is None:
         return
-    state = torch.load(dump + ".rank0.pt")
-    expected = reference.state_dict()
-    check(list(state.keys()) == list(expected.keys()),
-          f"{what}: nanoGPT's keys in its order ({list(state.keys())[:4]}...)")
     check(state["lm_head.weight"].data_ptr() == state["transformer.wte.weight"].data_ptr() or
           torch.equal(state["lm_head.weight"], state["transformer.wte.weight"]),
           f"{what}: lm_head.weight is transformer.wte.weight")
-    worst = max(relative(state[k], v) for k, v in expected.items() if k in state)
-    check(worst <= WEIGHT_TOLERANCE,
-          f"{what}: weights equal PyTorch's to {WEIGHT_TOLERANCE:g} relative (worst {worst:.3g})")
-    print(f"{what}: worst relative difference {worst:.3g}", flush=True)
     GPT().load_state_dict(state)
 
 
@@ -196,10 +180,7 @@ with tempfile.TemporaryDirectory() as tmp:
                 idx = shards[r][step * 4:(step + 1) * 4]
                 opts[r].zero_grad()
                 ranks[r](x[idx], y[idx]).backward()
-            for p0, p1 in zip(ranks[0].parameters(), ranks[1].parameters()):
-                mean = (p0.grad + p1.grad) / 2
-                p0.grad.copy_(mean)
-                p1.grad.copy_(mean)
+            average_gradients(ranks)
             for o in opts:
                 o.step()
         return ranks[0], opts[0]

@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """`shoal train --model m.pt` on a TorchScript module written and scripted here (convolutions,
 BatchNorm, dropout, a residual block), against the same nn.Module trained by PyTorch on the same
-data in the same order (#29):
+data in the same order:
 
   single       20 SGD steps equal PyTorch's (weights and BatchNorm statistics, 1e-5 relative)
   ddp, 2 ranks 20 steps equal PyTorch's DDP, simulated exactly: each rank's DistributedSampler
@@ -26,19 +26,15 @@ Every saved state dict loads into the Python module with load_state_dict (strict
 """
 import copy
 import os
-import sys
 import tempfile
 from typing import Dict
 
-from test_script_support import Checks, require_torch, run_shoal
+from test_script_support import average_gradients, relative, run_shoal, start_oracle, state_matches
 
-SHOAL = sys.argv[1]
-torch = require_torch()
+SHOAL, torch, checks = start_oracle("script_model")
 import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-torch.set_num_threads(1)
-checks = Checks("script_model")
 check = checks.check
 
 
@@ -83,25 +79,10 @@ torch.manual_seed(0)
 initial = Net(0.0)
 
 
-def relative(a, b):
-    if a.dtype == torch.long:
-        return 0.0 if torch.equal(a, b) else float("inf")
-    return ((a - b).abs().max() / b.abs().max().clamp_min(1e-12)).item()
-
-
 def compare(run, reference, dump, what):
-    check(run.returncode == 0, f"{what}: shoal train exits 0", run)
-    if run.returncode != 0:
-        return None
-    state = torch.load(dump + ".rank0.pt")
-    expected = reference.state_dict()
-    check(sorted(state.keys()) == sorted(expected.keys()),
-          f"{what}: state dict keys {sorted(state.keys())} == {sorted(expected.keys())}")
-    worst = max(relative(state[k], v) for k, v in expected.items() if k in state)
-    check(worst <= 1e-5, f"{what}: weights and buffers equal PyTorch's to 1e-5 relative (worst {worst:.3g})")
-    fresh = Net(0.0)
-    fresh.load_state_dict(state)  # strict: every key of the Python module, nothing else
-    print(f"{what}: worst relative difference {worst:.3g}", flush=True)
+    state = state_matches(check, run, reference.state_dict(), dump, what, in_order=False)
+    if state is not None:
+        Net(0.0).load_state_dict(state)  # strict: every key of the Python module, nothing else
     return state
 
 
@@ -113,6 +94,18 @@ def order(epoch=0):
     return torch.randperm(N, generator=torch.Generator().manual_seed(SEED + epoch))
 
 
+def sgd_steps(model, steps=20, batch=32):
+    """`model` after `steps` SGD steps of `batch` samples in epoch 0's order, one process."""
+    opt = sgd(model)
+    perm = order()
+    for step in range(steps):
+        idx = perm[step * batch:(step + 1) * batch]
+        opt.zero_grad()
+        F.cross_entropy(model(x[idx]), y[idx]).backward()
+        opt.step()
+    return model
+
+
 with tempfile.TemporaryDirectory() as tmp:
     data = os.path.join(tmp, "data.pt")
     torch.save({"train_x": x, "train_y": y, "test_x": xt, "test_y": yt}, data)
@@ -122,14 +115,8 @@ with tempfile.TemporaryDirectory() as tmp:
               "--momentum", str(MOMENTUM), "--threads", "1", "--no-progress"]
 
     # --- single: 20 steps of 32
-    model = copy.deepcopy(initial)
-    opt = sgd(model)
+    model = sgd_steps(copy.deepcopy(initial))
     perm = order()
-    for step in range(20):
-        idx = perm[step * 32:(step + 1) * 32]
-        opt.zero_grad()
-        F.cross_entropy(model(x[idx]), y[idx]).backward()
-        opt.step()
     dump = os.path.join(tmp, "single")
     compare(shoal(*common, "--batch-size", "32", "--dump-parameters", dump), model, dump,
             "single")
@@ -150,10 +137,7 @@ with tempfile.TemporaryDirectory() as tmp:
             idx = shards[r][step * 16:(step + 1) * 16]
             opts[r].zero_grad()
             F.cross_entropy(ranks[r](x[idx]), y[idx]).backward()
-        for p0, p1 in zip(ranks[0].parameters(), ranks[1].parameters()):
-            mean = (p0.grad + p1.grad) / 2
-            p0.grad.copy_(mean)
-            p1.grad.copy_(mean)
+        average_gradients(ranks)
         for o in opts:
             o.step()
     dump = os.path.join(tmp, "ddp")
@@ -232,21 +216,12 @@ with tempfile.TemporaryDirectory() as tmp:
     traced_initial = Traced()
     traced_file = os.path.join(tmp, "traced.pt")
     torch.jit.trace(traced_initial, x[:2]).save(traced_file)
-    model = copy.deepcopy(traced_initial)
-    opt = sgd(model)
-    for step in range(20):
-        idx = perm[step * 32:(step + 1) * 32]
-        opt.zero_grad()
-        F.cross_entropy(model(x[idx]), y[idx]).backward()
-        opt.step()
+    model = sgd_steps(copy.deepcopy(traced_initial))
     dump = os.path.join(tmp, "traced")
     run = shoal(*[a if a != script else traced_file for a in common], "--batch-size", "32",
                 "--dump-parameters", dump)
-    check(run.returncode == 0, "traced: shoal train exits 0", run)
-    if run.returncode == 0:
-        state = torch.load(dump + ".rank0.pt")
-        worst = max(relative(state[k], v) for k, v in model.state_dict().items())
-        check(worst <= 1e-5, f"traced: 20 steps equal PyTorch's to 1e-5 relative (worst {worst:.3g})")
+    state = state_matches(check, run, model.state_dict(), dump, "traced, 20 steps", in_order=False)
+    if state is not None:
         Traced().load_state_dict(state)
 
     # --- ps: trains, and its state dict loads
@@ -271,26 +246,14 @@ with tempfile.TemporaryDirectory() as tmp:
                                nn.ReLU(), nn.Linear(32, 10))
     seq_file = os.path.join(tmp, "sequential.pt")
     torch.jit.script(sequential).save(seq_file)
-    model = copy.deepcopy(sequential)
-    opt = sgd(model)
-    for step in range(20):
-        idx = perm[step * 32:(step + 1) * 32]
-        opt.zero_grad()
-        F.cross_entropy(model(x[idx]), y[idx]).backward()
-        opt.step()
+    model = sgd_steps(copy.deepcopy(sequential))
     dump = os.path.join(tmp, "pipeline")
     run = shoal(*[a if a != script else seq_file for a in common], "--strategy", "pipeline",
                 "--stages", "2", "--micro-batches", "4", "--batch-size", "32", "--dump-parameters", dump)
-    check(run.returncode == 0, "pipeline, Sequential: shoal train exits 0", run)
-    if run.returncode == 0:
-        state = torch.load(dump + ".rank0.pt")
-        check(sorted(state.keys()) == sorted(model.state_dict().keys()),
-              f"pipeline, Sequential: keys {sorted(state.keys())}")
-        worst = max(relative(state[k], v) for k, v in model.state_dict().items() if k in state)
-        check(worst <= 1e-5, f"pipeline, Sequential: 20 steps equal PyTorch's to 1e-5 relative (worst {worst:.3g})")
-        print(f"pipeline, Sequential: worst relative difference {worst:.3g}", flush=True)
-        fresh = copy.deepcopy(sequential)
-        fresh.load_state_dict(state)
+    state = state_matches(check, run, model.state_dict(), dump, "pipeline, Sequential, 20 steps",
+                          in_order=False)
+    if state is not None:
+        copy.deepcopy(sequential).load_state_dict(state)
 
     # --- a model that computes its own loss: forward(x, y) returns {"loss": ..., "accuracy": ...}
     # (Hugging Face's convention); 20 steps under ddp and fsdp (2 ranks of 16) equal PyTorch's DDP
@@ -316,10 +279,7 @@ with tempfile.TemporaryDirectory() as tmp:
             idx = shards[r][step * 16:(step + 1) * 16]
             opts[r].zero_grad()
             ranks[r](x[idx], y[idx])["loss"].backward()
-        for p0, p1 in zip(ranks[0].parameters(), ranks[1].parameters()):
-            mean = (p0.grad + p1.grad) / 2
-            p0.grad.copy_(mean)
-            p1.grad.copy_(mean)
+        average_gradients(ranks)
         for o in opts:
             o.step()
     with torch.no_grad():
@@ -330,14 +290,10 @@ with tempfile.TemporaryDirectory() as tmp:
         dump = os.path.join(tmp, "own_" + strategy)
         run = shoal(*own_common, "--strategy", strategy, "--nproc-per-node", "2", "--batch-size", "16",
                     "--dump-parameters", dump)
-        check(run.returncode == 0, f"{what}: shoal train exits 0", run)
-        if run.returncode != 0:
-            continue
-        state = torch.load(dump + ".rank0.pt")
-        worst = max(relative(state[k], v) for k, v in ranks[0].state_dict().items())
-        check(worst <= 1e-5, f"{what}: 20 steps equal PyTorch's to 1e-5 relative (worst {worst:.3g})")
-        print(f"{what}: worst relative difference {worst:.3g}", flush=True)
-        OwnLoss().load_state_dict(state)
+        state = state_matches(check, run, ranks[0].state_dict(), dump, what + ", 20 steps",
+                              in_order=False)
+        if state is not None:
+            OwnLoss().load_state_dict(state)
     # A whole epoch (40 steps of 16 x 2): the test loss is the model's own, no accuracy.
     run = shoal(*own_common, "--batch-size", "32")
     line = [l for l in run.stdout.splitlines() if l.startswith("final test loss")]

@@ -9,6 +9,8 @@
 #include <set>
 #include <sstream>
 #include <stdexcept>
+#include <utility>
+#include <vector>
 
 #include "shoal/checkpoint/checkpoint_manager.h"
 #include "shoal/checkpoint/serialization.h"
@@ -101,10 +103,10 @@ TEST(CliTrain, MissingDataDirIsOneLine) {
   EXPECT_NE(run.err.find("/nonexistent/fmnist"), std::string::npos) << run.err;
 }
 
-// #32: the test split decodes on a thread of its own beside the training split; a damaged test
-// split, a missing folder and an unknown model are still reported as before (the model first,
-// before any data error), in one process and under DDP.
-TEST(CliTrain, DamagedTestSplitMissingFolderAndUnknownModelUnderDdpAreReportedAsBefore) {
+// The test split decodes on a thread of its own beside the training split; a damaged test
+// split, a missing folder and an unknown model are reported as a serial read would (the model
+// first, before any data error), in one process and under DDP.
+TEST(CliTrain, DamagedTestSplitMissingFolderAndUnknownModelUnderDdpAreReportedInOrder) {
   SHOAL_SKIP_UNLESS(shoal::testing::have_real_fashion_mnist(), shoal::testing::Dependency::kDataset,
                     "Fashion-MNIST is not installed (apt-get install dataset-fashion-mnist)");
   const std::string dir = shoal::testing::make_temp_dir("shoal-cli-t10k");
@@ -523,8 +525,15 @@ TEST(CliTrain, SrunRanksTrainAsShoalsOwnLauncher) {
   fs::remove_all(dir);
 }
 
+int occurrences(const std::string& text, const std::string& part) {
+  int count = 0;
+  for (size_t at = text.find(part); at != std::string::npos; at = text.find(part, at + 1)) ++count;
+  return count;
+}
+
 // SHOAL_LOG_LEVEL=warn silences Shoal's info messages (the header) but not the progress lines,
-// the result on stdout, or the error line of a failing command; =debug adds the debug ones.
+// the result on stdout, or the error line of a failing command; =debug adds the debug ones,
+// among them one line per set of rules checked: each is checked once, resumed or not.
 TEST(CliTrain, LogLevelFiltersDiagnosticsOnly) {
   const std::string dir = shoal::testing::make_small_dataset_dir(128, 32);
   const std::string ckpt = dir + "/ckpt";
@@ -532,8 +541,26 @@ TEST(CliTrain, LogLevelFiltersDiagnosticsOnly) {
                             "--data-dir " + dir;
   const CliResult quiet = shoal_train(small, "SHOAL_LOG_LEVEL=warn");
   const CliResult chatty = shoal_train(small + " --checkpoint-dir " + ckpt, "SHOAL_LOG_LEVEL=debug");
+  const CliResult resumed = shoal_train(small + " --checkpoint-dir " + ckpt + " --resume --epochs 2",
+                                        "SHOAL_LOG_LEVEL=debug");
   const CliResult failing = shoal_train("--batch-size 0 --no-progress", "SHOAL_LOG_LEVEL=off");
   fs::remove_all(dir);
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
+  EXPECT_NE(resumed.err.find("changed from the checkpoint: epochs 1 -> 2"), std::string::npos)
+      << resumed.err;
+  const std::string options = "shoal: checked the training options";
+  const std::vector<std::pair<std::string, int>> once_each[] = {
+      {{options + "\n", 1}, {"shoal: checked --sync\n", 1},
+       {"shoal: checked the strategy's settings\n", 1}},
+      {{options + "\n", 0}, {options + " a checkpoint does not hold\n", 1},
+       {options + " a checkpoint holds\n", 1}, {"shoal: checked --sync\n", 1},
+       {"shoal: checked the strategy's settings\n", 1}}};
+  for (int r = 0; r < 2; ++r) {
+    const CliResult& run = r == 0 ? chatty : resumed;
+    for (const auto& [rules, times] : once_each[r]) {
+      EXPECT_EQ(occurrences(run.err, rules), times) << rules << run.err;
+    }
+  }
   ASSERT_EQ(quiet.exit_code, 0) << quiet.err;
   EXPECT_EQ(quiet.err.find("shoal train: mlp ("), std::string::npos) << quiet.err;
   EXPECT_NE(quiet.err.find("step 2/4"), std::string::npos) << quiet.err;

@@ -1,4 +1,4 @@
-// GradScaler (#29) without Python: the scale's backoff and growth, skipped steps, the once-per-step
+// GradScaler without Python: the scale's backoff and growth, skipped steps, the once-per-step
 // rules, state_dict round trips with PyTorch's keys, agreement across ranks, and the trainer's
 // fp16/scaler path (an overflowing step skipped instead of stopping the run).
 #include <gtest/gtest.h>

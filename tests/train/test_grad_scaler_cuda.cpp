@@ -1,4 +1,4 @@
-// The fp16 recipe on CUDA (#29), what --precision fp16 is for: a model on the GPU, its forward
+// The fp16 recipe on CUDA, what --precision fp16 is for: a model on the GPU, its forward
 // under CUDA autocast to float16, GradScaler on CUDA tensors. Checks that (1) the scaler's
 // tensor code is device-agnostic: on a float32 model with injected inf inputs, CUDA and CPU give
 // the same scale after every step, the same skipped steps and the same weights (to 1e-5), and

@@ -1,4 +1,4 @@
-// Oracle (#29): Shoal's loss scaler against PyTorch 2.x's torch.amp.GradScaler("cpu") (the PyPI
+// Oracle: Shoal's loss scaler against PyTorch 2.x's torch.amp.GradScaler("cpu") (the PyPI
 // wheel of scripts/setup_torch_pypi.sh; Debian's 1.13 has no CPU GradScaler, so the test is
 // skipped without it). The trainer trains 20 steps with a scaler on a float32 model, with inputs
 // holding an inf pixel in some steps (their gradients overflow: the steps are skipped and the

@@ -149,6 +149,25 @@ std::string refusal(F check) {
   return "";
 }
 
+// The Trainer refuses a GPU for a strategy built without a StrategySpec by the spec's own rule:
+// a strategy trains on the CPU unless it says otherwise (single and plain DDP do).
+TEST(StrategySpec, TheTrainerAndTheSpecShareTheDeviceRule) {
+  struct CpuOnly : Strategy {
+    std::string name() const override { return "cpu-only"; }
+  };
+  EXPECT_TRUE(SingleProcess().trains_on_gpu());
+  EXPECT_FALSE(CpuOnly().trains_on_gpu());
+  const std::string message = refusal([] {
+    check_strategy_device("cuda:1", CpuOnly().trains_on_gpu(), CpuOnly().name());
+  });
+  EXPECT_NE(message.find("--device cuda:1: --strategy cpu-only trains on the CPU here; use "
+                         "--strategy single or ddp on a GPU"),
+            std::string::npos)
+      << message;
+  EXPECT_EQ(refusal([] { check_strategy_device("cpu", false, "ps"); }), "");
+  EXPECT_EQ(refusal([] { check_strategy_device("cuda", true, "ddp"); }), "");
+}
+
 // The strategy rules a C++ user meets without the CLI (which runs the same validate()).
 TEST(StrategySpec, RefusesWhatTheStrategyCannotDo) {
   TrainOptions options;
@@ -159,6 +178,13 @@ TEST(StrategySpec, RefusesWhatTheStrategyCannotDo) {
   EXPECT_NE(refusal([&] { spec.validate(options); }).find("--clip-grad-norm is not supported with --strategy ps"),
             std::string::npos);
   options.clip_grad_norm = 0;
+  options.weight_decay = 0.1;  // the servers' SGD has none; their Adam and AdamW have
+  EXPECT_NE(refusal([&] { spec.validate(options); }).find("--weight-decay with --optimizer sgd is not supported with --strategy ps"),
+            std::string::npos);
+  options.optimizer = Optimizer::kAdamW;
+  EXPECT_EQ(refusal([&] { spec.validate(options); }), "");
+  options.optimizer = Optimizer::kSgd;
+  options.weight_decay.reset();
   options.device = "cuda";
   EXPECT_NE(refusal([&] { spec.validate(options); }).find("--device cuda: --strategy ps trains on the CPU"),
             std::string::npos);

@@ -1,4 +1,4 @@
-// The Trainer's callbacks and early stopping (#29), and a resumed AdamW run with a warm-up +
+// The Trainer's callbacks and early stopping, and a resumed AdamW run with a warm-up +
 // cosine schedule and gradient accumulation: bit-identical to the uninterrupted one, its
 // checkpoint's optimizer state loadable by Python's torch.optim.AdamW.load_state_dict.
 #include <gtest/gtest.h>

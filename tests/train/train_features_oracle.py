@@ -7,7 +7,7 @@ CASES_FILE holds one case a line: "NAME key=value ...", keys: strategy (single, 
 pipeline), ranks (data-parallel ranks: 2 for ddp), size, batch (per rank and micro-batch), seed,
 data_seed, optimizer, lr, momentum, betas (b1,b2), eps, weight_decay, lr_schedule, warmup_steps,
 warmup_start_factor, step_size, gamma, milestones (a,b,...), t_max, clip, accumulate, precision
-(fp32, bf16, fp16), and for the loss scaler (#29; torch.amp.GradScaler("cpu"), PyTorch >= 2.3):
+(fp32, bf16, fp16), and for the loss scaler (torch.amp.GradScaler("cpu"), PyTorch >= 2.3):
 scaler (1: scale a float32 model too; fp16 always scales), init_scale, growth_interval,
 inf_samples (a,b,...: those samples get an inf pixel, so that their steps overflow), and device
 (cpu, cuda: the model, data, autocast and scaler on the GPU).
@@ -88,7 +88,7 @@ def run(case, x, y, out_dir=None):
     size = x.shape[0]
     torch.manual_seed(seed)
     model = Mlp()
-    # device=cuda (#29): made on the CPU as Shoal makes it, then moved, with the data.
+    # device=cuda: made on the CPU as Shoal makes it, then moved, with the data.
     device = case.get("device", "cpu")
     model.to(device)
     x, y = x.to(device), y.to(device)

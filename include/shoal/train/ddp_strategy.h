@@ -78,6 +78,7 @@ class DdpStrategy : public Strategy {
   int world_size() const override;
   comm::ProcessGroup* process_group() override { return group_.get(); }
   std::string name() const override { return "ddp"; }
+  bool trains_on_gpu() const override { return true; }
   /// The reducer's: bytes of every bucket reduced, time blocked at the end of backward.
   std::optional<CommStats> comm_stats() const override;
 

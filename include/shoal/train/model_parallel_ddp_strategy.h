@@ -38,6 +38,8 @@ class ModelParallelDdpStrategy : public DdpStrategy {
   ~ModelParallelDdpStrategy() override;
 
   void prepare(TrainState& state) override;
+  /// Its parts are placed on the CPU.
+  bool trains_on_gpu() const override { return false; }
 
  private:
   int parts_;

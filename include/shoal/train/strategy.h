@@ -146,6 +146,10 @@ class Strategy {
   /// What the run's header line adds about this strategy's settings (empty: nothing).
   virtual std::string describe() const { return ""; }
 
+  /// Whether it can train on a CUDA device: single and plain DDP can; the others keep their
+  /// models, buffers and messages on the CPU.
+  virtual bool trains_on_gpu() const { return false; }
+
  private:
   bool exactly_once_ = false;
 };
@@ -154,7 +158,14 @@ class Strategy {
 class SingleProcess : public Strategy {
  public:
   std::string name() const override { return "single"; }
+  bool trains_on_gpu() const override { return true; }
 };
+
+/// The rule between the device and the strategy, for StrategySpec::validate and the Trainer:
+/// InvalidArgument unless `device` is "cpu" or the strategy `trains_on_gpu`. `strategy` names it
+/// in the message ("ps", "ddp with --model-parallel").
+void check_strategy_device(const std::string& device, bool trains_on_gpu,
+                           const std::string& strategy);
 
 /// This replica's DistributedSampler shard of `epoch` (shuffled with `seed`, padded to equal
 /// shares), as [k] int64: what data-parallel strategies train on. With `exactly_once`, its

@@ -90,10 +90,15 @@ struct StrategySpec {
 
   /// Whether this strategy, with these settings, can do `feature`.
   bool supports(StrategyFeature feature) const;
-  /// Throws InvalidArgument naming the flags when `options` ask what this strategy cannot do.
+  /// Throws InvalidArgument naming the flags when `options` ask what this strategy cannot do:
+  /// validate_sync, then validate_settings.
   void validate(const TrainOptions& options) const;
-  /// validate()'s rules of --sync: its strategy and the flags it cannot go with.
+  /// validate()'s rules of --sync: its strategy and the flags it cannot go with. They read no
+  /// option a resume inherits, so `shoal train` checks them before it reads a checkpoint.
   void validate_sync(const TrainOptions& options) const;
+  /// validate()'s other rules (--fault-tolerant's among them), checked on the options a resume
+  /// ends with.
+  void validate_settings(const TrainOptions& options) const;
   /// validate()'s rules of --fault-tolerant: the settings it cannot train with.
   void validate_fault_tolerant(const TrainOptions& options) const;
   /// replicas, or the strategy's default for 0.

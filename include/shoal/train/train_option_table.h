@@ -67,6 +67,18 @@ struct TrainOption {
 /// Every option, grouped by concern.
 const std::vector<TrainOption>& train_option_table();
 
+/// Which rows' checks check_train_options runs.
+enum class OptionRows {
+  kAll,       ///< every row (TrainOptions::validate)
+  kNotSaved,  ///< rows a checkpoint does not hold: their checks read no option a resume inherits
+  kSaved,     ///< rows a checkpoint holds (key set)
+};
+
+/// Runs the checks of `rows` (InvalidArgument naming the flag). `shoal train --resume` checks
+/// kNotSaved before it reads the checkpoint and kSaved once it has inherited from it, so that
+/// each rule runs once and a given option's mistake is said before any file is read.
+void check_train_options(const TrainOptions& options, OptionRows rows);
+
 /// The row of `flag` ("--lr"), or nullptr.
 const TrainOption* find_train_option(const std::string& flag);
 

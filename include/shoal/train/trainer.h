@@ -294,8 +294,8 @@ class Trainer {
 
  private:
   /// Marks options that passed TrainOptions::validate(): the public constructors check them once
-  /// and delegate to the private ones, which run_training (having checked them before it read
-  /// the data) calls directly.
+  /// and delegate to the private ones, which run_validated_training (given checked options)
+  /// calls directly.
   struct Validated {};
   Trainer(Validated, TrainOptions options, std::shared_ptr<models::Model> model,
           std::unique_ptr<Strategy> strategy);
@@ -303,7 +303,8 @@ class Trainer {
           std::function<at::Tensor(const at::Tensor&)> forward,
           std::unique_ptr<torch::optim::Optimizer> optimizer, LossFunction loss,
           std::unique_ptr<Strategy> strategy);
-  friend TrainResult run_training(const TrainOptions& options, std::unique_ptr<Strategy> strategy);
+  friend TrainResult run_validated_training(const TrainOptions& options,
+                                            std::unique_ptr<Strategy> strategy);
 
   TrainOptions options_;
   std::unique_ptr<Strategy> strategy_;
@@ -365,5 +366,10 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const TrainOptions& opti
 /// DataError with one-line messages.
 TrainResult run_training(const TrainOptions& options,
                          std::unique_ptr<Strategy> strategy = nullptr);
+
+/// run_training for options that passed TrainOptions::validate() in this process (`shoal train`
+/// checks them once, before it launches a job or reads a checkpoint).
+TrainResult run_validated_training(const TrainOptions& options,
+                                   std::unique_ptr<Strategy> strategy = nullptr);
 
 }  // namespace shoal::train
