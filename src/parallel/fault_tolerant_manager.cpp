@@ -305,7 +305,8 @@ void FaultTolerantManager::re_form(std::vector<int> members) {
   ++generation_;
   attempt_ = 0;
   log::warn("[rank ", rank_, "] fault tolerance: generation ", generation_, " goes on with ",
-            members_.size(), " replicas (ranks ", member_list_text(members_), ")");
+            members_.size(), members_.size() == 1 ? " replica" : " replicas", " (ranks ",
+            member_list_text(members_), ")");
   for (int r : joined_) {
     store_->set_string(formed_key(r, incarnation_of(r)), std::to_string(generation_) + " " +
                                                             std::to_string(donor_) + " " +
