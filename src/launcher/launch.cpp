@@ -417,6 +417,7 @@ int launch(const LaunchOptions& options) {
   group_options.grace_period = options.grace_period;
   group_options.tolerate_worker_failures =
       options.tolerate_worker_failures || options.fault_tolerant;
+  group_options.replicas_finish_together = options.fault_tolerant;
   group_options.log_name = options.log_name;
   int replaced = 0;  // workers started again on their own, out of --max-restarts
   for (int restart = 0;; ++restart) {

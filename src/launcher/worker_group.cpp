@@ -117,16 +117,20 @@ bool WorkerGroup::others_succeeded(size_t index) const {
 bool WorkerGroup::go_on_without(size_t index, GroupResult& result) {
   const WorkerProcess& worker = *workers_[index];
   if (!options_.tolerate_worker_failures || worker.spec().role != "worker") return false;
-  // A replacement that fails once the others finished (it came too late to join) leaves the
-  // job as successful as the others made it.
-  const bool late = replacements_.count(index) > 0 && others_succeeded(index);
+  // A replica that fails once the others finished (a replacement too late to join, or one left
+  // out after a stop) leaves the job as successful as the others made it.
+  const bool replacement = replacements_.count(index) > 0;
+  const bool late =
+      (replacement || options_.replicas_finish_together) && others_succeeded(index);
   if (running_workers() == 0 && !late) return false;
   const std::string what = worker.spec().label + " (pid " + std::to_string(worker.pid()) + ") " +
                            worker.status().describe();
   if (late) {
     result.tolerated.push_back(what);
-    log::warn(options_.log_name, ": ", what, "; it replaced a failed worker, and the others had "
-              "finished");
+    log::warn(options_.log_name, ": ", what,
+              replacement ? "; it replaced a failed worker, and the others had finished"
+                          : "; it was not among the replicas that finished (was it stopped?), "
+                            "and they had finished");
     return true;
   }
   if (static_cast<int>(result.replaced.size()) < options_.replace_failed_workers) {

@@ -35,6 +35,11 @@ struct WorkerGroupOptions {
   /// tolerance with --max-restarts: the replacement joins the running job); with
   /// tolerate_worker_failures only.
   int replace_failed_workers = 0;
+  /// The workers are fault-tolerant replicas (FaultTolerantManager), which finish together: one
+  /// that fails after every other worker succeeded was not among them at the end (left out after
+  /// a stop, or a replacement too late to join), and the group is as successful as they made it.
+  /// With tolerate_worker_failures only.
+  bool replicas_finish_together = false;
   /// Called with a worker's rank once it has exited (fault tolerance marks it dead in the store).
   std::function<void(int rank)> on_exit;
   /// Names the launcher in what the group prints ("shoal run: ...").

@@ -7,6 +7,8 @@
 #include <optional>
 #include <sstream>
 
+#include "comm/hang_reporter.h"
+#include "comm/timeouts.h"
 #include "shoal/comm/init.h"
 #include "shoal/comm/process_group.h"
 #include "shoal/comm/store.h"
@@ -86,6 +88,42 @@ bool contains(const std::vector<int>& ranks, int rank) {
 
 using Clock = std::chrono::steady_clock;
 
+std::string beat_key(int rank) { return "ft/beat/" + std::to_string(rank); }
+
+// The members' heartbeats as one wait sees them: a rank is silent once its counter has not moved
+// for `limit` since the wait first read it. The counters are read at most once a beat interval,
+// so a long wait costs a request per member and beat, not per slice.
+class BeatWatch {
+ public:
+  BeatWatch(comm::Store& store, const std::vector<int>& ranks)
+      : store_(store), ranks_(ranks), limit_(comm::silent_peer_timeout()) {}
+
+  bool silent(int rank) {
+    const auto now = Clock::now();
+    if (now >= next_read_) {
+      for (int r : ranks_) {
+        const int64_t beats = store_.add(beat_key(r), 0);
+        auto [seen, first] = seen_.try_emplace(r, Seen{beats, now});
+        if (!first && seen->second.beats != beats) seen->second = {beats, now};
+      }
+      next_read_ = now + comm::beat_interval();
+    }
+    const auto seen = seen_.find(rank);
+    return seen != seen_.end() && now - seen->second.moved_at >= limit_;
+  }
+
+ private:
+  struct Seen {
+    int64_t beats = 0;
+    Clock::time_point moved_at;
+  };
+  comm::Store& store_;
+  std::vector<int> ranks_;
+  comm::Milliseconds limit_;
+  Clock::time_point next_read_{};
+  std::map<int, Seen> seen_;
+};
+
 // Waits until every key of `keys` is in `store`, in slices of `slice` (the store answers the
 // moment the last arrives; the slice bounds how late `stop` is noticed): true when they are;
 // false once `stop` holds between slices or `give_up` has passed.
@@ -113,22 +151,54 @@ FaultTolerantManager::FaultTolerantManager(std::shared_ptr<comm::Store> store, i
   SHOAL_CHECK_T(InvalidArgument, options_.min_replicas >= 1 && options_.min_replicas <= world_size,
                 "--min-replicas ", options_.min_replicas, " must be in 1..", world_size,
                 " (the job's replicas)");
-  incarnation_ = store_->add(exit_key(rank_), 0);
-  if (incarnation_ > 0) {
-    join();
-    return;
+  heartbeat_ = std::thread([this] { beat(); });
+  try {
+    incarnation_ = store_->add(exit_key(rank_), 0);
+    if (incarnation_ > 0) {
+      join();
+      return;
+    }
+    for (int r = 0; r < world_size; ++r) members_.push_back(r);
+    form_group();
+  } catch (...) {
+    stop_beating();
+    throw;
   }
-  for (int r = 0; r < world_size; ++r) members_.push_back(r);
-  form_group();
 }
 
 FaultTolerantManager::~FaultTolerantManager() {
+  stop_beating();
   if (std::uncaught_exceptions() > 0) return;
   try {
     store_->set_string(kFinishedKey, "1");
   } catch (const std::exception&) {
     // The store is gone with the job: no replacement is left to tell.
   }
+}
+
+// The heartbeat thread: one store request a beat until stop_beating(), or until the store is
+// gone with the job (then this replica cannot vote either).
+void FaultTolerantManager::beat() {
+  std::unique_lock<std::mutex> lock(beat_mutex_);
+  while (beating_) {
+    lock.unlock();
+    try {
+      store_->add(beat_key(rank_), 1);
+    } catch (const std::exception&) {
+      return;
+    }
+    lock.lock();
+    beat_stop_.wait_for(lock, comm::beat_interval(), [&] { return !beating_; });
+  }
+}
+
+void FaultTolerantManager::stop_beating() {
+  {
+    std::lock_guard<std::mutex> lock(beat_mutex_);
+    beating_ = false;
+  }
+  beat_stop_.notify_all();
+  if (heartbeat_.joinable()) heartbeat_.join();
 }
 
 int FaultTolerantManager::replica_rank() const {
@@ -235,7 +305,8 @@ void FaultTolerantManager::re_form(std::vector<int> members) {
   ++generation_;
   attempt_ = 0;
   log::warn("[rank ", rank_, "] fault tolerance: generation ", generation_, " goes on with ",
-            members_.size(), " replicas (ranks ", member_list_text(members_), ")");
+            members_.size(), members_.size() == 1 ? " replica" : " replicas", " (ranks ",
+            member_list_text(members_), ")");
   for (int r : joined_) {
     store_->set_string(formed_key(r, incarnation_of(r)), std::to_string(generation_) + " " +
                                                             std::to_string(donor_) + " " +
@@ -304,13 +375,15 @@ std::optional<std::string> FaultTolerantManager::tally_ok_vote(bool admit) {
   return store_->get_string(step_key("decision"));
 }
 
-// Waits for the step's decision; false once a member has exited, a vote failed or the tally
-// closed, or the wait is past timeout + quorum_grace.
+// Waits for the step's decision; false once a member has exited or stopped beating, a vote
+// failed or the tally closed, or the wait is past timeout + quorum_grace.
 bool FaultTolerantManager::await_decision() const {
   const auto give_up = Clock::now() + options_.timeout + options_.quorum_grace;
+  BeatWatch beats(*store_, members_);
   return wait_for_keys(*store_, {step_key("decision")}, comm::Milliseconds(50), give_up, [&] {
     return failed_or_closed(store_->add(step_key("tally"), 0)) ||
-           std::any_of(members_.begin(), members_.end(), [&](int m) { return exited(m); });
+           std::any_of(members_.begin(), members_.end(),
+                       [&](int m) { return exited(m) || beats.silent(m); });
   });
 }
 
@@ -358,14 +431,18 @@ bool FaultTolerantManager::exited(int rank) const {
   return store_->add(exit_key(rank), 0) > incarnation_of(rank);
 }
 
-// Waits until every member voted or exited, or for timeout + quorum_grace; true when all voted.
+// Waits until every member voted, exited or stopped beating, or for timeout + quorum_grace; true
+// when all voted.
 bool FaultTolerantManager::await_votes(const std::vector<std::string>& votes) const {
   const auto give_up = Clock::now() + options_.timeout + options_.quorum_grace;
+  BeatWatch beats(*store_, members_);
   return wait_for_keys(*store_, votes, comm::Milliseconds(200), give_up, [&] {
     for (size_t i = 0; i < votes.size(); ++i) {
-      if (!store_->check({votes[i]}) && !exited(members_[i])) return false;
+      if (!store_->check({votes[i]}) && !exited(members_[i]) && !beats.silent(members_[i])) {
+        return false;
+      }
     }
-    return true;  // settled: every member voted or exited
+    return true;  // settled: every member voted, exited or stopped beating
   });
 }
 

@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "parallel/module_sync.h"
+#include "shoal/checkpoint/checkpoint_manager.h"
 #include "shoal/checkpoint/training_state.h"
 #include "shoal/comm/init.h"
 #include "shoal/comm/process_group.h"
@@ -136,6 +137,30 @@ std::string FaultTolerantDdpStrategy::describe() const {
   text << "fault tolerant: a failed step is discarded and the survivors go on (at least "
        << manager_->options().min_replicas << " replicas)";
   return text.str();
+}
+
+void FaultTolerantDdpStrategy::save_checkpoint(checkpoint::CheckpointManager& checkpoints,
+                                               const checkpoint::TrainingState& state) {
+  // Retried over the survivors until the save's reduction commits (see the header).
+  for (;;) {
+    manager_->start_quorum(/*admit=*/false);
+    std::string error;
+    if (manager_->replica_rank() == 0) {
+      try {
+        checkpoints.save(state);
+      } catch (const std::exception& e) {
+        error = e.what();
+      }
+    }
+    at::Tensor failed = torch::full({1}, error.empty() ? 0.0 : 1.0, torch::kFloat64);
+    manager_->allreduce(failed);
+    if (!manager_->should_commit(/*admit=*/false)) continue;
+    if (!error.empty()) SHOAL_THROW(CheckpointError, error);
+    SHOAL_CHECK_T(CheckpointError, failed.item<double>() == 0, "[rank ", manager_->job_rank(),
+                  "] rank ", manager_->members().front(), " failed to save the checkpoint in ",
+                  checkpoints.directory(), " (see its error)");
+    return;
+  }
 }
 
 void FaultTolerantDdpStrategy::start_epoch(int64_t size, int64_t epoch, uint64_t seed,

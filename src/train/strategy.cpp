@@ -5,6 +5,7 @@
 
 #include <algorithm>
 
+#include "shoal/checkpoint/checkpoint_manager.h"
 #include "shoal/comm/process_group.h"
 #include "shoal/data/distributed_sampler.h"
 #include "shoal/data/exactly_once_sampler.h"
@@ -28,6 +29,11 @@ void Strategy::prepare(TrainState& state) {
 
 torch::optim::Optimizer* Strategy::checkpoint_optimizer(TrainState& state) {
   return state.optimizer.get();
+}
+
+void Strategy::save_checkpoint(checkpoint::CheckpointManager& checkpoints,
+                               const checkpoint::TrainingState& state) {
+  checkpoints.save(state, process_group());
 }
 
 bool Strategy::sharded_checkpoint(TrainState&, checkpoint::ShardedTrainingState&) {

@@ -338,7 +338,7 @@ void Trainer::save_checkpoint(int64_t completed_epochs, int64_t samples_seen) {
   if (sharded) {
     manager.save_sharded(pieces, strategy_->process_group());
   } else {
-    manager.save(state, strategy_->process_group());
+    strategy_->save_checkpoint(manager, state);
   }
 }
 

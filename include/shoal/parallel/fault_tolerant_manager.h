@@ -18,13 +18,19 @@
 // vote adds 1 to the step's tally (a counter); the replica whose vote brings it to the members'
 // count knows every member voted ok, and publishes commit; the others wait for the decision. Any
 // other case goes the slow way: a failed vote, a member whose exit the launcher reports
-// (exit_key), or no decision by timeout + quorum_grace (a stopped or hung member, or no launcher
-// to report exits). The replica closes the tally (so a late vote cannot complete it), publishes
+// (exit_key), a member whose heartbeat stood still (below), or no decision by timeout +
+// quorum_grace (a hung member, or no launcher to report exits). The replica closes the tally (so a late vote cannot complete it), publishes
 // its vote, and weighs the votes: commit when all members voted ok; otherwise the step fails,
 // and the next generation's members are the replicas that voted. It waits for each member's vote
-// until the member votes or exits, or the time above has passed, then publishes its verdict
-// unless another replica's came first. The ticket comes after the weighing, so a replica killed
+// until the member votes, exits or stops beating, or the time above has passed, then publishes
+// its verdict unless another replica's came first. The ticket comes after the weighing, so a replica killed
 // while it waits for the votes (the long part) holds up no one.
+//
+// Heartbeat. Each manager's thread adds 1 to "ft/beat/<job rank>" every comm::beat_interval();
+// a member whose counter has not moved for SHOAL_HEARTBEAT_TIMEOUT (10 s by default) while a
+// replica waits for its vote is taken to be stopped (SIGSTOP, a debugger) or cut off, and is not
+// waited for: a live replica whose training thread is slow keeps beating and is waited for. A
+// stopped member continued later finds itself left out (start_quorum throws PeerError).
 //
 // A survivor's collective fails at once when it waits on the dead rank, and at the time-out at
 // the latest when it waits on a survivor that failed first (c10d's gloo keeps a failed group's
@@ -60,16 +66,20 @@
 // loads the data, and the members wait for its state transfer up to the collective time-out.
 //
 // Thread safety: one thread per replica drives an instance; every member calls start_quorum,
-// allreduce and should_commit the same number of times in the same order.
+// allreduce and should_commit the same number of times in the same order. The heartbeat runs on a
+// thread of its own, which shares only the store (thread-safe).
 #pragma once
 
 #include <ATen/core/Tensor.h>
 
+#include <condition_variable>
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "shoal/comm/types.h"
@@ -170,6 +180,8 @@ class FaultTolerantManager {
   int64_t incarnation_of(int rank) const;
   bool await_votes(const std::vector<std::string>& votes) const;
   void form_group();
+  void beat();
+  void stop_beating();
 
   std::shared_ptr<comm::Store> store_;
   int rank_;
@@ -188,6 +200,10 @@ class FaultTolerantManager {
   bool step_ok_ = true;
   int64_t failed_steps_ = 0;
   int64_t joins_counted_ = 0;  // the waiting joins this step's verdict looked for
+  std::mutex beat_mutex_;  // with beat_stop_: tells the heartbeat thread to end
+  std::condition_variable beat_stop_;
+  bool beating_ = true;
+  std::thread heartbeat_;  // last: started once the members above are set
 };
 
 }  // namespace shoal::parallel

@@ -23,6 +23,13 @@
 // (autocast), CUDA, --sync, --model-parallel, --mesh. Buffers (BatchNorm's running statistics)
 // are rank 0's at the start and each rank's own afterwards.
 //
+// Checkpoints. Replica 0 writes; whether it did reaches the others through the manager, as a
+// step's reduction does, so that a writer dying inside the save fails only that reduction: the
+// survivors re-form and the new replica 0 saves again (the file is written under a temporary
+// name and renamed once whole, so the dead writer's part is never taken for a checkpoint). Not
+// covered: a writer stopped (not killed) inside the save and continued after the survivors saved
+// again still renames its file, of the same step, into place and points "latest" at it.
+//
 // SHOAL_FT_SAMPLE_LOG=PATH appends to PATH.rank<job rank>, for each step this rank trains,
 // "T epoch generation attempt id id ..." (its share) before the vote and "C generation attempt"
 // once the step committed: what the tests count samples with (a rank killed after its step
@@ -62,6 +69,8 @@ class FaultTolerantDdpStrategy : public Strategy, public StepDealer {
   int rank() const override;
   int world_size() const override;
   comm::ProcessGroup* process_group() override;
+  void save_checkpoint(checkpoint::CheckpointManager& checkpoints,
+                       const checkpoint::TrainingState& state) override;
   std::string name() const override { return "ddp"; }
   std::string describe() const override;
 

@@ -26,7 +26,9 @@ class Optimizer;
 }
 
 namespace shoal::checkpoint {
+class CheckpointManager;
 struct ShardedTrainingState;
+struct TrainingState;
 }
 
 namespace shoal::train {
@@ -99,6 +101,12 @@ class Strategy {
 
   /// The process group checkpoints are saved through (rank 0 writes, all wait); null alone.
   virtual comm::ProcessGroup* process_group() { return nullptr; }
+
+  /// Saves a whole (not sharded) checkpoint through `checkpoints`, called by every process: the
+  /// default lets rank 0 of process_group() write while the others wait (CheckpointManager::save).
+  /// A fault-tolerant strategy outlives a writer that dies inside the save.
+  virtual void save_checkpoint(checkpoint::CheckpointManager& checkpoints,
+                               const checkpoint::TrainingState& state);
 
   /// One optimizer step on a batch; returns the batch's mean loss (the default: train_step()).
   virtual double train_step(TrainState& state, const at::Tensor& inputs, const at::Tensor& targets);
