@@ -54,41 +54,43 @@ TEST_PIP_PACKAGES=(
 )
 
 # GPT-2's vocabulary (tiktoken's gpt2.tiktoken: 50,256 ranks) for `shoal data tokenize --encoding
-# gpt2` and its test. PyPI ships it in openai-whisper's source archive; only that file is kept,
-# after its size and checksum are checked.
+# gpt2` and its test. PyPI ships it in openai-whisper's source archive. pip fetches the archive
+# through the machine's own pip set-up (index, mirror, proxy) and checks it against the pinned
+# hash before it runs anything of it (pip reads an archive's metadata by running its build
+# backend); only the vocabulary file is kept, after its size and checksum are checked.
 GPT2_VOCAB="$HOME/.cache/shoal/gpt2.tiktoken"
 GPT2_VOCAB_SHA256=306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930
 WHISPER_SDIST=openai_whisper-20250625
-fetch_gpt2_vocab() {
-  [ "${1:-}" = "--run" ] && return 0
-  [ -s "$GPT2_VOCAB" ] && return 0
+WHISPER_SDIST_SHA256=37a91a3921809d9f44748ffc73c0a55c9f366c85a3ef5c2ae0cc09540432eb96
+sha256_of() { sha256sum <"$1" | cut -d' ' -f1; }
+# A subshell: its EXIT trap removes the temporary folder however it ends.
+fetch_gpt2_vocab() (
+  [ "${1:-}" = "--run" ] || [ "${1:-}" = "--fuzz" ] && exit 0
+  [ -s "$GPT2_VOCAB" ] && [ "$(sha256_of "$GPT2_VOCAB")" = "$GPT2_VOCAB_SHA256" ] && exit 0
   echo "setup: fetching GPT-2's vocabulary (gpt2.tiktoken from PyPI's openai-whisper) into $GPT2_VOCAB"
-  local tmp member size
   tmp=$(mktemp -d)
+  trap 'rm -rf "$tmp"' EXIT
   member="$WHISPER_SDIST/whisper/assets/gpt2.tiktoken"
+  echo "openai-whisper==${WHISPER_SDIST#openai_whisper-} --hash=sha256:$WHISPER_SDIST_SHA256" >"$tmp/req.txt"
   if ! /usr/bin/python3 -m pip download -q --no-deps --no-binary :all: --no-build-isolation \
-      -d "$tmp" "openai-whisper==${WHISPER_SDIST#openai_whisper-}" >/tmp/shoal-setup-vocab.log 2>&1 ||
+      --require-hashes -r "$tmp/req.txt" -d "$tmp" >/tmp/shoal-setup-vocab.log 2>&1 ||
      [ ! -f "$tmp/$WHISPER_SDIST.tar.gz" ]; then
     echo "setup: error: 'pip download openai-whisper' failed; see /tmp/shoal-setup-vocab.log" >&2
-    rm -rf "$tmp"
     exit 1
   fi
   size=$(tar -tvzf "$tmp/$WHISPER_SDIST.tar.gz" "$member" 2>/dev/null | awk '{print $3}') || size=
-  if [ -z "$size" ] || [ "$size" -gt 4000000 ]; then
-    echo "setup: error: $WHISPER_SDIST.tar.gz has no $member of at most 4 MB" >&2
-    rm -rf "$tmp"
+  if [ -z "$size" ] || [ "$size" -gt 4000000 ] ||
+     ! tar -xzf "$tmp/$WHISPER_SDIST.tar.gz" -O "$member" >"$tmp/gpt2.tiktoken" 2>/dev/null; then
+    echo "setup: error: $WHISPER_SDIST.tar.gz has no readable $member of at most 4 MB" >&2
     exit 1
   fi
-  tar -xzf "$tmp/$WHISPER_SDIST.tar.gz" -O "$member" >"$tmp/gpt2.tiktoken"
-  if [ "$(sha256sum <"$tmp/gpt2.tiktoken" | cut -d' ' -f1)" != "$GPT2_VOCAB_SHA256" ]; then
+  if [ "$(sha256_of "$tmp/gpt2.tiktoken")" != "$GPT2_VOCAB_SHA256" ]; then
     echo "setup: error: $member's checksum is not GPT-2's vocabulary's" >&2
-    rm -rf "$tmp"
     exit 1
   fi
   mkdir -p "$(dirname "$GPT2_VOCAB")"
   mv "$tmp/gpt2.tiktoken" "$GPT2_VOCAB.tmp" && mv "$GPT2_VOCAB.tmp" "$GPT2_VOCAB"
-  rm -rf "$tmp"
-}
+)
 
 # Installs the missing TEST_PIP_PACKAGES (after apt has installed pip).
 install_pip_packages() {
