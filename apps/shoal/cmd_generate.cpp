@@ -80,7 +80,8 @@ at::Tensor prompt_ids(const std::string& prompt, int64_t vocab_size) {
 }
 
 /// The prompt's GPT-2 tokens as ids [1, T].
-at::Tensor prompt_ids(const std::string& prompt, const data::detail::Gpt2Vocabulary& vocabulary) {
+at::Tensor prompt_ids(const std::string& prompt, const data::detail::Gpt2Vocabulary& vocabulary,
+                      int64_t vocab_size) {
   SHOAL_CHECK_T(InvalidArgument, !prompt.empty(), "--prompt is empty; give at least one character");
   data::detail::Utf8Checker utf8;
   utf8.check(reinterpret_cast<const unsigned char*>(prompt.data()), prompt.size(), "--prompt");
@@ -91,6 +92,10 @@ at::Tensor prompt_ids(const std::string& prompt, const data::detail::Gpt2Vocabul
   });
   encoder.feed(prompt.data(), prompt.size(), "--prompt");
   encoder.finish("--prompt");
+  for (const int64_t id : ids) {
+    SHOAL_CHECK_T(InvalidArgument, id < vocab_size, "--prompt: token ", id, " of --vocab is beyond the "
+                  "model's vocabulary of ", vocab_size, " tokens; was the model trained on --encoding gpt2 tokens?");
+  }
   return torch::tensor(ids, at::kLong).unsqueeze(0);
 }
 
@@ -106,7 +111,8 @@ int run_generate(const GenerateArgs& args) {
                 args.checkpoint, ": the model has ", vocab_size, " tokens, --vocab ", args.vocab, " only ",
                 vocabulary->size());
   at::Generator generator = at::make_generator<at::CPUGeneratorImpl>(args.seed);
-  const at::Tensor prompt = vocabulary ? prompt_ids(args.prompt, *vocabulary) : prompt_ids(args.prompt, vocab_size);
+  const at::Tensor prompt = vocabulary ? prompt_ids(args.prompt, *vocabulary, vocab_size)
+                                        : prompt_ids(args.prompt, vocab_size);
   const at::Tensor tokens = gpt->generate(prompt, args.sampling, generator);
   std::string text;
   for (int64_t i = 0; i < tokens.size(1); ++i) {

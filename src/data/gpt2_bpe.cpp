@@ -28,6 +28,9 @@ constexpr const char* kEndOfText = "<|endoftext|>";
 // A pre-token piece longer than this (a run of letters, digits, spaces or punctuation with no
 // break) is refused: it would be held whole in memory, and GPT-2's text has none near it.
 constexpr size_t kMaxPieceBytes = size_t{1} << 20;
+// GPT-2's longest token is 128 bytes; indexing a token costs its length squared (every cut),
+// so a longer one in a hostile file would cost time without bound.
+constexpr size_t kMaxTokenBytes = 256;
 // Pieces up to this long have their ids cached; their merge is short and their kinds few.
 constexpr size_t kMaxCachedPieceBytes = 64;
 constexpr size_t kMaxCacheEntries = size_t{1} << 16;
@@ -168,6 +171,8 @@ class Gpt2Vocabulary::Builder {
   void add(const std::string& token, int64_t rank, const std::string& label) {
     const std::string where = ::shoal::detail::str_cat("vocabulary ", path_, " ", label, ": ");
     SHOAL_CHECK_T(DataError, rank >= 0 && rank < kMaxRanks, where, "the rank is not a number below ", kMaxRanks);
+    SHOAL_CHECK_T(DataError, !token.empty() && token.size() <= kMaxTokenBytes, where, "a token of ",
+                  token.size(), " bytes (a token has 1 to ", kMaxTokenBytes, ")");
     const auto index = static_cast<size_t>(rank);
     if (index >= tokens_.size()) {
       tokens_.resize(index + 1);
@@ -361,6 +366,9 @@ void Gpt2Encoder::encode_pieces(bool at_end, const std::string& source) {
 }
 
 void Gpt2Encoder::encode_piece(std::string_view piece) {
+  SHOAL_CHECK_T(DataError, piece.size() <= kMaxPieceBytes, "input: a run of ", piece.size(),
+                " bytes without a break (letters, digits, spaces or punctuation), more than the ",
+                kMaxPieceBytes, " GPT-2's pre-tokenizer may make one piece; is it text?");
   const int32_t whole = vocabulary_.rank(piece);
   if (whole >= 0) {
     const auto id = static_cast<uint16_t>(whole);

@@ -34,6 +34,13 @@ class Gpt2Vocabulary {
   static Gpt2Vocabulary load(const std::string& path);
   class Builder;
 
+  Gpt2Vocabulary() = default;
+  // ranks_ holds views into tokens_: a copy's views would point into the original.
+  Gpt2Vocabulary(const Gpt2Vocabulary&) = delete;
+  Gpt2Vocabulary& operator=(const Gpt2Vocabulary&) = delete;
+  Gpt2Vocabulary(Gpt2Vocabulary&&) = default;
+  Gpt2Vocabulary& operator=(Gpt2Vocabulary&&) = default;
+
   /// Ranks in the file, plus the end-of-text token (`<|endoftext|>`, id = ranks).
   int64_t size() const { return static_cast<int64_t>(tokens_.size()) + 1; }
   /// The rank of `bytes`, -1 when they are no token.
