@@ -657,18 +657,17 @@ void inherit_on_resume(const CLI::App& app, train::TrainOptions& options) {
   train::inherit_checkpoint_config(options, saved, given, where);
 }
 
-/// Checks the options once each (inheriting a resume's first): what a checkpoint cannot change
-/// before it is read (--sync says it cannot resume; a given option's mistake is said before any
-/// file is read), the rest on the options the resume ends with.
+/// Checks the options once each; a resume's twice: every row before the checkpoint is read (a
+/// given option's mistake is said before any file is read, with its own exit code), and the rows
+/// a checkpoint holds again on the options the resume ends with (an inherited value may not suit
+/// a given one).
 void check_options(TrainCli& cli) {
   train::TrainOptions& options = cli.options;
   cli.spec.validate_sync(options);
+  options.validate();
   if (options.resume) {
-    train::check_train_options(options, train::OptionRows::kNotSaved);
     inherit_on_resume(*cli.app, options);
     train::check_train_options(options, train::OptionRows::kSaved);
-  } else {
-    options.validate();
   }
   cli.spec.validate_settings(options);
 }
@@ -757,7 +756,7 @@ int run_train(TrainCli& cli) {
   const std::shared_ptr<parallel::PowerSGDState> power_sgd = ddp ? ddp->power_sgd() : nullptr;
   if (!ps) options.stop_requested = [] { return g_preempt_requested != 0; };
   const bool reports = strategy->rank() == 0;
-  const train::TrainResult result = train::run_validated_training(options, std::move(strategy));
+  const train::TrainResult result = train::detail::run_validated_training(options, std::move(strategy));
   if (!reports) return result.preempted ? kExitPreempted : 0;
   return report(result, cli, power_sgd.get());
 }

@@ -19,7 +19,8 @@ void check_strategy_device(const std::string& device, bool trains_on_gpu,
                            const std::string& strategy) {
   SHOAL_CHECK_T(InvalidArgument, device == "cpu" || trains_on_gpu, "--device ", device,
                 ": --strategy ", strategy,
-                " trains on the CPU here; use --strategy single or ddp on a GPU");
+                " trains on the CPU here; on a GPU, use --strategy single or plain ddp (without "
+                "--fault-tolerant, --sync localsgd|diloco or --model-parallel)");
 }
 
 void Strategy::prepare(TrainState& state) {

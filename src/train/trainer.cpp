@@ -619,10 +619,10 @@ void check_model_fits_data(models::Model& model, const LoadedData& loaded,
 
 TrainResult run_training(const TrainOptions& options, std::unique_ptr<Strategy> strategy) {
   options.validate();
-  return run_validated_training(options, std::move(strategy));
+  return detail::run_validated_training(options, std::move(strategy));
 }
 
-TrainResult run_validated_training(const TrainOptions& options, std::unique_ptr<Strategy> strategy) {
+TrainResult detail::run_validated_training(const TrainOptions& options, std::unique_ptr<Strategy> strategy) {
   if (options.threads > 0) compat::set_compute_threads(options.threads);
   // The model's name first: an unknown one should fail before seconds of data loading.
   // A TorchScript file loads here, with its own weights; an unknown name throws, listing the

@@ -544,7 +544,13 @@ TEST(CliTrain, LogLevelFiltersDiagnosticsOnly) {
   const CliResult resumed = shoal_train(small + " --checkpoint-dir " + ckpt + " --resume --epochs 2",
                                         "SHOAL_LOG_LEVEL=debug");
   const CliResult failing = shoal_train("--batch-size 0 --no-progress", "SHOAL_LOG_LEVEL=off");
+  // A given option's mistake is said before the checkpoint is looked for.
+  const CliResult bad_resume = shoal_train(small + " --checkpoint-dir " + dir + "/none --resume --lr -1",
+                                           "SHOAL_LOG_LEVEL=off");
   fs::remove_all(dir);
+  EXPECT_NE(bad_resume.exit_code, 0);
+  EXPECT_NE(bad_resume.err.find("--lr"), std::string::npos) << bad_resume.err;
+  EXPECT_EQ(bad_resume.err.find("no checkpoint"), std::string::npos) << bad_resume.err;
   ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
   EXPECT_NE(resumed.err.find("changed from the checkpoint: epochs 1 -> 2"), std::string::npos)
       << resumed.err;
@@ -552,7 +558,7 @@ TEST(CliTrain, LogLevelFiltersDiagnosticsOnly) {
   const std::vector<std::pair<std::string, int>> once_each[] = {
       {{options + "\n", 1}, {"shoal: checked --sync\n", 1},
        {"shoal: checked the strategy's settings\n", 1}},
-      {{options + "\n", 0}, {options + " a checkpoint does not hold\n", 1},
+      {{options + "\n", 1}, {options + " a checkpoint does not hold\n", 0},
        {options + " a checkpoint holds\n", 1}, {"shoal: checked --sync\n", 1},
        {"shoal: checked the strategy's settings\n", 1}}};
   for (int r = 0; r < 2; ++r) {

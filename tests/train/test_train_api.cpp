@@ -160,8 +160,8 @@ TEST(StrategySpec, TheTrainerAndTheSpecShareTheDeviceRule) {
   const std::string message = refusal([] {
     check_strategy_device("cuda:1", CpuOnly().trains_on_gpu(), CpuOnly().name());
   });
-  EXPECT_NE(message.find("--device cuda:1: --strategy cpu-only trains on the CPU here; use "
-                         "--strategy single or ddp on a GPU"),
+  EXPECT_NE(message.find("--device cuda:1: --strategy cpu-only trains on the CPU here; on a GPU, use "
+                         "--strategy single or plain ddp"),
             std::string::npos)
       << message;
   EXPECT_EQ(refusal([] { check_strategy_device("cpu", false, "ps"); }), "");

@@ -75,8 +75,8 @@ enum class OptionRows {
 };
 
 /// Runs the checks of `rows` (InvalidArgument naming the flag). `shoal train --resume` checks
-/// kNotSaved before it reads the checkpoint and kSaved once it has inherited from it, so that
-/// each rule runs once and a given option's mistake is said before any file is read.
+/// kAll before it reads the checkpoint (a given option's mistake is said before any file is
+/// read) and kSaved again once it has inherited from it.
 void check_train_options(const TrainOptions& options, OptionRows rows);
 
 /// The row of `flag` ("--lr"), or nullptr.

@@ -224,6 +224,10 @@ EvalResult evaluate_model_loss(torch::nn::Module& model, const BatchLoss& model_
                                const data::BatchDataset& data, int64_t batch_size);
 
 /// Trains a model on in-memory tensors or any BatchDataset; see the file comment.
+namespace detail {
+TrainResult run_validated_training(const TrainOptions& options, std::unique_ptr<Strategy> strategy);
+}  // namespace detail
+
 class Trainer {
  public:
   /// `strategy` defaults to SingleProcess. Builds the options' optimizer over the model's
@@ -303,8 +307,8 @@ class Trainer {
           std::function<at::Tensor(const at::Tensor&)> forward,
           std::unique_ptr<torch::optim::Optimizer> optimizer, LossFunction loss,
           std::unique_ptr<Strategy> strategy);
-  friend TrainResult run_validated_training(const TrainOptions& options,
-                                            std::unique_ptr<Strategy> strategy);
+  friend TrainResult detail::run_validated_training(const TrainOptions& options,
+                                                    std::unique_ptr<Strategy> strategy);
 
   TrainOptions options_;
   std::unique_ptr<Strategy> strategy_;
@@ -367,9 +371,11 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const TrainOptions& opti
 TrainResult run_training(const TrainOptions& options,
                          std::unique_ptr<Strategy> strategy = nullptr);
 
+namespace detail {
 /// run_training for options that passed TrainOptions::validate() in this process (`shoal train`
-/// checks them once, before it launches a job or reads a checkpoint).
-TrainResult run_validated_training(const TrainOptions& options,
-                                   std::unique_ptr<Strategy> strategy = nullptr);
+/// checks them once, before it launches a job or reads a checkpoint). Not API: a caller that
+/// skips the checks gets no error for options that make no sense.
+TrainResult run_validated_training(const TrainOptions& options, std::unique_ptr<Strategy> strategy);
+}  // namespace detail
 
 }  // namespace shoal::train
