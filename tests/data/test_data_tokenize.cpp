@@ -243,6 +243,11 @@ TEST(DataTokenize, Gpt2BadVocabularyOrTextIsOneLineNamingTheFileAndLine) {
   EXPECT_NE(vocabulary_error(bytes + "YWI= 65535\n").find("line 257: the rank is not a number below 65535"),
             std::string::npos);
   EXPECT_NE(vocabulary_error(bytes + "YWI= -1\n").find("line 257: the rank is not a number"), std::string::npos);
+  // A token past 256 bytes: indexing one costs its length squared.
+  EXPECT_NE(vocabulary_error(bytes + base64(std::string(300, 'a')) + " 256\n").find("line 257: a token of 300 bytes"),
+            std::string::npos);
+  EXPECT_NE(vocabulary_error("{\"" + std::string(300, 'a') + "\": 0}").find("a token of 300 bytes"),
+            std::string::npos);
   EXPECT_NE(vocabulary_error(bytes.substr(0, bytes.rfind('\n', bytes.size() - 2) + 1)).find("no token is byte 255"),
             std::string::npos);
   // encoder.json: JSON, the keys GPT-2's byte characters, the ids integers.
