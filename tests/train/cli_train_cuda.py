@@ -63,7 +63,7 @@ with tempfile.TemporaryDirectory() as tmp:
     for strategy in (["--strategy", "ps"], ["--strategy", "pipeline", "--stages", "2"]):
         run = shoal(*common, *strategy, "--device", "cuda")
         lines = run.stderr.strip().splitlines()
-        check(run.returncode == 2 and len(lines) == 1 and "--strategy single or ddp" in run.stderr,
+        check(run.returncode == 2 and len(lines) == 1 and "--strategy single or plain ddp" in run.stderr,
               f"--device cuda with --strategy {strategy[1]} is refused in one line", run)
 
     if not torch.cuda.is_available():
