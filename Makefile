@@ -14,9 +14,7 @@ $(error TORCH=$(TORCH): expected debian or pypi)
 endif
 BUILD_TYPE ?= Release
 JOBS       ?= $(shell nproc)
-# CTest's slots: by default the build folder's ctest_slots, SHOAL_TEST_SLOTS_PER_CORE per core
-# (tests/CMakeLists.txt: each test takes the slots of the cores it keeps busy).
-CTEST_JOBS ?=
+CTEST_JOBS ?= 2
 SHOAL      := $(BUILD_DIR)/apps/shoal/shoal
 
 .PHONY: all setup configure build build-cli run test bench deb clean
@@ -55,7 +53,7 @@ run: build-cli
 	@$(SHOAL) train $(RUN_STRATEGY) $(RUN_ARGS)
 
 test: build
-	@cd $(BUILD_DIR) && ctest --output-on-failure -j $(or $(CTEST_JOBS),$$(cat ctest_slots)) $(CTEST_ARGS)
+	@cd $(BUILD_DIR) && ctest --output-on-failure -j $(CTEST_JOBS) $(CTEST_ARGS)
 
 bench: build-cli
 	@$(SHOAL) bench allreduce

@@ -12,9 +12,7 @@ descendant it waited for. Processes that leave the test's process tree (daemons 
 slurmd or munged, and what they start) are not counted. Prints a table sorted by wall time and
 the totals; `--json` writes the rows; `--cost-data` writes them in CTest's cost-data format
 (tests/ctest_cost_data.txt is made this way: a fresh build tree starts with it, so CTest starts
-the longest tests first); `--cores` writes the cores each test keeps busy (CPU over
-wall seconds) as tests/test_cores.txt holds them (the slots each test takes: tests/CMakeLists.txt). Measure on a
-quiet machine: a loaded one stretches the wall times and makes the tests look idler than they are.
+the longest tests first).
 """
 import argparse
 import json
@@ -67,8 +65,6 @@ def main():
     ap.add_argument("--json", default=None, help="write the rows to this file")
     ap.add_argument("--cost-data", default=None,
                     help="write the wall times in CTest's CTestCostData.txt format to this file")
-    ap.add_argument("--cores", default=None,
-                    help="write 'name cores' rows (tests/test_cores.txt) to this file")
     args = ap.parse_args()
     build = os.path.abspath(args.build)
     if not os.path.isfile(os.path.join(build, "CTestTestfile.cmake")):
@@ -102,12 +98,6 @@ def main():
             for r in sorted(rows, key=lambda r: r["name"]):
                 f.write(f"{r['name']} 1 {r['wall']:.2f}\n")
             f.write("---\n")
-    if args.cores:
-        with open(args.cores, "w") as f:
-            f.write("# The cores each test keeps busy on average, measured one at a time on a quiet\n"
-                    "# machine: scripts/test_cost.py --cores (tests/CMakeLists.txt reads it).\n")
-            for r in sorted(rows, key=lambda r: r["name"]):
-                f.write(f"{r['name']} {r['cores']:.2f}\n")
     return 0 if all(r["state"] in ("pass", "skip") for r in rows) else 1
 
 
