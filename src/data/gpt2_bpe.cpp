@@ -339,6 +339,13 @@ size_t whole_characters(const std::string& text) {
   return text.size();
 }
 
+/// A piece (or the run still waiting to become one) is held whole: refuse one past the limit.
+void check_piece_size(size_t bytes, const std::string& source) {
+  SHOAL_CHECK_T(DataError, bytes <= kMaxPieceBytes, "input ", source, ": a run of more than ",
+                kMaxPieceBytes, " bytes without a break (letters, digits, spaces or punctuation), which "
+                "GPT-2's pre-tokenizer would make one piece; is it text?");
+}
+
 }  // namespace
 
 // A match that reached the end of the text so far could still grow (or another alternative win)
@@ -356,19 +363,16 @@ void Gpt2Encoder::encode_pieces(bool at_end, const std::string& source) {
                   found, ")");
     const PCRE2_SIZE* range = pcre2_get_ovector_pointer(regex_->match);
     if (range[1] <= start) break;  // the pattern matches no empty string; never loop on one
+    check_piece_size(range[1] - range[0], source);
     encode_piece(std::string_view(pending_.data() + range[0], range[1] - range[0]));
     start = range[1];
   }
   pending_.erase(0, at_end ? pending_.size() : start);
-  SHOAL_CHECK_T(DataError, pending_.size() <= kMaxPieceBytes + 4, "input ", source, ": a run of more than ",
-                kMaxPieceBytes, " bytes without a break (letters, digits, spaces or punctuation), which "
-                "GPT-2's pre-tokenizer would make one piece; is it text?");
+  // What waits may end in a cut character (up to 4 bytes) that belongs to the next piece.
+  check_piece_size(pending_.size() > 4 ? pending_.size() - 4 : 0, source);
 }
 
 void Gpt2Encoder::encode_piece(std::string_view piece) {
-  SHOAL_CHECK_T(DataError, piece.size() <= kMaxPieceBytes, "input: a run of ", piece.size(),
-                " bytes without a break (letters, digits, spaces or punctuation), more than the ",
-                kMaxPieceBytes, " GPT-2's pre-tokenizer may make one piece; is it text?");
   const int32_t whole = vocabulary_.rank(piece);
   if (whole >= 0) {
     const auto id = static_cast<uint16_t>(whole);

@@ -504,18 +504,10 @@ const std::vector<TrainOption>& train_option_table() {
 }
 
 void check_train_options(const TrainOptions& options, OptionRows rows) {
-  // A test counts these lines: each process checks each row once.
-  log::debug("shoal: checked the training options",
-             rows == OptionRows::kAll        ? ""
-             : rows == OptionRows::kNotSaved ? " a checkpoint does not hold"
-                                             : " a checkpoint holds");
+  // A test counts these lines.
+  log::debug("shoal: checked the training options", rows == OptionRows::kAll ? "" : " a checkpoint holds");
   for (const TrainOption& row : train_option_table()) {
-    const bool saved = row.key != nullptr;
-    if (!row.check || (rows == OptionRows::kSaved && !saved) ||
-        (rows == OptionRows::kNotSaved && saved)) {
-      continue;
-    }
-    row.check(options);
+    if (row.check && (rows == OptionRows::kAll || row.key != nullptr)) row.check(options);
   }
 }
 

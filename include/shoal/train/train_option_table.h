@@ -69,9 +69,8 @@ const std::vector<TrainOption>& train_option_table();
 
 /// Which rows' checks check_train_options runs.
 enum class OptionRows {
-  kAll,       ///< every row (TrainOptions::validate)
-  kNotSaved,  ///< rows a checkpoint does not hold: their checks read no option a resume inherits
-  kSaved,     ///< rows a checkpoint holds (key set)
+  kAll,    ///< every row (TrainOptions::validate)
+  kSaved,  ///< rows a checkpoint holds (key set)
 };
 
 /// Runs the checks of `rows` (InvalidArgument naming the flag). `shoal train --resume` checks
