@@ -136,6 +136,52 @@ std::optional<Silence> decode_silence(const std::string& value) {
   return Silence{static_cast<int>(rank), Milliseconds(ms)};
 }
 
+// Reads the reports still missing from `reports` that answer `request`'s incident.
+void read_reports(Store& store, const std::vector<std::string>& report_keys, int64_t request,
+                  std::vector<Report>& reports) {
+  const int size = static_cast<int>(reports.size());
+  std::vector<int> waiting;
+  std::vector<std::string> keys;
+  for (int r = 0; r < size; ++r) {
+    if (reports[r].present) continue;
+    waiting.push_back(r);
+    keys.push_back(report_keys[r]);
+  }
+  if (keys.empty()) return;
+  // Every member published a placeholder when its group formed, so one batched read is the rule;
+  // reading key by key is for a member whose placeholder a store restart or a deletion lost.
+  std::vector<std::string> values;
+  if (store.check(keys)) {
+    for (auto& v : store.multi_get(keys)) values.emplace_back(v.begin(), v.end());
+  } else {
+    for (const std::string& key : keys) {
+      values.push_back(store.check({key}) ? store.get_string(key) : std::string());
+    }
+  }
+  for (size_t i = 0; i < waiting.size(); ++i) {
+    Report theirs = decode(values[i]);
+    // Answers to this request, or to another rank's request of the same incident: each rank asks
+    // once, so one incident's requests are at most size consecutive numbers (a rank that asked
+    // first and has already exited answered only its own).
+    if (theirs.present && theirs.request > request - size) reports[waiting[i]] = std::move(theirs);
+  }
+}
+
+// Asks the ranks still missing from `reports` through their beat counters, unless another rank of
+// the incident does: "<scope>/hang/asked" holds the request of the last rank that asked, and of
+// the ranks that find it older than their incident, the one that first claims it asks.
+void ask(Store& store, const std::string& scope, const std::vector<std::string>& beat_keys,
+         int64_t request, const std::vector<Report>& reports) {
+  const int64_t size = static_cast<int64_t>(reports.size());
+  const int64_t last = store.add(scope + "/hang/asked", 0);
+  if (last > 0 && last > request - size) return;  // a rank of this incident has asked
+  if (store.add(scope + "/hang/asking/" + std::to_string(last), 1) != 1) return;
+  for (size_t r = 0; r < reports.size(); ++r) {
+    if (!reports[r].present) store.add(beat_keys[r], kRequestUnit);
+  }
+  store.add(scope + "/hang/asked", request - last);
+}
+
 }  // namespace
 
 Milliseconds beat_interval() {
@@ -149,7 +195,11 @@ std::shared_ptr<HangReporter> HangReporter::create(std::shared_ptr<Store> store,
               "HangReporter: ", job_ranks.size(), " job ranks for a group of ", size);
   std::shared_ptr<HangReporter> reporter(new HangReporter(
       std::move(store), std::move(scope), rank, size, std::move(summarize), std::move(job_ranks)));
-  if (size > 1) add_reporter(reporter);
+  if (size > 1) {
+    // A placeholder, so that a report is one batched read of keys that all exist.
+    reporter->store_->set_string(reporter->report_key(rank), "");
+    add_reporter(reporter);
+  }
   return reporter;
 }
 
@@ -191,7 +241,7 @@ bool HangReporter::answer() {
     if (request <= answered_) return true;
     const std::string value = encode(request);
     if (value.empty()) return false;  // closed: its group is going away
-    store_->set_string(scope_ + "/hang/" + std::to_string(rank_), value);
+    store_->set_string(report_key(rank_), value);
     answered_ = request;
     return true;
   } catch (...) {
@@ -294,6 +344,10 @@ std::string HangReporter::gather(Milliseconds budget) {
   return line;
 }
 
+std::string HangReporter::report_key(int rank) const {
+  return scope_ + "/hang/" + std::to_string(rank);
+}
+
 std::string HangReporter::gather_through_store(Milliseconds budget) {
   const auto start = Clock::now();
   const auto deadline = start + budget;
@@ -302,40 +356,33 @@ std::string HangReporter::gather_through_store(Milliseconds budget) {
     const int64_t request = store_->add(scope_ + "/hang/request", 1);
     const std::string mine = encode(request);
     if (mine.empty()) return "";
-    store_->set_string(scope_ + "/hang/" + std::to_string(rank_), mine);
-    // Tells every other rank's answering thread, at its next beat, that somebody asked.
-    for (int r = 0; r < size_; ++r) {
-      if (r != rank_) store_->add(beat_keys_[r], kRequestUnit);
-    }
+    store_->set_string(report_key(rank_), mine);
     reports[rank_] = decode(mine);
-    // Poll every missing rank's key until it holds an answer to this incident's requests.
-    int missing = size_ - 1;
+    std::vector<std::string> report_keys;
+    for (int r = 0; r < size_; ++r) report_keys.push_back(report_key(r));
     auto pause = Milliseconds(5);
     int64_t published = request;
-    while (missing > 0) {
+    bool asked = false;
+    for (;;) {
       // Another rank may have asked since: answer it too (this rank's answering thread may have
       // answered it already and been overwritten by the publication above).
       if (const int64_t newest = store_->add(scope_ + "/hang/request", 0); newest > published) {
         const std::string again = encode(newest);
-        if (!again.empty()) store_->set_string(scope_ + "/hang/" + std::to_string(rank_), again);
+        if (!again.empty()) store_->set_string(report_key(rank_), again);
         published = newest;
       }
-      for (int r = 0; r < size_; ++r) {
-        if (r == rank_ || reports[r].present) continue;
-        const std::string key = scope_ + "/hang/" + std::to_string(r);
-        if (!store_->check({key})) continue;
-        Report theirs = decode(store_->get_string(key));
-        // Answers to this request, or to another rank's request of the same incident: each rank
-        // asks once, so one incident's requests are at most size_ consecutive numbers (a rank
-        // that asked first and has already exited answered only its own).
-        if (theirs.present && theirs.request > request - size_) {
-          reports[r] = std::move(theirs);
-          --missing;
-        }
+      read_reports(*store_, report_keys, request, reports);
+      const bool complete = std::all_of(reports.begin(), reports.end(),
+                                        [](const Report& r) { return r.present; });
+      if (complete || Clock::now() + pause > deadline) break;
+      // The ranks that failed with this one answer by themselves; the others are asked through
+      // their beat counters, by one rank of the incident, once they had kAskGrace to answer.
+      if (!asked && Clock::now() - start >= kAskGrace) {
+        ask(*store_, scope_, beat_keys_, request, reports);
+        asked = true;
       }
-      if (missing == 0 || Clock::now() + pause > deadline) break;
       std::this_thread::sleep_for(pause);
-      pause = std::min(pause * 2, Milliseconds(50));
+      pause = std::min(pause * 2, kReportPollCap);
     }
   } catch (...) {
     // The store is gone or failing: report what was gathered, if anything.

@@ -8,7 +8,8 @@
 //
 // How: the rank whose operation failed increments the request counter "<scope>/hang/request",
 // publishes its own summary under "<scope>/hang/<rank>" (tagged with the request number) and reads
-// the others' for at most kHangReportBudget, taking an answer to any of the last `size` requests
+// the others' for at most kHangReportBudget, with one batched request a round (each member puts a
+// placeholder there when its group forms), taking an answer to any of the last `size` requests
 // (the ranks that fail together each ask once; the first may answer and exit before the last
 // asks). A report from the end of an earlier incident of the same group may so be shown. Every rank answers a request from a thread of its own
 // (one per process, for every group), which looks at the counter every kHangPollInterval: so a
@@ -18,9 +19,10 @@
 // Heartbeat, one store request per beat and process: the answering thread adds 1 to
 // "shoal/beat/<job rank>" every beat_interval(), once for all the groups this process has on one
 // store (each group maps its ranks to job ranks). Asking for a report also goes through that
-// counter: the asking rank adds kRequestUnit to every member's, so a beat's answer tells whether
-// anybody asked, and only then are the groups' request counters read. At rest, so, a process
-// sends one request per beat whatever the number of its groups and ranks.
+// counter: after kAskGrace one asking rank of the incident adds kRequestUnit to each member that
+// has not answered, so a beat's answer tells whether anybody asked, and only then are the groups'
+// request counters read. At rest, so, a process sends one request per beat whatever the number
+// of its groups and ranks; a report costs O(N) requests in all, however many ranks ask.
 //
 // The watch: while a rank waits long in a collective it asks (silent_ranks()) whether the
 // kWatchedSuccessors ranks after it in the group (a ring) have stopped beating; the answering
@@ -70,6 +72,15 @@ constexpr int64_t kRequestUnit = int64_t{1} << 32;
 /// beat may each come one interval late), and at the default limit (10 s) a process sends one
 /// request a second.
 Milliseconds beat_interval();
+/// How long a report waits before it asks the ranks that have not answered by themselves. Why
+/// 50 ms: ranks that fail together (a collective's time-out) answer within it by asking, and each
+/// rank asked costs a store request; a rank asked answers at its next beat, well inside
+/// kHangReportBudget.
+constexpr Milliseconds kAskGrace{50};
+/// The longest pause between a report's readings (they start 5 ms apart and double). Why 250 ms:
+/// when all N ranks ask together, each reads every round, so the rounds a budget allows are the
+/// report's cost (about a dozen in kHangReportBudget).
+constexpr Milliseconds kReportPollCap{250};
 /// How much longer than the budget gather() waits for the store's own calls. Why 0.5 s: a store
 /// that answers at all answers in milliseconds; one whose host is cut off would hold the error
 /// for the store's whole time-out (the netns test: 40 s more).
@@ -137,6 +148,8 @@ class HangReporter : public std::enable_shared_from_this<HangReporter> {
                Summarize summarize, std::vector<int> job_ranks);
   /// gather()'s work, on its own thread: blocks as long as the store's calls do.
   std::string gather_through_store(Milliseconds budget);
+  /// Where group rank `rank` publishes its report ("<scope>/hang/<rank>").
+  std::string report_key(int rank) const;
   /// This rank's summary tagged with `request`, as stored; empty once closed.
   std::string encode(int64_t request);
   /// The group ranks a waiting rank watches: the next kWatchedSuccessors in the ring.

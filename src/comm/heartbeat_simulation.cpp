@@ -42,6 +42,15 @@ class CountingStore : public Store {
     ++count_;
     return base_->delete_key(key);
   }
+  std::vector<std::vector<uint8_t>> multi_get(const std::vector<std::string>& keys) override {
+    ++count_;
+    return base_->multi_get(keys);
+  }
+  void multi_set(const std::vector<std::string>& keys,
+                 const std::vector<std::vector<uint8_t>>& values) override {
+    ++count_;
+    base_->multi_set(keys, values);
+  }
   Milliseconds timeout() const override { return base_->timeout(); }
   void set_timeout(Milliseconds timeout) override { base_->set_timeout(timeout); }
 
@@ -132,6 +141,32 @@ int HeartbeatSimulation::naming() const {
 void HeartbeatSimulation::stop_waiting() {
   waiting_ = false;
   if (waiter_.joinable()) waiter_.join();
+}
+
+std::vector<std::string> HeartbeatSimulation::gather_all(Milliseconds budget) {
+  std::vector<std::string> tables(ranks());
+  std::vector<std::thread> askers;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (int r = 0; r < ranks(); ++r) {
+      if (stopped_[r]) continue;
+      askers.emplace_back([&tables, reporter = reporters_[r][0], r, budget] {
+        tables[r] = reporter->gather(budget);
+      });
+    }
+  }
+  for (auto& t : askers) t.join();
+  return tables;
+}
+
+std::string HeartbeatSimulation::gather(int rank, Milliseconds budget) {
+  std::shared_ptr<HangReporter> reporter;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    SHOAL_CHECK(!stopped_[rank], "simulated rank ", rank, " is stopped and cannot ask");
+    reporter = reporters_[rank][0];
+  }
+  return reporter->gather(budget);
 }
 
 void HeartbeatSimulation::stop(int rank) {

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -43,6 +44,12 @@ class HeartbeatSimulation {
   /// How many waiting ranks have named somebody.
   int naming() const;
   void stop_waiting();
+
+  /// Every rank that is not stopped asks for a report at once, as all do after a collective's
+  /// time-out; returns each asking rank's table (see HangReporter::gather), by rank.
+  std::vector<std::string> gather_all(Milliseconds budget);
+  /// Rank `rank` alone asks for a report.
+  std::string gather(int rank, Milliseconds budget);
 
   /// `rank` stops as a process stopped by SIGSTOP would: it neither beats nor answers nor waits.
   void stop(int rank);

@@ -1,12 +1,14 @@
 // The heartbeat's store traffic at 256 simulated ranks (HeartbeatSimulation: real reporters, a
 // real TCP store): at rest one request per process per beat whatever its number of groups; while
 // every rank waits, a few requests per rank per beat, not one per peer; a rank that stops beating
-// is named by every waiter; a rank that is busy but beats is never named.
+// is named by every waiter; a rank that is busy but beats is never named; a report that every
+// rank asks for at once costs O(N) requests, not one per pair of ranks.
 #include <gtest/gtest.h>
 
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 #include <thread>
 
 #include "comm/heartbeat_simulation.h"
@@ -63,6 +65,42 @@ TEST(HeartbeatScale, EveryWaiterNamesAStoppedRankAndNoneABusyOne) {
   for (int r = 1; r < kRanks; ++r) {
     if (r != kStopped) EXPECT_EQ(job.named(r), kStopped) << "rank " << r;
   }
+}
+
+// How many times `text` holds `what`.
+int occurrences(const std::string& text, const std::string& what) {
+  int count = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++count;
+  return count;
+}
+
+TEST(HeartbeatScale, EveryRankAskingForAReportAtOnceCostsLinearRequests) {
+  ::unsetenv("SHOAL_HEARTBEAT_TIMEOUT");
+  HeartbeatSimulation job(kRanks, 1);
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // every reporter has started
+  const int64_t before = job.requests();
+  const std::vector<std::string> tables = job.gather_all(kHangReportBudget);
+  const int64_t requests = job.requests() - before;
+  std::printf("%d ranks asking at once: %lld requests (%.1f per rank)\n", kRanks,
+              static_cast<long long>(requests), double(requests) / kRanks);
+  // Per asking rank: a dozen rounds of three requests in the budget, its question and its answer.
+  // Asking every other rank through its beat counter, as each asker once did, alone costs N(N-1).
+  EXPECT_LE(requests, 64 * kRanks) << "a report's requests must not grow with N per asking rank";
+  for (int r = 0; r < kRanks; ++r) {
+    EXPECT_EQ(occurrences(tables[r], "no operation yet"), kRanks) << "rank " << r << ":" << tables[r];
+  }
+
+}
+
+TEST(HeartbeatScale, AReportNamesAStoppedRankAndHasEveryOtherRanksLine) {
+  ::setenv("SHOAL_HEARTBEAT_TIMEOUT", "1s", 1);  // beats every 0.25 s: asked ranks answer soon
+  constexpr int kFew = 8;
+  HeartbeatSimulation job(kFew, 1);
+  job.stop(5);
+  const std::string table = job.gather(3, Milliseconds(2000));
+  EXPECT_NE(table.find("rank 5: no report (dead or stopped?)"), std::string::npos) << table;
+  EXPECT_EQ(occurrences(table, "no operation yet"), kFew - 1) << table;
+  ::unsetenv("SHOAL_HEARTBEAT_TIMEOUT");
 }
 
 }  // namespace heartbeat_scale
