@@ -55,6 +55,8 @@ struct TrainCli {
   CLI::App* app = nullptr;
   CLI::Option* threads = nullptr;  ///< given: no core-based default
   CLI::Option* nproc = nullptr;    ///< given: needs a job that launches processes
+  /// --resume: the checkpoint the options were inherited from, trained on from there.
+  std::optional<checkpoint::ResumePoint> resumed;
 };
 
 /// The shard's checkpoints beside the workers': "ps-server<i>.step<N>.pt", saved whenever the
@@ -647,14 +649,14 @@ std::optional<int> check_how_started(const TrainCli& cli, const comm::RankInfo& 
 
 /// --resume: the options not given continue as the checkpoint had them; the ones given apply
 /// (never silently the checkpoint's).
-void inherit_on_resume(const CLI::App& app, train::TrainOptions& options) {
-  std::string where;
-  const checkpoint::TrainingState saved = train::load_resume_checkpoint(options, &where);
+checkpoint::ResumePoint inherit_on_resume(const CLI::App& app, train::TrainOptions& options) {
+  checkpoint::ResumePoint point = train::load_resume_checkpoint(options);
   std::set<std::string> given;
   for (const train::TrainOption& row : train::train_option_table()) {
     if (row.key != nullptr && app.get_option(row.flag)->count() > 0) given.insert(row.key);
   }
-  train::inherit_checkpoint_config(options, saved, given, where);
+  train::inherit_checkpoint_config(options, point.state, given, point.path);
+  return point;
 }
 
 /// Checks the options once each; a resume's twice: every row before the checkpoint is read (a
@@ -666,7 +668,7 @@ void check_options(TrainCli& cli) {
   cli.spec.validate_sync(options);
   options.validate();
   if (options.resume) {
-    inherit_on_resume(*cli.app, options);
+    cli.resumed = inherit_on_resume(*cli.app, options);
     train::check_train_options(options, train::OptionRows::kSaved);
   }
   cli.spec.validate_settings(options);
@@ -748,15 +750,22 @@ int run_train(TrainCli& cli) {
   if (const std::optional<int> status = check_how_started(cli, rank_info)) return *status;
   check_options(cli);
   choose_threads(cli, rank_info);
-  if (spec.runs_as_job() && !rank_info.launched) return launch_job(spec);
+  if (spec.runs_as_job() && !rank_info.launched) {
+    cli.resumed.reset();  // each rank reads its own: the launcher holds none while they run
+    return launch_job(spec);
+  }
   if (ps && cli.threads->count() == 0) options.threads = 1;
-  if (ps && ps::job_from_env().is_server()) return run_ps_server(options, spec);
+  if (ps && ps::job_from_env().is_server()) {
+    cli.resumed.reset();  // the server restores its own shard's file
+    return run_ps_server(options, spec);
+  }
   std::unique_ptr<train::Strategy> strategy = spec.make_strategy(options);
   const auto* ddp = dynamic_cast<const train::DdpStrategy*>(strategy.get());
   const std::shared_ptr<parallel::PowerSGDState> power_sgd = ddp ? ddp->power_sgd() : nullptr;
   if (!ps) options.stop_requested = [] { return g_preempt_requested != 0; };
   const bool reports = strategy->rank() == 0;
-  const train::TrainResult result = train::detail::run_validated_training(options, std::move(strategy));
+  const train::TrainResult result =
+      train::detail::run_validated_training(options, std::move(strategy), std::move(cli.resumed));
   if (!reports) return result.preempted ? kExitPreempted : 0;
   return report(result, cli, power_sgd.get());
 }

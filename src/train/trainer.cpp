@@ -243,7 +243,7 @@ void Trainer::apply_lr_schedule(int64_t total_steps) {
 
 Trainer::~Trainer() = default;
 
-checkpoint::TrainingState load_resume_checkpoint(const TrainOptions& options, std::string* path) {
+checkpoint::ResumePoint load_resume_checkpoint(const TrainOptions& options) {
   SHOAL_CHECK_T(InvalidArgument, !options.checkpoint_dir.empty(),
                 "--resume needs --checkpoint-dir DIR: the folder to resume from");
   // Falls back past damaged checkpoints to the newest intact one, saying which and why.
@@ -254,14 +254,12 @@ checkpoint::TrainingState load_resume_checkpoint(const TrainOptions& options, st
     for (const auto& why : point->skipped) log::warn("shoal: --resume skips ", why);
     log::warn("shoal: --resume falls back to ", point->path, ", the newest intact checkpoint");
   }
-  const std::optional<std::string> latest = point->path;
-  checkpoint::TrainingState saved = std::move(point->state);
-  const std::string saved_model = checkpoint::config_text(saved, "model", "unknown");
-  SHOAL_CHECK_T(CheckpointError, saved_model == options.model, "--resume: ", *latest,
+  log::debug("shoal: --resume read ", point->path);
+  const std::string saved_model = checkpoint::config_text(point->state, "model", "unknown");
+  SHOAL_CHECK_T(CheckpointError, saved_model == options.model, "--resume: ", point->path,
                 " is a checkpoint of model '", saved_model, "', not '", options.model,
                 "'; pass --model ", saved_model, " or another --checkpoint-dir");
-  if (path != nullptr) *path = *latest;
-  return saved;
+  return std::move(*point);
 }
 
 trace::Recorder* Trainer::recorder() {
@@ -271,10 +269,14 @@ trace::Recorder* Trainer::recorder() {
 }
 
 std::string Trainer::resume() {
-  std::string path;
   trace::ScopedRecorder tracing(recorder());
   trace::Span span("checkpoint load", "checkpoint");
-  const checkpoint::TrainingState saved = load_resume_checkpoint(options_, &path);
+  return resume(load_resume_checkpoint(options_));
+}
+
+std::string Trainer::resume(checkpoint::ResumePoint point) {
+  const checkpoint::TrainingState& saved = point.state;
+  const std::string& path = point.path;
   checkpoint::restore(saved, *state_.model, state_.optimizer.get());
   state_.epoch = saved.epoch;
   state_.step = saved.step;
@@ -622,7 +624,8 @@ TrainResult run_training(const TrainOptions& options, std::unique_ptr<Strategy> 
   return detail::run_validated_training(options, std::move(strategy));
 }
 
-TrainResult detail::run_validated_training(const TrainOptions& options, std::unique_ptr<Strategy> strategy) {
+TrainResult detail::run_validated_training(const TrainOptions& options, std::unique_ptr<Strategy> strategy,
+                                           std::optional<checkpoint::ResumePoint> resume_from) {
   if (options.threads > 0) compat::set_compute_threads(options.threads);
   // The model's name first: an unknown one should fail before seconds of data loading.
   // A TorchScript file loads here, with its own weights; an unknown name throws, listing the
@@ -678,7 +681,8 @@ TrainResult detail::run_validated_training(const TrainOptions& options, std::uni
   const bool restarted = launcher::restart_count() > 0 && !options.checkpoint_dir.empty() &&
                          checkpoint::find_latest(options.checkpoint_dir).has_value();
   if (options.resume || restarted) {
-    const std::string path = trainer.resume();
+    const std::string path =
+        resume_from ? trainer.resume(std::move(*resume_from)) : trainer.resume();
     if (reports) {
       const std::string& changes = trainer.resume_changes();
       log::info("shoal train: resumed from ", path, " (epoch ", trainer.state().epoch + 1, ", step ",

@@ -533,7 +533,9 @@ int occurrences(const std::string& text, const std::string& part) {
 
 // SHOAL_LOG_LEVEL=warn silences Shoal's info messages (the header) but not the progress lines,
 // the result on stdout, or the error line of a failing command; =debug adds the debug ones,
-// among them one line per set of rules checked: each once, and a resume the saved rows again.
+// among them one line per set of rules checked: each once, and a resume the saved rows again;
+// a resume reads its checkpoint once (the options it inherits and the state it goes on from are
+// one checkpoint's).
 TEST(CliTrain, LogLevelFiltersDiagnosticsOnly) {
   const std::string dir = shoal::testing::make_small_dataset_dir(128, 32);
   const std::string ckpt = dir + "/ckpt";
@@ -554,6 +556,7 @@ TEST(CliTrain, LogLevelFiltersDiagnosticsOnly) {
   ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
   EXPECT_NE(resumed.err.find("changed from the checkpoint: epochs 1 -> 2"), std::string::npos)
       << resumed.err;
+  EXPECT_EQ(occurrences(resumed.err, "shoal: --resume read "), 1) << resumed.err;
   const std::string options = "shoal: checked the training options";
   const std::vector<std::pair<std::string, int>> once_each[] = {
       {{options + "\n", 1}, {"shoal: checked --sync\n", 1},

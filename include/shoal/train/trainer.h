@@ -35,6 +35,7 @@
 #include <utility>
 #include <vector>
 
+#include "shoal/checkpoint/checkpoint_manager.h"
 #include "shoal/checkpoint/training_state.h"
 #include "shoal/data/batch_dataset.h"
 #include "shoal/trace/tracer.h"
@@ -225,7 +226,8 @@ EvalResult evaluate_model_loss(torch::nn::Module& model, const BatchLoss& model_
 
 /// Trains a model on in-memory tensors or any BatchDataset; see the file comment.
 namespace detail {
-TrainResult run_validated_training(const TrainOptions& options, std::unique_ptr<Strategy> strategy);
+TrainResult run_validated_training(const TrainOptions& options, std::unique_ptr<Strategy> strategy,
+                                   std::optional<checkpoint::ResumePoint> resume_from);
 }  // namespace detail
 
 class Trainer {
@@ -284,6 +286,8 @@ class Trainer {
   /// The options' lr and momentum apply to the resumed SGD (not the checkpoint's); with an
   /// optimizer given by the caller, its restored hyper-parameters stay.
   std::string resume();
+  /// resume() from a checkpoint already read by load_resume_checkpoint.
+  std::string resume(checkpoint::ResumePoint point);
   /// After resume(): the hyper-parameters that differ from the checkpoint's config, as
   /// "lr 0.05 -> 0.01, ..." (empty when none).
   const std::string& resume_changes() const { return resume_changes_; }
@@ -308,7 +312,8 @@ class Trainer {
           std::unique_ptr<torch::optim::Optimizer> optimizer, LossFunction loss,
           std::unique_ptr<Strategy> strategy);
   friend TrainResult detail::run_validated_training(const TrainOptions& options,
-                                                    std::unique_ptr<Strategy> strategy);
+                                                    std::unique_ptr<Strategy> strategy,
+                                                    std::optional<checkpoint::ResumePoint> resume_from);
 
   TrainOptions options_;
   std::unique_ptr<Strategy> strategy_;
@@ -344,11 +349,10 @@ class Trainer {
   void apply_training_features();
 };
 
-/// The newest checkpoint of options.checkpoint_dir, checked to be resumable by `options` (it
-/// exists and was made for options.model); its path goes to `path` when given. Throws
-/// CheckpointError with a one-line message otherwise.
-checkpoint::TrainingState load_resume_checkpoint(const TrainOptions& options,
-                                                 std::string* path = nullptr);
+/// The newest intact checkpoint of options.checkpoint_dir and its path, checked to be resumable
+/// by `options` (it exists and was made for options.model). Throws CheckpointError with a one-line
+/// message otherwise.
+checkpoint::ResumePoint load_resume_checkpoint(const TrainOptions& options);
 
 /// For a resumed run: the hyper-parameters not named in `given` ("lr", "momentum", "optimizer",
 /// "batch_size", "epochs", "seed") are set from the checkpoint's config, so that a resume continues as the run
@@ -373,9 +377,12 @@ TrainResult run_training(const TrainOptions& options,
 
 namespace detail {
 /// run_training for options that passed TrainOptions::validate() in this process (`shoal train`
-/// checks them once, before it launches a job or reads a checkpoint). Not API: a caller that
-/// skips the checks gets no error for options that make no sense.
-TrainResult run_validated_training(const TrainOptions& options, std::unique_ptr<Strategy> strategy);
+/// checks them once, before it launches a job or reads a checkpoint). A --resume goes on from
+/// `resume_from` when given (the checkpoint the options were inherited from, so that it is read
+/// once and is the same one), else from the one load_resume_checkpoint finds. Not API: a caller
+/// that skips the checks gets no error for options that make no sense.
+TrainResult run_validated_training(const TrainOptions& options, std::unique_ptr<Strategy> strategy,
+                                   std::optional<checkpoint::ResumePoint> resume_from = std::nullopt);
 }  // namespace detail
 
 }  // namespace shoal::train
