@@ -6,7 +6,11 @@
 #include <torch/torch.h>
 
 #include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <set>
+#include <sstream>
 
 #include "shoal/comm/device_mesh.h"
 #include "shoal/comm/init.h"
@@ -17,7 +21,9 @@
 #include "shoal/parallel/distributed_data_parallel.h"
 #include "shoal/parallel/tensor_parallel.h"
 #include "test_models.h"
+#include "testing/dependencies.h"
 #include "testing/multi_rank.h"
+#include "testing/python.h"
 
 namespace shoal::parallel {
 namespace test_tensor_parallel {
@@ -209,6 +215,86 @@ TEST(TensorParallel, WithDdpOnDpTwoTpTwoMeshEqualsSingleProcess) {
     states[rank] = state_of(layout.full_state_dict());
   });
   for (int rank = 0; rank < 4; ++rank) {
+    EXPECT_LT(max_relative_difference(states[rank], expected), 1e-5) << "rank " << rank;
+  }
+}
+
+void write_float64(const std::string& path, const std::vector<torch::Tensor>& tensors) {
+  std::ofstream out(path, std::ios::binary);
+  for (const auto& t : tensors) {
+    const torch::Tensor flat = t.detach().to(torch::kDouble).contiguous().flatten();
+    out.write(static_cast<const char*>(flat.data_ptr()), flat.numel() * 8);
+  }
+  ASSERT_TRUE(out.good()) << path;
+}
+
+torch::Tensor read_float64(const std::string& path) {
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
+  if (!in) return {};
+  const auto bytes = static_cast<int64_t>(in.tellg());
+  torch::Tensor t = torch::empty({bytes / 8}, torch::kDouble);
+  in.seekg(0);
+  in.read(static_cast<char*>(t.data_ptr()), bytes);
+  return t;
+}
+
+// The same plan, initial weights (float64) and batches in PyTorch 2.x's parallelize_module with
+// loss_parallel (tests/parallel/tp_oracle.py, gloo, 2 processes) and in Shoal (2 threads over
+// shm): 20 SGD steps end at the same weights.
+TEST(TensorParallel, GptPlanEqualsPyTorchParallelizeModule) {
+  const std::string python = shoal::testing::torch2_python();
+  SHOAL_SKIP_UNLESS(!python.empty(), shoal::testing::Dependency::kOptional,
+                    "PyTorch 2.x's Python is not installed (scripts/setup_torch_pypi.sh)");
+  constexpr int kTp = 2;
+  constexpr double kLr = 0.5;
+  const auto initial = initial_gpt(/*float64=*/true);
+  const auto data = batches();
+  const std::string dir = shoal::testing::temp_path("tp_vs_pytorch");
+  std::filesystem::create_directories(dir);
+  std::vector<std::string> names;
+  std::vector<torch::Tensor> values;
+  {
+    std::ofstream list(dir + "/names.txt");
+    for (const auto& item : initial->named_parameters()) {
+      if (item.key() == "lm_head.weight") continue;  // transformer.wte.weight, tied
+      names.push_back(item.key());
+      values.push_back(item.value());
+      list << item.key() << " " << item.value().numel() << "\n";
+    }
+  }
+  write_float64(dir + "/init.f64", values);
+  std::vector<torch::Tensor> tokens;
+  for (const Batch& batch : data) tokens.insert(tokens.end(), {batch.first, batch.second});
+  write_float64(dir + "/data.f64", tokens);
+  const models::GptConfig c = tiny_config();
+  std::ostringstream command;
+  command << "timeout 300 env " << python << " " << std::getenv("SHOAL_SOURCE_DIR")
+          << "/tests/parallel/tp_oracle.py " << dir << " " << kTp << " " << kSteps << " " << kLr
+          << " " << c.n_layer << " " << c.n_head << " " << c.n_embd << " " << c.block_size << " "
+          << c.vocab_size << " " << kBatch << " " << kTokens;
+  ASSERT_TRUE(shoal::testing::oracle_succeeded(shoal::testing::run_command(command.str())))
+      << command.str();
+  const torch::Tensor theirs = read_float64(dir + "/pytorch.f64");
+  std::vector<State> states(kTp);
+  with_groups(kTp, [&](int rank, std::shared_ptr<comm::ProcessGroup> group) {
+    auto gpt = copy_of(*initial);
+    const TensorParallelLayout layout = parallelize_gpt(*gpt, group);
+    torch::optim::SGD optimizer(unique_parameters(*gpt), torch::optim::SGDOptions(kLr));
+    for (const Batch& batch : data) train_step(*gpt, optimizer, batch, 0, kBatch);
+    states[rank] = state_of(layout.full_state_dict());
+  });
+  std::filesystem::remove_all(dir);
+  State expected;
+  int64_t offset = 0;
+  for (size_t i = 0; i < names.size(); ++i) {
+    ASSERT_LE(offset + values[i].numel(), theirs.numel()) << "pytorch.f64 is short";
+    expected[names[i]] = theirs.narrow(0, offset, values[i].numel()).view(values[i].sizes());
+    offset += values[i].numel();
+  }
+  ASSERT_EQ(offset, theirs.numel());
+  EXPECT_FALSE(torch::allclose(expected.at(names[0]), values[0])) << "PyTorch did not train";
+  for (int rank = 0; rank < kTp; ++rank) {
+    states[rank].erase("lm_head.weight");
     EXPECT_LT(max_relative_difference(states[rank], expected), 1e-5) << "rank " << rank;
   }
 }
