@@ -22,9 +22,16 @@ torch::nn::LayerNorm gpt_layer_norm(int64_t dim) {
   return torch::nn::LayerNorm(torch::nn::LayerNormOptions({dim}));
 }
 
-at::Tensor gpt_dropout(const at::Tensor& x, double p, bool training) {
+/// Dropout of `x` with probability p, its mask drawn from `generator` (undefined: torch's default
+/// generator, through F::dropout as before generators could be given).
+at::Tensor gpt_dropout(const at::Tensor& x, double p, bool training,
+                       const at::Generator& generator = {}) {
   if (p == 0 || !training) return x;
-  return F::dropout(x, F::DropoutFuncOptions().p(p).training(true));
+  if (!generator.defined()) return F::dropout(x, F::DropoutFuncOptions().p(p).training(true));
+  // The generators are CPU ones (the mask is drawn on the CPU for another device's tensor).
+  const at::Tensor keep =
+      at::empty(x.sizes(), x.options().device(at::kCPU)).bernoulli_(1 - p, generator);
+  return x * keep.to(x.device()) * (1 / (1 - p));
 }
 
 /// Token ids [B, T] the GPT can take: integers, T at most the block size.
@@ -39,10 +46,10 @@ void check_token_ids(const at::Tensor& idx, const GptConfig& config) {
 
 /// The blocks' input: the token embeddings [B, T, C] plus the position embeddings, then dropout.
 at::Tensor add_positions(const at::Tensor& token_embeddings, torch::nn::Embedding& wpe,
-                         double dropout, bool training) {
+                         double dropout, bool training, const at::Generator& generator = {}) {
   const at::Tensor positions =
       at::arange(token_embeddings.size(1), token_embeddings.options().dtype(at::kLong));
-  return gpt_dropout(token_embeddings + wpe->forward(positions), dropout, training);
+  return gpt_dropout(token_embeddings + wpe->forward(positions), dropout, training, generator);
 }
 
 /// nanoGPT's loss: the mean cross-entropy of logits [..., V] against targets [...], over the
@@ -96,12 +103,12 @@ at::Tensor CausalSelfAttention::forward(const at::Tensor& x) {
   at::Tensor att = at::matmul(q, k.transpose(-2, -1)) * scale;
   const at::Tensor future = at::ones({tokens, tokens}, x.options().dtype(at::kBool)).triu(1);
   att = at::softmax(att.masked_fill(future, -INFINITY), -1);
-  att = gpt_dropout(att, dropout_, is_training());
+  att = gpt_dropout(att, dropout_, is_training(), generators_.sharded);
   const at::Tensor y =
       at::matmul(att, v).transpose(1, 2).contiguous().view({batch, tokens, channels});
   const at::Tensor out =
       call_layer(kAttnProj, *c_proj, y, [&](const at::Tensor& in) { return c_proj->forward(in); });
-  return gpt_dropout(out, dropout_, is_training());
+  return gpt_dropout(out, dropout_, is_training(), generators_.replicated);
 }
 
 GptMlp::GptMlp(const GptConfig& config)
@@ -115,7 +122,7 @@ at::Tensor GptMlp::forward(const at::Tensor& x) {
       call_layer(kFc, *c_fc, x, [&](const at::Tensor& in) { return c_fc->forward(in); });
   const at::Tensor out = call_layer(kMlpProj, *c_proj, at::gelu(hidden),
                                     [&](const at::Tensor& in) { return c_proj->forward(in); });
-  return gpt_dropout(out, dropout_, is_training());
+  return gpt_dropout(out, dropout_, is_training(), generators_.replicated);
 }
 
 GptBlock::GptBlock(const GptConfig& config) {
@@ -167,11 +174,20 @@ void Gpt::set_sharded_logits(ShardedLogits logits) {
   sharded_logits_ = std::move(logits);
 }
 
+void Gpt::set_dropout_generators(const DropoutGenerators& generators) {
+  generators_ = generators;
+  for (const auto& block : *h) {
+    block->as<GptBlock>()->attn->set_dropout_generators(generators);
+    block->as<GptBlock>()->mlp->set_dropout_generators(generators);
+  }
+}
+
 at::Tensor Gpt::head_output(const at::Tensor& idx) {
   check_token_ids(idx, config_);
   const at::Tensor tokens_in = call_layer(kWte, *wte, idx.to(at::kLong),
                                           [&](const at::Tensor& in) { return wte->forward(in); });
-  at::Tensor x = add_positions(tokens_in, wpe, config_.dropout, is_training());
+  at::Tensor x =
+      add_positions(tokens_in, wpe, config_.dropout, is_training(), generators_.replicated);
   for (const auto& block : *h) x = block->as<GptBlock>()->forward(x);
   return call_layer(kLmHead, *lm_head, ln_f->forward(x),
                     [&](const at::Tensor& in) { return at::linear(in, wte->weight); });

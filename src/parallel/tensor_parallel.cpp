@@ -1,5 +1,6 @@
 #include "shoal/parallel/tensor_parallel.h"
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <fnmatch.h>
 #include <torch/nn/modules/embedding.h>
 #include <torch/nn/modules/linear.h>
@@ -18,6 +19,12 @@ namespace shoal::parallel {
 namespace {
 
 using GroupPtr = std::shared_ptr<comm::ProcessGroup>;
+
+/// Megatron's offset of the tensor-parallel dropout seed from the replicated one.
+constexpr uint64_t kShardedSeedOffset = 2718;
+/// Seeds of one replica from the next's: above kShardedSeedOffset plus any TP degree, so no two
+/// generators of a job share a seed.
+constexpr uint64_t kReplicaSeedStride = 1'000'003;
 
 /// A layer the plan names, and the module above it whose forward hooks can replace its forward.
 struct Target {
@@ -312,6 +319,18 @@ TensorParallelLayout parallelize_gpt(models::Gpt& gpt, GroupPtr tp_group) {
   };
   gpt.set_sharded_logits(std::move(logits));
   return layout;
+}
+
+models::DropoutGenerators tensor_parallel_dropout(uint64_t seed, int64_t tp_rank,
+                                                  int64_t dp_rank) {
+  SHOAL_CHECK_T(InvalidArgument, tp_rank >= 0 && dp_rank >= 0,
+                "tensor_parallel_dropout: ranks must be >= 0, got tp ", tp_rank, " and dp ", dp_rank);
+  const uint64_t replica = seed + kReplicaSeedStride * static_cast<uint64_t>(dp_rank);
+  models::DropoutGenerators generators;
+  generators.replicated = at::make_generator<at::CPUGeneratorImpl>(replica);
+  generators.sharded = at::make_generator<at::CPUGeneratorImpl>(
+      replica + kShardedSeedOffset + static_cast<uint64_t>(tp_rank));
+  return generators;
 }
 
 }  // namespace shoal::parallel

@@ -1,5 +1,6 @@
 #include "shoal/train/tp_strategy.h"
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <torch/utils.h>
 
 #include <cmath>
@@ -8,6 +9,7 @@
 
 #include "shoal/checkpoint/training_state.h"
 #include "shoal/error.h"
+#include "shoal/models/gpt.h"
 #include "shoal/models/model.h"
 #include "shoal/parallel/distributed_data_parallel.h"
 #include "shoal/parallel/fully_sharded_data_parallel.h"
@@ -59,6 +61,16 @@ std::vector<std::pair<std::string, at::Tensor>> unique_named_parameters(torch::n
   return named;
 }
 
+/// The GPT's dropout under tensor parallelism (parallel::tensor_parallel_dropout), seeded from
+/// --seed: the trainer seeds torch's default generator with it on every rank.
+void seed_dropout(models::Model& model, const comm::DeviceMesh& mesh) {
+  auto* gpt = dynamic_cast<models::Gpt*>(&model);
+  if (gpt == nullptr) return;
+  const uint64_t seed = at::detail::getDefaultCPUGenerator().current_seed();
+  gpt->set_dropout_generators(parallel::tensor_parallel_dropout(seed, mesh.get_local_rank("tp"),
+                                                                mesh.get_local_rank("dp")));
+}
+
 }  // namespace
 
 TpStrategy::TpStrategy(std::vector<comm::MeshDimension> mesh, const comm::InitOptions& init)
@@ -87,6 +99,7 @@ void TpStrategy::prepare(TrainState& state) {
   split_ = model->copy();
   layout_ = std::make_unique<parallel::TensorParallelLayout>(
       split_->parallelize(mesh_.get_group("tp")));
+  seed_dropout(*split_, mesh_);
   // The trainer's optimizer stays over its whole model, for checkpoints; this one steps the shards.
   std::vector<at::Tensor> params;
   for (const auto& [name, param] : unique_named_parameters(*split_)) params.push_back(param);

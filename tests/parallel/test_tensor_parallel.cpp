@@ -299,6 +299,111 @@ TEST(TensorParallel, GptPlanEqualsPyTorchParallelizeModule) {
   }
 }
 
+// One training-mode forward of `gpt` on every rank of a dp=2 x tp=2 mesh, dropout 0.5 drawn as
+// tensor_parallel_dropout says: block 0's attention takes uniform probabilities and values of 1
+// (c_attn zero but for the value bias), so the input of its c_proj (this rank's heads) is the
+// attention dropout's kept fractions, which the test captures beside the input of the head (the
+// residual stream after every embedding and residual dropout, whole on every TP rank).
+struct DropoutDraws {
+  std::vector<torch::Tensor> replicated{4}, attention{4};
+};
+
+DropoutDraws draw_dropout_on_a_mesh(uint64_t seed) {
+  models::GptConfig config = tiny_config();
+  config.dropout = 0.5;
+  torch::manual_seed(1);
+  models::Gpt initial(config);
+  {
+    torch::NoGradGuard no_grad;
+    auto& attn = *initial.h[0]->as<models::GptBlock>()->attn;
+    attn.c_attn->weight.zero_();
+    attn.c_attn->bias.zero_();
+    attn.c_attn->bias.narrow(0, 2 * config.n_embd, config.n_embd).fill_(1);
+  }
+  const torch::Tensor idx = batches()[0].first;
+  DropoutDraws draws;
+  with_groups(4, [&](int rank, std::shared_ptr<comm::ProcessGroup> world) {
+    const comm::DeviceMesh mesh(world, {{"dp", 2}, {"tp", 2}});
+    const auto group = mesh.get_group("tp");
+    auto gpt = copy_of(initial);
+    parallelize_gpt(*gpt, group);
+    gpt->set_dropout_generators(
+        tensor_parallel_dropout(seed, mesh.get_local_rank("tp"), mesh.get_local_rank("dp")));
+    auto& attn = *gpt->h[0]->as<models::GptBlock>()->attn;
+    attn.set_layer_forward("c_proj", [&, group](torch::nn::Module&, const torch::Tensor& y) {
+      draws.attention[rank] = y.detach().clone();
+      const torch::Tensor partial = torch::linear(y, attn.c_proj->weight);
+      return reduce_from_tensor_parallel_region(partial, group) + attn.c_proj->bias;
+    });
+    gpt->set_layer_forward("lm_head", [&](torch::nn::Module&, const torch::Tensor& x) {
+      draws.replicated[rank] = x.detach().clone();
+      return torch::linear(x, gpt->wte->weight);  // the column-split head, forward only
+    });
+    torch::NoGradGuard no_grad;
+    gpt->forward(idx);
+  });
+  return draws;
+}
+
+// Megatron's and PyTorch's rule: TP ranks of a replica draw the same embedding and residual masks
+// (their replicated activations stay equal) and different attention masks
+// (their own heads'); replicas draw different masks of both; a seed gives the same draws again.
+TEST(TensorParallel, DropoutMasksAgreeInTheReplicatedRegionAndDifferInTheSplitOne) {
+  const DropoutDraws draws = draw_dropout_on_a_mesh(11);
+  // Ranks 0 and 1 are replica 0's TP ranks, 2 and 3 replica 1's.
+  EXPECT_TRUE(torch::equal(draws.replicated[0], draws.replicated[1]));
+  EXPECT_TRUE(torch::equal(draws.replicated[2], draws.replicated[3]));
+  EXPECT_FALSE(torch::allclose(draws.replicated[0], draws.replicated[2]));
+  // Kept fractions of uniform attention: dropped positions show (not all ones) ...
+  EXPECT_FALSE(torch::allclose(draws.attention[0], torch::ones_like(draws.attention[0])));
+  // ... and differ between the TP ranks' heads, and between the replicas.
+  EXPECT_FALSE(torch::equal(draws.attention[0], draws.attention[1]));
+  EXPECT_FALSE(torch::equal(draws.attention[2], draws.attention[3]));
+  EXPECT_FALSE(torch::equal(draws.attention[0], draws.attention[2]));
+  const DropoutDraws again = draw_dropout_on_a_mesh(11);
+  for (int rank = 0; rank < 4; ++rank) {
+    EXPECT_TRUE(torch::equal(draws.replicated[rank], again.replicated[rank])) << "rank " << rank;
+    EXPECT_TRUE(torch::equal(draws.attention[rank], again.attention[rank])) << "rank " << rank;
+  }
+}
+
+// With dropout 0.1, 20 AdamW steps on one batch at tp=2 lower the loss, and a seed trains to the same
+// weights twice.
+TEST(TensorParallel, GptWithDropoutTrainsAndIsDeterministicForASeed) {
+  models::GptConfig config = tiny_config();
+  config.dropout = 0.1;
+  torch::manual_seed(1);
+  const models::Gpt initial(config);
+  const Batch batch = batches()[0];
+  const auto train = [&](std::vector<State>& states, std::vector<std::pair<double, double>>& losses) {
+    with_groups(2, [&](int rank, std::shared_ptr<comm::ProcessGroup> group) {
+      auto gpt = copy_of(initial);
+      const TensorParallelLayout layout = parallelize_gpt(*gpt, group);
+      gpt->set_dropout_generators(tensor_parallel_dropout(5, rank, 0));
+      torch::optim::AdamW optimizer(unique_parameters(*gpt), torch::optim::AdamWOptions(1e-2));
+      for (int step = 0; step < kSteps; ++step) {
+        optimizer.zero_grad();
+        const torch::Tensor loss = gpt->forward_loss(batch.first, batch.second);
+        loss.backward();
+        optimizer.step();
+        if (step == 0) losses[rank].first = loss.item<double>();
+        losses[rank].second = loss.item<double>();
+      }
+      states[rank] = state_of(layout.full_state_dict());
+    });
+  };
+  std::vector<State> first(2), second(2);
+  std::vector<std::pair<double, double>> losses(2), losses_again(2);
+  train(first, losses);
+  train(second, losses_again);
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_LT(losses[rank].second, 0.5 * losses[rank].first) << "rank " << rank;
+    EXPECT_EQ(losses[rank], losses_again[rank]) << "rank " << rank;
+    EXPECT_EQ(max_relative_difference(first[rank], second[rank]), 0) << "rank " << rank;
+  }
+  EXPECT_EQ(losses[0], losses[1]);
+}
+
 // The built-in image transformer split by its own plan through the model interface: 20 SGD steps
 // of cross-entropy on image batches equal the whole model's, with about 1/tp of the blocks' bytes.
 class TensorParallelTransformer : public ::testing::TestWithParam<int> {};

@@ -33,8 +33,12 @@
 //
 // Collectives (over the TP group, in forward and backward order, identical on every TP rank):
 // every style's forward and backward communicate as described above; nothing else. Every TP rank
-// must see the same input batch. Dropout inside the TP region draws on each rank's own generator:
-// with dropout on, masks on the replicated activations are not kept equal across TP ranks yet.
+// must see the same input batch.
+//
+// Dropout (tensor_parallel_dropout, the rule of Megatron's RNG tracker and PyTorch's TP): inside
+// the TP region (the attention probabilities of a rank's own heads) each TP rank draws its own
+// masks; in the replicated region (the embedding and residual dropout) every TP rank of a replica
+// draws the same masks, so the replicated activations stay equal; DP replicas draw different ones.
 //
 // Thread safety: parallelize_module mutates the module (call it before training, on one thread);
 // the module then trains as usual, one thread per rank.
@@ -60,6 +64,7 @@ class ProcessGroup;
 namespace shoal::models {
 class Gpt;
 struct GptConfig;
+struct DropoutGenerators;
 }  // namespace shoal::models
 
 namespace shoal::parallel {
@@ -144,6 +149,12 @@ void check_gpt_tensor_parallel(const models::GptConfig& config, int64_t tp);
 /// forward() still returns whole logits, gathered).
 TensorParallelLayout parallelize_gpt(models::Gpt& gpt,
                                      std::shared_ptr<comm::ProcessGroup> tp_group);
+
+/// The GPT's dropout generators (models::Gpt::set_dropout_generators) on the rank at `tp_rank` of
+/// its TP group and `dp_rank` of the replicas, from the job's `seed`: `replicated` seeded alike on
+/// every TP rank of a replica, `sharded` per TP rank, both per replica (see the file comment). The
+/// same seed and ranks give the same masks, run after run.
+models::DropoutGenerators tensor_parallel_dropout(uint64_t seed, int64_t tp_rank, int64_t dp_rank);
 
 /// Megatron's f: identity forward, allreduce (sum) of the gradient over `group` in backward.
 at::Tensor copy_to_tensor_parallel_region(const at::Tensor& input,
