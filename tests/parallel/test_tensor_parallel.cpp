@@ -1,6 +1,7 @@
 // Tensor parallelism and the device mesh on threads-as-ranks over the shm backend: the GPT split
 // over 2 and 4 TP ranks trains exactly like the whole GPT in one process (SGD and AdamW), holds
-// about 1/tp of the split layers' bytes per rank, and composes with DDP on a dp=2, tp=2 mesh; the
+// about 1/tp of the split layers' bytes per rank, does so with sequence parallelism too (its
+// activations between blocks 1/tp per rank), and composes with DDP on a dp=2, tp=2 mesh; the
 // built-in transformer, split through the model interface (Model::parallelize), does the same.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -196,6 +197,42 @@ INSTANTIATE_TEST_SUITE_P(Ranks, TensorParallelGpt,
                          ::testing::Values(std::make_tuple(2, false), std::make_tuple(4, false),
                                            std::make_tuple(2, true)));
 
+// Sequence parallelism: the LayerNorms, the position embedding and the activations between the
+// blocks on sequence shards ([B, T/tp, C] per rank), all-gathered before each column-split layer
+// and reduce-scattered after each row-split one; 20 SGD steps equal the whole GPT's.
+class SequenceParallelGpt : public ::testing::TestWithParam<int> {};
+
+TEST_P(SequenceParallelGpt, EqualsSingleProcessTrainingOnSequenceShards) {
+  const int tp = GetParam();
+  const auto initial = initial_gpt();
+  const auto data = batches();
+  const State expected = train_single(*initial, data, false);
+  std::vector<State> states(tp);
+  std::vector<std::vector<int64_t>> between(tp);
+  with_groups(tp, [&](int rank, std::shared_ptr<comm::ProcessGroup> group) {
+    auto gpt = copy_of(*initial);
+    const TensorParallelLayout layout = parallelize_gpt(*gpt, group, /*sequence_parallel=*/true);
+    auto optimizer = optimizer_for(unique_parameters(*gpt), false);
+    for (const Batch& batch : data) train_step(*gpt, *optimizer, batch, 0, kBatch);
+    states[rank] = state_of(layout.full_state_dict());
+    // Block 1's input (block 0's output), seen by its ln_1, in one more forward.
+    auto& block = *gpt->h[1]->as<models::GptBlock>();
+    block.set_layer_forward("ln_1", [&](torch::nn::Module&, const torch::Tensor& x) {
+      between[rank] = x.sizes().vec();
+      return torch::layer_norm(x, {x.size(-1)}, block.ln_1->weight, block.ln_1->bias);
+    });
+    torch::NoGradGuard no_grad;
+    gpt->forward(data[0].first);
+  });
+  const std::vector<int64_t> shard = {kBatch, kTokens / tp, tiny_config().n_embd};
+  for (int rank = 0; rank < tp; ++rank) {
+    EXPECT_LT(max_relative_difference(states[rank], expected), 1e-5) << "rank " << rank;
+    EXPECT_EQ(between[rank], shard) << "rank " << rank;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, SequenceParallelGpt, ::testing::Values(2, 4));
+
 TEST(TensorParallel, WithDdpOnDpTwoTpTwoMeshEqualsSingleProcess) {
   const auto initial = initial_gpt();
   const auto data = batches();
@@ -360,6 +397,10 @@ TEST(TensorParallel, DropoutMasksAgreeInTheReplicatedRegionAndDifferInTheSplitOn
   EXPECT_FALSE(torch::equal(draws.attention[0], draws.attention[1]));
   EXPECT_FALSE(torch::equal(draws.attention[2], draws.attention[3]));
   EXPECT_FALSE(torch::equal(draws.attention[0], draws.attention[2]));
+  // Under sequence parallelism the replicated region's activations are sequence shards: each TP
+  // rank draws its own masks there too.
+  const auto first = tensor_parallel_dropout(11, 0, 0, true), second = tensor_parallel_dropout(11, 1, 0, true);
+  EXPECT_FALSE(torch::equal(torch::rand({64}, first.replicated), torch::rand({64}, second.replicated)));
   const DropoutDraws again = draw_dropout_on_a_mesh(11);
   for (int rank = 0; rank < 4; ++rank) {
     EXPECT_TRUE(torch::equal(draws.replicated[rank], again.replicated[rank])) << "rank " << rank;

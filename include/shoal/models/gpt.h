@@ -88,8 +88,9 @@ class GptMlp : public torch::nn::Module, public LayerForwardHooks {
   DropoutGenerators generators_;
 };
 
-/// x + attn(ln_1(x)), then + mlp(ln_2(x)).
-class GptBlock : public torch::nn::Module {
+/// x + attn(ln_1(x)), then + mlp(ln_2(x)). Hookable layers: ln_1, ln_2 (sequence parallelism
+/// runs them on sequence shards).
+class GptBlock : public torch::nn::Module, public LayerForwardHooks {
  public:
   explicit GptBlock(const GptConfig& config);
   at::Tensor forward(const at::Tensor& x);
@@ -146,7 +147,8 @@ struct ShardedLogits {
 };
 
 /// The decoder; forward(idx [B,T] int64) -> logits [B,T,vocab_size]. Hookable layers:
-/// transformer.wte (token ids in, embeddings out) and lm_head (ln_f's output in, logits out).
+/// transformer.wte (token ids in, embeddings out), lm_head (ln_f's output in, logits out),
+/// transformer.wpe (the positions 0..T-1 in, their embeddings out) and transformer.ln_f.
 class Gpt : public Model, public LayerForwardHooks {
  public:
   explicit Gpt(const GptConfig& config = {});
