@@ -137,7 +137,7 @@ class GatherFromRegion : public torch::autograd::Function<GatherFromRegion> {
 /// Every rank's `input` [B, T/tp, ...] concatenated along the sequence (dimension 1), rank order.
 at::Tensor gathered_sequence(const at::Tensor& input, comm::ProcessGroup& group) {
   std::vector<at::Tensor> pieces;
-  for (int r = 0; r < group.size(); ++r) pieces.push_back(at::empty_like(input, at::MemoryFormat::Contiguous));
+  for (int r = 0; r < group.size(); ++r) pieces.push_back(at::empty(input.sizes(), input.options()));
   comm::AllgatherOptions options;
   options.async_op = false;
   group.allgather(pieces, input.contiguous(), options)->wait();

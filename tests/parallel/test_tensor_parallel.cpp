@@ -280,8 +280,10 @@ torch::Tensor read_float64(const std::string& path) {
 // shm): 20 SGD steps end at the same weights.
 TEST(TensorParallel, GptPlanEqualsPyTorchParallelizeModule) {
   const std::string python = shoal::testing::torch2_python();
-  SHOAL_SKIP_UNLESS(!python.empty(), shoal::testing::Dependency::kOptional,
-                    "PyTorch 2.x's Python is not installed (scripts/setup_torch_pypi.sh)");
+  const char* source = std::getenv("SHOAL_SOURCE_DIR");
+  SHOAL_SKIP_UNLESS(!python.empty() && source != nullptr, shoal::testing::Dependency::kOptional,
+                    "PyTorch 2.x's Python is not installed (scripts/setup_torch_pypi.sh), or "
+                    "SHOAL_SOURCE_DIR is not set (run through ctest)");
   constexpr int kTp = 2;
   constexpr double kLr = 0.5;
   const auto initial = initial_gpt(/*float64=*/true);
@@ -305,7 +307,7 @@ TEST(TensorParallel, GptPlanEqualsPyTorchParallelizeModule) {
   write_float64(dir + "/data.f64", tokens);
   const models::GptConfig c = tiny_config();
   std::ostringstream command;
-  command << "timeout 300 env " << python << " " << std::getenv("SHOAL_SOURCE_DIR")
+  command << "timeout 300 env " << python << " " << source
           << "/tests/parallel/tp_oracle.py " << dir << " " << kTp << " " << kSteps << " " << kLr
           << " " << c.n_layer << " " << c.n_head << " " << c.n_embd << " " << c.block_size << " "
           << c.vocab_size << " " << kBatch << " " << kTokens;
