@@ -107,11 +107,16 @@ void TpStrategy::prepare(TrainState& state) {
   whole_optimizer_ = kept_optimizer_.get();
   state.optimizer = parallel::optimizer_like(*kept_optimizer_, params);
   load_whole_optimizer(state);
-  BatchLoss loss = [split = split_](const at::Tensor& x, const at::Tensor& y) {
-    return split->forward_loss(x, y);
+  whole_model_ = state.model;
+  release_whole();
+  // A training step frees what synchronize() gathered for evaluation or a checkpoint.
+  BatchLoss loss = [this](const at::Tensor& x, const at::Tensor& y) {
+    release_whole();
+    return split_->forward_loss(x, y);
   };
-  std::function<at::Tensor(const at::Tensor&)> forward = [split = split_](const at::Tensor& x) {
-    return split->forward(x);
+  std::function<at::Tensor(const at::Tensor&)> forward = [this](const at::Tensor& x) {
+    release_whole();
+    return split_->forward(x);
   };
   if (mesh_.size("dp") > 1) {
     ddp_ = std::make_shared<parallel::DistributedDataParallelBase>(split_, mesh_.get_group("dp"));
@@ -158,7 +163,26 @@ void TpStrategy::synchronize(TrainState& state) {
   if (!layout_) return;
   const auto whole = layout_->full_state_dict();
   torch::NoGradGuard no_grad;
-  for (auto& item : state.model->named_parameters()) item.value().copy_(whole[item.key()]);
+  for (auto& item : state.model->named_parameters()) {
+    // The split layers' whole tensors were freed (release_whole): the gathered ones take their place.
+    if (layout_->sharded().count(item.key())) {
+      item.value().set_data(whole[item.key()]);
+    } else {
+      item.value().copy_(whole[item.key()]);
+    }
+  }
+  whole_held_ = true;
+}
+
+void TpStrategy::release_whole() {
+  if (!whole_held_) return;
+  torch::NoGradGuard no_grad;
+  for (auto& item : whole_model_->named_parameters()) {
+    if (layout_->sharded().count(item.key())) item.value().set_data(at::empty({0}, item.value().options()));
+  }
+  // Rebuilt from the split optimizer for each checkpoint (checkpoint_optimizer).
+  whole_optimizer_->state().clear();
+  whole_held_ = false;
 }
 
 torch::optim::Optimizer* TpStrategy::checkpoint_optimizer(TrainState& state) {

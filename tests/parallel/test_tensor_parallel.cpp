@@ -21,6 +21,8 @@
 #include "shoal/models/transformer.h"
 #include "shoal/parallel/distributed_data_parallel.h"
 #include "shoal/parallel/tensor_parallel.h"
+#include "shoal/train/tp_strategy.h"
+#include "shoal/train/trainer.h"
 #include "test_models.h"
 #include "testing/dependencies.h"
 #include "testing/multi_rank.h"
@@ -445,6 +447,58 @@ TEST(TensorParallel, GptWithDropoutTrainsAndIsDeterministicForASeed) {
     EXPECT_EQ(max_relative_difference(first[rank], second[rank]), 0) << "rank " << rank;
   }
   EXPECT_EQ(losses[0], losses[1]);
+}
+
+// Bytes of `module`'s parameters, each tensor once.
+int64_t parameter_bytes(torch::nn::Module& module) {
+  int64_t bytes = 0;
+  for (const auto& p : unique_parameters(module)) bytes += p.numel() * static_cast<int64_t>(p.element_size());
+  return bytes;
+}
+
+// The trainer's model under --mesh tp=2 (TpStrategy): after prepare() and after each training
+// step it holds none of the split layers (the rank holds their shards only, in the strategy's
+// copy); synchronize() gathers them back whole, with the step's weights.
+TEST(TpStrategy, TheTrainersModelHoldsTheSplitLayersOnlyFromSynchronizeToTheNextStep) {
+  const auto initial = initial_gpt();
+  const Batch batch = batches()[0];
+  const State expected = train_single(*initial, {batch}, false);
+  int64_t replicated_bytes = 0;  // the LayerNorms, the position embedding, the row-split biases
+  for (const auto& item : initial->named_parameters()) {
+    const std::string& name = item.key();
+    if (name.find("ln_") != std::string::npos || name.find("wpe") != std::string::npos ||
+        name.find("c_proj.bias") != std::string::npos) {
+      replicated_bytes += item.value().numel() * static_cast<int64_t>(item.value().element_size());
+    }
+  }
+  std::vector<std::vector<int64_t>> held(2);  // after prepare, after synchronize, after a step
+  std::vector<double> error(2);
+  with_groups(2, [&](int rank, std::shared_ptr<comm::ProcessGroup> group) {
+    train::TpStrategy strategy({{"tp", 2}}, group);
+    auto gpt = copy_of(*initial);
+    train::TrainState state;
+    state.model = gpt;
+    state.model_loss = [gpt](const torch::Tensor& x, const torch::Tensor& y) {
+      return gpt->forward_loss(x, y);
+    };
+    state.optimizer = optimizer_for(unique_parameters(*gpt), false);
+    strategy.prepare(state);
+    held[rank].push_back(parameter_bytes(*gpt));
+    state.optimizer->zero_grad();
+    state.forward_loss(batch.first, batch.second).backward();
+    state.optimizer->step();
+    strategy.synchronize(state);
+    held[rank].push_back(parameter_bytes(*gpt));
+    error[rank] = max_relative_difference(state_of(gpt->named_parameters()), expected);
+    state.forward_loss(batch.first, batch.second);
+    held[rank].push_back(parameter_bytes(*gpt));
+  });
+  const int64_t whole = parameter_bytes(*initial);
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_EQ(held[rank], (std::vector<int64_t>{replicated_bytes, whole, replicated_bytes}))
+        << "rank " << rank;
+    EXPECT_LT(error[rank], 1e-5) << "rank " << rank;
+  }
 }
 
 // The built-in image transformer split by its own plan through the model interface: 20 SGD steps
