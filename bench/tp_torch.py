@@ -8,10 +8,10 @@ Every rank trains the whole global batch (--world x --batch blocks) through its 
 TP ranks do. The plan is Shoal's (Megatron's): c_attn and c_fc ColwiseParallel, the c_proj
 layers RowwiseParallel, the token embedding RowwiseParallel (vocabulary-split) and the tied head
 ColwiseParallel with its logits left split over the vocabulary for loss_parallel's cross-entropy.
-PyTorch's ColwiseParallel splits a fused Linear's rows contiguously, so each rank's c_attn holds
-a contiguous third-sized slice rather than its own heads' q, k and v; the attention here splits
-whatever it holds in three, which costs what Shoal's head-wise split costs (the weights are
-random: the throughput and the memory are what is measured). Needs PyTorch >= 2.4; run with
+PyTorch's ColwiseParallel splits a fused Linear's rows contiguously, so before it does, c_attn's
+rows are reordered (interleave_qkv) so that each rank's contiguous slice holds its own heads' q, k
+and v, as Shoal's ColwiseParallel{3} splits them: the same computation as the whole model, which
+tests/parallel/tp_oracle.py checks Shoal's TP against. Needs PyTorch >= 2.4; run with
 PyTorch 2.x's Python (PYTHONPATH=<scripts/setup_torch_pypi.sh --prefix>/.. python3).
 Writes one JSON object to FILE: samples_per_s (the global batch's samples), peak_rss_mb and
 held_mb (parameters, gradients and momentum a rank keeps between steps), of the largest rank.
@@ -27,8 +27,20 @@ from gpt_torch import GPT
 from torch_common import argument_parser, run_ranks, timed_steps
 
 
+def interleave_qkv(t, world):
+    """c_attn's weight or bias, rows [q; k; v], reordered to [q_0 k_0 v_0; q_1 k_1 v_1; ...]: rank
+    r's contiguous 1/world of them is then its heads' q, k and v."""
+    return t.reshape(3, world, -1).transpose(0, 1).reshape(t.shape)
+
+
+def deinterleave_qkv(t, world):
+    """The inverse of interleave_qkv: rows [q; k; v] again."""
+    return t.reshape(world, 3, -1).transpose(0, 1).reshape(t.shape)
+
+
 def local_attention(self, x):
-    """CausalSelfAttention.forward on this rank's slice of c_attn: as many heads as it holds."""
+    """CausalSelfAttention.forward on this rank's slice of c_attn (its heads' q, k and v, see
+    interleave_qkv): as many heads as it holds."""
     B, T, C = x.size()
     head = C // self.n_head
     qkv = self.c_attn(x)
@@ -47,6 +59,10 @@ def parallelize(model, world):
     from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
                                                    parallelize_module)
     mesh = init_device_mesh("cpu", (world,))
+    with torch.no_grad():
+        for block in model.transformer.h:
+            for p in block.attn.c_attn.parameters():
+                p.copy_(interleave_qkv(p, world))
     plan = {"lm_head": ColwiseParallel(output_layouts=Shard(-1), use_local_output=False),
             "transformer.wte": RowwiseParallel(input_layouts=Replicate())}
     for i in range(len(model.transformer.h)):
@@ -63,7 +79,8 @@ def parallelize(model, world):
 
 
 def forward_backward(model, x, y):
-    """The loss of the batch, and its backward: both inside loss_parallel, as PyTorch requires."""
+    """The loss of the batch (targets -1 ignored, as Shoal's GPT ignores them), and its backward:
+    both inside loss_parallel, as PyTorch requires."""
     from torch.distributed.tensor.parallel import loss_parallel
     pos = torch.arange(0, x.size(1), dtype=torch.long)
     h = model.transformer.wte(x) + model.transformer.wpe(pos)
@@ -71,7 +88,7 @@ def forward_backward(model, x, y):
         h = block(h)
     logits = model.lm_head(model.transformer.ln_f(h))
     with loss_parallel():
-        F.cross_entropy(logits.flatten(0, 1), y.flatten(0, 1)).backward()
+        F.cross_entropy(logits.flatten(0, 1), y.flatten(0, 1), ignore_index=-1).backward()
 
 
 def local_bytes(t):

@@ -22,9 +22,16 @@ torch::nn::LayerNorm gpt_layer_norm(int64_t dim) {
   return torch::nn::LayerNorm(torch::nn::LayerNormOptions({dim}));
 }
 
-at::Tensor gpt_dropout(const at::Tensor& x, double p, bool training) {
+/// Dropout of `x` with probability p, its mask drawn from `generator` (undefined: torch's default
+/// generator, through F::dropout as before generators could be given).
+at::Tensor gpt_dropout(const at::Tensor& x, double p, bool training,
+                       const at::Generator& generator = {}) {
   if (p == 0 || !training) return x;
-  return F::dropout(x, F::DropoutFuncOptions().p(p).training(true));
+  if (!generator.defined()) return F::dropout(x, F::DropoutFuncOptions().p(p).training(true));
+  // The generators are CPU ones (the mask is drawn on the CPU for another device's tensor).
+  const at::Tensor keep =
+      at::empty(x.sizes(), x.options().device(at::kCPU)).bernoulli_(1 - p, generator);
+  return x * keep.to(x.device()) * (1 / (1 - p));
 }
 
 /// Token ids [B, T] the GPT can take: integers, T at most the block size.
@@ -37,12 +44,9 @@ void check_token_ids(const at::Tensor& idx, const GptConfig& config) {
                 "; raise --block-size or cut the sequences");
 }
 
-/// The blocks' input: the token embeddings [B, T, C] plus the position embeddings, then dropout.
-at::Tensor add_positions(const at::Tensor& token_embeddings, torch::nn::Embedding& wpe,
-                         double dropout, bool training) {
-  const at::Tensor positions =
-      at::arange(token_embeddings.size(1), token_embeddings.options().dtype(at::kLong));
-  return gpt_dropout(token_embeddings + wpe->forward(positions), dropout, training);
+/// The positions 0..T-1 of token ids [B, T].
+at::Tensor positions_of(const at::Tensor& idx) {
+  return at::arange(idx.size(1), idx.options().dtype(at::kLong));
 }
 
 /// nanoGPT's loss: the mean cross-entropy of logits [..., V] against targets [...], over the
@@ -54,7 +58,8 @@ at::Tensor token_cross_entropy(const at::Tensor& logits, const at::Tensor& targe
 
 constexpr size_t kQkv = 0, kAttnProj = 1;  // CausalSelfAttention's hookable layers
 constexpr size_t kFc = 0, kMlpProj = 1;    // GptMlp's
-constexpr size_t kWte = 0, kLmHead = 1;    // Gpt's
+constexpr size_t kWte = 0, kLmHead = 1, kWpe = 2, kLnF = 3;  // Gpt's
+constexpr size_t kLn1 = 0, kLn2 = 1;                        // GptBlock's
 
 }  // namespace
 
@@ -82,9 +87,10 @@ CausalSelfAttention::CausalSelfAttention(const GptConfig& config)
 }
 
 at::Tensor CausalSelfAttention::forward(const at::Tensor& x) {
-  const int64_t batch = x.size(0), tokens = x.size(1);
   const at::Tensor qkv_all =
       call_layer(kQkv, *c_attn, x, [&](const at::Tensor& in) { return c_attn->forward(in); });
+  // The whole sequence, also when x is a sequence shard (c_attn's hook gathers it).
+  const int64_t batch = qkv_all.size(0), tokens = qkv_all.size(1);
   // [B,T,3C'] -> q, k, v as [B,nh',T,hs], C' = nh' * hs (nh' < n_head when c_attn is sharded)
   const int64_t channels = qkv_all.size(2) / 3;
   const std::vector<at::Tensor> qkv = qkv_all.split(channels, 2);
@@ -96,12 +102,12 @@ at::Tensor CausalSelfAttention::forward(const at::Tensor& x) {
   at::Tensor att = at::matmul(q, k.transpose(-2, -1)) * scale;
   const at::Tensor future = at::ones({tokens, tokens}, x.options().dtype(at::kBool)).triu(1);
   att = at::softmax(att.masked_fill(future, -INFINITY), -1);
-  att = gpt_dropout(att, dropout_, is_training());
+  att = gpt_dropout(att, dropout_, is_training(), generators_.sharded);
   const at::Tensor y =
       at::matmul(att, v).transpose(1, 2).contiguous().view({batch, tokens, channels});
   const at::Tensor out =
       call_layer(kAttnProj, *c_proj, y, [&](const at::Tensor& in) { return c_proj->forward(in); });
-  return gpt_dropout(out, dropout_, is_training());
+  return gpt_dropout(out, dropout_, is_training(), generators_.replicated);
 }
 
 GptMlp::GptMlp(const GptConfig& config)
@@ -115,10 +121,10 @@ at::Tensor GptMlp::forward(const at::Tensor& x) {
       call_layer(kFc, *c_fc, x, [&](const at::Tensor& in) { return c_fc->forward(in); });
   const at::Tensor out = call_layer(kMlpProj, *c_proj, at::gelu(hidden),
                                     [&](const at::Tensor& in) { return c_proj->forward(in); });
-  return gpt_dropout(out, dropout_, is_training());
+  return gpt_dropout(out, dropout_, is_training(), generators_.replicated);
 }
 
-GptBlock::GptBlock(const GptConfig& config) {
+GptBlock::GptBlock(const GptConfig& config) : LayerForwardHooks({"ln_1", "ln_2"}) {
   ln_1 = register_module("ln_1", gpt_layer_norm(config.n_embd));
   attn = register_module("attn", std::make_shared<CausalSelfAttention>(config));
   ln_2 = register_module("ln_2", gpt_layer_norm(config.n_embd));
@@ -126,12 +132,16 @@ GptBlock::GptBlock(const GptConfig& config) {
 }
 
 at::Tensor GptBlock::forward(const at::Tensor& x) {
-  const at::Tensor y = x + attn->forward(ln_1->forward(x));
-  return y + mlp->forward(ln_2->forward(y));
+  const auto norm = [this](size_t index, torch::nn::LayerNorm& ln, const at::Tensor& in) {
+    return call_layer(index, *ln, in, [&](const at::Tensor& t) { return ln->forward(t); });
+  };
+  const at::Tensor y = x + attn->forward(norm(kLn1, ln_1, x));
+  return y + mlp->forward(norm(kLn2, ln_2, y));
 }
 
 Gpt::Gpt(const GptConfig& config)
-    : LayerForwardHooks({"transformer.wte", "lm_head"}), config_(config) {
+    : LayerForwardHooks({"transformer.wte", "lm_head", "transformer.wpe", "transformer.ln_f"}),
+      config_(config) {
   config_.validate();
   transformer = register_module("transformer", std::make_shared<torch::nn::Module>());
   wte = transformer->register_module("wte", torch::nn::Embedding(config.vocab_size, config.n_embd));
@@ -167,13 +177,26 @@ void Gpt::set_sharded_logits(ShardedLogits logits) {
   sharded_logits_ = std::move(logits);
 }
 
+void Gpt::set_dropout_generators(const DropoutGenerators& generators) {
+  generators_ = generators;
+  for (const auto& block : *h) {
+    block->as<GptBlock>()->attn->set_dropout_generators(generators);
+    block->as<GptBlock>()->mlp->set_dropout_generators(generators);
+  }
+}
+
 at::Tensor Gpt::head_output(const at::Tensor& idx) {
   check_token_ids(idx, config_);
   const at::Tensor tokens_in = call_layer(kWte, *wte, idx.to(at::kLong),
                                           [&](const at::Tensor& in) { return wte->forward(in); });
-  at::Tensor x = add_positions(tokens_in, wpe, config_.dropout, is_training());
+  const at::Tensor positions = call_layer(kWpe, *wpe, positions_of(idx),
+                                          [&](const at::Tensor& in) { return wpe->forward(in); });
+  at::Tensor x =
+      gpt_dropout(tokens_in + positions, config_.dropout, is_training(), generators_.replicated);
   for (const auto& block : *h) x = block->as<GptBlock>()->forward(x);
-  return call_layer(kLmHead, *lm_head, ln_f->forward(x),
+  const at::Tensor normed =
+      call_layer(kLnF, *ln_f, x, [&](const at::Tensor& in) { return ln_f->forward(in); });
+  return call_layer(kLmHead, *lm_head, normed,
                     [&](const at::Tensor& in) { return at::linear(in, wte->weight); });
 }
 
@@ -217,7 +240,8 @@ GptEmbeddings::GptEmbeddings(torch::nn::Embedding wte_in, torch::nn::Embedding w
 
 at::Tensor GptEmbeddings::forward(const at::Tensor& idx) {
   check_token_ids(idx, config_);
-  return add_positions(wte->forward(idx.to(at::kLong)), wpe, config_.dropout, wte->is_training());
+  return gpt_dropout(wte->forward(idx.to(at::kLong)) + wpe->forward(positions_of(idx)),
+                     config_.dropout, wte->is_training());
 }
 
 GptHead::GptHead(torch::nn::LayerNorm ln_f_in, std::shared_ptr<torch::nn::Module> lm_head_in) {

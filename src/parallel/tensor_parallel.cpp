@@ -1,8 +1,10 @@
 #include "shoal/parallel/tensor_parallel.h"
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <fnmatch.h>
 #include <torch/nn/modules/embedding.h>
 #include <torch/nn/modules/linear.h>
+#include <torch/nn/modules/normalization.h>
 #include <torch/utils.h>
 
 #include <algorithm>
@@ -18,6 +20,12 @@ namespace shoal::parallel {
 namespace {
 
 using GroupPtr = std::shared_ptr<comm::ProcessGroup>;
+
+/// Megatron's offset of the tensor-parallel dropout seed from the replicated one.
+constexpr uint64_t kShardedSeedOffset = 2718;
+/// Seeds of one replica from the next's: above twice kShardedSeedOffset plus any TP degree, so no two
+/// generators of a job share a seed.
+constexpr uint64_t kReplicaSeedStride = 1'000'003;
 
 /// A layer the plan names, and the module above it whose forward hooks can replace its forward.
 struct Target {
@@ -127,41 +135,88 @@ void apply_style(const Target& target, const ColwiseParallel& style, const Group
   const at::Tensor bias = own_parameter(*target.layer, "bias");
   split_parameter(weight, rows, *group, target.path + ".weight", split);
   split_parameter(bias, rows, *group, target.path + ".bias", split);
-  const bool gather = style.gather_output;
-  target.owner->set_layer_forward(
-      target.path_in_owner, [weight, bias, group, gather](torch::nn::Module&, const at::Tensor& x) {
-        const at::Tensor out = column_parallel_linear(x, weight, bias, group);
-        return gather ? gather_from_tensor_parallel_region(out, group) : out;
-      });
+  const bool gather = style.gather_output, sequence = style.sequence_sharded_input;
+  target.owner->set_layer_forward(target.path_in_owner, [weight, bias, group, gather, sequence](
+                                                            torch::nn::Module&, const at::Tensor& x) {
+    // The sequence's all-gather sums the input's gradient in backward, as f would.
+    const at::Tensor out =
+        sequence ? at::linear(gather_from_sequence_parallel_region(x, group), weight, bias)
+                 : column_parallel_linear(x, weight, bias, group);
+    return gather ? gather_from_tensor_parallel_region(out, group) : out;
+  });
 }
 
-void apply_rowwise_embedding(const Target& target, const GroupPtr& group, SplitTensors& split) {
+/// The sum of the ranks' partial `output`s: whole (allreduce), or this rank's sequence shard of
+/// it (reduce-scatter).
+at::Tensor reduce_partial(const at::Tensor& output, const GroupPtr& group, bool sequence) {
+  return sequence ? reduce_scatter_to_sequence_parallel_region(output, group)
+                  : reduce_layer_output(output, group);
+}
+
+void apply_rowwise_embedding(const Target& target, const RowwiseParallel& style,
+                             const GroupPtr& group, SplitTensors& split) {
   const at::Tensor weight = own_parameter(*target.layer, "weight");
   split_parameter(weight, ShardSpec{0, 1}, *group, target.path + ".weight", split);
   const int64_t rows = weight.size(0);
   const int64_t first = group->rank() * rows;
-  auto forward = [weight, group, rows, first](torch::nn::Module&, const at::Tensor& ids) {
+  const bool sequence = style.sequence_sharded_output;
+  auto forward = [weight, group, rows, first, sequence](torch::nn::Module&, const at::Tensor& ids) {
     const at::Tensor elsewhere = (ids < first) | (ids >= first + rows);
     at::Tensor local = at::embedding(weight, (ids - first).masked_fill(elsewhere, 0));
-    return reduce_layer_output(local.masked_fill_(elsewhere.unsqueeze(-1), 0), group);
+    return reduce_partial(local.masked_fill_(elsewhere.unsqueeze(-1), 0), group, sequence);
   };
   target.owner->set_layer_forward(target.path_in_owner, std::move(forward));
 }
 
-void apply_style(const Target& target, const RowwiseParallel&, const GroupPtr& group,
+void apply_style(const Target& target, const RowwiseParallel& style, const GroupPtr& group,
                  SplitTensors& split) {
   if (dynamic_cast<torch::nn::EmbeddingImpl*>(target.layer) != nullptr) {
-    apply_rowwise_embedding(target, group, split);
+    apply_rowwise_embedding(target, style, group, split);
     return;
   }
   check_linear(*target.layer, target.path);
   const at::Tensor weight = own_parameter(*target.layer, "weight");
   const at::Tensor bias = own_parameter(*target.layer, "bias");
   split_parameter(weight, ShardSpec{1, 1}, *group, target.path + ".weight", split);
+  const bool sequence = style.sequence_sharded_output;
   target.owner->set_layer_forward(
-      target.path_in_owner, [weight, bias, group](torch::nn::Module&, const at::Tensor& x) {
-        const at::Tensor sum = reduce_layer_output(at::linear(x, weight), group);
-        return bias.defined() ? sum + bias : sum;
+      target.path_in_owner, [weight, bias, group, sequence](torch::nn::Module&, const at::Tensor& x) {
+        const at::Tensor sum = reduce_partial(at::linear(x, weight), group, sequence);
+        if (!bias.defined()) return sum;
+        // On a sequence shard each rank's bias gradient is its positions' part: summed (f).
+        return sum + (sequence ? copy_to_tensor_parallel_region(bias, group) : bias);
+      });
+}
+
+/// `param` whose gradient is summed over the group (f), or an undefined tensor.
+at::Tensor summed_gradient(const at::Tensor& param, const GroupPtr& group) {
+  return param.defined() ? copy_to_tensor_parallel_region(param, group) : param;
+}
+
+void apply_style(const Target& target, const SequenceParallel&, const GroupPtr& group,
+                 SplitTensors&) {
+  if (auto* norm = dynamic_cast<torch::nn::LayerNormImpl*>(target.layer)) {
+    const std::vector<int64_t> shape = norm->options.normalized_shape();
+    const double eps = norm->options.eps();
+    const at::Tensor weight = norm->weight, bias = norm->bias;
+    target.owner->set_layer_forward(
+        target.path_in_owner, [shape, eps, weight, bias, group](torch::nn::Module&, const at::Tensor& x) {
+          return at::layer_norm(x, shape, summed_gradient(weight, group),
+                                summed_gradient(bias, group), eps);
+        });
+    return;
+  }
+  SHOAL_CHECK_T(InvalidArgument, dynamic_cast<torch::nn::EmbeddingImpl*>(target.layer) != nullptr,
+                "parallelize_module: ", target.path,
+                " is neither a LayerNorm nor an Embedding (SequenceParallel)");
+  const at::Tensor weight = own_parameter(*target.layer, "weight");
+  target.owner->set_layer_forward(
+      target.path_in_owner, [weight, group](torch::nn::Module&, const at::Tensor& ids) {
+        SHOAL_CHECK_T(InvalidArgument, ids.size(-1) % group->size() == 0,
+                      "sequence parallelism: ", ids.size(-1), " positions do not split into ",
+                      group->size(), " equal pieces; use sequences whose length tp divides");
+        const at::Tensor mine = ids.chunk(group->size(), -1)[group->rank()];
+        return at::embedding(summed_gradient(weight, group), mine);
       });
 }
 
@@ -262,7 +317,7 @@ TensorParallelLayout parallelize_module(torch::nn::Module& module, GroupPtr tp_g
   for (const auto& [path, style] : match_plan(modules, plan)) {
     const Target target = locate(module, modules, path);
     std::visit([&](const auto& s) { apply_style(target, s, tp_group, split); }, style);
-    layout.layers_.push_back(path);
+    if (!std::holds_alternative<SequenceParallel>(style)) layout.layers_.push_back(path);
   }
   for (const auto& item : module.named_parameters()) {
     const auto found = split.find(item.value().unsafeGetTensorImpl());
@@ -277,13 +332,21 @@ TensorParallelLayout parallelize_module(torch::nn::Module& module, const comm::D
   return parallelize_module(module, mesh.get_group(dimension), plan);
 }
 
-TensorParallelPlan gpt_tensor_parallel_plan() {
-  return {{"transformer.wte", RowwiseParallel{}},
-          {"lm_head", ColwiseParallel{}},
-          {"transformer.h.*.attn.c_attn", ColwiseParallel{3}},
-          {"transformer.h.*.attn.c_proj", RowwiseParallel{}},
-          {"transformer.h.*.mlp.c_fc", ColwiseParallel{}},
-          {"transformer.h.*.mlp.c_proj", RowwiseParallel{}}};
+TensorParallelPlan gpt_tensor_parallel_plan(bool sequence_parallel) {
+  const bool sp = sequence_parallel;
+  TensorParallelPlan plan = {{"transformer.wte", RowwiseParallel{sp}},
+                             {"lm_head", ColwiseParallel{1, false, sp}},
+                             {"transformer.h.*.attn.c_attn", ColwiseParallel{3, false, sp}},
+                             {"transformer.h.*.attn.c_proj", RowwiseParallel{sp}},
+                             {"transformer.h.*.mlp.c_fc", ColwiseParallel{1, false, sp}},
+                             {"transformer.h.*.mlp.c_proj", RowwiseParallel{sp}}};
+  if (sp) {
+    for (const char* layer : {"transformer.wpe", "transformer.h.*.ln_1", "transformer.h.*.ln_2",
+                              "transformer.ln_f"}) {
+      plan.emplace_back(layer, SequenceParallel{});
+    }
+  }
+  return plan;
 }
 
 void check_gpt_tensor_parallel(const models::GptConfig& config, int64_t tp) {
@@ -298,11 +361,12 @@ void check_gpt_tensor_parallel(const models::GptConfig& config, int64_t tp) {
   }
 }
 
-TensorParallelLayout parallelize_gpt(models::Gpt& gpt, GroupPtr tp_group) {
+TensorParallelLayout parallelize_gpt(models::Gpt& gpt, GroupPtr tp_group, bool sequence_parallel) {
   SHOAL_CHECK_T(InvalidArgument, tp_group != nullptr,
                 "parallelize_gpt: the tensor-parallel group is null (this rank is not in it)");
   check_gpt_tensor_parallel(gpt.config(), tp_group->size());
-  TensorParallelLayout layout = parallelize_module(gpt, tp_group, gpt_tensor_parallel_plan());
+  TensorParallelLayout layout =
+      parallelize_module(gpt, tp_group, gpt_tensor_parallel_plan(sequence_parallel));
   models::ShardedLogits logits;
   logits.gather = [tp_group](const at::Tensor& local) {
     return gather_from_tensor_parallel_region(local, tp_group);
@@ -312,6 +376,20 @@ TensorParallelLayout parallelize_gpt(models::Gpt& gpt, GroupPtr tp_group) {
   };
   gpt.set_sharded_logits(std::move(logits));
   return layout;
+}
+
+models::DropoutGenerators tensor_parallel_dropout(uint64_t seed, int64_t tp_rank,
+                                                  int64_t dp_rank, bool sequence_parallel) {
+  SHOAL_CHECK_T(InvalidArgument, tp_rank >= 0 && dp_rank >= 0,
+                "tensor_parallel_dropout: ranks must be >= 0, got tp ", tp_rank, " and dp ", dp_rank);
+  const uint64_t replica = seed + kReplicaSeedStride * static_cast<uint64_t>(dp_rank);
+  models::DropoutGenerators generators;
+  const uint64_t own = kShardedSeedOffset + static_cast<uint64_t>(tp_rank);
+  generators.sharded = at::make_generator<at::CPUGeneratorImpl>(replica + own);
+  // Sequence shards: a seed of the rank's own, away from its sharded one.
+  generators.replicated =
+      at::make_generator<at::CPUGeneratorImpl>(sequence_parallel ? replica + own + kShardedSeedOffset : replica);
+  return generators;
 }
 
 }  // namespace shoal::parallel

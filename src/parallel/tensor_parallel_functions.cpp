@@ -134,6 +134,63 @@ class GatherFromRegion : public torch::autograd::Function<GatherFromRegion> {
   }
 };
 
+/// Every rank's `input` [B, T/tp, ...] concatenated along the sequence (dimension 1), rank order.
+at::Tensor gathered_sequence(const at::Tensor& input, comm::ProcessGroup& group) {
+  std::vector<at::Tensor> pieces;
+  for (int r = 0; r < group.size(); ++r) pieces.push_back(at::empty(input.sizes(), input.options()));
+  comm::AllgatherOptions options;
+  options.async_op = false;
+  group.allgather(pieces, input.contiguous(), options)->wait();
+  return at::cat(pieces, 1);
+}
+
+/// `input` [B, T, ...] summed over the group, this rank's T/tp positions of it kept.
+at::Tensor scattered_sequence(const at::Tensor& input, comm::ProcessGroup& group) {
+  SHOAL_CHECK_T(InvalidArgument, input.dim() >= 2 && input.size(1) % group.size() == 0,
+                "sequence parallelism: the sequence of ", input.sizes(), " (dimension 1) does not "
+                "split into ", group.size(), " equal pieces; use sequences whose length the "
+                "tensor-parallel degree divides");
+  std::vector<at::Tensor> pieces;
+  for (const at::Tensor& piece : input.chunk(group.size(), 1)) pieces.push_back(piece.contiguous());
+  at::Tensor out = at::empty_like(pieces[0]);
+  comm::ReduceScatterOptions options;
+  options.async_op = false;
+  group.reduce_scatter(out, pieces, options)->wait();
+  return out;
+}
+
+/// Sequence parallelism's all-gather before a column-split layer: forward all-gathers the
+/// sequence shards, backward reduce-scatters the gradient (Megatron's
+/// gather_from_sequence_parallel_region).
+class GatherSequence : public torch::autograd::Function<GatherSequence> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input,
+                            std::shared_ptr<comm::ProcessGroup> group) {
+    at::Tensor out = gathered_sequence(input, *group);
+    save_group(ctx, std::move(group));
+    return out;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    return {scattered_sequence(grads[0], saved_group(ctx)), at::Tensor()};
+  }
+};
+
+/// Sequence parallelism's reduce-scatter after a row-split layer: forward sums the partial
+/// outputs and keeps this rank's sequence shard, backward all-gathers the gradient (Megatron's
+/// reduce_scatter_to_sequence_parallel_region).
+class ScatterSequence : public torch::autograd::Function<ScatterSequence> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input,
+                            std::shared_ptr<comm::ProcessGroup> group) {
+    at::Tensor out = scattered_sequence(input, *group);
+    save_group(ctx, std::move(group));
+    return out;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    return {gathered_sequence(grads[0], saved_group(ctx)), at::Tensor()};
+  }
+};
+
 /// Every rank's `stats` [k, N], stacked in rank order: [tp, k, N].
 at::Tensor gathered_rows(const at::Tensor& stats, comm::ProcessGroup& group) {
   std::vector<at::Tensor> pieces;
@@ -204,6 +261,16 @@ at::Tensor reduce_layer_output(const at::Tensor& output,
 at::Tensor gather_from_tensor_parallel_region(const at::Tensor& input,
                                               std::shared_ptr<comm::ProcessGroup> group) {
   return GatherFromRegion::apply(input, std::move(group));
+}
+
+at::Tensor gather_from_sequence_parallel_region(const at::Tensor& input,
+                                                std::shared_ptr<comm::ProcessGroup> group) {
+  return GatherSequence::apply(input, std::move(group));
+}
+
+at::Tensor reduce_scatter_to_sequence_parallel_region(const at::Tensor& input,
+                                                      std::shared_ptr<comm::ProcessGroup> group) {
+  return ScatterSequence::apply(input, std::move(group));
 }
 
 at::Tensor vocab_parallel_cross_entropy(const at::Tensor& local, const at::Tensor& targets,

@@ -46,9 +46,6 @@ void validate_mesh(const std::string& mesh, StrategyKind kind, int model_paralle
                 "--mesh splits the layers of --model gpt or transformer; --model ", options.model,
                 " cannot be split by tensor parallelism");
   if (options.model == "gpt") parallel::check_gpt_tensor_parallel(options.gpt, tp);
-  SHOAL_CHECK_T(InvalidArgument, options.gpt.dropout == 0,
-                "--dropout with --mesh is not supported yet (the masks are not kept equal across "
-                "tp ranks); use --dropout 0");
   SHOAL_CHECK_T(InvalidArgument, options.precision == Precision::kFp32,
                 "--precision ", precision_name(options.precision), " with --mesh is not supported yet; use fp32");
 }

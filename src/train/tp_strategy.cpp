@@ -1,5 +1,6 @@
 #include "shoal/train/tp_strategy.h"
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <torch/utils.h>
 
 #include <cmath>
@@ -8,6 +9,7 @@
 
 #include "shoal/checkpoint/training_state.h"
 #include "shoal/error.h"
+#include "shoal/models/gpt.h"
 #include "shoal/models/model.h"
 #include "shoal/parallel/distributed_data_parallel.h"
 #include "shoal/parallel/fully_sharded_data_parallel.h"
@@ -59,6 +61,16 @@ std::vector<std::pair<std::string, at::Tensor>> unique_named_parameters(torch::n
   return named;
 }
 
+/// The GPT's dropout under tensor parallelism (parallel::tensor_parallel_dropout), seeded from
+/// --seed: the trainer seeds torch's default generator with it on every rank.
+void seed_dropout(models::Model& model, const comm::DeviceMesh& mesh) {
+  auto* gpt = dynamic_cast<models::Gpt*>(&model);
+  if (gpt == nullptr) return;
+  const uint64_t seed = at::detail::getDefaultCPUGenerator().current_seed();
+  gpt->set_dropout_generators(parallel::tensor_parallel_dropout(seed, mesh.get_local_rank("tp"),
+                                                                mesh.get_local_rank("dp")));
+}
+
 }  // namespace
 
 TpStrategy::TpStrategy(std::vector<comm::MeshDimension> mesh, const comm::InitOptions& init)
@@ -87,6 +99,7 @@ void TpStrategy::prepare(TrainState& state) {
   split_ = model->copy();
   layout_ = std::make_unique<parallel::TensorParallelLayout>(
       split_->parallelize(mesh_.get_group("tp")));
+  seed_dropout(*split_, mesh_);
   // The trainer's optimizer stays over its whole model, for checkpoints; this one steps the shards.
   std::vector<at::Tensor> params;
   for (const auto& [name, param] : unique_named_parameters(*split_)) params.push_back(param);
@@ -94,11 +107,16 @@ void TpStrategy::prepare(TrainState& state) {
   whole_optimizer_ = kept_optimizer_.get();
   state.optimizer = parallel::optimizer_like(*kept_optimizer_, params);
   load_whole_optimizer(state);
-  BatchLoss loss = [split = split_](const at::Tensor& x, const at::Tensor& y) {
-    return split->forward_loss(x, y);
+  whole_model_ = state.model;
+  release_whole();
+  // A training step frees what synchronize() gathered for evaluation or a checkpoint.
+  BatchLoss loss = [this](const at::Tensor& x, const at::Tensor& y) {
+    release_whole();
+    return split_->forward_loss(x, y);
   };
-  std::function<at::Tensor(const at::Tensor&)> forward = [split = split_](const at::Tensor& x) {
-    return split->forward(x);
+  std::function<at::Tensor(const at::Tensor&)> forward = [this](const at::Tensor& x) {
+    release_whole();
+    return split_->forward(x);
   };
   if (mesh_.size("dp") > 1) {
     ddp_ = std::make_shared<parallel::DistributedDataParallelBase>(split_, mesh_.get_group("dp"));
@@ -145,7 +163,26 @@ void TpStrategy::synchronize(TrainState& state) {
   if (!layout_) return;
   const auto whole = layout_->full_state_dict();
   torch::NoGradGuard no_grad;
-  for (auto& item : state.model->named_parameters()) item.value().copy_(whole[item.key()]);
+  for (auto& item : state.model->named_parameters()) {
+    // The split layers' whole tensors were freed (release_whole): the gathered ones take their place.
+    if (layout_->sharded().count(item.key())) {
+      item.value().set_data(whole[item.key()]);
+    } else {
+      item.value().copy_(whole[item.key()]);
+    }
+  }
+  whole_held_ = true;
+}
+
+void TpStrategy::release_whole() {
+  if (!whole_held_) return;
+  torch::NoGradGuard no_grad;
+  for (auto& item : whole_model_->named_parameters()) {
+    if (layout_->sharded().count(item.key())) item.value().set_data(at::empty({0}, item.value().options()));
+  }
+  // Rebuilt from the split optimizer for each checkpoint (checkpoint_optimizer).
+  whole_optimizer_->state().clear();
+  whole_held_ = false;
 }
 
 torch::optim::Optimizer* TpStrategy::checkpoint_optimizer(TrainState& state) {

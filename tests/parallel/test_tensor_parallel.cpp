@@ -1,12 +1,17 @@
 // Tensor parallelism and the device mesh on threads-as-ranks over the shm backend: the GPT split
 // over 2 and 4 TP ranks trains exactly like the whole GPT in one process (SGD and AdamW), holds
-// about 1/tp of the split layers' bytes per rank, and composes with DDP on a dp=2, tp=2 mesh; the
+// about 1/tp of the split layers' bytes per rank, does so with sequence parallelism too (its
+// activations between blocks 1/tp per rank), and composes with DDP on a dp=2, tp=2 mesh; the
 // built-in transformer, split through the model interface (Model::parallelize), does the same.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <set>
+#include <sstream>
 
 #include "shoal/comm/device_mesh.h"
 #include "shoal/comm/init.h"
@@ -16,8 +21,12 @@
 #include "shoal/models/transformer.h"
 #include "shoal/parallel/distributed_data_parallel.h"
 #include "shoal/parallel/tensor_parallel.h"
+#include "shoal/train/tp_strategy.h"
+#include "shoal/train/trainer.h"
 #include "test_models.h"
+#include "testing/dependencies.h"
 #include "testing/multi_rank.h"
+#include "testing/python.h"
 
 namespace shoal::parallel {
 namespace test_tensor_parallel {
@@ -190,6 +199,42 @@ INSTANTIATE_TEST_SUITE_P(Ranks, TensorParallelGpt,
                          ::testing::Values(std::make_tuple(2, false), std::make_tuple(4, false),
                                            std::make_tuple(2, true)));
 
+// Sequence parallelism: the LayerNorms, the position embedding and the activations between the
+// blocks on sequence shards ([B, T/tp, C] per rank), all-gathered before each column-split layer
+// and reduce-scattered after each row-split one; 20 SGD steps equal the whole GPT's.
+class SequenceParallelGpt : public ::testing::TestWithParam<int> {};
+
+TEST_P(SequenceParallelGpt, EqualsSingleProcessTrainingOnSequenceShards) {
+  const int tp = GetParam();
+  const auto initial = initial_gpt();
+  const auto data = batches();
+  const State expected = train_single(*initial, data, false);
+  std::vector<State> states(tp);
+  std::vector<std::vector<int64_t>> between(tp);
+  with_groups(tp, [&](int rank, std::shared_ptr<comm::ProcessGroup> group) {
+    auto gpt = copy_of(*initial);
+    const TensorParallelLayout layout = parallelize_gpt(*gpt, group, /*sequence_parallel=*/true);
+    auto optimizer = optimizer_for(unique_parameters(*gpt), false);
+    for (const Batch& batch : data) train_step(*gpt, *optimizer, batch, 0, kBatch);
+    states[rank] = state_of(layout.full_state_dict());
+    // Block 1's input (block 0's output), seen by its ln_1, in one more forward.
+    auto& block = *gpt->h[1]->as<models::GptBlock>();
+    block.set_layer_forward("ln_1", [&](torch::nn::Module&, const torch::Tensor& x) {
+      between[rank] = x.sizes().vec();
+      return torch::layer_norm(x, {x.size(-1)}, block.ln_1->weight, block.ln_1->bias);
+    });
+    torch::NoGradGuard no_grad;
+    gpt->forward(data[0].first);
+  });
+  const std::vector<int64_t> shard = {kBatch, kTokens / tp, tiny_config().n_embd};
+  for (int rank = 0; rank < tp; ++rank) {
+    EXPECT_LT(max_relative_difference(states[rank], expected), 1e-5) << "rank " << rank;
+    EXPECT_EQ(between[rank], shard) << "rank " << rank;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, SequenceParallelGpt, ::testing::Values(2, 4));
+
 TEST(TensorParallel, WithDdpOnDpTwoTpTwoMeshEqualsSingleProcess) {
   const auto initial = initial_gpt();
   const auto data = batches();
@@ -210,6 +255,249 @@ TEST(TensorParallel, WithDdpOnDpTwoTpTwoMeshEqualsSingleProcess) {
   });
   for (int rank = 0; rank < 4; ++rank) {
     EXPECT_LT(max_relative_difference(states[rank], expected), 1e-5) << "rank " << rank;
+  }
+}
+
+void write_float64(const std::string& path, const std::vector<torch::Tensor>& tensors) {
+  std::ofstream out(path, std::ios::binary);
+  for (const auto& t : tensors) {
+    const torch::Tensor flat = t.detach().to(torch::kDouble).contiguous().flatten();
+    out.write(static_cast<const char*>(flat.data_ptr()), flat.numel() * 8);
+  }
+  ASSERT_TRUE(out.good()) << path;
+}
+
+torch::Tensor read_float64(const std::string& path) {
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
+  if (!in) return {};
+  const auto bytes = static_cast<int64_t>(in.tellg());
+  torch::Tensor t = torch::empty({bytes / 8}, torch::kDouble);
+  in.seekg(0);
+  in.read(static_cast<char*>(t.data_ptr()), bytes);
+  return t;
+}
+
+// The same plan, initial weights (float64) and batches in PyTorch 2.x's parallelize_module with
+// loss_parallel (tests/parallel/tp_oracle.py, gloo, 2 processes) and in Shoal (2 threads over
+// shm): 20 SGD steps end at the same weights.
+TEST(TensorParallel, GptPlanEqualsPyTorchParallelizeModule) {
+  const std::string python = shoal::testing::torch2_python();
+  const char* source = std::getenv("SHOAL_SOURCE_DIR");
+  SHOAL_SKIP_UNLESS(!python.empty() && source != nullptr, shoal::testing::Dependency::kOptional,
+                    "PyTorch 2.x's Python is not installed (scripts/setup_torch_pypi.sh), or "
+                    "SHOAL_SOURCE_DIR is not set (run through ctest)");
+  constexpr int kTp = 2;
+  constexpr double kLr = 0.5;
+  const auto initial = initial_gpt(/*float64=*/true);
+  const auto data = batches();
+  const std::string dir = shoal::testing::temp_path("tp_vs_pytorch");
+  std::filesystem::create_directories(dir);
+  std::vector<std::string> names;
+  std::vector<torch::Tensor> values;
+  {
+    std::ofstream list(dir + "/names.txt");
+    for (const auto& item : initial->named_parameters()) {
+      if (item.key() == "lm_head.weight") continue;  // transformer.wte.weight, tied
+      names.push_back(item.key());
+      values.push_back(item.value());
+      list << item.key() << " " << item.value().numel() << "\n";
+    }
+  }
+  write_float64(dir + "/init.f64", values);
+  std::vector<torch::Tensor> tokens;
+  for (const Batch& batch : data) tokens.insert(tokens.end(), {batch.first, batch.second});
+  write_float64(dir + "/data.f64", tokens);
+  const models::GptConfig c = tiny_config();
+  std::ostringstream command;
+  command << "timeout 300 env " << python << " " << source
+          << "/tests/parallel/tp_oracle.py " << dir << " " << kTp << " " << kSteps << " " << kLr
+          << " " << c.n_layer << " " << c.n_head << " " << c.n_embd << " " << c.block_size << " "
+          << c.vocab_size << " " << kBatch << " " << kTokens;
+  ASSERT_TRUE(shoal::testing::oracle_succeeded(shoal::testing::run_command(command.str())))
+      << command.str();
+  const torch::Tensor theirs = read_float64(dir + "/pytorch.f64");
+  std::vector<State> states(kTp);
+  with_groups(kTp, [&](int rank, std::shared_ptr<comm::ProcessGroup> group) {
+    auto gpt = copy_of(*initial);
+    const TensorParallelLayout layout = parallelize_gpt(*gpt, group);
+    torch::optim::SGD optimizer(unique_parameters(*gpt), torch::optim::SGDOptions(kLr));
+    for (const Batch& batch : data) train_step(*gpt, optimizer, batch, 0, kBatch);
+    states[rank] = state_of(layout.full_state_dict());
+  });
+  std::filesystem::remove_all(dir);
+  State expected;
+  int64_t offset = 0;
+  for (size_t i = 0; i < names.size(); ++i) {
+    ASSERT_LE(offset + values[i].numel(), theirs.numel()) << "pytorch.f64 is short";
+    expected[names[i]] = theirs.narrow(0, offset, values[i].numel()).view(values[i].sizes());
+    offset += values[i].numel();
+  }
+  ASSERT_EQ(offset, theirs.numel());
+  EXPECT_FALSE(torch::allclose(expected.at(names[0]), values[0])) << "PyTorch did not train";
+  for (int rank = 0; rank < kTp; ++rank) {
+    states[rank].erase("lm_head.weight");
+    EXPECT_LT(max_relative_difference(states[rank], expected), 1e-5) << "rank " << rank;
+  }
+}
+
+// One training-mode forward of `gpt` on every rank of a dp=2 x tp=2 mesh, dropout 0.5 drawn as
+// tensor_parallel_dropout says: block 0's attention takes uniform probabilities and values of 1
+// (c_attn zero but for the value bias), so the input of its c_proj (this rank's heads) is the
+// attention dropout's kept fractions, which the test captures beside the input of the head (the
+// residual stream after every embedding and residual dropout, whole on every TP rank).
+struct DropoutDraws {
+  std::vector<torch::Tensor> replicated{4}, attention{4};
+};
+
+DropoutDraws draw_dropout_on_a_mesh(uint64_t seed) {
+  models::GptConfig config = tiny_config();
+  config.dropout = 0.5;
+  torch::manual_seed(1);
+  models::Gpt initial(config);
+  {
+    torch::NoGradGuard no_grad;
+    auto& attn = *initial.h[0]->as<models::GptBlock>()->attn;
+    attn.c_attn->weight.zero_();
+    attn.c_attn->bias.zero_();
+    attn.c_attn->bias.narrow(0, 2 * config.n_embd, config.n_embd).fill_(1);
+  }
+  const torch::Tensor idx = batches()[0].first;
+  DropoutDraws draws;
+  with_groups(4, [&](int rank, std::shared_ptr<comm::ProcessGroup> world) {
+    const comm::DeviceMesh mesh(world, {{"dp", 2}, {"tp", 2}});
+    const auto group = mesh.get_group("tp");
+    auto gpt = copy_of(initial);
+    parallelize_gpt(*gpt, group);
+    gpt->set_dropout_generators(
+        tensor_parallel_dropout(seed, mesh.get_local_rank("tp"), mesh.get_local_rank("dp")));
+    auto& attn = *gpt->h[0]->as<models::GptBlock>()->attn;
+    attn.set_layer_forward("c_proj", [&, group](torch::nn::Module&, const torch::Tensor& y) {
+      draws.attention[rank] = y.detach().clone();
+      const torch::Tensor partial = torch::linear(y, attn.c_proj->weight);
+      return reduce_from_tensor_parallel_region(partial, group) + attn.c_proj->bias;
+    });
+    gpt->set_layer_forward("lm_head", [&](torch::nn::Module&, const torch::Tensor& x) {
+      draws.replicated[rank] = x.detach().clone();
+      return torch::linear(x, gpt->wte->weight);  // the column-split head, forward only
+    });
+    torch::NoGradGuard no_grad;
+    gpt->forward(idx);
+  });
+  return draws;
+}
+
+// Megatron's and PyTorch's rule: TP ranks of a replica draw the same embedding and residual masks
+// (their replicated activations stay equal) and different attention masks
+// (their own heads'); replicas draw different masks of both; a seed gives the same draws again.
+TEST(TensorParallel, DropoutMasksAgreeInTheReplicatedRegionAndDifferInTheSplitOne) {
+  const DropoutDraws draws = draw_dropout_on_a_mesh(11);
+  // Ranks 0 and 1 are replica 0's TP ranks, 2 and 3 replica 1's.
+  EXPECT_TRUE(torch::equal(draws.replicated[0], draws.replicated[1]));
+  EXPECT_TRUE(torch::equal(draws.replicated[2], draws.replicated[3]));
+  EXPECT_FALSE(torch::allclose(draws.replicated[0], draws.replicated[2]));
+  // Kept fractions of uniform attention: dropped positions show (not all ones) ...
+  EXPECT_FALSE(torch::allclose(draws.attention[0], torch::ones_like(draws.attention[0])));
+  // ... and differ between the TP ranks' heads, and between the replicas.
+  EXPECT_FALSE(torch::equal(draws.attention[0], draws.attention[1]));
+  EXPECT_FALSE(torch::equal(draws.attention[2], draws.attention[3]));
+  EXPECT_FALSE(torch::equal(draws.attention[0], draws.attention[2]));
+  // Under sequence parallelism the replicated region's activations are sequence shards: each TP
+  // rank draws its own masks there too.
+  const auto first = tensor_parallel_dropout(11, 0, 0, true), second = tensor_parallel_dropout(11, 1, 0, true);
+  EXPECT_FALSE(torch::equal(torch::rand({64}, first.replicated), torch::rand({64}, second.replicated)));
+  const DropoutDraws again = draw_dropout_on_a_mesh(11);
+  for (int rank = 0; rank < 4; ++rank) {
+    EXPECT_TRUE(torch::equal(draws.replicated[rank], again.replicated[rank])) << "rank " << rank;
+    EXPECT_TRUE(torch::equal(draws.attention[rank], again.attention[rank])) << "rank " << rank;
+  }
+}
+
+// With dropout 0.1, 20 AdamW steps on one batch at tp=2 lower the loss, and a seed trains to the same
+// weights twice.
+TEST(TensorParallel, GptWithDropoutTrainsAndIsDeterministicForASeed) {
+  models::GptConfig config = tiny_config();
+  config.dropout = 0.1;
+  torch::manual_seed(1);
+  const models::Gpt initial(config);
+  const Batch batch = batches()[0];
+  const auto train = [&](std::vector<State>& states, std::vector<std::pair<double, double>>& losses) {
+    with_groups(2, [&](int rank, std::shared_ptr<comm::ProcessGroup> group) {
+      auto gpt = copy_of(initial);
+      const TensorParallelLayout layout = parallelize_gpt(*gpt, group);
+      gpt->set_dropout_generators(tensor_parallel_dropout(5, rank, 0));
+      torch::optim::AdamW optimizer(unique_parameters(*gpt), torch::optim::AdamWOptions(1e-2));
+      for (int step = 0; step < kSteps; ++step) {
+        optimizer.zero_grad();
+        const torch::Tensor loss = gpt->forward_loss(batch.first, batch.second);
+        loss.backward();
+        optimizer.step();
+        if (step == 0) losses[rank].first = loss.item<double>();
+        losses[rank].second = loss.item<double>();
+      }
+      states[rank] = state_of(layout.full_state_dict());
+    });
+  };
+  std::vector<State> first(2), second(2);
+  std::vector<std::pair<double, double>> losses(2), losses_again(2);
+  train(first, losses);
+  train(second, losses_again);
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_LT(losses[rank].second, 0.5 * losses[rank].first) << "rank " << rank;
+    EXPECT_EQ(losses[rank], losses_again[rank]) << "rank " << rank;
+    EXPECT_EQ(max_relative_difference(first[rank], second[rank]), 0) << "rank " << rank;
+  }
+  EXPECT_EQ(losses[0], losses[1]);
+}
+
+// Bytes of `module`'s parameters, each tensor once.
+int64_t parameter_bytes(torch::nn::Module& module) {
+  int64_t bytes = 0;
+  for (const auto& p : unique_parameters(module)) bytes += p.numel() * static_cast<int64_t>(p.element_size());
+  return bytes;
+}
+
+// The trainer's model under --mesh tp=2 (TpStrategy): after prepare() and after each training
+// step it holds none of the split layers (the rank holds their shards only, in the strategy's
+// copy); synchronize() gathers them back whole, with the step's weights.
+TEST(TpStrategy, TheTrainersModelHoldsTheSplitLayersOnlyFromSynchronizeToTheNextStep) {
+  const auto initial = initial_gpt();
+  const Batch batch = batches()[0];
+  const State expected = train_single(*initial, {batch}, false);
+  int64_t replicated_bytes = 0;  // the LayerNorms, the position embedding, the row-split biases
+  for (const auto& item : initial->named_parameters()) {
+    const std::string& name = item.key();
+    if (name.find("ln_") != std::string::npos || name.find("wpe") != std::string::npos ||
+        name.find("c_proj.bias") != std::string::npos) {
+      replicated_bytes += item.value().numel() * static_cast<int64_t>(item.value().element_size());
+    }
+  }
+  std::vector<std::vector<int64_t>> held(2);  // after prepare, after synchronize, after a step
+  std::vector<double> error(2);
+  with_groups(2, [&](int rank, std::shared_ptr<comm::ProcessGroup> group) {
+    train::TpStrategy strategy({{"tp", 2}}, group);
+    auto gpt = copy_of(*initial);
+    train::TrainState state;
+    state.model = gpt;
+    state.model_loss = [gpt](const torch::Tensor& x, const torch::Tensor& y) {
+      return gpt->forward_loss(x, y);
+    };
+    state.optimizer = optimizer_for(unique_parameters(*gpt), false);
+    strategy.prepare(state);
+    held[rank].push_back(parameter_bytes(*gpt));
+    state.optimizer->zero_grad();
+    state.forward_loss(batch.first, batch.second).backward();
+    state.optimizer->step();
+    strategy.synchronize(state);
+    held[rank].push_back(parameter_bytes(*gpt));
+    error[rank] = max_relative_difference(state_of(gpt->named_parameters()), expected);
+    state.forward_loss(batch.first, batch.second);
+    held[rank].push_back(parameter_bytes(*gpt));
+  });
+  const int64_t whole = parameter_bytes(*initial);
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_EQ(held[rank], (std::vector<int64_t>{replicated_bytes, whole, replicated_bytes}))
+        << "rank " << rank;
+    EXPECT_LT(error[rank], 1e-5) << "rank " << rank;
   }
 }
 

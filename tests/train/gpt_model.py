@@ -308,6 +308,21 @@ with tempfile.TemporaryDirectory() as tmp:
     run = run_shoal(SHOAL, "train", *resumed, "--mesh", "dp=2,tp=2", "--batch-size", "4",
                     "--checkpoint-dir", stopped, "--resume", "--dump-parameters", dump)
     compare(run, model, dump, "mesh dp=2,tp=2, stopped after 5 steps and resumed")
+    # --dropout with --mesh tp=2 trains (the masks drawn as Megatron's rule says, seeded from
+    # --seed: test_tensor_parallel checks the rule and that a seed repeats), and drops: its
+    # weights are not those of the same run without dropout.
+    dumps = {}
+    for dropout in ("0.1", "0"):
+        dump = os.path.join(tmp, f"mesh_dropout{dropout}")
+        run = run_shoal(SHOAL, "train", *args, "--mesh", "tp=2", "--batch-size", "4",
+                        "--dropout", dropout, "--dump-parameters", dump)
+        check(run.returncode == 0, f"mesh tp=2 --dropout {dropout}: shoal train exits 0", run)
+        dumps[dropout] = torch.load(dump + ".rank0.pt") if run.returncode == 0 else None
+    if all(d is not None for d in dumps.values()):
+        key = "transformer.h.0.attn.c_attn.weight"
+        check(all(torch.isfinite(v).all() for v in dumps["0.1"].values()) and
+              relative(dumps["0.1"][key], dumps["0"][key]) > 1e-3,
+              "mesh tp=2 --dropout 0.1: finite weights, not those of the run without dropout")
 
     # --- token files: blocks of BLOCK + 1 tokens at multiples of BLOCK, dealt each epoch as
     # ExactlyOnceSampler with drop_last: randperm(n) seeded with seed + epoch, rank r of W taking

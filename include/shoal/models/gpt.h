@@ -28,6 +28,8 @@
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/modules/normalization.h>
 
+#include <ATen/core/Generator.h>
+
 #include <functional>
 #include <string>
 #include <vector>
@@ -37,6 +39,17 @@
 #include "shoal/models/model.h"
 
 namespace shoal::models {
+
+/// Where the GPT's dropout draws its masks from. An undefined generator is torch's default one
+/// (the GPT alone, or data parallelism: every replica's masks follow --seed). Tensor parallelism
+/// sets both (parallel::tensor_parallel_dropout): Megatron's and PyTorch's rule, masks that agree
+/// where the activations are replicated and differ where they are split.
+struct DropoutGenerators {
+  /// The embedding and residual dropout, on activations every TP rank holds whole.
+  at::Generator replicated;
+  /// The attention-probability dropout, on this TP rank's own heads.
+  at::Generator sharded;
+};
 
 /// Multi-head causal self-attention: c_attn (q, k, v in one Linear), c_proj.
 /// Hookable layers: c_attn, c_proj. The heads are as many as c_attn's output holds (all of them,
@@ -49,10 +62,13 @@ class CausalSelfAttention : public torch::nn::Module, public LayerForwardHooks {
 
   torch::nn::Linear c_attn{nullptr};
   torch::nn::Linear c_proj{nullptr};
+  /// Draws the attention dropout from generators.sharded, the residual's from .replicated.
+  void set_dropout_generators(const DropoutGenerators& generators) { generators_ = generators; }
 
  private:
   int64_t head_size_;
   double dropout_;
+  DropoutGenerators generators_;
 };
 
 /// The block's MLP: c_fc (C -> 4C), GELU, c_proj (4C -> C).
@@ -64,13 +80,17 @@ class GptMlp : public torch::nn::Module, public LayerForwardHooks {
 
   torch::nn::Linear c_fc{nullptr};
   torch::nn::Linear c_proj{nullptr};
+  /// Draws the residual dropout from generators.replicated.
+  void set_dropout_generators(const DropoutGenerators& generators) { generators_ = generators; }
 
  private:
   double dropout_;
+  DropoutGenerators generators_;
 };
 
-/// x + attn(ln_1(x)), then + mlp(ln_2(x)).
-class GptBlock : public torch::nn::Module {
+/// x + attn(ln_1(x)), then + mlp(ln_2(x)). Hookable layers: ln_1, ln_2 (sequence parallelism
+/// runs them on sequence shards).
+class GptBlock : public torch::nn::Module, public LayerForwardHooks {
  public:
   explicit GptBlock(const GptConfig& config);
   at::Tensor forward(const at::Tensor& x);
@@ -127,7 +147,8 @@ struct ShardedLogits {
 };
 
 /// The decoder; forward(idx [B,T] int64) -> logits [B,T,vocab_size]. Hookable layers:
-/// transformer.wte (token ids in, embeddings out) and lm_head (ln_f's output in, logits out).
+/// transformer.wte (token ids in, embeddings out), lm_head (ln_f's output in, logits out),
+/// transformer.wpe (the positions 0..T-1 in, their embeddings out) and transformer.ln_f.
 class Gpt : public Model, public LayerForwardHooks {
  public:
   explicit Gpt(const GptConfig& config = {});
@@ -164,6 +185,9 @@ class Gpt : public Model, public LayerForwardHooks {
 
   /// From now on the head's output is treated as `logits` says (both functions set).
   void set_sharded_logits(ShardedLogits logits);
+  /// From now on every dropout of the GPT (embedding, attention, residual) draws from
+  /// `generators` (see DropoutGenerators); the sequential form's (as_sequential) keeps the default.
+  void set_dropout_generators(const DropoutGenerators& generators);
 
  private:
   void init_weights();
@@ -171,6 +195,7 @@ class Gpt : public Model, public LayerForwardHooks {
   at::Tensor head_output(const at::Tensor& idx);
   GptConfig config_;
   ShardedLogits sharded_logits_;
+  DropoutGenerators generators_;
 };
 
 }  // namespace shoal::models

@@ -23,8 +23,17 @@
 //                    rows [r*V/tp, (r+1)*V/tp)); ids outside a rank's rows give zeros there, and
 //                    the allreduce sums the one rank's row (PyTorch's RowwiseParallel on
 //                    nn.Embedding; Megatron's VocabParallelEmbedding).
+//   SequenceParallel Megatron-SP's (PyTorch's SequenceParallel): a LayerNorm runs on its input's
+//                    sequence shard [B, T/tp, C], whole weights on every rank, their gradients
+//                    summed over the group; on an Embedding given whole position ids [T], each
+//                    rank looks up its own chunk of them.
+// Sequence parallelism (gpt_tensor_parallel_plan(true)) keeps the activations between the split
+// layers sharded along the sequence (dimension 1): a ColwiseParallel with sequence_sharded_input
+// all-gathers its input along the sequence (backward: reduce-scatter), a RowwiseParallel with
+// sequence_sharded_output reduce-scatters its partial outputs along it (backward: all-gather; its
+// bias's gradient summed over the group) in place of the allreduce.
 // Split sizes must divide evenly (no padding): a layer whose size the TP degree does not divide is
-// refused with InvalidArgument.
+// refused with InvalidArgument, and so is a sequence it does not divide (sequence parallelism).
 //
 // LibTorch modules have no forward hooks, so a style replaces a layer's forward through the
 // models::LayerForwardHooks of a module above it (the built-in GPT's modules have them); a layer
@@ -33,8 +42,12 @@
 //
 // Collectives (over the TP group, in forward and backward order, identical on every TP rank):
 // every style's forward and backward communicate as described above; nothing else. Every TP rank
-// must see the same input batch. Dropout inside the TP region draws on each rank's own generator:
-// with dropout on, masks on the replicated activations are not kept equal across TP ranks yet.
+// must see the same input batch.
+//
+// Dropout (tensor_parallel_dropout, the rule of Megatron's RNG tracker and PyTorch's TP): inside
+// the TP region (the attention probabilities of a rank's own heads) each TP rank draws its own
+// masks; in the replicated region (the embedding and residual dropout) every TP rank of a replica
+// draws the same masks, so the replicated activations stay equal; DP replicas draw different ones.
 //
 // Thread safety: parallelize_module mutates the module (call it before training, on one thread);
 // the module then trains as usual, one thread per rank.
@@ -60,6 +73,7 @@ class ProcessGroup;
 namespace shoal::models {
 class Gpt;
 struct GptConfig;
+struct DropoutGenerators;
 }  // namespace shoal::models
 
 namespace shoal::parallel {
@@ -70,12 +84,23 @@ struct ColwiseParallel {
   int64_t fused_blocks = 1;
   /// All-gather the output along its last dimension (PyTorch's output_layouts=Replicate()).
   bool gather_output = false;
+  /// The input arrives sharded along the sequence (PyTorch's input_layouts=Shard(1)): all-gather
+  /// it first.
+  bool sequence_sharded_input = false;
 };
 
 /// Split a Linear's input features, or an Embedding's vocabulary (see the file comment).
-struct RowwiseParallel {};
+struct RowwiseParallel {
+  /// Reduce-scatter the output along the sequence (PyTorch's output_layouts=Shard(1)) instead
+  /// of allreducing it.
+  bool sequence_sharded_output = false;
+};
 
-using ParallelStyle = std::variant<ColwiseParallel, RowwiseParallel>;
+/// Run a LayerNorm on the sequence shard, or look up an Embedding's chunk of whole position ids
+/// (see the file comment).
+struct SequenceParallel {};
+
+using ParallelStyle = std::variant<ColwiseParallel, RowwiseParallel, SequenceParallel>;
 
 /// Layer-name patterns and their styles, applied in order. Patterns are fnmatch's, as PyTorch's
 /// ("transformer.h.*.mlp.c_fc" names every block's c_fc); a pattern that matches no layer, or a
@@ -134,8 +159,10 @@ TensorParallelLayout parallelize_module(torch::nn::Module& module, const comm::D
 
 /// The built-in GPT's plan: attention c_attn colwise by heads and c_proj rowwise, MLP c_fc
 /// colwise and c_proj rowwise, the token embedding vocabulary-parallel and the tied head colwise
-/// (its logits split over the vocabulary).
-TensorParallelPlan gpt_tensor_parallel_plan();
+/// (its logits split over the vocabulary). With `sequence_parallel`, also the LayerNorms and the
+/// position embedding SequenceParallel, and the activations between the split layers sharded
+/// along the sequence (T must then divide by tp).
+TensorParallelPlan gpt_tensor_parallel_plan(bool sequence_parallel = false);
 /// InvalidArgument, one line naming the size, unless `tp` divides the GPT's n_head, n_embd,
 /// 4*n_embd and vocab_size (the vocabulary is not padded).
 void check_gpt_tensor_parallel(const models::GptConfig& config, int64_t tp);
@@ -143,7 +170,17 @@ void check_gpt_tensor_parallel(const models::GptConfig& config, int64_t tp);
 /// loss made vocabulary-parallel (vocab_parallel_cross_entropy: the logits are never gathered;
 /// forward() still returns whole logits, gathered).
 TensorParallelLayout parallelize_gpt(models::Gpt& gpt,
-                                     std::shared_ptr<comm::ProcessGroup> tp_group);
+                                     std::shared_ptr<comm::ProcessGroup> tp_group,
+                                     bool sequence_parallel = false);
+
+/// The GPT's dropout generators (models::Gpt::set_dropout_generators) on the rank at `tp_rank` of
+/// its TP group and `dp_rank` of the replicas, from the job's `seed`: `replicated` seeded alike on
+/// every TP rank of a replica, `sharded` per TP rank, both per replica (see the file comment). The
+/// same seed and ranks give the same masks, run after run.
+/// With `sequence_parallel` the embedding and residual dropout act on each rank's own sequence
+/// shard, so `replicated` too is seeded per TP rank (Megatron draws them from its TP generator).
+models::DropoutGenerators tensor_parallel_dropout(uint64_t seed, int64_t tp_rank, int64_t dp_rank,
+                                                  bool sequence_parallel = false);
 
 /// Megatron's f: identity forward, allreduce (sum) of the gradient over `group` in backward.
 at::Tensor copy_to_tensor_parallel_region(const at::Tensor& input,
@@ -155,6 +192,14 @@ at::Tensor reduce_from_tensor_parallel_region(const at::Tensor& input,
 /// rank's slice of the gradient.
 at::Tensor gather_from_tensor_parallel_region(const at::Tensor& input,
                                               std::shared_ptr<comm::ProcessGroup> group);
+/// Sequence parallelism's g before a column-split layer: all-gathers the ranks' `input`s
+/// [B, T/tp, ...] along dimension 1 (rank order); backward reduce-scatters the gradient.
+at::Tensor gather_from_sequence_parallel_region(const at::Tensor& input,
+                                                std::shared_ptr<comm::ProcessGroup> group);
+/// Sequence parallelism's f after a row-split layer: sums `input` [B, T, ...] over the group and
+/// keeps this rank's T/tp positions of dimension 1; backward all-gathers the gradient.
+at::Tensor reduce_scatter_to_sequence_parallel_region(const at::Tensor& input,
+                                                      std::shared_ptr<comm::ProcessGroup> group);
 /// Mean cross-entropy of logits split over the vocabulary: `local` [N, V/tp] is this rank's
 /// columns [rank*V/tp, (rank+1)*V/tp) of the logits, targets [N] hold ids in [0, V) or -1
 /// (ignored). Only two numbers per row cross the ranks, in one all-gather of 2N elements (no

@@ -6,8 +6,10 @@
 // the GPT's: heads, MLP width and vocabulary split, the loss vocabulary-parallel), wraps it in DDP over the dp group when dp > 1,
 // and replaces the trainer's optimizer by one of its kind over the copy's parameters. The ranks of
 // a tp group train on the same samples, each dp replica on its DistributedSampler shard, so the
-// run equals --strategy ddp over dp processes. The trainer's model stays whole: synchronize()
-// gathers the shards into it (before evaluation and saving), and checkpoints hold the whole model
+// run equals --strategy ddp over dp processes. The trainer's model holds its split layers only
+// from synchronize(), which gathers the shards into it (before evaluation and saving), to the
+// next training step, which frees them again (so does prepare()): between them a rank holds
+// about 1/tp of the split layers' parameters. Checkpoints hold the whole model
 // and the whole optimizer state (full format: torch.load reads them, --strategy ddp resumes them,
 // and so does --mesh at any tp degree: prepare() cuts the resumed state to this rank's pieces).
 //
@@ -65,6 +67,9 @@ class TpStrategy : public Strategy {
  private:
   /// The trainer's optimizer state (a resumed checkpoint's) into the split optimizer.
   void load_whole_optimizer(TrainState& state);
+  /// Frees the trainer's model's split-layer parameters (empty tensors in their place) and the
+  /// whole optimizer state, unless already free.
+  void release_whole();
 
   std::shared_ptr<comm::ProcessGroup> group_;
   comm::DeviceMesh mesh_;
@@ -73,6 +78,8 @@ class TpStrategy : public Strategy {
   std::shared_ptr<parallel::DistributedDataParallelBase> ddp_;
   torch::optim::Optimizer* whole_optimizer_ = nullptr;  ///< the trainer's first, over its model
   std::unique_ptr<torch::optim::Optimizer> kept_optimizer_;  ///< owns it once replaced
+  std::shared_ptr<torch::nn::Module> whole_model_;  ///< the trainer's model
+  bool whole_held_ = true;  ///< whether whole_model_'s split layers hold their tensors
 };
 
 }  // namespace shoal::train
