@@ -9,7 +9,6 @@
 
 #include "shoal/checkpoint/training_state.h"
 #include "shoal/error.h"
-#include "shoal/models/gpt.h"
 #include "shoal/models/model.h"
 #include "shoal/parallel/distributed_data_parallel.h"
 #include "shoal/parallel/fully_sharded_data_parallel.h"
@@ -61,14 +60,12 @@ std::vector<std::pair<std::string, at::Tensor>> unique_named_parameters(torch::n
   return named;
 }
 
-/// The GPT's dropout under tensor parallelism (parallel::tensor_parallel_dropout), seeded from
+/// The model's dropout under tensor parallelism (parallel::tensor_parallel_dropout), seeded from
 /// --seed: the trainer seeds torch's default generator with it on every rank.
 void seed_dropout(models::Model& model, const comm::DeviceMesh& mesh) {
-  auto* gpt = dynamic_cast<models::Gpt*>(&model);
-  if (gpt == nullptr) return;
   const uint64_t seed = at::detail::getDefaultCPUGenerator().current_seed();
-  gpt->set_dropout_generators(parallel::tensor_parallel_dropout(seed, mesh.get_local_rank("tp"),
-                                                                mesh.get_local_rank("dp")));
+  model.set_dropout_generators(parallel::tensor_parallel_dropout(seed, mesh.get_local_rank("tp"),
+                                                                 mesh.get_local_rank("dp")));
 }
 
 }  // namespace

@@ -40,17 +40,6 @@
 
 namespace shoal::models {
 
-/// Where the GPT's dropout draws its masks from. An undefined generator is torch's default one
-/// (the GPT alone, or data parallelism: every replica's masks follow --seed). Tensor parallelism
-/// sets both (parallel::tensor_parallel_dropout): Megatron's and PyTorch's rule, masks that agree
-/// where the activations are replicated and differ where they are split.
-struct DropoutGenerators {
-  /// The embedding and residual dropout, on activations every TP rank holds whole.
-  at::Generator replicated;
-  /// The attention-probability dropout, on this TP rank's own heads.
-  at::Generator sharded;
-};
-
 /// Multi-head causal self-attention: c_attn (q, k, v in one Linear), c_proj.
 /// Hookable layers: c_attn, c_proj. The heads are as many as c_attn's output holds (all of them,
 /// or a tensor-parallel rank's share when c_attn is sharded by heads).
@@ -187,7 +176,7 @@ class Gpt : public Model, public LayerForwardHooks {
   void set_sharded_logits(ShardedLogits logits);
   /// From now on every dropout of the GPT (embedding, attention, residual) draws from
   /// `generators` (see DropoutGenerators); the sequential form's (as_sequential) keeps the default.
-  void set_dropout_generators(const DropoutGenerators& generators);
+  void set_dropout_generators(const DropoutGenerators& generators) override;
 
  private:
   void init_weights();

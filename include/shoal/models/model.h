@@ -54,6 +54,17 @@ struct SequentialLoss {
   std::function<int64_t(const at::Tensor& targets)> terms;
 };
 
+/// Where a model's dropout draws its masks from. An undefined generator is torch's default one
+/// (one process, or data parallelism: every replica's masks follow --seed). Tensor parallelism
+/// sets both (parallel::tensor_parallel_dropout): Megatron's and PyTorch's rule, masks that agree
+/// where the activations are replicated and differ where they are split.
+struct DropoutGenerators {
+  /// The embedding and residual dropout, on activations every TP rank holds whole.
+  at::Generator replicated;
+  /// The attention-probability dropout, on this TP rank's own heads.
+  at::Generator sharded;
+};
+
 /// A module with one tensor in and one tensor out (logits), trainable by the built-in trainer.
 class Model : public torch::nn::Module {
  public:
@@ -86,6 +97,9 @@ class Model : public torch::nn::Module {
   /// output. Empty (the default) for a model without one: a pipeline then applies the trainer's
   /// loss to the chain's output, and refuses a model that owns its loss.
   virtual SequentialLoss sequential_loss() { return {}; }
+  /// From now on the model's dropout draws its masks from `generators` (tensor parallelism's
+  /// rule, parallel::tensor_parallel_dropout). A model without dropout ignores it.
+  virtual void set_dropout_generators(const DropoutGenerators& /*generators*/) {}
   /// The samples the model was built for (another replica of it is built from the same shape).
   const InputShape& input_shape() const { return input_shape_; }
 
