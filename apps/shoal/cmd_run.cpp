@@ -339,7 +339,7 @@ launcher::LaunchOptions launch_options(const RunArgs& args, int nproc_per_node,
     options.roles.front().env.emplace_back("ROLE_NAME", args.role);
   }
   options.nnodes = rdzv.nodes;
-  if (rdzv.min_nodes < rdzv.nodes) options.min_nnodes = rdzv.min_nodes;
+  options.min_nnodes = rdzv.min_nodes;
   parse_rdzv_conf(args.rdzv_conf, options);
   options.node_rank = rdzv.node_rank;
   options.master_addr = rdzv.addr;
