@@ -47,6 +47,19 @@ bool elastic(const LaunchOptions& options) {
   return options.min_nnodes > 0 && options.min_nnodes < options.nnodes;
 }
 
+// --nnodes MIN:MAX: fault-tolerant workers only (see elastic_rendezvous.h).
+void validate_node_range(const LaunchOptions& options) {
+  SHOAL_CHECK_T(InvalidArgument, options.min_nnodes >= 0 && options.min_nnodes <= options.nnodes,
+                "--nnodes ", options.min_nnodes, ":", options.nnodes, ": MIN must not exceed MAX");
+  SHOAL_CHECK_T(InvalidArgument, !elastic(options) || options.fault_tolerant,
+                "--nnodes ", options.min_nnodes, ":", options.nnodes, ": a node range needs "
+                "--fault-tolerant training (nodes join and leave a running job); without it give "
+                "a fixed --nnodes N and --max-restarts");
+  SHOAL_CHECK_T(InvalidArgument, !elastic(options) || options.roles.size() == 1,
+                "--nnodes ", options.min_nnodes, ":", options.nnodes, ": a node range runs workers "
+                "only; drop --num-servers");
+}
+
 void validate(const LaunchOptions& options) {
   SHOAL_CHECK_T(InvalidArgument, !options.roles.empty(), "nothing to launch: give a program to run");
   for (const RoleSpec& role : options.roles) {
@@ -73,15 +86,7 @@ void validate(const LaunchOptions& options) {
                 "--grace-period must not be negative");
   SHOAL_CHECK_T(InvalidArgument, options.max_restarts >= 0, "--max-restarts ", options.max_restarts,
                 " must not be negative");
-  SHOAL_CHECK_T(InvalidArgument, options.min_nnodes >= 0 && options.min_nnodes <= options.nnodes,
-                "--nnodes ", options.min_nnodes, ":", options.nnodes, ": MIN must not exceed MAX");
-  SHOAL_CHECK_T(InvalidArgument, !elastic(options) || options.fault_tolerant,
-                "--nnodes ", options.min_nnodes, ":", options.nnodes, ": a node range needs "
-                "--fault-tolerant training (nodes join and leave a running job); without it give "
-                "a fixed --nnodes N and --max-restarts");
-  SHOAL_CHECK_T(InvalidArgument, !elastic(options) || options.roles.size() == 1,
-                "--nnodes ", options.min_nnodes, ":", options.nnodes, ": a node range runs workers "
-                "only; drop --num-servers");
+  validate_node_range(options);
   if (options.nnodes > 1) {
     SHOAL_CHECK_T(InvalidArgument, options.master_port != 0,
                   "--master-port 0 (a free port) works on a single node only: with --nnodes ",
