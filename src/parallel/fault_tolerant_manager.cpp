@@ -425,7 +425,9 @@ std::string FaultTolerantManager::exit_key(int rank) { return "ft/exited/" + std
 
 std::string FaultTolerantManager::founders_key() { return "ft/founders"; }
 
-std::string FaultTolerantManager::heartbeat_key(int rank) { return "ft/beat/" + std::to_string(rank); }
+std::string FaultTolerantManager::heartbeat_key(int rank) {
+  return "ft/beat/" + std::to_string(rank);
+}
 
 // Generation 0's members: the ranks the launcher names as starting the job, or all of them.
 std::vector<int> FaultTolerantManager::founders() const {
