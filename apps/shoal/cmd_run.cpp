@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <memory>
 #include <random>
+#include <sstream>
 #include <thread>
 
 #include "commands.h"
@@ -37,6 +38,7 @@ struct RunArgs {
   std::string rdzv_backend = "static";
   std::string rdzv_endpoint;
   std::string rdzv_id = "none";
+  std::string rdzv_conf;
   double monitor_interval_s = 5;
   std::string start_method = "spawn";
   std::string role;
@@ -57,6 +59,7 @@ struct RunArgs {
 /// Where the job's nodes meet: how many, which one this is, rank 0's address, the job's id.
 struct Rendezvous {
   int nodes = 1;
+  int min_nodes = 1;  // below nodes: an elastic range
   int node_rank = 0;
   std::string addr;
   int port = 0;
@@ -87,8 +90,13 @@ void check_host(const std::string& host, const std::string& flag, const std::str
                 " (torchrun refuses it too)");
 }
 
-/// --nnodes N, or MIN:MAX with MIN == MAX; an elastic range is refused in one line.
-int parse_nnodes(const std::string& text) {
+/// --nnodes N or MIN:MAX (an elastic range; launch() refuses it without --fault-tolerant).
+struct NodeRange {
+  int min = 1;
+  int max = 1;
+};
+
+NodeRange parse_nnodes(const std::string& text) {
   const size_t colon = text.find(':');
   auto number = [&](const std::string& part) {
     char* end = nullptr;
@@ -97,13 +105,29 @@ int parse_nnodes(const std::string& text) {
                   "--nnodes '", text, "' is not understood: give N or MIN:MAX, numbers >= 1");
     return static_cast<int>(n);
   };
-  if (colon == std::string::npos) return number(text);
-  const int low = number(text.substr(0, colon));
-  const int high = number(text.substr(colon + 1));
-  SHOAL_CHECK_T(InvalidArgument, low == high, "--nnodes ", text,
-                ": elastic membership (a node range) is not supported by shoal run; give a fixed "
-                "number of nodes, --nnodes N (or N:N), and --max-restarts to survive failures");
-  return low;
+  if (colon == std::string::npos) return {number(text), number(text)};
+  return {number(text.substr(0, colon)), number(text.substr(colon + 1))};
+}
+
+/// torchrun's --rdzv-conf KEY=VALUE,...: the elastic round's join_timeout and last_call_timeout
+/// (seconds).
+void parse_rdzv_conf(const std::string& text, launcher::LaunchOptions& options) {
+  std::istringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    const size_t eq = item.find('=');
+    const std::string key = item.substr(0, eq);
+    const std::string value = eq == std::string::npos ? "" : item.substr(eq + 1);
+    char* end = nullptr;
+    const double seconds = std::strtod(value.c_str(), &end);
+    SHOAL_CHECK_T(InvalidArgument,
+                  (key == "join_timeout" || key == "last_call_timeout") && !value.empty() &&
+                      *end == '\0' && std::isfinite(seconds) && seconds >= 0,
+                  "--rdzv-conf '", item, "' is not understood: give join_timeout=SECONDS and/or "
+                  "last_call_timeout=SECONDS (the elastic round of --nnodes MIN:MAX)");
+    const std::chrono::milliseconds ms(static_cast<long long>(seconds * 1000));
+    (key == "join_timeout" ? options.rdzv_join_timeout : options.rdzv_last_call) = ms;
+  }
 }
 
 /// --nproc-per-node N | auto | cpu | gpu, as torchrun counts them (cpu: the cores this process
@@ -158,8 +182,9 @@ void add_process_flags(CLI::App& app, RunArgs& args) {
                "failed worker does not stop the others (on when the worker's arguments have\n"
                "--fault-tolerant)");
   args.nnodes_flag = app.add_option("--nnodes", args.nnodes,
-                                    "number of nodes of the job: N, or MIN:MAX with MIN == MAX (no "
-                                    "elastic ranges)")
+                                    "number of nodes of the job: N, or MIN:MAX (elastic, with\n"
+                                    "--fault-tolerant: starts once MIN nodes met, nodes join and\n"
+                                    "leave the running job; give each node its --node-rank)")
       ->capture_default_str();
   args.node_rank_flag = app.add_option("--node-rank,--node_rank", args.node_rank,
                                        "this node's index, 0..nnodes-1")
@@ -186,6 +211,10 @@ void add_torchrun_flags(CLI::App& app, RunArgs& args) {
   app.add_option("--rdzv-id,--rdzv_id", args.rdzv_id,
                  "the job's id, given to the workers as TORCHELASTIC_RUN_ID")
       ->capture_default_str();
+  app.add_option("--rdzv-conf,--rdzv_conf", args.rdzv_conf,
+                 "join_timeout=S,last_call_timeout=S: how long node 0 waits for --nnodes MIN\n"
+                 "(default 600 s) and then for more nodes up to MAX (default 30 s)")
+      ->type_name("KEY=VALUE,...");
   app.add_option("--monitor-interval,--monitor_interval", args.monitor_interval_s,
                  "seconds between torchrun's checks of its workers; accepted, and needless here:\n"
                  "shoal run sees a worker's exit at once (SIGCHLD)")
@@ -266,7 +295,7 @@ void use_rdzv_endpoint(const RunArgs& args, Rendezvous& rdzv) {
 void use_slurm(const RunArgs& args, Rendezvous& rdzv) {
   const comm::RankInfo slurm = comm::detect_rank_info();
   if (slurm.source != "slurm" || !slurm.launched) return;
-  if (args.nnodes_flag->count() == 0) rdzv.nodes = slurm.world_size;
+  if (args.nnodes_flag->count() == 0) rdzv.nodes = rdzv.min_nodes = slurm.world_size;
   if (args.node_rank_flag->count() == 0) rdzv.node_rank = slurm.rank;
   const bool own_master = !args.standalone && args.rdzv_endpoint.empty();
   if (args.master_addr_flag->count() == 0 && own_master) rdzv.addr = slurm.master_addr;
@@ -278,7 +307,8 @@ void use_slurm(const RunArgs& args, Rendezvous& rdzv) {
 
 /// The rendezvous the flags (and SLURM) describe.
 Rendezvous find_rendezvous(const RunArgs& args) {
-  Rendezvous rdzv{parse_nnodes(args.nnodes), args.node_rank, args.master_addr, args.master_port,
+  const NodeRange range = parse_nnodes(args.nnodes);
+  Rendezvous rdzv{range.max, range.min, args.node_rank, args.master_addr, args.master_port,
                   args.rdzv_id};
   check_host(rdzv.addr, "--master-addr", rdzv.addr);
   if (args.standalone) {
@@ -309,6 +339,8 @@ launcher::LaunchOptions launch_options(const RunArgs& args, int nproc_per_node,
     options.roles.front().env.emplace_back("ROLE_NAME", args.role);
   }
   options.nnodes = rdzv.nodes;
+  options.min_nnodes = rdzv.min_nodes;
+  parse_rdzv_conf(args.rdzv_conf, options);
   options.node_rank = rdzv.node_rank;
   options.master_addr = rdzv.addr;
   options.master_port = rdzv.port;

@@ -22,6 +22,7 @@
 
 #include "comm/shm/shared_segment.h"
 #include "comm/tcp_store_server.h"
+#include "launcher/elastic_rendezvous.h"
 #include "launcher/signal_relay.h"
 #include "log/error_file.h"
 #include "shoal/comm/flight_recorder.h"
@@ -41,6 +42,23 @@ namespace {
 
 // Why 65536: a sanity bound on one node; far above any machine's core or GPU count.
 constexpr int kMaxProcessesPerNode = 65536;
+
+bool elastic(const LaunchOptions& options) {
+  return options.min_nnodes > 0 && options.min_nnodes < options.nnodes;
+}
+
+// --nnodes MIN:MAX: fault-tolerant workers only (see elastic_rendezvous.h).
+void validate_node_range(const LaunchOptions& options) {
+  SHOAL_CHECK_T(InvalidArgument, options.min_nnodes >= 0 && options.min_nnodes <= options.nnodes,
+                "--nnodes ", options.min_nnodes, ":", options.nnodes, ": MIN must not exceed MAX");
+  SHOAL_CHECK_T(InvalidArgument, !elastic(options) || options.fault_tolerant,
+                "--nnodes ", options.min_nnodes, ":", options.nnodes, ": a node range needs "
+                "--fault-tolerant training (nodes join and leave a running job); without it give "
+                "a fixed --nnodes N and --max-restarts");
+  SHOAL_CHECK_T(InvalidArgument, !elastic(options) || options.roles.size() == 1,
+                "--nnodes ", options.min_nnodes, ":", options.nnodes, ": a node range runs workers "
+                "only; drop --num-servers");
+}
 
 void validate(const LaunchOptions& options) {
   SHOAL_CHECK_T(InvalidArgument, !options.roles.empty(), "nothing to launch: give a program to run");
@@ -68,6 +86,7 @@ void validate(const LaunchOptions& options) {
                 "--grace-period must not be negative");
   SHOAL_CHECK_T(InvalidArgument, options.max_restarts >= 0, "--max-restarts ", options.max_restarts,
                 " must not be negative");
+  validate_node_range(options);
   if (options.nnodes > 1) {
     SHOAL_CHECK_T(InvalidArgument, options.master_port != 0,
                   "--master-port 0 (a free port) works on a single node only: with --nnodes ",
@@ -97,6 +116,13 @@ std::string resolve_program(const std::string& program) {
   SHOAL_THROW(InvalidArgument, "cannot find program '", program, "' on PATH; give its path");
 }
 
+void check_token(const LaunchOptions& options) {
+  SHOAL_CHECK_T(InvalidArgument, !security::token_from_env().empty() || options.nnodes == 1,
+                "a job on ", options.nnodes, " nodes needs the same ", security::kTokenEnv,
+                " on every node's `shoal run`: generate one ",
+                "(e.g. `head -c 32 /dev/urandom | xxd -p -c 64`) and export it on each node");
+}
+
 std::vector<WorkerSpec> plan_workers(const LaunchOptions& options, int master_port, int restart,
                                      const std::string& log_root, const std::string& error_root) {
   // The launcher's own environment, then the job's variables on top.
@@ -110,10 +136,8 @@ std::vector<WorkerSpec> plan_workers(const LaunchOptions& options, int master_po
   int local_size = 0;
   for (const RoleSpec& role : options.roles) local_size += role.nproc_per_node;
   const int world_size = options.nnodes * local_size;
+  check_token(options);
   std::string token = security::token_from_env();
-  SHOAL_CHECK_T(InvalidArgument, !token.empty() || options.nnodes == 1, "a job on ", options.nnodes,
-                " nodes needs the same ", security::kTokenEnv, " on every node's `shoal run`: generate one ",
-                "(e.g. `head -c 32 /dev/urandom | xxd -p -c 64`) and export it on each node");
   if (token.empty()) token = security::generate_token();
 
   std::vector<WorkerSpec> specs;
@@ -374,6 +398,44 @@ std::unique_ptr<comm::TcpStoreServer> serve_job_store(const LaunchOptions& optio
                                                 security::token_from_env());
 }
 
+// Elastic membership: node 0's store lives for the whole launch (the rendezvous and every
+// replacement's admission are in it), and this node learns whether it starts the job or joins it.
+struct ElasticJob {
+  std::unique_ptr<comm::TcpStoreServer> server;  // node 0's
+  std::shared_ptr<comm::Store> store;
+};
+
+ElasticJob meet_elastic_job(const LaunchOptions& options, int master_port, int local_size) {
+  ElasticJob job;
+  if (!elastic(options)) return job;
+  check_token(options);
+  job.server = serve_job_store(options, master_port);
+  job.store = comm::make_tcp_store(options.master_addr, master_port, 1, false,
+                                   options.rdzv_join_timeout);
+  ElasticRound round;
+  round.min_nodes = options.min_nnodes;
+  round.max_nodes = options.nnodes;
+  round.node_rank = options.node_rank;
+  round.local_size = local_size;
+  round.join_timeout = options.rdzv_join_timeout;
+  round.last_call = options.rdzv_last_call;
+  meet_elastic(*job.store, round);
+  return job;
+}
+
+// Node 0 keeps the store up for the other nodes' workers; the others count themselves out.
+void end_elastic_job(const LaunchOptions& options, const ElasticJob& job, int local_size) {
+  if (options.node_rank == 0) {
+    outlive_other_nodes(*job.store, options.nnodes * local_size);
+    return;
+  }
+  try {
+    leave_elastic(*job.store);
+  } catch (const Error&) {
+    // Node 0's store is gone with the job: no one is left to tell.
+  }
+}
+
 }  // namespace
 
 int launch(const LaunchOptions& options) {
@@ -419,19 +481,21 @@ int launch(const LaunchOptions& options) {
       options.tolerate_worker_failures || options.fault_tolerant;
   group_options.replicas_finish_together = options.fault_tolerant;
   group_options.log_name = options.log_name;
+  const ElasticJob elastic_job = meet_elastic_job(options, master_port, local_size);
   int replaced = 0;  // workers started again on their own, out of --max-restarts
   for (int restart = 0;; ++restart) {
     GroupResult result;
     // Fault tolerance: a failed worker is started again alone and rejoins the others. Only on
-    // node 0, whose launcher counts exits in the store it serves: a replacement elsewhere could
-    // not tell it is one.
-    if (options.fault_tolerant && options.node_rank == 0) {
+    // node 0, whose launcher counts exits in the store it serves, and on every node of an
+    // elastic job, whose launchers all count them there: elsewhere a replacement could not tell
+    // it is one.
+    if (options.fault_tolerant && (options.node_rank == 0 || elastic_job.store)) {
       group_options.replace_failed_workers = options.max_restarts - restart - replaced;
     }
     {
-      const auto job_store = serve_job_store(options, master_port);
+      const auto job_store = elastic_job.store ? nullptr : serve_job_store(options, master_port);
       // The survivors' quorum waits for each member's vote or its death: the exit is told at once.
-      std::shared_ptr<comm::Store> marks;
+      std::shared_ptr<comm::Store> marks = elastic_job.store;
       if (job_store) marks = comm::make_tcp_store(options.master_addr, master_port, 1, false);
       group_options.on_exit = [marks](int rank) {
         if (marks) marks->add(parallel::FaultTolerantManager::exit_key(rank), 1);
@@ -445,6 +509,13 @@ int launch(const LaunchOptions& options) {
     }
     report(options, result, group_options);
     replaced += static_cast<int>(result.replaced.size());
+    // An elastic node whose workers failed beyond their replacements leaves the job; its
+    // shoal run started again joins the job anew. (Restarting every node's workers at once is
+    // the fixed-membership model.)
+    if (elastic_job.store) {
+      end_elastic_job(options, elastic_job, local_size);
+      return result.exit_code;
+    }
     if (result.outcome != GroupResult::Outcome::kWorkerFailed) return result.exit_code;
     if (restart + replaced >= options.max_restarts) {
       if (options.max_restarts > 0) {

@@ -107,11 +107,13 @@ void WorkerGroup::reap(GroupResult& result, Clock::time_point now) {
   }
 }
 
+// True when there are other workers and every one of them exited 0: with none, a failure is not
+// one "after the others finished" (a node of one worker, an elastic node's).
 bool WorkerGroup::others_succeeded(size_t index) const {
   for (size_t i = 0; i < workers_.size(); ++i) {
     if (i != index && (workers_[i]->running() || !workers_[i]->status().ok())) return false;
   }
-  return true;
+  return workers_.size() > 1;
 }
 
 bool WorkerGroup::go_on_without(size_t index, GroupResult& result) {

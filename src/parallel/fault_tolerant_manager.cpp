@@ -88,8 +88,6 @@ bool contains(const std::vector<int>& ranks, int rank) {
 
 using Clock = std::chrono::steady_clock;
 
-std::string beat_key(int rank) { return "ft/beat/" + std::to_string(rank); }
-
 // The members' heartbeats as one wait sees them: a rank is silent once its counter has not moved
 // for `limit` since the wait first read it. The counters are read at most once a beat interval,
 // so a long wait costs a request per member and beat, not per slice.
@@ -102,7 +100,7 @@ class BeatWatch {
     const auto now = Clock::now();
     if (now >= next_read_) {
       for (int r : ranks_) {
-        const int64_t beats = store_.add(beat_key(r), 0);
+        const int64_t beats = store_.add(FaultTolerantManager::heartbeat_key(r), 0);
         auto [seen, first] = seen_.try_emplace(r, Seen{beats, now});
         if (!first && seen->second.beats != beats) seen->second = {beats, now};
       }
@@ -158,7 +156,7 @@ FaultTolerantManager::FaultTolerantManager(std::shared_ptr<comm::Store> store, i
       join();
       return;
     }
-    for (int r = 0; r < world_size; ++r) members_.push_back(r);
+    members_ = founders();
     form_group();
   } catch (...) {
     stop_beating();
@@ -183,7 +181,7 @@ void FaultTolerantManager::beat() {
   while (beating_) {
     lock.unlock();
     try {
-      store_->add(beat_key(rank_), 1);
+      store_->add(FaultTolerantManager::heartbeat_key(rank_), 1);
     } catch (const std::exception&) {
       return;
     }
@@ -424,6 +422,30 @@ std::string FaultTolerantManager::publish_or_read(const std::string& verdict) {
 }
 
 std::string FaultTolerantManager::exit_key(int rank) { return "ft/exited/" + std::to_string(rank); }
+
+std::string FaultTolerantManager::founders_key() { return "ft/founders"; }
+
+std::string FaultTolerantManager::heartbeat_key(int rank) {
+  return "ft/beat/" + std::to_string(rank);
+}
+
+// Generation 0's members: the ranks the launcher names as starting the job, or all of them.
+std::vector<int> FaultTolerantManager::founders() const {
+  std::vector<int> ranks;
+  if (!store_->check({founders_key()})) {
+    for (int r = 0; r < world_size_; ++r) ranks.push_back(r);
+    return ranks;
+  }
+  for (const Member& m : parse_member_list(store_->get_string(founders_key()), world_size_,
+                                           founders_key())) {
+    ranks.push_back(m.rank);
+  }
+  SHOAL_CHECK_T(PeerError, contains(ranks, rank_), "[rank ", rank_,
+                "] fault tolerance: not among the ranks that start the job (", founders_key(), ": ",
+                member_list_text(ranks), ") and not started as a replacement: was its node's "
+                "shoal run started twice?");
+  return ranks;
+}
 
 // Whether member `rank` exited since this incarnation of it started (a replacement's
 // predecessor's exit does not count).

@@ -665,6 +665,15 @@ echo $$ > "$DIR/pid.$RANK.tmp" && mv "$DIR/pid.$RANK.tmp" "$DIR/pid.$RANK")sh");
   EXPECT_EQ(read_file(dir_ / "runs.1"), "run\nrun\n");
 }
 
+TEST_F(Launcher, FaultTolerantNodeWhoseOnlyWorkerFailsFails) {
+  // A launcher with one fault-tolerant worker (an elastic node's, or a one-rank job): its failure
+  // is not one "after the others finished", since there are none; the launcher exits with it.
+  const auto worker = script("alone.sh", "exit 3");
+  const auto result = run_shoal({"run", "--nproc-per-node", "1", "--fault-tolerant", worker});
+  EXPECT_EQ(result.code, 3) << result.err;
+  EXPECT_EQ(result.err.find("finished without"), std::string::npos) << result.err;
+}
+
 // The last "test_accuracy" of a metrics file (JSON lines).
 double last_accuracy(const std::string& text) {
   const std::string key = "\"test_accuracy\":";

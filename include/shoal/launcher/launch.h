@@ -85,6 +85,13 @@ struct LaunchOptions {
   /// worker may die, rank 0 included; a failed worker does not stop the others
   /// (tolerate_worker_failures). The job fails when the launcher of node 0 dies.
   bool fault_tolerant = false;
+  /// Elastic membership, torchrun's `--nnodes MIN:MAX` (fault_tolerant only): the job starts once
+  /// min_nnodes node agents met at node 0's store (waiting up to rdzv_last_call for more, up to
+  /// nnodes); an agent started later joins the running job, its workers entering at a step
+  /// boundary from a live peer (launcher/elastic_rendezvous.h). 0: membership is fixed (nnodes).
+  int min_nnodes = 0;
+  std::chrono::milliseconds rdzv_join_timeout{600'000};
+  std::chrono::milliseconds rdzv_last_call{30'000};
   /// torchrun's --rdzv-id: the job's name, given to the workers as TORCHELASTIC_RUN_ID.
   std::string run_id = "none";
   /// torchrun's --log-dir, --redirects and --tee: a worker's redirected streams go to

@@ -56,6 +56,11 @@
 // count against it. A replacement that finds the job finished ("ft/finished", set by a member
 // that ends normally) throws PeerError.
 //
+// Elastic membership. Under `shoal run --nnodes MIN:MAX` the job's world_size is MAX nodes' ranks;
+// generation 0 forms over the ranks of the nodes that started the job (founders_key()), and the
+// ranks of a node that comes later find their exit count raised by its launcher and join as
+// replacements do, so the world grows; a node that leaves is a failure of its ranks.
+//
 // What is not covered: the store itself must outlive the workers (see the GUIDE, "When ranks
 // fail"); a joiner (or a member) that dies while the grown generation's group forms, or the
 // donor dying while it sends the state, makes the others throw (at the group's time-out at the
@@ -137,6 +142,12 @@ class FaultTolerantManager {
   /// The store key a launcher adds 1 to each time job rank `rank` exits, so that the others stop
   /// waiting for its vote (and a restarted rank knows it is a replacement).
   static std::string exit_key(int rank);
+  /// The store key that names the job ranks that start the job when not all of them do
+  /// (`shoal run --nnodes MIN:MAX`, launcher/elastic_rendezvous.h): generation 0 forms over
+  /// those, and the others join later as replacements. Without it, every rank starts the job.
+  static std::string founders_key();
+  /// The store key job rank `rank`'s heartbeat thread adds 1 to every beat while it runs.
+  static std::string heartbeat_key(int rank);
 
   /// The job ranks that joined at the latest re-forming (start_quorum or, for a replacement, the
   /// constructor), ascending; empty when none did. The members then send them their state.
@@ -176,6 +187,7 @@ class FaultTolerantManager {
   std::string joiners_text() const;
   std::string wire_list(const std::vector<int>& ranks) const;
   void join();
+  std::vector<int> founders() const;
   void re_form(std::vector<int> members);
   int64_t incarnation_of(int rank) const;
   bool await_votes(const std::vector<std::string>& votes) const;
