@@ -239,6 +239,7 @@ void save_state_dict(const StateDict& state, const std::string& path) {
 }
 
 StateDict load_state_dict_file(const std::string& path, const LoadOptions& options) {
+  if (is_sharded_dcp_folder(path, options)) return load_sharded_dcp(path, options).model;
   if (is_dcp_folder(path)) {
     DcpContents dcp = load_dcp(path, options);
     if (!dcp.skipped.empty()) {

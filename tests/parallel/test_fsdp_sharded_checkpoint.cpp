@@ -106,8 +106,9 @@ class ShardedCheckpoint : public ::testing::Test {
 std::string ShardedCheckpoint::root_;
 
 TEST_F(ShardedCheckpoint, AssemblesToTheFullCheckpoint) {
-  ASSERT_TRUE(fs::exists(sharded_folder() + "/rank_0.pt"));
-  ASSERT_TRUE(fs::exists(sharded_folder() + "/rank_1.pt"));
+  ASSERT_TRUE(fs::exists(sharded_folder() + "/__0_0.distcp"));
+  ASSERT_TRUE(fs::exists(sharded_folder() + "/__1_0.distcp"));
+  ASSERT_TRUE(fs::exists(sharded_folder() + "/.metadata"));
   const double difference =
       max_relative_difference(latest(root_ + "/sharded"), latest(root_ + "/full"), "assembled");
   std::printf("sharded checkpoint assembled vs full checkpoint: max relative difference %.3g\n",
@@ -138,7 +139,7 @@ TEST_F(ShardedCheckpoint, ResumesAtTwoThreeAndOneRanksAsTheUnshardedRun) {
     const std::string sharded = copy_of("sharded", "sharded-at" + n);
     train(ranks, sharded, "--epochs 2 --resume --checkpoint-format sharded");
     // The resumed run saved its own sharded checkpoint at the new world size.
-    EXPECT_TRUE(fs::exists(sharded + "/checkpoint_000001.sharded/rank_" + std::to_string(ranks - 1) + ".pt"));
+    EXPECT_TRUE(fs::exists(sharded + "/checkpoint_000001.sharded/__" + std::to_string(ranks - 1) + "_0.distcp"));
     const double d = max_relative_difference(latest(sharded), latest(full), "at " + n);
     std::printf("saved at 2, resumed at %d (sharded) vs resumed from the full checkpoint: max "
                 "relative difference %.3g\n", ranks, d);
@@ -178,11 +179,11 @@ TEST_F(ShardedCheckpoint, ConvertWritesWhatTorchLoadReadsStrictly) {
     SHOAL_SKIP_TEST(shoal::testing::Dependency::kPythonTorch, "/usr/bin/python3 has no torch");
   }
   EXPECT_TRUE(shoal::testing::oracle_succeeded(oracle));
-  // One rank's file alone is a piece of the model: refused, naming the folder to pass.
+  // One rank's file alone is a piece of the model: refused, naming it.
   const auto piece = shoal::testing::run_command(shoal::testing::shoal_cli_with_dataset() + " ckpt convert " +
-                                                 sharded_folder() + "/rank_1.pt " + root_ + "/piece.pt");
+                                                 sharded_folder() + "/__1_0.distcp " + root_ + "/piece.pt");
   EXPECT_FALSE(piece.ok());
-  EXPECT_NE(piece.err.find("pass its folder"), std::string::npos) << piece.err;
+  EXPECT_NE(piece.err.find("__1_0.distcp"), std::string::npos) << piece.err;
   EXPECT_FALSE(fs::exists(root_ + "/piece.pt"));
 }
 
@@ -212,53 +213,42 @@ TEST_F(ShardedCheckpoint, RefusesSetsThatDisagree) {
   const std::string name = "checkpoint_000000.sharded";
   {  // A missing rank file.
     const std::string dir = copy_of("sharded", "missing") + "/" + name;
-    fs::remove(dir + "/rank_1.pt");
-    expect_refused(dir, {"rank_1.pt", "is missing", "saved by 2 ranks"});
-    fs::remove(dir + "/rank_0.pt");
-    expect_refused(dir, {"lacks rank_0.pt"});
+    fs::remove(dir + "/__1_0.distcp");
+    expect_refused(dir, {"__1_0.distcp"});
   }
-  {  // A file beyond the world size: another save's.
-    const std::string dir = copy_of("sharded", "extra") + "/" + name;
-    fs::copy_file(dir + "/rank_1.pt", dir + "/rank_2.pt");
-    expect_refused(dir, {"rank_2.pt", "mixes two saves"});
+  {  // Rank 0's file in rank 1's place: its chunks are not where .metadata says.
+    const std::string dir = copy_of("sharded", "swapped") + "/" + name;
+    fs::copy_file(dir + "/__0_0.distcp", dir + "/__1_0.distcp", fs::copy_options::overwrite_existing);
+    expect_refused(dir, {"__1_0.distcp"});
   }
-  {  // Rank 1's file saved at another world size.
-    const std::string dir = copy_of("sharded", "other-world") + "/" + name;
-    ckpt::ShardedTrainingState s = ckpt::load_shard(dir + "/rank_1.pt");
-    s.world_size = 3;
-    for (auto& unit : s.units) unit.padded = (unit.numel + 2) / 3 * 3;
-    for (size_t u = 0; u < s.units.size(); ++u) {
-      s.flat_param_shards[u] = at::zeros({s.units[u].padded / 3});
-      for (auto& [field, t] : s.optimizer_shards[u]) {
-        if (field != "step") t = at::zeros({s.units[u].padded / 3});
-      }
-    }
-    ckpt::save_shard(s, dir + "/rank_1.pt");
-    expect_refused(dir, {"rank_1.pt", "rank 1 of 3", "mixes two saves"});
+  {  // A rank file cut short.
+    const std::string dir = copy_of("sharded", "short") + "/" + name;
+    fs::resize_file(dir + "/__1_0.distcp", fs::file_size(dir + "/__1_0.distcp") / 2);
+    expect_refused(dir, {"__1_0.distcp", "truncated"});
   }
-  {  // A piece of the wrong size (the metadata says otherwise).
-    const std::string dir = copy_of("sharded", "wrong-size") + "/" + name;
-    ckpt::ShardedTrainingState s = ckpt::load_shard(dir + "/rank_1.pt");
-    s.flat_param_shards[0] = s.flat_param_shards[0].narrow(0, 0, 10).clone();
-    ckpt::save_shard(s, dir + "/rank_1.pt");
-    expect_refused(dir, {"rank_1.pt", "holds 10 elements"});
+  {  // No .metadata: a save that never completed.
+    const std::string dir = copy_of("sharded", "headless") + "/" + name;
+    fs::remove(dir + "/.metadata");
+    expect_refused(dir, {name});
   }
-  {  // Metadata that does not add up (a corrupt shape): refused before anything is allocated.
-    const std::string dir = copy_of("sharded", "bad-shape") + "/" + name;
-    ckpt::ShardedTrainingState s = ckpt::load_shard(dir + "/rank_1.pt");
-    s.units[0].shapes[0] = {int64_t{1} << 40, int64_t{1} << 40};
-    ckpt::save_shard(s, dir + "/rank_1.pt");
-    expect_refused(dir, {"rank_1.pt", "does not fit"});
-  }
-  {  // Rank 1's file of a later save (another step).
-    const std::string dir = copy_of("sharded", "other-step") + "/" + name;
-    ckpt::ShardedTrainingState s = ckpt::load_shard(dir + "/rank_1.pt");
-    s.replicated.step += 8;
-    ckpt::save_shard(s, dir + "/rank_1.pt");
-    expect_refused(dir, {"rank_1.pt", "disagrees with", "mixes two saves"});
-  }
-  // One rank's file read as a whole checkpoint: refused, naming what to pass.
-  expect_refused(sharded_folder() + "/rank_0.pt", {"rank_0.pt", "sharded checkpoint", "folder"});
+}
+
+// PyTorch 2.x reads the folder as the DCP checkpoint it is: dcp.load fills an unsharded state
+// dict and an FSDP2 model on 2 ranks (model and Adam state, by get_state_dict's keys) with what
+// Shoal reads from it, bit for bit (sharded_dcp_oracle.py).
+TEST_F(ShardedCheckpoint, LoadsIntoPyTorchPlainAndFsdp2) {
+  const std::string python = shoal::testing::torch2_python();
+  if (python.empty()) GTEST_SKIP() << "PyTorch 2.x not installed (scripts/setup_torch_pypi.sh)";
+  const std::string full = root_ + "/for-pytorch.pt";
+  const auto convert = shoal::testing::run_command(shoal::testing::shoal_cli_with_dataset() +
+                                                   " ckpt convert " + sharded_folder() + " " + full);
+  ASSERT_TRUE(convert.ok()) << convert.describe();
+  const char* source = std::getenv("SHOAL_SOURCE_DIR");
+  const std::string script = std::string(source ? source : ".") + "/tests/parallel/sharded_dcp_oracle.py";
+  const auto oracle = shoal::testing::run_command("OMP_NUM_THREADS=1 " + python + " " + script + " " +
+                                                  sharded_folder() + " " + full);
+  EXPECT_TRUE(shoal::testing::oracle_succeeded(oracle));
+  std::printf("%s", oracle.out.c_str());
 }
 
 // A newest sharded checkpoint that lost a rank file (a save cut short, a copy that missed one) is
@@ -272,12 +262,12 @@ TEST_F(ShardedCheckpoint, ADamagedNewestCheckpointFallsBackToThePrevious) {
     std::fputs("checkpoint_000001.sharded\n", f);
     std::fclose(f);
   }
-  fs::remove(newer + "/rank_1.pt");
+  fs::remove(newer + "/__1_0.distcp");
   auto point = ckpt::load_latest_intact(dir);
   ASSERT_TRUE(point.has_value());
   EXPECT_EQ(point->path, dir + "/checkpoint_000000.sharded");
   ASSERT_EQ(point->skipped.size(), 1u);
-  EXPECT_NE(point->skipped[0].find("rank_1.pt"), std::string::npos) << point->skipped[0];
+  EXPECT_NE(point->skipped[0].find("__1_0.distcp"), std::string::npos) << point->skipped[0];
   EXPECT_EQ(point->state.step, 8);
 }
 

@@ -115,4 +115,35 @@ TrainingState load_sharded_checkpoint(const std::string& folder, const LoadOptio
 /// True when a loaded object is one rank's file of a sharded checkpoint.
 bool is_shard_object(const c10::IValue& object);
 
+// The DCP layout (what CheckpointManager::save_sharded writes; see the file comment).
+
+/// "__<rank>_0.distcp": a rank's data file in a sharded checkpoint's DCP folder.
+std::string dcp_shard_file_name(int64_t rank);
+
+/// How many chunks rank `rank` of the save `state` describes writes (computed alike on every
+/// rank: every rank's units and optimizer fields are the same).
+int64_t dcp_chunk_count(const ShardedTrainingState& state, int64_t rank);
+
+/// Writes this rank's data file into `folder` (atomically) and returns each chunk's offset and
+/// length in it, in order: the pairs rank 0 needs for `.metadata`.
+std::vector<int64_t> save_dcp_shard(const ShardedTrainingState& state, const std::string& folder);
+
+/// Rank 0, once every rank's file is whole: writes `<folder>/.metadata` (atomically) covering
+/// every rank's chunks; `places[r]` is what save_dcp_shard returned on rank r.
+void write_dcp_sharded_metadata(const ShardedTrainingState& rank0, const std::string& folder,
+                                const std::vector<std::vector<int64_t>>& places);
+
+/// True when `folder` is a DCP checkpoint holding Shoal's entry: a sharded checkpoint of this
+/// layout.
+bool is_sharded_dcp_folder(const std::string& folder, const LoadOptions& options = {});
+
+/// Reads a sharded checkpoint of the DCP layout whole (every tensor assembled from its chunks, on
+/// the calling rank). Throws CheckpointError naming the file: a rank file of another save, a
+/// missing or truncated one, chunks that do not add up.
+TrainingState load_sharded_dcp(const std::string& folder, const LoadOptions& options = {});
+
+/// Rewrites the sharded checkpoint of Shoal's older layout in `folder` (rank_<r>.pt files) as the
+/// DCP layout in `out` (new or empty), rank by rank, at the world size that saved it.
+void convert_sharded_to_dcp(const std::string& folder, const std::string& out, const LoadOptions& options = {});
+
 }  // namespace shoal::checkpoint
