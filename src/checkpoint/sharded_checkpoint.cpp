@@ -539,6 +539,10 @@ StateDict in_model_order(const StateDict& assembled, const ShardedTrainingState&
 
 TrainingState load_sharded_checkpoint(const std::string& folder, const LoadOptions& options) {
   if (is_dcp_folder(folder)) return load_sharded_dcp(folder, options);
+  struct stat info {};
+  SHOAL_CHECK_T(CheckpointError, ::stat((folder + "/" + dcp_shard_file_name(0)).c_str(), &info) != 0, folder,
+                ": has rank files but no .metadata, which rank 0 writes once every rank's file is "
+                "complete: the save was interrupted; resume from an older checkpoint");
   const std::deque<ShardedTrainingState> ranks = load_every_rank(folder, options);
   const ShardedTrainingState& first = ranks.front();
   const std::string first_path = folder + "/" + shard_file_name(0);
@@ -869,6 +873,49 @@ std::map<int64_t, std::map<std::string, at::Tensor>> dcp_optimizer_state(
 
 }  // namespace
 
+namespace {
+
+// The optimizer's first param_groups entry as get_state_dict saves it (DCP's bytes entries
+// "optim.param_groups.0.<option>"): its parameters' names in index order, and the options Shoal's
+// optimizers take. Empty when the folder holds none.
+std::optional<std::pair<std::vector<std::string>, ParamGroupState>> foreign_param_group(
+    const std::string& folder, const LoadOptions& options) {
+  const std::string prefix = "optim.param_groups.0.";
+  const std::optional<c10::IValue> params = load_dcp_object(folder, prefix + "params", options);
+  if (!params) return std::nullopt;
+  std::vector<std::string> names = dcp_names_in(*params, folder + "/.metadata", "optim.param_groups.0.params");
+  ParamGroupState group;
+  for (size_t i = 0; i < names.size(); ++i) group.params.push_back(static_cast<int64_t>(i));
+  for (const char* option : {"lr", "betas", "eps", "weight_decay", "amsgrad", "momentum", "dampening", "nesterov"}) {
+    if (auto value = load_dcp_object(folder, prefix + option, options)) group.options[option] = *value;
+  }
+  return std::make_pair(std::move(names), std::move(group));
+}
+
+}  // namespace
+
+StateDict dcp_model_entries(const DcpContents& dcp) {
+  StateDict out;
+  const std::string prefix = "model.";
+  for (const auto& item : dcp.tensors) {
+    if (item.key().compare(0, prefix.size(), prefix) == 0) out.insert(item.key().substr(prefix.size()), item.value());
+  }
+  if (out.is_empty()) out = dcp.tensors;
+  if (all_keys_have_prefix(out, kWrapperPrefix)) out = strip_prefix(out, kWrapperPrefix);
+  return out;
+}
+
+TrainingState load_foreign_dcp(const std::string& folder, const LoadOptions& options) {
+  const DcpContents dcp = load_dcp(folder, options);
+  TrainingState out;
+  out.model = dcp_model_entries(dcp);
+  if (auto group = foreign_param_group(folder, options)) {
+    out.optimizer.state = dcp_optimizer_state(dcp, group->first, folder + "/.metadata");
+    out.optimizer.param_groups.push_back(std::move(group->second));
+  }
+  return out;
+}
+
 bool is_sharded_dcp_folder(const std::string& folder, const LoadOptions& options) {
   return is_dcp_folder(folder) && load_dcp_object(folder, kDcpShoalEntry, options).has_value();
 }
@@ -876,8 +923,9 @@ bool is_sharded_dcp_folder(const std::string& folder, const LoadOptions& options
 TrainingState load_sharded_dcp(const std::string& folder, const LoadOptions& options) {
   const std::string where = folder + "/.metadata";
   const std::optional<c10::IValue> shoal = load_dcp_object(folder, kDcpShoalEntry, options);
-  SHOAL_CHECK_T(CheckpointError, shoal && shoal->isGenericDict(), where,
-                ": is a DCP checkpoint without Shoal's entry (not a Shoal sharded checkpoint)");
+  if (!shoal) return load_foreign_dcp(folder, options);
+  SHOAL_CHECK_T(CheckpointError, shoal->isGenericDict(), where,
+                ": Shoal's entry is not a dict: the checkpoint is damaged");
   c10::impl::GenericDict object = shoal->toGenericDict().copy();
   const c10::IValue meta_value = dcp_find_key(object, kDcpMetadataKey);
   SHOAL_CHECK_T(CheckpointError, meta_value.isGenericDict(), where, ": Shoal's entry lacks '", kDcpMetadataKey,
