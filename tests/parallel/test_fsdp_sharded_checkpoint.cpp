@@ -3,7 +3,9 @@
 // the run that was not sharded (at 2: the uninterrupted run; at 3 and 1: the same resume from the
 // full checkpoint, which holds the exact state); `shoal ckpt convert` writes a file torch.load
 // reads and loads strictly; sets of files that disagree are refused in one line naming the file,
-// and a damaged newest checkpoint falls back to the previous one.
+// and a damaged newest checkpoint falls back to the previous one. The folder is a DCP checkpoint:
+// PyTorch 2.x loads it into a plain and an FSDP2 model, and PyTorch's FSDP2 checkpoint starts
+// Shoal at 3 ranks.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <torch/torch.h>
@@ -90,8 +92,38 @@ class ShardedCheckpoint : public ::testing::Test {
     root_ = shoal::testing::temp_path("shoal-fsdp-sharded");
     train(2, root_ + "/full", "--epochs 1");
     train(2, root_ + "/sharded", "--epochs 1 --checkpoint-format sharded");
+    run_pytorch_oracle();
   }
-  static void TearDownTestSuite() { fs::remove_all(root_); }
+  static void TearDownTestSuite() {
+    fs::remove_all(root_);
+    delete oracle_;
+    oracle_ = nullptr;
+  }
+
+  // PyTorch 2.x reads the sharded folder and writes its own FSDP2 checkpoint into root_/pytorch
+  // (sharded_dcp_oracle.py), in one run: each run costs seconds importing torch.
+  static void run_pytorch_oracle() {
+    const std::string python = shoal::testing::torch2_python();
+    if (python.empty()) return;
+    const std::string full = root_ + "/for-pytorch.pt";
+    auto result = shoal::testing::run_command(shoal::testing::shoal_cli_with_dataset() + " ckpt convert " +
+                                              sharded_folder() + " " + full);
+    if (result.ok()) {
+      fs::create_directories(pytorch_dir());
+      const char* source = std::getenv("SHOAL_SOURCE_DIR");
+      const std::string script = std::string(source ? source : ".") + "/tests/parallel/sharded_dcp_oracle.py";
+      result = shoal::testing::run_command("OMP_NUM_THREADS=1 " + python + " " + script + " " + sharded_folder() +
+                                           " " + full + " " + pytorch_dir());
+    }
+    oracle_ = new shoal::testing::PythonResult(result);
+  }
+  // The oracle's run, or a skip where PyTorch 2.x is missing.
+  static bool oracle_ran() {
+    if (oracle_ == nullptr) return false;
+    EXPECT_TRUE(shoal::testing::oracle_succeeded(*oracle_));
+    return true;
+  }
+  static std::string pytorch_dir() { return root_ + "/pytorch"; }
 
   static std::string copy_of(const std::string& name, const std::string& as) {
     const std::string to = root_ + "/" + as;
@@ -102,8 +134,10 @@ class ShardedCheckpoint : public ::testing::Test {
   static std::string sharded_folder() { return root_ + "/sharded/checkpoint_000000.sharded"; }
 
   static std::string root_;
+  static shoal::testing::PythonResult* oracle_;
 };
 std::string ShardedCheckpoint::root_;
+shoal::testing::PythonResult* ShardedCheckpoint::oracle_ = nullptr;
 
 TEST_F(ShardedCheckpoint, AssemblesToTheFullCheckpoint) {
   ASSERT_TRUE(fs::exists(sharded_folder() + "/__0_0.distcp"));
@@ -237,18 +271,9 @@ TEST_F(ShardedCheckpoint, RefusesSetsThatDisagree) {
 // dict and an FSDP2 model on 2 ranks (model and Adam state, by get_state_dict's keys) with what
 // Shoal reads from it, bit for bit (sharded_dcp_oracle.py).
 TEST_F(ShardedCheckpoint, LoadsIntoPyTorchPlainAndFsdp2) {
-  const std::string python = shoal::testing::torch2_python();
-  if (python.empty()) GTEST_SKIP() << "PyTorch 2.x not installed (scripts/setup_torch_pypi.sh)";
-  const std::string full = root_ + "/for-pytorch.pt";
-  const auto convert = shoal::testing::run_command(shoal::testing::shoal_cli_with_dataset() +
-                                                   " ckpt convert " + sharded_folder() + " " + full);
-  ASSERT_TRUE(convert.ok()) << convert.describe();
-  const char* source = std::getenv("SHOAL_SOURCE_DIR");
-  const std::string script = std::string(source ? source : ".") + "/tests/parallel/sharded_dcp_oracle.py";
-  const auto oracle = shoal::testing::run_command("OMP_NUM_THREADS=1 " + python + " " + script + " " +
-                                                  sharded_folder() + " " + full);
-  EXPECT_TRUE(shoal::testing::oracle_succeeded(oracle));
-  std::printf("%s", oracle.out.c_str());
+  if (!oracle_ran()) GTEST_SKIP() << "PyTorch 2.x not installed (scripts/setup_torch_pypi.sh)";
+  EXPECT_NE(oracle_->out.find("fsdp2: 2 ranks loaded"), std::string::npos) << oracle_->out;
+  std::printf("%s", oracle_->out.c_str());
 }
 
 // `got` against PyTorch's {"model": state dict, <optim>: {"state": {name: {field: tensor}}}}, the
@@ -286,26 +311,18 @@ void expect_state_near(const ckpt::TrainingState& got, const c10::IValue& want, 
 // `shoal train --strategy fsdp --nproc-per-node 3 --init-from FOLDER`: --init-from, not --resume,
 // as the folder holds no epoch, sampler or config of a Shoal run to continue, but a DCP folder's
 // optimizer state starts the optimizer too. Shoal reads the weights and Adam state bit for bit,
-// and its first step equals PyTorch's next one (fsdp2_to_shoal_oracle.py writes both).
-TEST(ShardedCheckpointFromPyTorch, Fsdp2CheckpointStartsShoalAtThreeRanks) {
-  const std::string python = shoal::testing::torch2_python();
-  if (python.empty()) GTEST_SKIP() << "PyTorch 2.x not installed (scripts/setup_torch_pypi.sh)";
-  const std::string cli = shoal::testing::shoal_cli_with_dataset();
-  const std::string out = shoal::testing::temp_path("shoal-fsdp2-to-shoal");
-  fs::create_directories(out);
-  const char* source = std::getenv("SHOAL_SOURCE_DIR");
-  const std::string script = std::string(source ? source : ".") + "/tests/parallel/fsdp2_to_shoal_oracle.py";
-  const auto saved = shoal::testing::run_command("OMP_NUM_THREADS=1 " + python + " " + script + " save " + out);
-  ASSERT_TRUE(shoal::testing::oracle_succeeded(saved));
-
+// and its first step equals PyTorch's next one (sharded_dcp_oracle.py writes both).
+TEST_F(ShardedCheckpoint, Fsdp2CheckpointStartsShoalAtThreeRanks) {
+  if (!oracle_ran()) GTEST_SKIP() << "PyTorch 2.x not installed (scripts/setup_torch_pypi.sh)";
+  const std::string out = pytorch_dir();
   // Shoal's reading of the folder equals the saved state gathered whole, bit for bit.
   expect_state_near(ckpt::load_training_state(out + "/ckpt"), ckpt::load(out + "/saved.pt"), "optim", 0, 0);
 
-  const std::string command = cli + " train --strategy fsdp --shard 3 --nproc-per-node 3 --model mlp "
+  const std::string command = " train --strategy fsdp --shard 3 --nproc-per-node 3 --model mlp "
                               "--optimizer adam --lr 0.001 --data " + out + "/data.pt --batch-size 16 "
                               "--epochs 1 --threads 1 --no-progress --init-from " + out + "/ckpt "
                               "--checkpoint-dir " + out + "/shoal";
-  const auto trained = shoal::testing::run_command(command);
+  const auto trained = shoal::testing::run_command(shoal::testing::shoal_cli_with_dataset() + command);
   ASSERT_TRUE(trained.ok()) << trained.describe();
   // One step over the 48 samples at 3 ranks against PyTorch's over them in one batch: the Adam
   // state to 1e-6, the weights to 1e-5 (where Adam divides by a small sqrt(v), the gradient's
@@ -313,7 +330,6 @@ TEST(ShardedCheckpointFromPyTorch, Fsdp2CheckpointStartsShoalAtThreeRanks) {
   // fc2.weight, the moments 1.6e-7).
   expect_state_near(ckpt::load_training_state(out + "/shoal/checkpoint_000000.pt"), ckpt::load(out + "/next.pt"),
                     "optim", 1e-5, 1e-6);
-  fs::remove_all(out);
 }
 
 // A newest sharded checkpoint that lost a rank file (a save cut short, a copy that missed one) is
