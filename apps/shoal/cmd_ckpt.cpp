@@ -160,13 +160,15 @@ void print_value(const std::string& name, const c10::IValue& v, int indent, Line
 /// The file's object; a sharded checkpoint's folder assembled into the whole checkpoint, a DCP
 /// folder's tensors into a state dict (its non-tensor entries left out, with a note).
 c10::IValue load_object(const std::string& path, const ckpt::LoadOptions& load) {
+  if (ckpt::is_sharded_dcp_folder(path, load)) return ckpt::to_ivalue(ckpt::load_sharded_dcp(path, load));
   if (ckpt::is_dcp_folder(path)) return ckpt::state_dict_to_ivalue(ckpt::load_state_dict_file(path, load));
   if (ckpt::is_directory(path)) return ckpt::to_ivalue(ckpt::load_sharded_checkpoint(path, load));
   return ckpt::load(path, load);
 }
 
 int inspect(const std::string& file, const ckpt::LoadOptions& load) {
-  const bool dcp = ckpt::is_dcp_folder(file);
+  const bool sharded_dcp = ckpt::is_sharded_dcp_folder(file, load);
+  const bool dcp = ckpt::is_dcp_folder(file) && !sharded_dcp;
   const bool folder = ckpt::is_directory(file) && !dcp;
   const c10::IValue object = load_object(file, load);
   struct stat info {};
@@ -178,7 +180,8 @@ int inspect(const std::string& file, const ckpt::LoadOptions& load) {
     int64_t bytes = 0;
     for (int64_t r = 0; r < world; ++r) {
       struct stat shard {};
-      if (::stat((file + "/" + ckpt::shard_file_name(r)).c_str(), &shard) == 0) bytes += shard.st_size;
+      const std::string name = sharded_dcp ? ckpt::dcp_shard_file_name(r) : ckpt::shard_file_name(r);
+      if (::stat((file + "/" + name).c_str(), &shard) == 0) bytes += shard.st_size;
     }
     std::cout << "folder: " << file << " (" << world << " rank files, "
               << human_bytes(static_cast<double>(bytes)) << ")\n";
@@ -225,6 +228,12 @@ struct ConvertOptions {
 };
 
 int convert(const ConvertOptions& o) {
+  if (o.format == "dcp" && ckpt::is_directory(o.input) && !ckpt::is_dcp_folder(o.input)) {
+    // A sharded checkpoint of the older layout: rewritten whole, optimizer state and all.
+    ckpt::convert_sharded_to_dcp(o.input, o.output, o.load);
+    std::cout << "wrote " << o.output << " (DCP): the sharded checkpoint " << o.input << "\n";
+    return 0;
+  }
   const c10::IValue object = load_object(o.input, o.load);
   // One rank's file holds a piece of the model: converting it alone would write a partial one.
   SHOAL_CHECK_T(CheckpointError, !ckpt::is_shard_object(object), o.input,
@@ -307,7 +316,9 @@ void add_ckpt_command(CLI::App& root, std::vector<Command>& commands) {
                           "torch: a torch.save file; dcp: a folder of PyTorch's distributed "
                           "checkpoint of the model's state dict, which "
                           "torch.distributed.checkpoint.load(model.state_dict(), checkpoint_id=OUT) "
-                          "reads (implies --model-only)")
+                          "reads (implies --model-only); a sharded checkpoint's folder of Shoal's older "
+                          "layout (rank_N.pt files) becomes one of the DCP layout --checkpoint-format "
+                          "sharded now writes, optimizer state and all, which --resume reads")
       ->check(CLI::IsMember({"torch", "dcp"}))
       ->capture_default_str();
   add_load_options(convert_app, options->load);

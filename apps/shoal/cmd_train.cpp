@@ -528,7 +528,9 @@ void add_checkpoint_options(CLI::App& app, train::TrainOptions& options) {
   app.add_option("--init-from", options.init_from,
                  "Start from the weights of this state dict (torch.save(model.state_dict()) from\n"
                  "Python, a file Shoal saved, or a DCP folder from torch.distributed.checkpoint)\n"
-                 "instead of the seed's initialisation")
+                 "instead of the seed's initialisation; a DCP folder holding the optimizer's state\n"
+                 "(dcp.save of FSDP2's get_state_dict, a sharded checkpoint) starts the optimizer\n"
+                 "from it too (--lr applies)")
       ->type_name("FILE");
 }
 

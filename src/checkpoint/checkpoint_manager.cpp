@@ -127,6 +127,40 @@ void remove_old_checkpoints(const std::string& dir, const std::string& prefix, i
   }
 }
 
+/// Every rank's chunk places summed into one tensor: [0] the ranks that failed, then rank r's
+/// (offset, length) pairs at its own slots (zeros elsewhere).
+at::Tensor gather_places(const ShardedTrainingState& mine, const std::vector<int64_t>& places, bool failed,
+                         comm::ProcessGroup* pg) {
+  int64_t total = 1;
+  int64_t start = 1;
+  for (int64_t r = 0; r < mine.world_size; ++r) {
+    if (r == mine.rank) start = total;
+    total += 2 * dcp_chunk_count(mine, r);
+  }
+  at::Tensor out = at::zeros({total}, at::kLong);
+  out[0] = failed ? 1 : 0;
+  if (!failed && static_cast<int64_t>(places.size()) == 2 * dcp_chunk_count(mine, mine.rank)) {
+    out.narrow(0, start, static_cast<int64_t>(places.size())).copy_(at::tensor(places, at::kLong));
+  } else {
+    out[0] = 1;
+  }
+  if (pg != nullptr) pg->allreduce(out)->wait();
+  return out;
+}
+
+/// The pairs of each rank, from gather_places' tensor.
+std::vector<std::vector<int64_t>> split_places(const ShardedTrainingState& mine, const at::Tensor& gathered) {
+  std::vector<std::vector<int64_t>> out;
+  int64_t next = 1;
+  for (int64_t r = 0; r < mine.world_size; ++r) {
+    const int64_t n = 2 * dcp_chunk_count(mine, r);
+    const at::Tensor part = gathered.narrow(0, next, n).contiguous();
+    out.emplace_back(part.data_ptr<int64_t>(), part.data_ptr<int64_t>() + n);
+    next += n;
+  }
+  return out;
+}
+
 void make_directories(const std::string& dir) {
   std::string partial;
   for (size_t i = 0; i <= dir.size(); ++i) {
@@ -322,18 +356,20 @@ std::string CheckpointManager::save_sharded(const ShardedTrainingState& state,
   const std::string folder = dir_ + "/" + name;
   ShardedTrainingState mine = state;  // tensors shared, not copied
   mine.save_id = chosen[1].item<int64_t>();
+  std::vector<int64_t> places;
   try {
     make_directories(folder);
-    save_shard(mine, folder + "/" + shard_file_name(rank));
+    places = save_dcp_shard(mine, folder);
   } catch (const std::exception& e) {
     error = e.what();
   }
-  // Every rank's file complete, or none counts: the ranks that failed, summed.
-  at::Tensor failed = at::full({1}, error.empty() ? 0 : 1, at::kLong);
-  if (!alone) pg->allreduce(failed)->wait();
+  // Every rank's file complete, or none counts: the ranks that failed, summed, and where each
+  // rank's chunks lie (rank 0 writes them into .metadata), each rank in its own slots.
+  const at::Tensor gathered = gather_places(mine, places, !error.empty(), alone ? nullptr : pg);
+  at::Tensor failed = gathered.narrow(0, 0, 1).clone();
   if (failed[0].item<int64_t>() == 0 && rank == 0) {
     try {
-      write_sharded_manifest(folder, mine.save_id, mine.world_size);
+      write_dcp_sharded_metadata(mine, folder, split_places(mine, gathered));
       detail::write_file_atomically(dir_ + "/" + kLatestFile, name + "\n");
       remove_old_checkpoints(dir_, options_.prefix, options_.keep_last, name);
     } catch (const std::exception& e) {

@@ -5,6 +5,7 @@
 #include <map>
 #include <optional>
 #include <sstream>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -49,6 +50,7 @@ struct Metadata {
   std::vector<TensorEntry> tensors;  // in file order
   std::vector<std::string> bytes;    // non-tensor entries
   std::map<ChunkKey, StorageInfo> storage;
+  std::map<std::string, StorageInfo> byte_storage;  // bytes entries' pickles, by name
 };
 
 // Reads the plain data the unpickler built from `.metadata` (see UnpicklerLimits::dcp_metadata),
@@ -69,12 +71,11 @@ class MetadataReader {
       out.tensors.push_back(tensor(fqn, item.value()));
     }
     for (const auto& item : dict(field(root, "storage_data"), "storage_data")) {
-      auto entry = storage(item.value());
-      if (!entry) continue;
-      auto& [key, info] = *entry;
+      auto [key, info, bytes] = storage(item.value());
       const std::string fqn = key.first;
-      check(out.storage.emplace(std::move(key), std::move(info)).second,
-            "names the bytes of one chunk of '", fqn, "' twice in storage_data");
+      const bool added = bytes ? out.byte_storage.emplace(fqn, std::move(info)).second
+                               : out.storage.emplace(std::move(key), std::move(info)).second;
+      check(added, "names the bytes of one chunk of '", fqn, "' twice in storage_data");
     }
     return out;
   }
@@ -164,17 +165,17 @@ class MetadataReader {
     return it != d.end() && !it->value().isNone();
   }
 
-  // A tensor chunk's key and where its bytes lie; nullopt for a bytes entry's (no offset).
-  std::optional<std::pair<ChunkKey, StorageInfo>> storage(const c10::IValue& entry) const {
+  // A chunk's key and where its bytes lie; a bytes entry's (no offset) says so.
+  std::tuple<ChunkKey, StorageInfo, bool> storage(const c10::IValue& entry) const {
     // An entry keyed by an object: (MetadataIndex, _StorageInfo), see kObjectKeyPrefix.
     check(entry.isTuple() && entry.toTupleRef().elements().size() == 2,
           "storage_data is not keyed by MetadataIndex");
     const auto& pair = entry.toTupleRef().elements();
     expect_class(pair[0], "MetadataIndex", "a storage_data key");
     expect_class(pair[1], "_StorageInfo", "a storage_data value");
-    if (!has_field(pair[0], "offset")) return std::nullopt;
-    ChunkKey key{text(field(pair[0], "fqn"), "a MetadataIndex fqn"),
-                 ints(field(pair[0], "offset"), "a MetadataIndex offset")};
+    const bool bytes = !has_field(pair[0], "offset");
+    ChunkKey key{text(field(pair[0], "fqn"), "a MetadataIndex fqn"), {}};
+    if (!bytes) key.second = ints(field(pair[0], "offset"), "a MetadataIndex offset");
     StorageInfo info;
     info.file = text(field(pair[1], "relative_path"), "a relative_path");
     info.offset = integer(field(pair[1], "offset"), "a storage offset");
@@ -188,7 +189,7 @@ class MetadataReader {
               (transforms->value().isList() && transforms->value().toListRef().empty()),
           "the bytes of '", key.first, "' are transformed (compressed or encrypted by a DCP ",
           "extension), which Shoal does not read; save without transforms");
-    return std::make_pair(std::move(key), std::move(info));
+    return {std::move(key), std::move(info), bytes};
   }
 
   std::string where_;
@@ -264,7 +265,11 @@ void check_chunks(TensorEntry& entry, const std::string& where) {
 void check_storage(const Metadata& metadata, const std::string& folder) {
   std::map<std::string, uint64_t> file_sizes;
   std::map<std::string, std::vector<std::pair<int64_t, int64_t>>> ranges;
-  for (const auto& [key, info] : metadata.storage) {
+  std::vector<std::pair<std::string, const StorageInfo*>> all;
+  for (const auto& [key, info] : metadata.storage) all.emplace_back(key.first, &info);
+  for (const auto& [name, info] : metadata.byte_storage) all.emplace_back(name, &info);
+  for (const auto& [name, where] : all) {
+    const StorageInfo& info = *where;
     const std::string path = folder + "/" + info.file;
     auto size = file_sizes.find(info.file);
     if (size == file_sizes.end()) {
@@ -272,7 +277,7 @@ void check_storage(const Metadata& metadata, const std::string& folder) {
     }
     SHOAL_CHECK_T(CheckpointError, static_cast<uint64_t>(info.offset) <= size->second &&
                                        static_cast<uint64_t>(info.length) <= size->second - info.offset,
-                  path, ": the bytes of '", key.first, "' (", info.length, " at ", info.offset,
+                  path, ": the bytes of '", name, "' (", info.length, " at ", info.offset,
                   ") lie beyond the end of the file (", size->second, " bytes): it is truncated");
     ranges[info.file].emplace_back(info.offset, info.length);
   }
@@ -360,6 +365,15 @@ DcpContents load_dcp(const std::string& folder, const LoadOptions& options) {
   for (const auto& entry : metadata.tensors) out.tensors.insert(entry.fqn, assemble(entry, metadata, folder, options));
   out.skipped = metadata.bytes;
   return out;
+}
+
+std::optional<c10::IValue> load_dcp_object(const std::string& folder, const std::string& name,
+                                           const LoadOptions& options) {
+  const Metadata metadata = read_metadata(folder, options);
+  auto it = metadata.byte_storage.find(name);
+  if (it == metadata.byte_storage.end()) return std::nullopt;
+  const std::string path = folder + "/" + it->second.file;
+  return detail::load_torch_save_blob(path, it->second.offset, it->second.length, options);
 }
 
 }  // namespace shoal::checkpoint

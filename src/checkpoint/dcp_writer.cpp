@@ -7,56 +7,50 @@
 #include <dirent.h>
 
 #include "checkpoint/atomic_file.h"
+#include "checkpoint/dcp_metadata.h"
 #include "checkpoint/pickle_opcodes.h"
 #include "checkpoint/pickler.h"
 #include "checkpoint/torch_save_writer.h"
 #include "shoal/checkpoint/dcp.h"
 #include "shoal/error.h"
 
-namespace shoal::checkpoint {
+namespace shoal::checkpoint::detail {
 namespace {
-
-namespace op = detail::op;
 
 constexpr const char* kMetadataModule = "torch.distributed.checkpoint.metadata";
 constexpr const char* kDataFile = "__0_0.distcp";
 
-// Where one tensor's torch.save bytes lie in the data file.
-struct ItemLocation {
-  int64_t offset = 0;
-  int64_t length = 0;
-};
-
 // DCP's Metadata as Python's pickle writes its dataclasses: each object made with NEWOBJ from its
-// class, then BUILD with its fields as a dict (TensorProperties: its __getstate__ tuple). Every
-// tensor is one chunk covering all of it, at offset 0, index 0.
-class MetadataPickle : private detail::PickleWriter {
+// class, then BUILD with its fields as a dict (TensorProperties: its __getstate__ tuple;
+// BytesStorageMetadata, which has no fields: no BUILD).
+class MetadataPickle : private PickleWriter {
  public:
-  std::string write(const StateDict& state, const std::vector<ItemLocation>& where) {
+  std::string write(const std::vector<DcpEntry>& entries) {
     op(op::kProto);
     op(2);
     object(kMetadataModule, "Metadata");
     begin_fields();
     push_string("state_dict_metadata");
     begin_dict();
-    for (const auto& item : state) {
-      push_string(item.key());
-      tensor_metadata(item.value());
+    for (const auto& entry : entries) {
+      push_string(entry.fqn);
+      entry.bytes ? object(kMetadataModule, "BytesStorageMetadata") : tensor_metadata(entry);
     }
     op(op::kSetItems);
-    push_string("planner_data");  // each name's path in the saved (flat) state dict: itself
+    push_string("planner_data");
     begin_dict();
-    for (const auto& item : state) {
-      push_string(item.key());
-      push_string(item.key());
-      op(op::kTuple1);
+    for (const auto& entry : entries) {
+      push_string(entry.fqn);
+      path(entry);
     }
     op(op::kSetItems);
     push_string("storage_data");
     begin_dict();
-    for (size_t i = 0; i < state.size(); ++i) {
-      index(state[i].key(), state[i].value().dim());
-      storage_info(where[i]);
+    for (const auto& entry : entries) {
+      for (size_t i = 0; i < entry.chunks.size(); ++i) {
+        index(entry, i);
+        storage_info(entry.chunks[i]);
+      }
     }
     op(op::kSetItems);
     push_string("version");
@@ -88,13 +82,24 @@ class MetadataPickle : private detail::PickleWriter {
     op(op::kTuple1);
     op(op::kReduce);
   }
-  void zeros(int64_t dims) { size(std::vector<int64_t>(static_cast<size_t>(dims), 0)); }
+  // The key's place in the nested state dict: a tuple of names and list indices.
+  void path(const DcpEntry& entry) {
+    op(op::kMark);
+    for (const auto& part : entry.path) {
+      if (const auto* name = std::get_if<std::string>(&part)) {
+        push_string(*name);
+      } else {
+        push_int(std::get<int64_t>(part));
+      }
+    }
+    op(op::kTuple);
+  }
 
   // TensorProperties(dtype, layout=strided, requires_grad=False, contiguous, pin_memory=False).
-  void properties(const at::Tensor& tensor) {
+  void properties(c10::ScalarType dtype) {
     object(kMetadataModule, "TensorProperties");
     op(op::kMark);
-    push_global("torch", dtype_name(tensor.scalar_type()).c_str());
+    push_global("torch", dtype_name(dtype).c_str());
     push_global("torch.serialization", "_get_layout");
     push_string("torch.strided");
     op(op::kTuple1);
@@ -108,51 +113,61 @@ class MetadataPickle : private detail::PickleWriter {
     op(op::kTuple);
     op(op::kBuild);
   }
-  void tensor_metadata(const at::Tensor& tensor) {
+  void tensor_metadata(const DcpEntry& entry) {
     object(kMetadataModule, "TensorStorageMetadata");
     begin_fields();
     push_string("properties");
-    properties(tensor);
+    properties(entry.dtype);
     push_string("size");
-    size(tensor.sizes());
+    size(entry.size);
     push_string("chunks");
     op(op::kEmptyList);
-    object(kMetadataModule, "ChunkStorageMetadata");
-    begin_fields();
-    push_string("offsets");
-    zeros(tensor.dim());
-    push_string("sizes");
-    size(tensor.sizes());
-    end_fields();
-    op(op::kAppend);
+    op(op::kMark);
+    for (const auto& chunk : entry.chunks) {
+      object(kMetadataModule, "ChunkStorageMetadata");
+      begin_fields();
+      push_string("offsets");
+      size(chunk.offsets);
+      push_string("sizes");
+      size(chunk.sizes);
+      end_fields();
+    }
+    op(op::kAppends);
     end_fields();
   }
-  void index(const std::string& fqn, int64_t dims) {
+  // MetadataIndex(fqn, offset, index): the chunk's offsets and its place in the chunk list; both
+  // None for a bytes entry.
+  void index(const DcpEntry& entry, size_t i) {
     object(kMetadataModule, "MetadataIndex");
     begin_fields();
     push_string("fqn");
-    push_string(fqn);
+    push_string(entry.fqn);
     push_string("offset");
-    zeros(dims);
+    entry.bytes ? op(op::kNone) : size(entry.chunks[i].offsets);
     push_string("index");
-    push_int(0);
+    entry.bytes ? op(op::kNone) : push_int(static_cast<int64_t>(i));
     end_fields();
   }
-  void storage_info(const ItemLocation& where) {
+  void storage_info(const DcpChunk& chunk) {
     object("torch.distributed.checkpoint.filesystem", "_StorageInfo");
     begin_fields();
     push_string("relative_path");
-    push_string(kDataFile);
+    push_string(chunk.file);
     push_string("offset");
-    push_int(where.offset);
+    push_int(chunk.offset);
     push_string("length");
-    push_int(where.length);
+    push_int(chunk.length);
     end_fields();
   }
 };
 
-// Makes `folder` (one level), or accepts it when it exists and is empty: a DCP save never
-// overwrites files a folder already holds.
+}  // namespace
+
+std::string dcp_metadata_pickle(const std::vector<DcpEntry>& entries) {
+  return MetadataPickle().write(entries);
+}
+
+// A DCP save never overwrites files a folder already holds.
 void make_empty_folder(const std::string& folder) {
   if (::mkdir(folder.c_str(), 0755) == 0) return;
   SHOAL_CHECK_T(CheckpointError, errno == EEXIST, "cannot create the DCP folder ", folder, ": ",
@@ -171,13 +186,15 @@ void make_empty_folder(const std::string& folder) {
                 "is overwritten)");
 }
 
-}  // namespace
+}  // namespace shoal::checkpoint::detail
+
+namespace shoal::checkpoint {
 
 void save_dcp(const StateDict& state, const std::string& folder) {
-  make_empty_folder(folder);
-  std::vector<ItemLocation> where;
+  detail::make_empty_folder(folder);
+  std::vector<detail::DcpEntry> entries;
   {
-    const std::string path = folder + "/" + kDataFile;
+    const std::string path = folder + "/" + detail::kDataFile;
     detail::AtomicFile data(path);
     int64_t written = 0;
     auto sink = [&](const void* bytes, size_t size) {
@@ -187,12 +204,21 @@ void save_dcp(const StateDict& state, const std::string& folder) {
     };
     for (const auto& item : state) {
       const int64_t start = written;
-      detail::write_torch_save(item.value().detach().to(at::kCPU).contiguous(), sink, path);
-      where.push_back({start, written - start});
+      const at::Tensor& tensor = item.value();
+      detail::write_torch_save(tensor.detach().to(at::kCPU).contiguous(), sink, path);
+      // Every tensor one chunk covering all of it; its name its own path (a flat state dict).
+      detail::DcpEntry entry;
+      entry.fqn = item.key();
+      entry.path = {item.key()};
+      entry.dtype = tensor.scalar_type();
+      entry.size = tensor.sizes().vec();
+      entry.chunks.push_back({std::vector<int64_t>(entry.size.size(), 0), entry.size, detail::kDataFile,
+                              start, written - start});
+      entries.push_back(std::move(entry));
     }
     data.commit();
   }
-  detail::write_file_atomically(folder + "/.metadata", MetadataPickle().write(state, where));
+  detail::write_file_atomically(folder + "/.metadata", detail::dcp_metadata_pickle(entries));
 }
 
 }  // namespace shoal::checkpoint

@@ -239,14 +239,14 @@ void save_state_dict(const StateDict& state, const std::string& path) {
 }
 
 StateDict load_state_dict_file(const std::string& path, const LoadOptions& options) {
+  if (is_sharded_dcp_folder(path, options)) return load_sharded_dcp(path, options).model;
   if (is_dcp_folder(path)) {
     DcpContents dcp = load_dcp(path, options);
     if (!dcp.skipped.empty()) {
       log::info("shoal: ", path, ": left out ", dcp.skipped.size(), " non-tensor entries of the DCP checkpoint (",
                 dcp.skipped.front(), dcp.skipped.size() > 1 ? ", ..." : "", ")");
     }
-    if (all_keys_have_prefix(dcp.tensors, kWrapperPrefix)) return strip_prefix(dcp.tensors, kWrapperPrefix);
-    return dcp.tensors;
+    return dcp_model_entries(dcp);
   }
   if (is_directory(path)) return load_sharded_checkpoint(path, options).model;
   return state_dict_from_ivalue(load(path, options), path);

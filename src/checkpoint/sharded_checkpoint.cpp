@@ -10,12 +10,17 @@
 #include <deque>
 #include <fstream>
 #include <limits>
+#include <map>
 #include <optional>
 #include <random>
 #include <set>
 #include <sstream>
+#include <variant>
 
 #include "checkpoint/atomic_file.h"
+#include "checkpoint/dcp_metadata.h"
+#include "checkpoint/torch_save_writer.h"
+#include "shoal/checkpoint/dcp.h"
 #include "shoal/error.h"
 
 namespace shoal::checkpoint {
@@ -293,7 +298,8 @@ void write_sharded_manifest(const std::string& folder, int64_t save_id, int64_t 
 
 bool has_sharded_manifest(const std::string& folder) {
   struct stat info {};
-  return ::stat((folder + "/" + kShardedManifest).c_str(), &info) == 0 && S_ISREG(info.st_mode);
+  auto is_file = [&info](const std::string& path) { return ::stat(path.c_str(), &info) == 0 && S_ISREG(info.st_mode); };
+  return is_file(folder + "/" + kShardedManifest) || is_dcp_folder(folder);
 }
 
 bool is_directory(const std::string& path) {
@@ -532,6 +538,11 @@ StateDict in_model_order(const StateDict& assembled, const ShardedTrainingState&
 }  // namespace
 
 TrainingState load_sharded_checkpoint(const std::string& folder, const LoadOptions& options) {
+  if (is_dcp_folder(folder)) return load_sharded_dcp(folder, options);
+  struct stat info {};
+  SHOAL_CHECK_T(CheckpointError, ::stat((folder + "/" + dcp_shard_file_name(0)).c_str(), &info) != 0, folder,
+                ": has rank files but no .metadata, which rank 0 writes once every rank's file is "
+                "complete: the save was interrupted; resume from an older checkpoint");
   const std::deque<ShardedTrainingState> ranks = load_every_rank(folder, options);
   const ShardedTrainingState& first = ranks.front();
   const std::string first_path = folder + "/" + shard_file_name(0);
@@ -553,6 +564,416 @@ TrainingState load_sharded_checkpoint(const std::string& folder, const LoadOptio
     }
   }
   return out;
+}
+
+}  // namespace shoal::checkpoint
+
+namespace shoal::checkpoint {
+
+// The DCP layout of a sharded checkpoint (see the file comment of sharded_checkpoint.h).
+namespace {
+
+using detail::DcpChunk;
+using detail::DcpEntry;
+using DcpPath = std::vector<std::variant<std::string, int64_t>>;
+
+constexpr const char* kDcpFormatName = "shoal.fsdp.dcp";
+constexpr int64_t kDcpFormatVersion = 1;
+// Shoal's own entries: what a full checkpoint holds besides the tensors, and the save's id in
+// every rank's file.
+constexpr const char* kDcpShoalEntry = "shoal";
+constexpr const char* kDcpSaveIdEntry = "shoal.save_id";
+constexpr const char* kDcpMetadataKey = "shoal_sharded";
+constexpr int64_t kDcpMaxWorldSize = int64_t{1} << 20;
+
+// One chunk a rank writes: a box of a tensor entry (its data a view of the rank's piece), or a
+// bytes entry's object.
+struct DcpItem {
+  std::string fqn;
+  DcpPath path;
+  c10::ScalarType dtype = c10::ScalarType::Float;
+  std::vector<int64_t> size;  // the whole tensor's
+  std::vector<int64_t> offsets;
+  std::vector<int64_t> sizes;
+  at::Tensor data;            // undefined when only the layout is wanted
+  std::optional<c10::IValue> object;  // a bytes entry
+};
+
+// A box of a row-major tensor and where its elements start in the tensor's flat order.
+struct DcpBox {
+  std::vector<int64_t> offsets;
+  std::vector<int64_t> sizes;
+  int64_t start = 0;
+};
+
+// Splits elements [begin, end) of a row-major tensor of `shape` into boxes, each a contiguous run
+// of the flat order: the rest of a partial first row, whole rows, the start of a partial last
+// row (recursively along the next dimension). `prefix` fixes the dimensions before `dim`.
+void split_into_boxes(const std::vector<int64_t>& shape, size_t dim, int64_t begin, int64_t end,
+           std::vector<int64_t> prefix, int64_t base, std::vector<DcpBox>& out) {
+  if (begin >= end) return;
+  if (shape.empty()) {
+    out.push_back({{}, {}, 0});
+    return;
+  }
+  const size_t rest = shape.size() - dim - 1;
+  int64_t stride = 1;
+  for (size_t d = dim + 1; d < shape.size(); ++d) stride *= shape[d];
+  auto row_box = [&](int64_t first, int64_t rows) {
+    DcpBox box{prefix, std::vector<int64_t>(prefix.size(), 1), base + first * stride};
+    box.offsets.push_back(first);
+    box.sizes.push_back(rows);
+    for (size_t d = dim + 1; d < shape.size(); ++d) {
+      box.offsets.push_back(0);
+      box.sizes.push_back(shape[d]);
+    }
+    out.push_back(std::move(box));
+  };
+  if (rest == 0) {
+    row_box(begin, end - begin);
+    return;
+  }
+  auto partial = [&](int64_t row, int64_t from, int64_t to) {
+    std::vector<int64_t> inner = prefix;
+    inner.push_back(row);
+    split_into_boxes(shape, dim + 1, from, to, inner, base + row * stride, out);
+  };
+  if (begin % stride != 0) {
+    const int64_t row = begin / stride;
+    const int64_t stop = std::min(end, (row + 1) * stride);
+    partial(row, begin - row * stride, stop - row * stride);
+    begin = stop;
+  }
+  if (end / stride > begin / stride && begin < end) {
+    row_box(begin / stride, end / stride - begin / stride);
+    begin = end / stride * stride;
+  }
+  if (begin < end) partial(begin / stride, 0, end - begin);
+}
+
+int64_t dcp_numel(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;  // bounded by the units' check when read back
+  return n;
+}
+
+// The tensor fields of a unit's optimizer piece (exp_avg, ...), "step" apart.
+std::vector<std::string> dcp_piece_fields(const ShardedTrainingState& s, size_t u) {
+  std::vector<std::string> out;
+  if (u < s.optimizer_shards.size()) {
+    for (const auto& [name, field] : s.optimizer_shards[u]) {
+      if (name != "step") out.push_back(name);
+    }
+  }
+  return out;
+}
+
+at::Tensor dcp_field_of(const ShardedTrainingState& s, size_t u, const std::string& name) {
+  return u < s.optimizer_shards.size() && s.optimizer_shards[u].count(name) ? s.optimizer_shards[u].at(name)
+                                                                           : at::Tensor();
+}
+
+// The chunks of unit u's parameters (and their optimizer state) rank `rank` holds.
+void dcp_unit_items(const ShardedTrainingState& s, size_t u, int64_t rank, bool with_data,
+                std::vector<DcpItem>& out) {
+  const FlatUnitMetadata& unit = s.units[u];
+  const int64_t piece = unit.padded / s.world_size;
+  const int64_t first = rank * piece;
+  const std::vector<std::string> fields = dcp_piece_fields(s, u);
+  for (size_t i = 0; i < unit.param_names.size(); ++i) {
+    const std::vector<int64_t>& shape = unit.shapes[i];
+    const int64_t n = dcp_numel(shape);
+    const int64_t begin = std::max(unit.offsets[i], first);
+    const int64_t end = std::min(unit.offsets[i] + n, first + piece);
+    std::vector<DcpBox> boxes;
+    if (n == 0 && rank == 0) boxes.push_back({std::vector<int64_t>(shape.size(), 0), shape, 0});
+    split_into_boxes(shape, 0, begin - unit.offsets[i], end - unit.offsets[i], {}, 0, boxes);
+    const std::string& name = unit.param_names[i];
+    auto add = [&](const std::string& fqn, DcpPath path, const at::Tensor& source, const DcpBox& box) {
+      DcpItem item{fqn, std::move(path), source.scalar_type(), shape, box.offsets, box.sizes, {}, {}};
+      if (with_data) {
+        const int64_t at_piece = unit.offsets[i] + box.start - first;
+        item.data = source.narrow(0, at_piece, dcp_numel(box.sizes)).view(box.sizes);
+      }
+      out.push_back(std::move(item));
+    };
+    for (const DcpBox& box : boxes) {
+      add("model." + name, {"model", name}, s.flat_param_shards[u], box);
+      for (const auto& field : fields) {
+        add("optim.state." + name + "." + field, {"optim", "state", name, field}, dcp_field_of(s, u, field), box);
+      }
+    }
+  }
+}
+
+// Rank 0's whole entries: each sharded parameter's optimizer step (the same on every rank, as
+// FSDP2's replicated step), the replicated tensors, the optimizer's param_groups (by name, as
+// get_state_dict gives them) and Shoal's own entry.
+void dcp_rank0_items(const ShardedTrainingState& s, std::vector<DcpItem>& out) {
+  auto whole = [&](const std::string& fqn, DcpPath path, const at::Tensor& t) {
+    const std::vector<int64_t> size = t.sizes().vec();
+    out.push_back({fqn, std::move(path), t.scalar_type(), size, std::vector<int64_t>(size.size(), 0), size, t, {}});
+  };
+  std::vector<std::string> names(static_cast<size_t>(std::max<int64_t>(s.num_parameters, 0)));
+  for (size_t u = 0; u < s.units.size(); ++u) {
+    const at::Tensor step = dcp_field_of(s, u, "step");
+    for (size_t i = 0; i < s.units[u].param_names.size(); ++i) {
+      const std::string& name = s.units[u].param_names[i];
+      names.at(static_cast<size_t>(s.units[u].param_indices[i])) = name;
+      if (step.defined()) whole("optim.state." + name + ".step", {"optim", "state", name, "step"}, step.reshape({}));
+    }
+  }
+  for (const auto& item : s.replicated.model) whole("model." + item.key(), {"model", item.key()}, item.value());
+  for (size_t g = 0; g < s.replicated.optimizer.param_groups.size(); ++g) {
+    const ParamGroupState& group = s.replicated.optimizer.param_groups[g];
+    const auto index = static_cast<int64_t>(g);
+    for (const auto& [option, value] : group.options) {
+      out.push_back({"optim.param_groups." + std::to_string(g) + "." + option,
+                     {"optim", "param_groups", index, option}, {}, {}, {}, {}, {}, value});
+    }
+    c10::impl::GenericList params(c10::StringType::get());
+    for (int64_t p : group.params) params.push_back(p >= 0 && p < s.num_parameters ? names[p] : std::string());
+    out.push_back({"optim.param_groups." + std::to_string(g) + ".params",
+                   {"optim", "param_groups", index, "params"}, {}, {}, {}, {}, {}, c10::IValue(params)});
+  }
+  TrainingState rest = s.replicated;
+  rest.model = StateDict();
+  c10::impl::GenericDict object = to_ivalue(rest).toGenericDict();
+  c10::impl::GenericDict meta(c10::StringType::get(), c10::AnyType::get());
+  meta.insert("format", std::string(kDcpFormatName));
+  meta.insert("version", kDcpFormatVersion);
+  meta.insert("world_size", s.world_size);
+  meta.insert("save_id", s.save_id);
+  meta.insert("state_dict_keys", c10::List<std::string>(s.state_dict_keys));
+  meta.insert("parameters", c10::List<std::string>(names));
+  object.insert(kDcpMetadataKey, meta);
+  out.push_back({kDcpShoalEntry, {kDcpShoalEntry}, {}, {}, {}, {}, {}, c10::IValue(object)});
+}
+
+// Every chunk rank `rank` of the save `s` describes writes, in file order. Rank 0 lists its
+// neighbours' from its own state: every rank's units and optimizer fields are alike.
+std::vector<DcpItem> dcp_rank_items(const ShardedTrainingState& s, int64_t rank, bool with_data) {
+  std::vector<DcpItem> out;
+  const at::Tensor id = at::full({1}, s.save_id, at::kLong);
+  out.push_back({kDcpSaveIdEntry, {kDcpSaveIdEntry}, at::kLong, {s.world_size}, {rank}, {1}, id, {}});
+  for (size_t u = 0; u < s.units.size(); ++u) dcp_unit_items(s, u, rank, with_data, out);
+  if (rank == 0) dcp_rank0_items(s, out);
+  return out;
+}
+
+}  // namespace
+
+std::string dcp_shard_file_name(int64_t rank) { return "__" + std::to_string(rank) + "_0.distcp"; }
+
+int64_t dcp_chunk_count(const ShardedTrainingState& state, int64_t rank) {
+  return static_cast<int64_t>(dcp_rank_items(state, rank, false).size());
+}
+
+std::vector<int64_t> save_dcp_shard(const ShardedTrainingState& state, const std::string& folder) {
+  const std::string path = folder + "/" + dcp_shard_file_name(state.rank);
+  detail::AtomicFile data(path);
+  int64_t written = 0;
+  auto sink = [&](const void* bytes, size_t size) {
+    const size_t taken = data.append(bytes, size);
+    written += static_cast<int64_t>(taken);
+    return taken;
+  };
+  std::vector<int64_t> places;
+  for (const DcpItem& item : dcp_rank_items(state, state.rank, true)) {
+    const int64_t start = written;
+    detail::write_torch_save(item.object ? *item.object : c10::IValue(item.data.detach().contiguous()), sink, path);
+    places.push_back(start);
+    places.push_back(written - start);
+  }
+  data.commit();
+  return places;
+}
+
+void write_dcp_sharded_metadata(const ShardedTrainingState& rank0, const std::string& folder,
+                                const std::vector<std::vector<int64_t>>& places) {
+  std::vector<DcpEntry> entries;
+  std::map<std::string, size_t> where;
+  for (int64_t r = 0; r < rank0.world_size; ++r) {
+    const std::vector<DcpItem> items = dcp_rank_items(rank0, r, false);
+    SHOAL_CHECK_T(CheckpointError, places.at(r).size() == 2 * items.size(), folder, ": rank ", r,
+                  " wrote ", places.at(r).size() / 2, " chunks where ", items.size(), " belong");
+    for (size_t i = 0; i < items.size(); ++i) {
+      const DcpItem& item = items[i];
+      auto [it, added] = where.emplace(item.fqn, entries.size());
+      if (added) entries.push_back({item.fqn, item.path, item.object.has_value(), item.dtype, item.size, {}});
+      entries[it->second].chunks.push_back(
+          {item.offsets, item.sizes, dcp_shard_file_name(r), places[r][2 * i], places[r][2 * i + 1]});
+    }
+  }
+  detail::write_file_atomically(folder + "/.metadata", detail::dcp_metadata_pickle(entries));
+}
+
+namespace {
+
+c10::IValue dcp_find_key(const c10::impl::GenericDict& dict, const std::string& key) {
+  auto it = dict.find(c10::IValue(key));
+  return it == dict.end() ? c10::IValue() : it->value();
+}
+
+std::vector<std::string> dcp_names_in(const c10::IValue& value, const std::string& where, const char* what) {
+  SHOAL_CHECK_T(CheckpointError, value.isList(), where, ": '", what, "' is not a list of names: the file is damaged");
+  std::vector<std::string> out;
+  for (const auto& item : value.toListRef()) {
+    SHOAL_CHECK_T(CheckpointError, item.isString(), where, ": '", what, "' holds a ", item.tagKind(),
+                  " where a name belongs: the file is damaged");
+    out.push_back(item.toStringRef());
+  }
+  return out;
+}
+
+int64_t dcp_integer_in(const c10::impl::GenericDict& meta, const char* key, const std::string& where) {
+  const c10::IValue v = dcp_find_key(meta, key);
+  SHOAL_CHECK_T(CheckpointError, v.isInt(), where, ": Shoal's entry lacks the integer '", key,
+                "': the checkpoint is damaged");
+  return v.toInt();
+}
+
+// Every rank's file holds the save id Shoal's entry names: a file of another save is refused.
+void check_dcp_save_ids(const DcpContents& dcp, int64_t save_id, int64_t world, const std::string& folder) {
+  const at::Tensor* ids = dcp.tensors.find(kDcpSaveIdEntry);
+  SHOAL_CHECK_T(CheckpointError, ids != nullptr && ids->dim() == 1 && ids->size(0) == world &&
+                                     ids->scalar_type() == at::kLong,
+                folder, "/.metadata: lacks the save id of each of the ", world,
+                " ranks: the checkpoint is damaged; resume from an older checkpoint");
+  for (int64_t r = 0; r < world; ++r) {
+    const int64_t got = (*ids)[r].item<int64_t>();
+    SHOAL_CHECK_T(CheckpointError, got == save_id, folder, "/", dcp_shard_file_name(r),
+                  ": is a file of another save (id ", got, ", .metadata names ", save_id,
+                  "): the folder mixes two saves; put back this save's file or resume from an older "
+                  "checkpoint");
+  }
+}
+
+// The optimizer state by parameter index, from the "optim.state.<name>.<field>" entries.
+std::map<int64_t, std::map<std::string, at::Tensor>> dcp_optimizer_state(
+    const DcpContents& dcp, const std::vector<std::string>& parameters, const std::string& where) {
+  std::map<std::string, int64_t> index;
+  for (size_t i = 0; i < parameters.size(); ++i) {
+    if (!parameters[i].empty()) index.emplace(parameters[i], static_cast<int64_t>(i));
+  }
+  const std::string prefix = "optim.state.";
+  std::map<int64_t, std::map<std::string, at::Tensor>> out;
+  for (const auto& item : dcp.tensors) {
+    const std::string& key = item.key();
+    if (key.compare(0, prefix.size(), prefix) != 0) continue;
+    const size_t dot = key.rfind('.');
+    const std::string name = dot > prefix.size() ? key.substr(prefix.size(), dot - prefix.size()) : "";
+    auto it = index.find(name);
+    SHOAL_CHECK_T(CheckpointError, it != index.end(), where, ": optimizer state '", key,
+                  "' is of no parameter the checkpoint lists: the checkpoint is damaged");
+    out[it->second][key.substr(dot + 1)] = item.value();
+  }
+  return out;
+}
+
+}  // namespace
+
+namespace {
+
+// The optimizer's first param_groups entry as get_state_dict saves it (DCP's bytes entries
+// "optim.param_groups.0.<option>"): its parameters' names in index order, and the options Shoal's
+// optimizers take. Empty when the folder holds none.
+std::optional<std::pair<std::vector<std::string>, ParamGroupState>> foreign_param_group(
+    const std::string& folder, const LoadOptions& options) {
+  const std::string prefix = "optim.param_groups.0.";
+  const std::optional<c10::IValue> params = load_dcp_object(folder, prefix + "params", options);
+  if (!params) return std::nullopt;
+  std::vector<std::string> names = dcp_names_in(*params, folder + "/.metadata", "optim.param_groups.0.params");
+  ParamGroupState group;
+  for (size_t i = 0; i < names.size(); ++i) group.params.push_back(static_cast<int64_t>(i));
+  for (const char* option : {"lr", "betas", "eps", "weight_decay", "amsgrad", "momentum", "dampening", "nesterov"}) {
+    if (auto value = load_dcp_object(folder, prefix + option, options)) group.options[option] = *value;
+  }
+  return std::make_pair(std::move(names), std::move(group));
+}
+
+}  // namespace
+
+StateDict dcp_model_entries(const DcpContents& dcp) {
+  StateDict out;
+  const std::string prefix = "model.";
+  for (const auto& item : dcp.tensors) {
+    if (item.key().compare(0, prefix.size(), prefix) == 0) out.insert(item.key().substr(prefix.size()), item.value());
+  }
+  if (out.is_empty()) out = dcp.tensors;
+  if (all_keys_have_prefix(out, kWrapperPrefix)) out = strip_prefix(out, kWrapperPrefix);
+  return out;
+}
+
+TrainingState load_foreign_dcp(const std::string& folder, const LoadOptions& options) {
+  const DcpContents dcp = load_dcp(folder, options);
+  TrainingState out;
+  out.model = dcp_model_entries(dcp);
+  if (auto group = foreign_param_group(folder, options)) {
+    out.optimizer.state = dcp_optimizer_state(dcp, group->first, folder + "/.metadata");
+    out.optimizer.param_groups.push_back(std::move(group->second));
+  }
+  return out;
+}
+
+bool is_sharded_dcp_folder(const std::string& folder, const LoadOptions& options) {
+  return is_dcp_folder(folder) && load_dcp_object(folder, kDcpShoalEntry, options).has_value();
+}
+
+TrainingState load_sharded_dcp(const std::string& folder, const LoadOptions& options) {
+  const std::string where = folder + "/.metadata";
+  const std::optional<c10::IValue> shoal = load_dcp_object(folder, kDcpShoalEntry, options);
+  if (!shoal) return load_foreign_dcp(folder, options);
+  SHOAL_CHECK_T(CheckpointError, shoal->isGenericDict(), where,
+                ": Shoal's entry is not a dict: the checkpoint is damaged");
+  c10::impl::GenericDict object = shoal->toGenericDict().copy();
+  const c10::IValue meta_value = dcp_find_key(object, kDcpMetadataKey);
+  SHOAL_CHECK_T(CheckpointError, meta_value.isGenericDict(), where, ": Shoal's entry lacks '", kDcpMetadataKey,
+                "': the checkpoint is damaged");
+  const auto meta = meta_value.toGenericDict();
+  const c10::IValue format = dcp_find_key(meta, "format");
+  SHOAL_CHECK_T(CheckpointError, format.isString() && format.toStringRef() == kDcpFormatName &&
+                                     dcp_integer_in(meta, "version", where) == kDcpFormatVersion,
+                where, ": is a sharded checkpoint of another format or version; this build reads '",
+                kDcpFormatName, "' version ", kDcpFormatVersion);
+  const int64_t world = dcp_integer_in(meta, "world_size", where);
+  SHOAL_CHECK_T(CheckpointError, world >= 1 && world <= kDcpMaxWorldSize, where, ": says world size ", world,
+                ": the checkpoint is damaged");
+  const std::vector<std::string> keys = dcp_names_in(dcp_find_key(meta, "state_dict_keys"), where, "state_dict_keys");
+  const std::vector<std::string> parameters = dcp_names_in(dcp_find_key(meta, "parameters"), where, "parameters");
+  (void)object.erase(c10::IValue(std::string(kDcpMetadataKey)));
+
+  const DcpContents dcp = load_dcp(folder, options);
+  check_dcp_save_ids(dcp, dcp_integer_in(meta, "save_id", where), world, folder);
+  TrainingState out = training_state_from_ivalue(object, where);
+  for (const auto& key : keys) {
+    const at::Tensor* t = dcp.tensors.find("model." + key);
+    SHOAL_CHECK_T(CheckpointError, t != nullptr, where, ": lists state-dict key '", key,
+                  "' but holds no tensor 'model.", key, "': the checkpoint is damaged");
+    out.model.insert(key, *t);
+  }
+  out.optimizer.state = dcp_optimizer_state(dcp, parameters, where);
+  for (const auto& group : out.optimizer.param_groups) {
+    for (int64_t p : group.params) {
+      SHOAL_CHECK_T(CheckpointError, p >= 0 && p < static_cast<int64_t>(parameters.size()), where,
+                    ": the optimizer's param_groups name parameter ", p, " of ", parameters.size(),
+                    ": the checkpoint is damaged");
+    }
+  }
+  out.world_size = world;
+  return out;
+}
+
+void convert_sharded_to_dcp(const std::string& folder, const std::string& out, const LoadOptions& options) {
+  std::deque<ShardedTrainingState> ranks = load_every_rank(folder, options);
+  detail::make_empty_folder(out);
+  const int64_t id = new_save_id();
+  std::vector<std::vector<int64_t>> places;
+  for (auto& rank : ranks) {
+    rank.save_id = id;
+    places.push_back(save_dcp_shard(rank, out));
+  }
+  write_dcp_sharded_metadata(ranks.front(), out, places);
 }
 
 }  // namespace shoal::checkpoint

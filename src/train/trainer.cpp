@@ -14,6 +14,7 @@
 #include "compat/thread_parallelism.h"
 #include "log/error_file.h"
 #include "shoal/checkpoint/checkpoint_manager.h"
+#include "shoal/checkpoint/dcp.h"
 #include "shoal/checkpoint/serialization.h"
 #include "shoal/checkpoint/sharded_checkpoint.h"
 #include "shoal/checkpoint/training_state.h"
@@ -617,6 +618,18 @@ void check_model_fits_data(models::Model& model, const LoadedData& loaded,
   }
 }
 
+// A DCP folder holding the optimizer's state (PyTorch's dcp.save of FSDP2's get_state_dict, or
+// a Shoal sharded checkpoint) starts the optimizer from it too, as the run that saved it would go
+// on: Adam's moments and step count, not only the weights (--lr applies, as after --resume).
+// Other files give the weights alone.
+void init_optimizer_from(const std::string& path, torch::optim::Optimizer& optimizer) {
+  if (!checkpoint::is_dcp_folder(path)) return;
+  checkpoint::TrainingState saved = checkpoint::load_training_state(path);
+  if (saved.optimizer.state.empty()) return;
+  for (auto& group : saved.optimizer.param_groups) group.options.erase("lr");
+  checkpoint::restore_optimizer(saved.optimizer, optimizer);
+}
+
 }  // namespace
 
 TrainResult run_training(const TrainOptions& options, std::unique_ptr<Strategy> strategy) {
@@ -676,6 +689,7 @@ TrainResult detail::run_validated_training(const TrainOptions& options, std::uni
   // checkpoint's generator state back over this.
   torch::manual_seed(options.seed);
   Trainer trainer(Trainer::Validated{}, options, std::move(model), std::move(strategy));
+  if (!options.init_from.empty()) init_optimizer_from(options.init_from, *trainer.state().optimizer);
   // Restarted by `shoal run --max-restarts` (or torchrun) after a worker died: carry on from the
   // last intact checkpoint, when one was written.
   const bool restarted = launcher::restart_count() > 0 && !options.checkpoint_dir.empty() &&

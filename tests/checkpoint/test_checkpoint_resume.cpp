@@ -339,15 +339,18 @@ std::string shoal_cli() {
 // Two runs (seeds 1 and 2) saved at the same step: rank 1's file of the other run dropped into
 // the folder has the same step, units and shapes, and would resume as half of the weights from
 // each run. Every rank's file carries its save's id: the mix is refused, in one line
-// naming the file, by the library and by the CLI; files without ids (an older Shoal's) still load.
+// naming the file, by the library and by the CLI. Folders of the older layout (rank_N.pt files)
+// still load, files without ids (an older Shoal's) too, and `convert_sharded_to_dcp` rewrites
+// one as the DCP layout that loads the same.
 TEST_F(CheckpointResume, ShardedFolderRefusesARankFileOfAnotherSave) {
   const std::string mine = save_sharded_pair(dir_ + "/a", 1, 40);
   const std::string other = save_sharded_pair(dir_ + "/b", 2, 40);
   const TrainingState whole = load_training_state(mine);
   EXPECT_TRUE(at::equal(whole.model["w"], torch::tensor({10.f, 10.f, 10.f, 11.f, 11.f})));
-  EXPECT_TRUE(std::filesystem::exists(mine + "/manifest"));
+  EXPECT_TRUE(std::filesystem::exists(mine + "/.metadata"));
+  EXPECT_TRUE(std::filesystem::exists(mine + "/" + dcp_shard_file_name(1)));
 
-  std::filesystem::copy_file(other + "/rank_1.pt", mine + "/rank_1.pt",
+  std::filesystem::copy_file(other + "/__1_0.distcp", mine + "/__1_0.distcp",
                              std::filesystem::copy_options::overwrite_existing);
   try {
     load_training_state(mine);
@@ -355,20 +358,18 @@ TEST_F(CheckpointResume, ShardedFolderRefusesARankFileOfAnotherSave) {
   } catch (const CheckpointError& e) {
     const std::string message = e.what();
     EXPECT_EQ(message.find('\n'), std::string::npos) << message;
-    EXPECT_NE(message.find(mine + "/rank_1.pt"), std::string::npos) << message;
+    EXPECT_NE(message.find(mine + "/__1_0.distcp"), std::string::npos) << message;
     EXPECT_NE(message.find("mixes two saves"), std::string::npos) << message;
   }
-  // Rank 0's file swapped too: both files agree, but the manifest names the first save.
-  std::filesystem::copy_file(other + "/rank_0.pt", mine + "/rank_0.pt",
-                             std::filesystem::copy_options::overwrite_existing);
-  EXPECT_THROW(load_training_state(mine), CheckpointError);
-  std::filesystem::copy_file(other + "/manifest", mine + "/manifest",
+  // Rank 0's file swapped too: every file is the other save's (rank 0's holds the id the others
+  // are checked against), and the chunks lie where .metadata says: it loads as that save.
+  std::filesystem::copy_file(other + "/__0_0.distcp", mine + "/__0_0.distcp",
                              std::filesystem::copy_options::overwrite_existing);
   EXPECT_TRUE(at::equal(load_training_state(mine).model["w"],
                         torch::tensor({20.f, 20.f, 20.f, 21.f, 21.f})));
   if (std::filesystem::exists(shoal_cli())) {
     const std::string third = save_sharded_pair(dir_ + "/c", 3, 40);
-    std::filesystem::copy_file(third + "/rank_1.pt", mine + "/rank_1.pt",
+    std::filesystem::copy_file(third + "/__1_0.distcp", mine + "/__1_0.distcp",
                                std::filesystem::copy_options::overwrite_existing);
     const auto start = std::chrono::steady_clock::now();
     const std::string inspect = run(shoal_cli() + " ckpt inspect " + mine);
@@ -378,21 +379,28 @@ TEST_F(CheckpointResume, ShardedFolderRefusesARankFileOfAnotherSave) {
     const std::string text = inspect.substr(2);
     EXPECT_EQ(text.rfind("shoal: error: ", 0), 0u) << text;
     EXPECT_EQ(std::count(text.begin(), text.end(), '\n'), 1) << text;
-    EXPECT_NE(text.find("rank_1.pt"), std::string::npos) << text;
+    EXPECT_NE(text.find("__1_0.distcp"), std::string::npos) << text;
     EXPECT_LT(seconds, 30) << "a refusal that takes this long is a hang on a quiet machine";
   }
 
-  // Files of a Shoal before save ids (no id, no manifest) still load; one without an id beside
-  // files with one is refused.
+  // Files of a Shoal before save ids (no id, no manifest) still load, and convert to the DCP
+  // layout; one without an id beside files with one is refused.
   const std::string old = dir_ + "/old";
   std::filesystem::create_directories(old);
   for (int rank = 0; rank < 2; ++rank) {
     save_shard(sharded_piece(rank, 4, 40), old + "/" + shard_file_name(rank));
   }
-  EXPECT_TRUE(at::equal(load_training_state(old).model["w"],
-                        torch::tensor({40.f, 40.f, 40.f, 41.f, 41.f})));
-  std::filesystem::copy_file(other + "/rank_1.pt", old + "/rank_1.pt",
-                             std::filesystem::copy_options::overwrite_existing);
+  const at::Tensor want = torch::tensor({40.f, 40.f, 40.f, 41.f, 41.f});
+  EXPECT_TRUE(at::equal(load_training_state(old).model["w"], want));
+  convert_sharded_to_dcp(old, dir_ + "/old-as-dcp");
+  EXPECT_TRUE(is_sharded_dcp_folder(dir_ + "/old-as-dcp"));
+  const TrainingState converted = load_training_state(dir_ + "/old-as-dcp");
+  EXPECT_TRUE(at::equal(converted.model["w"], want));
+  EXPECT_EQ(converted.step, 40);
+  EXPECT_EQ(converted.world_size, 2);
+  ShardedTrainingState with_id = sharded_piece(1, 4, 40);
+  with_id.save_id = 12345;
+  save_shard(with_id, old + "/rank_1.pt");
   EXPECT_THROW(load_training_state(old), CheckpointError);
 }
 
@@ -405,8 +413,8 @@ TEST_F(CheckpointResume, InterruptedShardedSavesAreRemovedAndNotCounted) {
   for (const char* broken : {"checkpoint_000003.sharded", "checkpoint_000004.sharded"}) {
     const std::string folder = dir_ + "/" + broken;
     std::filesystem::create_directories(folder);
-    std::filesystem::copy_file(last + "/rank_0.pt", folder + "/rank_0.pt");
-    std::ofstream(folder + "/.rank_1.pt.tmp.999999999") << "half a file";
+    std::filesystem::copy_file(last + "/__0_0.distcp", folder + "/__0_0.distcp");
+    std::ofstream(folder + "/.__1_0.distcp.tmp.999999999") << "half a file";
   }
   std::ofstream(dir_ + "/.latest.tmp.999999999") << "checkpoint_000004.sharded\n";
   EXPECT_EQ(find_latest(dir_).value(), last);

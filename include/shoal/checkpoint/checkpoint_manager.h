@@ -3,7 +3,8 @@
 // Files are "<dir>/checkpoint_000012.pt" (a sequence number, one more than the highest present)
 // plus "<dir>/latest", a one-line text file naming the newest complete checkpoint; both are written
 // atomically (see serialization.h), so a job killed while saving resumes from the previous one.
-// Each save first removes what interrupted saves left: sharded folders without a manifest newer
+// Each save first removes what interrupted saves left: sharded folders without a manifest (or DCP
+// `.metadata`) newer
 // than "latest"'s checkpoint, and temporary files of dead writers; only complete checkpoints count
 // toward keep_last.
 //
@@ -53,9 +54,9 @@ class CheckpointManager {
   std::string save(const TrainingState& state, comm::ProcessGroup* pg = nullptr);
 
   /// Writes the next checkpoint as a sharded one (see sharded_checkpoint.h): every rank of `pg`
-  /// calls it with its own piece and writes "<dir>/<prefix>N.sharded/rank_<rank>.pt" under one
+  /// calls it with its own piece and writes "<dir>/<prefix>N.sharded/__<rank>_0.distcp" under one
   /// new save id (state.save_id is replaced); once all files are complete rank 0 writes the
-  /// folder's manifest, points `latest` at the folder and deletes the oldest checkpoints beyond
+  /// folder's DCP `.metadata`, points `latest` at the folder and deletes the oldest checkpoints beyond
   /// keep_last. A failure on any rank throws on every rank and keeps the previous checkpoint the
   /// latest. Returns the folder's path. A collective.
   std::string save_sharded(const ShardedTrainingState& state, comm::ProcessGroup* pg = nullptr);

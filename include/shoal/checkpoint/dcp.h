@@ -12,6 +12,7 @@
 // Thread safety: a plain function.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -41,6 +42,12 @@ struct DcpContents {
 /// size differs from what `.metadata` says. `options` bound the `.metadata` pickle and each chunk's
 /// archive as they bound load().
 DcpContents load_dcp(const std::string& folder, const LoadOptions& options = {});
+
+/// The object of the bytes entry `name` (e.g. Shoal's own "shoal" entry of a sharded checkpoint),
+/// read by the hardened unpickler as plain data, or nullopt when `.metadata` lists no such entry.
+/// Throws CheckpointError as load_dcp does, and when the object is not plain data.
+std::optional<c10::IValue> load_dcp_object(const std::string& folder, const std::string& name,
+                                           const LoadOptions& options = {});
 
 /// True when `folder` holds a `.metadata` file: a DCP checkpoint.
 bool is_dcp_folder(const std::string& folder);
