@@ -12,7 +12,8 @@
 # node through a TUN device, and the relay writes it back after the delay. A round trip so takes
 # at least 2·DELAY_US more. Where namespaces, veth or TUN cannot be made here, it says
 # "WHO: ...: skipped" and returns 77 (the tests' skip status); netns_cluster_delete removes what
-# it made. Node i's address is 10.79.i.2; the router's on that link 10.79.i.1.
+# it made. Node i's address is 10.79.i.2; the router's on that link 10.79.i.1 (a packet to it is
+# the router's own and skips the relay). The relay's pid is left in NETNS_CLUSTER_RELAY.
 
 NETNS_CLUSTER_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 
@@ -47,6 +48,7 @@ netns_cluster_create() {
     ip -n "$r" rule add iif "${tag}r$i" lookup 100
   done
   ip netns exec "$r" /usr/bin/python3 "$NETNS_CLUSTER_DIR/delay_relay.py" "${tag}t" "$delay_us" &
+  NETNS_CLUSTER_RELAY=$!
 }
 
 # netns_cluster_kill TAG NODES: kills (SIGKILL) every process in the cluster's namespaces.

@@ -17,23 +17,36 @@ fi
 command -v ip >/dev/null && command -v unshare >/dev/null || { echo "netns8: ip/unshare missing: skipped"; exit 77; }
 NODES=8
 DELAY_US=100
+DEADLINE_S=240  # below CTest's TIMEOUT (300), which would kill this script before its clean-up
 TAG=sc$$
 WORK=$(mktemp -d)
 . "$HERE/netns_cluster.sh"
 cleanup() {
+  trap - EXIT INT TERM
+  [ -n "${WATCHDOG:-}" ] && kill "$WATCHDOG" 2>/dev/null
   netns_cluster_kill "$TAG" "$NODES"
   netns_cluster_delete "$TAG" "$NODES"
   rm -rf "$WORK"
 }
 trap cleanup EXIT
+trap 'echo "netns8: stopped (past ${DEADLINE_S} s, or interrupted)"; exit 1' INT TERM
+# Its output goes nowhere: a sleep left holding this script's stdout would keep CTest waiting.
+( exec >/dev/null 2>&1; sleep "$DEADLINE_S"; kill -TERM $$ ) & WATCHDOG=$!
 netns_cluster_create netns8 "$TAG" "$NODES" 10gbit "$DELAY_US" || exit $?
 
+# rtt NODE HOST SERVER_NS: the median round trip from NODE to a server at HOST in SERVER_NS, in µs.
+rtt() {
+  ip netns exec "$3" timeout 60 /usr/bin/python3 "$HERE/rtt_probe.py" serve 7007 & local server=$!
+  ip netns exec "${TAG}n$1" timeout 60 /usr/bin/python3 "$HERE/rtt_probe.py" probe "$2" 7007 100
+  wait $server
+}
 echo "netns8: the router adds $DELAY_US µs each way"
-ip netns exec "${TAG}n0" /usr/bin/python3 "$HERE/rtt_probe.py" serve 7007 & server=$!
-rtt=$(ip netns exec "${TAG}n5" /usr/bin/python3 "$HERE/rtt_probe.py" probe 10.79.0.2 7007 100) || exit 1
-wait $server
-echo "netns8: median round trip node 5 -> node 0: $rtt µs"
-[ "$rtt" -ge $((2 * DELAY_US)) ] || { echo "netns8: the delay is missing ($rtt < $((2 * DELAY_US)) µs)"; exit 1; }
+base=$(rtt 5 10.79.5.1 "${TAG}r") || exit 1    # to the router itself: no relay
+relayed=$(rtt 5 10.79.0.2 "${TAG}n0") || exit 1  # to node 0: through the relay both ways
+echo "netns8: median round trip node 5 -> router $base µs, node 5 -> node 0 $relayed µs"
+kill -0 "$NETNS_CLUSTER_RELAY" 2>/dev/null || { echo "netns8: the delay relay is not running"; exit 1; }
+[ "$relayed" -ge $((base + 2 * DELAY_US)) ] ||
+  { echo "netns8: the delay is missing ($relayed < $base + $((2 * DELAY_US)) µs)"; exit 1; }
 
 export SHOAL_AUTH_TOKEN=$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')
 export SHOAL_TIMEOUT=60s
@@ -42,7 +55,7 @@ TRAIN=(train --strategy ddp --model mlp --epochs 1 --train-samples 2000 --test-s
 accuracy() { sed -n 's/.*final test accuracy: \([0-9.]*\).*/\1/p' "$1" | tail -1; }
 
 echo "netns8: the same job on one host"
-"$SHOAL" "${TRAIN[@]}" --nproc-per-node "$NODES" --backend gloo >"$WORK/host.log" 2>&1 ||
+timeout 120 "$SHOAL" "${TRAIN[@]}" --nproc-per-node "$NODES" --backend gloo >"$WORK/host.log" 2>&1 ||
   { tail -20 "$WORK/host.log"; exit 1; }
 expected=$(accuracy "$WORK/host.log")
 
@@ -52,8 +65,9 @@ pids=()
 for i in $(seq 0 $((NODES - 1))); do
   ip netns exec "${TAG}n$i" unshare --uts sh -c 'hostname "$0"; exec "$@"' "node$i" \
     env GLOO_SOCKET_IFNAME="${TAG}n$i" SHOAL_ALLREDUCE_ALGO=auto \
-    "$SHOAL" run --nnodes "$NODES" --node-rank "$i" --nproc-per-node 1 --master-addr 10.79.0.2 \
-    --master-port 29779 "$SHOAL" "${TRAIN[@]}" --backend hierarchical >"$WORK/node$i.log" 2>&1 &
+    timeout 150 "$SHOAL" run --nnodes "$NODES" --node-rank "$i" --nproc-per-node 1 \
+    --master-addr 10.79.0.2 --master-port 29779 "$SHOAL" "${TRAIN[@]}" --backend hierarchical \
+    >"$WORK/node$i.log" 2>&1 &
   pids+=($!)
 done
 failed=0
