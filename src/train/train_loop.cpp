@@ -289,6 +289,9 @@ TrainResult FitLoop::finish(StopReason reason) {
   result_.stopped = reason == StopReason::kStepLimit;
   result_.step = state_.step;
   stop_.reason = reason;
+  // The caller gets the whole trained model, as after an epoch's evaluation (a strategy that
+  // trains parts of it, pipeline stages or tensor-parallel shards, holds it whole only then).
+  if (stopped_mid_epoch(reason)) strategy_.synchronize(state_);
   for (const auto& callback : callbacks_) callback->on_fit_end(stop_);
   // The weights of a run that trained to its end, for comparison with another implementation's;
   // a run stopped inside an epoch is not one.

@@ -501,6 +501,36 @@ TEST(TpStrategy, TheTrainersModelHoldsTheSplitLayersOnlyFromSynchronizeToTheNext
   }
 }
 
+// A fit stopped inside an epoch (a step limit, a callback, preemption) leaves the trainer's model
+// whole on every rank, not with the split layers freed by the last step.
+TEST(TpStrategy, AFitStoppedInsideAnEpochLeavesTheTrainersModelWhole) {
+  const auto initial = initial_gpt();
+  std::vector<torch::Tensor> inputs, targets;
+  for (const Batch& batch : batches()) {
+    inputs.push_back(batch.first);
+    targets.push_back(batch.second);
+  }
+  const train::TensorData data{torch::cat(inputs), torch::cat(targets)};
+  std::vector<int64_t> held(2);
+  with_groups(2, [&](int rank, std::shared_ptr<comm::ProcessGroup> group) {
+    train::TrainOptions options;
+    options.model = "gpt";
+    options.batch_size = kBatch;
+    options.lr = 0.1;
+    options.threads = 1;
+    options.progress = train::ProgressMode::kNone;
+    options.log_interval = 0;
+    options.stop_after_steps = 2;
+    auto gpt = copy_of(*initial);
+    train::Trainer trainer(options, gpt,
+                           std::make_unique<train::TpStrategy>(
+                               std::vector<comm::MeshDimension>{{"tp", 2}}, group));
+    EXPECT_TRUE(trainer.fit(data, train::TensorData{}).stopped);
+    held[rank] = parameter_bytes(*gpt);
+  });
+  EXPECT_EQ(held, (std::vector<int64_t>{parameter_bytes(*initial), parameter_bytes(*initial)}));
+}
+
 // The built-in image transformer split by its own plan through the model interface: 20 SGD steps
 // of cross-entropy on image batches equal the whole model's, with about 1/tp of the blocks' bytes.
 class TensorParallelTransformer : public ::testing::TestWithParam<int> {};

@@ -112,7 +112,8 @@ class Strategy {
   virtual double train_step(TrainState& state, const at::Tensor& inputs, const at::Tensor& targets);
 
   /// Makes state.model and the optimizer's state the whole trained model on every process; the
-  /// trainer calls it before evaluating and before saving a checkpoint. Needed when processes
+  /// trainer calls it before evaluating, before saving a checkpoint and when a fit stops inside
+  /// an epoch. Needed when processes
   /// train parts of the model (pipeline stages); the default does nothing.
   virtual void synchronize(TrainState& state) {}
 
