@@ -218,7 +218,8 @@ void add_torchrun_flags(CLI::App& app, RunArgs& args) {
       ->capture_default_str();
   app.add_option("--rdzv-conf,--rdzv_conf", args.rdzv_conf,
                  "join_timeout=S,last_call_timeout=S: how long node 0 waits for --nnodes MIN\n"
-                 "(default 600 s) and then for more nodes up to MAX (default 30 s)")
+                 "(default 600 s) and then for more nodes up to MAX (default 30 s); at most\n"
+                 "7 days each")
       ->type_name("KEY=VALUE,...");
   app.add_option("--monitor-interval,--monitor_interval", args.monitor_interval_s,
                  "seconds between torchrun's checks of its workers; accepted, and needless here:\n"
