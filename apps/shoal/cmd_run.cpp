@@ -125,6 +125,11 @@ void parse_rdzv_conf(const std::string& text, launcher::LaunchOptions& options) 
                       *end == '\0' && std::isfinite(seconds) && seconds >= 0,
                   "--rdzv-conf '", item, "' is not understood: give join_timeout=SECONDS and/or "
                   "last_call_timeout=SECONDS (the elastic round of --nnodes MIN:MAX)");
+    // Why a bound: a week is beyond any real rendezvous, and it keeps seconds * 1000 within
+    // long long.
+    constexpr double kMaxSeconds = 7 * 24 * 3600;
+    SHOAL_CHECK_T(InvalidArgument, seconds <= kMaxSeconds, "--rdzv-conf '", item,
+                  "': at most ", static_cast<long long>(kMaxSeconds), " seconds (7 days)");
     const std::chrono::milliseconds ms(static_cast<long long>(seconds * 1000));
     (key == "join_timeout" ? options.rdzv_join_timeout : options.rdzv_last_call) = ms;
   }
@@ -213,7 +218,8 @@ void add_torchrun_flags(CLI::App& app, RunArgs& args) {
       ->capture_default_str();
   app.add_option("--rdzv-conf,--rdzv_conf", args.rdzv_conf,
                  "join_timeout=S,last_call_timeout=S: how long node 0 waits for --nnodes MIN\n"
-                 "(default 600 s) and then for more nodes up to MAX (default 30 s)")
+                 "(default 600 s) and then for more nodes up to MAX (default 30 s); at most\n"
+                 "7 days each")
       ->type_name("KEY=VALUE,...");
   app.add_option("--monitor-interval,--monitor_interval", args.monitor_interval_s,
                  "seconds between torchrun's checks of its workers; accepted, and needless here:\n"

@@ -92,9 +92,36 @@ void publish_round(comm::Store& store, const ElasticRound& round, const std::vec
   store.set_string(kStartedKey, node_list_text(nodes));
 }
 
+// Whether a heartbeat of this node's ranks moves within the heartbeat time-out: a node rank seen
+// before is a node coming back only once its earlier ranks have fallen silent.
+bool node_ranks_beating(comm::Store& store, const ElasticRound& round) {
+  const auto silent_until = Clock::now() + comm::silent_peer_timeout();
+  std::map<int, int64_t> first;
+  while (true) {
+    for (int local = 0; local < round.local_size; ++local) {
+      const int rank = round.node_rank * round.local_size + local;
+      const int64_t beat = store.add(parallel::FaultTolerantManager::heartbeat_key(rank), 0);
+      if (first.emplace(rank, beat).first->second != beat) return true;
+    }
+    if (Clock::now() >= silent_until) return false;
+    std::this_thread::sleep_for(comm::beat_interval());
+  }
+}
+
+// A node rank started twice must not pass for one coming back: the other nodes would count its
+// live workers out and a second process would claim their ranks. Checked before this agent
+// touches the store, so that a refused one changes nothing.
+void refuse_running_node(comm::Store& store, const ElasticRound& round) {
+  if (!store.check({round_node_key(round.node_rank)})) return;
+  SHOAL_CHECK_T(InvalidArgument, !node_ranks_beating(store, round), "shoal run: node rank ",
+                round.node_rank, " is already running in this job (its workers' heartbeats ",
+                "move): stop it first, or give this shoal run another --node-rank");
+}
+
 }  // namespace
 
 ElasticMembership meet_elastic(comm::Store& store, const ElasticRound& round) {
+  refuse_running_node(store, round);
   store.add(kAgentsKey, 1);
   const int64_t arrivals = store.add(round_node_key(round.node_rank), 1);
   if (round.node_rank == 0) publish_round(store, round, close_round(store, round));

@@ -12,7 +12,9 @@
 // An agent that registers after the round closed (a late node), or whose node rank registered
 // before (a node that left and came back), starts its workers as replacements: it adds 1 to each
 // of its ranks' exit count (FaultTolerantManager::exit_key), so that they ask to join the running
-// replicas at a step boundary and receive the state from a live peer. The per-step quorum is the
+// replicas at a step boundary and receive the state from a live peer. A node rank that registered
+// before counts as coming back only when its earlier ranks' heartbeats stand still for
+// SHOAL_HEARTBEAT_TIMEOUT; where they move, the node runs already and the agent is refused. The per-step quorum is the
 // replicas' own (in the store); the coordinator of membership is the store, so node 0's agent
 // must live as long as the job: when it dies the store goes with it and the job fails.
 //
@@ -54,7 +56,8 @@ struct ElasticRound {
 };
 
 /// Registers this node in `store` (node 0's) and returns its part in the job; node 0 closes the
-/// round first. Throws TimeoutError naming --nnodes when the round does not close in time.
+/// round first. Throws TimeoutError naming --nnodes when the round does not close in time, and
+/// InvalidArgument when this node rank runs already.
 ElasticMembership meet_elastic(comm::Store& store, const ElasticRound& round);
 
 /// A node other than 0, once its workers ended: counts its agent out.

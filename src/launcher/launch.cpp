@@ -420,6 +420,9 @@ ElasticJob meet_elastic_job(const LaunchOptions& options, int master_port, int l
   round.join_timeout = options.rdzv_join_timeout;
   round.last_call = options.rdzv_last_call;
   meet_elastic(*job.store, round);
+  // The meeting may wait join_timeout; the exit marks and the leaving after it must not, or an
+  // unreachable node 0 holds this node's exit that long per request.
+  job.store->set_timeout(comm::kDefaultTimeout);
   return job;
 }
 

@@ -5,7 +5,10 @@
 # 2's shoal run is killed (SIGKILL) and the other two finish the epoch. Checks the world sizes the
 # job went through (node 0's log), every sample of the epoch trained once in a committed step, and
 # the survivors' weights identical. Every wait is on a condition (a log line, a count of committed
-# steps) with a deadline.
+# steps) with a deadline. While nodes 0 and 1 train, a second shoal run of node 1 is refused in one
+# line and changes nothing. The whole script ends within DEADLINE seconds, below its CTest TIMEOUT:
+# a watchdog TERMs it and every node runs under `timeout`, so that its namespaces are always
+# removed (CTest's SIGKILL at the TIMEOUT would skip the EXIT trap).
 # Exits 77 (skipped) where namespaces cannot be made (not root, no CAP_SYS_ADMIN, no iproute2).
 #   elastic_netns_test.sh SHOAL_BINARY
 set -uo pipefail
@@ -15,15 +18,24 @@ if [ ! -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
   echo "elastic: Fashion-MNIST missing: skipped"; exit 77
 fi
 command -v ip >/dev/null || { echo "elastic: ip missing: skipped"; exit 77; }
+DEADLINE=${ELASTIC_DEADLINE:-220}  # seconds; CTest's TIMEOUT is 240
 TAG=shel$$
 WORK=$(mktemp -d)
 . "$(dirname "$0")/netns_pair.sh"
+watchdog() {
+  sleep "$DEADLINE" & local pause=$!
+  trap 'kill "$pause" 2>/dev/null; exit 0' TERM
+  wait "$pause" && kill -TERM $$
+}
+watchdog & watchdog_pid=$!
 cleanup() {
+  kill "$watchdog_pid" 2>/dev/null
   netns_pair_kill "$TAG"
   netns_pair_delete "$TAG"
   rm -rf "$WORK"
 }
 trap cleanup EXIT
+trap 'echo "elastic: FAILED: not done within $DEADLINE s (ELASTIC_DEADLINE)"; exit 1' INT TERM
 netns_pair_create elastic "$TAG" 10.78.0 || exit $?
 
 export SHOAL_AUTH_TOKEN=$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')
@@ -35,12 +47,15 @@ SAMPLES=${ELASTIC_SAMPLES:-1200}
 TRAIN=(train --strategy ddp --model mlp --epochs 1 --train-samples "$SAMPLES" --test-samples 200
        --batch-size 10 --no-progress --fault-tolerant --min-replicas 1
        --dump-parameters "$WORK/weights")
-# node NODE_RANK NAMESPACE INTERFACE: one node's shoal run (exec'd: $! is its pid).
+# node NODE_RANK NAMESPACE INTERFACE [LOG]: one node's shoal run under `timeout` (exec'd: $! is
+# timeout's pid, and shoal run is its child).
 node() {
-  exec ip netns exec "$2" env GLOO_SOCKET_IFNAME="$3" "$SHOAL" run --nnodes 1:3 --node-rank "$1" \
-    --nproc-per-node 1 --rdzv-backend c10d --rdzv-endpoint 10.78.0.1:29778 \
-    --rdzv-conf last_call_timeout=0 "$SHOAL" "${TRAIN[@]}" >"$WORK/node$1.log" 2>&1
+  exec ip netns exec "$2" env GLOO_SOCKET_IFNAME="$3" timeout -k 5 "$DEADLINE" "$SHOAL" run \
+    --nnodes 1:3 --node-rank "$1" --nproc-per-node 1 --rdzv-backend c10d \
+    --rdzv-endpoint 10.78.0.1:29778 --rdzv-conf last_call_timeout=0 "$SHOAL" "${TRAIN[@]}" \
+    >"${4:-$WORK/node$1.log}" 2>&1
 }
+child_of() { tr -d " \n" < "/proc/$1/task/$1/children"; }
 fail() {
   echo "elastic: FAILED: $*"
   for n in 0 1 2; do echo "--- node $n"; tail -15 "$WORK/node$n.log" 2>/dev/null; done
@@ -69,7 +84,7 @@ regrouped() {
 }
 wait_exit() {
   local pid=$1
-  for _ in $(seq 2400); do
+  for _ in $(seq $((DEADLINE * 20))); do
     kill -0 "$pid" 2>/dev/null || { wait "$pid"; return $?; }
     sleep 0.05
   done
@@ -82,17 +97,23 @@ node 0 "${TAG}a" "${TAG}0" & p0=$!
 within 90 "steps of node 0 alone" committed 0 5
 # Node 0's worker waits, stopped, while node 1 starts, so that the epoch is not spent before the
 # others come, however fast this machine trains (with no other replica, no one waits for it).
-worker0=$(tr -d " \n" < "/proc/$p0/task/$p0/children")
+worker0=$(child_of "$(child_of "$p0")")
 kill -STOP "$worker0"
 node 1 "${TAG}b" "${TAG}1" & p1=$!
 within 90 "node 1 asking to join" grep -q "asks to join" "$WORK/node1.log"
 kill -CONT "$worker0"
 within 90 "node 1 joining" regrouped 2 1
 within 60 "steps of node 1" committed 1 3
+# Node 1 started twice: refused while node 1 trains (node 2 joins meanwhile).
+node 1 "${TAG}b" "${TAG}1" "$WORK/twice.log" & twice=$!
 node 2 "${TAG}b" "${TAG}1" & p2=$!
 within 90 "node 2 joining" regrouped 3 1
+wait_exit "$twice"; s_twice=$?
+[ "$s_twice" -ne 0 ] && [ "$s_twice" -ne 124 ] && [ "$(wc -l < "$WORK/twice.log")" -eq 1 ] &&
+  grep -q "node rank 1 is already running in this job" "$WORK/twice.log" ||
+  fail "a second node 1 exited $s_twice, not refused in one line: $(head -5 "$WORK/twice.log")"
 within 60 "steps of node 2" committed 2 2
-kill -9 "$p2"
+kill -9 "$(child_of "$p2")"
 wait "$p2" 2>/dev/null
 within 60 "the world shrinking back to 2" regrouped 2 2
 wait_exit "$p0"; s0=$?

@@ -157,6 +157,7 @@ refused "--nnodes" --nnodes 1:2 --nproc-per-node 1
 refused "--fault-tolerant" --nnodes 1:2 --nproc-per-node 1
 refused "MIN must not exceed MAX" --nnodes 3:2 --fault-tolerant
 refused "--rdzv-conf" --rdzv-conf read_timeout=5
+refused "--rdzv-conf 'join_timeout=1e300': at most" --rdzv-conf join_timeout=1e300 --nproc-per-node 1
 refused "--nproc-per-node" --nproc-per-node many
 refused "--rdzv-backend" --rdzv-backend etcd --nproc-per-node 1
 refused "--node-rank" --nnodes 2 --rdzv-backend c10d --rdzv-endpoint 10.0.0.1:29400
