@@ -3,6 +3,11 @@
 // then encodes a fixed text and the input's own text (when it is UTF-8), so that the
 // pre-tokenizer and both merge loops run on hostile ranks, and the ids must decode back to the
 // text exactly. Every input must end in a vocabulary or a DataError.
+//
+// Few mutated files load (every byte must stay a token, every rank dense), so each input also
+// becomes a vocabulary that does: its lines as tokens, the 256 bytes placed among them at a rank
+// its first byte picks, written as a tiktoken file. Its merges run in whatever order the input
+// ranks them, parts after the tokens they make included.
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -11,6 +16,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <string_view>
+#include <unordered_set>
+#include <vector>
 
 #include "data/gpt2_bpe.h"
 #include "shoal/error.h"
@@ -63,19 +71,65 @@ void round_trip(const Gpt2Vocabulary& vocabulary, const std::string& text) {
   }
 }
 
+std::string base64(std::string_view bytes) {
+  static const char kDigits[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  std::string out;
+  for (size_t i = 0; i < bytes.size(); i += 3) {
+    uint32_t bits = static_cast<uint32_t>(static_cast<uint8_t>(bytes[i])) << 16;
+    if (i + 1 < bytes.size()) bits |= static_cast<uint32_t>(static_cast<uint8_t>(bytes[i + 1])) << 8;
+    if (i + 2 < bytes.size()) bits |= static_cast<uint8_t>(bytes[i + 2]);
+    for (size_t k = 0; k < 4; ++k) out.push_back(i + k <= bytes.size() ? kDigits[(bits >> (18 - 6 * k)) & 0x3F] : '=');
+  }
+  return out;
+}
+
+/// A tiktoken file that loads: the input's distinct lines of 2 to 256 bytes as tokens, with the
+/// 256 single bytes inserted among them at a position the first byte picks.
+std::string vocabulary_of_lines(std::string_view input) {
+  std::vector<std::string_view> tokens;
+  std::unordered_set<std::string_view> seen;
+  for (size_t start = 0; start < input.size() && tokens.size() < 4096;) {
+    const size_t end = std::min(input.find('\n', start), input.size());
+    const std::string_view line = input.substr(start, end - start);
+    start = end + 1;
+    if (line.size() >= 2 && line.size() <= 256 && seen.insert(line).second) tokens.push_back(line);
+  }
+  static const std::string kBytes = [] {
+    std::string bytes;
+    for (int byte = 0; byte < 256; ++byte) bytes.push_back(static_cast<char>(byte));
+    return bytes;
+  }();
+  const size_t at = input.empty() ? 0 : static_cast<uint8_t>(input[0]) * tokens.size() / 256;
+  for (int byte = 0; byte < 256; ++byte) {
+    tokens.insert(tokens.begin() + static_cast<std::ptrdiff_t>(at) + byte, std::string_view(&kBytes[byte], 1));
+  }
+  std::string file;
+  for (size_t rank = 0; rank < tokens.size(); ++rank) file += base64(tokens[rank]) + " " + std::to_string(rank) + "\n";
+  return file;
+}
+
+/// Loads `file` (from a memfd named `fd`) and encodes with what loads.
+void load_and_encode(int fd, const std::string& path, std::string_view file, std::string_view input) {
+  if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, file.data(), file.size(), 0) != static_cast<ssize_t>(file.size())) {
+    return;
+  }
+  try {
+    const Gpt2Vocabulary vocabulary = Gpt2Vocabulary::load(path);
+    round_trip(vocabulary, kText);
+    // The input's first 4 KiB as text: what the mutator writes reaches the merge loop.
+    const std::string slice(input.substr(0, 4096));
+    if (is_utf8(slice)) round_trip(vocabulary, slice);
+  } catch (const shoal::DataError&) {
+  }
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static const int fd = ::memfd_create("vocabulary", 0);
   static const std::string path = "/proc/self/fd/" + std::to_string(fd);
-  if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, data, size, 0) != static_cast<ssize_t>(size)) return 0;
-  try {
-    const Gpt2Vocabulary vocabulary = Gpt2Vocabulary::load(path);
-    round_trip(vocabulary, kText);
-    // The input's first 4 KiB as text: what the mutator writes reaches the merge loop.
-    const std::string slice(reinterpret_cast<const char*>(data), std::min<size_t>(size, 4096));
-    if (is_utf8(slice)) round_trip(vocabulary, slice);
-  } catch (const shoal::DataError&) {
-  }
+  const std::string_view input(reinterpret_cast<const char*>(data), size);
+  load_and_encode(fd, path, input, input);
+  load_and_encode(fd, path, vocabulary_of_lines(input), input);
   return 0;
 }
