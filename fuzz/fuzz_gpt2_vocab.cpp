@@ -47,6 +47,48 @@ bool is_utf8(const std::string& text) {
   }
 }
 
+/// tiktoken's merge as it defines it, on byte strings: the adjacent pair whose concatenation has
+/// the lowest rank, leftmost among equals, until none is a token.
+std::vector<uint16_t> reference_merge(const Gpt2Vocabulary& vocabulary, const std::string& piece) {
+  if (vocabulary.rank(piece) >= 0) return {static_cast<uint16_t>(vocabulary.rank(piece))};
+  std::vector<std::string> parts;
+  for (const char c : piece) parts.emplace_back(1, c);
+  for (;;) {
+    int32_t best = -1;
+    size_t at = 0;
+    for (size_t i = 0; i + 1 < parts.size(); ++i) {
+      const int32_t rank = vocabulary.rank(parts[i] + parts[i + 1]);
+      if (rank >= 0 && (best < 0 || rank < best)) {
+        best = rank;
+        at = i;
+      }
+    }
+    if (best < 0) break;
+    parts[at] += parts[at + 1];
+    parts.erase(parts.begin() + static_cast<std::ptrdiff_t>(at) + 1);
+  }
+  std::vector<uint16_t> ids;
+  for (const auto& part : parts) ids.push_back(static_cast<uint16_t>(vocabulary.rank(part)));
+  return ids;
+}
+
+/// A space and the input's lowercase letters (up to 600) are one pre-token piece, long enough
+/// for the heap merge: its ids must be the reference merge's.
+void check_merge(const Gpt2Vocabulary& vocabulary, std::string_view input) {
+  std::string piece = " ";
+  for (const char c : input) {
+    if (c >= 'a' && c <= 'z' && piece.size() < 601) piece.push_back(c);
+  }
+  std::vector<uint16_t> ids;
+  Gpt2Encoder encoder(vocabulary, [&](const uint16_t* got, size_t count) { ids.insert(ids.end(), got, got + count); });
+  encoder.feed(piece.data(), piece.size(), "fuzz");
+  encoder.finish("fuzz");
+  if (ids != reference_merge(vocabulary, piece)) {
+    std::fprintf(stderr, "the %zu-byte piece merges unlike tiktoken's definition\n", piece.size());
+    std::abort();
+  }
+}
+
 /// Encodes `text` fed in two parts (a character may be cut between them) and checks the ids
 /// are in the vocabulary and decode to the text.
 void round_trip(const Gpt2Vocabulary& vocabulary, const std::string& text) {
@@ -119,6 +161,7 @@ void load_and_encode(int fd, const std::string& path, std::string_view file, std
     // The input's first 4 KiB as text: what the mutator writes reaches the merge loop.
     const std::string slice(input.substr(0, 4096));
     if (is_utf8(slice)) round_trip(vocabulary, slice);
+    check_merge(vocabulary, input);
   } catch (const shoal::DataError&) {
   }
 }
