@@ -10,6 +10,7 @@
 #include <ATen/ATen.h>
 #include <ATen/core/Dict.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -218,6 +219,77 @@ void idx_files() {
   write_file("fuzz_idx_reader", "labels.idx.gz", gzip(labels));
 }
 
+std::string base64(const std::string& bytes) {
+  static const char kDigits[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  std::string out;
+  for (size_t i = 0; i < bytes.size(); i += 3) {
+    uint32_t bits = static_cast<uint8_t>(bytes[i]) << 16;
+    if (i + 1 < bytes.size()) bits |= static_cast<uint8_t>(bytes[i + 1]) << 8;
+    if (i + 2 < bytes.size()) bits |= static_cast<uint8_t>(bytes[i + 2]);
+    for (size_t k = 0; k < 4; ++k) {
+      out.push_back(i + k <= bytes.size() ? kDigits[(bits >> (18 - 6 * k)) & 0x3F] : '=');
+    }
+  }
+  return out;
+}
+
+/// GPT-2's bytes_to_unicode() character of each byte, as UTF-8 (encoder.json's keys).
+std::string gpt2_key(const std::string& token) {
+  std::string out;
+  for (const char c : token) {
+    const auto byte = static_cast<uint8_t>(c);
+    uint32_t character = byte;
+    if (!((byte >= '!' && byte <= '~') || (byte >= 0xA1 && byte <= 0xAC) || byte >= 0xAE)) {
+      character = 256;
+      for (uint32_t b = 0; b < byte; ++b) {
+        if (!((b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || b >= 0xAE)) ++character;
+      }
+    }
+    if (character < 0x80) {
+      out.push_back(static_cast<char>(character));
+    } else {
+      out.push_back(static_cast<char>(0xC0 | character >> 6));
+      out.push_back(static_cast<char>(0x80 | (character & 0x3F)));
+    }
+  }
+  return out;
+}
+
+/// A small consistent GPT-2 vocabulary (every byte, then a few merges whose parts come first)
+/// in both formats, and the same spoiled the ways a hostile file could be.
+void gpt2_vocabularies() {
+  std::vector<std::string> tokens;
+  for (int byte = 0; byte < 256; ++byte) tokens.emplace_back(1, static_cast<char>(byte));
+  for (const char* merged : {"he", "th", "the", " t", " the", "in", "er", " a", "ll", "aa", "aaaa", "'s", "12"}) {
+    tokens.emplace_back(merged);
+  }
+  const auto lines = [&](const std::vector<std::string>& list) {
+    std::string out;
+    for (size_t rank = 0; rank < list.size(); ++rank) out += base64(list[rank]) + " " + std::to_string(rank) + "\n";
+    return out;
+  };
+  std::string json = "{";
+  for (size_t rank = 0; rank < tokens.size(); ++rank) {
+    std::string key = gpt2_key(tokens[rank]);
+    std::string escaped;
+    for (const char c : key) escaped += c == '"' || c == '\\' ? std::string("\\") + c : std::string(1, c);
+    json += "\"" + escaped + "\": " + std::to_string(rank) + ", ";
+  }
+  json += "\"<|endoftext|>\": " + std::to_string(tokens.size()) + "}";
+  const std::string valid = lines(tokens);
+  write_file("fuzz_gpt2_vocab", "small.tiktoken", valid);
+  write_file("fuzz_gpt2_vocab", "small_encoder.json", json);
+  write_file("fuzz_gpt2_vocab", "bad_base64.tiktoken", valid + "aGU*bA== 269\n");
+  write_file("fuzz_gpt2_vocab", "duplicate_rank.tiktoken", valid + base64("ing") + " 260\n");
+  write_file("fuzz_gpt2_vocab", "huge_rank.tiktoken", valid + base64("ing") + " 99999\n");
+  write_file("fuzz_gpt2_vocab", "long_token.tiktoken", valid + base64(std::string(300, 'a')) + " 269\n");
+  std::vector<std::string> reversed = tokens;  // merges ranked before their parts
+  std::reverse(reversed.begin(), reversed.end());
+  write_file("fuzz_gpt2_vocab", "reversed.tiktoken", lines(reversed));
+  write_file("fuzz_gpt2_vocab", "deep.json", "{\"a\": " + std::string(5000, '[') + std::string(5000, ']') + "}");
+  write_file("fuzz_gpt2_vocab", "unterminated.json", json.substr(0, json.size() / 2));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -232,5 +304,6 @@ int main(int argc, char** argv) {
   stage_headers();
   checkpoints();
   idx_files();
+  gpt2_vocabularies();
   return 0;
 }

@@ -9,7 +9,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 TARGETS=(fuzz_idx_reader fuzz_unpickler fuzz_zip_directory fuzz_checksum_manifest fuzz_store_wire
-         fuzz_ps_message fuzz_stage_header fuzz_image_decode)
+         fuzz_ps_message fuzz_stage_header fuzz_image_decode fuzz_gpt2_vocab)
 if ! command -v clang++ >/dev/null; then
   bash scripts/setup.sh --fuzz
   command -v clang++ >/dev/null || { echo "fuzz: clang++ is missing (apt-get install clang libclang-rt-14-dev)" >&2; exit 77; }
