@@ -272,10 +272,16 @@ trace::Recorder* Trainer::recorder() {
 std::string Trainer::resume() {
   trace::ScopedRecorder tracing(recorder());
   trace::Span span("checkpoint load", "checkpoint");
-  return resume(load_resume_checkpoint(options_));
+  return restore(load_resume_checkpoint(options_));
 }
 
 std::string Trainer::resume(checkpoint::ResumePoint point) {
+  trace::ScopedRecorder tracing(recorder());
+  trace::Span span("checkpoint load", "checkpoint");
+  return restore(std::move(point));
+}
+
+std::string Trainer::restore(checkpoint::ResumePoint point) {
   const checkpoint::TrainingState& saved = point.state;
   const std::string& path = point.path;
   checkpoint::restore(saved, *state_.model, state_.optimizer.get());

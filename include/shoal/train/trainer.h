@@ -315,6 +315,9 @@ class Trainer {
                                                     std::unique_ptr<Strategy> strategy,
                                                     std::optional<checkpoint::ResumePoint> resume_from);
 
+  /// resume()'s work once the checkpoint is read; returns its path.
+  std::string restore(checkpoint::ResumePoint point);
+
   TrainOptions options_;
   std::unique_ptr<Strategy> strategy_;
   /// Saves the current state (rank 0 writes; every rank calls). `samples_seen` counts the whole
