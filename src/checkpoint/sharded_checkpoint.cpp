@@ -895,10 +895,18 @@ std::optional<std::pair<std::vector<std::string>, ParamGroupState>> foreign_para
 }  // namespace
 
 StateDict dcp_model_entries(const DcpContents& dcp) {
+  // A dcp.save of {"model": ..., "optim": ...} has every key under one of the two; a plain
+  // state dict whose model has a child named "model" has others too and is kept whole.
   StateDict out;
   const std::string prefix = "model.";
   for (const auto& item : dcp.tensors) {
-    if (item.key().compare(0, prefix.size(), prefix) == 0) out.insert(item.key().substr(prefix.size()), item.value());
+    const std::string& key = item.key();
+    if (key.compare(0, prefix.size(), prefix) == 0) {
+      out.insert(key.substr(prefix.size()), item.value());
+    } else if (key.compare(0, 6, "optim.") != 0) {
+      out = StateDict();
+      break;
+    }
   }
   if (out.is_empty()) out = dcp.tensors;
   if (all_keys_have_prefix(out, kWrapperPrefix)) out = strip_prefix(out, kWrapperPrefix);

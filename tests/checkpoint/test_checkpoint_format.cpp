@@ -449,6 +449,21 @@ TEST_F(CheckpointFormat, DcpRoundTripAndDamagedFolders) {
   std::filesystem::copy(path("dcp"), path("headless"));
   std::filesystem::remove(path("headless/.metadata"));
   expect_error([&] { load_dcp(path("headless")); }, {path("headless/.metadata"), "file not found"});
+
+  // A plain state dict whose model has a child named "model" keeps every tensor; one saved as
+  // {"model": ..., "optim": ...} gives its model's without the prefix.
+  StateDict child;
+  child.insert("model.weight", torch::ones({2}));
+  child.insert("head.bias", torch::zeros({3}));
+  save_dcp(child, path("child"));
+  EXPECT_EQ(shoal::testing::compare_state_dicts(load_state_dict_file(path("child")), child), "");
+  StateDict wrapped;
+  wrapped.insert("model.weight", torch::ones({2}));
+  wrapped.insert("optim.state.weight.step", torch::tensor(3.0F));
+  save_dcp(wrapped, path("wrapped"));
+  const StateDict model = load_state_dict_file(path("wrapped"));
+  ASSERT_EQ(model.size(), 1U);
+  EXPECT_NE(model.find("weight"), nullptr);
 }
 
 // DCP folders PyTorch 2.x's dcp.save wrote, once for the suite (dcp_oracle.py says what each is).
