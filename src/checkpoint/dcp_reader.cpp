@@ -376,6 +376,15 @@ std::optional<c10::IValue> load_dcp_object(const std::string& folder, const std:
   return detail::load_torch_save_blob(path, it->second.offset, it->second.length, options);
 }
 
+std::optional<at::Tensor> load_dcp_tensor(const std::string& folder, const std::string& fqn,
+                                          const LoadOptions& options) {
+  const Metadata metadata = read_metadata(folder, options);
+  for (const auto& entry : metadata.tensors) {
+    if (entry.fqn == fqn) return assemble(entry, metadata, folder, options);
+  }
+  return std::nullopt;
+}
+
 std::map<std::string, c10::IValue> load_dcp_objects(const std::string& folder, const std::string& prefix,
                                                     const LoadOptions& options) {
   const Metadata metadata = read_metadata(folder, options);

@@ -691,7 +691,10 @@ void dcp_unit_items(const ShardedTrainingState& s, size_t u, int64_t rank, bool 
     const std::string& name = unit.param_names[i];
     auto add = [&](const std::string& fqn, DcpPath path, const at::Tensor& source, const DcpBox& box) {
       DcpItem item{fqn, std::move(path), source.scalar_type(), shape, box.offsets, box.sizes, {}, {}};
-      if (with_data) {
+      if (with_data && n == 0) {
+        // Rank 0 writes an empty parameter's chunk wherever its offset lies, maybe past its piece.
+        item.data = at::empty(box.sizes, source.options());
+      } else if (with_data) {
         const int64_t at_piece = unit.offsets[i] + box.start - first;
         item.data = source.narrow(0, at_piece, dcp_numel(box.sizes)).view(box.sizes);
       }
@@ -834,9 +837,10 @@ int64_t dcp_integer_in(const c10::impl::GenericDict& meta, const char* key, cons
 }
 
 // Every rank's file holds the save id Shoal's entry names: a file of another save is refused.
-void check_dcp_save_ids(const DcpContents& dcp, int64_t save_id, int64_t world, const std::string& folder) {
-  const at::Tensor* ids = dcp.tensors.find(kDcpSaveIdEntry);
-  SHOAL_CHECK_T(CheckpointError, ids != nullptr && ids->dim() == 1 && ids->size(0) == world &&
+// Read before the rest is assembled, so that a mixed folder is named as such.
+void check_dcp_save_ids(int64_t save_id, int64_t world, const std::string& folder, const LoadOptions& options) {
+  const std::optional<at::Tensor> ids = load_dcp_tensor(folder, kDcpSaveIdEntry, options);
+  SHOAL_CHECK_T(CheckpointError, ids.has_value() && ids->dim() == 1 && ids->size(0) == world &&
                                      ids->scalar_type() == at::kLong,
                 folder, "/.metadata: lacks the save id of each of the ", world,
                 " ranks: the checkpoint is damaged; resume from an older checkpoint");
@@ -1025,8 +1029,8 @@ TrainingState load_sharded_dcp(const std::string& folder, const LoadOptions& opt
   const std::vector<std::string> parameters = dcp_names_in(dcp_find_key(meta, "parameters"), where, "parameters");
   (void)object.erase(c10::IValue(std::string(kDcpMetadataKey)));
 
+  check_dcp_save_ids(dcp_integer_in(meta, "save_id", where), world, folder, options);
   const DcpContents dcp = load_dcp(folder, options);
-  check_dcp_save_ids(dcp, dcp_integer_in(meta, "save_id", where), world, folder);
   TrainingState out = training_state_from_ivalue(object, where);
   for (const auto& key : keys) {
     const at::Tensor* t = dcp.tensors.find("model." + key);
