@@ -161,6 +161,8 @@ TEST_F(ShardedCheckpoint, AssemblesToTheFullCheckpoint) {
   }
 }
 
+void expect_refused(const std::string& folder, const std::vector<std::string>& expected);
+
 TEST_F(ShardedCheckpoint, ResumesAtTwoThreeAndOneRanksAsTheUnshardedRun) {
   // At 2 ranks: the uninterrupted 2-epoch run.
   train(2, root_ + "/uninterrupted", "--epochs 2");
@@ -169,6 +171,12 @@ TEST_F(ShardedCheckpoint, ResumesAtTwoThreeAndOneRanksAsTheUnshardedRun) {
   const double d2 = max_relative_difference(latest(at2), latest(root_ + "/uninterrupted"), "at 2");
   std::printf("saved at 2, resumed at 2 (sharded) vs uninterrupted: max relative difference %.3g\n", d2);
   EXPECT_LE(d2, 1e-6);
+  {  // Rank 1's file of the resumed run's save beside rank 0's of the first: named as another save's.
+    const std::string mixed = copy_of("sharded/checkpoint_000000.sharded", "mixed");
+    fs::copy_file(at2 + "/checkpoint_000001.sharded/__1_0.distcp", mixed + "/__1_0.distcp",
+                  fs::copy_options::overwrite_existing);
+    expect_refused(mixed, {"__1_0.distcp", "is a file of another save"});
+  }
   // At 3 and 1: what the full checkpoint, which holds the whole state, continues to.
   for (int ranks : {3, 1}) {
     const std::string n = std::to_string(ranks);
