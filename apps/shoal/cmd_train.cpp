@@ -529,8 +529,9 @@ void add_checkpoint_options(CLI::App& app, train::TrainOptions& options) {
                  "Start from the weights of this state dict (torch.save(model.state_dict()) from\n"
                  "Python, a file Shoal saved, or a DCP folder from torch.distributed.checkpoint)\n"
                  "instead of the seed's initialisation; a DCP folder holding the optimizer's state\n"
-                 "(dcp.save of FSDP2's get_state_dict, a sharded checkpoint) starts the optimizer\n"
-                 "from it too (--lr applies)")
+                 "(dcp.save of FSDP2's get_state_dict, a sharded checkpoint of the DCP layout, not\n"
+                 "the older rank_N.pt one) starts the optimizer's state from it too, matched by\n"
+                 "parameter name (this run's optimizer options apply)")
       ->type_name("FILE");
 }
 

@@ -376,4 +376,24 @@ std::optional<c10::IValue> load_dcp_object(const std::string& folder, const std:
   return detail::load_torch_save_blob(path, it->second.offset, it->second.length, options);
 }
 
+std::optional<at::Tensor> load_dcp_tensor(const std::string& folder, const std::string& fqn,
+                                          const LoadOptions& options) {
+  const Metadata metadata = read_metadata(folder, options);
+  for (const auto& entry : metadata.tensors) {
+    if (entry.fqn == fqn) return assemble(entry, metadata, folder, options);
+  }
+  return std::nullopt;
+}
+
+std::map<std::string, c10::IValue> load_dcp_objects(const std::string& folder, const std::string& prefix,
+                                                    const LoadOptions& options) {
+  const Metadata metadata = read_metadata(folder, options);
+  std::map<std::string, c10::IValue> out;
+  for (const auto& [name, place] : metadata.byte_storage) {
+    if (name.compare(0, prefix.size(), prefix) != 0) continue;
+    out.emplace(name, detail::load_torch_save_blob(folder + "/" + place.file, place.offset, place.length, options));
+  }
+  return out;
+}
+
 }  // namespace shoal::checkpoint

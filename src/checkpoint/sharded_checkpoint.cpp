@@ -691,7 +691,10 @@ void dcp_unit_items(const ShardedTrainingState& s, size_t u, int64_t rank, bool 
     const std::string& name = unit.param_names[i];
     auto add = [&](const std::string& fqn, DcpPath path, const at::Tensor& source, const DcpBox& box) {
       DcpItem item{fqn, std::move(path), source.scalar_type(), shape, box.offsets, box.sizes, {}, {}};
-      if (with_data) {
+      if (with_data && n == 0) {
+        // Rank 0 writes an empty parameter's chunk wherever its offset lies, maybe past its piece.
+        item.data = at::empty(box.sizes, source.options());
+      } else if (with_data) {
         const int64_t at_piece = unit.offsets[i] + box.start - first;
         item.data = source.narrow(0, at_piece, dcp_numel(box.sizes)).view(box.sizes);
       }
@@ -834,9 +837,10 @@ int64_t dcp_integer_in(const c10::impl::GenericDict& meta, const char* key, cons
 }
 
 // Every rank's file holds the save id Shoal's entry names: a file of another save is refused.
-void check_dcp_save_ids(const DcpContents& dcp, int64_t save_id, int64_t world, const std::string& folder) {
-  const at::Tensor* ids = dcp.tensors.find(kDcpSaveIdEntry);
-  SHOAL_CHECK_T(CheckpointError, ids != nullptr && ids->dim() == 1 && ids->size(0) == world &&
+// Read before the rest is assembled, so that a mixed folder is named as such.
+void check_dcp_save_ids(int64_t save_id, int64_t world, const std::string& folder, const LoadOptions& options) {
+  const std::optional<at::Tensor> ids = load_dcp_tensor(folder, kDcpSaveIdEntry, options);
+  SHOAL_CHECK_T(CheckpointError, ids.has_value() && ids->dim() == 1 && ids->size(0) == world &&
                                      ids->scalar_type() == at::kLong,
                 folder, "/.metadata: lacks the save id of each of the ", world,
                 " ranks: the checkpoint is damaged; resume from an older checkpoint");
@@ -875,30 +879,114 @@ std::map<int64_t, std::map<std::string, at::Tensor>> dcp_optimizer_state(
 
 namespace {
 
-// The optimizer's first param_groups entry as get_state_dict saves it (DCP's bytes entries
-// "optim.param_groups.0.<option>"): its parameters' names in index order, and the options Shoal's
-// optimizers take. Empty when the folder holds none.
-std::optional<std::pair<std::vector<std::string>, ParamGroupState>> foreign_param_group(
+std::string dcp_option_text(const c10::IValue& value) {
+  std::ostringstream out;
+  out << value;
+  return out.str();
+}
+
+// The optimizer's param_groups as get_state_dict saves them (DCP's bytes entries
+// "optim.param_groups.<g>.<option>"), merged into one, as Shoal trains one group: their
+// parameters' names in order and the options Shoal's optimizers take. Groups whose options differ
+// are refused. Empty when the folder holds none.
+std::optional<std::pair<std::vector<std::string>, ParamGroupState>> foreign_param_groups(
     const std::string& folder, const LoadOptions& options) {
-  const std::string prefix = "optim.param_groups.0.";
-  const std::optional<c10::IValue> params = load_dcp_object(folder, prefix + "params", options);
-  if (!params) return std::nullopt;
-  std::vector<std::string> names = dcp_names_in(*params, folder + "/.metadata", "optim.param_groups.0.params");
+  const std::string where = folder + "/.metadata";
+  const std::map<std::string, c10::IValue> objects = load_dcp_objects(folder, "optim.param_groups.", options);
+  std::vector<std::string> names;
   ParamGroupState group;
-  for (size_t i = 0; i < names.size(); ++i) group.params.push_back(static_cast<int64_t>(i));
-  for (const char* option : {"lr", "betas", "eps", "weight_decay", "amsgrad", "momentum", "dampening", "nesterov"}) {
-    if (auto value = load_dcp_object(folder, prefix + option, options)) group.options[option] = *value;
+  int64_t g = 0;
+  for (;; ++g) {
+    const std::string prefix = "optim.param_groups." + std::to_string(g) + ".";
+    auto params = objects.find(prefix + "params");
+    if (params == objects.end()) break;
+    for (auto& name : dcp_names_in(params->second, where, params->first.c_str())) names.push_back(std::move(name));
+    for (const char* option : {"lr", "betas", "eps", "weight_decay", "amsgrad", "momentum", "dampening", "nesterov"}) {
+      auto value = objects.find(prefix + option);
+      if (value == objects.end()) continue;
+      auto [first, added] = group.options.emplace(option, value->second);
+      SHOAL_CHECK_T(CheckpointError, added || dcp_option_text(first->second) == dcp_option_text(value->second),
+                    where, ": the optimizer's param_groups 0 and ", g, " differ in ", option, " (",
+                    dcp_option_text(first->second), " and ", dcp_option_text(value->second),
+                    "): Shoal trains one group; save the optimizer with one group, or start from the "
+                    "weights alone (a folder without the optimizer)");
+    }
   }
+  if (g == 0) return std::nullopt;
+  for (size_t i = 0; i < names.size(); ++i) group.params.push_back(static_cast<int64_t>(i));
   return std::make_pair(std::move(names), std::move(group));
+}
+
+// Which of the checkpoint's parameter names (`names`) each of the model's `parameters` takes, by
+// name after the prefix handling the weights get ("module." on every saved name and on none of
+// the model's). Refuses a name either side lacks.
+std::vector<std::string> dcp_names_for(const std::vector<std::string>& names, const StateDict& parameters,
+                                       const std::string& where) {
+  const std::string wrapper = kWrapperPrefix;
+  bool wrapped = !names.empty();
+  for (const auto& name : names) wrapped = wrapped && name.compare(0, wrapper.size(), wrapper) == 0;
+  wrapped = wrapped && !all_keys_have_prefix(parameters, wrapper);
+  std::map<std::string, std::string> saved;  // the model's name -> the checkpoint's
+  for (const auto& name : names) {
+    const std::string key = wrapped ? name.substr(wrapper.size()) : name;
+    SHOAL_CHECK_T(CheckpointError, parameters.find(key) != nullptr, where, ": the optimizer's parameter '",
+                  name, "' is no parameter of this model; start from a checkpoint of the same model");
+    saved.emplace(key, name);
+  }
+  std::vector<std::string> out;
+  for (const auto& item : parameters) {
+    auto it = saved.find(item.key());
+    SHOAL_CHECK_T(CheckpointError, it != saved.end(), where, ": the optimizer's param_groups do not list the "
+                  "model's parameter '", item.key(), "'; start from a checkpoint of the same model");
+    out.push_back(it->second);
+  }
+  return out;
+}
+
+// Each optimizer state tensor has the shape of the parameter it belongs to ("step" apart).
+void check_dcp_state_shapes(const OptimizerState& optimizer, const StateDict& parameters,
+                            const std::vector<std::string>& names, const std::string& where) {
+  for (const auto& [index, fields] : optimizer.state) {
+    const at::Tensor& param = parameters[static_cast<size_t>(index)].value();
+    for (const auto& [field, tensor] : fields) {
+      SHOAL_CHECK_T(CheckpointError, field == "step" || tensor.sizes() == param.sizes(), where,
+                    ": optimizer state 'optim.state.", names[static_cast<size_t>(index)], ".", field,
+                    "' has shape ", tensor.sizes(), " but the model's parameter '",
+                    parameters[static_cast<size_t>(index)].key(), "' has ", param.sizes(),
+                    "; start from a checkpoint of the same model");
+    }
+  }
+}
+
+TrainingState read_foreign_dcp(const std::string& folder, const LoadOptions& options, const StateDict* parameters) {
+  const DcpContents dcp = load_dcp(folder, options);
+  TrainingState out;
+  out.model = dcp_model_entries(dcp);
+  if (auto group = foreign_param_groups(folder, options)) {
+    const std::string where = folder + "/.metadata";
+    std::vector<std::string> names = parameters ? dcp_names_for(group->first, *parameters, where) : group->first;
+    out.optimizer.state = dcp_optimizer_state(dcp, names, where);
+    if (parameters) check_dcp_state_shapes(out.optimizer, *parameters, names, where);
+    out.optimizer.param_groups.push_back(std::move(group->second));
+  }
+  return out;
 }
 
 }  // namespace
 
 StateDict dcp_model_entries(const DcpContents& dcp) {
+  // A dcp.save of {"model": ..., "optim": ...} has every key under one of the two; a plain
+  // state dict whose model has a child named "model" has others too and is kept whole.
   StateDict out;
   const std::string prefix = "model.";
   for (const auto& item : dcp.tensors) {
-    if (item.key().compare(0, prefix.size(), prefix) == 0) out.insert(item.key().substr(prefix.size()), item.value());
+    const std::string& key = item.key();
+    if (key.compare(0, prefix.size(), prefix) == 0) {
+      out.insert(key.substr(prefix.size()), item.value());
+    } else if (key.compare(0, 6, "optim.") != 0) {
+      out = StateDict();
+      break;
+    }
   }
   if (out.is_empty()) out = dcp.tensors;
   if (all_keys_have_prefix(out, kWrapperPrefix)) out = strip_prefix(out, kWrapperPrefix);
@@ -906,14 +994,12 @@ StateDict dcp_model_entries(const DcpContents& dcp) {
 }
 
 TrainingState load_foreign_dcp(const std::string& folder, const LoadOptions& options) {
-  const DcpContents dcp = load_dcp(folder, options);
-  TrainingState out;
-  out.model = dcp_model_entries(dcp);
-  if (auto group = foreign_param_group(folder, options)) {
-    out.optimizer.state = dcp_optimizer_state(dcp, group->first, folder + "/.metadata");
-    out.optimizer.param_groups.push_back(std::move(group->second));
-  }
-  return out;
+  return read_foreign_dcp(folder, options, nullptr);
+}
+
+TrainingState load_foreign_dcp_for(const std::string& folder, const StateDict& parameters,
+                                   const LoadOptions& options) {
+  return read_foreign_dcp(folder, options, &parameters);
 }
 
 bool is_sharded_dcp_folder(const std::string& folder, const LoadOptions& options) {
@@ -943,8 +1029,8 @@ TrainingState load_sharded_dcp(const std::string& folder, const LoadOptions& opt
   const std::vector<std::string> parameters = dcp_names_in(dcp_find_key(meta, "parameters"), where, "parameters");
   (void)object.erase(c10::IValue(std::string(kDcpMetadataKey)));
 
+  check_dcp_save_ids(dcp_integer_in(meta, "save_id", where), world, folder, options);
   const DcpContents dcp = load_dcp(folder, options);
-  check_dcp_save_ids(dcp, dcp_integer_in(meta, "save_id", where), world, folder);
   TrainingState out = training_state_from_ivalue(object, where);
   for (const auto& key : keys) {
     const at::Tensor* t = dcp.tensors.find("model." + key);

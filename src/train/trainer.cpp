@@ -624,16 +624,24 @@ void check_model_fits_data(models::Model& model, const LoadedData& loaded,
   }
 }
 
-// A DCP folder holding the optimizer's state (PyTorch's dcp.save of FSDP2's get_state_dict, or
-// a Shoal sharded checkpoint) starts the optimizer from it too, as the run that saved it would go
-// on: Adam's moments and step count, not only the weights (--lr applies, as after --resume).
-// Other files give the weights alone.
-void init_optimizer_from(const std::string& path, torch::optim::Optimizer& optimizer) {
-  if (!checkpoint::is_dcp_folder(path)) return;
-  checkpoint::TrainingState saved = checkpoint::load_training_state(path);
-  if (saved.optimizer.state.empty()) return;
-  for (auto& group : saved.optimizer.param_groups) group.options.erase("lr");
-  checkpoint::restore_optimizer(saved.optimizer, optimizer);
+// --init-from: the weights of any state dict file (torch.save(model.state_dict()) from Python,
+// a DDP one with "module." keys, a Shoal checkpoint's model; every key must match). A DCP folder
+// holding the optimizer's state (PyTorch's dcp.save of FSDP2's get_state_dict, or a Shoal sharded
+// checkpoint of the DCP layout) gives that state too, returned to start the optimizer as the run
+// that saved it would go on: Adam's moments and step count, read in the same pass as the weights.
+// Its group options are left out: the run's options apply, as after --resume.
+checkpoint::OptimizerState init_from(const std::string& path, torch::nn::Module& model) {
+  if (!checkpoint::is_dcp_folder(path)) {
+    checkpoint::load_state_dict(model, checkpoint::load_state_dict_file(path));
+    return {};
+  }
+  checkpoint::TrainingState saved = checkpoint::is_sharded_dcp_folder(path)
+                                        ? checkpoint::load_sharded_dcp(path)
+                                        : checkpoint::load_foreign_dcp_for(path, model.named_parameters());
+  checkpoint::load_state_dict(model, saved.model);
+  if (saved.optimizer.state.empty()) return {};
+  for (auto& group : saved.optimizer.param_groups) group.options.clear();
+  return std::move(saved.optimizer);
 }
 
 }  // namespace
@@ -661,11 +669,8 @@ TrainResult detail::run_validated_training(const TrainOptions& options, std::uni
   model_options.shape = loaded.shape;
   if (!model) model = models::create(options.model, options.seed, model_options);
   if (models::is_script_path(options.model)) check_model_fits_data(*model, loaded, options);
-  if (!options.init_from.empty()) {
-    // Any state dict: torch.save(model.state_dict()) from Python, a DDP one ("module." keys are
-    // accepted), or a Shoal checkpoint's model. Every key must match.
-    checkpoint::load_state_dict(*model, checkpoint::load_state_dict_file(options.init_from));
-  }
+  const checkpoint::OptimizerState init_optimizer =
+      options.init_from.empty() ? checkpoint::OptimizerState() : init_from(options.init_from, *model);
   const bool reports = !strategy || strategy->rank() == 0;
   const int world = strategy ? strategy->world_size() : 1;
   if (reports && options.progress != ProgressMode::kNone) {
@@ -695,7 +700,7 @@ TrainResult detail::run_validated_training(const TrainOptions& options, std::uni
   // checkpoint's generator state back over this.
   torch::manual_seed(options.seed);
   Trainer trainer(Trainer::Validated{}, options, std::move(model), std::move(strategy));
-  if (!options.init_from.empty()) init_optimizer_from(options.init_from, *trainer.state().optimizer);
+  if (!init_optimizer.empty()) checkpoint::restore_optimizer(init_optimizer, *trainer.state().optimizer);
   // Restarted by `shoal run --max-restarts` (or torchrun) after a worker died: carry on from the
   // last intact checkpoint, when one was written.
   const bool restarted = launcher::restart_count() > 0 && !options.checkpoint_dir.empty() &&

@@ -6,13 +6,16 @@
 #include <fstream>
 #include <random>
 
+#include "checkpoint/dcp_metadata.h"
 #include "checkpoint/pickler.h"
+#include "checkpoint/torch_save_writer.h"
 #include "checkpoint/unpickler.h"
 
 #include "checkpoint_testing.h"
 #include "compat/torch_archive.h"
 #include "shoal/checkpoint/dcp.h"
 #include "shoal/checkpoint/serialization.h"
+#include "shoal/checkpoint/sharded_checkpoint.h"
 #include "shoal/checkpoint/training_state.h"
 #include "shoal/error.h"
 #include "testing/python.h"
@@ -449,6 +452,99 @@ TEST_F(CheckpointFormat, DcpRoundTripAndDamagedFolders) {
   std::filesystem::copy(path("dcp"), path("headless"));
   std::filesystem::remove(path("headless/.metadata"));
   expect_error([&] { load_dcp(path("headless")); }, {path("headless/.metadata"), "file not found"});
+
+  // A plain state dict whose model has a child named "model" keeps every tensor; one saved as
+  // {"model": ..., "optim": ...} gives its model's without the prefix.
+  StateDict child;
+  child.insert("model.weight", torch::ones({2}));
+  child.insert("head.bias", torch::zeros({3}));
+  save_dcp(child, path("child"));
+  EXPECT_EQ(shoal::testing::compare_state_dicts(load_state_dict_file(path("child")), child), "");
+  StateDict wrapped;
+  wrapped.insert("model.weight", torch::ones({2}));
+  wrapped.insert("optim.state.weight.step", torch::tensor(3.0F));
+  save_dcp(wrapped, path("wrapped"));
+  const StateDict model = load_state_dict_file(path("wrapped"));
+  ASSERT_EQ(model.size(), 1U);
+  EXPECT_NE(model.find("weight"), nullptr);
+}
+
+// A DCP folder as dcp.save writes get_state_dict's {"model": ..., "optim": ...}: `tensors` by
+// their flattened keys, and param_groups `groups` (each its parameters' names and weight_decay).
+void save_optimizer_dcp(const StateDict& tensors, const std::vector<std::pair<std::vector<std::string>, double>>& groups,
+                        const std::string& folder) {
+  std::filesystem::create_directories(folder);
+  const std::string file = "__0_0.distcp";
+  std::ofstream data(folder + "/" + file, std::ios::binary);
+  int64_t written = 0;
+  auto sink = [&](const void* bytes, size_t size) {
+    data.write(static_cast<const char*>(bytes), static_cast<std::streamsize>(size));
+    written += static_cast<int64_t>(size);
+    return size;
+  };
+  std::vector<detail::DcpEntry> entries;
+  auto add = [&](const std::string& fqn, const c10::IValue& value, detail::DcpEntry entry) {
+    const int64_t start = written;
+    detail::write_torch_save(value, sink, folder);
+    entry.fqn = fqn;
+    entry.chunks.push_back({std::vector<int64_t>(entry.size.size(), 0), entry.size, file, start, written - start});
+    entries.push_back(std::move(entry));
+  };
+  for (const auto& item : tensors) {
+    add(item.key(), item.value(), {{}, {item.key()}, false, item.value().scalar_type(), item.value().sizes().vec(), {}});
+  }
+  for (size_t g = 0; g < groups.size(); ++g) {
+    const std::string prefix = "optim.param_groups." + std::to_string(g) + ".";
+    const auto index = static_cast<int64_t>(g);
+    add(prefix + "params", c10::List<std::string>(groups[g].first), {{}, {"optim", "param_groups", index, "params"}, true});
+    add(prefix + "lr", 0.01, {{}, {"optim", "param_groups", index, "lr"}, true});
+    add(prefix + "weight_decay", groups[g].second, {{}, {"optim", "param_groups", index, "weight_decay"}, true});
+  }
+  data.close();
+  std::ofstream(folder + "/.metadata", std::ios::binary) << detail::dcp_metadata_pickle(entries);
+}
+
+// A PyTorch optimizer's state goes to the model's parameter of its name, whatever order the
+// PyTorch model registered them in; its param_groups are read group after group and merged
+// where their options agree. A name or shape that does not match, or groups that differ, are
+// refused naming them.
+TEST_F(CheckpointFormat, ForeignDcpOptimizerMatchesByNameAndMergesGroups) {
+  StateDict model;  // the model's named parameters, in its (and its optimizer's) order
+  model.insert("a.weight", torch::zeros({2, 3}));
+  model.insert("b.weight", torch::zeros({2, 3}));
+  model.insert("c.bias", torch::zeros({4}));
+  StateDict saved;
+  for (const auto& item : model) saved.insert("model." + item.key(), item.value());
+  saved.insert("optim.state.b.weight.exp_avg", torch::full({2, 3}, 2.0));
+  saved.insert("optim.state.a.weight.exp_avg", torch::full({2, 3}, 1.0));
+  saved.insert("optim.state.c.bias.exp_avg", torch::full({4}, 3.0));
+  // Registered b, a, c in PyTorch, in two groups that agree.
+  save_optimizer_dcp(saved, {{{"b.weight", "a.weight"}, 0.0}, {{"c.bias"}, 0.0}}, path("two"));
+  const TrainingState in_order = load_foreign_dcp(path("two"));
+  ASSERT_EQ(in_order.optimizer.state.size(), 3U);
+  ASSERT_EQ(in_order.optimizer.param_groups.size(), 1U);
+  EXPECT_EQ(in_order.optimizer.param_groups[0].params.size(), 3U);
+  const TrainingState by_name = load_foreign_dcp_for(path("two"), model);
+  ASSERT_EQ(by_name.optimizer.state.size(), 3U);
+  for (int64_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(by_name.optimizer.state.at(i).at("exp_avg").flatten()[0].item<double>(), static_cast<double>(i + 1)) << i;
+  }
+  // Groups that differ (nanoGPT's decay / no-decay split) are refused naming both and the option.
+  save_optimizer_dcp(saved, {{{"b.weight", "a.weight"}, 0.1}, {{"c.bias"}, 0.0}}, path("split"));
+  expect_error([&] { load_foreign_dcp_for(path("split"), model); },
+               {path("split/.metadata"), "param_groups 0 and 1 differ in weight_decay"});
+  // A parameter the checkpoint lacks, one the model lacks, a shape that differs.
+  StateDict other = model;
+  other.insert("d.bias", torch::zeros({1}));
+  expect_error([&] { load_foreign_dcp_for(path("two"), other); }, {"do not list the model's parameter 'd.bias'"});
+  StateDict fewer;
+  fewer.insert("a.weight", torch::zeros({2, 3}));
+  fewer.insert("b.weight", torch::zeros({2, 3}));
+  expect_error([&] { load_foreign_dcp_for(path("two"), fewer); }, {"'c.bias' is no parameter of this model"});
+  StateDict reshaped = model;
+  reshaped["c.bias"] = torch::zeros({5});
+  expect_error([&] { load_foreign_dcp_for(path("two"), reshaped); },
+               {"'optim.state.c.bias.exp_avg' has shape [4]", "'c.bias' has [5]"});
 }
 
 // DCP folders PyTorch 2.x's dcp.save wrote, once for the suite (dcp_oracle.py says what each is).

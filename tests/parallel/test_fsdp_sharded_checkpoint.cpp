@@ -104,19 +104,23 @@ class ShardedCheckpoint : public ::testing::Test {
   // (sharded_dcp_oracle.py), in one run: each run costs seconds importing torch.
   static void run_pytorch_oracle() {
     const std::string python = shoal::testing::torch2_python();
-    if (python.empty()) return;
+    const char* source = std::getenv("SHOAL_SOURCE_DIR");
+    if (python.empty() || source == nullptr) return;
     const std::string full = root_ + "/for-pytorch.pt";
     auto result = shoal::testing::run_command(shoal::testing::shoal_cli_with_dataset() + " ckpt convert " +
                                               sharded_folder() + " " + full);
     if (result.ok()) {
       fs::create_directories(pytorch_dir());
-      const char* source = std::getenv("SHOAL_SOURCE_DIR");
-      const std::string script = std::string(source ? source : ".") + "/tests/parallel/sharded_dcp_oracle.py";
-      result = shoal::testing::run_command("OMP_NUM_THREADS=1 " + python + " " + script + " " + sharded_folder() +
-                                           " " + full + " " + pytorch_dir());
+      const std::string script = std::string(source) + "/tests/parallel/sharded_dcp_oracle.py";
+      // Bounded: a PyTorch run that hangs (its 2 ranks' rendezvous) fails the test instead.
+      result = shoal::testing::run_command("OMP_NUM_THREADS=1 timeout 300 env " + python + " " + script + " " +
+                                           sharded_folder() + " " + full + " " + pytorch_dir());
     }
     oracle_ = new shoal::testing::PythonResult(result);
   }
+  static constexpr const char* kNoOracle =
+      "PyTorch 2.x not installed (scripts/setup_torch_pypi.sh), or SHOAL_SOURCE_DIR is not set (run "
+      "through ctest)";
   // The oracle's run, or a skip where PyTorch 2.x is missing.
   static bool oracle_ran() {
     if (oracle_ == nullptr) return false;
@@ -157,6 +161,8 @@ TEST_F(ShardedCheckpoint, AssemblesToTheFullCheckpoint) {
   }
 }
 
+void expect_refused(const std::string& folder, const std::vector<std::string>& expected);
+
 TEST_F(ShardedCheckpoint, ResumesAtTwoThreeAndOneRanksAsTheUnshardedRun) {
   // At 2 ranks: the uninterrupted 2-epoch run.
   train(2, root_ + "/uninterrupted", "--epochs 2");
@@ -165,6 +171,12 @@ TEST_F(ShardedCheckpoint, ResumesAtTwoThreeAndOneRanksAsTheUnshardedRun) {
   const double d2 = max_relative_difference(latest(at2), latest(root_ + "/uninterrupted"), "at 2");
   std::printf("saved at 2, resumed at 2 (sharded) vs uninterrupted: max relative difference %.3g\n", d2);
   EXPECT_LE(d2, 1e-6);
+  {  // Rank 1's file of the resumed run's save beside rank 0's of the first: named as another save's.
+    const std::string mixed = copy_of("sharded/checkpoint_000000.sharded", "mixed");
+    fs::copy_file(at2 + "/checkpoint_000001.sharded/__1_0.distcp", mixed + "/__1_0.distcp",
+                  fs::copy_options::overwrite_existing);
+    expect_refused(mixed, {"__1_0.distcp", "is a file of another save"});
+  }
   // At 3 and 1: what the full checkpoint, which holds the whole state, continues to.
   for (int ranks : {3, 1}) {
     const std::string n = std::to_string(ranks);
@@ -271,7 +283,7 @@ TEST_F(ShardedCheckpoint, RefusesSetsThatDisagree) {
 // dict and an FSDP2 model on 2 ranks (model and Adam state, by get_state_dict's keys) with what
 // Shoal reads from it, bit for bit (sharded_dcp_oracle.py).
 TEST_F(ShardedCheckpoint, LoadsIntoPyTorchPlainAndFsdp2) {
-  if (!oracle_ran()) GTEST_SKIP() << "PyTorch 2.x not installed (scripts/setup_torch_pypi.sh)";
+  if (!oracle_ran()) SHOAL_SKIP_TEST(shoal::testing::Dependency::kOptional, kNoOracle);
   EXPECT_NE(oracle_->out.find("fsdp2: 2 ranks loaded"), std::string::npos) << oracle_->out;
   std::printf("%s", oracle_->out.c_str());
 }
@@ -313,7 +325,7 @@ void expect_state_near(const ckpt::TrainingState& got, const c10::IValue& want, 
 // optimizer state starts the optimizer too. Shoal reads the weights and Adam state bit for bit,
 // and its first step equals PyTorch's next one (sharded_dcp_oracle.py writes both).
 TEST_F(ShardedCheckpoint, Fsdp2CheckpointStartsShoalAtThreeRanks) {
-  if (!oracle_ran()) GTEST_SKIP() << "PyTorch 2.x not installed (scripts/setup_torch_pypi.sh)";
+  if (!oracle_ran()) SHOAL_SKIP_TEST(shoal::testing::Dependency::kOptional, kNoOracle);
   const std::string out = pytorch_dir();
   // Shoal's reading of the folder equals the saved state gathered whole, bit for bit.
   expect_state_near(ckpt::load_training_state(out + "/ckpt"), ckpt::load(out + "/saved.pt"), "optim", 0, 0);

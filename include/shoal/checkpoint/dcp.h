@@ -12,6 +12,7 @@
 // Thread safety: a plain function.
 #pragma once
 
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -48,6 +49,16 @@ DcpContents load_dcp(const std::string& folder, const LoadOptions& options = {})
 /// Throws CheckpointError as load_dcp does, and when the object is not plain data.
 std::optional<c10::IValue> load_dcp_object(const std::string& folder, const std::string& name,
                                            const LoadOptions& options = {});
+
+/// The tensor entry `fqn` alone, assembled from its chunks, or nullopt when `.metadata` lists no
+/// such tensor. Throws CheckpointError as load_dcp does for that entry's chunks.
+std::optional<at::Tensor> load_dcp_tensor(const std::string& folder, const std::string& fqn,
+                                          const LoadOptions& options = {});
+
+/// Every bytes entry whose name starts with `prefix`, by name, read as load_dcp_object reads one
+/// (`.metadata` parsed once).
+std::map<std::string, c10::IValue> load_dcp_objects(const std::string& folder, const std::string& prefix,
+                                                    const LoadOptions& options = {});
 
 /// True when `folder` holds a `.metadata` file: a DCP checkpoint.
 bool is_dcp_folder(const std::string& folder);

@@ -154,10 +154,19 @@ TrainingState load_sharded_dcp(const std::string& folder, const LoadOptions& opt
 /// Reads a DCP folder Shoal did not write (PyTorch's dcp.save) as a training state: the model's
 /// tensors (see dcp_model_entries) and, when the folder holds the optimizer as FSDP2's
 /// get_state_dict saves it ({"model": ..., "optim": ...}), its state by parameter
-/// ("optim.state.<name>.<field>", numbered as "optim.param_groups.0.params" lists the names) and
-/// its first group's options; epoch and step 0, no sampler or config. Throws CheckpointError as
-/// load_dcp does, and naming an optimizer state of no listed parameter.
+/// ("optim.state.<name>.<field>", numbered as "optim.param_groups.<g>.params" list the names,
+/// group after group) and the groups' options, merged into one group; epoch and step 0, no
+/// sampler or config. Throws CheckpointError as load_dcp does, naming an optimizer state of no
+/// listed parameter, and naming two groups and an option where the groups' options differ.
 TrainingState load_foreign_dcp(const std::string& folder, const LoadOptions& options = {});
+
+/// load_foreign_dcp for a model whose named parameters (in the optimizer's order) are
+/// `parameters`: the optimizer state is numbered by them, matched by name (a "module." prefix on
+/// every saved name and none of the model's is dropped, as for the weights). Throws
+/// CheckpointError naming the parameter when a name is missing on either side or a state
+/// tensor's shape differs from its parameter's.
+TrainingState load_foreign_dcp_for(const std::string& folder, const StateDict& parameters,
+                                   const LoadOptions& options = {});
 
 /// The model's tensors of a DCP checkpoint: its "model." entries without the prefix when it has
 /// any (a dcp.save of {"model": ..., "optim": ...}), else every tensor; a wrapper prefix
