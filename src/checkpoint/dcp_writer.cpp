@@ -194,18 +194,10 @@ void save_dcp(const StateDict& state, const std::string& folder) {
   detail::make_empty_folder(folder);
   std::vector<detail::DcpEntry> entries;
   {
-    const std::string path = folder + "/" + detail::kDataFile;
-    detail::AtomicFile data(path);
-    int64_t written = 0;
-    auto sink = [&](const void* bytes, size_t size) {
-      const size_t taken = data.append(bytes, size);
-      written += static_cast<int64_t>(taken);
-      return taken;
-    };
+    detail::TorchSaveSequence data(folder + "/" + detail::kDataFile);
     for (const auto& item : state) {
-      const int64_t start = written;
       const at::Tensor& tensor = item.value();
-      detail::write_torch_save(tensor.detach().to(at::kCPU).contiguous(), sink, path);
+      const auto place = data.append(tensor.detach().to(at::kCPU).contiguous());
       // Every tensor one chunk covering all of it; its name its own path (a flat state dict).
       detail::DcpEntry entry;
       entry.fqn = item.key();
@@ -213,7 +205,7 @@ void save_dcp(const StateDict& state, const std::string& folder) {
       entry.dtype = tensor.scalar_type();
       entry.size = tensor.sizes().vec();
       entry.chunks.push_back({std::vector<int64_t>(entry.size.size(), 0), entry.size, detail::kDataFile,
-                              start, written - start});
+                              place.offset, place.length});
       entries.push_back(std::move(entry));
     }
     data.commit();

@@ -142,6 +142,19 @@ void write_torch_save(const c10::IValue& object, const compat::TorchArchiveWrite
   }
 }
 
+TorchSaveSequence::Place TorchSaveSequence::append(const c10::IValue& object) {
+  const int64_t start = written_;
+  write_torch_save(
+      object,
+      [this](const void* data, size_t size) {
+        const size_t taken = file_.append(data, size);
+        written_ += static_cast<int64_t>(taken);
+        return taken;
+      },
+      path_);
+  return {start, written_ - start};
+}
+
 }  // namespace detail
 
 void save(const c10::IValue& object, const std::string& path) {

@@ -773,20 +773,13 @@ int64_t dcp_chunk_count(const ShardedTrainingState& state, int64_t rank) {
 }
 
 std::vector<int64_t> save_dcp_shard(const ShardedTrainingState& state, const std::string& folder) {
-  const std::string path = folder + "/" + dcp_shard_file_name(state.rank);
-  detail::AtomicFile data(path);
-  int64_t written = 0;
-  auto sink = [&](const void* bytes, size_t size) {
-    const size_t taken = data.append(bytes, size);
-    written += static_cast<int64_t>(taken);
-    return taken;
-  };
+  detail::TorchSaveSequence data(folder + "/" + dcp_shard_file_name(state.rank));
   std::vector<int64_t> places;
   for (const DcpItem& item : dcp_rank_items(state, state.rank, true)) {
-    const int64_t start = written;
-    detail::write_torch_save(item.object ? *item.object : c10::IValue(item.data.detach().contiguous()), sink, path);
-    places.push_back(start);
-    places.push_back(written - start);
+    const auto place =
+        data.append(item.object ? *item.object : c10::IValue(item.data.detach().contiguous()));
+    places.push_back(place.offset);
+    places.push_back(place.length);
   }
   data.commit();
   return places;
