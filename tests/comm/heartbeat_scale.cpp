@@ -29,21 +29,32 @@ double request_rate(const HeartbeatSimulation& job, Milliseconds window) {
   return (job.requests() - before) / (seconds * job.ranks());
 }
 
+// Waits until every rank has beaten at least once (its reporter runs), for up to 30 s.
+bool every_rank_beats(HeartbeatSimulation& job) {
+  return shoal::testing::wait_until(
+      [&] {
+        for (int r = 0; r < job.ranks(); ++r) {
+          if (job.beats(r) == 0) return false;
+        }
+        return true;
+      },
+      Milliseconds(30'000));
+}
+
 TEST(HeartbeatScale, AtRestOneRequestPerProcessPerSecondWhateverItsGroups) {
   ::unsetenv("SHOAL_HEARTBEAT_TIMEOUT");  // the default limit: one beat a second
   HeartbeatSimulation job(kRanks, 3);
-  std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // every reporter has started
+  ASSERT_TRUE(every_rank_beats(job)) << "a rank never beat";
   const double rate = request_rate(job, Milliseconds(3000));
   std::printf("at rest: %.2f requests per rank per second (3 groups per rank)\n", rate);
   EXPECT_LE(rate, 1.05) << "one beat must serve all of a process's groups";
-  for (int r = 0; r < kRanks; ++r) EXPECT_GT(job.beats(r), 0) << "rank " << r << " never beat";
 }
 
 TEST(HeartbeatScale, EveryWaiterNamesAStoppedRankAndNoneABusyOne) {
   ::setenv("SHOAL_HEARTBEAT_TIMEOUT", "2s", 1);  // beats every 0.5 s
   constexpr int kStopped = 100;
   HeartbeatSimulation job(kRanks, 1);
-  std::this_thread::sleep_for(std::chrono::milliseconds(1000));
+  ASSERT_TRUE(every_rank_beats(job)) << "a rank never beat";
   // Every rank but 0 (busy elsewhere, yet beating) waits in collective #7.
   job.start_waiting(0, 7, Milliseconds(2000));
   std::this_thread::sleep_for(std::chrono::milliseconds(1000));
@@ -77,7 +88,7 @@ int occurrences(const std::string& text, const std::string& what) {
 TEST(HeartbeatScale, EveryRankAskingForAReportAtOnceCostsLinearRequests) {
   ::unsetenv("SHOAL_HEARTBEAT_TIMEOUT");
   HeartbeatSimulation job(kRanks, 1);
-  std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // every reporter has started
+  ASSERT_TRUE(every_rank_beats(job)) << "a rank never beat";
   const int64_t before = job.requests();
   const std::vector<std::string> tables = job.gather_all(kHangReportBudget);
   const int64_t requests = job.requests() - before;
